@@ -1,0 +1,194 @@
+"""Pure-torch references for every attention op in `kernels/`.
+
+These are the numerical oracles the tests compare the Triton kernels against. They materialise the
+full (seqlen_q, seqlen_k) score matrix, so they are only for small shapes, and they compute in the
+dtype they are given: call them on float64 inputs for the "truth" and on fp16/bf16 inputs for
+"PyTorch's own low-precision error", which sets the tolerance of each kernel test.
+
+Conventions shared with the kernels (see `kernels.flash_attention` for the public docs):
+- q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), GQA when
+  nheads_kv divides nheads (query head h reads key/value head h // (nheads // nheads_kv)).
+- causal and window are aligned bottom-right: query i sits at key position i + seqlen_k - seqlen_q.
+- window=(left, right): query i sees keys in [i' - left, i' + right] with i' its aligned position;
+  None on a side means unbounded on that side.
+- A query row that sees no key gives out = 0 and lse = -inf (never NaN).
+- lse is the natural log of the softmax denominator, float32, shape (batch, nheads, seqlen_q).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Boolean keep-mask (seqlen_q, seqlen_k) for causal and/or sliding-window attention."""
+    rows = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)  # aligned query position
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if causal:
+        keep &= cols <= rows
+    if window is not None:
+        left, right = window
+        if left is not None:
+            keep &= cols >= rows - left
+        if right is not None:
+            keep &= cols <= rows + right
+    return keep
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Materialised softmax attention in the dtype of the inputs.
+
+    attn_mask: optional bool keep-mask broadcastable to (batch, nheads, seqlen_q, seqlen_k), combined
+    with causal/window/key_padding_mask. dropout_mask: bool keep-mask of that shape (the kernels
+    regenerate theirs from a seed; tests pass the kernel's mask here); kept entries are scaled by
+    1 / (1 - dropout_p). Dropout does not change lse, which describes the softmax denominator.
+    """
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+    group = nheads // nheads_kv
+    qh = q.transpose(1, 2)  # (B, H, Sq, D)
+    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
+    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (B, H, Sq, Sk)
+
+    keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    keep = keep.expand(batch, nheads, seqlen_q, seqlen_k)
+    if key_padding_mask is not None:
+        keep = keep & key_padding_mask[:, None, None, :]
+    if attn_mask is not None:
+        keep = keep & attn_mask
+    scores = scores.masked_fill(~keep, float("-inf"))
+
+    # float32 at least, float64 when the inputs are: the float64 run is the tests' ground truth
+    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)  # (B, H, Sq)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    probs = torch.exp(scores - row_max)
+    denom = probs.sum(dim=-1, keepdim=True)
+    probs = probs / torch.where(denom > 0, denom, torch.ones_like(denom))  # empty rows stay 0
+    if dropout_mask is not None:
+        probs = probs * dropout_mask / (1.0 - dropout_p)
+    out = torch.matmul(probs, vh).transpose(1, 2)  # (B, Sq, H, D)
+    if return_lse:
+        return out, lse
+    return out
+
+
+def attention_varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Packed sequences: q (total_q, nheads, headdim), k/v (total_k, nheads_kv, headdim).
+
+    Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and likewise for k/v; each is
+    attended independently. lse comes back as (nheads, total_q).
+    """
+    outs, lses = [], []
+    for b in range(cu_seqlens_q.numel() - 1):
+        q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+        out, lse = attention_reference(
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], return_lse=True, **kwargs
+        )
+        outs.append(out[0])
+        lses.append(lse[0])
+    out = torch.cat(outs, dim=0)
+    if return_lse:
+        return out, torch.cat(lses, dim=-1)
+    return out
+
+
+def decode_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """New queries q (batch, seqlen_q, nheads, headdim) against the first cache_seqlens[b] entries
+    of k_cache/v_cache (batch, max_cache_len, nheads_kv, headdim). Causal alignment is bottom-right
+    against each sequence's own length, i.e. the last new query sees the whole valid cache.
+    """
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(cache_seqlens[b])
+        out, lse = attention_reference(
+            q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n], return_lse=True, **kwargs
+        )
+        outs.append(out)
+        lses.append(lse)
+    out = torch.cat(outs, dim=0)
+    if return_lse:
+        return out, torch.cat(lses, dim=0)
+    return out
+
+
+def expand_block_layout(
+    layout: torch.Tensor, block_m: int, block_n: int, seqlen_q: int, seqlen_k: int
+) -> torch.Tensor:
+    """Bool block layout (nheads or 1, n_row_blocks, n_col_blocks) -> element keep-mask
+    (1, nheads or 1, seqlen_q, seqlen_k), ready to pass as `attn_mask`."""
+    mask = layout.repeat_interleave(block_m, dim=-2).repeat_interleave(block_n, dim=-1)
+    return mask[None, :, :seqlen_q, :seqlen_k]
+
+
+def block_sparse_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    **kwargs,
+):
+    """Dense attention restricted to the tiles `layout` keeps (same conventions as the kernel)."""
+    mask = expand_block_layout(layout.to(q.device), block_m, block_n, q.shape[1], k.shape[1])
+    return attention_reference(q, k, v, attn_mask=mask, **kwargs)
+
+
+def merge_attention_outputs(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two partial attentions over disjoint key sets through their log-sum-exps.
+
+    out: (batch, seqlen, nheads, headdim), lse: (batch, nheads, seqlen). Stable when either side is
+    -inf (a part that saw no key contributes nothing). Returns float32 (out, lse).
+    """
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    w_a = torch.exp(lse_a.float() - safe).transpose(1, 2)[..., None]  # (B, S, H, 1)
+    w_b = torch.exp(lse_b.float() - safe).transpose(1, 2)[..., None]
+    out = out_a.float() * w_a + out_b.float() * w_b
+    return out, lse
