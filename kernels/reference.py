@@ -98,6 +98,56 @@ def attention_reference(
     return out
 
 
+def attention_backward_reference(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention's backward from a given (out, lse), in the dtype of the inputs.
+
+    `out` and `lse` may be the *global* output and log-sum-exp of a larger attention of which
+    (k, v) is one part (ring attention recomputes each step this way): probabilities are
+    exp(scores - lse) and delta = rowsum(dout * out), so the partial gradients add up to the full ones.
+    Returns (dq, dk, dv) with the shapes of q, k, v (GQA groups summed into their K/V head).
+    """
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+    group = nheads // nheads_kv
+    qh, doh, oh = (t.transpose(1, 2) for t in (q, dout, out))  # (B, H, Sq, D)
+    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
+    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (B, H, Sq, Sk)
+    keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    keep = keep.expand(batch, nheads, seqlen_q, seqlen_k)
+    if key_padding_mask is not None:
+        keep = keep & key_padding_mask[:, None, None, :]
+    if attn_mask is not None:
+        keep = keep & attn_mask
+    lse = lse.to(scores.dtype)[..., None]  # (B, H, Sq, 1)
+    # masked entries and rows with lse = -inf get probability 0, never exp(-inf + inf) = NaN
+    probs = torch.where(keep & torch.isfinite(lse), torch.exp(scores - lse), torch.zeros_like(scores))
+    dv = torch.matmul(probs.transpose(-1, -2), doh)  # (B, H, Sk, D)
+    dprobs = torch.matmul(doh, vh.transpose(-1, -2))  # (B, H, Sq, Sk)
+    delta = (doh * oh).sum(dim=-1, keepdim=True)  # (B, H, Sq, 1)
+    dscores = probs * (dprobs - delta) * scale
+    dq = torch.matmul(dscores, kh)  # (B, H, Sq, D)
+    dk = torch.matmul(dscores.transpose(-1, -2), qh)  # (B, H, Sk, D)
+    # (B, H, Sk, D) -> (B, Sk, Hkv, D): sum each GQA group into the K/V head it read
+    dk = dk.reshape(batch, nheads_kv, group, seqlen_k, headdim).sum(2).transpose(1, 2)
+    dv = dv.reshape(batch, nheads_kv, group, seqlen_k, headdim).sum(2).transpose(1, 2)
+    return dq.transpose(1, 2), dk, dv
+
+
 def attention_varlen_reference(
     q: torch.Tensor,
     k: torch.Tensor,

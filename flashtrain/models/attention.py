@@ -1,0 +1,122 @@
+"""Attention backends, chosen by name from config.
+
+Every backend has the same signature, on the model's (batch, seqlen, nheads, headdim) layout:
+
+    attn(q, k, v, *, causal, softmax_scale, dropout_p, window) -> out
+
+- `reference`: plain torch, materialises the score matrix; the numerical oracle.
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (PyTorch picks flash / cuDNN /
+  memory-efficient / math; `sdpa_backend` in the model config pins one).
+- `triton`: our FlashAttention kernel from `kernels/`.
+- `block_sparse`: our block-sparse kernel with a layout built from the model config.
+
+Sequence parallelism does not add a branch here: the trainer enters `attention_override(fn)` around
+the step and every attention call in the model goes to `fn` (ring or Ulysses) instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+AttentionFn = Callable[..., torch.Tensor]
+
+_override: contextvars.ContextVar[AttentionFn | None] = contextvars.ContextVar("attention_override", default=None)
+
+
+@contextlib.contextmanager
+def attention_override(fn: AttentionFn) -> Iterator[None]:
+    """Route every model attention call inside the block to `fn` (used for sequence parallelism)."""
+    token = _override.set(fn)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def current_override() -> AttentionFn | None:
+    return _override.get()
+
+
+def reference_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None):
+    from kernels.reference import attention_mask
+
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+    group = nheads // nheads_kv
+    qh = q.transpose(1, 2)  # (B, H, T, D)
+    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S, D)
+    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    scores = (qh @ kh.transpose(-1, -2)) * scale  # (B, H, T, S)
+    if causal or window is not None:
+        keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+    probs = torch.nan_to_num(probs)  # rows with no visible key give 0, as the kernels do
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    return (probs @ vh).transpose(1, 2)  # (B, T, H, D)
+
+
+def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None):
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    mask = None
+    if window is not None:
+        from kernels.reference import attention_mask
+
+        # SDPA has no window argument; a boolean mask makes it fall back from the flash kernel.
+        mask = attention_mask(q.shape[1], k.shape[1], causal=causal, window=window, device=q.device)
+        causal = False
+    elif causal and q.shape[1] != k.shape[1]:
+        # SDPA aligns is_causal top-left; ours is bottom-right (see kernels/reference.py).
+        from kernels.reference import attention_mask
+
+        mask = attention_mask(q.shape[1], k.shape[1], causal=True, device=q.device)
+        causal = False
+    out = F.scaled_dot_product_attention(
+        qh,
+        kh,
+        vh,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=causal,
+        scale=softmax_scale,
+        enable_gqa=kh.shape[1] != qh.shape[1],
+    )
+    return out.transpose(1, 2)  # (B, T, H, D)
+
+
+def triton_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None):
+    from kernels import flash_attention
+
+    return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window)
+
+
+BACKENDS: dict[str, AttentionFn] = {
+    "reference": reference_attention,
+    "sdpa": sdpa_attention,
+    "triton": triton_attention,
+}
+
+
+def resolve_backend(name: str, device: torch.device | str | None = None) -> str:
+    """`auto` becomes `triton` on CUDA and `sdpa` elsewhere (the Triton interpreter is far too slow to train with)."""
+    if name == "auto":
+        return "triton" if torch.device(device or "cpu").type == "cuda" else "sdpa"
+    return name
+
+
+def get_backend(name: str) -> AttentionFn:
+    if name == "block_sparse":
+        raise ValueError("the block_sparse backend is built from the model config; use make_block_sparse_backend")
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        valid = ", ".join(sorted([*BACKENDS, "block_sparse", "auto"]))
+        raise ValueError(f"unknown attention backend {name!r}; choose one of: {valid}") from None

@@ -1,0 +1,250 @@
+"""GPT: a pre-LayerNorm decoder-only transformer (GPT-2 / GPT-3 family), single-device.
+
+Parallelism (data, sequence) and activation checkpointing are applied from outside
+(`flashtrain.parallelize`); attention goes through a backend chosen by name (`attention.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from flashtrain.models.attention import current_override, get_backend, resolve_backend
+
+
+@dataclass
+class GPTConfig:
+    """Shape and behaviour of a GPT model."""
+
+    n_layer: int = 12  # number of transformer blocks
+    n_head: int = 12  # query heads per block
+    n_kv_head: int | None = None  # key/value heads (GQA/MQA); None = n_head
+    d_model: int = 768  # residual stream width
+    vocab_size: int | None = None  # None = the data's tokenizer vocabulary, padded to a multiple of 64
+    max_seq_len: int = 1024  # longest sequence (learned positions are allocated for this many)
+    pos_embedding: str = "learned"  # "learned" (GPT-2) or "rotary"
+    rope_theta: float = 10000.0  # rotary base
+    dropout: float = 0.0  # residual and embedding dropout
+    attn_dropout: float = 0.0  # dropout on attention probabilities
+    bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
+    attention: str = "auto"  # reference | sdpa | triton | block_sparse | auto (triton on CUDA, sdpa on CPU)
+    window: int | None = None  # sliding-window size (keys within `window` positions back); None = full causal
+    block_sparse_kind: str = "butterfly"  # layout for attention=block_sparse: butterfly | local | strided | random
+    block_sparse_block: int = 128  # tile size of the block-sparse layout
+    block_sparse_global: int = 0  # global blocks (first rows and columns kept)
+    block_sparse_local: int = 1  # band of blocks kept around the diagonal
+    loss_chunk: int = 2048  # tokens per chunk of the cross-entropy (logits are never built for all at once)
+    init_std: float = 0.02  # GPT-2 initialisation
+
+    def __post_init__(self):
+        if self.d_model % self.n_head:
+            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head}")
+        if self.pos_embedding not in ("learned", "rotary"):
+            raise ValueError(f"model.pos_embedding={self.pos_embedding!r}; choose 'learned' or 'rotary'")
+        if self.pos_embedding == "rotary" and (self.d_model // self.n_head) % 2:
+            raise ValueError("rotary embeddings need an even head dim; change model.d_model or model.n_head")
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must lie in [0, 1)")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is unset (plain multi-head attention)."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.max_seq_len = max_seq_len
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[..., None] * self.inv_freq  # (B, T, D/2)
+        return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]  # (B, T, 1, D/2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)  # rotate-half convention (GPT-NeoX / Llama)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, backend):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.c_attn = nn.Linear(cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attn_dropout = cfg.attn_dropout
+        self.window = (cfg.window - 1, 0) if cfg.window else None  # a window of w keys ends at the query
+        self.backend = backend
+
+    def forward(self, x, rotary=None, cache=None):
+        batch, seqlen, _ = x.shape
+        q, k, v = self.c_attn(x).split(
+            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
+        )
+        q = q.view(batch, seqlen, self.n_head, self.head_dim)  # (B, T, H, D)
+        k = k.view(batch, seqlen, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
+        v = v.view(batch, seqlen, self.n_kv_head, self.head_dim)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if cache is not None:
+            y = cache.attend(q, k, v, window=self.window)
+        else:
+            attn = current_override() or self.backend
+            y = attn(q, k, v, causal=True, softmax_scale=None, dropout_p=dropout_p, window=self.window)
+        y = y.reshape(batch, seqlen, self.n_head * self.head_dim)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))  # GPT-2's "gelu_new"
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, backend):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg, backend)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rotary=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rotary, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of token cross-entropies and the number of counted tokens (targets == -100 are ignored).
+
+    The vocabulary projection is done `chunk` tokens at a time, each under activation checkpointing,
+    so at most one chunk of fp32 logits (chunk × vocab) exists at once, in forward and in backward.
+    """
+    hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, C)
+    targets = targets.reshape(-1)  # (N,)
+    loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # fp32 under bf16 autocast
+
+    def chunk_loss(h, t):
+        logits = F.linear(h, weight).to(loss_dtype)  # (chunk, V)
+        return F.cross_entropy(logits, t, ignore_index=-100, reduction="sum")
+
+    total = hidden.new_zeros((), dtype=loss_dtype)
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            total = total + checkpoint(chunk_loss, h, t, use_reentrant=False)
+        else:
+            total = total + chunk_loss(h, t)
+    return total, (targets != -100).sum()
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size is unset; set it, or build the model through the trainer (data decides)")
+        self.cfg = cfg
+        backend = self._make_backend(cfg)
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.vocab_size, cfg.d_model),
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList([Block(cfg, backend) for _ in range(cfg.n_layer)]),
+                ln_f=nn.LayerNorm(cfg.d_model, bias=cfg.bias),
+            )
+        )
+        if cfg.pos_embedding == "learned":
+            self.transformer["wpe"] = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+            self.rotary = None
+        else:
+            self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied embeddings
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+                nn.init.normal_(p, mean=0.0, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _make_backend(cfg: GPTConfig):
+        if cfg.attention != "block_sparse":
+            return get_backend(resolve_backend(cfg.attention, "cuda" if torch.cuda.is_available() else "cpu"))
+        from flashtrain.models.block_sparse import make_block_sparse_backend
+
+        return make_block_sparse_backend(cfg)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; position embeddings excluded by default (they do no matmul work)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6·params for the matmuls, plus 6·L·d·T for causal attention
+        (12·L·d·T for full attention, halved because the causal kernels skip the upper triangle)."""
+        return 6 * self.num_params() + 6 * self.cfg.n_layer * self.cfg.d_model * seq_len
+
+    def forward(self, idx, targets=None, *, positions=None, caches=None, reduction="mean"):
+        """idx: (B, T) token ids. positions: (B, T) or (T,) global positions (default 0..T-1; sequence
+        parallelism passes each shard's own). With targets: the loss ("mean" over counted tokens, or
+        "sum" returning (sum, count) for callers that normalise across shards); otherwise logits of
+        the last position only (generation)."""
+        batch, seqlen = idx.shape
+        if positions is None:
+            start = caches[0].seqlen if caches is not None else 0
+            positions = torch.arange(start, start + seqlen, device=idx.device)
+        positions = positions.expand(batch, -1) if positions.dim() == 1 else positions  # (B, T)
+        if seqlen > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence of {seqlen} tokens is longer than the model's max_seq_len={self.cfg.max_seq_len}; "
+                "raise model.max_seq_len or lower trainer.seq_len"
+            )
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rotary = None
+        if self.rotary is None:
+            x = x + self.transformer.wpe(positions)
+        else:
+            rotary = self.rotary(positions)
+        x = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rotary, None if caches is None else caches[i])
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, -1:, :])  # (B, 1, V)
+        loss_sum, count = chunked_cross_entropy(x, self.lm_head.weight, targets, self.cfg.loss_chunk)
+        if reduction == "sum":
+            return loss_sum, count
+        return loss_sum / count.clamp(min=1)

@@ -1,0 +1,351 @@
+"""The training loop: AdamW with warmup + cosine, gradient accumulation, clipping, mixed precision,
+periodic evaluation, atomic checkpoints with exact resume, tokens/s and MFU, W&B tracking."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from data.lm import prepare_lm_data
+from data.sampler import WindowSampler, val_batches
+from flashtrain import checkpoint as ckpt
+from flashtrain.config import TrainConfig
+from flashtrain.log import get_logger
+from flashtrain.models.gpt import GPT
+from flashtrain.optim import build_optimizer, lr_at
+from flashtrain.parallelize import parallelize_gpt, unwrap
+from flashtrain.tracking import Tracker
+
+log = get_logger()
+
+# Dense bf16 peaks from the vendors' datasheets (TFLOP/s per GPU), used for MFU unless
+# trainer.peak_tflops gives a measured one.
+KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def _peak_tflops(cfg_peak: float | None, device: torch.device) -> float | None:
+    if cfg_peak is not None:
+        return cfg_peak
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in KNOWN_PEAK_TFLOPS.items() if k in name), None)
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        tc = cfg.trainer
+        self.rank, self.world_size = self._init_distributed()
+        self.dp = self.world_size // cfg.parallel.sp
+        if tc.global_batch is not None and tc.global_batch != tc.batch_size * tc.grad_accum * self.dp:
+            raise ValueError(
+                f"trainer.global_batch={tc.global_batch} but batch_size·grad_accum·dp = "
+                f"{tc.batch_size}·{tc.grad_accum}·{self.dp} = {tc.batch_size * tc.grad_accum * self.dp}; "
+                "change one of them so they agree"
+            )
+        self.device = self._pick_device(tc.device)
+        self.autocast_dtype = self._pick_precision(tc.precision)
+        self.run_dir = os.path.join(tc.out_dir, tc.run_name)
+        self._check_writable(self.run_dir)
+        torch.manual_seed(tc.seed)
+        random.seed(tc.seed)
+
+        self.data = self._prepare_data()
+        model_cfg = cfg.model
+        if model_cfg.vocab_size is None:
+            model_cfg.vocab_size = 64 * math.ceil(self.data.vocab_size / 64)  # multiple of 64: faster matmuls
+        if model_cfg.vocab_size < self.data.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's vocabulary "
+                f"({self.data.vocab_size}, {self.data.tokenizer_name}); raise it or leave it unset"
+            )
+        if tc.seq_len > model_cfg.max_seq_len:
+            raise ValueError(
+                f"trainer.seq_len={tc.seq_len} is longer than model.max_seq_len={model_cfg.max_seq_len}; "
+                "raise model.max_seq_len or lower trainer.seq_len"
+            )
+        self.model = GPT(model_cfg).to(self.device)
+        self.flops_per_token = self.model.flops_per_token(tc.seq_len)
+        self.train_model = parallelize_gpt(
+            self.model,
+            cfg.parallel,
+            device=self.device,
+            activation_checkpointing=tc.activation_checkpointing,
+            compile=tc.compile,
+        )
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.dp_rank = self.rank // cfg.parallel.sp
+        self.sampler = WindowSampler(
+            self.data.train, tc.seq_len, tc.batch_size, seed=tc.seed, rank=self.dp_rank, world_size=self.dp
+        )
+        self.step = 0
+        self.skipped_in_a_row = 0
+        self.history: list[float] = []  # training loss per optimizer step (what resume must reproduce)
+        self.step_hooks: list = []  # callables(trainer, step) run after each step (tests use them)
+        self._resume_if_asked()
+        self.tracker = Tracker(cfg.logger, tc.run_name, self.run_dir, self._config_dict(), enabled=self.rank == 0)
+        self.peak = _peak_tflops(tc.peak_tflops, self.device)
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def _init_distributed(self) -> tuple[int, int]:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        sp = self.cfg.parallel.sp
+        if world_size % sp:
+            raise ValueError(f"parallel.sp={sp} does not divide the world size {world_size}")
+        if world_size > 1 and self.cfg.parallel.strategy == "none" and sp == 1:
+            raise ValueError(
+                f"launched with {world_size} processes but parallel.strategy=none; use parallel=ddp (or another "
+                "strategy), or launch one process"
+            )
+        if world_size > 1 and not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
+            dist.init_process_group(backend)
+        return (dist.get_rank(), world_size) if world_size > 1 else (0, 1)
+
+    def _pick_device(self, name: str) -> torch.device:
+        if name == "cuda" and not torch.cuda.is_available():
+            raise ValueError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto")
+        if name == "cpu" or not torch.cuda.is_available():
+            return torch.device("cpu")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"local rank {local_rank} has no GPU: this node shows {torch.cuda.device_count()}; "
+                "launch at most that many processes per node"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+
+    def _pick_precision(self, precision: str) -> torch.dtype | None:
+        if precision == "fp32" or (precision == "auto" and self.device.type != "cuda"):
+            return None
+        return torch.bfloat16
+
+    @staticmethod
+    def _check_writable(run_dir: str) -> None:
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+            probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
+        except OSError as e:
+            raise ValueError(
+                f"cannot write to the run directory {run_dir} ({e.strerror}); set trainer.out_dir to a writable path"
+            ) from None
+
+    def _prepare_data(self):
+        # Rank 0 tokenises and fills the cache first; the others then read it instead of racing it.
+        if self.world_size > 1 and self.rank != 0:
+            dist.barrier()  # blocks until rank 0 has prepared the data
+        data = prepare_lm_data(self.cfg.data)
+        if self.world_size > 1 and self.rank == 0:
+            dist.barrier()
+        return data
+
+    def _config_dict(self) -> dict:
+        return asdict(self.cfg)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def _resume_if_asked(self) -> None:
+        if not self.cfg.trainer.resume:
+            return
+        path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            raise ValueError(
+                f"trainer.resume=true but {self.run_dir} has no checkpoint yet; drop resume=true to start the run"
+            )
+        meta = ckpt.read_meta(path)
+        ckpt.check_same_model(meta["model"], self.cfg.model, path)
+        state = ckpt.load_checkpoint(path, self.model)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.history = list(state["history"])
+        self.sampler.load_state_dict(state["sampler"][self.rank] if self.world_size > 1 else state["sampler"][0])
+        _set_rng_state(state["rng"][self.rank] if self.world_size > 1 else state["rng"][0], self.device)
+        log.info(f"resumed from {path} at step {self.step}")
+
+    def save(self) -> None:
+        """Write a checkpoint of the current step (collective: every rank must call it)."""
+        samplers, rngs = [self.sampler.state_dict()], [_rng_state(self.device)]
+        if self.world_size > 1:
+            samplers, rngs = [None] * self.world_size, [None] * self.world_size
+            dist.all_gather_object(samplers, self.sampler.state_dict())  # blocks: every rank's data position
+            dist.all_gather_object(rngs, _rng_state(self.device))
+        if self.rank == 0:
+            state = {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": {"step": self.step},  # the LR is a pure function of the step (optim.lr_at)
+                "step": self.step,
+                "history": self.history,
+                "sampler": samplers,
+                "rng": rngs,
+            }
+            meta = {
+                "step": self.step,
+                "model": asdict(self.cfg.model),
+                "tokenizer": self.data.tokenizer_name,
+                "config": self._config_dict(),
+            }
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, state, meta, self.cfg.trainer.keep_checkpoints)
+            log.info(f"checkpoint written: {path}")
+        if self.world_size > 1:
+            dist.barrier()
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _micro_batch_loss(self, x, y):
+        with self._autocast():
+            return self.train_model(x, y)
+
+    def train_step(self) -> float:
+        tc = self.cfg.trainer
+        lr = lr_at(self.step, self.cfg.optim, tc.max_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = torch.zeros((), device=self.device)
+        for micro in range(tc.grad_accum):
+            x, y = self.sampler.next_batch()
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            last = micro == tc.grad_accum - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.train_model, "no_sync") else self.train_model.no_sync()
+            with sync:
+                loss = self._micro_batch_loss(x, y) / tc.grad_accum
+                loss.backward()
+            total += loss.detach()
+        if self.world_size > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.AVG)  # blocks: the logged loss is the global mean
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
+        )
+        loss_value = total.item()  # host-device sync: once per step, needed for the NaN check and logging
+        if not math.isfinite(loss_value) or not math.isfinite(grad_norm.item()):
+            self._handle_non_finite(loss_value)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            return loss_value
+        self.skipped_in_a_row = 0
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.last_grad_norm, self.last_lr = grad_norm.item(), lr
+        return loss_value
+
+    def _handle_non_finite(self, loss_value: float) -> None:
+        tc = self.cfg.trainer
+        if tc.nan_policy == "stop":
+            raise NonFiniteLossError(
+                f"loss is {loss_value} at step {self.step} (lr {lr_at(self.step, self.cfg.optim, tc.max_steps):.2e}); "
+                "the run stopped without updating weights. Lower optim.lr, raise optim.warmup_steps, check the data, "
+                f"or set trainer.nan_policy=skip. The last checkpoint is in {self.run_dir}/checkpoints"
+            )
+        self.skipped_in_a_row += 1
+        log.warning(f"non-finite loss ({loss_value}) at step {self.step}: step skipped ({self.skipped_in_a_row} in a row)")
+        if self.skipped_in_a_row > tc.max_skipped_steps:
+            raise NonFiniteLossError(
+                f"{self.skipped_in_a_row} consecutive non-finite steps (limit trainer.max_skipped_steps="
+                f"{tc.max_skipped_steps}); lower optim.lr or check the data"
+            )
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.train_model.eval()
+        total = torch.zeros((), device=self.device)
+        batches = 0
+        tc = self.cfg.trainer
+        batches_iter = val_batches(
+            self.data.val, tc.seq_len, tc.batch_size, tc.eval_batches, rank=self.dp_rank, world_size=self.dp
+        )
+        for x, y in batches_iter:
+            with self._autocast():
+                total += self.train_model(x.to(self.device), y.to(self.device))
+            batches += 1
+        if self.world_size > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)  # blocks
+            total /= self.world_size
+        self.train_model.train()
+        return total.item() / max(batches, 1)
+
+    def fit(self) -> list[float]:
+        tc = self.cfg.trainer
+        tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.dp
+        n_gpus = self.world_size if self.device.type == "cuda" else 0
+        log.info(
+            f"model {self.model.num_params() / 1e6:.2f}M params, {tokens_per_step} tokens/step, device {self.device}, "
+            f"attention {self.model.transformer.h[0].attn.backend.__name__}, run dir {self.run_dir}"
+        )
+        bar = tqdm(
+            total=tc.max_steps, initial=self.step, disable=self.rank != 0 or not tc.progress_bar, dynamic_ncols=True
+        )
+        self.train_model.train()
+        t0 = time.perf_counter()
+        try:
+            while self.step < tc.max_steps:
+                loss = self.train_step()
+                self.history.append(loss)
+                dt = time.perf_counter() - t0  # the step's loss.item() synchronised the device
+                t0 = time.perf_counter()
+                tok_s = tokens_per_step / dt
+                mfu = self.flops_per_token * tok_s / (self.peak * 1e12 * n_gpus) if self.peak and n_gpus else None
+                metrics = {"train/loss": loss, "train/tokens_per_s": tok_s, "train/lr": getattr(self, "last_lr", 0.0)}
+                if mfu is not None:
+                    metrics["train/mfu"] = mfu
+                if hasattr(self, "last_grad_norm"):
+                    metrics["train/grad_norm"] = self.last_grad_norm
+                if self.device.type == "cuda":
+                    metrics["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", mfu="n/a" if mfu is None else f"{mfu:.1%}")
+                last = self.step == tc.max_steps
+                if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
+                    metrics["val/loss"] = self.evaluate()
+                    log.info(f"step {self.step}: train loss {loss:.4f}, val loss {metrics['val/loss']:.4f}")
+                if self.step % tc.log_interval == 0 or last or "val/loss" in metrics:
+                    self.tracker.log(metrics, step=self.step)
+                if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
+                    self.save()
+                for hook in self.step_hooks:
+                    hook(self, self.step)
+                t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0
+        finally:
+            bar.close()
+            self.tracker.finish()
+        return self.history
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()

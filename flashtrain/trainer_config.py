@@ -1,0 +1,46 @@
+"""Configuration of the training loop (kept apart from trainer.py so configs import no torch code paths)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop: batch geometry, schedule of evals/checkpoints, precision, failure policy."""
+
+    run_name: str = "default"  # names the run directory and the W&B run (its id derives from it)
+    out_dir: str = "runs"  # run directories go under here
+    seq_len: int = 256  # tokens per training sequence
+    batch_size: int = 8  # sequences per micro-batch on each data-parallel rank
+    grad_accum: int = 1  # micro-batches per optimizer step
+    global_batch: int | None = None  # sequences per optimizer step; if set, must equal batch_size·grad_accum·dp
+    max_steps: int = 300  # optimizer steps
+    eval_interval: int = 100  # steps between evaluations (0 = never; the last step always evaluates)
+    eval_batches: int = 8  # validation micro-batches per evaluation
+    log_interval: int = 10  # steps between metric logs
+    checkpoint_interval: int = 100  # steps between checkpoints (0 = only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    resume: bool = False  # continue from the run's latest checkpoint (fails if there is none)
+    seed: int = 1337  # model init, dropout and data order
+    device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
+    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"
+    compile: bool = False  # torch.compile each block
+    activation_checkpointing: bool = False  # recompute block activations in the backward
+    nan_policy: str = "stop"  # non-finite loss: "stop" the run, or "skip" the step
+    max_skipped_steps: int = 10  # with nan_policy=skip: stop after this many consecutive skips
+    peak_tflops: float | None = None  # per-device peak for MFU; None = known bf16 peak of the GPU, or no MFU
+    progress_bar: bool = True  # tqdm bar on rank 0
+
+    def __post_init__(self):
+        for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name}={getattr(self, name)} must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"trainer.device={self.device!r}; choose auto, cpu or cuda")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"trainer.precision={self.precision!r}; choose auto, bf16 or fp32")
+        if self.nan_policy not in ("stop", "skip"):
+            raise ValueError(f"trainer.nan_policy={self.nan_policy!r}; choose stop or skip")
+        if not self.run_name or "/" in self.run_name:
+            raise ValueError(f"trainer.run_name={self.run_name!r} must be a non-empty name without '/'")

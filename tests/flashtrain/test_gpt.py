@@ -1,0 +1,129 @@
+"""The GPT model: backends agree, the chunked loss equals the plain one, bad configs fail clearly."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashtrain.models.attention import get_backend, reference_attention, sdpa_attention
+from flashtrain.models.gpt import GPT, GPTConfig, chunked_cross_entropy
+
+
+def tiny(**kw) -> GPTConfig:
+    base = dict(n_layer=2, n_head=4, d_model=32, vocab_size=97, max_seq_len=64, attention="reference")
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, (5, 0), (3, 2)])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("lengths", [(17, 17), (9, 23)])
+def test_sdpa_backend_matches_reference(causal, window, heads, lengths):
+    nheads, nheads_kv = heads
+    seqlen_q, seqlen_k = lengths
+    q = torch.randn(2, seqlen_q, nheads, 16, dtype=torch.float64)
+    k = torch.randn(2, seqlen_k, nheads_kv, 16, dtype=torch.float64)
+    v = torch.randn(2, seqlen_k, nheads_kv, 16, dtype=torch.float64)
+    kw = dict(causal=causal, softmax_scale=None, dropout_p=0.0, window=window)
+    torch.testing.assert_close(sdpa_attention(q, k, v, **kw), reference_attention(q, k, v, **kw))
+
+
+def test_reference_backend_matches_kernel_reference():
+    from kernels.reference import attention_reference
+
+    q, k, v = (torch.randn(2, 11, 2, 8, dtype=torch.float64) for _ in range(3))
+    ours = reference_attention(q, k, v, causal=True, window=(4, 0))
+    torch.testing.assert_close(ours, attention_reference(q, k, v, causal=True, window=(4, 0)))
+
+
+@pytest.mark.parametrize("pos", ["learned", "rotary"])
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_backends_give_same_loss_and_grads(pos, n_kv_head):
+    torch.manual_seed(0)
+    ref = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head)).double()
+    other = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head, attention="sdpa")).double()
+    other.load_state_dict(ref.state_dict())
+    idx = torch.randint(0, 97, (3, 40))
+    tgt = torch.randint(0, 97, (3, 40))
+    losses = []
+    for model in (ref, other):
+        loss = model(idx, tgt)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1])
+    for (name, a), b in zip(ref.named_parameters(), other.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_cross_entropy_equals_full(chunk):
+    hidden = torch.randn(3, 21, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 21))
+    targets[0, :4] = -100  # ignored positions
+    total, count = chunked_cross_entropy(hidden, weight, targets, chunk)
+    (total / count).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    full = F.cross_entropy((hidden @ weight.T).reshape(-1, 50), targets.reshape(-1), ignore_index=-100)
+    full.backward()
+    torch.testing.assert_close(total / count, full)
+    assert int(count) == 3 * 21 - 4
+    torch.testing.assert_close(grads[0], hidden.grad)
+    torch.testing.assert_close(grads[1], weight.grad)
+
+
+def test_positions_shift_learned_embeddings():
+    """A shard of a longer sequence (sequence parallelism) passes its global positions."""
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    idx = torch.randint(0, 97, (1, 30))
+    with torch.no_grad():
+        hidden_full = model.transformer.wpe(torch.arange(30))
+        hidden_shard = model.transformer.wpe(torch.arange(10, 20))
+    torch.testing.assert_close(hidden_full[10:20], hidden_shard)
+    with torch.no_grad():
+        a = model(idx[:, 10:20], positions=torch.arange(10, 20))
+        b = model(idx[:, 10:20])
+    assert not torch.allclose(a, b)
+
+
+def test_tied_embeddings_and_init():
+    model = GPT(tiny())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    std = model.transformer.h[0].attn.c_proj.weight.std().item()
+    assert std < 0.02  # residual projections are scaled down by 1/sqrt(2·n_layer)
+
+
+def test_flops_per_token_formula():
+    model = GPT(tiny())
+    n = model.num_params()
+    assert model.flops_per_token(64) == 6 * n + 6 * 2 * 32 * 64
+    assert n == sum(p.numel() for p in model.parameters()) - 64 * 32  # position table excluded
+
+
+def test_sequence_longer_than_positions_fails():
+    model = GPT(tiny(max_seq_len=16))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(d_model=30), "divisible by model.n_head"),
+        (dict(n_kv_head=3), "divisible by model.n_kv_head"),
+        (dict(pos_embedding="alibi"), "pos_embedding"),
+        (dict(dropout=1.0), "dropout"),
+    ],
+)
+def test_bad_model_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kwargs)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown attention backend 'flash3'"):
+        get_backend("flash3")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        GPT(tiny(attention="flash3"))
