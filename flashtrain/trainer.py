@@ -21,7 +21,8 @@ from flashtrain.config import TrainConfig
 from flashtrain.log import get_logger
 from flashtrain.models.gpt import GPT
 from flashtrain.optim import build_optimizer, lr_at
-from flashtrain.parallelize import parallelize_gpt, unwrap
+from flashtrain.parallelize import parallelize_gpt
+from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
 from flashtrain.tracking import Tracker
 
 log = get_logger()
@@ -312,6 +313,8 @@ class Trainer:
             total=tc.max_steps, initial=self.step, disable=self.rank != 0 or not tc.progress_bar, dynamic_ncols=True
         )
         self.train_model.train()
+        self.preempted = False
+        preemption = PreemptionHandler()
         t0 = time.perf_counter()
         try:
             while self.step < tc.max_steps:
@@ -340,8 +343,16 @@ class Trainer:
                     self.save()
                 for hook in self.step_hooks:
                     hook(self, self.step)
+                if not last and preemption.should_stop(self.device):
+                    log.info(f"preemption signal received: checkpointing at step {self.step} and requeueing")
+                    self.save()
+                    if self.rank == 0:
+                        requeue_slurm_job()
+                    self.preempted = True
+                    break
                 t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0
         finally:
+            preemption.restore()
             bar.close()
             self.tracker.finish()
         return self.history

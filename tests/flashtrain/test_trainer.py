@@ -1,0 +1,184 @@
+"""The trainer: exact resume after a kill, atomic checkpoints, NaN handling, clear errors."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from flashtrain import checkpoint as ckpt
+from flashtrain.config import compose_config
+from flashtrain.trainer import NonFiniteLossError, Trainer
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL: the run stops between two steps without any clean-up of its own."""
+
+
+def small_config(tmp_path, *overrides):
+    return compose_config(
+        [
+            "debug=cpu",
+            f"trainer.out_dir={tmp_path}/runs",
+            f"data.cache_dir={tmp_path}/cache",
+            "trainer.max_steps=6",
+            "trainer.checkpoint_interval=2",
+            "trainer.keep_checkpoints=5",
+            "trainer.eval_interval=3",
+            "model.dropout=0.1",  # dropout makes the RNG state part of what resume must restore
+            "optim.warmup_steps=2",
+            *overrides,
+        ]
+    )
+
+
+def run(cfg, kill_after=None):
+    trainer = Trainer(cfg)
+    if kill_after is not None:
+
+        def kill(_, step):
+            if step == kill_after:
+                raise Killed
+
+        trainer.step_hooks.append(kill)
+    try:
+        return trainer.fit(), trainer
+    finally:
+        trainer.close()
+
+
+def test_killed_and_resumed_run_repeats_the_uninterrupted_losses(tmp_path):
+    straight, _ = run(small_config(tmp_path, "trainer.run_name=straight"))
+    assert len(straight) == 6 and len(set(straight)) == 6
+    with pytest.raises(Killed):
+        run(small_config(tmp_path, "trainer.run_name=killed"), kill_after=5)  # last checkpoint: step 4
+    assert os.path.basename(ckpt.latest_checkpoint(f"{tmp_path}/runs/killed")) == "step_0000004"
+    resumed, trainer = run(small_config(tmp_path, "trainer.run_name=killed", "trainer.resume=true"))
+    assert resumed == straight  # bit-for-bit on CPU: weights, optimizer, data position and RNG all restored
+    a = {k: v for k, v in trainer.model.state_dict().items()}
+    final = ckpt.latest_checkpoint(f"{tmp_path}/runs/straight")
+    reference = Trainer(small_config(tmp_path, "trainer.run_name=straight", "trainer.resume=true")).model
+    ckpt.load_checkpoint(final, reference)
+    for k, v in reference.state_dict().items():
+        torch.testing.assert_close(a[k], v, rtol=0, atol=0)
+
+
+def test_checkpoint_layout_and_weights_only(tmp_path):
+    run(small_config(tmp_path, "trainer.run_name=layout"))
+    root = f"{tmp_path}/runs/layout/checkpoints"
+    names = sorted(os.listdir(root))
+    assert names == ["latest", "step_0000002", "step_0000004", "step_0000006"]
+    path = ckpt.latest_checkpoint(f"{tmp_path}/runs/layout")
+    state = torch.load(os.path.join(path, "train_state.pt"), weights_only=True)
+    assert state["step"] == 6 and len(state["history"]) == 6 and "optimizer" in state
+    meta = json.load(open(os.path.join(path, "meta.json")))
+    assert meta["model"]["n_layer"] == 2 and meta["tokenizer"] == "byte"
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    cfg = small_config(tmp_path, "trainer.run_name=crash", "trainer.max_steps=4")
+    trainer = Trainer(cfg)
+    calls = {"n": 0}
+    real_save = torch.save
+
+    def failing_save(obj, path, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint dies half-written
+            raise OSError("disk full")
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError):
+        trainer.fit()
+    assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000002"
+    monkeypatch.setattr(torch, "save", real_save)
+    resumed = Trainer(small_config(tmp_path, "trainer.run_name=crash", "trainer.max_steps=4", "trainer.resume=true"))
+    assert resumed.step == 2
+
+
+def test_resume_without_checkpoint_fails_clearly(tmp_path):
+    with pytest.raises(ValueError, match="has no checkpoint yet"):
+        Trainer(small_config(tmp_path, "trainer.run_name=fresh", "trainer.resume=true"))
+
+
+def test_resume_with_another_model_fails_clearly(tmp_path):
+    run(small_config(tmp_path, "trainer.run_name=m", "trainer.max_steps=2"))
+    with pytest.raises(ValueError, match=r"different model \(model.n_layer: checkpoint 2 vs config 3"):
+        Trainer(small_config(tmp_path, "trainer.run_name=m", "trainer.resume=true", "model.n_layer=3"))
+
+
+def test_nan_loss_stops_with_a_message(tmp_path):
+    trainer = Trainer(small_config(tmp_path, "trainer.run_name=nan", "trainer.max_steps=3"))
+    with torch.no_grad():
+        trainer.model.transformer.wte.weight[:] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="loss is nan at step 0"):
+        trainer.fit()
+
+
+def test_nan_loss_skip_policy_skips_then_gives_up(tmp_path):
+    trainer = Trainer(
+        small_config(
+            tmp_path, "trainer.run_name=skip", "trainer.nan_policy=skip", "trainer.max_skipped_steps=2"
+        )
+    )
+    with torch.no_grad():
+        trainer.model.transformer.wte.weight[0, 0] = float("inf")
+    before = trainer.model.transformer.h[0].mlp.c_fc.weight.clone()
+    with pytest.raises(NonFiniteLossError, match="3 consecutive non-finite steps"):
+        trainer.fit()
+    assert torch.equal(before, trainer.model.transformer.h[0].mlp.c_fc.weight)  # no update was applied
+
+
+def test_loss_falls_on_the_default_corpus(tmp_path):
+    history, _ = run(
+        small_config(
+            tmp_path, "trainer.run_name=falls", "trainer.max_steps=30", "optim.lr=3e-3", "model.dropout=0.0",
+            "trainer.checkpoint_interval=0",
+        )
+    )
+    assert sum(history[-5:]) / 5 < history[0] - 1.0
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("trainer.seq_len=512", "longer than model.max_seq_len"),
+        ("trainer.global_batch=5", "global_batch=5"),
+        ("model.vocab_size=100", "smaller than the tokenizer's vocabulary"),
+        ("trainer.out_dir=/proc/flashtrain", "cannot write to the run directory"),
+    ],
+)
+def test_bad_settings_fail_clearly(tmp_path, override, match):
+    with pytest.raises(ValueError, match=match):
+        Trainer(small_config(tmp_path, override))
+
+
+def test_wandb_offline_run_directory_and_stable_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = small_config(tmp_path, "trainer.run_name=tracked", "logger.kind=wandb", "trainer.max_steps=2")
+    run(cfg)
+    cfg = small_config(
+        tmp_path, "trainer.run_name=tracked", "logger.kind=wandb", "trainer.max_steps=4", "trainer.resume=true"
+    )
+    run(cfg)
+    wandb_dir = f"{tmp_path}/runs/tracked/wandb"
+    runs = sorted(d for d in os.listdir(wandb_dir) if d.startswith("offline-run-"))
+    from flashtrain.tracking import run_id
+
+    assert len(runs) == 2 and all(r.endswith(run_id("tracked")) for r in runs)  # the same W&B run, twice
+    files = os.listdir(os.path.join(wandb_dir, runs[-1]))
+    assert any(f.endswith(".wandb") for f in files)
+
+
+def test_preemption_signal_checkpoints_and_resume_finishes_the_same(tmp_path):
+    import signal
+
+    straight, _ = run(small_config(tmp_path, "trainer.run_name=whole", "trainer.checkpoint_interval=0"))
+    trainer = Trainer(small_config(tmp_path, "trainer.run_name=pre", "trainer.checkpoint_interval=0"))
+    trainer.step_hooks.append(lambda t, step: step == 3 and os.kill(os.getpid(), signal.SIGUSR1))
+    history = trainer.fit()
+    assert trainer.preempted and len(history) == 3  # stopped right after the signal, outside Slurm: no requeue
+    assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000003"
+    resumed, _ = run(small_config(tmp_path, "trainer.run_name=pre", "trainer.checkpoint_interval=0", "trainer.resume=true"))
+    assert resumed == straight
