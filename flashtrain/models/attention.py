@@ -2,7 +2,9 @@
 
 Every backend has the same signature, on the model's (batch, seqlen, nheads, headdim) layout:
 
-    attn(q, k, v, *, causal, softmax_scale, dropout_p, window) -> out
+    attn(q, k, v, *, causal, softmax_scale, dropout_p, window[, key_padding_mask]) -> out
+
+key_padding_mask (batch, seqlen_k), True = keep, is passed only when the input has padding.
 
 - `reference`: plain torch, materialises the score matrix; the numerical oracle.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (PyTorch picks flash / cuDNN /
@@ -43,7 +45,7 @@ def current_override() -> AttentionFn | None:
     return _override.get()
 
 
-def reference_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None):
+def reference_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     from kernels.reference import attention_mask
 
     batch, seqlen_q, nheads, headdim = q.shape
@@ -54,8 +56,10 @@ def reference_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, w
     kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S, D)
     vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
     scores = (qh @ kh.transpose(-1, -2)) * scale  # (B, H, T, S)
-    if causal or window is not None:
+    if causal or window is not None or key_padding_mask is not None:
         keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+        if key_padding_mask is not None:
+            keep = keep & key_padding_mask[:, None, None, :]  # (B, 1, T, S)
         scores = scores.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
     probs = torch.nan_to_num(probs)  # rows with no visible key give 0, as the kernels do
@@ -64,20 +68,18 @@ def reference_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, w
     return (probs @ vh).transpose(1, 2)  # (B, T, H, D)
 
 
-def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None):
+def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
+    from kernels.reference import attention_mask
+
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
     mask = None
-    if window is not None:
-        from kernels.reference import attention_mask
-
-        # SDPA has no window argument; a boolean mask makes it fall back from the flash kernel.
+    # SDPA has no window or padding argument, and aligns is_causal top-left where ours is
+    # bottom-right (kernels/reference.py); those cases get a boolean mask, which makes SDPA leave
+    # its flash kernel for the memory-efficient or math one.
+    if window is not None or key_padding_mask is not None or (causal and q.shape[1] != k.shape[1]):
         mask = attention_mask(q.shape[1], k.shape[1], causal=causal, window=window, device=q.device)
-        causal = False
-    elif causal and q.shape[1] != k.shape[1]:
-        # SDPA aligns is_causal top-left; ours is bottom-right (see kernels/reference.py).
-        from kernels.reference import attention_mask
-
-        mask = attention_mask(q.shape[1], k.shape[1], causal=True, device=q.device)
+        if key_padding_mask is not None:
+            mask = mask & key_padding_mask[:, None, None, :]  # (B, 1, T, S)
         causal = False
     out = F.scaled_dot_product_attention(
         qh,
@@ -89,13 +91,18 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
         scale=softmax_scale,
         enable_gqa=kh.shape[1] != qh.shape[1],
     )
+    if key_padding_mask is not None:
+        out = torch.nan_to_num(out)  # rows with no visible key: 0, as the kernels give
     return out.transpose(1, 2)  # (B, T, H, D)
 
 
-def triton_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None):
+def triton_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     from kernels import flash_attention
 
-    return flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window)
+    return flash_attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window,
+        key_padding_mask=key_padding_mask,
+    )
 
 
 BACKENDS: dict[str, AttentionFn] = {

@@ -32,12 +32,16 @@ class GPTConfig:
     dropout: float = 0.0  # residual and embedding dropout
     attn_dropout: float = 0.0  # dropout on attention probabilities
     bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
+    causal: bool = True  # causal (decoder) attention; False for encoders such as the LRA classifier
     attention: str = "auto"  # reference | sdpa | triton | block_sparse | auto (triton on CUDA, sdpa on CPU)
     window: int | None = None  # sliding-window size (keys within `window` positions back); None = full causal
     block_sparse_kind: str = "butterfly"  # layout for attention=block_sparse: butterfly | local | strided | random
     block_sparse_block: int = 128  # tile size of the block-sparse layout
-    block_sparse_global: int = 0  # global blocks (first rows and columns kept)
-    block_sparse_local: int = 1  # band of blocks kept around the diagonal
+    block_sparse_factors: int | None = None  # butterfly: factors used (None = all log2 of the block count)
+    block_sparse_global: int = 0  # butterfly: global blocks (first rows and columns kept)
+    block_sparse_local: int = 1  # butterfly/local/strided: band of blocks kept on each side of the diagonal
+    block_sparse_stride: int = 8  # strided: every stride-th block diagonal is kept
+    block_sparse_density: float = 0.1  # random: fraction of tiles kept
     loss_chunk: int = 2048  # tokens per chunk of the cross-entropy (logits are never built for all at once)
     init_std: float = 0.02  # GPT-2 initialisation
 
@@ -89,10 +93,15 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.attn_dropout = cfg.attn_dropout
-        self.window = (cfg.window - 1, 0) if cfg.window else None  # a window of w keys ends at the query
+        self.causal = cfg.causal
+        # a causal window of w keys ends at the query; a non-causal one is centred on it
+        if not cfg.window:
+            self.window = None
+        else:
+            self.window = (cfg.window - 1, 0) if cfg.causal else (cfg.window // 2, cfg.window // 2)
         self.backend = backend
 
-    def forward(self, x, rotary=None, cache=None):
+    def forward(self, x, rotary=None, cache=None, key_padding_mask=None):
         batch, seqlen, _ = x.shape
         q, k, v = self.c_attn(x).split(
             [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
@@ -107,7 +116,8 @@ class CausalSelfAttention(nn.Module):
             y = cache.attend(q, k, v, window=self.window)
         else:
             attn = current_override() or self.backend
-            y = attn(q, k, v, causal=True, softmax_scale=None, dropout_p=dropout_p, window=self.window)
+            padding = {} if key_padding_mask is None else {"key_padding_mask": key_padding_mask}
+            y = attn(q, k, v, causal=self.causal, softmax_scale=None, dropout_p=dropout_p, window=self.window, **padding)
         y = y.reshape(batch, seqlen, self.n_head * self.head_dim)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -131,8 +141,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rotary=None, cache=None):
-        x = x + self.attn(self.ln_1(x), rotary, cache)
+    def forward(self, x, rotary=None, cache=None, key_padding_mask=None):
+        x = x + self.attn(self.ln_1(x), rotary, cache, key_padding_mask)
         return x + self.mlp(self.ln_2(x))
 
 

@@ -1,0 +1,279 @@
+"""Block-sparse attention benchmark: our kernel vs FlexAttention on the same block mask, and the dense
+anchors (our FlashAttention, SDPA flash), in one run.
+
+Butterfly layouts on 128-blocks (issue 4): batch 1, 16 heads, bf16, n = 4k / 16k / 64k, d = 64 / 128,
+densities from ~1% to ~50% (fewer butterfly factors below the all-factor density, a local band above
+it). For each point: fwd and fwd+bwd time of ours and of compiled FlexAttention given the same mask
+through `create_block_mask`, and the ideal `our dense fwd+bwd x density`.
+
+    python benchmarks/bench_block_sparse.py                      # full sweep
+    python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 --tune
+
+--tune first times a few tile configs of each pass at n=16k and uses the fastest for the sweep.
+Writes benchmarks/results/block_sparse_<gpu>.json (and .md, .png) unless --out names another path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import gpu_slug, is_oom, markdown_table, time_ms, write_results  # noqa: E402
+from kernels import block_sparse  # noqa: E402
+from kernels.block_sparse import block_sparse_attention  # noqa: E402
+from kernels.layouts import BlockLayout, butterfly_layout  # noqa: E402
+
+BLOCK = 128
+TARGET_DENSITIES = [0.01, 0.02, 0.05, 0.1, 0.25, 0.5]
+TUNE_CANDIDATES = {
+    "fwd": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)],
+    "dq": [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+    "dkdv": [(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
+}
+
+
+def butterfly_points(seqlen: int) -> list[tuple[dict, BlockLayout]]:
+    """Butterfly configs whose densities are closest to the targets (the all-factor one always in)."""
+    n = -(-seqlen // BLOCK)
+    levels = max(1, (n - 1).bit_length())
+    cands = {}
+    for n_factors in range(levels + 1):
+        for local in [0] + [2**i for i in range(levels)]:
+            cfg = dict(n_factors=n_factors, local_blocks=local)
+            lay = butterfly_layout(seqlen, BLOCK, **cfg)
+            cands.setdefault(round(lay.density, 6), (cfg, lay))
+    chosen = {round(butterfly_layout(seqlen, BLOCK).density, 6)}
+    for t in TARGET_DENSITIES:
+        chosen.add(min(cands, key=lambda d: abs(d - t) / t))
+    return [cands[d] for d in sorted(chosen)]
+
+
+_FLEX = {}
+
+
+def flex_fn():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if "fn" not in _FLEX:
+        # every seqlen/head dim recompiles; past the default limit dynamo silently falls back to eager
+        torch._dynamo.config.cache_size_limit = 256
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 256
+        _FLEX["fn"] = torch.compile(flex_attention)
+    return _FLEX["fn"]
+
+
+def flex_block_mask(layout: BlockLayout, seqlen: int):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    tiles = layout.mask[0].cuda()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return tiles[q_idx // BLOCK, kv_idx // BLOCK]
+
+    return create_block_mask(
+        mask_mod, None, None, seqlen, seqlen, device="cuda", BLOCK_SIZE=BLOCK, _compile=True
+    )
+
+
+def timed(fn, q, k, v, do):
+    def fwd():
+        with torch.no_grad():
+            return fn(q, k, v)
+
+    def fwdbwd():
+        return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    fwdbwd()  # compile / build lists outside the timed region
+    fwd()
+    return time_ms(fwd, warmup_ms=10, rep_ms=50), time_ms(fwdbwd, warmup_ms=10, rep_ms=50)
+
+
+def tune(headdim: int, nheads: int) -> dict:
+    """Time each pass's candidate tile configs at n=16k, all-factor butterfly; keep the fastest."""
+    seqlen = 16384
+    layout = butterfly_layout(seqlen, BLOCK).cuda()
+    q, k, v, do = (
+        torch.randn(1, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(4)
+    )
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    fn = lambda q, k, v: block_sparse_attention(q, k, v, layout)  # noqa: E731
+    d_key = min(d for d in block_sparse._GPU_CONFIGS["fwd"] if d >= headdim)
+    best = {}
+    log = []
+    for pass_name in ("fwd", "dq", "dkdv"):
+        times = {}
+        for cfg in TUNE_CANDIDATES[pass_name]:
+            block_sparse._GPU_CONFIGS[pass_name][d_key] = cfg
+            try:
+                fwd_ms, fwdbwd_ms = timed(fn, q, k, v, do)
+                times[cfg] = fwd_ms if pass_name == "fwd" else fwdbwd_ms
+            except Exception as exc:  # a config that does not fit (shared memory) is just skipped
+                times[cfg] = None
+                print(f"tune {pass_name} {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        ok = {c: t for c, t in times.items() if t is not None}
+        best[pass_name] = min(ok, key=ok.get)
+        block_sparse._GPU_CONFIGS[pass_name][d_key] = best[pass_name]
+        log += [dict(pass_=pass_name, headdim=headdim, config=list(c), ms=t) for c, t in times.items()]
+        print(f"tune d={headdim} {pass_name}: " + ", ".join(f"{c}: {t}" for c, t in times.items()))
+    return {"best": {p: list(c) for p, c in best.items()}, "trials": log}
+
+
+def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict]) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from kernels.flash_attention import flash_attention
+
+    shape = (1, seqlen, nheads, headdim)  # ours: (B, N, H, d)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    # PyTorch's backends get their native (B, H, N, d) layout, made contiguous outside the timing
+    qh, kh, vh, doh = (x.detach().transpose(1, 2).contiguous() for x in (q, k, v, do))
+    qh, kh, vh = (x.requires_grad_() for x in (qh, kh, vh))
+    base = dict(seqlen=seqlen, headdim=headdim, nheads=nheads, batch=1, block=BLOCK)
+
+    def record(impl, density, cfg, fn, args):
+        row = dict(base, impl=impl, density=density, layout=cfg)
+        try:
+            row["fwd_ms"], row["fwdbwd_ms"] = timed(fn, *args)
+        except Exception as exc:  # one failing impl must not end the sweep: record it in its row
+            row["error"] = (
+                "OOM: " if is_oom(exc) else ""
+            ) + f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            if not is_oom(exc):
+                traceback.print_exc()
+        rows.append(row)
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in base})
+        return row
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return scaled_dot_product_attention(q, k, v)
+
+    record("ours_dense", 1.0, None, lambda q, k, v: flash_attention(q, k, v), (q, k, v, do))
+    record("sdpa_flash", 1.0, None, sdpa, (qh, kh, vh, doh))
+    full = BlockLayout(
+        torch.ones(1, -(-seqlen // BLOCK), -(-seqlen // BLOCK), dtype=torch.bool), BLOCK
+    ).cuda()
+    record("ours_bs", 1.0, "all tiles", lambda q, k, v: block_sparse_attention(q, k, v, full), (q, k, v, do))
+    flex = flex_fn()
+    for cfg, layout in butterfly_points(seqlen):
+        layout = layout.cuda()
+        density = layout.density
+        record(
+            "ours_bs",
+            density,
+            cfg,
+            lambda q, k, v, lay=layout: block_sparse_attention(q, k, v, lay),
+            (q, k, v, do),
+        )
+        block_mask = flex_block_mask(layout, seqlen)
+        record(
+            "flex",
+            density,
+            cfg,
+            lambda q, k, v, bm=block_mask: flex(q, k, v, block_mask=bm),
+            (qh, kh, vh, doh),
+        )
+    torch.cuda.empty_cache()
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (n, d, density): ours vs flex and vs the ideal our-dense x density."""
+    out = []
+    dense = {(r["seqlen"], r["headdim"]): r for r in rows if r["impl"] == "ours_dense" and "fwdbwd_ms" in r}
+    for r in rows:
+        if r["impl"] != "ours_bs" or r["layout"] == "all tiles" or "fwdbwd_ms" not in r:
+            continue
+        f = next((x for x in rows if x["impl"] == "flex" and x["seqlen"] == r["seqlen"]
+                  and x["headdim"] == r["headdim"] and x["layout"] == r["layout"] and "fwdbwd_ms" in x), None)  # fmt: skip
+        d = dense.get((r["seqlen"], r["headdim"]))
+        s = dict(seqlen=r["seqlen"], headdim=r["headdim"], density_pct=100 * r["density"],
+                 ours_fwd_ms=r["fwd_ms"], ours_fwdbwd_ms=r["fwdbwd_ms"])  # fmt: skip
+        if f:
+            s.update(flex_fwd_ms=f["fwd_ms"], flex_fwdbwd_ms=f["fwdbwd_ms"],
+                     speedup_vs_flex_fwd=f["fwd_ms"] / r["fwd_ms"], speedup_vs_flex_fwdbwd=f["fwdbwd_ms"] / r["fwdbwd_ms"])  # fmt: skip
+        if d:
+            ideal = d["fwdbwd_ms"] * r["density"]
+            s.update(ideal_fwdbwd_ms=ideal, ours_over_ideal=r["fwdbwd_ms"] / ideal)
+        out.append(s)
+    return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["seqlen"], r["headdim"]) for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False)
+    for ax, (n, d) in zip(axes[0], shapes, strict=True):
+        sel = [r for r in rows if r["seqlen"] == n and r["headdim"] == d and "fwdbwd_ms" in r]
+        dense = next((r["fwdbwd_ms"] for r in sel if r["impl"] == "ours_dense"), None)
+        for impl, style in (("ours_bs", "o-"), ("flex", "s--")):
+            pts = sorted(
+                (r["density"], r["fwdbwd_ms"])
+                for r in sel
+                if r["impl"] == impl and r["layout"] != "all tiles"
+            )
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, label=f"{impl} fwd+bwd")
+        if dense:
+            xs = sorted({r["density"] for r in sel if r["impl"] == "ours_bs"})
+            ax.plot(xs, [dense * x for x in xs], "k:", label="our dense x density")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tile density")
+        ax.set_ylabel("ms")
+        ax.set_title(f"n={n // 1024}k d={d}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--nheads", type=int, default=16)
+    parser.add_argument("--tune", action="store_true", help="pick tile configs at n=16k first")
+    parser.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/block_sparse_<gpu>.json)"
+    )
+    args = parser.parse_args()
+    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"block_sparse_{gpu_slug()}.json")
+
+    tuning = {d: tune(d, args.nheads) for d in args.headdims} if args.tune else None
+    rows = []
+    for d in args.headdims:
+        for n in args.seqlens:
+            bench_shape(n, d, args.nheads, rows)
+            # rewritten after every shape, so a run cut short still leaves its numbers
+            summary = summarize(rows)
+            extra = dict(
+                dtype="bfloat16", tile_configs=block_sparse._GPU_CONFIGS, tuning=tuning, summary=summary
+            )
+            write_results(out, rows, extra)
+    cols = ["seqlen", "headdim", "density_pct", "ours_fwd_ms", "flex_fwd_ms", "ours_fwdbwd_ms", "flex_fwdbwd_ms",
+            "speedup_vs_flex_fwdbwd", "ideal_fwdbwd_ms", "ours_over_ideal"]  # fmt: skip
+    table = markdown_table(summary, cols, floatfmt="{:.3g}")
+    with open(out.replace(".json", ".md"), "w") as f:
+        f.write(
+            f"# Block-sparse attention, butterfly on {BLOCK}-blocks, bf16, batch 1, {args.nheads} heads\n\n"
+        )
+        f.write(table + "\n")
+    plot(rows, out.replace(".json", ".png"))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""End-to-end GPT training throughput: tokens/s and MFU per attention backend and context length.
+
+Each row is one (model, seqlen, attention) configuration trained for a few steps with what a real run
+uses: bf16 autocast, fused AdamW, per-block torch.compile, the chunked loss, a fixed number of tokens
+per step. MFU counts 6·params + 6·L·d·T FLOPs per token (causal attention: half of 12·L·d·T) against
+the bf16 matmul peak *measured in the same run*.
+
+For SDPA, the requested backend is pinned with `sdpa_kernel` and then checked: one profiled step must
+show that backend's kernels (under torch.compile a silent fallback to another backend is possible).
+
+    python benchmarks/bench_train.py --models gpt2_small,gpt2_medium --seqlens 1024,4096,8192,16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
+from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
+from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
+from flashtrain.parallelize import apply_compile  # noqa: E402
+
+MODELS = {
+    "gpt2_small": dict(n_layer=12, n_head=12, d_model=768),
+    "gpt2_medium": dict(n_layer=24, n_head=16, d_model=1024),
+}
+# impl -> (model attention backend, SDPA backend to pin, substring its kernels' names must contain)
+IMPLS = {
+    "eager": ("reference", None, None),
+    "sdpa_flash": ("sdpa", "FLASH_ATTENTION", "flash"),
+    "sdpa_cudnn": ("sdpa", "CUDNN_ATTENTION", "cudnn"),
+    "triton": ("triton", None, "attn"),
+}
+
+
+def matmul_peak_tflops(n: int = 8192, reps: int = 20) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()  # host-device sync: the timing needs the work finished
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
+
+
+def sdpa_context(backend_name: str | None):
+    if backend_name is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, backend_name)])
+
+
+def kernel_names(step) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
+
+
+def bench_one(model_name, seqlen, impl, tokens_per_step, steps, warmup, compile_blocks, peak):
+    backend, sdpa_backend, marker = IMPLS[impl]
+    batch = max(1, tokens_per_step // seqlen)
+    cfg = GPTConfig(
+        **MODELS[model_name], vocab_size=50304, max_seq_len=seqlen, attention=backend, loss_chunk=4096
+    )
+    torch.manual_seed(0)
+    model = GPT(cfg).cuda()
+    if compile_blocks:
+        apply_compile(model)
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-4, fused=True))
+    x = torch.randint(0, 50257, (batch, seqlen), device="cuda")
+    y = torch.randint(0, 50257, (batch, seqlen), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen)
+    with sdpa_context(sdpa_backend):
+        for _ in range(warmup):
+            step()
+        names = kernel_names(step) if marker else []
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = step()
+        loss.item()  # host-device sync: all steps finished
+        elapsed = time.perf_counter() - start
+    tok_s = batch * seqlen * steps / elapsed
+    row.update(
+        step_ms=1000 * elapsed / steps,
+        tokens_per_s=tok_s,
+        mfu=model.flops_per_token(seqlen) * tok_s / (peak * 1e12),
+        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+        params_m=model.num_params() / 1e6,
+    )
+    if marker:
+        hits = [n for n in names if marker in n.lower()]
+        row["backend_verified"] = bool(hits)
+        row["attention_kernels"] = hits[:4]
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="gpt2_small,gpt2_medium")
+    parser.add_argument("--seqlens", default="1024,4096,8192,16384")
+    parser.add_argument("--impls", default="eager,sdpa_flash,sdpa_cudnn,triton")
+    parser.add_argument("--tokens-per-step", type=int, default=16384)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_<gpu>.json)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_train.py measures GPU training; no CUDA device is visible")
+    peak = matmul_peak_tflops()
+    print(f"measured bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
+    rows = []
+    for model_name in args.models.split(","):
+        for seqlen in map(int, args.seqlens.split(",")):
+            for impl in args.impls.split(","):
+                try:
+                    row = bench_one(
+                        model_name,
+                        seqlen,
+                        impl,
+                        args.tokens_per_step,
+                        args.steps,
+                        args.warmup,
+                        not args.no_compile,
+                        peak,
+                    )
+                except Exception as e:  # one failing row must not lose the others
+                    if not is_oom(e):
+                        print(f"{model_name} {seqlen} {impl}: {type(e).__name__}: {e}", flush=True)
+                    row = dict(
+                        model=model_name,
+                        impl=impl,
+                        seqlen=seqlen,
+                        error="OOM" if is_oom(e) else repr(e)[:300],
+                    )
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+                rows.append(row)
+                print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    out = args.out or f"benchmarks/results/train_{gpu_slug()}.json"
+    write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": not args.no_compile})
+    cols = ["model", "seqlen", "impl", "tokens_per_s", "mfu", "peak_mem_gib", "backend_verified", "error"]
+    table = markdown_table(rows, cols, floatfmt="{:.3f}")
+    with open(out.replace(".json", ".md"), "w") as f:
+        f.write(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s\n\n{table}\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

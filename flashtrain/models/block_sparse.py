@@ -1,0 +1,54 @@
+"""The `block_sparse` attention backend: `kernels.block_sparse_attention` with a layout from config.
+
+The layout is built on first use for each (sequence length, device) and kept: building it compiles
+the per-tile lists the kernel walks, which should happen once, not every step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_PARAMS = {  # which GPTConfig fields each layout kind takes, and under which builder argument name
+    "butterfly": {"n_factors": "block_sparse_factors", "global_blocks": "block_sparse_global",
+                  "local_blocks": "block_sparse_local"},
+    "local": {"local_blocks": "block_sparse_local"},
+    "strided": {"stride": "block_sparse_stride", "local_blocks": "block_sparse_local"},
+    "random": {"density": "block_sparse_density"},
+}
+
+
+def make_block_sparse_backend(cfg):
+    """An attention function with the backend signature for a GPTConfig / ClassifierConfig backbone."""
+    if cfg.block_sparse_kind not in _PARAMS:
+        raise ValueError(
+            f"model.block_sparse_kind={cfg.block_sparse_kind!r}; choose one of {', '.join(sorted(_PARAMS))}"
+        )
+    params = {arg: getattr(cfg, field) for arg, field in _PARAMS[cfg.block_sparse_kind].items()}
+    layouts: dict[tuple[int, str], object] = {}
+
+    def block_sparse(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
+        from kernels.block_sparse import block_sparse_attention
+        from kernels.layouts import make_layout
+
+        if window is not None or key_padding_mask is not None:
+            raise ValueError(
+                "the block_sparse backend takes its sparsity from the layout: express a window as "
+                "block_sparse_kind=local, and pad inputs to whole blocks instead of a key-padding mask"
+            )
+        key = (q.shape[1], str(q.device))
+        if key not in layouts:
+            layout = make_layout(
+                cfg.block_sparse_kind, q.shape[1], cfg.block_sparse_block, nheads=q.shape[2], causal=causal, **params
+            )
+            layouts[key] = layout.to(q.device)
+        return block_sparse_attention(
+            q, k, v, layouts[key], causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p
+        )
+
+    block_sparse.layouts = layouts  # for inspection (density) and tests
+    return block_sparse
+
+
+def layout_density(backend, seqlen: int, device: str | torch.device = "cpu") -> float | None:
+    layout = backend.layouts.get((seqlen, str(torch.device(device))))
+    return None if layout is None else float(layout.density)

@@ -1,0 +1,204 @@
+"""Block-sparse FlashAttention (kernels/block_sparse.py) against kernels.reference.block_sparse_reference.
+
+Tolerance rule (as for the dense kernel): the kernel's error against the float64 reference must be
+at most 2x the error of the reference computed in the kernel's own dtype, plus a small floor.
+On CPU these run through the Triton interpreter (fp16/fp32, small shapes); bf16 runs on the GPU.
+"""
+
+import pytest
+import torch
+
+from kernels.block_sparse import block_sparse_attention
+from kernels.layouts import BlockLayout, butterfly_layout, local_layout, random_layout, strided_layout
+from kernels.reference import block_sparse_reference
+
+FLOOR = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def _inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, device):
+    q = torch.randn(batch, seqlen_q, nheads, headdim, dtype=dtype, device=device)
+    k = torch.randn(batch, seqlen_k, nheads_kv, headdim, dtype=dtype, device=device)
+    v = torch.randn(batch, seqlen_k, nheads_kv, headdim, dtype=dtype, device=device)
+    return q, k, v
+
+
+def _run(fn, q, k, v, do):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out, lse = fn(q, k, v)
+    out.backward(do.to(out.dtype))
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def _err(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def check_against_reference(q, k, v, layout, causal=False, tiles=None):
+    """Compare out, lse, dq, dk, dv; returns the kernel's (out, lse) for extra checks."""
+    do = torch.randn_like(q)
+
+    def kernel(q, k, v):
+        return block_sparse_attention(q, k, v, layout, causal=causal, return_lse=True, _tiles=tiles)
+
+    def reference(q, k, v):
+        return block_sparse_reference(q, k, v, layout.mask, layout.block_m, layout.block_n, causal=causal,
+                                      return_lse=True)  # fmt: skip
+
+    got = _run(kernel, q, k, v, do)
+    truth = _run(reference, q.double(), k.double(), v.double(), do.double())
+    low = _run(reference, q, k, v, do)
+    floor = FLOOR[q.dtype]
+    names = ("out", "lse", "dq", "dk", "dv")
+    for name, g, t, lo in zip(names, got, truth, low, strict=True):
+        assert torch.isfinite(g).all() or name == "lse", f"{name} has non-finite values"
+        if name == "lse":
+            empty = t == float("-inf")  # rows that see no key
+            assert torch.equal(g == float("-inf"), empty), "lse must be -inf exactly on rows without keys"
+            g, t, lo = g[~empty], t[~empty], lo[~empty]
+        err, ref_err = _err(g, t), _err(lo, t)
+        assert err <= 2 * ref_err + floor, (
+            f"{name}: kernel err {err:.3g} vs reference-in-{q.dtype} err {ref_err:.3g}"
+        )
+    return got
+
+
+LAYOUTS = {
+    "butterfly": lambda n, b: butterfly_layout(n, b),
+    "butterfly_global_local": lambda n, b: butterfly_layout(
+        n, b, n_factors=1, global_blocks=1, local_blocks=1
+    ),
+    "local": lambda n, b: local_layout(n, b, local_blocks=1),
+    "strided": lambda n, b: strided_layout(n, b, stride=3),
+    "random_per_head": lambda n, b: random_layout(n, b, 0.3, nheads=4, seed=5),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_layouts_match_reference(kind, causal, dtype, device):
+    torch.manual_seed(0)
+    seqlen, block = 113, 16  # odd length: a partial last tile on both axes
+    q, k, v = _inputs(1, seqlen, seqlen, 4, 2, 32, dtype, device)
+    check_against_reference(q, k, v, LAYOUTS[kind](seqlen, block).to(device), causal)
+
+
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k,nheads,nheads_kv,headdim,block,causal",
+    [
+        (77, 131, 4, 1, 16, 16, True),  # more keys than queries, MQA
+        (131, 77, 2, 2, 24, 16, True),  # more queries: top rows see no key under causal; head dim padded
+        (64, 64, 3, 3, 64, 32, False),
+        (50, 50, 6, 2, 40, 32, True),
+    ],
+)
+def test_shapes_gqa_and_causal_alignment(
+    seqlen_q, seqlen_k, nheads, nheads_kv, headdim, block, causal, device
+):
+    torch.manual_seed(1)
+    q, k, v = _inputs(1, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, torch.float16, device)
+    layout = random_layout(max(seqlen_q, seqlen_k), block, 0.5, nheads=nheads, seed=2).to(device)
+    check_against_reference(q, k, v, layout, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_layout_blocks_split_into_smaller_kernel_tiles(causal, device):
+    # the GPU splits 128-blocks into e.g. 32x128 tiles for dk/dv: same path with 32-blocks and 16-tiles
+    torch.manual_seed(2)
+    q, k, v = _inputs(1, 90, 90, 2, 2, 16, torch.float32, device)
+    layout = butterfly_layout(90, 32, global_blocks=1).to(device)
+    check_against_reference(q, k, v, layout, causal, tiles=(16, 16))
+
+
+def test_rows_without_blocks_give_zero_and_finite_grads(device):
+    torch.manual_seed(3)
+    mask = butterfly_layout(96, 16).mask.clone()
+    mask[:, 2] = False  # query block 2 sees nothing
+    mask[:, :, 4] = False  # key block 4 is never seen
+    layout = BlockLayout(mask, 16).to(device)
+    q, k, v = _inputs(1, 96, 96, 2, 2, 16, torch.float16, device)
+    out, lse, dq, dk, dv = check_against_reference(q, k, v, layout, causal=True)
+    assert (out[:, 32:48] == 0).all() and (lse[:, :, 32:48] == float("-inf")).all()
+    assert (dq[:, 32:48] == 0).all()
+    assert (dk[:, 64:80] == 0).all() and (dv[:, 64:80] == 0).all()
+
+
+def test_dropped_tiles_are_never_read(device):
+    # NaN in every key/value/query row that only dropped tiles touch: a kernel that read them would
+    # spread the NaN (0 * NaN = NaN), so finite, correct results show the tiles are skipped
+    torch.manual_seed(4)
+    mask = local_layout(128, 16, local_blocks=0).mask.clone()  # block diagonal
+    mask[0, 3, 3] = False  # block 3 of q and of k/v is in no kept tile
+    layout = BlockLayout(mask, 16).to(device)
+    q, k, v = _inputs(1, 128, 128, 2, 2, 16, torch.float32, device)
+    clean = [x.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x[:, 48:64] = float("nan")
+    do = torch.randn_like(q)
+    got = _run(lambda q, k, v: block_sparse_attention(q, k, v, layout, return_lse=True), q, k, v, do)
+    ref = _run(lambda q, k, v: block_sparse_reference(q, k, v, mask, 16, 16, return_lse=True),
+               *(x.double() for x in clean), do.double())  # fmt: skip
+    rows = torch.cat([torch.arange(0, 48), torch.arange(64, 128)])
+    for g, t in zip(got, ref, strict=True):
+        sel = g[:, :, rows] if g.dim() == 3 else g[:, rows]
+        assert torch.isfinite(sel).all()
+        assert _err(sel, t[:, :, rows] if t.dim() == 3 else t[:, rows]) < 1e-5
+
+
+def test_softmax_scale_and_noncontiguous_inputs(device):
+    torch.manual_seed(5)
+    qkv = torch.randn(1, 70, 3, 2, 32, dtype=torch.float32, device=device)
+    q, k, v = qkv.unbind(2)  # strided views into one packed tensor
+    layout = butterfly_layout(70, 16).to(device)
+    out = block_sparse_attention(q, k, v, layout, softmax_scale=0.3)
+    ref = block_sparse_reference(q.double(), k.double(), v.double(), layout.mask, 16, 16, softmax_scale=0.3)
+    assert _err(out, ref) < 1e-5
+
+
+def _bad(device, **changes):
+    args = dict(zip("qkv", _inputs(1, 64, 64, 2, 2, 16, torch.float16, device), strict=True))
+    args["layout"] = butterfly_layout(64, 16).to(device)
+    kwargs = {k: changes.pop(k) for k in list(changes) if k in ("causal", "dropout_p", "softmax_scale")}
+    args.update(changes)
+    return lambda: block_sparse_attention(args["q"], args["k"], args["v"], args["layout"], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        (lambda d: dict(layout=butterfly_layout(48, 16).to(d)), "covers 48x48 but the scores are 64x64"),
+        (lambda d: dict(layout=butterfly_layout(64, 16).mask.to(d)), "wrap a bool tile mask as BlockLayout"),
+        (lambda d: dict(layout=random_layout(64, 16, 0.5, nheads=3).to(d)), "needs 1 .shared. or nheads=2"),
+        (lambda d: dict(layout=butterfly_layout(64, 16).to("meta")), "use layout.to"),
+        (lambda d: dict(q=torch.randn(1, 64, 2, 16, device=d)), "share one dtype"),
+        (lambda d: dict(q=torch.randn(1, 64, 2, 16, device=d).long()), "dtype"),
+        (lambda d: dict(k=torch.randn(1, 64, 2, 8, dtype=torch.float16, device=d)), r"k and v must both be"),
+        (lambda d: dict(q=torch.randn(64, 2, 16, dtype=torch.float16, device=d)), "4-d tensor"),
+        (lambda d: dict(q=torch.randn(1, 64, 3, 16, dtype=torch.float16, device=d)), "multiple of nheads_kv"),
+        (lambda d: dict(dropout_p=0.1), "does not implement dropout"),
+        (lambda d: dict(dropout_p=1.5), r"dropout_p must be in \[0, 1\)"),
+        (lambda d: dict(softmax_scale=float("nan")), "softmax_scale"),
+    ],
+)
+def test_bad_inputs(changes, match, device):
+    with pytest.raises(ValueError, match=match):
+        _bad(device, **changes(device))()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_bf16_realistic(headdim, causal):
+    torch.manual_seed(6)
+    seqlen = 2048 + 77
+    q, k, v = _inputs(2, seqlen, seqlen, 8, 4, headdim, torch.bfloat16, "cuda")
+    layout = butterfly_layout(seqlen, 128, global_blocks=1, causal=causal).cuda()
+    # the float64 truth is affordable here on the GPU; bf16 reference sets the tolerance
+    check_against_reference(q, k, v, layout, causal)
+
+
+@pytest.mark.gpu
+def test_gpu_per_head_random_layout_gqa():
+    torch.manual_seed(7)
+    q, k, v = _inputs(1, 4096, 4096, 8, 2, 64, torch.bfloat16, "cuda")
+    check_against_reference(q, k, v, random_layout(4096, 64, 0.1, nheads=8, seed=1).cuda(), causal=True)
