@@ -1,0 +1,233 @@
+"""Sequence-parallel attention throughput: contiguous ring, zigzag ring, Ulysses, hybrid, and PyTorch's
+own experimental context parallel, each as a percentage of the ideal.
+
+ideal = single-GPU kernel time on the full sequence / P (perfect scaling, zero communication);
+% of ideal = ideal / measured. Measured time is the slowest rank's median over reps, every rep
+between barriers.
+
+    torchrun --nproc-per-node 4 benchmarks/bench_ring.py --tokens-per-rank 8192 32768 131072
+    torchrun --nproc-per-node 2 benchmarks/bench_ring.py --device cpu --tokens-per-rank 256   # smoke test
+
+Anchors: ring-flash-attention reports zigzag 90.2% of ideal fwd+bwd on 8 x H800 at 8k tokens/GPU.
+Raw rows go to benchmarks/results/ring_<gpu>_x<P>.json (device, torch, triton, date, rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import gpu_slug, write_results  # noqa: E402
+from flashtrain.distributed import (  # noqa: E402
+    hybrid_attention,
+    ring_attention,
+    shard_positions,
+    ulysses_attention,
+)
+
+MODES = ("contiguous", "zigzag", "ulysses", "hybrid", "torch_cp")
+
+
+def log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()  # host-device sync: timing boundary
+
+
+def timed(fn, device: str, warmup: int, reps: int) -> float:
+    """Slowest rank's median milliseconds of fn; every rep starts after a barrier. Blocks (collectives)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return float(med.item())
+
+
+def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps) -> tuple[float, float]:
+    """(fwd ms, fwd+bwd ms) of attn(q, k, v) on leaf tensors."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def fwd():
+        with torch.no_grad():
+            attn(q, k, v)
+
+    def fwdbwd():
+        out = attn(q, k, v)
+        out.backward(dout)
+
+    return timed(fwd, device, warmup, reps), timed(fwdbwd, device, warmup, reps)
+
+
+def single_device_attention(device: str, dtype):
+    if device == "cuda":
+        from kernels import flash_attention
+
+        return lambda q, k, v: flash_attention(q, k, v, causal=True)
+    from kernels.reference import attention_reference
+
+    return lambda q, k, v: attention_reference(q, k, v, causal=True)
+
+
+def mode_fn(mode: str, world: int, rank: int, groups: dict, backend: str):
+    """(attention on local shards, positions of this rank's shard) for one of our modes."""
+    common = dict(causal=True, backend=backend, validate=False)
+    if mode in ("contiguous", "zigzag"):
+        return (
+            lambda q, k, v: ring_attention(q, k, v, dist.group.WORLD, layout=mode, **common),
+            dict(layout=mode, ring_size=world, ring_rank=rank),
+        )
+    if mode == "ulysses":
+        return (
+            lambda q, k, v: ulysses_attention(q, k, v, dist.group.WORLD, layout="contiguous", **common),
+            dict(layout="contiguous", ring_size=world, ring_rank=rank),
+        )
+    u_size = groups["U"]
+    return (
+        lambda q, k, v: hybrid_attention(
+            q, k, v, groups["ulysses"], groups["ring"], layout="zigzag", **common
+        ),
+        dict(
+            layout="zigzag",
+            ring_size=world // u_size,
+            ring_rank=rank // u_size,
+            ulysses_size=u_size,
+            ulysses_rank=rank % u_size,
+        ),  # fmt: skip
+    )
+
+
+def torch_cp(q, k, v, device, warmup, reps) -> tuple[float, float]:
+    """PyTorch's experimental context parallel around SDPA (its own sharding and load balancing)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    # SDPA layout (B, H, S, D); context_parallel shards these full buffers in place along dim 2
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    dout = torch.randn_like(qt)
+    with context_parallel(mesh, buffers=[qt, kt, vt, dout], buffer_seq_dims=[2, 2, 2, 2]):
+        for t in (qt, kt, vt):  # sharded in place on entry, which a leaf that requires grad forbids
+            t.requires_grad_()
+
+        def fwd():
+            with torch.no_grad():
+                sdpa(qt, kt, vt, is_causal=True)
+
+        def fwdbwd():
+            sdpa(qt, kt, vt, is_causal=True).backward(dout)
+
+        try:
+            return timed(fwd, device, warmup, reps), timed(fwdbwd, device, warmup, reps)
+        finally:
+            for t in (qt, kt, vt):  # the context restores the buffers on exit: same restriction
+                t.grad = None
+                t.requires_grad_(False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens-per-rank", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--nheads", type=int, default=32)
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument(
+        "--out", default=None, help="results JSON (default benchmarks/results/ring_<gpu>_x<P>.json)"
+    )
+    args = p.parse_args()
+
+    device = args.device
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    # bf16 with the Triton kernels on GPU; on CPU the reference runs in fp32 (a smoke test, not a measurement)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    backend = "triton" if device == "cuda" else "reference"
+
+    groups = {}
+    if world >= 4 and world % 2 == 0:  # hybrid: Ulysses pairs inside a ring of world / 2
+        u_size = 2
+        ulysses = [dist.new_group([r * u_size + u for u in range(u_size)]) for r in range(world // u_size)]
+        ring = [dist.new_group(list(range(u, world, u_size))) for u in range(u_size)]
+        groups = dict(ulysses=ulysses[rank // u_size], ring=ring[rank % u_size], U=u_size)
+
+    rows = []
+    for tokens in args.tokens_per_rank:
+        seqlen = tokens * world
+        gen = torch.Generator(device=device).manual_seed(0)  # same full tensors on every rank
+        q, k, v = (
+            torch.randn(
+                args.batch, seqlen, args.nheads, args.headdim, generator=gen, device=device, dtype=dtype
+            )
+            for _ in range(3)
+        )
+        # ideal: one device, the whole sequence (every rank measures its own device; the slowest counts)
+        ideal_fwd, ideal_fb = fwd_and_fwdbwd(single_device_attention(device, dtype), q, k, v, device,
+                                             args.warmup, args.reps)  # fmt: skip
+        base = dict(world=world, tokens_per_rank=tokens, seqlen=seqlen, batch=args.batch, nheads=args.nheads,
+                    headdim=args.headdim, dtype=str(dtype).removeprefix("torch."), causal=True,
+                    ideal_fwd_ms=ideal_fwd / world, ideal_fwdbwd_ms=ideal_fb / world)  # fmt: skip
+        for mode in args.modes:
+            row = dict(base, mode=mode)
+            try:
+                if mode == "hybrid" and not groups:
+                    raise ValueError(f"hybrid needs an even world size >= 4, got {world}")
+                if mode == "torch_cp":
+                    fwd_ms, fb_ms = torch_cp(q, k, v, device, args.warmup, args.reps)
+                else:
+                    attn, layout = mode_fn(mode, world, rank, groups, backend)
+                    pos = shard_positions(seqlen, device=device, **layout)
+                    fwd_ms, fb_ms = fwd_and_fwdbwd(attn, *(t.index_select(1, pos) for t in (q, k, v)), device,
+                                                   args.warmup, args.reps)  # fmt: skip
+                row.update(
+                    fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
+                    fwd_pct_ideal=100 * row["ideal_fwd_ms"] / fwd_ms,
+                    fwdbwd_pct_ideal=100 * row["ideal_fwdbwd_ms"] / fb_ms,
+                    tokens_per_s_fwdbwd=args.batch * seqlen / (fb_ms / 1e3),
+                )  # fmt: skip
+                log(f"{mode:>10} {tokens:>7} tok/rank: fwd {fwd_ms:9.2f} ms ({row['fwd_pct_ideal']:5.1f}% ideal)  "
+                    f"fwd+bwd {fb_ms:9.2f} ms ({row['fwdbwd_pct_ideal']:5.1f}% ideal)")  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - a mode that cannot run here is recorded, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(f"{mode:>10} {tokens:>7} tok/rank: {row['error']}")
+                dist.barrier()
+            rows.append(row)
+        del q, k, v
+
+    if rank == 0:
+        out = args.out or os.path.join(
+            os.path.dirname(__file__), "results", f"ring_{gpu_slug()}_x{world}.json"
+        )
+        write_results(out, rows, extra=dict(benchmark="bench_ring", world=world, backend=backend))
+        print(f"wrote {out}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

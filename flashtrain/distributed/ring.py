@@ -1,0 +1,414 @@
+"""Ring attention: exact attention over a sequence sharded across the ranks of a process group.
+
+Each of P ranks holds 1/P of the sequence (layouts in `sharding.py`). K/V shards travel around the
+ring; at every step a rank attends its queries to the shard it holds and merges the step's partial
+(out, lse) into an fp32 accumulator through the log-sum-exp, casting once at the end. The backward
+recomputes every step from the global (out, lse); dq stays home, while fp32 dK/dV accumulators
+travel with their K/V and arrive home after the last rank that needs them (P hops in a dense ring).
+
+Three layers, as in flash-attention: `ring_forward` / `ring_backward` (the schedules, which issue
+every collective in a fixed order) -> `RingAttention` (autograd.Function, so autograd never orders a
+collective) -> `ring_attention` (public, checks its inputs on every rank before any P2P).
+Every transfer of step t+1 is posted (`batch_isend_irecv`) before step t's local attention runs, so
+communication overlaps compute; the waits are marked where they block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .local_attention import PositionMask, local_backward, local_forward
+from .ring_plan import LocalCall, MaskInfo, RingPlan, ring_plan
+from .sharding import check_layout, check_seqlen, segments_positions
+
+_TAG_KV, _TAG_DKV, _TAG_HOME = 1, 2, 3  # gloo matches on tags; NCCL matches in posting order, same here
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """Everything a ring schedule needs besides the tensors; identical on every rank of the ring.
+
+    seqlen: global sequence length (local shard * size). doc_ids: (seqlen,) document per position.
+    block_layout: bool (nheads_global or 1, n_blocks, n_blocks) over global positions.
+    head_offset: global index of the first local head (Ulysses shards heads).
+    """
+
+    group: dist.ProcessGroup | None
+    size: int
+    rank: int
+    seqlen: int
+    layout: str
+    causal: bool
+    softmax_scale: float
+    window: tuple[int | None, int | None] | None = None
+    doc_ids: torch.Tensor | None = None
+    doc_starts: tuple[int, ...] | None = None
+    block_layout: torch.Tensor | None = None
+    block_size: int = 1
+    head_offset: int = 0
+    dropout_p: float = 0.0
+    dropout_seed: int = 0
+    backend: str = "auto"
+
+    def plan(self) -> RingPlan:
+        block_any = None
+        if self.block_layout is not None:
+            block_any = self.block_layout.any(0).cpu()  # host-device sync (tiny), once per call
+        info = MaskInfo(
+            causal=self.causal, window=self.window,
+            doc_starts=list(self.doc_starts) if self.doc_starts is not None else None,
+            block_any=block_any, block_size=self.block_size, fuse=self.dropout_p == 0.0,
+        )  # fmt: skip
+        return ring_plan(self.seqlen, self.size, self.rank, self.layout, info)
+
+    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> PositionMask | None:
+        if self.doc_ids is None and self.block_layout is None and self.dropout_p == 0.0:
+            return None
+        return PositionMask(
+            q_pos, k_pos, doc_ids=self.doc_ids, block_layout=self.block_layout, block_size=self.block_size,
+            head_offset=self.head_offset, dropout_p=self.dropout_p, dropout_seed=self.dropout_seed,
+        )  # fmt: skip
+
+
+def _post(ops: list[tuple], group) -> list:
+    """Post (op, tensor, group_peer, tag) P2P ops as one batch; returns the works (do not block)."""
+    if not ops:
+        return []
+    p2p = [dist.P2POp(op, t, dist.get_global_rank(group, peer), group, tag) for op, t, peer, tag in ops]
+    return dist.batch_isend_irecv(p2p)
+
+
+def _wait(works: list) -> None:
+    for w in works:
+        w.wait()
+
+
+def _merge_(out: torch.Tensor, lse: torch.Tensor, step_out: torch.Tensor, step_lse: torch.Tensor) -> None:
+    """In place: (out, lse) <- merge of two partial attentions over disjoint keys.
+
+    out (B, m, H, D) and lse (B, H, m) are fp32 views of the accumulators. The weights
+    exp(lse_part - lse_new) are <= 1, so nothing overflows, and a part with lse = -inf gets weight
+    exactly 0 (with the other weight exactly 1), so a step that contributes nothing changes nothing.
+    """
+    new = torch.logaddexp(lse, step_lse.to(lse.dtype))
+    safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))  # rows no step has reached
+    w_old = torch.exp(lse - safe).transpose(1, 2)[..., None]  # (B, m, H, 1)
+    w_new = torch.exp(step_lse.to(lse.dtype) - safe).transpose(1, 2)[..., None]
+    out.mul_(w_old).add_(step_out.to(out.dtype) * w_new)
+    lse.copy_(new)
+
+
+def _rows(t: torch.Tensor, rows: tuple[int, int], dim: int = 1) -> torch.Tensor:
+    return t.narrow(dim, rows[0], rows[1] - rows[0])
+
+
+def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos) -> dict:
+    return dict(
+        causal=call.causal, softmax_scale=spec.softmax_scale, window=call.window,
+        mask=spec.mask(_rows(q_pos, call.q_rows, 0), _rows(k_pos, call.k_rows, 0)), backend=spec.backend,
+    )  # fmt: skip
+
+
+def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the local queries against the whole ring, both in max(q.dtype, float32)."""
+    plan = spec.plan()
+    size, rank = spec.size, spec.rank
+    nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    batch, n, nheads, _ = q.shape
+    out = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+    lse = torch.full((batch, nheads, n), float("-inf"), dtype=acc_dtype, device=q.device)
+    q_pos = segments_positions(plan.segments[rank], q.device)
+    kv = torch.stack([k, v])  # (2, B, n, Hkv, D): K and V travel as one message; only K/V heads travel
+    kv_shape = kv.shape
+    for t in range(size):
+        src = (rank - t) % size
+        incoming = (rank - 1 - t) % size  # what the previous rank holds now and may forward
+        ops, nxt = [], None
+        if t < plan.last_hop[src]:
+            ops.append((dist.isend, kv, nxt_rank, _TAG_KV))
+        if t < plan.last_hop[incoming]:
+            nxt = torch.empty(kv_shape, dtype=k.dtype, device=k.device)  # we may hold nothing this step
+            ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
+        works = _post(ops, spec.group)  # next step's K/V move while this step computes
+        k_pos = segments_positions(plan.segments[src], q.device) if plan.calls[src] else None
+        for call in plan.calls[src]:
+            step_out, step_lse = local_forward(
+                _rows(q, call.q_rows), _rows(kv[0], call.k_rows), _rows(kv[1], call.k_rows),
+                **_call_kwargs(spec, call, q_pos, k_pos),
+            )  # fmt: skip
+            _merge_(_rows(out, call.q_rows), _rows(lse, call.q_rows, 2), step_out, step_lse)
+        _wait(works)  # blocks until the next K/V have arrived (and ours have left)
+        kv = nxt
+    return out, lse
+
+
+def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in max(dtype, float32), from the global out and lse of the forward."""
+    plan = spec.plan()
+    size, rank = spec.size, spec.rank
+    nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+    q_pos = segments_positions(plan.segments[rank], q.device)
+    kv = torch.stack([k, v])  # (2, B, n, Hkv, D)
+    acc_shape = kv.shape
+    acc_in = own = home = None
+    pending: list = []  # last step's dK/dV works, with their tensors kept alive until waited
+    for t in range(size):
+        src = (rank - t) % size
+        incoming = (rank - 1 - t) % size
+        ops, nxt = [], None
+        if t < plan.last_hop[src]:
+            ops.append((dist.isend, kv, nxt_rank, _TAG_KV))
+        if t < plan.last_hop[incoming]:
+            nxt = torch.empty(acc_shape, dtype=k.dtype, device=k.device)
+            ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
+        kv_works = _post(ops, spec.group)
+
+        partial = None
+        if plan.calls[src]:
+            k_pos = segments_positions(plan.segments[src], q.device)
+            partial = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
+            for call in plan.calls[src]:
+                sdq, sdk, sdv = local_backward(
+                    _rows(dout, call.q_rows), _rows(q, call.q_rows), _rows(kv[0], call.k_rows),
+                    _rows(kv[1], call.k_rows), _rows(out, call.q_rows), _rows(lse, call.q_rows, 2),
+                    **_call_kwargs(spec, call, q_pos, k_pos),
+                )  # fmt: skip
+                _rows(dq, call.q_rows).add_(sdq)
+                _rows(partial[0], call.k_rows).add_(sdk)
+                _rows(partial[1], call.k_rows).add_(sdv)
+
+        _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
+        pending = []
+        ops = []
+        if t == 0 or t <= plan.last_hop[src]:  # this rank holds src's K/V, hence its accumulator
+            if t == 0:
+                acc = (
+                    partial
+                    if partial is not None
+                    else torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)
+                )
+            else:
+                acc = acc_in if partial is None else acc_in.add_(partial)
+            if t < plan.last_hop[src]:
+                ops.append((dist.isend, acc, nxt_rank, _TAG_DKV))
+            elif t > 0:
+                ops.append((dist.isend, acc, src, _TAG_HOME))  # last user of src's K/V: send home
+            else:
+                own = acc  # nobody else needs our K/V
+        acc_in = None
+        if t < plan.last_hop[incoming]:
+            acc_in = torch.empty(acc_shape, dtype=acc_dtype, device=q.device)
+            ops.append((dist.irecv, acc_in, prv_rank, _TAG_DKV))
+        if t > 0 and t == plan.last_hop[rank]:
+            home = torch.empty(acc_shape, dtype=acc_dtype, device=q.device)
+            ops.append((dist.irecv, home, (rank + t) % size, _TAG_HOME))
+        pending = [(w, ops) for w in _post(ops, spec.group)]  # overlaps the next step's compute
+        _wait(kv_works)  # blocks until the next K/V have arrived
+        kv = nxt
+    _wait([w for w, _ in pending])  # blocks until our own dK/dV have come home
+    dkv = own if plan.last_hop[rank] == 0 else home
+    return dq, dkv[0], dkv[1]
+
+
+class RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, spec: RingSpec):
+        out, lse = ring_forward(q, k, v, spec)
+        out = out.to(q.dtype)  # the only cast: partial outputs were merged in fp32
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.spec)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+# ---------------------------------------------------------------------------------------------------
+# input checks: every one raises on every rank before the first P2P
+# ---------------------------------------------------------------------------------------------------
+
+
+def gather_shapes(tensors: list[torch.Tensor], groups: list) -> list[tuple]:
+    """Every rank's (dtype, shapes) of `tensors` across the product of `groups` (nested all-gathers,
+    so a 2-D mesh is covered: each rank ends up with every rank's shapes). Blocks: host-device sync.
+
+    This is the first collective of a checked call, so a rank with a differently shaped shard makes
+    every rank raise together instead of leaving the others waiting in a P2P.
+    """
+    code = []
+    for t in tensors:
+        dims = list(t.shape)[:6]
+        code += [
+            t.dim(),
+            _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1,
+            *dims,
+            *[-1] * (6 - len(dims)),
+        ]
+    vec = torch.tensor(code, dtype=torch.int64, device=tensors[0].device)[None]  # (1, k)
+    for group in groups:
+        if group is None:
+            continue
+        parts = [torch.empty_like(vec) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, vec.contiguous(), group=group)
+        vec = torch.cat(parts)  # (ranks so far, k)
+    rows = vec.tolist()  # host-device sync
+    return [tuple(r) for r in rows]
+
+
+_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def check_same_shapes(tensors: list[torch.Tensor], groups: list, names: str = "q, k, v") -> None:
+    rows = gather_shapes(tensors, groups)
+    if any(r != rows[0] for r in rows):
+        mine = tuple((t.dtype, tuple(t.shape)) for t in tensors)
+        raise ValueError(
+            f"{names} differ across the sequence-parallel ranks (dtype/shape codes {sorted(set(rows))}; this "
+            f"rank has {mine}): every rank must hold an equal-length shard of the same sequence"
+        )
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be (batch, seqlen_local, nheads, headdim), got shape {tuple(t.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, local seqlen and headdim (self-attention)"
+        )
+    if q.shape[2] % k.shape[2] != 0:
+        raise ValueError(f"nheads ({q.shape[2]}) must be a multiple of nheads_kv ({k.shape[2]}) for GQA")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def check_options(window, dropout_p: float) -> None:
+    if window is not None:
+        if len(window) != 2 or any(w is not None and (not isinstance(w, int) or w < 0) for w in window):
+            raise ValueError(f"window must be (left, right) with non-negative ints or None, got {window!r}")
+    if not (0.0 <= float(dropout_p) < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+
+
+def mask_tensors(
+    seqlen: int, nheads: int, device, cu_seqlens, block_layout, block_size
+) -> tuple[torch.Tensor | None, tuple | None, torch.Tensor | None, int]:
+    """Check the global masks and turn them into (doc_ids, doc_starts, block_layout, block_size)."""
+    doc_ids = doc_starts = None
+    if cu_seqlens is not None:
+        starts = [int(x) for x in cu_seqlens.tolist()]  # host-device sync, once per call
+        if (
+            len(starts) < 2
+            or starts[0] != 0
+            or starts[-1] != seqlen
+            or any(a > b for a, b in zip(starts, starts[1:], strict=False))
+        ):
+            raise ValueError(
+                f"cu_seqlens must start at 0, be non-decreasing and end at the global sequence length {seqlen}, "
+                f"got {starts}"
+            )
+        doc_starts = tuple(starts)
+        pos = torch.arange(seqlen, device=device)
+        doc_ids = torch.searchsorted(cu_seqlens.to(device=device, dtype=torch.int64)[1:], pos, right=True)
+    if block_layout is not None:
+        if (
+            block_layout.dtype != torch.bool
+            or block_layout.dim() != 3
+            or block_layout.shape[0] not in (1, nheads)
+        ):
+            raise ValueError(
+                f"block_layout must be bool (nheads={nheads} or 1, n_row_blocks, n_col_blocks), got "
+                f"{block_layout.dtype} {tuple(block_layout.shape)}"
+            )
+        nblocks = block_layout.shape[1]
+        if block_size is None:
+            if seqlen % nblocks != 0:
+                raise ValueError(
+                    f"cannot infer block_size: sequence {seqlen} is not a multiple of {nblocks} row blocks; pass block_size"
+                )
+            block_size = seqlen // nblocks
+        if block_layout.shape[1] != block_layout.shape[2] or -(-seqlen // block_size) != nblocks:
+            raise ValueError(
+                f"block_layout {tuple(block_layout.shape)} with block_size {block_size} must be square and cover the "
+                f"global sequence of {seqlen} tokens in ceil({seqlen}/{block_size}) blocks"
+            )
+        block_layout = block_layout.to(device)
+    return doc_ids, doc_starts, block_layout, block_size or 1
+
+
+def draw_dropout_seed(dropout_p: float, dropout_seed: int | None) -> int:
+    """Ranks must agree on the seed: pass one, or seed torch identically on every rank."""
+    if dropout_p == 0.0:
+        return 0
+    if dropout_seed is not None:
+        return int(dropout_seed)
+    return int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no device sync
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    *,
+    causal: bool = False,
+    layout: str = "zigzag",
+    softmax_scale: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    dropout_p: float = 0.0,
+    block_layout: torch.Tensor | None = None,
+    block_size: int | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    dropout_seed: int | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> torch.Tensor:
+    """Exact attention over a sequence sharded across `group`; returns this rank's output shard.
+
+    q: (batch, seqlen/P, nheads, headdim); k, v: (batch, seqlen/P, nheads_kv, headdim), GQA when
+    nheads_kv divides nheads. The shard holds the global positions of `sharding.shard_positions`
+    for `layout` ("zigzag": chunks r and 2P-1-r of 2P; "contiguous": chunk r of P).
+    causal / window=(left, right) / softmax_scale: as `kernels.flash_attention`, over global positions.
+    cu_seqlens: (ndocs + 1,) int, packed documents over the GLOBAL sequence (the same for every batch
+        row); attention stays inside each document.
+    block_layout: bool (nheads or 1, nblocks, nblocks) over the global sequence, block_size tokens a
+        block (default seqlen / nblocks); steps whose tile is empty are skipped, transfers too.
+    dropout_p, dropout_seed: dropout keyed by global coordinates, so results do not depend on P.
+    backend: local attention, "auto" (Triton on CUDA, reference on CPU), "reference" or "triton".
+    validate: gather every rank's shapes first (one small blocking all-gather) so unequal shards
+        raise on every rank; trainers that shard with `shard_batch` can pass False.
+    """
+    check_options(window, dropout_p)
+    check_layout(layout)
+    size = dist.get_world_size(group) if group is not None else 1
+    rank = dist.get_rank(group) if group is not None else 0
+    if validate and size > 1:
+        check_same_shapes([q, k, v], [group])
+    check_qkv(q, k, v)
+    seqlen = q.shape[1] * size
+    check_seqlen(seqlen, size, layout)
+    doc_ids, doc_starts, block_layout, block_size = mask_tensors(
+        seqlen, q.shape[2], q.device, cu_seqlens, block_layout, block_size
+    )
+    spec = RingSpec(
+        group=group, size=size, rank=rank, seqlen=seqlen, layout=layout, causal=causal,
+        softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+        window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
+        block_layout=block_layout, block_size=block_size, dropout_p=float(dropout_p),
+        dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
+    )  # fmt: skip
+    return RingAttention.apply(q, k, v, spec)

@@ -1,0 +1,23 @@
+"""Ring attention on 2, 3 and 4 gloo ranks against the single-process reference (see cases.py).
+
+All cases of a world size run in one spawned job (process start dominates on CPU); each case is
+reported as its own test.
+"""
+
+import pytest
+
+from tests.distributed.cases import job_results, ring_cases
+
+WORLDS = (2, 3, 4)
+
+
+@pytest.mark.parametrize("world,name", [(w, c.name) for w in WORLDS for c in ring_cases(w)])
+def test_ring_matches_reference(world, name):
+    err = job_results(world)[name]
+    assert err is None, err
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_ring_usable_after_bad_inputs(world):
+    err = job_results(world)["after-errors"]
+    assert err is None, err
