@@ -1,9 +1,19 @@
 """Parallelism and other model transforms, applied from outside the single-device model.
 
-`parallelize_gpt` applies, in this order (torchtitan's order, for the same reasons):
+`parallelize_gpt(model, parallel_dims, cfg)` applies, in this order (torchtitan's order, for the same
+reasons):
+
 1. activation checkpointing per block (`apply_ac`): wraps blocks before compile sees them;
 2. `torch.compile` per block (`apply_compile`): compiles the checkpointed blocks;
-3. data-parallel wrapping (`apply_ddp`): DDP hooks its gradient all-reduce around the result.
+3. data-parallel wrapping, by `parallel.strategy`:
+   - `ddp`  (`apply_ddp`): gradients all-reduced in buckets during the backward;
+   - `fsdp` (`apply_fsdp`): FSDP2 `fully_shard` on each block, then on the root (ZeRO-3 style:
+     parameters, gradients and optimizer state sharded over the data-parallel ranks);
+   - `deepspeed`: nothing here. DeepSpeed's engine owns the optimizer too, so it is built by
+     `flashtrain.strategy.DeepSpeedStrategy` (`apply_deepspeed`) once the optimizer groups exist.
+
+Gradients average over data and sequence parallelism together (each sp rank holds a part of every
+sequence), so the data-parallel wrapping spans the whole world: `dp x sp` ranks.
 """
 
 from __future__ import annotations
@@ -14,21 +24,40 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-STRATEGIES = ("none", "ddp")
+STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 
 
 @dataclass
 class ParallelConfig:
     """How the model is spread over processes."""
 
-    strategy: str = "none"  # data parallelism: "none" (one process) or "ddp"
-    sp: int = 1  # sequence-parallel degree (ranks sharing one sequence)
+    strategy: str = "none"  # data parallelism: "none" (one process), "ddp", "fsdp" (FSDP2) or "deepspeed"
+    sp: int = 1  # sequence-parallel degree (ranks sharing one sequence); dp = world size / sp
+    reshard_after_forward: bool | None = None  # fsdp only: free gathered weights after forward (None = True)
+    zero_stage: int | None = None  # deepspeed only: ZeRO stage 1, 2 or 3 (None = 2)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"parallel.strategy={self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.sp < 1:
             raise ValueError(f"parallel.sp={self.sp} must be >= 1")
+        if self.reshard_after_forward is not None and self.strategy != "fsdp":
+            raise ValueError(
+                f"parallel.reshard_after_forward applies to parallel.strategy=fsdp only (strategy is "
+                f"{self.strategy}); remove it or use parallel=fsdp"
+            )
+        if self.zero_stage is not None and self.strategy != "deepspeed":
+            raise ValueError(
+                f"parallel.zero_stage applies to parallel.strategy=deepspeed only (strategy is {self.strategy}); "
+                "remove it or use parallel=deepspeed"
+            )
+        if self.zero_stage is not None and self.zero_stage not in (1, 2, 3):
+            raise ValueError(f"parallel.zero_stage={self.zero_stage}; choose 1, 2 or 3")
+        if self.strategy == "deepspeed" and self.sp > 1:
+            raise ValueError(
+                f"parallel.sp={self.sp} with parallel.strategy=deepspeed: DeepSpeed averages gradients over its "
+                "own data-parallel group only, which would miss the sequence-parallel ranks; use ddp or fsdp"
+            )
 
 
 def apply_ac(model: nn.Module) -> None:
@@ -53,22 +82,68 @@ def apply_compile(model: nn.Module) -> None:
 
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP over the default (world) group: gradients average over dp x sp ranks."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def parallelize_gpt(
-    model: nn.Module, cfg: ParallelConfig, *, device: torch.device, activation_checkpointing: bool, compile: bool
+def apply_fsdp(
+    model: nn.Module, mesh, *, reshard_after_forward: bool, param_dtype: torch.dtype | None
 ) -> nn.Module:
-    """Apply the transforms the config asks for; returns the module to train (maybe a wrapper)."""
+    """FSDP2: shard each block, then the root (embeddings, final norm and the tied head).
+
+    Blocks are their own units so that only one block's weights are gathered at a time. The root
+    is never resharded after forward: its weights (the tied embedding/head) are needed first in the
+    backward anyway. With `param_dtype` (bf16 runs) weights are gathered and computed in that dtype
+    while gradients are reduced in fp32, as single-device bf16 autocast would accumulate them.
+    Sharding is in place: the same module object is returned, its parameters are now DTensors.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    return model
+
+
+def data_parallel_mesh(parallel_dims):
+    """The 1-D mesh gradients are averaged over: all dp x sp ranks (see the module docstring)."""
+    mesh = parallel_dims.mesh
+    if parallel_dims.sp == 1:
+        return mesh["dp"]
+    # private but stable since torch 2.4 (torchtitan flattens its dp_shard_cp the same way)
+    return mesh[tuple(n for n in mesh.mesh_dim_names if n in ("dp", "sp"))]._flatten("dp_sp")
+
+
+def parallelize_gpt(
+    model: nn.Module,
+    parallel_dims,
+    cfg: ParallelConfig,
+    *,
+    device: torch.device,
+    activation_checkpointing: bool,
+    compile: bool,
+    param_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Apply the transforms the config asks for; returns the module to train (maybe a wrapper).
+
+    parallel_dims: a `flashtrain.distributed.ParallelDims` whose mesh is built (None for one process).
+    param_dtype: FSDP's compute dtype for weights (bf16 runs); ignored by the other strategies.
+    """
     if activation_checkpointing:
         apply_ac(model)
     if compile:
         apply_compile(model)
     if cfg.strategy == "ddp":
         return apply_ddp(model, device)
+    if cfg.strategy == "fsdp":
+        reshard = True if cfg.reshard_after_forward is None else cfg.reshard_after_forward
+        return apply_fsdp(
+            model, data_parallel_mesh(parallel_dims), reshard_after_forward=reshard, param_dtype=param_dtype
+        )
     return model
 
 

@@ -18,11 +18,12 @@ from data.lm import prepare_lm_data
 from data.sampler import WindowSampler, val_batches
 from flashtrain import checkpoint as ckpt
 from flashtrain.config import TrainConfig
+from flashtrain.distributed.parallel_dims import ParallelDims
 from flashtrain.log import get_logger
 from flashtrain.models.gpt import GPT
-from flashtrain.optim import build_optimizer, lr_at
-from flashtrain.parallelize import parallelize_gpt
+from flashtrain.optim import lr_at
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
+from flashtrain.strategy import build_strategy
 from flashtrain.tracking import Tracker
 
 log = get_logger()
@@ -65,12 +66,7 @@ class Trainer:
         tc = cfg.trainer
         self.rank, self.world_size = self._init_distributed()
         self.dp = self.world_size // cfg.parallel.sp
-        if tc.global_batch is not None and tc.global_batch != tc.batch_size * tc.grad_accum * self.dp:
-            raise ValueError(
-                f"trainer.global_batch={tc.global_batch} but batch_size·grad_accum·dp = "
-                f"{tc.batch_size}·{tc.grad_accum}·{self.dp} = {tc.batch_size * tc.grad_accum * self.dp}; "
-                "change one of them so they agree"
-            )
+        self._check_global_batch()
         self.device = self._pick_device(tc.device)
         self.autocast_dtype = self._pick_precision(tc.precision)
         self.run_dir = os.path.join(tc.out_dir, tc.run_name)
@@ -94,14 +90,14 @@ class Trainer:
             )
         self.model = GPT(model_cfg).to(self.device)
         self.flops_per_token = self.model.flops_per_token(tc.seq_len)
-        self.train_model = parallelize_gpt(
-            self.model,
-            cfg.parallel,
-            device=self.device,
-            activation_checkpointing=tc.activation_checkpointing,
-            compile=tc.compile,
-        )
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.n_params = self.model.num_params()  # before sharding: ZeRO-3 leaves empty local parameters
+        # ParallelDims checks dp·sp = world size and owns the mesh; the strategy wraps the model from outside
+        self.parallel_dims = None
+        if self.world_size > 1:
+            self.parallel_dims = ParallelDims(dp=self.dp, sp=cfg.parallel.sp, world_size=self.world_size)
+            self.parallel_dims.build_mesh(self.device.type)
+        self.strategy = build_strategy(cfg, self.parallel_dims, self.device, self.autocast_dtype)
+        self.train_model, self.optimizer = self.strategy.setup(self.model)
         self.dp_rank = self.rank // cfg.parallel.sp
         self.sampler = WindowSampler(
             self.data.train, tc.seq_len, tc.batch_size, seed=tc.seed, rank=self.dp_rank, world_size=self.dp
@@ -130,6 +126,22 @@ class Trainer:
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
             dist.init_process_group(backend)
         return (dist.get_rank(), world_size) if world_size > 1 else (0, 1)
+
+    def _check_global_batch(self) -> None:
+        tc = self.cfg.trainer
+        if tc.global_batch is None or tc.global_batch == tc.batch_size * tc.grad_accum * self.dp:
+            return
+        per_micro = tc.batch_size * self.dp  # sequences per micro-batch over all data-parallel ranks
+        hint = (
+            f"set trainer.grad_accum={tc.global_batch // per_micro}"
+            if tc.global_batch % per_micro == 0
+            else f"batch_size·dp = {tc.batch_size}·{self.dp} = {per_micro} does not divide it; change "
+            "trainer.batch_size or the number of processes"
+        )
+        raise ValueError(
+            f"trainer.global_batch={tc.global_batch} must equal batch_size·grad_accum·dp = "
+            f"{tc.batch_size}·{tc.grad_accum}·{self.dp} = {tc.batch_size * tc.grad_accum * self.dp}; {hint}"
+        )
 
     def _pick_device(self, name: str) -> torch.device:
         if name == "cuda" and not torch.cuda.is_available():
@@ -178,17 +190,20 @@ class Trainer:
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def _resume_if_asked(self) -> None:
-        if not self.cfg.trainer.resume:
+        mode = self.cfg.trainer.resume
+        if mode == "false":
             return
         path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None and mode == "auto":
+            log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet, starting the run from step 0")
+            return
         if path is None:
             raise ValueError(
                 f"trainer.resume=true but {self.run_dir} has no checkpoint yet; drop resume=true to start the run"
             )
         meta = ckpt.read_meta(path)
         ckpt.check_same_model(meta["model"], self.cfg.model, path)
-        state = ckpt.load_checkpoint(path, self.model)
-        self.optimizer.load_state_dict(state["optimizer"])
+        state = self.strategy.load(path)  # collective: weights and optimizer into the (sharded) model
         self.step = state["step"]
         self.history = list(state["history"])
         self.sampler.load_state_dict(state["sampler"][self.rank] if self.world_size > 1 else state["sampler"][0])
@@ -202,9 +217,13 @@ class Trainer:
             samplers, rngs = [None] * self.world_size, [None] * self.world_size
             dist.all_gather_object(samplers, self.sampler.state_dict())  # blocks: every rank's data position
             dist.all_gather_object(rngs, _rng_state(self.device))
+        # collective: full weights and optimizer state gathered to rank 0 (DeepSpeed writes its own files)
+        model = self.strategy.model_to_save()
+        optimizer_state = self.strategy.optimizer_state(ckpt.checkpoint_root(self.run_dir), self.step)
         if self.rank == 0:
             state = {
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer_state,
+                "strategy": self.strategy.name,
                 "scheduler": {"step": self.step},  # the LR is a pure function of the step (optim.lr_at)
                 "step": self.step,
                 "history": self.history,
@@ -217,7 +236,9 @@ class Trainer:
                 "tokenizer": self.data.tokenizer_name,
                 "config": self._config_dict(),
             }
-            path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, state, meta, self.cfg.trainer.keep_checkpoints)
+            keep = self.cfg.trainer.keep_checkpoints
+            path = ckpt.save_checkpoint(self.run_dir, self.step, model, state, meta, keep)
+            self.strategy.prune(ckpt.checkpoint_root(self.run_dir))
             log.info(f"checkpoint written: {path}")
         if self.world_size > 1:
             dist.barrier()
@@ -236,34 +257,32 @@ class Trainer:
     def train_step(self) -> float:
         tc = self.cfg.trainer
         lr = lr_at(self.step, self.cfg.optim, tc.max_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.strategy.set_lr(lr)
         total = torch.zeros((), device=self.device)
         for micro in range(tc.grad_accum):
             x, y = self.sampler.next_batch()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             last = micro == tc.grad_accum - 1
-            sync = contextlib.nullcontext() if last or not hasattr(self.train_model, "no_sync") else self.train_model.no_sync()
-            with sync:
+            # gradients are reduced over the ranks on the last micro-batch only
+            with self.strategy.grad_sync(last):
                 loss = self._micro_batch_loss(x, y) / tc.grad_accum
-                loss.backward()
+                self.strategy.backward(loss, last)
             total += loss.detach()
         if self.world_size > 1:
             dist.all_reduce(total, op=dist.ReduceOp.AVG)  # blocks: the logged loss is the global mean
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
-        )
         loss_value = total.item()  # host-device sync: once per step, needed for the NaN check and logging
-        if not math.isfinite(loss_value) or not math.isfinite(grad_norm.item()):
+        # Both values are global (the loss all-reduced, the norm over all shards), so every rank takes
+        # the same branch: all skip or none.
+        grad_norm = self.strategy.clip_grad_norm(self.cfg.optim.grad_clip)  # None: the engine clips in step
+        if not math.isfinite(loss_value) or (grad_norm is not None and not math.isfinite(grad_norm)):
             self._handle_non_finite(loss_value)
-            self.optimizer.zero_grad(set_to_none=True)
+            self.strategy.skip_step()
             self.step += 1
             return loss_value
         self.skipped_in_a_row = 0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        norm_in_step = self.strategy.step()  # DeepSpeed reports the norm it clipped with
         self.step += 1
-        self.last_grad_norm, self.last_lr = grad_norm.item(), lr
+        self.last_grad_norm, self.last_lr = grad_norm if grad_norm is not None else norm_in_step, lr
         return loss_value
 
     def _handle_non_finite(self, loss_value: float) -> None:
@@ -306,7 +325,7 @@ class Trainer:
         tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.dp
         n_gpus = self.world_size if self.device.type == "cuda" else 0
         log.info(
-            f"model {self.model.num_params() / 1e6:.2f}M params, {tokens_per_step} tokens/step, device {self.device}, "
+            f"model {self.n_params / 1e6:.2f}M params, {tokens_per_step} tokens/step, device {self.device}, "
             f"attention {self.model.transformer.h[0].attn.backend.__name__}, run dir {self.run_dir}"
         )
         bar = tqdm(
@@ -327,7 +346,7 @@ class Trainer:
                 metrics = {"train/loss": loss, "train/tokens_per_s": tok_s, "train/lr": getattr(self, "last_lr", 0.0)}
                 if mfu is not None:
                     metrics["train/mfu"] = mfu
-                if hasattr(self, "last_grad_norm"):
+                if getattr(self, "last_grad_norm", None) is not None:
                     metrics["train/grad_norm"] = self.last_grad_norm
                 if self.device.type == "cuda":
                     metrics["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -346,8 +365,6 @@ class Trainer:
                 if not last and preemption.should_stop(self.device):
                     log.info(f"preemption signal received: checkpointing at step {self.step} and requeueing")
                     self.save()
-                    if self.rank == 0:
-                        requeue_slurm_job()
                     self.preempted = True
                     break
                 t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0
@@ -355,6 +372,8 @@ class Trainer:
             preemption.restore()
             bar.close()
             self.tracker.finish()
+        if self.preempted and self.rank == 0:
+            requeue_slurm_job()  # last: Slurm kills the job as soon as it is requeued, so flush W&B first
         return self.history
 
     def close(self) -> None:

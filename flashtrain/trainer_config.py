@@ -21,7 +21,7 @@ class TrainerConfig:
     log_interval: int = 10  # steps between metric logs
     checkpoint_interval: int = 100  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept on disk
-    resume: bool = False  # continue from the run's latest checkpoint (fails if there is none)
+    resume: str = "false"  # "true": continue from the latest checkpoint (error if none); "auto": if any; "false"
     seed: int = 1337  # model init, dropout and data order
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"
@@ -40,6 +40,13 @@ class TrainerConfig:
             raise ValueError(f"trainer.device={self.device!r}; choose auto, cpu or cuda")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"trainer.precision={self.precision!r}; choose auto, bf16 or fp32")
+        # Hydra hands `trainer.resume=true` to this str field as "True".
+        self.resume = str(self.resume).lower()
+        if self.resume not in ("false", "true", "auto"):
+            raise ValueError(
+                f"trainer.resume={self.resume!r}; choose false (start over), true (continue from the latest "
+                "checkpoint) or auto (continue if there is one, else start: what requeued Slurm jobs use)"
+            )
         if self.nan_policy not in ("stop", "skip"):
             raise ValueError(f"trainer.nan_policy={self.nan_policy!r}; choose stop or skip")
         if not self.run_name or "/" in self.run_name:

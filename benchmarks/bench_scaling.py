@@ -1,0 +1,234 @@
+"""Data-parallel scaling: training tokens/s of the real trainer step under DDP, FSDP2 and DeepSpeed ZeRO
+on 1, 2 and 4 GPUs, and the largest model each strategy fits at a fixed context.
+
+Weak scaling: every GPU keeps the same micro-batch, so a perfect N-GPU run processes N times the tokens
+of the 1-GPU run in the same time; efficiency = tokens/s(N) / (N * tokens/s(1)). The 1-GPU anchor is the
+plain single-device trainer (every strategy runs as that on one process), measured in the same run.
+The step timed is `Trainer.train_step` (forward, backward, gradient reduction, clipping, AdamW), with
+its once-per-step `loss.item()` as the sync point.
+
+    python benchmarks/bench_scaling.py                       # GPT-2 medium, 4k context, triton, 1/2/4 GPUs
+    python benchmarks/bench_scaling.py --device cpu --model gpt_tiny --seq-len 128 --gpus 1 2   # CPU smoke
+    torchrun --nproc_per_node=2 benchmarks/bench_scaling.py worker --strategy fsdp --out row.json  # one run
+
+Writes benchmarks/results/scaling_<gpu>.json (and .md) unless --out names another path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.common import gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
+
+STRATEGIES = ["ddp", "fsdp", "deepspeed"]
+# Ascending size; the fit search walks up until the first failure to run (OOM).
+FIT_MODELS = ["gpt2_medium", "gpt2_large", "gpt2_xl", "gpt3_2p7b", "gpt3_6p7b"]
+VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64; the benchmark feeds byte tokens, so set it
+
+
+def _overrides(a) -> list[str]:
+    strategy = [f"parallel={a.strategy}"] if a.strategy != "none" else []
+    if a.strategy == "deepspeed":
+        strategy.append(f"parallel.zero_stage={a.zero_stage}")
+    return [
+        f"model={a.model}",
+        f"model.max_seq_len={max(a.seq_len, 1)}",
+        f"model.vocab_size={VOCAB if a.model != 'gpt_tiny' else 'null'}",
+        f"model.attention={a.attention}",
+        "model.dropout=0.0",
+        f"trainer.seq_len={a.seq_len}",
+        f"trainer.batch_size={a.batch_size}",
+        "trainer.grad_accum=1",
+        f"trainer.device={a.device}",
+        f"trainer.activation_checkpointing={str(a.activation_checkpointing).lower()}",
+        f"trainer.compile={str(a.compile).lower()}",
+        f"trainer.out_dir={a.run_root}",
+        "trainer.run_name=bench",
+        "trainer.checkpoint_interval=0",
+        "trainer.progress_bar=false",
+        "logger.kind=none",
+        f"data.cache_dir={a.run_root}/cache",
+        *strategy,
+    ]
+
+
+def worker(a) -> None:
+    """One measurement inside torchrun (or one plain process): rank 0 writes a row to --out."""
+    import torch.distributed as dist
+
+    from flashtrain.config import compose_config
+    from flashtrain.trainer import Trainer
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    row = {
+        "strategy": a.strategy if world > 1 else "single",
+        "gpus": world,
+        "model": a.model,
+        "seq_len": a.seq_len,
+    }
+    row.update(batch_size=a.batch_size, zero_stage=a.zero_stage if a.strategy == "deepspeed" else None)
+    trainer = None
+    try:
+        trainer = Trainer(compose_config(_overrides(a)))
+        row["n_params"] = trainer.n_params
+        for _ in range(a.warmup):
+            trainer.train_step()  # compile, autotune, allocator warm-up
+        if trainer.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            trainer.train_step()  # ends in loss.item(): a host-device sync, so wall time is step time
+        dt = (time.perf_counter() - t0) / a.steps
+        tokens = a.batch_size * a.seq_len * trainer.dp
+        row.update(
+            status="ok", step_ms=dt * 1e3, tokens_per_s=tokens / dt, tokens_per_s_per_gpu=tokens / dt / world
+        )
+        if trainer.device.type == "cuda":
+            mem = torch.tensor(torch.cuda.max_memory_allocated() / 2**30, device=trainer.device)
+            if world > 1:
+                dist.all_reduce(mem, op=dist.ReduceOp.MAX)  # blocks: the busiest rank decides what fits
+            row["max_mem_gib"] = mem.item()
+    except Exception as e:  # an OOM is a result (the model does not fit), anything else too: recorded
+        row.update(status="oom" if is_oom(e) else "error", error=traceback.format_exc(limit=3)[-1500:])
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(a.out, "w") as f:
+            json.dump(row, f)
+    if trainer is not None:
+        trainer.close()
+
+
+def _run(a, strategy: str, gpus: int, model: str) -> dict:
+    """Launch one worker job (a fresh process group per measurement) and read its row."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    args = [
+        "worker", "--strategy", strategy, "--model", model, "--seq-len", str(a.seq_len),
+        "--batch-size", str(a.batch_size), "--device", a.device, "--attention", a.attention,
+        "--zero-stage", str(a.zero_stage), "--steps", str(a.steps), "--warmup", str(a.warmup),
+        "--run-root", a.run_root, "--out", out,
+        *(["--activation-checkpointing"] if a.activation_checkpointing else []),
+        *(["--compile"] if a.compile else []),
+    ]  # fmt: skip
+    script = os.path.abspath(__file__)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
+    cmd = [*launch, script, *args] if gpus > 1 else [sys.executable, script, *args]
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+        failed = proc.returncode != 0 and not os.path.getsize(out)
+        row = {"status": "error", "error": proc.stderr[-1500:]} if failed else json.load(open(out))
+    except subprocess.TimeoutExpired:
+        row = {"status": "timeout"}
+    finally:
+        os.remove(out)
+    row.update(strategy=row.get("strategy", strategy), gpus=gpus, model=model)
+    print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+    return row
+
+
+def driver(a) -> None:
+    gpus = sorted(set(a.gpus))
+    rows = []
+    base = _run(a, "none", 1, a.model) if 1 in gpus else None
+    if base:
+        rows.append({**base, "efficiency": 1.0 if base.get("status") == "ok" else None})
+    for strategy in a.strategies:
+        for n in (g for g in gpus if g > 1):
+            row = _run(a, strategy, n, a.model)
+            if row.get("status") == "ok" and base and base.get("status") == "ok":
+                row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"])
+            rows.append(row)
+    fit_rows = []
+    if a.fit_models:
+        n = max(gpus)
+        for strategy in a.strategies if n > 1 else ["none"]:
+            for model in a.fit_models:  # ascending: stop at the first that does not run
+                row = _run(a, strategy, n, model)
+                fit_rows.append({**row, "kind": "fit"})
+                if row.get("status") != "ok":
+                    break
+    for r in rows:
+        r["kind"] = "scaling"
+    largest = {
+        s: max(
+            (r["model"] for r in fit_rows if r["strategy"] == s and r["status"] == "ok"),
+            key=a.fit_models.index,
+            default=None,
+        )
+        for s in {r["strategy"] for r in fit_rows}
+    }
+    out = a.out or os.path.join(ROOT, "benchmarks", "results", f"scaling_{gpu_slug()}.json")
+    extra = {"model": a.model, "seq_len": a.seq_len, "batch_size_per_gpu": a.batch_size, "attention": a.attention,
+             "zero_stage": a.zero_stage, "activation_checkpointing": a.activation_checkpointing,
+             "largest_fitting_model": largest}  # fmt: skip
+    write_results(out, rows + fit_rows, extra)
+    cols = [
+        "kind",
+        "strategy",
+        "gpus",
+        "model",
+        "status",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "efficiency",
+        "max_mem_gib",
+    ]
+    table = markdown_table(rows + fit_rows, cols, floatfmt="{:.3g}")
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(table + "\n")
+    print(table)
+    print(f"largest model that fits, per strategy at {max(gpus)} GPUs: {largest}")
+    print(f"wrote {out}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("mode", nargs="?", choices=["driver", "worker"], default="driver")
+    parser.add_argument(
+        "--strategy", default="ddp", choices=["none", *STRATEGIES], help="worker: the strategy"
+    )
+    parser.add_argument(
+        "--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES, help="driver: strategies"
+    )
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4], help="driver: process counts")
+    parser.add_argument("--model", default="gpt2_medium", help="configs/model/<name>.yaml")
+    parser.add_argument("--fit-models", nargs="*", default=FIT_MODELS, help="driver: ascending sizes to try")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=1, help="sequences per GPU per step")
+    parser.add_argument("--attention", default="triton")
+    parser.add_argument("--zero-stage", type=int, default=2, choices=[1, 2, 3])
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900, help="driver: seconds per launched job")
+    parser.add_argument("--run-root", default=os.path.join(tempfile.gettempdir(), "flashtrain-bench-scaling"))
+    parser.add_argument("--out", default=None, help="worker: row file; driver: results JSON")
+    a = parser.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: pass --device cpu (with a tiny --model and --seq-len) for a smoke run")
+    if a.mode == "worker":
+        if a.out is None:
+            parser.error("worker mode needs --out")
+        worker(a)
+    else:
+        driver(a)
+
+
+if __name__ == "__main__":
+    main()
