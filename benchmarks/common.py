@@ -1,0 +1,92 @@
+"""Shared benchmark helpers: timing with CUDA events, peak memory, and the results-file writer.
+
+Every benchmark writes one JSON file to benchmarks/results/ with the same top level (device, torch,
+triton, date, rows), plus optional markdown and PNG renderings of the rows.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Callable
+
+import torch
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def gpu_slug() -> str:
+    """Short lower-case GPU name for file names, e.g. 'h200' from 'NVIDIA H200'."""
+    name = device_name().lower()
+    for tag in ("h200", "h100", "a100", "l40s", "a10g", "b200", "gh200"):
+        if tag in name:
+            return tag
+    return name.replace("nvidia", "").strip().replace(" ", "_") or "cpu"
+
+
+def versions() -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # a benchmark of torch-only code still records what it can
+        triton_version = None
+    return {
+        "device": device_name(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median milliseconds of fn on the GPU (triton's do_bench: CUDA events, L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> float:
+    """Peak CUDA memory allocated during one call of fn, above what was allocated before it (MiB)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()  # host-device sync: the peak is read after the work is done
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def write_results(path: str, rows: list[dict], extra: dict | None = None) -> dict:
+    """Write {device, torch, triton, date, ..., rows} as JSON; returns the written record."""
+    record = {**versions(), **(extra or {}), "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    return record
+
+
+def markdown_table(rows: list[dict], columns: list[str], floatfmt: str = "{:.1f}") -> str:
+    """A GitHub markdown table of the given columns; missing values print as '-'."""
+
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return floatfmt.format(v)
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines)

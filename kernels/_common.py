@@ -1,0 +1,210 @@
+"""Helpers shared by the attention kernels and their launchers; kernel-agnostic, reusable by other ops.
+
+Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_head_dim (tile width for a
+head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
+generator), and input checks that raise one ValueError saying what to change: check_device,
+check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
+unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed),
+visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
+from global positions). Nothing here knows the tile sizes or a kernel's argument list.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# The Triton interpreter is chosen when kernels are defined, so this is read once at import.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+LOG2E = 1.4426950408889634  # log2(e): scores are scaled by it so the kernels can use exp2
+LN2 = 0.6931471805599453  # ln(2): converts the kernels' base-2 lse back to natural log
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def padded_head_dim(headdim: int) -> int:
+    """Tile width for a head dim: the next power of two, at least 16 (tl.dot's smallest K)."""
+    return max(16, next_power_of_2(headdim))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs are for tests: ask tl.dot for exact fp32 rather than Triton's default tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def lse_to_natural(lse2: torch.Tensor) -> torch.Tensor:
+    """Kernel lse (log2 units, of scores pre-multiplied by log2(e)) -> natural log. -inf stays -inf."""
+    return lse2 * LN2
+
+
+def draw_seed(generator: torch.Generator | None = None) -> int:
+    """A Philox seed from torch's CPU generator, so torch.manual_seed makes dropout reproducible.
+
+    Drawing on the CPU generator costs no device sync (a CUDA generator's .item() would sync).
+    """
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+
+
+def check_device(*tensors: torch.Tensor) -> None:
+    """All tensors on one device, and that device CUDA unless the Triton interpreter is on."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on the same device, got {sorted(str(d) for d in devices)}")
+    device = tensors[0].device
+    if device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"inputs are on {device}; move tensors to CUDA or set TRITON_INTERPRET=1 (before importing kernels)"
+        )
+    if device.type == "cuda" and INTERPRET:
+        raise ValueError("TRITON_INTERPRET=1 runs kernels on the CPU: move tensors to the CPU or unset it")
+
+
+def check_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; use one of float16, bfloat16 or float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def check_heads(nheads: int, nheads_kv: int, headdim: int, headdim_k: int, headdim_v: int) -> None:
+    if headdim_k != headdim or headdim_v != headdim:
+        raise ValueError(f"q, k, v must share one head dim, got {headdim}, {headdim_k}, {headdim_v}")
+    if not 1 <= headdim <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {headdim} is not supported; use 1..{MAX_HEAD_DIM}")
+    if nheads_kv < 1 or nheads % nheads_kv != 0:
+        raise ValueError(
+            f"nheads ({nheads}) must be a multiple of nheads_kv ({nheads_kv}) for grouped-query attention"
+        )
+
+
+def unit_last_stride(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Kernels take any strides except a non-unit last one; only those tensors are copied."""
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
+def check_window(window) -> tuple[int | None, int | None]:
+    """window=(left, right) with None meaning unbounded on that side; None means no window."""
+    if window is None:
+        return None, None
+    if len(window) != 2:
+        raise ValueError(f"window must be a pair (left, right), got {window!r}")
+    left, right = window
+    for name, val in (("left", left), ("right", right)):
+        if val is not None and (not isinstance(val, int) or val < 0):
+            raise ValueError(f"window {name} must be a non-negative int or None, got {val!r}")
+    return left, right
+
+
+def check_dropout(dropout_p: float) -> float:
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0) or math.isnan(dropout_p):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
+
+
+def check_key_padding_mask(mask: torch.Tensor | None, batch: int, seqlen_k: int, device) -> None:
+    if mask is None:
+        return
+    if mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask must be bool (True = keep), got {mask.dtype}")
+    if tuple(mask.shape) != (batch, seqlen_k):
+        raise ValueError(
+            f"key_padding_mask must have shape (batch, seqlen_k) = {(batch, seqlen_k)}, got {tuple(mask.shape)}"
+        )
+    if mask.device != device:
+        raise ValueError(f"key_padding_mask is on {mask.device}, the inputs on {device}")
+
+
+def check_cu_seqlens(cu: torch.Tensor, total: int, name: str) -> None:
+    """cu_seqlens: int32 (batch + 1,), starting at 0, non-decreasing, ending at the packed length.
+
+    The monotonicity check reads the tensor on the host: a device sync, paid once per call.
+    """
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must have shape (batch + 1,), got {tuple(cu.shape)}")
+    host = cu.cpu()  # host-device sync
+    if int(host[0]) != 0:
+        raise ValueError(f"{name} must start at 0, got {int(host[0])}")
+    if bool((host[1:] < host[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing, got {host.tolist()}")
+    if int(host[-1]) != total:
+        raise ValueError(f"{name}[-1] = {int(host[-1])} must equal the packed length {total}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton helpers shared by the forward, backward and decode kernels
+# ---------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def load_tile(
+    ptrs, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr, MASK_ROWS: tl.constexpr, PAD_D: tl.constexpr
+):
+    """Load a (rows, BLOCK_D) tile; rows past n_rows and head-dim padding read as 0.
+
+    Interior tiles of an unpadded head dim take the unmasked load, which is what makes the fast loop fast.
+    """
+    if MASK_ROWS:
+        if PAD_D:
+            x = tl.load(ptrs, mask=(offs_r[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=offs_r[:, None] < n_rows, other=0.0)
+    else:
+        if PAD_D:
+            x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def store_tile(ptrs, x, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr):
+    tl.store(ptrs, x, mask=(offs_r[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def visible_range(
+    y_lo, y_hi, n, off_lo, off_hi, BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr
+):
+    """Tiles of the other axis that a block sees, when index x is visible from y iff y+off_lo <= x <= y+off_hi.
+
+    [y_lo, y_hi] are the block's first and last valid indices, n the length of the other axis. Returns
+    (lo, full_lo, full_hi, hi): tiles in [lo, full_lo) and [full_hi, hi) need element masks, tiles in
+    [full_lo, full_hi) are fully visible to every row of the block and fully in bounds. lo, full_lo and
+    full_hi are multiples of BLOCK (or equal hi), so every tile starts aligned.
+    """
+    lo = 0
+    hi = n
+    full_lo = 0
+    full_hi = (n // BLOCK) * BLOCK
+    if HAS_LO:
+        lo = (tl.maximum(y_lo + off_lo, 0) // BLOCK) * BLOCK
+        full_lo = tl.cdiv(tl.maximum(y_hi + off_lo, 0), BLOCK) * BLOCK
+    if HAS_HI:
+        hi = tl.minimum(tl.maximum(y_hi + off_hi + 1, 0), n)
+        full_hi = tl.minimum(full_hi, (tl.maximum(y_lo + off_hi + 1, 0) // BLOCK) * BLOCK)
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def dropout_keep(seed, row_ids, col_ids, width, dropout_p):
+    """Philox keep-mask from global (row, col) positions, so it is independent of the tile sizes.
+
+    row_ids: int64 global row index (the row's lse index), col_ids: key index; both already broadcast
+    to the tile's shape. The same formula serves the forward, both backward kernels and the test helper.
+    """
+    return tl.rand(seed, row_ids * width + col_ids) >= dropout_p

@@ -1,0 +1,458 @@
+"""FlashAttention backward: delta preprocess, dk/dv kernel (loops over query tiles and over the query
+heads of its GQA group) and dq kernel (loops over key tiles). No atomics: each output tile is owned by
+one program, so results are deterministic. Dropout masks are regenerated from (seed, position).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    INTERPRET,
+    dot_precision,
+    dropout_keep,
+    load_tile,
+    padded_head_dim,
+    store_tile,
+    visible_range,
+)
+from ._flash_fwd import _TUNE_KEY, prune_configs, tune_bucket
+
+
+@triton.jit
+def _bwd_preprocess(
+    O, DO, DELTA, CU_Q,  # noqa: E741
+    stride_ob, stride_om, stride_oh,
+    stride_dob, stride_dom, stride_doh,
+    stride_lb, stride_lh,
+    seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """delta = rowsum(dO * O) in fp32, laid out like lse: it replaces rowsum(dP * P) in dS."""
+    pid_m = tl.program_id(0)
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + off_b).to(tl.int64)
+        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
+    else:
+        q_start = 0
+    if pid_m * BLOCK_M >= seqlen_q:
+        return
+    off_b64 = off_b.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(O + off_b64 * stride_ob + (q_start + offs_m)[:, None] * stride_om + off_h * stride_oh
+                  + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    do = load_tile(DO + off_b64 * stride_dob + (q_start + offs_m)[:, None] * stride_dom + off_h * stride_doh
+                   + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(
+        DELTA + off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m, delta, mask=offs_m < seqlen_q
+    )
+
+
+@triton.jit
+def _bwd_dkdv_inner(
+    dk, dv, k, v, kpm,
+    Q, DO, LSE, DELTA, DQ, stride_qm, stride_dom, stride_dqm, lse_off,
+    offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+    lo, hi,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dk, dv of one key tile over query tiles [lo, hi), working transposed (keys x queries)."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = load_tile(Q + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        if MASKED:
+            lse = tl.load(LSE + lse_off + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            lse = tl.load(LSE + lse_off + offs_m)
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # (BLOCK_N, BLOCK_M), base 2
+        if MASKED:
+            pos_m = offs_m + (seqlen_k - seqlen_q)
+            keep = (offs_m[None, :] < seqlen_q) & (offs_n[:, None] < seqlen_k)
+            if HAS_RIGHT:
+                keep = keep & (offs_n[:, None] <= pos_m[None, :] + win_right)
+            if HAS_LEFT:
+                keep = keep & (offs_n[:, None] >= pos_m[None, :] - win_left)
+            qkT = tl.where(keep, qkT, float("-inf"))
+        if HAS_KPM:
+            qkT = tl.where(kpm[:, None], qkT, float("-inf"))
+        if MASKED or HAS_KPM:
+            # rows that saw no key have lse = -inf; their scores are all -inf here, so any finite lse gives 0
+            lse = tl.where(lse == float("-inf"), 0.0, lse)
+        pT = tl.math.exp2(qkT - lse[None, :])
+        do = load_tile(DO + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, offs_d, seqlen_q,
+                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        if DROPOUT:
+            rows = lse_off + offs_m.to(tl.int64)
+            keepT = dropout_keep(seed, rows[None, :], offs_n[:, None], drop_width, dropout_p)
+            inv_keep = 1.0 / (1.0 - dropout_p)
+            pdT = tl.where(keepT, pT * inv_keep, 0.0)
+        else:
+            pdT = pT
+        dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        if MASKED:
+            delta = tl.load(DELTA + lse_off + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            delta = tl.load(DELTA + lse_off + offs_m)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+        if DROPOUT:
+            dpT = tl.where(keepT, dpT * inv_keep, 0.0)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        if ATOMIC_DQ:
+            # FA2-style: this tile's dS @ K goes straight into an fp32 dq (unscaled), saving the dq
+            # kernel's recompute of QK^T and dO V^T at the price of nondeterministic summation order
+            dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PREC)
+            dq_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+            tl.atomic_add(
+                DQ + offs_m[:, None] * stride_dqm + offs_d[None, :], dq, mask=dq_mask, sem="relaxed"
+            )
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, KPM, CU_Q, CU_K,
+    # strides (the head dim's is 1); dO has q's layout, dk/dv have k's
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_dqb, stride_dqm, stride_dqh,  # the fp32 dq accumulator (ATOMIC_DQ only)
+    stride_lb, stride_lh,
+    stride_kpmb, stride_kpmn,
+    seqlen_q, seqlen_k, group,
+    sm_scale, qk_scale, win_left, win_right, dropout_p, seed, drop_width,
+    tune_seqlen,  # autotune key only
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    off_hk = tl.program_id(1)
+    off_b = tl.program_id(2)
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + off_b).to(tl.int64)
+        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
+        k_start = tl.load(CU_K + off_b).to(tl.int64)
+        seqlen_k = (tl.load(CU_K + off_b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = 0
+        k_start = 0
+    if pid_n * BLOCK_N >= seqlen_k:
+        return
+    off_b64 = off_b.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(K + off_b64 * stride_kb + (k_start + offs_n)[:, None] * stride_kn + off_hk * stride_kh
+                  + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    v = load_tile(V + off_b64 * stride_vb + (k_start + offs_n)[:, None] * stride_vn + off_hk * stride_vh
+                  + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    if HAS_KPM:
+        kpm = (
+            tl.load(KPM + off_b64 * stride_kpmb + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0) != 0
+        )
+    else:
+        kpm = None
+
+    diag = seqlen_k - seqlen_q
+    last_col = tl.minimum((pid_n + 1) * BLOCK_N, seqlen_k) - 1
+    # query i sees key j iff j - diag - right <= i <= j - diag + left
+    lo, full_lo, full_hi, hi = visible_range(
+        pid_n * BLOCK_N, last_col, seqlen_q, -diag - win_right, -diag + win_left, BLOCK_M, HAS_RIGHT, HAS_LEFT
+    )
+    partial = (pid_n + 1) * BLOCK_N > seqlen_k  # a partial key tile is masked against every query tile
+    full_lo = tl.where(partial, hi, full_lo)
+    full_hi = tl.where(partial, hi, full_hi)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # GQA: this program owns the kv head, so it sums its query heads' contributions in registers
+    for g in range(0, group):
+        off_h = off_hk * group + g
+        q_base = Q + off_b64 * stride_qb + q_start * stride_qm + off_h * stride_qh
+        do_base = DO + off_b64 * stride_dob + q_start * stride_dom + off_h * stride_doh
+        lse_off = off_b64 * stride_lb + off_h * stride_lh + q_start
+        if ATOMIC_DQ:
+            dq_base = DQ + off_b64 * stride_dqb + q_start * stride_dqm + off_h * stride_dqh
+        else:
+            dq_base = DQ
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+            lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
+        )  # fmt: skip
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+            full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
+        )  # fmt: skip
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+            full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
+        )  # fmt: skip
+    dk = dk * sm_scale
+    store_tile(DK + off_b64 * stride_dkb + (k_start + offs_n)[:, None] * stride_dkn + off_hk * stride_dkh
+               + offs_d[None, :], dk.to(DK.dtype.element_ty), offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
+    store_tile(DV + off_b64 * stride_dvb + (k_start + offs_n)[:, None] * stride_dvn + off_hk * stride_dvh
+               + offs_d[None, :], dv.to(DV.dtype.element_ty), offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq, q, do, lse, delta, K, V, KPM, stride_kn, stride_vn, stride_kpmn,
+    offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+    lo, hi,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    offs_n0 = tl.arange(0, BLOCK_N)
+    pos_m = offs_m + (seqlen_k - seqlen_q)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if MASKED:
+            keep = offs_n[None, :] < seqlen_k
+            if HAS_RIGHT:
+                keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
+            if HAS_LEFT:
+                keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
+            qk = tl.where(keep, qk, float("-inf"))
+        if HAS_KPM:
+            kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
+            qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
+        p = tl.math.exp2(qk - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        if DROPOUT:
+            keep_d = dropout_keep(seed, rows[:, None], offs_n[None, :], drop_width, dropout_p)
+            dp = tl.where(keep_d, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _bwd_dq(
+    Q, K, V, DO, DQ, LSE, DELTA, KPM, CU_Q, CU_K,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh,
+    stride_kpmb, stride_kpmn,
+    seqlen_q, seqlen_k, group,
+    sm_scale, qk_scale, win_left, win_right, dropout_p, seed, drop_width,
+    tune_seqlen,  # autotune key only
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    if HAS_RIGHT:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + off_b).to(tl.int64)
+        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
+        k_start = tl.load(CU_K + off_b).to(tl.int64)
+        seqlen_k = (tl.load(CU_K + off_b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = 0
+        k_start = 0
+    if pid_m * BLOCK_M >= seqlen_q:
+        return
+    off_hk = off_h // group
+    off_b64 = off_b.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + off_b64 * stride_qb + (q_start + offs_m)[:, None] * stride_qm + off_h * stride_qh
+                  + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    do = load_tile(DO + off_b64 * stride_dob + (q_start + offs_m)[:, None] * stride_dom + off_h * stride_doh
+                   + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    rows = off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m
+    lse = tl.load(LSE + rows, mask=offs_m < seqlen_q, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
+    delta = tl.load(DELTA + rows, mask=offs_m < seqlen_q, other=0.0)
+    k_base = K + off_b64 * stride_kb + k_start * stride_kn + off_hk * stride_kh
+    v_base = V + off_b64 * stride_vb + k_start * stride_vn + off_hk * stride_vh
+    kpm_base = KPM + off_b64 * stride_kpmb
+
+    diag = seqlen_k - seqlen_q
+    last_row = tl.minimum((pid_m + 1) * BLOCK_M, seqlen_q) - 1
+    lo, full_lo, full_hi, hi = visible_range(
+        pid_m * BLOCK_M + diag, last_row + diag, seqlen_k, -win_left, win_right, BLOCK_N, HAS_LEFT, HAS_RIGHT
+    )
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
+        offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+    )  # fmt: skip
+    dq = _bwd_dq_inner(
+        dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
+        offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+    )  # fmt: skip
+    dq = _bwd_dq_inner(
+        dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
+        offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+    )  # fmt: skip
+    dq = dq * sm_scale
+    store_tile(DQ + off_b64 * stride_dqb + (q_start + offs_m)[:, None] * stride_dqm + off_h * stride_dqh
+               + offs_d[None, :], dq.to(DQ.dtype.element_ty), offs_m, offs_d, seqlen_q, HEAD_DIM)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# autotune configs
+# ---------------------------------------------------------------------------------------------------
+
+
+def _configs(shapes, interp_shape) -> list[triton.Config]:
+    if INTERPRET:
+        m, n = interp_shape
+        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). The interpreter's tiles differ between the two kernels on
+# purpose, so the CPU tests exercise tile-size independence (of masks and of dropout).
+_DKDV_CONFIGS = _configs(
+    [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3),
+     (32, 64, 8, 2)],
+    (16, 32),
+)  # fmt: skip
+_DQ_CONFIGS = _configs(
+    [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 2)],
+    (32, 16),
+)  # fmt: skip
+
+
+def _prune_dkdv(configs, named_args, **kwargs):
+    return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", 2, **kwargs)
+
+
+def _prune_dq(configs, named_args, **kwargs):
+    return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
+
+
+_bwd_dkdv_tuned = triton.autotune(
+    configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv}
+)(_bwd_dkdv)
+# the atomic variant accumulates into DQ, so the autotuner must zero it before each timed run
+_bwd_dkdv_atomic_tuned = triton.autotune(
+    configs=_DKDV_CONFIGS,
+    key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune_dkdv},
+    reset_to_zero=["DQ"],
+)(_bwd_dkdv)
+_bwd_dq_tuned = triton.autotune(
+    configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq}
+)(_bwd_dq)
+
+
+# ---------------------------------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+def flash_attn_backward(
+    do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
+):  # fmt: skip
+    """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
+
+    atomic_dq: compute dq inside the dk/dv kernel with fp32 atomics (no separate dq kernel);
+    nondeterministic summation order, so only on request.
+    """
+    varlen = cu_seqlens_q is not None
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # (.., H, D) fp32 accumulator for the atomic variant
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        # (batch, T, H, D) views with batch stride 0, so dense and varlen share the stride arguments
+        q, k, v, do, out, dq, dk, dv = (
+            t[None].expand(batch, -1, -1, -1) for t in (q, k, v, do, out, dq, dk, dv)
+        )
+        dq_acc4 = dq_acc[None].expand(batch, -1, -1, -1) if atomic_dq else None
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        stride_lb, stride_lh = 0, lse.stride(0)
+    else:
+        dq_acc4 = dq_acc
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+    nheads, headdim = q.shape[2], q.shape[3]
+    nheads_kv = k.shape[2]
+    block_d = padded_head_dim(headdim)
+    delta = torch.empty_like(lse)
+    pre_m = 32 if INTERPRET else 64
+    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
+        out, do, delta, cu_seqlens_q,
+        out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        stride_lb, stride_lh, seqlen_q,
+        HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, BLOCK_M=pre_m,
+    )  # fmt: skip
+
+    kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
+    kpm_args = (kpm if kpm is not None else lse,)
+    kpm_strides = (kpm.stride(0), kpm.stride(1)) if kpm is not None else (0, 0)
+    scalars = (
+        seqlen_q, seqlen_k, nheads // nheads_kv,
+        sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed, seqlen_k,
+        tune_bucket(seqlen_q),
+    )  # fmt: skip
+    meta = dict(
+        HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,
+        HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None, DROPOUT=dropout_p > 0.0,
+        DOT_PREC=dot_precision(q.dtype),
+    )  # fmt: skip
+    strides_qkv_do = (
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+    )  # fmt: skip
+    grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
+    dq_strides = (dq_acc4.stride(0), dq_acc4.stride(1), dq_acc4.stride(2)) if atomic_dq else (0, 0, 0)
+    (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
+        q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
+        *strides_qkv_do,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides,
+        stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, **meta,
+    )  # fmt: skip
+    if atomic_dq:
+        dq = (dq_acc * sm_scale).to(q.dtype)
+        if varlen:
+            return dq, dk[0], dv[0]
+        return dq, dk, dv
+    grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
+    _bwd_dq_tuned[grid_q](
+        q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
+        *strides_qkv_do, dq.stride(0), dq.stride(1), dq.stride(2),
+        stride_lb, stride_lh, *kpm_strides, *scalars, **meta,
+    )  # fmt: skip
+    if varlen:
+        dq, dk, dv = dq[0], dk[0], dv[0]
+    return dq, dk, dv

@@ -1,0 +1,311 @@
+"""FlashAttention forward kernel (dense and varlen through one kernel), its autotune configs and launcher.
+
+Layout: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_kv, headdim), any strides with
+a unit last stride; varlen packs sequences as (total, nheads, headdim) and reads each sequence's start
+from cu_seqlens. The kernel keeps scores in base 2 (scale folded with log2(e)) and writes the base-2
+lse; the public API converts it to natural log.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    INTERPRET,
+    dot_precision,
+    dropout_keep,
+    load_tile,
+    next_power_of_2,
+    padded_head_dim,
+    store_tile,
+    visible_range,
+)
+
+
+@triton.jit
+def _fwd_inner(
+    acc, l_i, m_i, q,
+    K, V, KPM, stride_kn, stride_vn, stride_kpmn,
+    pos_m, rng_rows, offs_d,
+    seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+    lo, hi,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """One run of key tiles [lo, hi). MASKED tiles pay for bounds/causal/window masks; the others don't."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N), base 2
+        if MASKED:
+            keep = offs_n[None, :] < seqlen_k
+            if HAS_RIGHT:
+                keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
+            if HAS_LEFT:
+                keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
+            qk = tl.where(keep, qk, float("-inf"))
+        if HAS_KPM:
+            kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
+            qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        if MASKED or HAS_KPM:
+            # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
+            m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        else:
+            m_ij_safe = m_ij
+        p = tl.math.exp2(qk - m_ij_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_ij_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            # the softmax denominator counts dropped entries; only the P @ V product loses them
+            p = tl.where(
+                dropout_keep(seed, rng_rows[:, None], offs_n[None, :], drop_width, dropout_p), p, 0.0
+            )
+        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, O, LSE, KPM, CU_Q, CU_K,  # noqa: E741
+    # strides (the head dim's is 1)
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh,
+    stride_kpmb, stride_kpmn,
+    # sizes: seqlen_q/seqlen_k are per batch (dense) or the maxima (varlen)
+    seqlen_q, seqlen_k, group,
+    # scalars
+    qk_scale, win_left, win_right, dropout_p, seed, drop_width,
+    tune_seqlen,  # autotune key only
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    off_h = tl.program_id(1)
+    off_b = tl.program_id(2)
+    if HAS_RIGHT:
+        # causal-like: the last row blocks see the most keys, so start them first to shorten the tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    if IS_VARLEN:
+        q_start = tl.load(CU_Q + off_b).to(tl.int64)
+        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
+        k_start = tl.load(CU_K + off_b).to(tl.int64)
+        seqlen_k = (tl.load(CU_K + off_b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = 0
+        k_start = 0
+    if pid_m * BLOCK_M >= seqlen_q:
+        return
+    off_hk = off_h // group
+    off_b64 = off_b.to(tl.int64)
+    q_base = Q + off_b64 * stride_qb + q_start * stride_qm + off_h * stride_qh
+    k_base = K + off_b64 * stride_kb + k_start * stride_kn + off_hk * stride_kh
+    v_base = V + off_b64 * stride_vb + k_start * stride_vn + off_hk * stride_vh
+    o_base = O + off_b64 * stride_ob + q_start * stride_om + off_h * stride_oh
+    kpm_base = KPM + off_b64 * stride_kpmb
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    pos_m = offs_m + (seqlen_k - seqlen_q)  # bottom-right aligned key position of each query
+    lse_rows = off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m  # also the rows' Philox ids
+    q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q,
+                  HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    last_row = tl.minimum((pid_m + 1) * BLOCK_M, seqlen_q) - 1
+    lo, full_lo, full_hi, hi = visible_range(
+        pid_m * BLOCK_M + (seqlen_k - seqlen_q), last_row + (seqlen_k - seqlen_q), seqlen_k,
+        -win_left, win_right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+    )  # fmt: skip
+    # masked tiles left of the fully visible run (window edge), the run itself, then the diagonal/tail
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
+        pos_m, lse_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
+        pos_m, lse_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
+        pos_m, lse_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+    )  # fmt: skip
+
+    # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0
+    seen = l_i > 0.0
+    acc = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if DROPOUT:
+        acc = acc * (1.0 / (1.0 - dropout_p))
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
+    store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(O.dtype.element_ty),
+               offs_m, offs_d, seqlen_q, HEAD_DIM)  # fmt: skip
+
+
+@triton.jit
+def _dropout_mask_kernel(
+    MASK, seed, dropout_p, n_rows, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """Test helper: the keep-mask (batch * nheads * seqlen_q, seqlen_k) the dense kernels draw."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = offs_m.to(tl.int64)
+    keep = dropout_keep(seed, rows[:, None], offs_n[None, :], seqlen_k, dropout_p)
+    mask = (offs_m[:, None] < n_rows) & (offs_n[None, :] < seqlen_k)
+    tl.store(MASK + rows[:, None] * seqlen_k + offs_n[None, :], keep.to(tl.int8), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------
+# autotune configs
+# ---------------------------------------------------------------------------------------------------
+
+
+def _smem_limit() -> int:
+    if INTERPRET or not torch.cuda.is_available():
+        return 1 << 30
+    major, _ = torch.cuda.get_device_capability()
+    return {9: 227 * 1024, 8: 163 * 1024}.get(major, 99 * 1024)
+
+
+def fwd_configs() -> list[triton.Config]:
+    if INTERPRET:
+        # the interpreter runs one fixed small config; 32-wide tiles still give several tiles per row
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    # the last two fit head dim 256 (shared memory, registers); the prune function picks what fits
+    shapes = [
+        (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 4, 3), (64, 64, 4, 3),
+        (64, 32, 4, 2), (128, 32, 8, 2),
+    ]  # fmt: skip
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+def prune_configs(configs, named_args, rows_key, cols_key, acc_rows_key, n_acc, **kwargs):
+    """Drop configs whose tiles overflow shared memory or registers, or dwarf the sequence.
+
+    acc_rows_key names the tile dim of the fp32 accumulators (n_acc of them, BLOCK_D wide), which must
+    stay at <= 128 registers a thread to avoid spills; shared memory counts Q (or K/V) once and the
+    streamed tiles once per pipeline stage.
+    """
+    args = {**named_args, **kwargs}
+    block_d = args["BLOCK_D"]
+    elt = 4 if args["DOT_PREC"] == "ieee" else 2
+    seq_rows = next_power_of_2(args[rows_key])
+    seq_cols = next_power_of_2(args[cols_key])
+    kept = []
+    for c in configs:
+        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        rows, cols = (bm, bn) if rows_key.endswith("q") else (bn, bm)
+        smem = (rows * block_d * 2 + c.num_stages * cols * block_d * 2) * elt
+        regs = n_acc * c.kwargs[acc_rows_key] * block_d / (32 * c.num_warps)
+        if smem > _smem_limit() or regs > 128:
+            continue
+        if rows > max(seq_rows, 64) or cols > max(seq_cols, 32):
+            continue
+        kept.append(c)
+    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
+
+
+_TUNE_KEY = [
+    "HEAD_DIM",
+    "tune_seqlen",
+    "IS_VARLEN",
+    "HAS_LEFT",
+    "HAS_RIGHT",
+    "HAS_KPM",
+    "DROPOUT",
+    "DOT_PREC",
+]
+_attn_fwd_tuned = triton.autotune(
+    configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd}
+)(_attn_fwd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+def tune_bucket(seqlen: int) -> int:
+    """Sequences re-tune per power of two up to 8k; longer ones share the 8k choice."""
+    return min(next_power_of_2(seqlen), 8192)
+
+
+def flash_attn_forward(
+    q, k, v, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+):  # fmt: skip
+    """Launch the forward. Inputs are already checked. Returns (out, lse2) with lse2 in base 2.
+
+    Dense: q (B, Sq, H, D), lse2 (B, H, Sq). Varlen: q (Tq, H, D), lse2 (H, Tq).
+    """
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        # (batch, T, H, D) views with batch stride 0: each program adds its sequence's start instead
+        q4, k4, v4 = (t[None].expand(batch, -1, -1, -1) for t in (q, k, v))
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        lse = torch.empty(q.shape[1], q.shape[0], device=q.device, dtype=torch.float32)  # (H, Tq)
+        stride_lb, stride_lh = 0, lse.stride(0)
+    else:
+        q4, k4, v4 = q, k, v
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k = k.shape[1]
+        lse = torch.empty(batch, q.shape[2], seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, Sq)
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+    nheads, headdim = q4.shape[2], q4.shape[3]
+    out = torch.empty_like(q)
+    o4 = out[None].expand(batch, -1, -1, -1) if varlen else out
+    kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
+    grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
+    _attn_fwd_tuned[grid](
+        q4, k4, v4, o4, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
+        q4.stride(0), q4.stride(1), q4.stride(2),
+        k4.stride(0), k4.stride(1), k4.stride(2),
+        v4.stride(0), v4.stride(1), v4.stride(2),
+        o4.stride(0), o4.stride(1), o4.stride(2),
+        stride_lb, stride_lh,
+        kpm.stride(0) if kpm is not None else 0, kpm.stride(1) if kpm is not None else 0,
+        seqlen_q, seqlen_k, nheads // k4.shape[2],
+        sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed, seqlen_k,
+        tune_bucket(seqlen_q),
+        HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
+        HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
+        DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype),
+    )  # fmt: skip
+    return out, lse
+
+
+def dropout_mask(seed: int, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float, device):
+    """The bool keep-mask (batch, nheads, seqlen_q, seqlen_k) that the dense kernels draw for `seed`.
+
+    For tests: pass it to the reference as dropout_mask. Uses the kernels' own Philox formula.
+    """
+    rows = batch * nheads * seqlen_q
+    mask = torch.empty(rows, seqlen_k, device=device, dtype=torch.int8)
+    grid = (triton.cdiv(rows, 64), triton.cdiv(seqlen_k, 128))
+    _dropout_mask_kernel[grid](mask, seed, dropout_p, rows, seqlen_k, BLOCK_M=64, BLOCK_N=128)
+    return mask.view(batch, nheads, seqlen_q, seqlen_k).bool()

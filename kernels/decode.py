@@ -1,0 +1,243 @@
+"""Flash-Decoding: a few new queries against a long KV cache (inference only, no backward).
+
+With one query per sequence the FlashAttention grid has only batch x nheads programs, far too few to
+fill the GPU. So the KV length is split across programs: each computes a partial (out, lse) over its
+slice in fp32, and a merge kernel combines them through their log-sum-exps. Under GQA the query heads
+of one kv group are packed into the rows of one tile (rows = seqlen_q x group), so each K/V tile is
+read once per group instead of once per query head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    INTERPRET,
+    LOG2E,
+    check_device,
+    check_dtype,
+    check_heads,
+    check_window,
+    dot_precision,
+    next_power_of_2,
+    padded_head_dim,
+    visible_range,
+)
+from ._flash_fwd import _fwd_inner
+
+
+@triton.jit
+def _decode_split(
+    Q, K, V, SEQLENS, OPART, LPART,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_os, stride_ob, stride_oh, stride_om,
+    stride_ls, stride_lb, stride_lh,
+    seqlen_q, max_len, nheads_kv, group, chunk,
+    qk_scale, win_left, win_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk))."""
+    split = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    off_bh = tl.program_id(2)
+    off_b = off_bh // nheads_kv
+    off_hk = off_bh % nheads_kv
+    off_b64 = off_b.to(tl.int64)
+    seqlen_k = tl.minimum(tl.load(SEQLENS + off_b), max_len)
+
+    n_rows = seqlen_q * group
+    offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row -> (query qi, head g of the group)
+    qi = offs_r // group
+    off_h = off_hk * group + offs_r % group
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_r < n_rows
+    q = tl.load(
+        Q + off_b64 * stride_qb + qi[:, None] * stride_qm + off_h[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    diag = seqlen_k - seqlen_q
+    pos_m = qi + diag
+    last_row = tl.minimum((pid_m + 1) * BLOCK_M, n_rows) - 1
+    lo, full_lo, full_hi, hi = visible_range(
+        (pid_m * BLOCK_M) // group + diag, last_row // group + diag, seqlen_k,
+        -win_left, win_right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+    )  # fmt: skip
+    # intersect with this split's slice; its ends are multiples of BLOCK_N (or the sequence's end)
+    s0 = split * chunk
+    s1 = s0 + chunk
+    lo = tl.maximum(lo, s0)
+    hi = tl.maximum(tl.minimum(hi, s1), lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    k_base = K + off_b64 * stride_kb + off_hk * stride_kh
+    v_base = V + off_b64 * stride_vb + off_hk * stride_vh
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
+        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
+    seen = l_i > 0.0
+    acc = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    row_off = split * stride_os + off_b64 * stride_ob + off_h * stride_oh + qi * stride_om
+    tl.store(
+        OPART + row_off[:, None] + offs_d[None, :], acc, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    )
+    tl.store(LPART + split * stride_ls + off_b64 * stride_lb + off_h * stride_lh + qi, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_merge(
+    OPART, LPART, O, LSE, num_splits,  # noqa: E741
+    stride_os, stride_ob, stride_oh, stride_om,
+    stride_ls, stride_lb, stride_lh,
+    stride_qb, stride_qm, stride_qh,
+    nheads, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """out = sum_s 2^(lse_s - lse) out_s with lse = log2 sum_s 2^lse_s; splits that saw no key weigh 0."""
+    row = tl.program_id(0)  # (b, h, qi) flattened
+    qi = row % seqlen_q
+    off_h = (row // seqlen_q) % nheads
+    off_b = (row // seqlen_q) // nheads
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    base_l = off_b.to(tl.int64) * stride_lb + off_h * stride_lh + qi
+    lse_s = tl.load(LPART + offs_s * stride_ls + base_l, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse_s - m_safe)
+    total = tl.sum(w, 0)
+    base_o = off_b.to(tl.int64) * stride_ob + off_h * stride_oh + qi * stride_om
+    o_s = tl.load(
+        OPART + offs_s[:, None] * stride_os + base_o + offs_d[None, :],
+        mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    out = tl.sum(o_s * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    lse = tl.where(total > 0.0, m_safe + tl.math.log2(tl.where(total > 0.0, total, 1.0)), float("-inf"))
+    tl.store(LSE + row, lse * 0.6931471805599453)  # natural log
+    tl.store(O + off_b.to(tl.int64) * stride_qb + qi * stride_qm + off_h * stride_qh + offs_d,
+             out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)  # fmt: skip
+
+
+def _default_num_splits(work_items: int, max_len: int, block_n: int) -> int:
+    """Enough programs for about two waves of the GPU, but no split shorter than a few tiles."""
+    sms = (
+        4
+        if INTERPRET
+        else torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    )
+    want = triton.cdiv(2 * sms, max(work_items, 1))
+    return max(1, min(want, triton.cdiv(max_len, 4 * block_n), 128))
+
+
+def flash_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    return_lse: bool = False,
+    num_splits: int | None = None,
+):
+    """Attention of a few new queries against the first cache_seqlens[b] entries of a KV cache.
+
+    q: (batch, seqlen_q, nheads, headdim), seqlen_q small (one or a few new tokens);
+    k_cache, v_cache: (batch, max_len, nheads_kv, headdim), nheads a multiple of nheads_kv;
+    cache_seqlens: int32 (batch,), valid length of each cache (entries past max_len are clamped to it;
+    not checked on the host, which would cost a device sync per step). Causal/window alignment is
+    bottom-right against each sequence's own length. num_splits: KV slices per sequence (default: enough
+    to fill the GPU). Inference only: no gradient flows through. Returns out (batch, seqlen_q, nheads,
+    headdim) in q's dtype and, with return_lse=True, lse (batch, nheads, seqlen_q) float32 natural log.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (batch, seqlen, nheads, headdim), got shape {tuple(t.shape)}")
+    check_device(q, k_cache, v_cache, cache_seqlens)
+    check_dtype(q, k_cache, v_cache)
+    batch, seqlen_q, nheads, headdim = q.shape
+    max_len, nheads_kv = k_cache.shape[1], k_cache.shape[2]
+    check_heads(nheads, nheads_kv, headdim, k_cache.shape[3], v_cache.shape[3])
+    if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[0] != batch:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
+            f"(batch={batch}, max_len, nheads_kv, headdim)"
+        )
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(
+            f"cache_seqlens must be int32 of shape (batch,) = ({batch},), got {cache_seqlens.dtype} "
+            f"{tuple(cache_seqlens.shape)}"
+        )
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    left, right = check_window(window)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+
+    group = nheads // nheads_kv
+    n_rows = seqlen_q * group
+    block_m = min(max(16, next_power_of_2(n_rows)), 64)
+    block_n = 32 if INTERPRET else 64
+    m_blocks = triton.cdiv(n_rows, block_m)
+    if num_splits is None:
+        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, max_len, block_n)
+    chunk = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), block_n) * block_n
+    block_d = padded_head_dim(headdim)
+    with torch.no_grad():
+        opart = torch.empty(
+            num_splits, batch, nheads, seqlen_q, headdim, device=q.device, dtype=torch.float32
+        )
+        lpart = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        _decode_split[(num_splits, m_blocks, batch * nheads_kv)](
+            q, k_cache, v_cache, cache_seqlens, opart, lpart,
+            q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
+            lpart.stride(0), lpart.stride(1), lpart.stride(2),
+            seqlen_q, max_len, nheads_kv, group, chunk,
+            scale * LOG2E, left or 0, right or 0,
+            HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+            DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=4, num_stages=2,
+        )  # fmt: skip
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+        _decode_merge[(batch * nheads * seqlen_q,)](
+            opart, lpart, out, lse, num_splits,
+            opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
+            lpart.stride(0), lpart.stride(1), lpart.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            nheads, seqlen_q,
+            HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_S=max(2, next_power_of_2(num_splits)),
+        )  # fmt: skip
+    return (out, lse) if return_lse else out

@@ -1,0 +1,200 @@
+"""FlashAttention in Triton: forward and backward for dense and packed (varlen) sequences.
+
+Three layers, as in flash-attention: launchers (`_flash_fwd.flash_attn_forward`,
+`_flash_bwd.flash_attn_backward`) -> `FlashAttnFunc` (autograd) -> `flash_attention` /
+`flash_attention_varlen` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
+`_flash_bwd.py`; the pure-torch oracle in `reference.py`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import (
+    check_cu_seqlens,
+    check_device,
+    check_dropout,
+    check_dtype,
+    check_heads,
+    check_key_padding_mask,
+    check_window,
+    draw_seed,
+    lse_to_natural,
+    unit_last_stride,
+)
+from ._flash_bwd import flash_attn_backward
+from ._flash_fwd import dropout_mask, flash_attn_forward
+
+__all__ = ["flash_attention", "flash_attention_varlen", "dropout_mask"]
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, win_left, win_right, kpm, dropout_p, seed, deterministic
+    ):  # fmt: skip
+        kw = dict(
+            sm_scale=sm_scale, win_left=win_left, win_right=win_right, key_padding_mask=kpm,
+            dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+            max_seqlen_q=max_q, max_seqlen_k=max_k,
+        )  # fmt: skip
+        out, lse2 = flash_attn_forward(q, k, v, **kw)
+        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k, kpm)
+        ctx.atomic_dq = not deterministic
+        ctx.kw = {
+            key: val
+            for key, val in kw.items()
+            if key not in ("key_padding_mask", "cu_seqlens_q", "cu_seqlens_k")
+        }
+        lse = lse_to_natural(lse2)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        # lse is returned for inspection and merging only; it carries no gradient
+        q, k, v, out, lse2, cu_q, cu_k, kpm = ctx.saved_tensors
+        dq, dk, dv = flash_attn_backward(
+            dout, q, k, v, out, lse2, key_padding_mask=kpm, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+            atomic_dq=ctx.atomic_dq, **ctx.kw,
+        )  # fmt: skip
+        return dq, dk, dv, *([None] * 11)
+
+
+def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
+    """causal is a window with right = 0 (bottom-right aligned), so the kernels only know windows."""
+    left, right = check_window(window)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def _check_common(q, k, v, dropout_p):
+    check_device(q, k, v)
+    check_dtype(q, k, v)
+    check_heads(q.shape[-2], k.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1])
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"k and v must have the same number of heads, got {k.shape[-2]} and {v.shape[-2]}")
+    return check_dropout(dropout_p)
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dropout_p: float = 0.0,
+    window: tuple[int | None, int | None] | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+    deterministic: bool = True,
+):
+    """softmax(q k^T * scale) v, fused, with its backward.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim) with nheads a
+    multiple of nheads_kv (GQA/MQA; K/V are never repeated in memory). Any strides with a unit last
+    stride. headdim 1..256; float16/bfloat16 (float32 accepted, for tests).
+    causal: query i sees keys j <= i + seqlen_k - seqlen_q (diagonal aligned bottom-right).
+    window: (left, right), query i sees keys in [i' - left, i' + right] with i' its aligned position;
+        None on a side is unbounded.
+    key_padding_mask: bool (batch, seqlen_k), True = keep.
+    dropout_p: dropout on the attention probabilities; the Philox seed comes from torch's CPU
+        generator, so torch.manual_seed makes it reproducible.
+    deterministic: True (default) computes dq in its own kernel, without atomics, so gradients are
+        bitwise reproducible; False computes dq inside the dk/dv kernel with fp32 atomic adds
+        (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order.
+    Returns out (batch, seqlen_q, nheads, headdim) in q's dtype, and with return_lse=True also lse
+    (batch, nheads, seqlen_q) float32, natural log. Rows that see no key give out = 0, lse = -inf.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (batch, seqlen, nheads, headdim), got shape {tuple(t.shape)}")
+    dropout_p = _check_common(q, k, v, dropout_p)
+    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError(f"q, k, v must share the batch size, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"k and v must have the same seqlen, got {k.shape[1]} and {v.shape[1]}")
+    check_key_padding_mask(key_padding_mask, q.shape[0], k.shape[1], q.device)
+    win_left, win_right = _window_bounds(causal, window)
+    q, k, v = unit_last_stride(q, k, v)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    seed = draw_seed() if dropout_p > 0 else 0
+    out, lse = FlashAttnFunc.apply(
+        q,
+        k,
+        v,
+        None,
+        None,
+        None,
+        None,
+        scale,
+        win_left,
+        win_right,
+        key_padding_mask,
+        dropout_p,
+        seed,
+        deterministic,
+    )
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dropout_p: float = 0.0,
+    window: tuple[int | None, int | None] | None = None,
+    return_lse: bool = False,
+    deterministic: bool = True,
+):
+    """Attention over packed sequences, each attended independently (same options as flash_attention).
+
+    q: (total_q, nheads, headdim), k, v: (total_k, nheads_kv, headdim); sequence b owns rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and likewise of k/v. cu_seqlens_*: int32 (batch + 1,),
+    starting at 0, non-decreasing, ending at total. max_seqlen_*: the longest sequence (sizes the grid).
+    Causal/window alignment is bottom-right per sequence. Returns out (total_q, nheads, headdim) and,
+    with return_lse=True, lse (nheads, total_q) float32 natural log.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must be (total, nheads, headdim) for varlen, got shape {tuple(t.shape)}"
+            )
+    dropout_p = _check_common(q, k, v, dropout_p)
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"k and v must have the same total length, got {k.shape[0]} and {v.shape[0]}")
+    check_device(q, cu_seqlens_q, cu_seqlens_k)
+    check_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got {cu_seqlens_q.numel() - 1} "
+            f"and {cu_seqlens_k.numel() - 1} sequences"
+        )
+    for name, cu, given in (
+        ("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        ("max_seqlen_k", cu_seqlens_k, max_seqlen_k),
+    ):
+        longest = int((cu[1:] - cu[:-1]).max())  # host-device sync
+        if int(given) < longest:
+            raise ValueError(f"{name} = {given} is shorter than the longest sequence ({longest})")
+    win_left, win_right = _window_bounds(causal, window)
+    q, k, v = unit_last_stride(q, k, v)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    seed = draw_seed() if dropout_p > 0 else 0
+    out, lse = FlashAttnFunc.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+        scale, win_left, win_right, None, dropout_p, seed, deterministic,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out

@@ -1,0 +1,60 @@
+"""Shared checks for the FlashAttention tests: the flash-attention tolerance rule.
+
+The kernel's error against a float64 reference must be at most 2x the error of PyTorch's own
+computation of the same reference in the kernel's dtype, plus a small absolute floor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOOR = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def assert_close_rule(name, out, ref64, ref_lp, dtype):
+    """max|out - ref64| <= 2 * max|ref_lp - ref64| + floor, with -inf entries required to match."""
+    out, ref64, ref_lp = out.double(), ref64.double(), ref_lp.double()
+    assert not torch.isnan(out).any(), f"{name}: NaN in kernel output"
+    inf_out, inf_ref = torch.isinf(out), torch.isinf(ref64)
+    assert torch.equal(inf_out, inf_ref), (
+        f"{name}: infinities differ ({int(inf_out.sum())} vs {int(inf_ref.sum())})"
+    )
+    fin = ~inf_ref
+    err = (out - ref64)[fin].abs().max().item() if fin.any() else 0.0
+    lp_err = (ref_lp - ref64)[fin].abs().nan_to_num(0.0).max().item() if fin.any() else 0.0
+    bound = 2 * lp_err + FLOOR[dtype]
+    assert err <= bound, (
+        f"{name}: max error {err:.3e} > bound {bound:.3e} (reference in {dtype}: {lp_err:.3e})"
+    )
+
+
+def randn(*shape, dtype, device, requires_grad=True):
+    return torch.randn(*shape, dtype=dtype, device=device).requires_grad_(requires_grad)
+
+
+def run_and_grads(fn, inputs, dout):
+    """fn(*inputs) -> (out, lse); returns out, lse and the gradients of (out * dout).sum()."""
+    out, lse = fn(*inputs)
+    grads = torch.autograd.grad(out, inputs, dout)
+    return out, lse, grads
+
+
+def check_against_reference(kernel_fn, ref_fn, inputs, dtype, check_grads=True, names=("q", "k", "v")):
+    """Run the kernel on inputs (already in dtype), the reference on float64 and dtype copies, compare."""
+    out, lse = kernel_fn(*inputs)
+    dout = torch.randn_like(out)
+    ins64 = [x.detach().double().requires_grad_() for x in inputs]
+    inslp = [x.detach().clone().requires_grad_() for x in inputs]
+    ref64, lse64 = ref_fn(*ins64)
+    reflp, lselp = ref_fn(*inslp)
+    assert out.dtype == dtype and out.shape == ref64.shape
+    assert lse.dtype == torch.float32 and lse.shape == lse64.shape
+    assert_close_rule("out", out, ref64, reflp, dtype)
+    assert_close_rule("lse", lse, lse64, lselp.float(), dtype if dtype != torch.float32 else torch.float32)
+    if not check_grads:
+        return
+    grads = torch.autograd.grad(out, inputs, dout)
+    g64 = torch.autograd.grad(ref64, ins64, dout.double())
+    glp = torch.autograd.grad(reflp, inslp, dout)
+    for name, g, r64, rlp in zip(names, grads, g64, glp, strict=False):
+        assert_close_rule(f"d{name}", g, r64, rlp, dtype)

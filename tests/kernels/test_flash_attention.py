@@ -1,0 +1,235 @@
+"""kernels.flash_attention against kernels.reference (float64), forward and backward.
+
+On CPU these run through the Triton interpreter with small shapes (fp16/fp32); GPU-marked tests run
+the same checks in bf16 at realistic sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import flash_attention
+from kernels.reference import attention_reference
+from tests.kernels._flash_utils import FLOOR, assert_close_rule, check_against_reference, randn
+
+F16, F32 = torch.float16, torch.float32
+
+# (dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, causal, window): odd lengths, head dims
+# including non-powers of two, GQA/MQA, causal with seqlen_q != seqlen_k both ways, windows.
+CASES = [
+    (F16, 2, 1, 1, 2, 2, 64, False, None),
+    (F32, 1, 17, 17, 2, 2, 16, True, None),
+    (F16, 1, 127, 127, 4, 1, 40, True, None),
+    (F32, 1, 129, 300, 2, 2, 80, True, None),
+    (F16, 1, 300, 129, 4, 2, 64, True, None),  # top rows see no key: out 0, lse -inf
+    (F16, 2, 17, 129, 2, 2, 128, False, None),
+    (F32, 1, 127, 129, 2, 1, 40, False, (16, 8)),
+    (F16, 1, 129, 127, 2, 1, 64, True, (32, None)),
+    (F32, 1, 300, 300, 1, 1, 16, False, (None, 7)),
+    (F16, 1, 1, 300, 2, 2, 80, True, None),
+    (F32, 1, 300, 1, 2, 2, 64, True, None),
+    (F32, 2, 64, 64, 2, 2, 24, False, (0, 0)),  # each query sees exactly one key
+]
+
+
+def _ids(case):
+    dtype, b, sq, sk, h, hk, d, causal, window = case
+    return f"{str(dtype)[6:]}-b{b}-q{sq}-k{sk}-h{h}/{hk}-d{d}-{'causal' if causal else 'full'}-w{window}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_matches_reference(case, device):
+    dtype, b, sq, sk, h, hk, d, causal, window = case
+    torch.manual_seed(sq * 1000 + sk + d)
+    q, k, v = (
+        randn(b, sq, h, d, dtype=dtype, device=device),
+        *(randn(b, sk, hk, d, dtype=dtype, device=device) for _ in range(2)),
+    )
+    kw = dict(causal=causal, window=window, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        dtype,
+    )
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[7]], ids=_ids)
+def test_atomic_dq_matches_reference(case, device):
+    """deterministic=False: dq accumulated with atomics inside the dk/dv kernel."""
+    dtype, b, sq, sk, h, hk, d, causal, window = case
+    torch.manual_seed(sq + sk + d)
+    q, k, v = (
+        randn(b, sq, h, d, dtype=dtype, device=device),
+        *(randn(b, sk, hk, d, dtype=dtype, device=device) for _ in range(2)),
+    )
+    kw = dict(causal=causal, window=window, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, deterministic=False, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        dtype,
+    )
+
+
+@pytest.mark.parametrize("dtype", [F16, F32])
+def test_key_padding_mask(dtype, device):
+    torch.manual_seed(0)
+    b, sq, sk, h, d = 3, 37, 70, 2, 32
+    q, k, v = (
+        randn(b, sq, h, d, dtype=dtype, device=device),
+        *(randn(b, sk, h, d, dtype=dtype, device=device) for _ in range(2)),
+    )
+    kpm = torch.rand(b, sk, device=device) > 0.4
+    kpm[1] = False  # a sequence with no key at all: every row gives out 0, lse -inf
+    kw = dict(key_padding_mask=kpm, return_lse=True, causal=dtype == F32)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        dtype,
+    )
+
+
+def test_fully_masked_rows_are_zero_with_finite_grads(device):
+    torch.manual_seed(1)
+    q, k, v = (randn(1, n, 2, 32, dtype=F32, device=device) for n in (40, 20, 20))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)  # rows 0..19 see no key
+    assert torch.all(out[:, :20] == 0) and torch.all(lse[:, :, :20] == float("-inf"))
+    assert torch.isfinite(lse[:, :, 20:]).all()
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.all(grads[0][:, :20] == 0)
+
+
+def test_strided_inputs_and_custom_scale(device):
+    """q/k/v as views into one packed (B, S, 3, H, D) tensor, and a k with a non-unit last stride."""
+    torch.manual_seed(2)
+    qkv = torch.randn(2, 65, 3, 2, 48, dtype=F16, device=device)
+    q, k, v = (qkv[:, :, i].requires_grad_() if False else qkv[:, :, i] for i in range(3))
+    k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, last stride != 1
+    assert q.stride(-1) == 1 and k_t.stride(-1) != 1
+    out = flash_attention(q, k_t, v, softmax_scale=0.3, causal=True)
+    ref64 = attention_reference(q.double(), k.double(), v.double(), softmax_scale=0.3, causal=True)
+    ref16 = attention_reference(q, k, v, softmax_scale=0.3, causal=True)
+    assert_close_rule("out", out, ref64, ref16, F16)
+
+
+def test_deterministic(device):
+    torch.manual_seed(3)
+    q, k, v = (randn(1, 50, 4, 32, dtype=F32, device=device) for _ in range(3))
+    kv = (k[:, :, :2].detach().requires_grad_(), v[:, :, :2].detach().requires_grad_())
+    runs = []
+    for _ in range(2):
+        out = flash_attention(q, *kv, causal=True)
+        runs.append((out, *torch.autograd.grad(out, (q, *kv), torch.ones_like(out))))
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=False))
+
+
+def _bad(device):
+    q = torch.randn(1, 8, 4, 16, device=device, dtype=F16)
+    kv = torch.randn(1, 8, 2, 16, device=device, dtype=F16)
+    return [
+        ("rank", lambda: flash_attention(q[0], kv, kv), "batch, seqlen, nheads, headdim"),
+        ("batch", lambda: flash_attention(q, kv.expand(2, -1, -1, -1), kv), "batch size"),
+        ("heads", lambda: flash_attention(q[:, :, :3], kv, kv), "multiple of nheads_kv"),
+        ("kv heads", lambda: flash_attention(q, kv, kv[:, :, :1]), "same number of heads"),
+        ("headdim", lambda: flash_attention(q, kv[..., :8], kv[..., :8]), "head dim"),
+        ("big headdim", lambda: flash_attention(*(torch.zeros(1, 2, 1, 320, dtype=F16, device=device),) * 3), "1..256"),
+        ("dtype mix", lambda: flash_attention(q, kv.float(), kv), "one dtype"),
+        ("dtype", lambda: flash_attention(q.double(), kv.double(), kv.double()), "float16, bfloat16 or float32"),
+        ("dropout", lambda: flash_attention(q, kv, kv, dropout_p=1.0), r"\[0, 1\)"),
+        ("dropout neg", lambda: flash_attention(q, kv, kv, dropout_p=-0.1), r"\[0, 1\)"),
+        ("window", lambda: flash_attention(q, kv, kv, window=(-1, None)), "non-negative"),
+        ("window pair", lambda: flash_attention(q, kv, kv, window=(1,)), "pair"),
+        ("kpm dtype", lambda: flash_attention(q, kv, kv, key_padding_mask=torch.ones(1, 8, device=device)), "bool"),
+        ("kpm shape", lambda: flash_attention(q, kv, kv, key_padding_mask=torch.ones(1, 7, dtype=torch.bool, device=device)), "shape"),
+        ("kv seqlen", lambda: flash_attention(q, kv, kv[:, :5]), "same seqlen"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("idx", range(15))
+def test_bad_inputs_raise(idx, device):
+    name, call, match = _bad(device)[idx]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the CPU-device error only exists without the interpreter"
+)
+def test_cpu_tensors_without_interpreter_say_what_to_do(monkeypatch):
+    import kernels._common as common
+
+    monkeypatch.setattr(common, "INTERPRET", False)
+    x = torch.randn(1, 4, 1, 16, dtype=F16)
+    with pytest.raises(ValueError, match="move tensors to CUDA or set TRITON_INTERPRET=1"):
+        flash_attention(x, x, x)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU: bf16 at realistic sizes, same tolerance rule (float64 reference on the GPU)
+# ---------------------------------------------------------------------------------------------------
+
+GPU_CASES = [
+    (2, 2048, 2048, 16, 16, 64, True, None),
+    (2, 4096, 4096, 8, 8, 128, False, None),
+    (1, 4096, 4096, 8, 2, 128, True, None),
+    (1, 3000, 3500, 4, 4, 96, True, (512, 0)),
+    (2, 1024, 1024, 4, 4, 256, True, None),
+    (1, 2048, 2048, 4, 1, 80, False, None),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_gpu_bf16(case):
+    b, sq, sk, h, hk, d, causal, window = case
+    torch.manual_seed(sq + d)
+    dt = torch.bfloat16
+    q, k, v = (
+        randn(b, sq, h, d, dtype=dt, device="cuda"),
+        *(randn(b, sk, hk, d, dtype=dt, device="cuda") for _ in range(2)),
+    )
+    kw = dict(causal=causal, window=window, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        dt,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [GPU_CASES[0], GPU_CASES[2]], ids=lambda c: "-".join(map(str, c)))
+def test_gpu_bf16_atomic_dq(case):
+    b, sq, sk, h, hk, d, causal, window = case
+    torch.manual_seed(sq + d + 1)
+    dt = torch.bfloat16
+    q, k, v = (
+        randn(b, sq, h, d, dtype=dt, device="cuda"),
+        *(randn(b, sk, hk, d, dtype=dt, device="cuda") for _ in range(2)),
+    )
+    kw = dict(causal=causal, window=window, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, deterministic=False, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        dt,
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_key_padding_and_fp16():
+    torch.manual_seed(5)
+    q, k, v = (randn(2, 1500, 8, 64, dtype=F16, device="cuda") for _ in range(3))
+    kpm = torch.rand(2, 1500, device="cuda") > 0.3
+    kw = dict(key_padding_mask=kpm, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        F16,
+    )
+    assert FLOOR[F16] > 0
