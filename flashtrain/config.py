@@ -16,6 +16,7 @@ from data.lm import LMDataConfig
 from flashtrain.models.gpt import GPTConfig
 from flashtrain.optim import OptimConfig
 from flashtrain.parallelize import ParallelConfig
+from flashtrain.tasks import TaskConfig
 from flashtrain.trainer_config import TrainerConfig
 from flashtrain.tracking import LoggerConfig
 
@@ -30,6 +31,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
 
 def register_configs() -> None:

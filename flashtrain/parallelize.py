@@ -33,6 +33,9 @@ class ParallelConfig:
 
     strategy: str = "none"  # data parallelism: "none" (one process), "ddp", "fsdp" (FSDP2) or "deepspeed"
     sp: int = 1  # sequence-parallel degree (ranks sharing one sequence); dp = world size / sp
+    sp_mode: str = "ring"  # how sequence shards attend: "ring", "ulysses" (all-to-all) or "hybrid" (both)
+    sp_layout: str = "zigzag"  # sequence sharding: "zigzag" (balanced causal work) or "contiguous"
+    ulysses: int = 1  # hybrid: all-to-all degree inside sp (the rest of sp is a ring)
     reshard_after_forward: bool | None = None  # fsdp only: free gathered weights after forward (None = True)
     zero_stage: int | None = None  # deepspeed only: ZeRO stage 1, 2 or 3 (None = 2)
 
@@ -41,6 +44,17 @@ class ParallelConfig:
             raise ValueError(f"parallel.strategy={self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.sp < 1:
             raise ValueError(f"parallel.sp={self.sp} must be >= 1")
+        if self.sp_mode not in ("ring", "ulysses", "hybrid"):
+            raise ValueError(f"parallel.sp_mode={self.sp_mode!r}; choose ring, ulysses or hybrid")
+        if self.sp_layout not in ("zigzag", "contiguous"):
+            raise ValueError(f"parallel.sp_layout={self.sp_layout!r}; choose zigzag or contiguous")
+        if self.ulysses < 1 or self.sp % self.ulysses:
+            raise ValueError(f"parallel.ulysses={self.ulysses} must be >= 1 and divide parallel.sp={self.sp}")
+        if (self.sp_mode == "hybrid") != (1 < self.ulysses < self.sp):
+            raise ValueError(
+                "parallel.sp_mode=hybrid goes with 1 < parallel.ulysses < parallel.sp (e.g. sp=4 ulysses=2), and "
+                f"only with it; got sp_mode={self.sp_mode}, ulysses={self.ulysses}, sp={self.sp}"
+            )
         if self.reshard_after_forward is not None and self.strategy != "fsdp":
             raise ValueError(
                 f"parallel.reshard_after_forward applies to parallel.strategy=fsdp only (strategy is "
@@ -66,7 +80,7 @@ def apply_ac(model: nn.Module) -> None:
     The block's forward is wrapped in place rather than the module replaced by a wrapper, so
     parameter names (and therefore checkpoints) are the same with and without it.
     """
-    for block in model.transformer.h:
+    for block in model.blocks:
 
         def checkpointed(*args, _forward=block.forward, **kwargs):
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
@@ -77,7 +91,7 @@ def apply_ac(model: nn.Module) -> None:
 def apply_compile(model: nn.Module) -> None:
     """Compile each block in place (`Module.compile` keeps parameter names); identical blocks share
     one compiled graph."""
-    for block in model.transformer.h:
+    for block in model.blocks:
         block.compile()
 
 
@@ -103,7 +117,7 @@ def apply_fsdp(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
-    for block in model.transformer.h:
+    for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     return model

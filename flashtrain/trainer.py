@@ -14,16 +14,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from data.lm import prepare_lm_data
-from data.sampler import WindowSampler, val_batches
 from flashtrain import checkpoint as ckpt
 from flashtrain.config import TrainConfig
+from flashtrain.distributed.context import sequence_parallel
 from flashtrain.distributed.parallel_dims import ParallelDims
 from flashtrain.log import get_logger
-from flashtrain.models.gpt import GPT
+from flashtrain.models.attention import attention_override
 from flashtrain.optim import lr_at
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
 from flashtrain.strategy import build_strategy
+from flashtrain.tasks import build_task
 from flashtrain.tracking import Tracker
 
 log = get_logger()
@@ -74,34 +74,22 @@ class Trainer:
         torch.manual_seed(tc.seed)
         random.seed(tc.seed)
 
-        self.data = self._prepare_data()
-        model_cfg = cfg.model
-        if model_cfg.vocab_size is None:
-            model_cfg.vocab_size = 64 * math.ceil(self.data.vocab_size / 64)  # multiple of 64: faster matmuls
-        if model_cfg.vocab_size < self.data.vocab_size:
-            raise ValueError(
-                f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's vocabulary "
-                f"({self.data.vocab_size}, {self.data.tokenizer_name}); raise it or leave it unset"
-            )
-        if tc.seq_len > model_cfg.max_seq_len:
-            raise ValueError(
-                f"trainer.seq_len={tc.seq_len} is longer than model.max_seq_len={model_cfg.max_seq_len}; "
-                "raise model.max_seq_len or lower trainer.seq_len"
-            )
-        self.model = GPT(model_cfg).to(self.device)
-        self.flops_per_token = self.model.flops_per_token(tc.seq_len)
-        self.n_params = self.model.num_params()  # before sharding: ZeRO-3 leaves empty local parameters
+        self.dp_rank = self.rank // cfg.parallel.sp  # sp is the inner mesh dim: sp ranks share one data slice
+        self.task = build_task(cfg, rank=self.rank, world_size=self.world_size, dp_rank=self.dp_rank, dp=self.dp)
+        self.model = self.task.build_model().to(self.device)
+        self.flops_per_token = self.task.flops_per_token(self.model)
+        # counted before sharding: ZeRO-3 leaves empty local parameters
+        self.n_params = sum(p.numel() for p in self.model.parameters())
         # ParallelDims checks dp·sp = world size and owns the mesh; the strategy wraps the model from outside
         self.parallel_dims = None
         if self.world_size > 1:
-            self.parallel_dims = ParallelDims(dp=self.dp, sp=cfg.parallel.sp, world_size=self.world_size)
+            self.parallel_dims = ParallelDims(
+                dp=self.dp, sp=cfg.parallel.sp, world_size=self.world_size, ulysses=cfg.parallel.ulysses
+            )
             self.parallel_dims.build_mesh(self.device.type)
         self.strategy = build_strategy(cfg, self.parallel_dims, self.device, self.autocast_dtype)
         self.train_model, self.optimizer = self.strategy.setup(self.model)
-        self.dp_rank = self.rank // cfg.parallel.sp
-        self.sampler = WindowSampler(
-            self.data.train, tc.seq_len, tc.batch_size, seed=tc.seed, rank=self.dp_rank, world_size=self.dp
-        )
+        self.sampler = self.task.sampler
         self.step = 0
         self.skipped_in_a_row = 0
         self.history: list[float] = []  # training loss per optimizer step (what resume must reproduce)
@@ -117,11 +105,13 @@ class Trainer:
         sp = self.cfg.parallel.sp
         if world_size % sp:
             raise ValueError(f"parallel.sp={sp} does not divide the world size {world_size}")
-        if world_size > 1 and self.cfg.parallel.strategy == "none" and sp == 1:
+        if world_size > 1 and self.cfg.parallel.strategy == "none":
             raise ValueError(
-                f"launched with {world_size} processes but parallel.strategy=none; use parallel=ddp (or another "
-                "strategy), or launch one process"
+                f"launched with {world_size} processes but parallel.strategy=none: gradients must be averaged "
+                "over the data- and sequence-parallel ranks; use parallel=ddp or parallel=fsdp, or launch one process"
             )
+        if sp > 1 and world_size == 1:
+            raise ValueError(f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node")
         if world_size > 1 and not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
             dist.init_process_group(backend)
@@ -175,15 +165,6 @@ class Trainer:
                 f"cannot write to the run directory {run_dir} ({e.strerror}); set trainer.out_dir to a writable path"
             ) from None
 
-    def _prepare_data(self):
-        # Rank 0 tokenises and fills the cache first; the others then read it instead of racing it.
-        if self.world_size > 1 and self.rank != 0:
-            dist.barrier()  # blocks until rank 0 has prepared the data
-        data = prepare_lm_data(self.cfg.data)
-        if self.world_size > 1 and self.rank == 0:
-            dist.barrier()
-        return data
-
     def _config_dict(self) -> dict:
         return asdict(self.cfg)
 
@@ -195,7 +176,7 @@ class Trainer:
             return
         path = ckpt.latest_checkpoint(self.run_dir)
         if path is None and mode == "auto":
-            log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet, starting the run from step 0")
+            log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet, starting at step 0")
             return
         if path is None:
             raise ValueError(
@@ -233,7 +214,7 @@ class Trainer:
             meta = {
                 "step": self.step,
                 "model": asdict(self.cfg.model),
-                "tokenizer": self.data.tokenizer_name,
+                "tokenizer": self.task.tokenizer_name,
                 "config": self._config_dict(),
             }
             keep = self.cfg.trainer.keep_checkpoints
@@ -250,9 +231,19 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _sp_context(self):
+        """Sequence parallelism around a step: batches are sharded along the sequence and every
+        attention call of the model goes to the ring / Ulysses version (the model is unchanged)."""
+        par = self.cfg.parallel
+        stack = contextlib.ExitStack()
+        if par.sp > 1:
+            sp = stack.enter_context(sequence_parallel(self.parallel_dims, mode=par.sp_mode, layout=par.sp_layout))
+            stack.enter_context(attention_override(sp.attention_fn))
+        return stack
+
     def _micro_batch_loss(self, x, y):
         with self._autocast():
-            return self.train_model(x, y)
+            return self.task.loss(self.train_model, x, y)
 
     def train_step(self) -> float:
         tc = self.cfg.trainer
@@ -260,11 +251,11 @@ class Trainer:
         self.strategy.set_lr(lr)
         total = torch.zeros((), device=self.device)
         for micro in range(tc.grad_accum):
-            x, y = self.sampler.next_batch()
+            x, y = self.task.next_batch()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             last = micro == tc.grad_accum - 1
             # gradients are reduced over the ranks on the last micro-batch only
-            with self.strategy.grad_sync(last):
+            with self.strategy.grad_sync(last), self._sp_context():
                 loss = self._micro_batch_loss(x, y) / tc.grad_accum
                 self.strategy.backward(loss, last)
             total += loss.detach()
@@ -302,31 +293,24 @@ class Trainer:
             )
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self, final: bool = False) -> dict:
+        """The task's validation metrics (collective); at the end of a run, over the whole held-out splits."""
         self.train_model.eval()
-        total = torch.zeros((), device=self.device)
-        batches = 0
-        tc = self.cfg.trainer
-        batches_iter = val_batches(
-            self.data.val, tc.seq_len, tc.batch_size, tc.eval_batches, rank=self.dp_rank, world_size=self.dp
-        )
-        for x, y in batches_iter:
-            with self._autocast():
-                total += self.train_model(x.to(self.device), y.to(self.device))
-            batches += 1
-        if self.world_size > 1:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM)  # blocks
-            total /= self.world_size
+        with self._sp_context():
+            metrics = self.task.evaluate(
+                self.train_model, self.device, self._autocast, self.cfg.trainer.eval_batches, self.world_size,
+                final=final,
+            )
         self.train_model.train()
-        return total.item() / max(batches, 1)
+        return metrics
 
     def fit(self) -> list[float]:
         tc = self.cfg.trainer
-        tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len * self.dp
+        tokens_per_step = self.task.tokens_per_batch() * tc.grad_accum * self.dp
         n_gpus = self.world_size if self.device.type == "cuda" else 0
         log.info(
             f"model {self.n_params / 1e6:.2f}M params, {tokens_per_step} tokens/step, device {self.device}, "
-            f"attention {self.model.transformer.h[0].attn.backend.__name__}, run dir {self.run_dir}"
+            f"task {self.cfg.task.kind}, attention {self.cfg.model.attention}, run dir {self.run_dir}"
         )
         bar = tqdm(
             total=tc.max_steps, initial=self.step, disable=self.rank != 0 or not tc.progress_bar, dynamic_ncols=True
@@ -354,8 +338,10 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", mfu="n/a" if mfu is None else f"{mfu:.1%}")
                 last = self.step == tc.max_steps
                 if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
-                    metrics["val/loss"] = self.evaluate()
-                    log.info(f"step {self.step}: train loss {loss:.4f}, val loss {metrics['val/loss']:.4f}")
+                    evaluation = self.evaluate(final=last)
+                    metrics.update(evaluation)
+                    shown = ", ".join(f"{k} {v:.4f}" for k, v in evaluation.items())
+                    log.info(f"step {self.step}: train loss {loss:.4f}, {shown}")
                 if self.step % tc.log_interval == 0 or last or "val/loss" in metrics:
                     self.tracker.log(metrics, step=self.step)
                 if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:

@@ -495,7 +495,9 @@ def _block_sparse_backward(
 class BlockSparseAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, sm_scale, tiles):
-        q, k, v = unit_last_stride(q, k, v)
+        # The backward kernels index dq/dk/dv with q/k/v's strides, so those must describe dense
+        # tensors: views such as the q/k/v slices of a fused QKV projection are copied once here.
+        q, k, v = (t.contiguous() for t in (q, k, v))
         out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, tiles)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles = layout, causal, sm_scale, tiles

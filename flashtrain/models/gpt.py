@@ -215,6 +215,11 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The transformer blocks (what activation checkpointing, compile and FSDP wrap one by one)."""
+        return self.transformer.h
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; position embeddings excluded by default (they do no matmul work)."""
         n = sum(p.numel() for p in self.parameters())

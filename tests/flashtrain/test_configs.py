@@ -12,7 +12,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from flashtrain.config import compose_config
+from flashtrain.models.classifier import SequenceClassifier
 from flashtrain.models.gpt import GPT
+from flashtrain.tasks.classification import classifier_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENTS = sorted(
@@ -26,14 +28,21 @@ def test_there_are_experiments():
     assert len(EXPERIMENTS) >= 3
 
 
+def build_on_meta(cfg):
+    with torch.device("meta"):
+        if cfg.task.kind == "lm":
+            cfg.model.vocab_size = cfg.model.vocab_size or 50304
+            return GPT(cfg.model)
+        return SequenceClassifier(classifier_config(cfg))
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_composes_and_builds_on_meta(experiment):
     cfg = compose_config([f"experiment={experiment}"])
-    cfg.model.vocab_size = cfg.model.vocab_size or 50304
-    with torch.device("meta"):
-        model = GPT(cfg.model)
-    assert model.num_params() > 1e6
-    assert cfg.trainer.seq_len <= cfg.model.max_seq_len
+    model = build_on_meta(cfg)
+    assert sum(p.numel() for p in model.parameters()) > 1e5
+    if cfg.task.kind == "lm":
+        assert cfg.trainer.seq_len <= cfg.model.max_seq_len
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -50,8 +59,12 @@ def test_model_sizes_on_meta(model):
 def test_experiment_debug_variant_trains_on_cpu(experiment, tmp_path):
     from flashtrain.trainer import Trainer
 
+    debug = "lra_cpu" if experiment.startswith("lra/") else "cpu"  # LRA tasks shrink their images too
     cfg = compose_config(
-        [f"experiment={experiment}", "debug=cpu", f"trainer.out_dir={tmp_path}", f"data.cache_dir={tmp_path}/c"]
+        [
+            f"experiment={experiment}", f"debug={debug}", f"trainer.out_dir={tmp_path}",
+            f"data.cache_dir={tmp_path}/c", f"task.cache_dir={tmp_path}/lra",
+        ]
     )
     trainer = Trainer(cfg)
     history = trainer.fit()

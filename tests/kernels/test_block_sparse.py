@@ -202,3 +202,22 @@ def test_gpu_per_head_random_layout_gqa():
     torch.manual_seed(7)
     q, k, v = _inputs(1, 4096, 4096, 8, 2, 64, torch.bfloat16, "cuda")
     check_against_reference(q, k, v, random_layout(4096, 64, 0.1, nheads=8, seed=1).cuda(), causal=True)
+
+
+def test_strided_views_of_a_fused_projection_forward_and_backward():
+    """q/k/v sliced from one (B, N, 3·H·D) projection, as the model produces them, in both passes."""
+    from kernels.layouts import butterfly_layout
+
+    batch, seqlen, nheads, headdim = 2, 96, 2, 16
+    layout = butterfly_layout(seqlen, 32, local_blocks=1)
+    qkv = torch.randn(batch, seqlen, 3 * nheads * headdim, dtype=torch.float32, requires_grad=True)
+    q, k, v = (t.view(batch, seqlen, nheads, headdim) for t in qkv.split(nheads * headdim, dim=-1))
+    out = block_sparse_attention(q, k, v, layout)
+    dout = torch.randn_like(out)
+    (grad,) = torch.autograd.grad(out, qkv, dout)
+    qkv64 = qkv.detach().double().requires_grad_()
+    q64, k64, v64 = (t.view(batch, seqlen, nheads, headdim) for t in qkv64.split(nheads * headdim, dim=-1))
+    ref = block_sparse_reference(q64, k64, v64, layout.mask, 32, 32)
+    (ref_grad,) = torch.autograd.grad(ref, qkv64, dout.double())
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grad.double(), ref_grad, atol=1e-5, rtol=1e-4)

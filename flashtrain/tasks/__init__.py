@@ -1,0 +1,48 @@
+"""What a run learns: a task gives the trainer its model, batches, loss and evaluation.
+
+- `lm` (`tasks/lm.py`): next-token prediction on a tokenised corpus (`data/`), the default;
+- `listops`, `pathfinder` (`tasks/classification.py`): Long Range Arena classification on
+  procedurally generated data (`data/lra/`).
+
+Each task object offers: `build_model()`, `next_batch()`, `loss(model, x, y)`, `evaluate(...)`,
+`sampler` (with state_dict/load_state_dict for exact resume), `tokens_per_batch()`,
+`flops_per_token(model)` and `tokenizer_name`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("lm", "listops", "pathfinder")
+
+
+@dataclass
+class TaskConfig:
+    """What the run learns: language modelling, or an LRA classification task."""
+
+    kind: str = "lm"  # "lm", "listops" or "pathfinder"
+    resolution: int = 32  # pathfinder: image side (32, 64, 128 = Path-X, 256 = Path-256)
+    n_train: int | None = None  # examples per split; None = LRA's sizes (160k/20k/20k, ListOps 96k/2k/2k)
+    n_val: int | None = None
+    n_test: int | None = None
+    data_seed: int = 0  # seed of the generated data set (not of training)
+    num_proc: int | None = None  # processes generating the data; None = all cores
+    cache_dir: str | None = None  # generated data cache; None = $FLASHTRAIN_DATA_CACHE/lra or ~/.cache/flashtrain/lra
+    pooling: str = "mean"  # classifier pooling: "mean" or "cls"
+    init_from: str | None = None  # run or checkpoint directory of a smaller-image model to start from (Path-X)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"task.kind={self.kind!r}; choose lm, listops or pathfinder")
+
+
+
+def build_task(cfg, *, rank: int, world_size: int, dp_rank: int, dp: int):
+    """The task object for `cfg.task.kind` (data are prepared here: rank 0 first, then the others)."""
+    if cfg.task.kind == "lm":
+        from flashtrain.tasks.lm import LMTask
+
+        return LMTask(cfg, rank=rank, world_size=world_size, dp_rank=dp_rank, dp=dp)
+    from flashtrain.tasks.classification import ClassificationTask
+
+    return ClassificationTask(cfg, rank=rank, world_size=world_size, dp_rank=dp_rank, dp=dp)

@@ -1,0 +1,190 @@
+"""Long Range Arena classification (ListOps, Pathfinder / Path-X / Path-256) as a trainer task.
+
+The data are generated procedurally (`data.lra`), cached through `datasets`, and read in epochs of a
+seeded permutation; like the LM window sampler, every data-parallel rank takes its rows of one global
+batch, and the position in the stream is saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
+from flashtrain.tasks import TaskConfig
+
+def _split_sizes(cfg: TaskConfig) -> dict:
+    defaults = (96_000, 2_000, 2_000) if cfg.kind == "listops" else (160_000, 20_000, 20_000)
+    given = (cfg.n_train, cfg.n_val, cfg.n_test)
+    n_train, n_val, n_test = (d if g is None else g for g, d in zip(given, defaults))
+    return dict(n_train=n_train, n_val=n_val, n_test=n_test)
+
+
+def load_lra_dataset(cfg: TaskConfig):
+    from data.lra.dataset import build_listops_dataset, build_pathfinder_dataset
+
+    common = dict(**_split_sizes(cfg), seed=cfg.data_seed, num_proc=cfg.num_proc, cache_dir=cfg.cache_dir)
+    if cfg.kind == "listops":
+        return build_listops_dataset(**common)
+    return build_pathfinder_dataset(cfg.resolution, **common)
+
+
+def classifier_config(cfg, image_size: int | None = None) -> ClassifierConfig:
+    """The classifier a run config describes: the model group is its (non-causal) encoder."""
+    listops = cfg.task.kind == "listops"
+    encoder = replace(cfg.model, causal=False, vocab_size=16 if listops else 256)
+    return ClassifierConfig(
+        encoder=encoder,
+        num_classes=10 if listops else 2,
+        image_size=None if listops else (image_size or cfg.task.resolution),
+        pooling=cfg.task.pooling,
+        pad_id=0 if listops else None,
+    )
+
+
+class EpochSampler:
+    """Seeded permutation per epoch; rank r of `world_size` takes rows r·B:(r+1)·B of each global batch."""
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1):
+        global_batch = batch_size * world_size
+        if n < global_batch:
+            raise ValueError(f"{n} training examples are fewer than one global batch of {global_batch}")
+        self.n, self.batch_size, self.seed, self.rank, self.world_size = n, batch_size, seed, rank, world_size
+        self.epoch, self.pos = 0, 0
+
+    def next_indices(self) -> np.ndarray:
+        global_batch = self.batch_size * self.world_size
+        if self.pos + global_batch > self.n:  # drop the ragged tail: every step sees a full batch
+            self.epoch, self.pos = self.epoch + 1, 0
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        rows = order[self.pos : self.pos + global_batch][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        self.pos += global_batch
+        return np.sort(rows)  # sorted reads are faster from the Arrow file; order within a batch is irrelevant
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["n"] != self.n or state["seed"] != self.seed:
+            raise ValueError(
+                f"sampler state is for {state['n']} examples / seed {state['seed']}, not {self.n} / {self.seed}; "
+                "resume with the same task and trainer.seed"
+            )
+        self.epoch, self.pos = state["epoch"], state["pos"]
+
+
+class ClassificationTask:
+    """Everything the trainer needs to know about an LRA task."""
+
+    def __init__(self, cfg, *, rank: int, world_size: int, dp_rank: int, dp: int):
+        from flashtrain.tasks.lm import rank_zero_first
+
+        self.cfg, self.task = cfg, cfg.task
+        if cfg.parallel.sp > 1:
+            raise ValueError("LRA classification runs without sequence parallelism; set parallel.sp=1")
+        splits = rank_zero_first(rank, world_size, lambda: load_lra_dataset(self.task))
+        self.splits = splits.with_format("numpy")
+        self.column = "tokens" if self.task.kind == "listops" else "pixels"
+        self.seq_len = cfg.model.max_seq_len if self.task.kind == "listops" else self.task.resolution**2
+        tc = cfg.trainer
+        self.sampler = EpochSampler(len(self.splits["train"]), tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp)
+        self.dp_rank, self.dp = dp_rank, dp
+        self.tokenizer_name = f"lra-{self.task.kind}"
+
+    # ---- model ----------------------------------------------------------------------------------
+
+    def build_model(self) -> SequenceClassifier:
+        if self.task.kind == "listops" and self.cfg.model.max_seq_len < 2000:
+            raise ValueError("ListOps expressions reach 1999 tokens; set model.max_seq_len >= 2000")
+        if self.task.init_from is None:
+            return SequenceClassifier(classifier_config(self.cfg))
+        return self._model_from_smaller_images(self.task.init_from)
+
+    def _model_from_smaller_images(self, path: str) -> SequenceClassifier:
+        from safetensors.torch import load_model
+
+        from flashtrain import checkpoint as ckpt
+
+        if not os.path.exists(os.path.join(path, "meta.json")):
+            path = ckpt.latest_checkpoint(path) or path
+        if not os.path.exists(os.path.join(path, "meta.json")):
+            raise ValueError(f"task.init_from={self.task.init_from}: no checkpoint there")
+        small = ckpt.read_meta(path)["config"]["task"]["resolution"]
+        factor = self.task.resolution // small
+        if self.task.kind != "pathfinder" or factor < 1 or small * factor != self.task.resolution:
+            raise ValueError(
+                f"task.init_from holds a {small}px model; Path-X/Path-256 transfer needs a resolution that is a "
+                f"multiple of it (this run: {self.task.resolution}px)"
+            )
+        model = SequenceClassifier(classifier_config(self.cfg, image_size=small))
+        load_model(model, os.path.join(path, "model.safetensors"))
+        if factor > 1:
+            model.upsample_positions(factor)
+        return model
+
+    # ---- data -----------------------------------------------------------------------------------
+
+    def _batch(self, split: str, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.splits[split][rows]
+        labels = torch.as_tensor(batch["label"], dtype=torch.long)
+        if self.task.kind == "listops":
+            tokens = np.zeros((len(rows), self.seq_len), dtype=np.int64)  # pad id 0
+            for i, seq in enumerate(batch["tokens"]):
+                tokens[i, : len(seq)] = seq
+            return torch.from_numpy(tokens), labels
+        return torch.as_tensor(np.asarray(batch["pixels"]), dtype=torch.long), labels
+
+    def next_batch(self):
+        return self._batch("train", self.sampler.next_indices())
+
+    def eval_batches(self, split: str, max_batches: int | None):
+        """The split in order, each rank its share; every rank yields the same number of batches."""
+        bs = self.cfg.trainer.batch_size
+        n = len(self.splits[split])
+        per_step = bs * self.dp
+        steps = n // per_step if max_batches is None else min(max_batches, n // per_step)
+        for step in range(steps):
+            start = step * per_step + self.dp_rank * bs
+            yield self._batch(split, np.arange(start, start + bs))
+
+    # ---- objective ------------------------------------------------------------------------------
+
+    @staticmethod
+    def loss(model, inputs, targets) -> torch.Tensor:
+        return F.cross_entropy(model(inputs).float(), targets)
+
+    def evaluate(self, model, device, autocast, max_batches: int | None, world_size: int, final: bool = False) -> dict:
+        """Validation loss and accuracy over max_batches global batches; at the end of the run (final)
+        over the whole validation and test splits."""
+        if not final:
+            return self._evaluate_split("validation", model, device, autocast, max_batches, world_size)
+        metrics = self._evaluate_split("validation", model, device, autocast, None, world_size)
+        metrics.update(self._evaluate_split("test", model, device, autocast, None, world_size))
+        return metrics
+
+    def _evaluate_split(self, split, model, device, autocast, max_batches, world_size) -> dict:
+        totals = torch.zeros(3, device=device)  # loss sum, correct, count
+        for x, y in self.eval_batches(split, max_batches):
+            x, y = x.to(device), y.to(device)
+            with autocast():
+                logits = model(x).float()
+            totals[0] += F.cross_entropy(logits, y, reduction="sum")
+            totals[1] += (logits.argmax(-1) == y).sum()
+            totals[2] += y.numel()
+        if world_size > 1:
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)  # blocks
+        loss_sum, correct, count = totals.tolist()  # host-device sync
+        prefix = "val" if split == "validation" else split
+        return {f"{prefix}/loss": loss_sum / max(count, 1), f"{prefix}/accuracy": correct / max(count, 1)}
+
+    def tokens_per_batch(self) -> int:
+        return self.cfg.trainer.batch_size * self.seq_len
+
+    def flops_per_token(self, model) -> float:
+        params = sum(p.numel() for p in model.parameters())
+        enc = model.cfg.encoder
+        return 6 * params + 12 * enc.n_layer * enc.d_model * self.seq_len  # full (non-causal) attention

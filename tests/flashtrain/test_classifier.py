@@ -1,0 +1,96 @@
+"""The LRA encoder classifier: position upsampling, padding, learning, and the LRA task plumbing."""
+
+import pytest
+import torch
+
+from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
+from flashtrain.models.gpt import GPTConfig
+
+
+def encoder(**kw):
+    base = dict(causal=False, n_layer=2, n_head=2, d_model=32, vocab_size=256, max_seq_len=64, dropout=0.0,
+                attention="reference")
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("factor", [2, 4])
+def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor):
+    """Path-64 -> Path-X transfer: duplicate every pixel into a k×k block and the position grid alike."""
+    torch.manual_seed(0)
+    model = SequenceClassifier(ClassifierConfig(encoder=encoder(attention=backend), image_size=4)).double().eval()
+    images = torch.randint(0, 256, (3, 4, 4))
+    before = model(images.flatten(1))
+    model.upsample_positions(factor)
+    big = images.repeat_interleave(factor, 1).repeat_interleave(factor, 2)  # (B, 4k, 4k)
+    after = model(big.flatten(1))
+    torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-10)
+    assert model.cfg.image_size == 4 * factor
+
+
+def test_padding_changes_nothing():
+    torch.manual_seed(0)
+    cfg = ClassifierConfig(encoder=encoder(vocab_size=16, attention="sdpa"), num_classes=10, pad_id=0)
+    model = SequenceClassifier(cfg).double().eval()
+    tokens = torch.randint(1, 16, (2, 20))
+    padded = torch.cat([tokens, torch.zeros(2, 9, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model(padded), model(tokens))
+
+
+def test_classifier_learns_a_small_generated_image_task():
+    """Noisy dark 8×8 images, half of them with one bright pixel somewhere: find the pixel."""
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(n):
+        images = torch.randint(0, 40, (n, 8, 8), generator=gen)
+        rows, cols = torch.randint(0, 8, (2, n), generator=gen)
+        labels = torch.randint(0, 2, (n,), generator=gen)
+        marked = labels == 1
+        images[torch.arange(n)[marked], rows[marked], cols[marked]] = 255
+        return images.flatten(1), labels
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(ClassifierConfig(encoder=encoder(attention="sdpa"), image_size=8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(150):
+        x, y = batch(64)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    x, y = batch(512)
+    with torch.no_grad():
+        accuracy = (model(x).argmax(-1) == y).float().mean().item()
+    assert accuracy > 0.95, accuracy
+
+
+def test_bad_classifier_configs():
+    with pytest.raises(ValueError, match="causal must be false"):
+        ClassifierConfig(encoder=encoder(causal=True))
+    with pytest.raises(ValueError, match="pooling"):
+        ClassifierConfig(encoder=encoder(), pooling="max")
+    model = SequenceClassifier(ClassifierConfig(encoder=encoder()))
+    with pytest.raises(ValueError, match="needs an image model"):
+        model.upsample_positions(2)
+
+
+def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
+    """task.init_from loads a smaller-image run and duplicates its position grid (Path-64 -> Path-X)."""
+    from flashtrain.config import compose_config
+    from flashtrain.trainer import Trainer
+
+    common = ["debug=lra_cpu", f"trainer.out_dir={tmp_path}", f"task.cache_dir={tmp_path}/lra", "trainer.max_steps=1"]
+    small = Trainer(compose_config(["experiment=lra/pathfinder32", "trainer.run_name=small", *common]))
+    small.fit()
+    big_cfg = compose_config(
+        ["experiment=lra/pathx", *common, "task.resolution=64", f"task.init_from={tmp_path}/small"]
+    )
+    big = Trainer(big_cfg)
+    assert big.model.cfg.image_size == 64
+    grid = small.model.pos_2d.detach()
+    torch.testing.assert_close(big.model.pos_2d.detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1))
+    big.fit()
+    with pytest.raises(ValueError, match="resolution 48"):
+        Trainer(compose_config(["experiment=lra/pathx", *common, "task.resolution=48", f"task.init_from={tmp_path}/small"]))
