@@ -2,8 +2,8 @@
 
 The handler only records the signal; the trainer checks the flag between optimizer steps, agrees on
 it across ranks (a rank that got the signal makes every rank stop), writes a checkpoint, and rank 0
-asks Slurm to requeue the job. The requeued job starts with `trainer.resume=true` and continues the
-same W&B run (its id derives from the run name).
+asks Slurm to requeue the job. The requeued job (slurm/launch.sh) starts with `trainer.resume=auto`,
+continues from that checkpoint, and appends to the same W&B run (its id derives from the run name).
 """
 
 from __future__ import annotations

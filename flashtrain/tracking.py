@@ -60,5 +60,10 @@ class Tracker:
 
     def finish(self) -> None:
         if self._run is not None:
+            import wandb
+
             self._run.finish()
+            # finish() may return before the W&B service has written the run file; teardown waits for
+            # the service, so a requeue (Slurm kills the job at once) cannot lose the run's last records.
+            wandb.teardown()
             self._run = None

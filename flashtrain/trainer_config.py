@@ -21,7 +21,7 @@ class TrainerConfig:
     log_interval: int = 10  # steps between metric logs
     checkpoint_interval: int = 100  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept on disk
-    resume: str = "false"  # "true": continue from the latest checkpoint (error if none); "auto": if any; "false"
+    resume: str = "false"  # "false": start over; "true": continue (error if no checkpoint); "auto": if any
     seed: int = 1337  # model init, dropout and data order
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"

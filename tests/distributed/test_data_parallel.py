@@ -276,3 +276,27 @@ def test_strategies_on_gpus_match_one_gpu_in_bf16(tmp_path):
         torch.testing.assert_close(
             run["resumed"], run["straight"], atol=3e-2, rtol=1e-2, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+# Sequence parallelism (dp=1, sp=2): both ranks hold the whole batch of the one-process reference
+# and each scores half of every sequence; DDP averages the gradients over the two halves.
+SP_CASES = {
+    "sp2_ring_zigzag": ["parallel=ddp", "parallel.sp=2"],
+    "sp2_ring_contiguous": ["parallel=ddp", "parallel.sp=2", "parallel.sp_layout=contiguous"],
+    "sp2_ulysses": ["parallel=ddp", "parallel.sp=2", "parallel.sp_mode=ulysses"],
+}
+
+
+@pytest.fixture(scope="module")
+def sp_runs(workdir):
+    cases = [
+        {"name": name, "overrides": [*_overrides(workdir), f"trainer.batch_size={NPROC * B}", *over]}
+        for name, over in SP_CASES.items()
+    ]
+    return _launch(workdir, cases)
+
+
+@pytest.mark.parametrize("name", list(SP_CASES))
+def test_sequence_parallel_training_matches_one_process(name, sp_runs, reference):
+    """A few GPT steps with the sequence split over 2 ranks give the unsharded losses and weights."""
+    _check_against_reference(sp_runs[name], reference, exact_resume=True)
