@@ -135,6 +135,7 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_train.py measures GPU training; no CUDA device is visible")
+    out = args.out or f"benchmarks/results/train_{gpu_slug()}.json"
     peak = matmul_peak_tflops()
     print(f"measured bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
     rows = []
@@ -165,8 +166,8 @@ def main():
                 torch.cuda.empty_cache()
                 rows.append(row)
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-    out = args.out or f"benchmarks/results/train_{gpu_slug()}.json"
-    write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": not args.no_compile})
+                # rewritten after every row, so a run stopped at its time limit keeps what it measured
+                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": not args.no_compile})
     cols = ["model", "seqlen", "impl", "tokens_per_s", "mfu", "peak_mem_gib", "backend_verified", "error"]
     table = markdown_table(rows, cols, floatfmt="{:.3f}")
     with open(out.replace(".json", ".md"), "w") as f:

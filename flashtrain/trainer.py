@@ -344,6 +344,9 @@ class Trainer:
                     log.info(f"step {self.step}: train loss {loss:.4f}, {shown}")
                 if self.step % tc.log_interval == 0 or last or "val/loss" in metrics:
                     self.tracker.log(metrics, step=self.step)
+                if not tc.progress_bar and self.step % tc.log_interval == 0:  # batch logs (Slurm) get lines
+                    shown = "n/a" if mfu is None else f"{mfu:.1%}"
+                    log.info(f"step {self.step}: loss {loss:.4f}, {1000 * dt:.1f} ms/step, {tok_s:,.0f} tok/s, MFU {shown}")
                 if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
                     self.save()
                 for hook in self.step_hooks:

@@ -96,6 +96,9 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
     return out.transpose(1, 2)  # (B, T, H, D)
 
 
+# The kernels' launchers (input checks, autotuning, Python-side tile lists) run eagerly: under
+# torch.compile the graph breaks around the call instead of Dynamo tracing into them.
+@torch.compiler.disable
 def triton_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     from kernels import flash_attention
 

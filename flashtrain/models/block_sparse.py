@@ -26,6 +26,7 @@ def make_block_sparse_backend(cfg):
     params = {arg: getattr(cfg, field) for arg, field in _PARAMS[cfg.block_sparse_kind].items()}
     layouts: dict[tuple[int, str], object] = {}
 
+    @torch.compiler.disable  # eager launcher, as for the dense Triton backend (models/attention.py)
     def block_sparse(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
         from kernels.block_sparse import block_sparse_attention
         from kernels.layouts import make_layout
