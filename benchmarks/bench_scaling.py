@@ -124,7 +124,11 @@ def _run(a, strategy: str, gpus: int, model: str) -> dict:
     script = os.path.abspath(__file__)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
     cmd = [*launch, script, *args] if gpus > 1 else [sys.executable, script, *args]
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
         failed = proc.returncode != 0 and not os.path.getsize(out)

@@ -17,19 +17,26 @@ _PARAMS = {  # which GPTConfig fields each layout kind takes, and under which bu
 }
 
 
-def make_block_sparse_backend(cfg):
-    """An attention function with the backend signature for a GPTConfig / ClassifierConfig backbone."""
+def build_layout(cfg, seqlen: int, nheads: int, causal: bool):
+    """The block layout a GPTConfig describes for one sequence length (on the CPU)."""
+    from kernels.layouts import make_layout
+
     if cfg.block_sparse_kind not in _PARAMS:
         raise ValueError(
             f"model.block_sparse_kind={cfg.block_sparse_kind!r}; choose one of {', '.join(sorted(_PARAMS))}"
         )
     params = {arg: getattr(cfg, field) for arg, field in _PARAMS[cfg.block_sparse_kind].items()}
+    return make_layout(cfg.block_sparse_kind, seqlen, cfg.block_sparse_block, nheads=nheads, causal=causal, **params)
+
+
+def make_block_sparse_backend(cfg):
+    """An attention function with the backend signature for a GPTConfig backbone."""
+    build_layout(cfg, cfg.block_sparse_block, cfg.n_head, cfg.causal)  # fail at build time on a bad kind
     layouts: dict[tuple[int, str], object] = {}
 
     @torch.compiler.disable  # eager launcher, as for the dense Triton backend (models/attention.py)
     def block_sparse(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
         from kernels.block_sparse import block_sparse_attention
-        from kernels.layouts import make_layout
 
         if window is not None or key_padding_mask is not None:
             raise ValueError(
@@ -38,10 +45,7 @@ def make_block_sparse_backend(cfg):
             )
         key = (q.shape[1], str(q.device))
         if key not in layouts:
-            layout = make_layout(
-                cfg.block_sparse_kind, q.shape[1], cfg.block_sparse_block, nheads=q.shape[2], causal=causal, **params
-            )
-            layouts[key] = layout.to(q.device)
+            layouts[key] = build_layout(cfg, q.shape[1], q.shape[2], causal).to(q.device)
         return block_sparse_attention(
             q, k, v, layouts[key], causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p
         )

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from flashtrain.models.attention import current_override, get_backend, resolve_backend
+from flashtrain.models.attention import current_override, get_backend
 
 
 @dataclass
@@ -33,7 +33,7 @@ class GPTConfig:
     attn_dropout: float = 0.0  # dropout on attention probabilities
     bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
     causal: bool = True  # causal (decoder) attention; False for encoders such as the LRA classifier
-    attention: str = "auto"  # reference | sdpa | triton | block_sparse | auto (triton on CUDA, sdpa on CPU)
+    attention: str = "auto"  # reference | sdpa | triton | block_sparse | auto (faster of triton/sdpa per call)
     window: int | None = None  # sliding-window size (keys within `window` positions back); None = full causal
     block_sparse_kind: str = "butterfly"  # layout for attention=block_sparse: butterfly | local | strided | random
     block_sparse_block: int = 128  # tile size of the block-sparse layout
@@ -202,7 +202,7 @@ class GPT(nn.Module):
     @staticmethod
     def _make_backend(cfg: GPTConfig):
         if cfg.attention != "block_sparse":
-            return get_backend(resolve_backend(cfg.attention, "cuda" if torch.cuda.is_available() else "cpu"))
+            return get_backend(cfg.attention)
         from flashtrain.models.block_sparse import make_block_sparse_backend
 
         return make_block_sparse_backend(cfg)

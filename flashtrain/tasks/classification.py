@@ -185,6 +185,13 @@ class ClassificationTask:
         return self.cfg.trainer.batch_size * self.seq_len
 
     def flops_per_token(self, model) -> float:
+        """6·params + 12·L·d·N for full (non-causal) attention, times the layout's density when
+        block-sparse (the kernel computes only the kept tiles)."""
         params = sum(p.numel() for p in model.parameters())
         enc = model.cfg.encoder
-        return 6 * params + 12 * enc.n_layer * enc.d_model * self.seq_len  # full (non-causal) attention
+        attention = 12 * enc.n_layer * enc.d_model * self.seq_len
+        if enc.attention == "block_sparse":
+            from flashtrain.models.block_sparse import build_layout
+
+            attention *= float(build_layout(enc, self.seq_len, enc.n_head, causal=False).density)
+        return 6 * params + attention

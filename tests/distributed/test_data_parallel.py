@@ -48,7 +48,11 @@ def _overrides(workdir, device="cpu"):
 def _torchrun(args: list[str], nproc: int = NPROC, timeout: float = 300) -> None:
     # --standalone: a rendezvous on a free local port, so parallel test jobs cannot collide
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+    }
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(
@@ -247,6 +251,15 @@ def test_bad_batch_or_policy_fails_clearly(workdir, overrides, match):
         Trainer(cfg)
 
 
+# Sequence parallelism (dp=1, sp=2): both ranks hold the whole batch of the one-process reference
+# and each scores half of every sequence; DDP averages the gradients over the two halves.
+SP_CASES = {
+    "sp2_ring_zigzag": ["parallel=ddp", "parallel.sp=2"],
+    "sp2_ring_contiguous": ["parallel=ddp", "parallel.sp=2", "parallel.sp_layout=contiguous"],
+    "sp2_ulysses": ["parallel=ddp", "parallel.sp=2", "parallel.sp_mode=ulysses"],
+}
+
+
 # ---- GPUs: NCCL and bf16 ---------------------------------------------------------------------------
 
 
@@ -269,6 +282,13 @@ def test_strategies_on_gpus_match_one_gpu_in_bf16(tmp_path):
     except ImportError:
         pass
     results = _launch(tmp_path, _cases(tmp_path, table, "cuda"))
+    # sequence parallelism on GPUs: ring / Ulysses with the Triton kernels inside, NCCL between ranks
+    sp_cases = [
+        {"name": name, "overrides": [*_overrides(tmp_path, "cuda"), f"trainer.batch_size={NPROC * B}", *over]}
+        for name, over in SP_CASES.items()
+    ]
+    results.update(_launch(tmp_path, sp_cases))
+    assert len(results) >= len(TORCH_CASES) + len(SP_CASES)
     for name, run in results.items():
         torch.testing.assert_close(
             run["straight"], ref_history, atol=3e-2, rtol=1e-2, msg=lambda m, n=name: f"{n}: {m}"
@@ -276,15 +296,6 @@ def test_strategies_on_gpus_match_one_gpu_in_bf16(tmp_path):
         torch.testing.assert_close(
             run["resumed"], run["straight"], atol=3e-2, rtol=1e-2, msg=lambda m, n=name: f"{n}: {m}"
         )
-
-
-# Sequence parallelism (dp=1, sp=2): both ranks hold the whole batch of the one-process reference
-# and each scores half of every sequence; DDP averages the gradients over the two halves.
-SP_CASES = {
-    "sp2_ring_zigzag": ["parallel=ddp", "parallel.sp=2"],
-    "sp2_ring_contiguous": ["parallel=ddp", "parallel.sp=2", "parallel.sp_layout=contiguous"],
-    "sp2_ulysses": ["parallel=ddp", "parallel.sp=2", "parallel.sp_mode=ulysses"],
-}
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def cluster(tmp_path_factory):
         "FLASHTRAIN_ROOT": ROOT,
         "PYTHON": sys.executable,
         "WANDB_SILENT": "true",
-        "PYTHONPATH": ROOT,
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
     }
     script = os.path.join(SLURM_DIR, "local_cluster.sh")
     try:
@@ -305,7 +305,7 @@ def test_documented_torchrun_commands_single_node_and_two_nodes_agree(tmp_path):
     # slurm/README.md's commands on CPU: one node with two processes, and two "nodes" (two torchrun
     # agents on this machine) with one process each, meeting at a c10d rendezvous: both are dp=2.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = ROOT
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     run = [
         "debug=cpu",
         "parallel=ddp",
