@@ -35,7 +35,8 @@ MODELS = {
 # impl -> (model attention backend, SDPA backend to pin, substring its kernels' names must contain)
 IMPLS = {
     "eager": ("reference", None, None),
-    "sdpa_flash": ("sdpa", "FLASH_ATTENTION", "flash"),
+    # "pytorch_flash", not "flash": cuDNN's own kernels are named "..._sdpa_sm90_flash_...".
+    "sdpa_flash": ("sdpa", "FLASH_ATTENTION", "pytorch_flash"),
     "sdpa_cudnn": ("sdpa", "CUDNN_ATTENTION", "cudnn"),
     "triton": ("triton", None, "attn"),
 }
