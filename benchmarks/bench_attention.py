@@ -195,19 +195,19 @@ def plot(rows, path):
     combos = sorted({(r["headdim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(2, len(combos), figsize=(4.5 * len(combos), 7), squeeze=False)
     colors = dict(
-        zip(IMPLS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False)
+        zip(IMPLS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=True)
     )  # one color per impl everywhere
     for j, (d, causal) in enumerate(combos):
         for impl in IMPLS:
             pts = sorted((r["seqlen"], r["fwdbwd_ms"], r["peak_mem_mib"]) for r in rows
                          if r["impl"] == impl and (r["headdim"], r["causal"]) == (d, causal) and "fwdbwd_ms" in r)  # fmt: skip
             if pts:
-                n, ms, mem = zip(*pts, strict=False)
+                n, ms, mem = zip(*pts, strict=True)
                 axes[0][j].plot(n, ms, marker="o", label=impl, color=colors[impl])
                 # a peak of 0 (the allocator reused cached blocks) has no place on a log axis
-                kept = [(x, m) for x, m in zip(n, mem, strict=False) if m > 0]
+                kept = [(x, m) for x, m in zip(n, mem, strict=True) if m > 0]
                 if kept:
-                    axes[1][j].plot(*zip(*kept, strict=False), marker="o", label=impl, color=colors[impl])
+                    axes[1][j].plot(*zip(*kept, strict=True), marker="o", label=impl, color=colors[impl])
         axes[0][j].set_title(f"d={d} {'causal' if causal else 'full'}")
         for ax, ylabel in ((axes[0][j], "fwd+bwd ms"), (axes[1][j], "peak extra memory (MiB)")):
             ax.set_xscale("log", base=2)

@@ -67,7 +67,7 @@ def main():
     qs, ks, vs = (t.clone().requires_grad_() for t in (qb, kb, vb))
     out = flash_attention(qs, ks, vs, causal=True)
     grads = torch.autograd.grad(out, (qs, ks, vs), dob)
-    kernel_err = [rel(x, r) for x, r in zip((out, *grads), ref)]
+    kernel_err = [rel(x, r) for x, r in zip((out, *grads), ref, strict=True)]
     rows = [dict(impl="kernel", P=1, layout="-", err_out=kernel_err[0], err_dq=kernel_err[1],
                  err_dk=kernel_err[2], err_dv=kernel_err[3])]  # fmt: skip
     ok = True
@@ -79,18 +79,32 @@ def main():
             local = [shard(t, layout=layout, ring_size=size, ring_rank=rank).clone().requires_grad_()
                      for t in (qb, kb, vb)]  # fmt: skip
             out_l = ring_attention(*local, group, causal=True, layout=layout)
-            grads_l = torch.autograd.grad(out_l, local, shard(dob, layout=layout, ring_size=size, ring_rank=rank))
+            grads_l = torch.autograd.grad(
+                out_l, local, shard(dob, layout=layout, ring_size=size, ring_rank=rank)
+            )
             full = [gather_full(x, group, layout=layout, ring_size=size) for x in (out_l, *grads_l)]
-            err = [rel(x, r) for x, r in zip(full, ref)]
-            row = dict(impl="ring", P=size, layout=layout, err_out=err[0], err_dq=err[1], err_dk=err[2], err_dv=err[3])
-            row["within_kernel_error"] = all(e <= 1.1 * ke + 1e-4 for e, ke in zip(err, kernel_err))
+            err = [rel(x, r) for x, r in zip(full, ref, strict=True)]
+            row = dict(
+                impl="ring",
+                P=size,
+                layout=layout,
+                err_out=err[0],
+                err_dq=err[1],
+                err_dk=err[2],
+                err_dv=err[3],
+            )
+            row["within_kernel_error"] = all(
+                e <= 1.1 * ke + 1e-4 for e, ke in zip(err, kernel_err, strict=True)
+            )
             ok &= row["within_kernel_error"]
             rows.append(row)
     if rank == 0:
         for row in rows:
             print({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         if args.out:
-            write_results(args.out, rows, extra={"world_size": world, "seqlen": args.seqlen, "dtype": "bfloat16"})
+            write_results(
+                args.out, rows, extra={"world_size": world, "seqlen": args.seqlen, "dtype": "bfloat16"}
+            )
     dist.barrier()
     dist.destroy_process_group()
     sys.exit(0 if ok else 1)

@@ -38,7 +38,9 @@ def latest_checkpoint(run_dir: str) -> str | None:
     with open(pointer) as f:
         path = os.path.join(checkpoint_root(run_dir), f.read().strip())
     if not os.path.isdir(path):
-        raise ValueError(f"{pointer} names {path}, which does not exist; the checkpoint directory was edited by hand")
+        raise ValueError(
+            f"{pointer} names {path}, which does not exist; the checkpoint directory was edited by hand"
+        )
     return path
 
 
@@ -109,7 +111,9 @@ def load_model_for_inference(run_or_checkpoint: str, device: str = "cpu") -> tup
     if not os.path.exists(os.path.join(path, "meta.json")):
         path = latest_checkpoint(run_or_checkpoint)
         if path is None:
-            raise ValueError(f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory")
+            raise ValueError(
+                f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory"
+            )
     meta = read_meta(path)
     model = GPT(GPTConfig(**meta["model"]))
     load_model(model, os.path.join(path, "model.safetensors"))

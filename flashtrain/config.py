@@ -17,8 +17,8 @@ from flashtrain.models.gpt import GPTConfig
 from flashtrain.optim import OptimConfig
 from flashtrain.parallelize import ParallelConfig
 from flashtrain.tasks import TaskConfig
-from flashtrain.trainer_config import TrainerConfig
 from flashtrain.tracking import LoggerConfig
+from flashtrain.trainer_config import TrainerConfig
 
 
 @dataclass
@@ -50,6 +50,8 @@ def compose_config(overrides: list[str] | None = None, config_dir: str | None = 
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    config_dir = config_dir or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
+    )
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         return to_train_config(compose(config_name="config", overrides=overrides or []))

@@ -20,7 +20,9 @@ class KVCache:
     """Keys and values of one layer for `batch` sequences of at most `max_len` tokens."""
 
     def __init__(self, batch, max_len, n_kv_head, head_dim, *, dtype, device):
-        self.k = torch.empty(batch, max_len, n_kv_head, head_dim, dtype=dtype, device=device)  # (B, S, Hkv, D)
+        self.k = torch.empty(
+            batch, max_len, n_kv_head, head_dim, dtype=dtype, device=device
+        )  # (B, S, Hkv, D)
         self.v = torch.empty_like(self.k)
         self.seqlen = 0
 
@@ -85,7 +87,9 @@ def main(argv=None):
     from flashtrain.checkpoint import load_model_for_inference
 
     parser = argparse.ArgumentParser(description="Sample text from a flashtrain checkpoint.")
-    parser.add_argument("--run", required=True, help="run directory (its latest checkpoint) or a checkpoint directory")
+    parser.add_argument(
+        "--run", required=True, help="run directory (its latest checkpoint) or a checkpoint directory"
+    )
     parser.add_argument("--prompt", default="\n")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
@@ -100,7 +104,12 @@ def main(argv=None):
     prompt = torch.tensor([tokenizer.encode(args.prompt)] * args.num_samples, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     tokens = generate(
-        model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=generator
+        model,
+        prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        generator=generator,
     )
     for row in tokens.tolist():
         print(tokenizer.decode([t for t in row if t < tokenizer.vocab_size]))

@@ -25,7 +25,9 @@ class OptimConfig:
 
     def __post_init__(self):
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"need 0 <= optim.min_lr <= optim.lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
+            raise ValueError(
+                f"need 0 <= optim.min_lr <= optim.lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}"
+            )
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0")
 

@@ -53,11 +53,15 @@ def requeue_slurm_job() -> bool:
         else os.environ.get("SLURM_JOB_ID")
     )
     if not job_id:
-        log.warning("preempted outside Slurm: checkpoint written, nothing to requeue; rerun with trainer.resume=true")
+        log.warning(
+            "preempted outside Slurm: checkpoint written, nothing to requeue; rerun with trainer.resume=true"
+        )
         return False
     result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     if result.returncode != 0:
-        log.warning(f"scontrol requeue {job_id} failed ({result.stderr.strip()}); the checkpoint is kept, resubmit by hand")
+        log.warning(
+            f"scontrol requeue {job_id} failed ({result.stderr.strip()}); the checkpoint is kept, resubmit by hand"
+        )
         return False
     log.info(f"requeued Slurm job {job_id}; it resumes from the checkpoint just written")
     return True

@@ -21,7 +21,9 @@ class LoggerConfig:
 
     def __post_init__(self):
         if self.kind not in ("wandb", "none"):
-            raise ValueError(f"logger.kind={self.kind!r}; choose 'wandb' or 'none' (logger=none turns tracking off)")
+            raise ValueError(
+                f"logger.kind={self.kind!r}; choose 'wandb' or 'none' (logger=none turns tracking off)"
+            )
         if self.mode not in ("offline", "online"):
             raise ValueError(f"logger.mode={self.mode!r}; choose 'offline' or 'online'")
 

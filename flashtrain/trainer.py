@@ -75,7 +75,9 @@ class Trainer:
         random.seed(tc.seed)
 
         self.dp_rank = self.rank // cfg.parallel.sp  # sp is the inner mesh dim: sp ranks share one data slice
-        self.task = build_task(cfg, rank=self.rank, world_size=self.world_size, dp_rank=self.dp_rank, dp=self.dp)
+        self.task = build_task(
+            cfg, rank=self.rank, world_size=self.world_size, dp_rank=self.dp_rank, dp=self.dp
+        )
         self.model = self.task.build_model().to(self.device)
         self.flops_per_token = self.task.flops_per_token(self.model)
         # counted before sharding: ZeRO-3 leaves empty local parameters
@@ -95,7 +97,9 @@ class Trainer:
         self.history: list[float] = []  # training loss per optimizer step (what resume must reproduce)
         self.step_hooks: list = []  # callables(trainer, step) run after each step (tests use them)
         self._resume_if_asked()
-        self.tracker = Tracker(cfg.logger, tc.run_name, self.run_dir, self._config_dict(), enabled=self.rank == 0)
+        self.tracker = Tracker(
+            cfg.logger, tc.run_name, self.run_dir, self._config_dict(), enabled=self.rank == 0
+        )
         self.peak = _peak_tflops(tc.peak_tflops, self.device)
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -111,7 +115,9 @@ class Trainer:
                 "over the data- and sequence-parallel ranks; use parallel=ddp or parallel=fsdp, or launch one process"
             )
         if sp > 1 and world_size == 1:
-            raise ValueError(f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node")
+            raise ValueError(
+                f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node"
+            )
         if world_size > 1 and not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
             dist.init_process_group(backend)
@@ -135,7 +141,9 @@ class Trainer:
 
     def _pick_device(self, name: str) -> torch.device:
         if name == "cuda" and not torch.cuda.is_available():
-            raise ValueError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto")
+            raise ValueError(
+                "trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto"
+            )
         if name == "cpu" or not torch.cuda.is_available():
             return torch.device("cpu")
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -187,7 +195,9 @@ class Trainer:
         state = self.strategy.load(path)  # collective: weights and optimizer into the (sharded) model
         self.step = state["step"]
         self.history = list(state["history"])
-        self.sampler.load_state_dict(state["sampler"][self.rank] if self.world_size > 1 else state["sampler"][0])
+        self.sampler.load_state_dict(
+            state["sampler"][self.rank] if self.world_size > 1 else state["sampler"][0]
+        )
         _set_rng_state(state["rng"][self.rank] if self.world_size > 1 else state["rng"][0], self.device)
         log.info(f"resumed from {path} at step {self.step}")
 
@@ -237,7 +247,9 @@ class Trainer:
         par = self.cfg.parallel
         stack = contextlib.ExitStack()
         if par.sp > 1:
-            sp = stack.enter_context(sequence_parallel(self.parallel_dims, mode=par.sp_mode, layout=par.sp_layout))
+            sp = stack.enter_context(
+                sequence_parallel(self.parallel_dims, mode=par.sp_mode, layout=par.sp_layout)
+            )
             stack.enter_context(attention_override(sp.attention_fn))
         return stack
 
@@ -285,7 +297,9 @@ class Trainer:
                 f"or set trainer.nan_policy=skip. The last checkpoint is in {self.run_dir}/checkpoints"
             )
         self.skipped_in_a_row += 1
-        log.warning(f"non-finite loss ({loss_value}) at step {self.step}: step skipped ({self.skipped_in_a_row} in a row)")
+        log.warning(
+            f"non-finite loss ({loss_value}) at step {self.step}: step skipped ({self.skipped_in_a_row} in a row)"
+        )
         if self.skipped_in_a_row > tc.max_skipped_steps:
             raise NonFiniteLossError(
                 f"{self.skipped_in_a_row} consecutive non-finite steps (limit trainer.max_skipped_steps="
@@ -298,7 +312,11 @@ class Trainer:
         self.train_model.eval()
         with self._sp_context():
             metrics = self.task.evaluate(
-                self.train_model, self.device, self._autocast, self.cfg.trainer.eval_batches, self.world_size,
+                self.train_model,
+                self.device,
+                self._autocast,
+                self.cfg.trainer.eval_batches,
+                self.world_size,
                 final=final,
             )
         self.train_model.train()
@@ -313,7 +331,10 @@ class Trainer:
             f"task {self.cfg.task.kind}, attention {self.cfg.model.attention}, run dir {self.run_dir}"
         )
         bar = tqdm(
-            total=tc.max_steps, initial=self.step, disable=self.rank != 0 or not tc.progress_bar, dynamic_ncols=True
+            total=tc.max_steps,
+            initial=self.step,
+            disable=self.rank != 0 or not tc.progress_bar,
+            dynamic_ncols=True,
         )
         self.train_model.train()
         self.preempted = False
@@ -326,8 +347,16 @@ class Trainer:
                 dt = time.perf_counter() - t0  # the step's loss.item() synchronised the device
                 t0 = time.perf_counter()
                 tok_s = tokens_per_step / dt
-                mfu = self.flops_per_token * tok_s / (self.peak * 1e12 * n_gpus) if self.peak and n_gpus else None
-                metrics = {"train/loss": loss, "train/tokens_per_s": tok_s, "train/lr": getattr(self, "last_lr", 0.0)}
+                mfu = (
+                    self.flops_per_token * tok_s / (self.peak * 1e12 * n_gpus)
+                    if self.peak and n_gpus
+                    else None
+                )
+                metrics = {
+                    "train/loss": loss,
+                    "train/tokens_per_s": tok_s,
+                    "train/lr": getattr(self, "last_lr", 0.0),
+                }
                 if mfu is not None:
                     metrics["train/mfu"] = mfu
                 if getattr(self, "last_grad_norm", None) is not None:
@@ -335,7 +364,9 @@ class Trainer:
                 if self.device.type == "cuda":
                     metrics["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", mfu="n/a" if mfu is None else f"{mfu:.1%}")
+                bar.set_postfix(
+                    loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", mfu="n/a" if mfu is None else f"{mfu:.1%}"
+                )
                 last = self.step == tc.max_steps
                 if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
                     evaluation = self.evaluate(final=last)
@@ -346,7 +377,9 @@ class Trainer:
                     self.tracker.log(metrics, step=self.step)
                 if not tc.progress_bar and self.step % tc.log_interval == 0:  # batch logs (Slurm) get lines
                     shown = "n/a" if mfu is None else f"{mfu:.1%}"
-                    log.info(f"step {self.step}: loss {loss:.4f}, {1000 * dt:.1f} ms/step, {tok_s:,.0f} tok/s, MFU {shown}")
+                    log.info(
+                        f"step {self.step}: loss {loss:.4f}, {1000 * dt:.1f} ms/step, {tok_s:,.0f} tok/s, MFU {shown}"
+                    )
                 if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
                     self.save()
                 for hook in self.step_hooks:

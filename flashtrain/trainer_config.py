@@ -14,7 +14,9 @@ class TrainerConfig:
     seq_len: int = 256  # tokens per training sequence
     batch_size: int = 8  # sequences per micro-batch on each data-parallel rank
     grad_accum: int = 1  # micro-batches per optimizer step
-    global_batch: int | None = None  # sequences per optimizer step; if set, must equal batch_size·grad_accum·dp
+    global_batch: int | None = (
+        None  # sequences per optimizer step; if set, must equal batch_size·grad_accum·dp
+    )
     max_steps: int = 300  # optimizer steps
     eval_interval: int = 100  # steps between evaluations (0 = never; the last step always evaluates)
     eval_batches: int = 8  # validation micro-batches per evaluation

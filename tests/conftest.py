@@ -24,7 +24,9 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; the CPU path of the same code is tested elsewhere")
+    skip_gpu = pytest.mark.skip(
+        reason="needs a CUDA device; the CPU path of the same code is tested elsewhere"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)

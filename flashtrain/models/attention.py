@@ -30,7 +30,9 @@ import torch.nn.functional as F
 
 AttentionFn = Callable[..., torch.Tensor]
 
-_override: contextvars.ContextVar[AttentionFn | None] = contextvars.ContextVar("attention_override", default=None)
+_override: contextvars.ContextVar[AttentionFn | None] = contextvars.ContextVar(
+    "attention_override", default=None
+)
 
 
 @contextlib.contextmanager
@@ -47,7 +49,9 @@ def current_override() -> AttentionFn | None:
     return _override.get()
 
 
-def reference_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
+def reference_attention(
+    q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+):
     from kernels.reference import attention_mask
 
     batch, seqlen_q, nheads, headdim = q.shape
@@ -101,11 +105,19 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
 # The kernels' launchers (input checks, autotuning, Python-side tile lists) run eagerly: under
 # torch.compile the graph breaks around the call instead of Dynamo tracing into them.
 @torch.compiler.disable
-def triton_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
+def triton_attention(
+    q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+):
     from kernels import flash_attention
 
     return flash_attention(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window,
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        dropout_p=dropout_p,
+        window=window,
         key_padding_mask=key_padding_mask,
     )
 
@@ -119,10 +131,18 @@ AUTO_TRITON_MIN_SEQLEN = 4096
 
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     """The faster of our kernel and SDPA for this call on CUDA (see AUTO_TRITON_MIN_SEQLEN); SDPA on CPU."""
-    ours = q.is_cuda and (k.shape[1] >= AUTO_TRITON_MIN_SEQLEN or window is not None or key_padding_mask is not None)
+    ours = q.is_cuda and (
+        k.shape[1] >= AUTO_TRITON_MIN_SEQLEN or window is not None or key_padding_mask is not None
+    )
     backend = triton_attention if ours else sdpa_attention
     return backend(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window,
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        dropout_p=dropout_p,
+        window=window,
         key_padding_mask=key_padding_mask,
     )
 
@@ -137,7 +157,9 @@ BACKENDS: dict[str, AttentionFn] = {
 
 def get_backend(name: str) -> AttentionFn:
     if name == "block_sparse":
-        raise ValueError("the block_sparse backend is built from the model config; use make_block_sparse_backend")
+        raise ValueError(
+            "the block_sparse backend is built from the model config; use make_block_sparse_backend"
+        )
     try:
         return BACKENDS[name]
     except KeyError:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import torch
 
 _PARAMS = {  # which GPTConfig fields each layout kind takes, and under which builder argument name
-    "butterfly": {"n_factors": "block_sparse_factors", "global_blocks": "block_sparse_global",
-                  "local_blocks": "block_sparse_local"},
+    "butterfly": {
+        "n_factors": "block_sparse_factors",
+        "global_blocks": "block_sparse_global",
+        "local_blocks": "block_sparse_local",
+    },
     "local": {"local_blocks": "block_sparse_local"},
     "strided": {"stride": "block_sparse_stride", "local_blocks": "block_sparse_local"},
     "random": {"density": "block_sparse_density"},
@@ -26,7 +29,9 @@ def build_layout(cfg, seqlen: int, nheads: int, causal: bool):
             f"model.block_sparse_kind={cfg.block_sparse_kind!r}; choose one of {', '.join(sorted(_PARAMS))}"
         )
     params = {arg: getattr(cfg, field) for arg, field in _PARAMS[cfg.block_sparse_kind].items()}
-    return make_layout(cfg.block_sparse_kind, seqlen, cfg.block_sparse_block, nheads=nheads, causal=causal, **params)
+    return make_layout(
+        cfg.block_sparse_kind, seqlen, cfg.block_sparse_block, nheads=nheads, causal=causal, **params
+    )
 
 
 def make_block_sparse_backend(cfg):
@@ -35,7 +40,9 @@ def make_block_sparse_backend(cfg):
     layouts: dict[tuple[int, str], object] = {}
 
     @torch.compiler.disable  # eager launcher, as for the dense Triton backend (models/attention.py)
-    def block_sparse(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
+    def block_sparse(
+        q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+    ):
         from kernels.block_sparse import block_sparse_attention
 
         if window is not None or key_padding_mask is not None:

@@ -23,7 +23,9 @@ from flashtrain.models.gpt import GPT, Block, GPTConfig
 class ClassifierConfig:
     """An encoder classifier for LRA tasks: a non-causal GPT backbone, positions, pooling, a head."""
 
-    encoder: GPTConfig = field(default_factory=lambda: GPTConfig(causal=False, n_layer=4, n_head=4, d_model=128))
+    encoder: GPTConfig = field(
+        default_factory=lambda: GPTConfig(causal=False, n_layer=4, n_head=4, d_model=128)
+    )
     num_classes: int = 2  # output classes
     image_size: int | None = None  # side of square image inputs (learned 2-D positions); None = 1-D inputs
     pooling: str = "mean"  # "mean" over non-padding positions, or "cls" (a learned first token)
@@ -37,7 +39,9 @@ class ClassifierConfig:
         if self.encoder.causal:
             raise ValueError("model.encoder.causal must be false: the classifier reads the whole sequence")
         if self.encoder.vocab_size is None:
-            raise ValueError("model.encoder.vocab_size must be set (256 for pixels, the token count for ListOps)")
+            raise ValueError(
+                "model.encoder.vocab_size must be set (256 for pixels, the token count for ListOps)"
+            )
 
     @property
     def num_positions(self) -> int:
@@ -76,7 +80,9 @@ class SequenceClassifier(nn.Module):
         batch, n = tokens.shape
         pos = self.positions()
         if n > pos.shape[0]:
-            raise ValueError(f"input of {n} positions, the model has {pos.shape[0]}; upsample_positions or crop")
+            raise ValueError(
+                f"input of {n} positions, the model has {pos.shape[0]}; upsample_positions or crop"
+            )
         x = self.embed(tokens) + pos[:n]  # (B, N, C)
         keep = None if self.cfg.pad_id is None else tokens != self.cfg.pad_id  # (B, N)
         if self.cfg.pooling == "cls":
@@ -105,4 +111,3 @@ class SequenceClassifier(nn.Module):
         grid = self.pos_2d.repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # (kH, kW, C)
         self.pos_2d = nn.Parameter(grid)
         self.cfg.image_size *= factor
-

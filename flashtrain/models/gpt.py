@@ -33,9 +33,13 @@ class GPTConfig:
     attn_dropout: float = 0.0  # dropout on attention probabilities
     bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
     causal: bool = True  # causal (decoder) attention; False for encoders such as the LRA classifier
-    attention: str = "auto"  # reference | sdpa | triton | block_sparse | auto (faster of triton/sdpa per call)
+    attention: str = (
+        "auto"  # reference | sdpa | triton | block_sparse | auto (faster of triton/sdpa per call)
+    )
     window: int | None = None  # sliding-window size (keys within `window` positions back); None = full causal
-    block_sparse_kind: str = "butterfly"  # layout for attention=block_sparse: butterfly | local | strided | random
+    block_sparse_kind: str = (
+        "butterfly"  # layout for attention=block_sparse: butterfly | local | strided | random
+    )
     block_sparse_block: int = 128  # tile size of the block-sparse layout
     block_sparse_factors: int | None = None  # butterfly: factors used (None = all log2 of the block count)
     block_sparse_global: int = 0  # butterfly: global blocks (first rows and columns kept)
@@ -49,7 +53,9 @@ class GPTConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}")
         if self.n_head % self.kv_heads:
-            raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head}")
+            raise ValueError(
+                f"model.n_head={self.n_head} must be divisible by model.n_kv_head={self.n_kv_head}"
+            )
         if self.pos_embedding not in ("learned", "rotary"):
             raise ValueError(f"model.pos_embedding={self.pos_embedding!r}; choose 'learned' or 'rotary'")
         if self.pos_embedding == "rotary" and (self.d_model // self.n_head) % 2:
@@ -104,7 +110,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, rotary=None, cache=None, key_padding_mask=None):
         batch, seqlen, _ = x.shape
         q, k, v = self.c_attn(x).split(
-            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
+            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim],
+            dim=-1,
         )
         q = q.view(batch, seqlen, self.n_head, self.head_dim)  # (B, T, H, D)
         k = k.view(batch, seqlen, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
@@ -117,7 +124,16 @@ class CausalSelfAttention(nn.Module):
         else:
             attn = current_override() or self.backend
             padding = {} if key_padding_mask is None else {"key_padding_mask": key_padding_mask}
-            y = attn(q, k, v, causal=self.causal, softmax_scale=None, dropout_p=dropout_p, window=self.window, **padding)
+            y = attn(
+                q,
+                k,
+                v,
+                causal=self.causal,
+                softmax_scale=None,
+                dropout_p=dropout_p,
+                window=self.window,
+                **padding,
+            )
         y = y.reshape(batch, seqlen, self.n_head * self.head_dim)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -176,7 +192,9 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         if cfg.vocab_size is None:
-            raise ValueError("model.vocab_size is unset; set it, or build the model through the trainer (data decides)")
+            raise ValueError(
+                "model.vocab_size is unset; set it, or build the model through the trainer (data decides)"
+            )
         self.cfg = cfg
         backend = self._make_backend(cfg)
         self.transformer = nn.ModuleDict(

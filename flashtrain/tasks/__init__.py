@@ -27,14 +27,17 @@ class TaskConfig:
     n_test: int | None = None
     data_seed: int = 0  # seed of the generated data set (not of training)
     num_proc: int | None = None  # processes generating the data; None = all cores
-    cache_dir: str | None = None  # generated data cache; None = $FLASHTRAIN_DATA_CACHE/lra or ~/.cache/flashtrain/lra
+    cache_dir: str | None = (
+        None  # generated data cache; None = $FLASHTRAIN_DATA_CACHE/lra or ~/.cache/flashtrain/lra
+    )
     pooling: str = "mean"  # classifier pooling: "mean" or "cls"
-    init_from: str | None = None  # run or checkpoint directory of a smaller-image model to start from (Path-X)
+    init_from: str | None = (
+        None  # run or checkpoint directory of a smaller-image model to start from (Path-X)
+    )
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"task.kind={self.kind!r}; choose lm, listops or pathfinder")
-
 
 
 def build_task(cfg, *, rank: int, world_size: int, dp_rank: int, dp: int):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -17,10 +18,11 @@ import torch.nn.functional as F
 from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
 from flashtrain.tasks import TaskConfig
 
+
 def _split_sizes(cfg: TaskConfig) -> dict:
     defaults = (96_000, 2_000, 2_000) if cfg.kind == "listops" else (160_000, 20_000, 20_000)
     given = (cfg.n_train, cfg.n_val, cfg.n_test)
-    n_train, n_val, n_test = (d if g is None else g for g, d in zip(given, defaults))
+    n_train, n_val, n_test = (d if g is None else g for g, d in zip(given, defaults, strict=True))
     return dict(n_train=n_train, n_val=n_val, n_test=n_test)
 
 
@@ -61,9 +63,13 @@ class EpochSampler:
         if self.pos + global_batch > self.n:  # drop the ragged tail: every step sees a full batch
             self.epoch, self.pos = self.epoch + 1, 0
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
-        rows = order[self.pos : self.pos + global_batch][self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        rows = order[self.pos : self.pos + global_batch][
+            self.rank * self.batch_size : (self.rank + 1) * self.batch_size
+        ]
         self.pos += global_batch
-        return np.sort(rows)  # sorted reads are faster from the Arrow file; order within a batch is irrelevant
+        return np.sort(
+            rows
+        )  # sorted reads are faster from the Arrow file; order within a batch is irrelevant
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
@@ -91,7 +97,9 @@ class ClassificationTask:
         self.column = "tokens" if self.task.kind == "listops" else "pixels"
         self.seq_len = cfg.model.max_seq_len if self.task.kind == "listops" else self.task.resolution**2
         tc = cfg.trainer
-        self.sampler = EpochSampler(len(self.splits["train"]), tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp)
+        self.sampler = EpochSampler(
+            len(self.splits["train"]), tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp
+        )
         self.dp_rank, self.dp = dp_rank, dp
         self.tokenizer_name = f"lra-{self.task.kind}"
 
@@ -157,7 +165,9 @@ class ClassificationTask:
     def loss(model, inputs, targets) -> torch.Tensor:
         return F.cross_entropy(model(inputs).float(), targets)
 
-    def evaluate(self, model, device, autocast, max_batches: int | None, world_size: int, final: bool = False) -> dict:
+    def evaluate(
+        self, model, device, autocast, max_batches: int | None, world_size: int, final: bool = False
+    ) -> dict:
         """Validation loss and accuracy over max_batches global batches; at the end of the run (final)
         over the whole validation and test splits."""
         if not final:

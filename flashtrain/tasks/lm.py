@@ -31,7 +31,9 @@ class LMTask:
         self.tokenizer_name = self.data.tokenizer_name
         self.seq_len = tc.seq_len
         self.dp_rank, self.dp = dp_rank, dp
-        self.sampler = WindowSampler(self.data.train, tc.seq_len, tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp)
+        self.sampler = WindowSampler(
+            self.data.train, tc.seq_len, tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp
+        )
 
     def build_model(self) -> GPT:
         model_cfg, tc = self.cfg.model, self.cfg.trainer
@@ -64,9 +66,13 @@ class LMTask:
 
     def eval_batches(self, max_batches: int):
         tc = self.cfg.trainer
-        return val_batches(self.data.val, tc.seq_len, tc.batch_size, max_batches, rank=self.dp_rank, world_size=self.dp)
+        return val_batches(
+            self.data.val, tc.seq_len, tc.batch_size, max_batches, rank=self.dp_rank, world_size=self.dp
+        )
 
-    def evaluate(self, model, device, autocast, max_batches: int, world_size: int, final: bool = False) -> dict:
+    def evaluate(
+        self, model, device, autocast, max_batches: int, world_size: int, final: bool = False
+    ) -> dict:
         total = torch.zeros((), device=device)
         batches = 0
         for x, y in self.eval_batches(max_batches):

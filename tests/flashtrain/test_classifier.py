@@ -8,8 +8,16 @@ from flashtrain.models.gpt import GPTConfig
 
 
 def encoder(**kw):
-    base = dict(causal=False, n_layer=2, n_head=2, d_model=32, vocab_size=256, max_seq_len=64, dropout=0.0,
-                attention="reference")
+    base = dict(
+        causal=False,
+        n_layer=2,
+        n_head=2,
+        d_model=32,
+        vocab_size=256,
+        max_seq_len=64,
+        dropout=0.0,
+        attention="reference",
+    )
     base.update(kw)
     return GPTConfig(**base)
 
@@ -19,7 +27,9 @@ def encoder(**kw):
 def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor):
     """Path-64 -> Path-X transfer: duplicate every pixel into a k×k block and the position grid alike."""
     torch.manual_seed(0)
-    model = SequenceClassifier(ClassifierConfig(encoder=encoder(attention=backend), image_size=4)).double().eval()
+    model = (
+        SequenceClassifier(ClassifierConfig(encoder=encoder(attention=backend), image_size=4)).double().eval()
+    )
     images = torch.randint(0, 256, (3, 4, 4))
     before = model(images.flatten(1))
     model.upsample_positions(factor)
@@ -81,7 +91,12 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
     from flashtrain.config import compose_config
     from flashtrain.trainer import Trainer
 
-    common = ["debug=lra_cpu", f"trainer.out_dir={tmp_path}", f"task.cache_dir={tmp_path}/lra", "trainer.max_steps=1"]
+    common = [
+        "debug=lra_cpu",
+        f"trainer.out_dir={tmp_path}",
+        f"task.cache_dir={tmp_path}/lra",
+        "trainer.max_steps=1",
+    ]
     small = Trainer(compose_config(["experiment=lra/pathfinder32", "trainer.run_name=small", *common]))
     small.fit()
     big_cfg = compose_config(
@@ -90,7 +105,13 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
     big = Trainer(big_cfg)
     assert big.model.cfg.image_size == 64
     grid = small.model.pos_2d.detach()
-    torch.testing.assert_close(big.model.pos_2d.detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1))
+    torch.testing.assert_close(
+        big.model.pos_2d.detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1)
+    )
     big.fit()
     with pytest.raises(ValueError, match="resolution 48"):
-        Trainer(compose_config(["experiment=lra/pathx", *common, "task.resolution=48", f"task.init_from={tmp_path}/small"]))
+        Trainer(
+            compose_config(
+                ["experiment=lra/pathx", *common, "task.resolution=48", f"task.init_from={tmp_path}/small"]
+            )
+        )

@@ -62,8 +62,11 @@ def test_experiment_debug_variant_trains_on_cpu(experiment, tmp_path):
     debug = "lra_cpu" if experiment.startswith("lra/") else "cpu"  # LRA tasks shrink their images too
     cfg = compose_config(
         [
-            f"experiment={experiment}", f"debug={debug}", f"trainer.out_dir={tmp_path}",
-            f"data.cache_dir={tmp_path}/c", f"task.cache_dir={tmp_path}/lra",
+            f"experiment={experiment}",
+            f"debug={debug}",
+            f"trainer.out_dir={tmp_path}",
+            f"data.cache_dir={tmp_path}/c",
+            f"task.cache_dir={tmp_path}/lra",
         ]
     )
     trainer = Trainer(cfg)
@@ -89,8 +92,14 @@ def test_missing_files_path_is_reported():
 def test_multirun_sweep_runs_each_member(tmp_path):
     """`python train.py -m optim.lr=...` runs one job per value, each in its own run directory."""
     cmd = [
-        sys.executable, "train.py", "-m", "debug=cpu", "optim.lr=1e-3,2e-3", "trainer.max_steps=2",
-        f"trainer.out_dir={tmp_path}", f"data.cache_dir={tmp_path}/c",
+        sys.executable,
+        "train.py",
+        "-m",
+        "debug=cpu",
+        "optim.lr=1e-3,2e-3",
+        "trainer.max_steps=2",
+        f"trainer.out_dir={tmp_path}",
+        f"data.cache_dir={tmp_path}/c",
     ]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

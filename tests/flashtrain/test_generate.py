@@ -12,8 +12,15 @@ from flashtrain.models.gpt import GPT, GPTConfig
 def test_cached_greedy_equals_recompute(pos, window):
     torch.manual_seed(0)
     cfg = GPTConfig(
-        n_layer=2, n_head=4, n_kv_head=2, d_model=32, vocab_size=50, max_seq_len=40,
-        pos_embedding=pos, window=window, attention="reference",
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        d_model=32,
+        vocab_size=50,
+        max_seq_len=40,
+        pos_embedding=pos,
+        window=window,
+        attention="reference",
     )
     model = GPT(cfg).double()
     prompt = torch.randint(0, 50, (3, 7))
@@ -27,7 +34,9 @@ def test_cached_greedy_equals_recompute(pos, window):
 
 def test_sampling_is_seeded_and_bounded():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, attention="reference"))
+    model = GPT(
+        GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, attention="reference")
+    )
     prompt = torch.zeros(2, 3, dtype=torch.long)
     a = generate(model, prompt, 8, top_k=5, generator=torch.Generator().manual_seed(1))
     b = generate(model, prompt, 8, top_k=5, generator=torch.Generator().manual_seed(1))

@@ -51,7 +51,7 @@ def test_backends_give_same_loss_and_grads(pos, n_kv_head):
         loss.backward()
         losses.append(loss)
     torch.testing.assert_close(losses[0], losses[1])
-    for (name, a), b in zip(ref.named_parameters(), other.parameters()):
+    for (name, a), b in zip(ref.named_parameters(), other.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
 
 

@@ -11,7 +11,7 @@ from flashtrain.config import compose_config
 from flashtrain.trainer import NonFiniteLossError, Trainer
 
 
-class Killed(Exception):
+class KilledError(Exception):
     """Stands in for SIGKILL: the run stops between two steps without any clean-up of its own."""
 
 
@@ -38,7 +38,7 @@ def run(cfg, kill_after=None):
 
         def kill(_, step):
             if step == kill_after:
-                raise Killed
+                raise KilledError
 
         trainer.step_hooks.append(kill)
     try:
@@ -50,7 +50,7 @@ def run(cfg, kill_after=None):
 def test_killed_and_resumed_run_repeats_the_uninterrupted_losses(tmp_path):
     straight, _ = run(small_config(tmp_path, "trainer.run_name=straight"))
     assert len(straight) == 6 and len(set(straight)) == 6
-    with pytest.raises(Killed):
+    with pytest.raises(KilledError):
         run(small_config(tmp_path, "trainer.run_name=killed"), kill_after=5)  # last checkpoint: step 4
     assert os.path.basename(ckpt.latest_checkpoint(f"{tmp_path}/runs/killed")) == "step_0000004"
     resumed, trainer = run(small_config(tmp_path, "trainer.run_name=killed", "trainer.resume=true"))
@@ -93,7 +93,9 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         trainer.fit()
     assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000002"
     monkeypatch.setattr(torch, "save", real_save)
-    resumed = Trainer(small_config(tmp_path, "trainer.run_name=crash", "trainer.max_steps=4", "trainer.resume=true"))
+    resumed = Trainer(
+        small_config(tmp_path, "trainer.run_name=crash", "trainer.max_steps=4", "trainer.resume=true")
+    )
     assert resumed.step == 2
 
 
@@ -133,7 +135,11 @@ def test_nan_loss_skip_policy_skips_then_gives_up(tmp_path):
 def test_loss_falls_on_the_default_corpus(tmp_path):
     history, _ = run(
         small_config(
-            tmp_path, "trainer.run_name=falls", "trainer.max_steps=30", "optim.lr=3e-3", "model.dropout=0.0",
+            tmp_path,
+            "trainer.run_name=falls",
+            "trainer.max_steps=30",
+            "optim.lr=3e-3",
+            "model.dropout=0.0",
             "trainer.checkpoint_interval=0",
         )
     )
@@ -159,7 +165,11 @@ def test_wandb_offline_run_directory_and_stable_id(tmp_path, monkeypatch):
     cfg = small_config(tmp_path, "trainer.run_name=tracked", "logger.kind=wandb", "trainer.max_steps=2")
     run(cfg)
     cfg = small_config(
-        tmp_path, "trainer.run_name=tracked", "logger.kind=wandb", "trainer.max_steps=4", "trainer.resume=true"
+        tmp_path,
+        "trainer.run_name=tracked",
+        "logger.kind=wandb",
+        "trainer.max_steps=4",
+        "trainer.resume=true",
     )
     run(cfg)
     wandb_dir = f"{tmp_path}/runs/tracked/wandb"
@@ -178,7 +188,11 @@ def test_preemption_signal_checkpoints_and_resume_finishes_the_same(tmp_path):
     trainer = Trainer(small_config(tmp_path, "trainer.run_name=pre", "trainer.checkpoint_interval=0"))
     trainer.step_hooks.append(lambda t, step: step == 3 and os.kill(os.getpid(), signal.SIGUSR1))
     history = trainer.fit()
-    assert trainer.preempted and len(history) == 3  # stopped right after the signal, outside Slurm: no requeue
+    assert (
+        trainer.preempted and len(history) == 3
+    )  # stopped right after the signal, outside Slurm: no requeue
     assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000003"
-    resumed, _ = run(small_config(tmp_path, "trainer.run_name=pre", "trainer.checkpoint_interval=0", "trainer.resume=true"))
+    resumed, _ = run(
+        small_config(tmp_path, "trainer.run_name=pre", "trainer.checkpoint_interval=0", "trainer.resume=true")
+    )
     assert resumed == straight

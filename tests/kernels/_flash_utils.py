@@ -56,5 +56,5 @@ def check_against_reference(kernel_fn, ref_fn, inputs, dtype, check_grads=True, 
     grads = torch.autograd.grad(out, inputs, dout)
     g64 = torch.autograd.grad(ref64, ins64, dout.double())
     glp = torch.autograd.grad(reflp, inslp, dout)
-    for name, g, r64, rlp in zip(names, grads, g64, glp, strict=False):
+    for name, g, r64, rlp in zip(names, grads, g64, glp, strict=True):
         assert_close_rule(f"d{name}", g, r64, rlp, dtype)

@@ -73,7 +73,7 @@ def test_varlen_single_sequence_draws_the_dense_mask(device):
     torch.testing.assert_close(packed, dense[0], atol=1e-6, rtol=1e-6)
     g_dense = torch.autograd.grad(dense, (q, k, v), torch.ones_like(dense))
     g_packed = torch.autograd.grad(packed, (q, k, v), torch.ones_like(packed))
-    for a, b in zip(g_dense, g_packed, strict=False):
+    for a, b in zip(g_dense, g_packed, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 

@@ -124,7 +124,7 @@ def test_deterministic(device):
     for _ in range(2):
         out = flash_attention(q, *kv, causal=True)
         runs.append((out, *torch.autograd.grad(out, (q, *kv), torch.ones_like(out))))
-    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=False))
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
 
 
 def _bad(device):
