@@ -63,6 +63,16 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        # Installed first, so a preemption signal that arrives while data and model are being set up
+        # (Slurm's --signal can come early in a short allocation) is acted on at the first step.
+        self.preemption = PreemptionHandler()
+        try:
+            self._setup(cfg)
+        except BaseException:
+            self.preemption.restore()  # a failed set-up leaves no signal handler behind
+            raise
+
+    def _setup(self, cfg: TrainConfig) -> None:
         tc = cfg.trainer
         self.rank, self.world_size = self._init_distributed()
         self.dp = self.world_size // cfg.parallel.sp
@@ -338,7 +348,6 @@ class Trainer:
         )
         self.train_model.train()
         self.preempted = False
-        preemption = PreemptionHandler()
         t0 = time.perf_counter()
         try:
             while self.step < tc.max_steps:
@@ -384,14 +393,14 @@ class Trainer:
                     self.save()
                 for hook in self.step_hooks:
                     hook(self, self.step)
-                if not last and preemption.should_stop(self.device):
+                if not last and self.preemption.should_stop(self.device):
                     log.info(f"preemption signal received: checkpointing at step {self.step} and requeueing")
                     self.save()
                     self.preempted = True
                     break
                 t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0
         finally:
-            preemption.restore()
+            self.preemption.restore()
             bar.close()
             self.tracker.finish()
         if self.preempted and self.rank == 0:
@@ -399,5 +408,6 @@ class Trainer:
         return self.history
 
     def close(self) -> None:
+        self.preemption.restore()
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

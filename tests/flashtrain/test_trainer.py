@@ -196,3 +196,17 @@ def test_preemption_signal_checkpoints_and_resume_finishes_the_same(tmp_path):
         small_config(tmp_path, "trainer.run_name=pre", "trainer.checkpoint_interval=0", "trainer.resume=true")
     )
     assert resumed == straight
+
+
+def test_preemption_signal_during_setup_stops_after_the_first_step(tmp_path):
+    """A signal that arrives before the loop starts (data and model still loading) is not lost."""
+    import signal
+
+    trainer = Trainer(small_config(tmp_path, "trainer.run_name=early", "trainer.checkpoint_interval=0"))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    assert trainer.preempted and len(history) == 1
+    assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000001"
