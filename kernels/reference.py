@@ -45,6 +45,24 @@ def attention_mask(
     return keep
 
 
+def _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, attn_mask):
+    """Scaled scores (B, H, Sq, Sk), the combined keep-mask, and V with GQA heads repeated (B, H, Sk, D)."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+    group = nheads // nheads_kv
+    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
+    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
+    scores = torch.matmul(q.transpose(1, 2), kh.transpose(-1, -2)) * scale  # (B, H, Sq, Sk)
+    keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    keep = keep.expand(batch, nheads, seqlen_q, seqlen_k)
+    if key_padding_mask is not None:
+        keep = keep & key_padding_mask[:, None, None, :]
+    if attn_mask is not None:
+        keep = keep & attn_mask
+    return scores, keep, vh
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -66,21 +84,7 @@ def attention_reference(
     regenerate theirs from a seed; tests pass the kernel's mask here); kept entries are scaled by
     1 / (1 - dropout_p). Dropout does not change lse, which describes the softmax denominator.
     """
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
-    group = nheads // nheads_kv
-    qh = q.transpose(1, 2)  # (B, H, Sq, D)
-    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
-    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
-    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (B, H, Sq, Sk)
-
-    keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
-    keep = keep.expand(batch, nheads, seqlen_q, seqlen_k)
-    if key_padding_mask is not None:
-        keep = keep & key_padding_mask[:, None, None, :]
-    if attn_mask is not None:
-        keep = keep & attn_mask
+    scores, keep, vh = _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, attn_mask)
     scores = scores.masked_fill(~keep, float("-inf"))
 
     # float32 at least, float64 when the inputs are: the float64 run is the tests' ground truth
@@ -125,14 +129,7 @@ def attention_backward_reference(
     group = nheads // nheads_kv
     qh, doh, oh = (t.transpose(1, 2) for t in (q, dout, out))  # (B, H, Sq, D)
     kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
-    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
-    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (B, H, Sq, Sk)
-    keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
-    keep = keep.expand(batch, nheads, seqlen_q, seqlen_k)
-    if key_padding_mask is not None:
-        keep = keep & key_padding_mask[:, None, None, :]
-    if attn_mask is not None:
-        keep = keep & attn_mask
+    scores, keep, vh = _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, attn_mask)
     lse = lse.to(scores.dtype)[..., None]  # (B, H, Sq, 1)
     # masked entries and rows with lse = -inf get probability 0, never exp(-inf + inf) = NaN
     probs = torch.where(keep & torch.isfinite(lse), torch.exp(scores - lse), torch.zeros_like(scores))
