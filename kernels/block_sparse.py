@@ -9,6 +9,10 @@ and *partial* tiles (causal diagonal, sequence tail) walked with one. The tile i
 the list and used in pointer arithmetic; the Triton interpreter runs this too (checked with
 triton 3.6), so CI exercises the same kernels as the GPU.
 
+Dropout follows the dense kernel: `_common.dropout_keep` draws the keep-mask from (seed, global row,
+key), so the forward, both backward kernels and the dense kernel agree element for element whatever
+their tiles; it sits behind a DROPOUT constexpr, so the no-dropout kernels compile as without it.
+
 Layout of the op: kernels -> launchers (`_block_sparse_forward`, `_block_sparse_backward`) ->
 `BlockSparseAttnFunc` -> `block_sparse_attention`. The torch reference is
 `kernels.reference.block_sparse_reference`.
@@ -30,6 +34,8 @@ from kernels._common import (
     check_dtype,
     check_heads,
     dot_precision,
+    draw_seed,
+    dropout_keep,
     padded_head_dim,
     unit_last_stride,
 )
@@ -71,9 +77,9 @@ def _keep_mask(offs_m, offs_n, seqlen_k, shift, CAUSAL: tl.constexpr):
 @triton.jit
 def _fwd_tiles(
     acc, l_i, m_i, q, K, V, IDX, count,
-    offs_m, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale,
+    offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_n0 = tl.arange(0, BLOCK_N)
     for t in range(0, count):
@@ -93,6 +99,9 @@ def _fwd_tiles(
         p = tl.math.exp2(qk - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            # the softmax denominator counts dropped entries; only the P @ V product loses them
+            p = tl.where(dropout_keep(seed, rows[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
         v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
                        MASKED, EVEN_D)  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
@@ -111,9 +120,12 @@ def _bs_fwd_kernel(
     stride_ob, stride_om, stride_oh,
     # sizes
     nheads, seqlen_q, seqlen_k, headdim, shift, qk_scale, n_row_tiles, n_col_tiles,
+    # dropout (read only when DROPOUT)
+    dropout_p, seed,
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
@@ -133,23 +145,27 @@ def _bs_fwd_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # each row's lse index is also its Philox row id, the same one the dense kernel uses
+    rows = off_bh.to(tl.int64) * seqlen_q + offs_m
     lists = lay_h * n_row_tiles + pid_m
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, K, V, FULL_IDX + lists * n_col_tiles, tl.load(FULL_CNT + lists),
-        offs_m, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PREC,
+        offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, False, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, K, V, PART_IDX + lists * n_col_tiles, tl.load(PART_CNT + lists),
-        offs_m, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PREC,
+        offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
 
     # rows that saw no key: l = 0 -> out 0 and lse -inf, without dividing by zero
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_safe[:, None]
+    if DROPOUT:
+        acc = acc * (1.0 / (1.0 - dropout_p))
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # ln 2
-    tl.store(LSE + off_bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    tl.store(LSE + rows, lse, mask=offs_m < seqlen_q)
     Out += off_b * stride_ob + off_h * stride_oh
     o_ptrs = Out + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(
@@ -186,9 +202,9 @@ def _bwd_preprocess(
 @triton.jit
 def _dq_tiles(
     dq, q, do, lse2, delta, K, V, IDX, count,
-    offs_m, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale,
+    offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_n0 = tl.arange(0, BLOCK_N)
     for t in range(0, count):
@@ -204,6 +220,11 @@ def _dq_tiles(
             qk = tl.where(_keep_mask(offs_m, offs_n, seqlen_k, shift, CAUSAL), qk, float("-inf"))
         p = tl.math.exp2(qk - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        if DROPOUT:
+            # dO reaches P only through the kept, rescaled entries; delta = rowsum(dO * O) already
+            # describes the dropped output, so dS = P * (dP_dropped - delta) is exact
+            keep = dropout_keep(seed, rows[:, None], offs_n[None, :], seqlen_k, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
     return dq
@@ -220,9 +241,12 @@ def _bs_bwd_dq_kernel(
     stride_dob, stride_dom, stride_doh,
     # sizes
     nheads, seqlen_q, seqlen_k, headdim, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
+    # dropout (read only when DROPOUT)
+    dropout_p, seed,
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
@@ -250,13 +274,13 @@ def _bs_bwd_dq_kernel(
     lists = lay_h * n_row_tiles + pid_m
     dq = _dq_tiles(
         dq, q, do, lse2, delta, K, V, FULL_IDX + lists * n_col_tiles, tl.load(FULL_CNT + lists),
-        offs_m, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PREC,
+        offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, False, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, K, V, PART_IDX + lists * n_col_tiles, tl.load(PART_CNT + lists),
-        offs_m, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PREC,
+        offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq_ptrs = DQ + q_off + offs_m[:, None] * stride_qm + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty),
@@ -265,10 +289,10 @@ def _bs_bwd_dq_kernel(
 
 @triton.jit
 def _dkdv_tiles(
-    dk, dv, k, v, Q, DO, LSE, DELTA, IDX, count,
-    offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale,
+    dk, dv, k, v, Q, DO, LSE, DELTA, IDX, count, row0,
+    offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_m0 = tl.arange(0, BLOCK_M)
     for t in range(0, count):
@@ -293,8 +317,17 @@ def _dkdv_tiles(
                 keep_t = keep_t & (offs_n[:, None] <= offs_m[None, :] + shift)
             qk_t = tl.where(keep_t, qk_t, float("-inf"))
         p_t = tl.math.exp2(qk_t - lse2[None, :])
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        if DROPOUT:
+            # the forward's mask, regenerated transposed (keys x queries) from the same global ids
+            keep_t = dropout_keep(seed, row0 + offs_m[None, :], offs_n[:, None], seqlen_k, dropout_p)
+            inv_keep = 1.0 / (1.0 - dropout_p)
+            pd_t = tl.where(keep_t, p_t * inv_keep, 0.0)
+        else:
+            pd_t = p_t
+        dv = tl.dot(pd_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+        if DROPOUT:
+            dp_t = tl.where(keep_t, dp_t * inv_keep, 0.0)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PREC)
     return dk, dv
@@ -311,9 +344,12 @@ def _bs_bwd_dkdv_kernel(
     stride_dob, stride_dom, stride_doh,
     # sizes
     nheads, nheads_kv, seqlen_q, seqlen_k, headdim, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
+    # dropout (read only when DROPOUT)
+    dropout_p, seed,
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     off_bhk = tl.program_id(1)
@@ -340,15 +376,15 @@ def _bs_bwd_dkdv_kernel(
         lists = lay_h * n_col_tiles + pid_n
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
-            FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists),
+            FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists), row0,
             offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale,
-            BLOCK_M, False, CAUSAL, EVEN_D, DOT_PREC,
+            dropout_p, seed, BLOCK_M, False, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
-            PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists),
+            PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists), row0,
             offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PREC,
+            dropout_p, seed, BLOCK_M, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
     mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < headdim)
     tl.store(DK + k_off + offs_n[:, None] * stride_kn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
@@ -415,16 +451,14 @@ def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
         isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
     ):
         raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
-    if check_dropout(dropout_p) != 0.0:
-        raise ValueError(
-            "block_sparse_attention does not implement dropout: pass dropout_p=0.0 "
-            "(use kernels.flash_attention for dense attention with dropout)"
-        )
+    check_dropout(dropout_p)
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
 
 
-def _block_sparse_forward(q, k, v, layout: BlockLayout, causal: bool, sm_scale: float, tiles=None):
+def _block_sparse_forward(
+    q, k, v, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int, tiles=None
+):
     """Launcher: returns out (like q) and lse (batch, nheads, seqlen_q) float32, natural log."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
@@ -443,16 +477,18 @@ def _block_sparse_forward(q, k, v, layout: BlockLayout, causal: bool, sm_scale: 
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         nheads, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, n_rows, n_cols,
+        dropout_p, seed,
         GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=head_dim,
-        EVEN_D=head_dim == headdim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal,
+        EVEN_D=head_dim == headdim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
         DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out, lse
 
 
 def _block_sparse_backward(
-    do, q, k, v, out, lse, layout: BlockLayout, causal: bool, sm_scale: float, tiles=None
-):
+    do, q, k, v, out, lse, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int,
+    tiles=None,
+):  # fmt: skip
     """Launcher: returns dq, dk, dv shaped like q, k, v (dk/dv summed over each kv head's group)."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
@@ -466,7 +502,8 @@ def _block_sparse_backward(
     )  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=head_dim,
-                  EVEN_D=head_dim == headdim, CAUSAL=causal, DOT_PREC=dot_precision(q.dtype))  # fmt: skip
+                  EVEN_D=head_dim == headdim, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
+                  DOT_PREC=dot_precision(q.dtype))  # fmt: skip
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))  # fmt: skip
 
@@ -477,7 +514,7 @@ def _block_sparse_backward(
         q, k, v, do, dq, lse, delta,
         lists.row_full_idx, lists.row_full_cnt, lists.row_part_idx, lists.row_part_cnt, *strides,
         nheads, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale, n_rows, n_cols,
-        BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
+        dropout_p, seed, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
 
     tile_m, tile_n, warps, stages = _tiles(layout, "dkdv", head_dim, tiles)
@@ -487,20 +524,23 @@ def _block_sparse_backward(
         q, k, v, do, dk, dv, lse, delta,
         lists.col_full_idx, lists.col_full_cnt, lists.col_part_idx, lists.col_part_cnt, *strides,
         nheads, nheads_kv, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale,
-        n_rows, n_cols, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
+        n_rows, n_cols, dropout_p, seed,
+        BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
     return dq, dk, dv
 
 
 class BlockSparseAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, layout, causal, sm_scale, tiles):
+    def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles):
         # The backward kernels index dq/dk/dv with q/k/v's strides, so those must describe dense
         # tensors: views such as the q/k/v slices of a fused QKV projection are copied once here.
         q, k, v = (t.contiguous() for t in (q, k, v))
-        out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, tiles)
+        out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles = layout, causal, sm_scale, tiles
+        # the backward regenerates the keep-mask from the seed instead of storing it
+        ctx.dropout_p, ctx.seed = dropout_p, seed
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -508,9 +548,9 @@ class BlockSparseAttnFunc(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _block_sparse_backward(
-            do, q, k, v, out, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles
+            do, q, k, v, out, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p, ctx.seed, ctx.tiles
         )
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, *([None] * 6)
 
 
 def block_sparse_attention(
@@ -536,15 +576,22 @@ def block_sparse_attention(
     wholly past the sequence are ignored). Build one with `kernels.layouts.butterfly_layout`,
     `local_layout`, `strided_layout`, `random_layout` or `make_layout`.
     causal: also mask keys after the query, aligned bottom-right as in `kernels.flash_attention`.
-    softmax_scale: defaults to 1 / sqrt(headdim). dropout_p: must be 0 (not implemented here).
+    softmax_scale: defaults to 1 / sqrt(headdim).
+    dropout_p: dropout on the attention probabilities, in [0, 1), as in `kernels.flash_attention`: the
+    Philox seed comes from torch's CPU generator (torch.manual_seed makes it reproducible), kept
+    probabilities are scaled by 1 / (1 - dropout_p), the backward regenerates the mask, and lse is
+    unaffected. The mask depends only on (seed, batch, head, query, key), so for the same seed it is
+    the dense kernel's mask (`kernels.flash_attention.dropout_mask`) restricted to the layout.
     A query row that sees no key gets out = 0 and lse = -inf, and zero gradients.
     Returns out (batch, seqlen_q, nheads, headdim), and with return_lse also lse
     (batch, nheads, seqlen_q), float32, natural log of the softmax denominator.
     _tiles: (tile_m, tile_n) override of the kernel tiles, for tests of the block-splitting path.
     """
     _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p)
+    dropout_p = float(dropout_p)
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse = BlockSparseAttnFunc.apply(q, k, v, layout, causal, float(sm_scale), _tiles)
+    seed = draw_seed() if dropout_p > 0 else 0
+    out, lse = BlockSparseAttnFunc.apply(q, k, v, layout, causal, float(sm_scale), dropout_p, seed, _tiles)
     if return_lse:
         return out, lse
     return out

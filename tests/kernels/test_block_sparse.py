@@ -2,17 +2,22 @@
 
 Tolerance rule (as for the dense kernel): the kernel's error against the float64 reference must be
 at most 2x the error of the reference computed in the kernel's own dtype, plus a small floor.
+Dropout is checked as in test_dropout.py: the reference is given the keep-mask the dense kernel draws
+for the same seed (kernels.flash_attention.dropout_mask), which the block-sparse kernel must reproduce.
 On CPU these run through the Triton interpreter (fp16/fp32, small shapes); bf16 runs on the GPU.
 """
 
 import pytest
 import torch
 
+from kernels._common import draw_seed
 from kernels.block_sparse import block_sparse_attention
+from kernels.flash_attention import dropout_mask, flash_attention
 from kernels.layouts import BlockLayout, butterfly_layout, local_layout, random_layout, strided_layout
-from kernels.reference import block_sparse_reference
+from kernels.reference import block_sparse_reference, expand_block_layout
 
 FLOOR = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+DROPOUT_SEED = 99  # torch.manual_seed before each dropout call, so kernel and test draw one Philox seed
 
 
 def _inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, device):
@@ -33,16 +38,27 @@ def _err(a, b):
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
 
-def check_against_reference(q, k, v, layout, causal=False, tiles=None):
-    """Compare out, lse, dq, dk, dv; returns the kernel's (out, lse) for extra checks."""
+def check_against_reference(q, k, v, layout, causal=False, tiles=None, dropout_p=0.0):
+    """Compare out, lse, dq, dk, dv; returns the kernel's (out, lse) for extra checks.
+
+    With dropout_p > 0 the kernel runs after torch.manual_seed(DROPOUT_SEED) and the reference gets
+    the dense kernel's mask for the seed drawn after that same manual_seed: one mask for all five.
+    """
     do = torch.randn_like(q)
+    keep = None
+    if dropout_p > 0:
+        torch.manual_seed(DROPOUT_SEED)
+        keep = dropout_mask(draw_seed(), q.shape[0], q.shape[2], q.shape[1], k.shape[1], dropout_p, q.device)
 
     def kernel(q, k, v):
-        return block_sparse_attention(q, k, v, layout, causal=causal, return_lse=True, _tiles=tiles)
+        if dropout_p > 0:
+            torch.manual_seed(DROPOUT_SEED)
+        return block_sparse_attention(q, k, v, layout, causal=causal, dropout_p=dropout_p, return_lse=True,
+                                      _tiles=tiles)  # fmt: skip
 
     def reference(q, k, v):
         return block_sparse_reference(q, k, v, layout.mask, layout.block_m, layout.block_n, causal=causal,
-                                      return_lse=True)  # fmt: skip
+                                      dropout_p=dropout_p, dropout_mask=keep, return_lse=True)  # fmt: skip
 
     got = _run(kernel, q, k, v, do)
     truth = _run(reference, q.double(), k.double(), v.double(), do.double())
@@ -155,6 +171,93 @@ def test_softmax_scale_and_noncontiguous_inputs(device):
     assert _err(out, ref) < 1e-5
 
 
+# ----------------------------------------------------------------------------------------------
+# dropout
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype,seqlen_q,seqlen_k,nheads,nheads_kv,headdim,kind,block,causal,tiles",
+    [
+        (torch.float16, 113, 113, 4, 2, 32, "butterfly", 16, True, None),  # GQA + causal + butterfly
+        (torch.float32, 77, 131, 2, 1, 24, "random_per_head", 32, True, (16, 16)),  # MQA, split tiles
+        (torch.float32, 64, 64, 2, 2, 16, "strided", 16, False, None),
+    ],
+)
+def test_dropout_matches_reference_with_the_dense_mask(
+    dtype, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, kind, block, causal, tiles, device
+):
+    """Forward and all three gradients against the reference given the dense kernel's mask: the
+    backward kernels must regenerate exactly the mask the forward drew."""
+    torch.manual_seed(8)
+    q, k, v = _inputs(1, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, device)
+    if kind == "random_per_head":
+        layout = random_layout(max(seqlen_q, seqlen_k), block, 0.5, nheads=nheads, seed=3)
+    else:
+        layout = LAYOUTS[kind](max(seqlen_q, seqlen_k), block)
+    check_against_reference(q, k, v, layout.to(device), causal, tiles=tiles, dropout_p=0.3)
+
+
+def test_dropout_keep_mask_is_the_dense_mask_on_the_layout(device):
+    """Read the forward's keep-mask off the output: with v the identity (one key per head-dim slot),
+    out[i, j] = P[i, j] * keep[i, j] / (1 - p), and P > 0 wherever the layout lets i see j."""
+    p, batch, seqlen_q, seqlen_k, nheads, nheads_kv = 0.2, 2, 96, 64, 4, 2
+    torch.manual_seed(9)
+    q = torch.randn(batch, seqlen_q, nheads, seqlen_k, device=device)
+    k = torch.randn(batch, seqlen_k, nheads_kv, seqlen_k, device=device)
+    # (B, Sk, Hk, Sk): key j's value is the one-hot vector e_j
+    v = torch.eye(seqlen_k, device=device)[None, :, None, :].expand(batch, -1, nheads_kv, -1)
+    layout = butterfly_layout(seqlen_q, 16).to(device)
+    plain = block_sparse_attention(q, k, v, layout)
+    torch.manual_seed(DROPOUT_SEED)
+    dropped = block_sparse_attention(q, k, v, layout, dropout_p=p)
+    torch.manual_seed(DROPOUT_SEED)
+    dense_keep = dropout_mask(draw_seed(), batch, nheads, seqlen_q, seqlen_k, p, device)  # (B, H, Sq, Sk)
+
+    visible = expand_block_layout(layout.mask, 16, 16, seqlen_q, seqlen_k).expand_as(dense_keep)
+    probs = plain.transpose(1, 2)  # (B, H, Sq, Sk): row i of the softmax, thanks to v = identity
+    assert (probs[visible] > 0).all() and (probs[~visible] == 0).all()
+    kernel_keep = dropped.transpose(1, 2) != 0  # (B, H, Sq, Sk)
+    assert torch.equal(kernel_keep, dense_keep & visible)
+    torch.testing.assert_close(dropped.transpose(1, 2), probs * kernel_keep / (1 - p), atol=1e-6, rtol=1e-5)
+    n = int(visible.sum())
+    rate = kernel_keep[visible].float().mean().item()
+    assert abs(rate - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5, f"keep rate {rate:.4f} over {n} draws"
+
+
+def test_dropout_with_a_full_layout_equals_dense_dropout(device):
+    """Every tile kept: same seed, same mask, so block-sparse and dense agree forward and backward."""
+    torch.manual_seed(10)
+    q, k, v = (x.requires_grad_() for x in _inputs(1, 80, 80, 4, 2, 32, torch.float32, device))
+    full = BlockLayout(torch.ones(1, 5, 5, dtype=torch.bool), 16).to(device)
+    do = torch.randn_like(q)
+    results = []
+    for fn in (lambda: block_sparse_attention(q, k, v, full, causal=True, dropout_p=0.4),
+               lambda: flash_attention(q, k, v, causal=True, dropout_p=0.4)):  # fmt: skip
+        torch.manual_seed(DROPOUT_SEED)
+        out = fn()
+        results.append((out, *torch.autograd.grad(out, (q, k, v), do)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_dropout_reproducible_and_zero_dropout_untouched(device):
+    torch.manual_seed(11)
+    q, k, v = _inputs(1, 64, 64, 2, 2, 16, torch.float32, device)
+    layout = butterfly_layout(64, 16).to(device)
+    outs = []
+    for s in (5, 5, 6):
+        torch.manual_seed(s)
+        outs.append(block_sparse_attention(q, k, v, layout, dropout_p=0.5))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+    # p = 0 takes the plain path: no seed drawn from the generator, the same output as no argument
+    state = torch.get_rng_state()
+    zero = block_sparse_attention(q, k, v, layout, dropout_p=0.0)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(zero, block_sparse_attention(q, k, v, layout))
+    assert not torch.equal(zero, outs[0])
+
+
 def _bad(device, **changes):
     args = dict(zip("qkv", _inputs(1, 64, 64, 2, 2, 16, torch.float16, device), strict=True))
     args["layout"] = butterfly_layout(64, 16).to(device)
@@ -175,8 +278,9 @@ def _bad(device, **changes):
         (lambda d: dict(k=torch.randn(1, 64, 2, 8, dtype=torch.float16, device=d)), r"k and v must both be"),
         (lambda d: dict(q=torch.randn(64, 2, 16, dtype=torch.float16, device=d)), "4-d tensor"),
         (lambda d: dict(q=torch.randn(1, 64, 3, 16, dtype=torch.float16, device=d)), "multiple of nheads_kv"),
-        (lambda d: dict(dropout_p=0.1), "does not implement dropout"),
-        (lambda d: dict(dropout_p=1.5), r"dropout_p must be in \[0, 1\)"),
+        (lambda d: dict(dropout_p=1.0), r"dropout_p must be in \[0, 1\)"),
+        (lambda d: dict(dropout_p=-0.1), r"dropout_p must be in \[0, 1\)"),
+        (lambda d: dict(dropout_p=float("nan")), r"dropout_p must be in \[0, 1\)"),
         (lambda d: dict(softmax_scale=float("nan")), "softmax_scale"),
     ],
 )
