@@ -195,7 +195,7 @@ def plot(rows, path):
     combos = sorted({(r["headdim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(2, len(combos), figsize=(4.5 * len(combos), 7), squeeze=False)
     colors = dict(
-        zip(IMPLS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=True)
+        zip(IMPLS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False)
     )  # one color per impl everywhere
     for j, (d, causal) in enumerate(combos):
         for impl in IMPLS:

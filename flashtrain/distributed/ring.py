@@ -315,7 +315,7 @@ def mask_tensors(
             len(starts) < 2
             or starts[0] != 0
             or starts[-1] != seqlen
-            or any(a > b for a, b in zip(starts, starts[1:], strict=True))
+            or any(a > b for a, b in zip(starts, starts[1:], strict=False))
         ):
             raise ValueError(
                 f"cu_seqlens must start at 0, be non-decreasing and end at the global sequence length {seqlen}, "

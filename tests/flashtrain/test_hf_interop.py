@@ -39,7 +39,7 @@ def test_ours_to_hf_round_trip():
     hf, cfg = _hf_model(seed=1)
     ours = from_hf_gpt2(hf, attention="reference").eval()
     back = transformers.GPT2LMHeadModel(cfg).eval()
-    result = back.load_state_dict(to_hf_gpt2(ours), strict=True)
+    result = back.load_state_dict(to_hf_gpt2(ours), strict=False)
     assert not result.unexpected_keys
     assert all(k.endswith((".attn.bias", ".attn.masked_bias")) for k in result.missing_keys)
     idx = torch.randint(0, 211, (2, 40))
