@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import asdict
 
@@ -340,11 +341,13 @@ class Trainer:
             f"model {self.n_params / 1e6:.2f}M params, {tokens_per_step} tokens/step, device {self.device}, "
             f"task {self.cfg.task.kind}, attention {self.cfg.model.attention}, run dir {self.run_dir}"
         )
+        # Redrawn 10 times a second on a terminal; in a log file (Slurm, CI) once every 30 s.
         bar = tqdm(
             total=tc.max_steps,
             initial=self.step,
             disable=self.rank != 0 or not tc.progress_bar,
             dynamic_ncols=True,
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
         self.train_model.train()
         self.preempted = False
@@ -372,10 +375,13 @@ class Trainer:
                     metrics["train/grad_norm"] = self.last_grad_norm
                 if self.device.type == "cuda":
                     metrics["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-                bar.update(1)
                 bar.set_postfix(
-                    loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", mfu="n/a" if mfu is None else f"{mfu:.1%}"
+                    loss=f"{loss:.4f}",
+                    tok_s=f"{tok_s:,.0f}",
+                    mfu="n/a" if mfu is None else f"{mfu:.1%}",
+                    refresh=False,
                 )
+                bar.update(1)  # after the postfix, so the redraw shows this step
                 last = self.step == tc.max_steps
                 if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
                     evaluation = self.evaluate(final=last)
