@@ -308,6 +308,14 @@ def test_gpu_per_head_random_layout_gqa():
     check_against_reference(q, k, v, random_layout(4096, 64, 0.1, nheads=8, seed=1).cuda(), causal=True)
 
 
+@pytest.mark.gpu
+def test_gpu_bf16_dropout_matches_reference_with_the_kernels_mask():
+    torch.manual_seed(8)
+    q, k, v = _inputs(2, 1024 + 33, 1024 + 33, 8, 4, 64, torch.bfloat16, "cuda")
+    layout = butterfly_layout(1024 + 33, 128, local_blocks=1, causal=True).cuda()
+    check_against_reference(q, k, v, layout, causal=True, dropout_p=0.2)
+
+
 def test_strided_views_of_a_fused_projection_forward_and_backward():
     """q/k/v sliced from one (B, N, 3·H·D) projection, as the model produces them, in both passes."""
     from kernels.layouts import butterfly_layout
