@@ -115,12 +115,16 @@ def attention_backward_reference(
     window: tuple[int | None, int | None] | None = None,
     key_padding_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention's backward from a given (out, lse), in the dtype of the inputs.
 
     `out` and `lse` may be the *global* output and log-sum-exp of a larger attention of which
     (k, v) is one part (ring attention recomputes each step this way): probabilities are
     exp(scores - lse) and delta = rowsum(dout * out), so the partial gradients add up to the full ones.
+    With dropout (the forward's keep-mask and p), Z = mask / (1 - p): dV = (P·Z)ᵀ dO and
+    dP = (dO Vᵀ)·Z, while delta stays rowsum(dO ∘ O) since O already carries the dropout.
     Returns (dq, dk, dv) with the shapes of q, k, v (GQA groups summed into their K/V head).
     """
     batch, seqlen_q, nheads, headdim = q.shape
@@ -133,8 +137,13 @@ def attention_backward_reference(
     lse = lse.to(scores.dtype)[..., None]  # (B, H, Sq, 1)
     # masked entries and rows with lse = -inf get probability 0, never exp(-inf + inf) = NaN
     probs = torch.where(keep & torch.isfinite(lse), torch.exp(scores - lse), torch.zeros_like(scores))
-    dv = torch.matmul(probs.transpose(-1, -2), doh)  # (B, H, Sk, D)
     dprobs = torch.matmul(doh, vh.transpose(-1, -2))  # (B, H, Sq, Sk)
+    if dropout_mask is not None:
+        kept = dropout_mask.to(scores.dtype) / (1.0 - dropout_p)
+        dv = torch.matmul((probs * kept).transpose(-1, -2), doh)  # (B, H, Sk, D)
+        dprobs = dprobs * kept
+    else:
+        dv = torch.matmul(probs.transpose(-1, -2), doh)  # (B, H, Sk, D)
     delta = (doh * oh).sum(dim=-1, keepdim=True)  # (B, H, Sq, 1)
     dscores = probs * (dprobs - delta) * scale
     dq = torch.matmul(dscores, kh)  # (B, H, Sq, D)

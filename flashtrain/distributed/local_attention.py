@@ -187,56 +187,7 @@ def local_backward(
     batch, nheads = q.shape[0], q.shape[2]
     attn_mask = mask.element_mask(nheads) if mask is not None else None
     drop = mask.dropout_mask(batch, nheads) if mask is not None else None
-    if drop is None:
-        return attention_backward_reference(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            window=window,
-            attn_mask=attn_mask,
-        )
-    return _dropout_backward_reference(
+    return attention_backward_reference(
         dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, window=window,
-        attn_mask=attn_mask, dropout_mask=drop, dropout_p=mask.dropout_p,
+        attn_mask=attn_mask, dropout_mask=drop, dropout_p=mask.dropout_p if drop is not None else 0.0,
     )  # fmt: skip
-
-
-def _dropout_backward_reference(
-    dout, q, k, v, out, lse, *, causal, softmax_scale, window, attn_mask, dropout_mask, dropout_p
-):
-    """attention_backward_reference with dropout (which it does not take).
-
-    With Z the keep-mask scaled by 1/(1-p): dV = (P*Z)^T dO, dP = (dO V^T) * Z, dS = P * (dP - delta)
-    with delta = rowsum(dO * O) still, since O already carries the dropout.
-    """
-    from kernels.reference import attention_mask
-
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    group = nheads // nheads_kv
-    qh, doh, oh = (t.transpose(1, 2) for t in (q, dout, out))  # (B, H, Sq, D)
-    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
-    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
-    scores = torch.matmul(qh, kh.transpose(-1, -2)) * softmax_scale  # (B, H, Sq, Sk)
-    keep = attention_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
-    keep = keep.expand(batch, nheads, seqlen_q, seqlen_k)
-    if attn_mask is not None:
-        keep = keep & attn_mask
-    lse = lse.to(scores.dtype)[..., None]  # (B, H, Sq, 1)
-    probs = torch.where(keep & torch.isfinite(lse), torch.exp(scores - lse), torch.zeros_like(scores))
-    z = dropout_mask.to(scores.dtype) / (1.0 - dropout_p)
-    dv = torch.matmul((probs * z).transpose(-1, -2), doh)  # (B, H, Sk, D)
-    dprobs = torch.matmul(doh, vh.transpose(-1, -2)) * z  # (B, H, Sq, Sk)
-    delta = (doh * oh).sum(dim=-1, keepdim=True)  # (B, H, Sq, 1)
-    dscores = probs * (dprobs - delta) * softmax_scale
-    dq = torch.matmul(dscores, kh)  # (B, H, Sq, D)
-    dk = torch.matmul(dscores.transpose(-1, -2), qh)  # (B, H, Sk, D)
-    # (B, H, Sk, D) -> (B, Sk, Hkv, D): each GQA group summed into the K/V head it read
-    dk = dk.reshape(batch, nheads_kv, group, seqlen_k, headdim).sum(2).transpose(1, 2)
-    dv = dv.reshape(batch, nheads_kv, group, seqlen_k, headdim).sum(2).transpose(1, 2)
-    return dq.transpose(1, 2), dk, dv
