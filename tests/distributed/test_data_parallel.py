@@ -281,14 +281,28 @@ def test_strategies_on_gpus_match_one_gpu_in_bf16(tmp_path):
         table.update(DEEPSPEED_CASES)
     except ImportError:
         pass
-    results = _launch(tmp_path, _cases(tmp_path, table, "cuda"))
-    # sequence parallelism on GPUs: ring / Ulysses with the Triton kernels inside, NCCL between ranks
+    _check_gpu_runs(_launch(tmp_path, _cases(tmp_path, table, "cuda")), ref_history)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2 through `device`)")
+def test_sequence_parallel_on_gpus_matches_one_gpu_in_bf16(tmp_path):
+    """Ring (zigzag, contiguous) and Ulysses with the Triton kernels inside and NCCL between the ranks."""
+    ref = Trainer(
+        compose_config(
+            [*_overrides(tmp_path, "cuda"), f"trainer.batch_size={NPROC * B}", "trainer.run_name=ref"]
+        )
+    )
+    ref_history = ref.fit()
     sp_cases = [
         {"name": name, "overrides": [*_overrides(tmp_path, "cuda"), f"trainer.batch_size={NPROC * B}", *over]}
         for name, over in SP_CASES.items()
     ]
-    results.update(_launch(tmp_path, sp_cases))
-    assert len(results) >= len(TORCH_CASES) + len(SP_CASES)
+    _check_gpu_runs(_launch(tmp_path, sp_cases), ref_history)
+
+
+def _check_gpu_runs(results: dict, ref_history: list[float]) -> None:
+    """bf16 rounds differently per layout: losses agree to bf16 precision rather than bit for bit."""
     for name, run in results.items():
         torch.testing.assert_close(
             run["straight"], ref_history, atol=3e-2, rtol=1e-2, msg=lambda m, n=name: f"{n}: {m}"
