@@ -234,11 +234,12 @@ def _dq_tiles(
 def _bs_bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA,
     FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
-    # strides (batch, seq, head); DQ shares Q's, DO has its own
+    # strides (batch, seq, head); the gradient has its own, so strided inputs need no copy
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
     # sizes
     nheads, seqlen_q, seqlen_k, headdim, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
     # dropout (read only when DROPOUT)
@@ -282,7 +283,7 @@ def _bs_bwd_dq_kernel(
         offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
         BLOCK_N, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
-    dq_ptrs = DQ + q_off + offs_m[:, None] * stride_qm + offs_d[None, :]
+    dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim))  # fmt: skip
 
@@ -337,11 +338,13 @@ def _dkdv_tiles(
 def _bs_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA,
     FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
-    # strides (batch, seq, head); DK/DV share K/V's
+    # strides (batch, seq, head); the gradients have their own, so strided inputs need no copy
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
     # sizes
     nheads, nheads_kv, seqlen_q, seqlen_k, headdim, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
     # dropout (read only when DROPOUT)
@@ -387,11 +390,14 @@ def _bs_bwd_dkdv_kernel(
             dropout_p, seed, BLOCK_M, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
     mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < headdim)
-    tl.store(DK + k_off + offs_n[:, None] * stride_kn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
-             mask=mask)  # fmt: skip
+    DK += off_b * stride_dkb + off_hk * stride_dkh
+    DV += off_b * stride_dvb + off_hk * stride_dvh
     tl.store(
-        DV + v_off + offs_n[:, None] * stride_vn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask
+        DK + offs_n[:, None] * stride_dkn + offs_d[None, :],
+        (dk * sm_scale).to(DK.dtype.element_ty),
+        mask=mask,
     )
+    tl.store(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -500,7 +506,8 @@ def _block_sparse_backward(
         out, do, delta, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
         nheads, seqlen_q, headdim, HEAD_DIM=head_dim, BLOCK_M=pre_m,
     )  # fmt: skip
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=head_dim,
                   EVEN_D=head_dim == headdim, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
                   DOT_PREC=dot_precision(q.dtype))  # fmt: skip
@@ -513,6 +520,7 @@ def _block_sparse_backward(
     _bs_bwd_dq_kernel[(n_rows, batch * nheads)](
         q, k, v, do, dq, lse, delta,
         lists.row_full_idx, lists.row_full_cnt, lists.row_part_idx, lists.row_part_cnt, *strides,
+        dq.stride(0), dq.stride(1), dq.stride(2),
         nheads, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale, n_rows, n_cols,
         dropout_p, seed, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
@@ -523,6 +531,7 @@ def _block_sparse_backward(
     _bs_bwd_dkdv_kernel[(n_cols, batch * nheads_kv)](
         q, k, v, do, dk, dv, lse, delta,
         lists.col_full_idx, lists.col_full_cnt, lists.col_part_idx, lists.col_part_cnt, *strides,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         nheads, nheads_kv, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale,
         n_rows, n_cols, dropout_p, seed,
         BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
@@ -533,9 +542,7 @@ def _block_sparse_backward(
 class BlockSparseAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles):
-        # The backward kernels index dq/dk/dv with q/k/v's strides, so those must describe dense
-        # tensors: views such as the q/k/v slices of a fused QKV projection are copied once here.
-        q, k, v = (t.contiguous() for t in (q, k, v))
+        q, k, v = unit_last_stride(q, k, v)
         out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles = layout, causal, sm_scale, tiles
