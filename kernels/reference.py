@@ -22,18 +22,17 @@ import math
 import torch
 
 
-def attention_mask(
-    seqlen_q: int,
-    seqlen_k: int,
+def position_mask(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
     *,
     causal: bool = False,
     window: tuple[int | None, int | None] | None = None,
-    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Boolean keep-mask (seqlen_q, seqlen_k) for causal and/or sliding-window attention."""
-    rows = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)  # aligned query position
-    cols = torch.arange(seqlen_k, device=device)[None, :]
-    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    """Boolean keep-mask (len(q_pos), len(k_pos)) of causal / sliding-window attention between queries
+    and keys at the given (aligned) positions; the shards of sequence parallelism use global ones."""
+    rows, cols = q_pos[:, None], k_pos[None, :]
+    keep = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=q_pos.device)
     if causal:
         keep &= cols <= rows
     if window is not None:
@@ -43,6 +42,19 @@ def attention_mask(
         if right is not None:
             keep &= cols <= rows + right
     return keep
+
+
+def attention_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Boolean keep-mask (seqlen_q, seqlen_k) for causal and/or sliding-window attention."""
+    q_pos = torch.arange(seqlen_q, device=device) + (seqlen_k - seqlen_q)  # bottom-right aligned
+    return position_mask(q_pos, torch.arange(seqlen_k, device=device), causal=causal, window=window)
 
 
 def _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, attn_mask):

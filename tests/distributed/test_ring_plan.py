@@ -7,21 +7,12 @@ import torch
 
 from flashtrain.distributed.ring_plan import MaskInfo, pair_call, ring_plan, step_calls
 from flashtrain.distributed.sharding import Segment, ring_segments, segments_positions
-from kernels.reference import attention_mask
+from kernels.reference import attention_mask, position_mask
 
 
 def _global_mask(q_pos, k_pos, causal, window, doc_ids=None):
     """Keep-mask of the global attention restricted to the given positions."""
-    rows, cols = q_pos[:, None], k_pos[None, :]
-    keep = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool)
-    if causal:
-        keep &= cols <= rows
-    if window is not None:
-        left, right = window
-        if left is not None:
-            keep &= cols >= rows - left
-        if right is not None:
-            keep &= cols <= rows + right
+    keep = position_mask(q_pos, k_pos, causal=causal, window=window)
     if doc_ids is not None:
         keep &= doc_ids[q_pos][:, None] == doc_ids[k_pos][None, :]
     return keep
