@@ -159,8 +159,3 @@ def parallelize_gpt(
             model, data_parallel_mesh(parallel_dims), reshard_after_forward=reshard, param_dtype=param_dtype
         )
     return model
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The single-device model inside whatever wrapper parallelize_gpt put around it."""
-    return getattr(model, "module", model)

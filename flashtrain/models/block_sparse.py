@@ -57,10 +57,4 @@ def make_block_sparse_backend(cfg):
             q, k, v, layouts[key], causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p
         )
 
-    block_sparse.layouts = layouts  # for inspection (density) and tests
     return block_sparse
-
-
-def layout_density(backend, seqlen: int, device: str | torch.device = "cpu") -> float | None:
-    layout = backend.layouts.get((seqlen, str(torch.device(device))))
-    return None if layout is None else float(layout.density)
