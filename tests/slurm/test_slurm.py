@@ -192,7 +192,15 @@ def test_requeue_before_a_checkpoint_then_usr1_mid_run_ends_like_the_uninterrupt
         RUN_NAME="preempted",
     )
     # 1. An admin's requeue while the job starts: there is no checkpoint yet, the rerun starts fresh.
-    wait_until(cluster, job, lambda i: i["JobState"] == "RUNNING", 60, "RUNNING")
+    # RUNNING and the template's first line printed: a requeue before that line would leave no trace
+    # of the first attempt in the log, and the attempts below are counted from it
+    wait_until(
+        cluster,
+        job,
+        lambda i: i["JobState"] == "RUNNING" and re.search(r"^job \d+ on ", job_log(cluster, job), re.M),
+        60,
+        "RUNNING with its first log line",
+    )
     assert ckpt.latest_checkpoint(run_dir) is None
     subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True, timeout=30)
     # 2. Slurm's preemption warning mid-run (what --signal=USR1@N sends): checkpoint, requeue, resume.
