@@ -35,3 +35,21 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture
+def flashtrain_logs(caplog):
+    """caplog that also sees flashtrain's messages.
+
+    flashtrain's logger stops propagation to the root logger once `flashtrain.log.get_logger` has
+    configured it (so rank 0 prints each line once), and caplog listens on the root logger; whether
+    a test sees the messages would otherwise depend on which test configured the logger first.
+    """
+    import logging
+
+    logger = logging.getLogger("flashtrain")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)

@@ -353,16 +353,15 @@ def test_val_batches():
         next(val_batches(tokens[:40], seq_len, bsz, 1))
 
 
-def test_max_documents_caps_and_warns(tmp_path, caplog):
+def test_max_documents_caps_and_warns(tmp_path, flashtrain_logs):
     docs = _docs(6, seed=8)
     root = _write_txt(tmp_path / "txt", docs)
     (tmp_path / "j").mkdir()
     (tmp_path / "j" / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     tok = get_tokenizer("byte")
     for path in (root, tmp_path / "j"):
-        caplog.clear()
-        with caplog.at_level("WARNING", logger="flashtrain.data"):
-            d = prepare_lm_data(_cfg(tmp_path, source="files", path=str(path), max_documents=4))
-        assert "first 4 of 6 documents" in caplog.text
+        flashtrain_logs.clear()
+        d = prepare_lm_data(_cfg(tmp_path, source="files", path=str(path), max_documents=4))
+        assert "first 4 of 6 documents" in flashtrain_logs.text
         got = [tok.decode(x) for x in _split_docs(d.train, d.eot_id) + _split_docs(d.val, d.eot_id)]
         assert sorted(got) == sorted(docs[:4])
