@@ -3,8 +3,18 @@
 - "reference" (CPU tensors, and any mask the kernels cannot express): `kernels.reference`, which
   materialises the score matrix. Masks that depend on global positions (documents, block layouts,
   dropout) are built here from the positions of the rows and columns involved.
-- "triton" (CUDA tensors): the FlashAttention launchers of `kernels.flash_attention`, called with
-  signed window bounds, which is how the ring expresses a shard-against-shard causal/window mask.
+- "triton" (CUDA tensors): the Triton kernels, which never materialise the scores.
+  - no position mask: the FlashAttention launchers, with signed window bounds (how the ring
+    expresses a shard-against-shard causal/window mask);
+  - documents: the varlen launchers, the call's rows and columns cut by document (cu_seqlens built on
+    the host from the call's runs of global positions);
+  - a block layout: the block-sparse launchers, over the layout's rows and columns of the call;
+  each when the call's own mask survives the cut: the call is a shard against the same positions
+  (so causal/window per document or per layout is the global one) or is fully visible (no causal,
+  no window). Dropout (whose global-coordinate hash is not the kernels' Philox stream), documents
+  together with a block layout, documents in a non-increasing order (a zigzag Ulysses gather),
+  and block layouts whose blocks the call's runs cut, or that are not powers of two >= 16, or
+  with a window, go to the reference: exact, but O(seqlen_q * seqlen_k) memory per call.
 
 Semantics are those of `kernels/reference.py`: q (batch, seqlen_q, nheads, headdim), k/v
 (batch, seqlen_k, nheads_kv, headdim), causal/window aligned bottom-right, lse natural log float32
@@ -16,6 +26,8 @@ global column), so the mask does not depend on how the sequence is sharded.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -40,6 +52,9 @@ class PositionMask:
     block_layout: bool (nheads_global or 1, n_row_blocks, n_col_blocks) over global positions, or None.
     head_offset: global index of the call's first head (Ulysses shards heads).
     dropout_p, dropout_seed: dropout on the probabilities, keyed by global coordinates.
+    q_runs, k_runs: host-side (global start, length) runs of q_pos / k_pos, in local order; the
+    kernel routes need them (without them a masked call runs through the reference).
+    doc_starts: host-side cu_seqlens of the global documents (with doc_ids).
     """
 
     q_pos: torch.Tensor
@@ -50,6 +65,9 @@ class PositionMask:
     head_offset: int = 0
     dropout_p: float = 0.0
     dropout_seed: int = 0
+    q_runs: tuple[tuple[int, int], ...] | None = None
+    k_runs: tuple[tuple[int, int], ...] | None = None
+    doc_starts: tuple[int, ...] | None = None
 
     @property
     def has_element_mask(self) -> bool:
@@ -103,19 +121,123 @@ def dropout_keep_mask(
     return (x.to(torch.float64) * (1.0 / 2**32)) >= dropout_p
 
 
-def _resolve(backend: str, q: torch.Tensor, mask: PositionMask | None) -> str:
+def _resolve(backend: str, q: torch.Tensor) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         backend = "triton" if q.is_cuda else "reference"
-    if backend == "triton" and mask is not None and (mask.has_element_mask or mask.dropout_p > 0):
-        # WIRING POINT (lead): documents map onto flash_attention_varlen's cu_seqlens, block layouts
-        # onto kernels.block_sparse_attention, dropout onto a kernel seed with global row/column
-        # offsets. Until then these masks run through the materialised reference: exact, but
-        # O(seqlen_q * seqlen_k) memory per step.
-        log.debug("ring step with a position mask runs through the reference attention")
-        return "reference"
     return backend
+
+
+def _route(backend: str, q: torch.Tensor, mask: PositionMask | None, causal: bool, window) -> str:
+    """Which implementation serves one call: "reference", "dense", "varlen" or "block_sparse"."""
+    if _resolve(backend, q) == "reference":
+        return "reference"
+    if mask is None or (not mask.has_element_mask and mask.dropout_p == 0.0):
+        return "dense"
+    why = None
+    if mask.dropout_p > 0.0:
+        why = "dropout keys on a global-coordinate hash the kernels do not draw"
+    elif mask.q_runs is None or mask.k_runs is None:
+        why = "the call's runs of positions are unknown"
+    elif mask.doc_ids is not None and mask.block_layout is not None:
+        why = "documents and a block layout together"
+    else:
+        # per document or per layout block, the call's causal/window mask must be the global one:
+        # true for a shard against the same positions, and for a fully visible call
+        if not (mask.q_runs == mask.k_runs or (not causal and window is None)):
+            why = "the call's causal/window mask is shifted against the documents or blocks"
+        elif mask.doc_ids is not None:
+            if mask.doc_starts is None:
+                why = "the document starts are unknown"
+            elif not (_increasing(mask.q_runs) and _increasing(mask.k_runs)):
+                why = "the call's positions are not increasing"
+            else:
+                return "varlen"
+        elif window is not None:
+            why = "the block-sparse kernel has no window"
+        elif not (_tileable(mask.block_size) and _block_aligned(mask.q_runs, mask.block_size)
+                  and _block_aligned(mask.k_runs, mask.block_size)):  # fmt: skip
+            why = f"blocks of {mask.block_size} tokens that the kernel cannot tile or the call cuts"
+        else:
+            return "block_sparse"
+    log.debug("ring call runs through the reference attention: %s", why)
+    return "reference"
+
+
+def _increasing(runs) -> bool:
+    return all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(runs))
+
+
+def _tileable(block_size: int) -> bool:
+    return block_size >= 16 and block_size & (block_size - 1) == 0
+
+
+def _block_aligned(runs, block_size: int) -> bool:
+    """Every run starts a layout block and all but the last fill whole blocks, so the call's local
+    blocks are whole global blocks (the last may end anywhere: the kernel masks the tail)."""
+    return all(start % block_size == 0 for start, _ in runs) and all(
+        n % block_size == 0 for _, n in runs[:-1]
+    )
+
+
+@dataclass(frozen=True)
+class _DocCut:
+    """The call cut by document, per batch element: packed cu_seqlens on the device, longest pieces."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+def _doc_counts(starts: tuple[int, ...], runs) -> dict[int, int]:
+    """Rows per document of a call whose (increasing) runs of positions are `runs`."""
+    counts: dict[int, int] = {}
+    for start, n in runs:
+        pos, end = start, start + n
+        doc = bisect.bisect_right(starts, pos) - 1
+        while pos < end:
+            nxt = min(end, starts[doc + 1])
+            counts[doc] = counts.get(doc, 0) + nxt - pos
+            pos, doc = nxt, doc + 1
+    return counts
+
+
+def _doc_cut(mask: PositionMask, batch: int, device) -> _DocCut:
+    """Host-side: every document the call's queries or keys touch becomes one packed sequence per
+    batch element (possibly empty on one side: its rows see no key, its keys get zero gradient)."""
+    cq, ck = _doc_counts(mask.doc_starts, mask.q_runs), _doc_counts(mask.doc_starts, mask.k_runs)
+    docs = sorted(set(cq) | set(ck))
+    lens_q, lens_k = [cq.get(d, 0) for d in docs], [ck.get(d, 0) for d in docs]
+    cu_q, cu_k = [0], [0]
+    for _ in range(batch):
+        for a, b in zip(lens_q, lens_k, strict=True):
+            cu_q.append(cu_q[-1] + a)
+            cu_k.append(cu_k[-1] + b)
+    as_tensor = lambda cu: torch.tensor(cu, dtype=torch.int32, device=device)  # noqa: E731
+    return _DocCut(as_tensor(cu_q), as_tensor(cu_k), max(lens_q), max(lens_k))
+
+
+def _block_layout(mask: PositionMask, nheads: int):
+    """The global layout's tiles for the call's rows and columns, as a `kernels` BlockLayout."""
+    from kernels.layouts import BlockLayout
+
+    bs = mask.block_size
+    lay = mask.block_layout
+    if lay.shape[0] > 1:
+        lay = lay[mask.head_offset : mask.head_offset + nheads]
+
+    def blocks(runs) -> torch.Tensor:
+        ids = [b for start, n in runs for b in range(start // bs, -(-(start + n) // bs))]
+        return torch.tensor(ids, dtype=torch.long, device=lay.device)
+
+    return BlockLayout(lay.index_select(1, blocks(mask.q_runs)).index_select(2, blocks(mask.k_runs)), bs)
+
+
+def _packed(x: torch.Tensor) -> torch.Tensor:
+    """(batch, seqlen, heads, dim) -> (batch * seqlen, heads, dim), the varlen kernels' packing."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
@@ -141,15 +263,28 @@ def local_forward(
 
     window bounds may be negative (a band that starts right of the diagonal); None is unbounded.
     """
-    if _resolve(backend, q, mask) == "triton":
+    route = _route(backend, q, mask, causal, window)
+    if route == "block_sparse":
+        from kernels.block_sparse import _block_sparse_forward
+
+        layout = _block_layout(mask, q.shape[2])
+        return _block_sparse_forward(q, k, v, layout, causal, softmax_scale, 0.0, 0)  # lse natural log
+    if route in ("dense", "varlen"):
         from kernels._flash_fwd import flash_attn_forward
 
         win_left, win_right = _window_bounds(causal, window)
+        kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
+                  dropout_p=0.0, seed=0)  # fmt: skip
+        if route == "dense":
+            out, lse2 = flash_attn_forward(q, k, v, **kw)
+            return out, lse2 * _LN2  # the kernel keeps lse in base 2
+        batch, m, nheads, _ = q.shape
+        cut = _doc_cut(mask, batch, q.device)
         out, lse2 = flash_attn_forward(
-            q, k, v, sm_scale=softmax_scale, win_left=win_left, win_right=win_right,
-            key_padding_mask=None, dropout_p=0.0, seed=0,
+            _packed(q), _packed(k), _packed(v), cu_seqlens_q=cut.cu_q, cu_seqlens_k=cut.cu_k,
+            max_seqlen_q=cut.max_q, max_seqlen_k=cut.max_k, **kw,
         )  # fmt: skip
-        return out, lse2 * _LN2  # the kernel keeps lse in base 2
+        return out.view(q.shape), (lse2 * _LN2).view(nheads, batch, m).transpose(0, 1)
     batch, nheads = q.shape[0], q.shape[2]
     attn_mask = mask.element_mask(nheads) if mask is not None else None
     drop = mask.dropout_mask(batch, nheads) if mask is not None else None
@@ -176,14 +311,30 @@ def local_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of one local call, recomputed from the GLOBAL out and lse of the rows of q, so
     the calls' partial gradients add up to the full ones."""
-    if _resolve(backend, q, mask) == "triton":
+    route = _route(backend, q, mask, causal, window)
+    if route == "block_sparse":
+        from kernels.block_sparse import _block_sparse_backward
+
+        layout = _block_layout(mask, q.shape[2])
+        return _block_sparse_backward(
+            dout, q, k, v, out, lse.contiguous(), layout, causal, softmax_scale, 0.0, 0
+        )
+    if route in ("dense", "varlen"):
         from kernels._flash_bwd import flash_attn_backward
 
         win_left, win_right = _window_bounds(causal, window)
-        return flash_attn_backward(
-            dout, q, k, v, out, (lse / _LN2).contiguous(), sm_scale=softmax_scale, win_left=win_left,
-            win_right=win_right, key_padding_mask=None, dropout_p=0.0, seed=0,
+        kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
+                  dropout_p=0.0, seed=0)  # fmt: skip
+        if route == "dense":
+            return flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), **kw)
+        batch, m, nheads, _ = q.shape
+        cut = _doc_cut(mask, batch, q.device)
+        lse2 = (lse / _LN2).transpose(0, 1).reshape(nheads, batch * m)  # (H, packed rows), contiguous
+        dq, dk, dv = flash_attn_backward(
+            _packed(dout), _packed(q), _packed(k), _packed(v), _packed(out), lse2, cu_seqlens_q=cut.cu_q,
+            cu_seqlens_k=cut.cu_k, max_seqlen_q=cut.max_q, max_seqlen_k=cut.max_k, **kw,
         )  # fmt: skip
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
     batch, nheads = q.shape[0], q.shape[2]
     attn_mask = mask.element_mask(nheads) if mask is not None else None
     drop = mask.dropout_mask(batch, nheads) if mask is not None else None

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from .local_attention import PositionMask, local_backward, local_forward
 from .ring_plan import LocalCall, MaskInfo, RingPlan, ring_plan
-from .sharding import check_layout, check_seqlen, segments_positions
+from .sharding import check_layout, check_seqlen, segment_runs, segments_positions
 
 _TAG_KV, _TAG_DKV, _TAG_HOME = 1, 2, 3  # gloo matches on tags; NCCL matches in posting order, same here
 
@@ -65,12 +65,13 @@ class RingSpec:
         )  # fmt: skip
         return ring_plan(self.seqlen, self.size, self.rank, self.layout, info)
 
-    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> PositionMask | None:
+    def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q_runs, k_runs) -> PositionMask | None:
         if self.doc_ids is None and self.block_layout is None and self.dropout_p == 0.0:
             return None
         return PositionMask(
             q_pos, k_pos, doc_ids=self.doc_ids, block_layout=self.block_layout, block_size=self.block_size,
             head_offset=self.head_offset, dropout_p=self.dropout_p, dropout_seed=self.dropout_seed,
+            q_runs=q_runs, k_runs=k_runs, doc_starts=self.doc_starts,
         )  # fmt: skip
 
 
@@ -106,11 +107,18 @@ def _rows(t: torch.Tensor, rows: tuple[int, int], dim: int = 1) -> torch.Tensor:
     return t.narrow(dim, rows[0], rows[1] - rows[0])
 
 
-def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos) -> dict:
-    return dict(
-        causal=call.causal, softmax_scale=spec.softmax_scale, window=call.window,
-        mask=spec.mask(_rows(q_pos, call.q_rows, 0), _rows(k_pos, call.k_rows, 0)), backend=spec.backend,
+def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos, q_segs, k_segs) -> dict:
+    mask = spec.mask(
+        _rows(q_pos, call.q_rows, 0), _rows(k_pos, call.k_rows, 0),
+        segment_runs(q_segs, call.q_rows), segment_runs(k_segs, call.k_rows),
     )  # fmt: skip
+    return dict(
+        causal=call.causal,
+        softmax_scale=spec.softmax_scale,
+        window=call.window,
+        mask=mask,
+        backend=spec.backend,
+    )
 
 
 def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +147,7 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
         for call in plan.calls[src]:
             step_out, step_lse = local_forward(
                 _rows(q, call.q_rows), _rows(kv[0], call.k_rows), _rows(kv[1], call.k_rows),
-                **_call_kwargs(spec, call, q_pos, k_pos),
+                **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
             )  # fmt: skip
             _merge_(_rows(out, call.q_rows), _rows(lse, call.q_rows, 2), step_out, step_lse)
         _wait(works)  # blocks until the next K/V have arrived (and ours have left)
@@ -178,7 +186,7 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
                 sdq, sdk, sdv = local_backward(
                     _rows(dout, call.q_rows), _rows(q, call.q_rows), _rows(kv[0], call.k_rows),
                     _rows(kv[1], call.k_rows), _rows(out, call.q_rows), _rows(lse, call.q_rows, 2),
-                    **_call_kwargs(spec, call, q_pos, k_pos),
+                    **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
                 )  # fmt: skip
                 _rows(dq, call.q_rows).add_(sdq)
                 _rows(partial[0], call.k_rows).add_(sdk)

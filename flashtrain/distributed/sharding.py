@@ -66,6 +66,16 @@ def ring_segments(seqlen: int, ring_size: int, ring_rank: int, layout: str) -> l
     return [Segment(ring_rank * c, c, 0), Segment((2 * ring_size - 1 - ring_rank) * c, c, c)]
 
 
+def segment_runs(segments: list[Segment], rows: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """(global start, length) of each run of consecutive positions in local rows [rows) of a shard."""
+    runs = []
+    for s in segments:
+        lo, hi = max(rows[0], s.row), min(rows[1], s.row + s.length)
+        if lo < hi:
+            runs.append((s.start + lo - s.row, hi - lo))
+    return tuple(runs)
+
+
 def segments_positions(segments: list[Segment], device=None) -> torch.Tensor:
     """Global position of every local row, (sum of lengths,) int64."""
     return torch.cat([torch.arange(s.start, s.start + s.length, device=device) for s in segments])

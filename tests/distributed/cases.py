@@ -38,7 +38,9 @@ class Case:
     nheads_kv: int = 4
     window: tuple | None = None
     docs: bool = False
-    block: str | None = None  # "random": per-head random tiles of 2 tokens; "band": chunk-sized band
+    # "random": per-head random tiles of 2 tokens; "random16": of 16 tokens (kernel-sized); "band":
+    # chunk-sized band
+    block: str | None = None
     dropout_p: float = 0.0
     dtype: torch.dtype = torch.float64
     chunk: int = 4  # tokens per zigzag chunk: seqlen = 2 * sp * chunk
@@ -83,6 +85,14 @@ def ring_cases(world: int) -> list[Case]:
     else:
         cases.append(Case("ring-contiguous-triton-causal", layout="contiguous", causal=True, dtype=torch.float32,
                           backend="triton"))  # fmt: skip
+    if world == 2:
+        # documents through the varlen kernels, a block layout through the block-sparse ones
+        cases += [
+            Case("ring-zigzag-triton-docs-gqa", causal=True, docs=True, nheads_kv=2, dtype=torch.float32,
+                 chunk=16, backend="triton"),
+            Case("ring-zigzag-triton-block16", causal=True, block="random16", dtype=torch.float32, chunk=16,
+                 backend="triton"),
+        ]  # fmt: skip
     return cases
 
 
@@ -166,9 +176,9 @@ def make_inputs(case: Case, world: int) -> dict:
     if case.docs:
         cuts = torch.randperm(seqlen - 1, generator=gen)[:3] + 1
         inputs["cu_seqlens"] = torch.cat([torch.tensor([0]), cuts.sort().values, torch.tensor([seqlen])])
-    if case.block == "random":
-        inputs["block_size"] = 2
-        nb = seqlen // 2
+    if case.block in ("random", "random16"):
+        inputs["block_size"] = 2 if case.block == "random" else 16
+        nb = seqlen // inputs["block_size"]
         inputs["block_layout"] = torch.rand(case.nheads, nb, nb, generator=gen) < 0.5
     elif case.block == "band":
         inputs["block_size"] = case.chunk

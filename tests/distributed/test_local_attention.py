@@ -81,3 +81,111 @@ def test_triton_backend_matches_reference(causal, window, seqlen_q, seqlen_k):
                                backend="reference", **kw)  # fmt: skip
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
+
+
+def _positions(runs) -> torch.Tensor:
+    return torch.cat([torch.arange(s, s + n) for s, n in runs])
+
+
+def _masked_call(q_runs, k_runs, *, docs=None, layout=None, block_size=1, head_offset=0, dropout_p=0.0):
+    """A PositionMask as the ring builds it for one call (positions, host-side runs, document starts)."""
+    doc_ids = None
+    if docs is not None:
+        doc_ids = torch.repeat_interleave(torch.arange(len(docs) - 1), torch.tensor(docs).diff())
+    return PositionMask(
+        _positions(q_runs), _positions(k_runs), doc_ids=doc_ids, block_layout=layout, block_size=block_size,
+        head_offset=head_offset, dropout_p=dropout_p, dropout_seed=5, q_runs=tuple(q_runs),
+        k_runs=tuple(k_runs), doc_starts=None if docs is None else tuple(docs),
+    )  # fmt: skip
+
+
+def _check_against_reference(mask, causal, window, seqlen_q, seqlen_k, nheads=4, nheads_kv=2, seed=0):
+    q, k, v, dout = _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float32, seed=seed)
+    kw = dict(causal=causal, softmax_scale=0.25, window=window, mask=mask)
+    out, lse = local_forward(q, k, v, backend="triton", **kw)
+    ref_out, ref_lse = local_forward(q.double(), k.double(), v.double(), backend="reference", **kw)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-4, atol=1e-4)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)  # rows that see no key: lse = -inf on both
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], rtol=1e-4, atol=1e-4)
+    # the backward recomputes from the (global) out and lse, as the ring passes them
+    grads = local_backward(dout, q, k, v, ref_out.float(), ref_lse.float(), backend="triton", **kw)
+    ref_grads = local_backward(dout.double(), q.double(), k.double(), v.double(), ref_out, ref_lse,
+                               backend="reference", **kw)  # fmt: skip
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
+
+
+# (q runs, k runs, causal, window): a shard against itself (one run; the zigzag pair of runs, whose
+# documents span the gap), a window on the diagonal, and fully visible calls against another shard
+_DOC_CALLS = [
+    (((40, 24),), ((40, 24),), True, None),
+    (((16, 16), (80, 16)), ((16, 16), (80, 16)), True, None),
+    (((40, 24),), ((40, 24),), True, (5, None)),
+    (((40, 24),), ((40, 24),), False, None),
+    (((64, 24),), ((16, 32),), False, None),
+    (((80, 16),), ((0, 16), (96, 16)), False, None),
+]
+_DOCS = [0, 3, 30, 45, 47, 70, 90, 112]  # crossing runs, a one-token document, one wider than a run
+
+
+@pytest.mark.parametrize("q_runs,k_runs,causal,window", _DOC_CALLS)
+def test_triton_documents_run_through_varlen(q_runs, k_runs, causal, window):
+    from flashtrain.distributed.local_attention import _route
+
+    mask = _masked_call(q_runs, k_runs, docs=_DOCS)
+    q = torch.empty(1, sum(n for _, n in q_runs), 4, 16)
+    assert _route("triton", q, mask, causal, window) == "varlen"
+    _check_against_reference(mask, causal, window, len(mask.q_pos), len(mask.k_pos))
+
+
+_BLOCK_CALLS = [
+    (((32, 32),), ((32, 32),), True),
+    (((16, 16), (80, 16)), ((16, 16), (80, 16)), True),
+    (((64, 32),), ((0, 32),), False),
+    (((96, 20),), ((16, 32), (80, 16)), False),  # a tail block that ends inside the layout block
+]
+
+
+@pytest.mark.parametrize("q_runs,k_runs,causal", _BLOCK_CALLS)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_triton_block_layout_runs_through_block_sparse(q_runs, k_runs, causal, per_head):
+    from flashtrain.distributed.local_attention import _route
+
+    gen = torch.Generator().manual_seed(3)
+    layout = torch.rand(8 if per_head else 1, 8, 8, generator=gen) < 0.5  # 116 tokens in 16-token blocks
+    layout[:, 5, :] = False  # a query block that sees nothing: out 0, lse -inf
+    mask = _masked_call(q_runs, k_runs, layout=layout, block_size=16, head_offset=4 if per_head else 0)
+    q = torch.empty(1, sum(n for _, n in q_runs), 4, 16)
+    assert _route("triton", q, mask, causal, None) == "block_sparse"
+    _check_against_reference(mask, causal, None, len(mask.q_pos), len(mask.k_pos), seed=1)
+
+
+def test_masks_the_kernels_cannot_express_go_to_the_reference():
+    from flashtrain.distributed.local_attention import _route
+
+    q = torch.empty(1, 16, 4, 16)
+    diag = ((16, 16),)
+    lay = torch.ones(1, 8, 8, dtype=torch.bool)
+    cases = [
+        (_masked_call(diag, diag, docs=_DOCS, dropout_p=0.1), True, None),
+        (_masked_call(diag, diag, docs=[0, 20, 128], layout=lay, block_size=16), True, None),
+        # causal against a shifted shard: per document the diagonal would move
+        (_masked_call(((48, 16),), ((40, 16),), docs=_DOCS), True, None),
+        (_masked_call(((16, 16), (96, 16)), ((16, 16), (96, 16)), docs=[0, 50, 128]), True, None),
+        (_masked_call(((16, 16),), ((0, 16),), layout=lay, block_size=16), False, (4, 4)),
+        (_masked_call(((8, 16),), ((8, 16),), layout=lay, block_size=16), True, None),  # cuts blocks
+        (_masked_call(((8, 8),), ((8, 8),), layout=lay, block_size=8), True, None),  # 8 < 16
+        (
+            PositionMask(torch.arange(16), torch.arange(16), doc_ids=torch.zeros(128, dtype=torch.long)),
+            False,
+            None,
+        ),
+    ]
+    # the zigzag Ulysses gather: documents out of order
+    cases[3] = (_masked_call(((96, 16), (16, 16)), ((96, 16), (16, 16)), docs=[0, 50, 128]), False, None)
+    for mask, causal, window in cases:
+        assert _route("triton", q, mask, causal, window) == "reference"
+    # ... and the reference gives them exactly
+    mask = _masked_call(((48, 16),), ((40, 16),), docs=_DOCS)
+    _check_against_reference(mask, True, None, 16, 16)
