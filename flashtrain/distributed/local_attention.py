@@ -14,7 +14,8 @@
   no window). Dropout (whose global-coordinate hash is not the kernels' Philox stream), documents
   together with a block layout, documents in a non-increasing order (a zigzag Ulysses gather),
   and block layouts whose blocks the call's runs cut, or that are not powers of two >= 16, or
-  with a window, go to the reference: exact, but O(seqlen_q * seqlen_k) memory per call.
+  with a window, go to the reference, in chunks of query rows so its memory stays bounded
+  (`REFERENCE_CHUNK_ELEMENTS`) on any sequence length.
 
 Semantics are those of `kernels/reference.py`: q (batch, seqlen_q, nheads, headdim), k/v
 (batch, seqlen_k, nheads_kv, headdim), causal/window aligned bottom-right, lse natural log float32
@@ -30,7 +31,7 @@ import bisect
 import itertools
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -235,6 +236,44 @@ def _block_layout(mask: PositionMask, nheads: int):
     return BlockLayout(lay.index_select(1, blocks(mask.q_runs)).index_select(2, blocks(mask.k_runs)), bs)
 
 
+# score elements (batch * heads * rows * keys) the reference materialises at once: about 1 GiB of
+# float32 scores and masks, so a long call that no kernel serves runs in row chunks instead of
+# running out of memory
+REFERENCE_CHUNK_ELEMENTS = 1 << 26
+
+
+def _rows(x: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+    return x.narrow(1, rows[0], rows[1] - rows[0])
+
+
+def _row_chunks(q: torch.Tensor, seqlen_k: int, causal: bool, window, mask: PositionMask | None):
+    """Yield (rows, reference kwargs) for chunks of the call's query rows, each with its own masks.
+
+    Rows are independent given the keys, so chunking is exact. A chunk of m' rows ending at row r1 of
+    m is bottom-right aligned d = r1 - m keys earlier than its rows really are, so its window bounds
+    shift by d (causal becomes the right bound).
+    """
+    batch, m, nheads = q.shape[0], q.shape[1], q.shape[2]
+    step = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * nheads * seqlen_k))
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    for r0 in range(0, m, step):
+        r1 = min(m, r0 + step)
+        d = r1 - m
+        kw = dict(
+            causal=False,
+            window=None if left is None and right is None
+            else (None if left is None else left - d, None if right is None else right + d),
+        )  # fmt: skip
+        if mask is not None:
+            part = replace(mask, q_pos=mask.q_pos[r0:r1], q_runs=None)
+            drop = part.dropout_mask(batch, nheads)
+            kw.update(attn_mask=part.element_mask(nheads), dropout_mask=drop,
+                      dropout_p=mask.dropout_p if drop is not None else 0.0)  # fmt: skip
+        yield (r0, r1), kw
+
+
 def _packed(x: torch.Tensor) -> torch.Tensor:
     """(batch, seqlen, heads, dim) -> (batch * seqlen, heads, dim), the varlen kernels' packing."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
@@ -285,14 +324,15 @@ def local_forward(
             max_seqlen_q=cut.max_q, max_seqlen_k=cut.max_k, **kw,
         )  # fmt: skip
         return out.view(q.shape), (lse2 * _LN2).view(nheads, batch, m).transpose(0, 1)
-    batch, nheads = q.shape[0], q.shape[2]
-    attn_mask = mask.element_mask(nheads) if mask is not None else None
-    drop = mask.dropout_mask(batch, nheads) if mask is not None else None
-    out, lse = attention_reference(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, attn_mask=attn_mask,
-        dropout_p=mask.dropout_p if drop is not None else 0.0, dropout_mask=drop, return_lse=True,
-    )  # fmt: skip
-    return out, lse  # float32, or float64 for float64 inputs (the tests' ground truth)
+    outs, lses = [], []
+    for rows, kw in _row_chunks(q, k.shape[1], causal, window, mask):
+        out, lse = attention_reference(
+            _rows(q, rows), k, v, softmax_scale=softmax_scale, return_lse=True, **kw
+        )
+        outs.append(out)
+        lses.append(lse)
+    # float32 lse, or float64 for float64 inputs (the tests' ground truth)
+    return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs, 1), torch.cat(lses, 2))
 
 
 def local_backward(
@@ -335,10 +375,12 @@ def local_backward(
             cu_seqlens_k=cut.cu_k, max_seqlen_q=cut.max_q, max_seqlen_k=cut.max_k, **kw,
         )  # fmt: skip
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    batch, nheads = q.shape[0], q.shape[2]
-    attn_mask = mask.element_mask(nheads) if mask is not None else None
-    drop = mask.dropout_mask(batch, nheads) if mask is not None else None
-    return attention_backward_reference(
-        dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, window=window,
-        attn_mask=attn_mask, dropout_mask=drop, dropout_p=mask.dropout_p if drop is not None else 0.0,
-    )  # fmt: skip
+    dqs, dk, dv = [], None, None
+    for rows, kw in _row_chunks(q, k.shape[1], causal, window, mask):
+        dq_c, dk_c, dv_c = attention_backward_reference(
+            _rows(dout, rows), _rows(q, rows), k, v, _rows(out, rows), lse[:, :, rows[0] : rows[1]],
+            softmax_scale=softmax_scale, **kw,
+        )  # fmt: skip
+        dqs.append(dq_c)
+        dk, dv = (dk_c, dv_c) if dk is None else (dk.add_(dk_c), dv.add_(dv_c))
+    return (dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)), dk, dv

@@ -189,3 +189,25 @@ def test_masks_the_kernels_cannot_express_go_to_the_reference():
     # ... and the reference gives them exactly
     mask = _masked_call(((48, 16),), ((40, 16),), docs=_DOCS)
     _check_against_reference(mask, True, None, 16, 16)
+
+
+@pytest.mark.parametrize("causal,window", _WINDOWS + [(True, (4, -2))])
+@pytest.mark.parametrize("masked", [False, True])
+def test_reference_in_row_chunks_is_exact(monkeypatch, causal, window, masked):
+    """A long call that no kernel serves runs in row chunks with shifted windows: same result."""
+    import flashtrain.distributed.local_attention as la
+
+    q, k, v, dout = _qkv(21, 30, 4, 2)
+    mask = None
+    if masked:
+        layout = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(2)) < 0.7
+        mask = PositionMask(torch.arange(40, 61), torch.arange(31, 61), doc_ids=torch.arange(64) // 9,
+                            block_layout=layout, block_size=8, dropout_p=0.2, dropout_seed=3)  # fmt: skip
+    kw = dict(causal=causal, softmax_scale=0.3, window=window, mask=mask, backend="reference")
+    whole = local_forward(q, k, v, **kw)
+    whole_grads = local_backward(dout, q, k, v, *whole, **kw)
+    monkeypatch.setattr(la, "REFERENCE_CHUNK_ELEMENTS", 2 * 4 * 30 * 4)  # 4 rows per chunk, 6 chunks
+    chunked = local_forward(q, k, v, **kw)
+    chunked_grads = local_backward(dout, q, k, v, *whole, **kw)
+    for got, want in zip((*chunked, *chunked_grads), (*whole, *whole_grads), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
