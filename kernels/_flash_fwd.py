@@ -222,7 +222,15 @@ def prune_configs(configs, named_args, rows_key, cols_key, acc_rows_key, n_acc, 
         if rows > max(seq_rows, 64) or cols > max(seq_cols, 32):
             continue
         kept.append(c)
-    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    # Keep at least two candidates: the autotuner compiles a lone config outside its guard, while
+    # with two it treats a config whose compile fails as infinitely slow and takes the other. ptxas
+    # (CUDA 13, H200) crashed with SIGSEGV on some configs of these kernels: once inside an autotune
+    # run, which went on with another config, and once fatally in a short-sequence ring test, where
+    # the pruning likely left one config (the failing config was not recorded).
+    spare = sorted(
+        (c for c in configs if c not in kept), key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]
+    )
+    return kept + spare[: max(0, 2 - len(kept))]
 
 
 def _prune_fwd(configs, named_args, **kwargs):

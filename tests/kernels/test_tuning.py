@@ -1,0 +1,44 @@
+"""Autotune pruning: what survives for a shape, and that a fallback candidate always survives."""
+
+import pytest
+import triton
+
+from kernels._flash_fwd import prune_configs
+
+
+def _config(m, n, warps=4, stages=2):
+    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
+
+
+_CONFIGS = [_config(128, 128, 8, 3), _config(128, 64), _config(64, 64), _config(64, 32), _config(32, 32)]
+
+
+def _prune(seqlen_q, seqlen_k, block_d=64, configs=_CONFIGS):
+    args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, BLOCK_D=block_d, DOT_PREC="tf32x3")
+    return prune_configs(configs, args, "seqlen_q", "seqlen_k", "BLOCK_M", 1)
+
+
+def _tiles(configs):
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in configs]
+
+
+def test_long_sequences_keep_every_config_that_fits():
+    assert _tiles(_prune(4096, 4096)) == _tiles(_CONFIGS)
+
+
+@pytest.mark.parametrize("seqlen", [1, 16, 31])
+def test_short_sequences_keep_a_second_candidate(seqlen):
+    """Tiles far larger than the sequence are dropped, but never down to one: a lone config is
+    compiled outside the autotuner's guard, so a compiler crash on it would be fatal."""
+    assert _tiles(_prune(seqlen, seqlen)) == [(64, 32), (32, 32)]  # both fit: rows <= 64, cols <= 32
+    # only (64, 32) fits; the smallest of the rest comes along as the fallback
+    assert _tiles(_prune(seqlen, seqlen, configs=_CONFIGS[:4])) == [(64, 32), (64, 64)]
+
+
+def test_nothing_fits_still_gives_the_two_smallest():
+    kept = _tiles(_prune(4096, 4096, block_d=1 << 20))  # shared memory overflows for every tile
+    assert kept == [(32, 32), (64, 32)]
+
+
+def test_a_single_config_list_is_returned_whole():
+    assert _tiles(_prune(16, 16, configs=[_config(128, 128)])) == [(128, 128)]
