@@ -87,13 +87,19 @@ def _positions(runs) -> torch.Tensor:
     return torch.cat([torch.arange(s, s + n) for s, n in runs])
 
 
+_DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CUDA path itself where there is a GPU
+
+
 def _masked_call(q_runs, k_runs, *, docs=None, layout=None, block_size=1, head_offset=0, dropout_p=0.0):
     """A PositionMask as the ring builds it for one call (positions, host-side runs, document starts)."""
     doc_ids = None
     if docs is not None:
-        doc_ids = torch.repeat_interleave(torch.arange(len(docs) - 1), torch.tensor(docs).diff())
+        doc_ids = torch.repeat_interleave(torch.arange(len(docs) - 1), torch.tensor(docs).diff()).to(_DEV)
+    if layout is not None:
+        layout = layout.to(_DEV)
     return PositionMask(
-        _positions(q_runs), _positions(k_runs), doc_ids=doc_ids, block_layout=layout, block_size=block_size,
+        _positions(q_runs).to(_DEV), _positions(k_runs).to(_DEV), doc_ids=doc_ids, block_layout=layout,
+        block_size=block_size,
         head_offset=head_offset, dropout_p=dropout_p, dropout_seed=5, q_runs=tuple(q_runs),
         k_runs=tuple(k_runs), doc_starts=None if docs is None else tuple(docs),
     )  # fmt: skip
@@ -101,6 +107,7 @@ def _masked_call(q_runs, k_runs, *, docs=None, layout=None, block_size=1, head_o
 
 def _check_against_reference(mask, causal, window, seqlen_q, seqlen_k, nheads=4, nheads_kv=2, seed=0):
     q, k, v, dout = _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float32, seed=seed)
+    q, k, v, dout = (t.to(_DEV) for t in (q, k, v, dout))
     kw = dict(causal=causal, softmax_scale=0.25, window=window, mask=mask)
     out, lse = local_forward(q, k, v, backend="triton", **kw)
     ref_out, ref_lse = local_forward(q.double(), k.double(), v.double(), backend="reference", **kw)
