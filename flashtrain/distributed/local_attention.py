@@ -12,7 +12,7 @@
   each when the call's own mask survives the cut: the call is a shard against the same positions
   (so causal/window per document or per layout is the global one) or is fully visible (no causal,
   no window). Dropout (whose global-coordinate hash is not the kernels' Philox stream), documents
-  together with a block layout, documents in a non-increasing order (a zigzag Ulysses gather),
+  together with a block layout, positions out of order (the ring and Ulysses never pass them),
   and block layouts whose blocks the call's runs cut, or that are not powers of two >= 16, or
   with a window, go to the reference, in chunks of query rows so its memory stays bounded
   (`REFERENCE_CHUNK_ELEMENTS`) on any sequence length.

@@ -189,7 +189,7 @@ def test_masks_the_kernels_cannot_express_go_to_the_reference():
             None,
         ),
     ]
-    # the zigzag Ulysses gather: documents out of order
+    # positions out of order (a caller other than the ring or Ulysses)
     cases[3] = (_masked_call(((96, 16), (16, 16)), ((96, 16), (16, 16)), docs=[0, 50, 128]), False, None)
     for mask, causal, window in cases:
         assert _route("triton", q, mask, causal, window) == "reference"
