@@ -29,7 +29,7 @@ from flashtrain.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLURM_DIR = os.path.join(ROOT, "slurm")
-STEPS = 40  # long enough that a signal sent at the step-5 checkpoint lands mid-run
+STEPS = 40
 TERMINAL = {
     "COMPLETED",
     "FAILED",
@@ -40,7 +40,13 @@ TERMINAL = {
     "BOOT_FAIL",
     "DEADLINE",
 }
-CPU_RUN = ["debug=cpu", "trainer.device=cpu", f"trainer.max_steps={STEPS}", "trainer.checkpoint_interval=5"]
+# A signal sent when the step-5 checkpoint appears must land before step 40. The debug model's steps
+# take ~15 ms (the 35 steps left can end before the signal gets through); this one's take ~250 ms on
+# two CPU cores, so the signal has about 8 s to arrive.
+CPU_RUN = [
+    "debug=cpu", "trainer.device=cpu", f"trainer.max_steps={STEPS}", "trainer.checkpoint_interval=5",
+    "model.n_layer=4", "model.d_model=128", "model.max_seq_len=256", "trainer.seq_len=256", "trainer.batch_size=4",
+]  # fmt: skip
 
 
 # ---- the cluster ------------------------------------------------------------------------------------
