@@ -18,7 +18,7 @@ from ._common import (
     store_tile,
     visible_range,
 )
-from ._flash_fwd import _TUNE_KEY, prune_configs, tune_bucket
+from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket
 
 
 @triton.jit
@@ -58,7 +58,7 @@ def _bwd_preprocess(
 def _bwd_dkdv_inner(
     dk, dv, k, v, kpm,
     Q, DO, LSE, DELTA, DQ, stride_qm, stride_dom, stride_dqm, lse_off,
-    offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+    offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
@@ -92,8 +92,8 @@ def _bwd_dkdv_inner(
         do = load_tile(DO + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, offs_d, seqlen_q,
                        HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         if DROPOUT:
-            rows = lse_off + offs_m.to(tl.int64)
-            keepT = dropout_keep(seed, rows[None, :], offs_n[:, None], drop_width, dropout_p)
+            rows = rng_off + offs_m.to(tl.int64)
+            keepT = dropout_keep(seed, rows[None, :], drop_col0 + offs_n[:, None], dropout_p)
             inv_keep = 1.0 / (1.0 - dropout_p)
             pdT = tl.where(keepT, pT * inv_keep, 0.0)
         else:
@@ -133,7 +133,8 @@ def _bwd_dkdv(
     stride_lb, stride_lh,
     stride_kpmb, stride_kpmn,
     seqlen_q, seqlen_k, group,
-    sm_scale, qk_scale, win_left, win_right, dropout_p, seed, drop_width,
+    sm_scale, qk_scale, win_left, win_right, dropout_p, seed,
+    drop_sb, drop_sh, drop_row0, drop_col0,  # dropout row ids, as in the forward
     tune_seqlen,  # autotune key only
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -185,23 +186,24 @@ def _bwd_dkdv(
         q_base = Q + off_b64 * stride_qb + q_start * stride_qm + off_h * stride_qh
         do_base = DO + off_b64 * stride_dob + q_start * stride_dom + off_h * stride_doh
         lse_off = off_b64 * stride_lb + off_h * stride_lh + q_start
+        rng_off = off_b64 * drop_sb + off_h * drop_sh + drop_row0 + q_start
         if ATOMIC_DQ:
             dq_base = DQ + off_b64 * stride_dqb + q_start * stride_dqm + off_h * stride_dqh
         else:
             dq_base = DQ
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
             lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
             full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
             full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
     dk = dk * sm_scale
@@ -214,7 +216,7 @@ def _bwd_dkdv(
 @triton.jit
 def _bwd_dq_inner(
     dq, q, do, lse, delta, K, V, KPM, stride_kn, stride_vn, stride_kpmn,
-    offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+    offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
@@ -242,7 +244,7 @@ def _bwd_dq_inner(
         p = tl.math.exp2(qk - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         if DROPOUT:
-            keep_d = dropout_keep(seed, rows[:, None], offs_n[None, :], drop_width, dropout_p)
+            keep_d = dropout_keep(seed, rng_rows[:, None], drop_col0 + offs_n[None, :], dropout_p)
             dp = tl.where(keep_d, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
@@ -260,7 +262,8 @@ def _bwd_dq(
     stride_lb, stride_lh,
     stride_kpmb, stride_kpmn,
     seqlen_q, seqlen_k, group,
-    sm_scale, qk_scale, win_left, win_right, dropout_p, seed, drop_width,
+    sm_scale, qk_scale, win_left, win_right, dropout_p, seed,
+    drop_sb, drop_sh, drop_row0, drop_col0,  # dropout row ids, as in the forward
     tune_seqlen,  # autotune key only
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -294,6 +297,7 @@ def _bwd_dq(
     lse = tl.load(LSE + rows, mask=offs_m < seqlen_q, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
     delta = tl.load(DELTA + rows, mask=offs_m < seqlen_q, other=0.0)
+    rng_rows = off_b64 * drop_sb + off_h * drop_sh + drop_row0 + q_start + offs_m
     k_base = K + off_b64 * stride_kb + k_start * stride_kn + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + k_start * stride_vn + off_hk * stride_vh
     kpm_base = KPM + off_b64 * stride_kpmb
@@ -306,17 +310,17 @@ def _bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _bwd_dq_inner(
         dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
         lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = _bwd_dq_inner(
         dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
         full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = _bwd_dq_inner(
         dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        offs_m, rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = dq * sm_scale
@@ -380,6 +384,7 @@ _bwd_dq_tuned = triton.autotune(
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
+    dropout_rows=None,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
@@ -422,8 +427,8 @@ def flash_attn_backward(
     kpm_strides = (kpm.stride(0), kpm.stride(1)) if kpm is not None else (0, 0)
     scalars = (
         seqlen_q, seqlen_k, nheads // nheads_kv,
-        sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed, seqlen_k,
-        tune_bucket(seqlen_q),
+        sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
+        *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
     )  # fmt: skip
     meta = dict(
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,

@@ -29,7 +29,7 @@ def _fwd_inner(
     acc, l_i, m_i, q,
     K, V, KPM, stride_kn, stride_vn, stride_kpmn,
     pos_m, rng_rows, offs_d,
-    seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+    seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
@@ -64,7 +64,7 @@ def _fwd_inner(
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
             p = tl.where(
-                dropout_keep(seed, rng_rows[:, None], offs_n[None, :], drop_width, dropout_p), p, 0.0
+                dropout_keep(seed, rng_rows[:, None], drop_col0 + offs_n[None, :], dropout_p), p, 0.0
             )
         v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
@@ -87,7 +87,8 @@ def _attn_fwd(
     # sizes: seqlen_q/seqlen_k are per batch (dense) or the maxima (varlen)
     seqlen_q, seqlen_k, group,
     # scalars
-    qk_scale, win_left, win_right, dropout_p, seed, drop_width,
+    qk_scale, win_left, win_right, dropout_p, seed,
+    drop_sb, drop_sh, drop_row0, drop_col0,  # dropout row ids: b * drop_sb + h * drop_sh + drop_row0 + row
     tune_seqlen,  # autotune key only
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -121,7 +122,8 @@ def _attn_fwd(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     pos_m = offs_m + (seqlen_k - seqlen_q)  # bottom-right aligned key position of each query
-    lse_rows = off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m  # also the rows' Philox ids
+    lse_rows = off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m
+    rng_rows = off_b64 * drop_sb + off_h * drop_sh + drop_row0 + q_start + offs_m
     q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q,
                   HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
 
@@ -137,17 +139,17 @@ def _attn_fwd(
     # masked tiles left of the fully visible run (window edge), the run itself, then the diagonal/tail
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, lse_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
         lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, lse_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
         full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, lse_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_width,
+        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
 
@@ -160,19 +162,6 @@ def _attn_fwd(
     tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
     store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(O.dtype.element_ty),
                offs_m, offs_d, seqlen_q, HEAD_DIM)  # fmt: skip
-
-
-@triton.jit
-def _dropout_mask_kernel(
-    MASK, seed, dropout_p, n_rows, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):  # fmt: skip
-    """Test helper: the keep-mask (batch * nheads * seqlen_q, seqlen_k) the dense kernels draw."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = offs_m.to(tl.int64)
-    keep = dropout_keep(seed, rows[:, None], offs_n[None, :], seqlen_k, dropout_p)
-    mask = (offs_m[:, None] < n_rows) & (offs_n[None, :] < seqlen_k)
-    tl.store(MASK + rows[:, None] * seqlen_k + offs_n[None, :], keep.to(tl.int8), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -257,6 +246,17 @@ _attn_fwd_tuned = triton.autotune(
 # ---------------------------------------------------------------------------------------------------
 
 
+def dropout_row_ids(dropout_rows, stride_lb: int, stride_lh: int) -> tuple[int, int, int, int]:
+    """Kernel args (drop_sb, drop_sh, drop_row0, drop_col0) numbering the dropout hash's rows and columns.
+
+    Row id of (batch b, head h, query i) = b * drop_sb + h * drop_sh + drop_row0 + i, key j's column
+    drop_col0 + j. By default the lse index (dense: (b * nheads + h) * seqlen_q + i) and j. The ring
+    passes dropout_rows = (sb, sh, row0, col0) giving the row id the whole sequence would have, so the
+    mask of a sequence shard is the single-process mask's block.
+    """
+    return tuple(dropout_rows) if dropout_rows is not None else (stride_lb, stride_lh, 0, 0)
+
+
 def tune_bucket(seqlen: int) -> int:
     """Sequences re-tune per power of two up to 8k; longer ones share the 8k choice."""
     return min(next_power_of_2(seqlen), 8192)
@@ -264,11 +264,12 @@ def tune_bucket(seqlen: int) -> int:
 
 def flash_attn_forward(
     q, k, v, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
-    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, dropout_rows=None,
 ):  # fmt: skip
     """Launch the forward. Inputs are already checked. Returns (out, lse2) with lse2 in base 2.
 
     Dense: q (B, Sq, H, D), lse2 (B, H, Sq). Varlen: q (Tq, H, D), lse2 (H, Tq).
+    dropout_rows: see `dropout_row_ids` (None: the rows' lse indices, the public API's numbering).
     """
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -298,22 +299,10 @@ def flash_attn_forward(
         stride_lb, stride_lh,
         kpm.stride(0) if kpm is not None else 0, kpm.stride(1) if kpm is not None else 0,
         seqlen_q, seqlen_k, nheads // k4.shape[2],
-        sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed, seqlen_k,
-        tune_bucket(seqlen_q),
+        sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
+        *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
         DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype),
     )  # fmt: skip
     return out, lse
-
-
-def dropout_mask(seed: int, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float, device):
-    """The bool keep-mask (batch, nheads, seqlen_q, seqlen_k) that the dense kernels draw for `seed`.
-
-    For tests: pass it to the reference as dropout_mask. Uses the kernels' own Philox formula.
-    """
-    rows = batch * nheads * seqlen_q
-    mask = torch.empty(rows, seqlen_k, device=device, dtype=torch.int8)
-    grid = (triton.cdiv(rows, 64), triton.cdiv(seqlen_k, 128))
-    _dropout_mask_kernel[grid](mask, seed, dropout_p, rows, seqlen_k, BLOCK_M=64, BLOCK_N=128)
-    return mask.view(batch, nheads, seqlen_q, seqlen_k).bool()

@@ -101,7 +101,7 @@ def _fwd_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
-            p = tl.where(dropout_keep(seed, rows[:, None], offs_n[None, :], seqlen_k, dropout_p), p, 0.0)
+            p = tl.where(dropout_keep(seed, rows[:, None], offs_n[None, :], dropout_p), p, 0.0)
         v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
                        MASKED, EVEN_D)  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
@@ -145,7 +145,7 @@ def _bs_fwd_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # each row's lse index is also its Philox row id, the same one the dense kernel uses
+    # each row's lse index is also its dropout row id, the same one the dense kernel uses
     rows = off_bh.to(tl.int64) * seqlen_q + offs_m
     lists = lay_h * n_row_tiles + pid_m
     acc, l_i, m_i = _fwd_tiles(
@@ -223,7 +223,7 @@ def _dq_tiles(
         if DROPOUT:
             # dO reaches P only through the kept, rescaled entries; delta = rowsum(dO * O) already
             # describes the dropped output, so dS = P * (dP_dropped - delta) is exact
-            keep = dropout_keep(seed, rows[:, None], offs_n[None, :], seqlen_k, dropout_p)
+            keep = dropout_keep(seed, rows[:, None], offs_n[None, :], dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
@@ -320,7 +320,7 @@ def _dkdv_tiles(
         p_t = tl.math.exp2(qk_t - lse2[None, :])
         if DROPOUT:
             # the forward's mask, regenerated transposed (keys x queries) from the same global ids
-            keep_t = dropout_keep(seed, row0 + offs_m[None, :], offs_n[:, None], seqlen_k, dropout_p)
+            keep_t = dropout_keep(seed, row0 + offs_m[None, :], offs_n[:, None], dropout_p)
             inv_keep = 1.0 / (1.0 - dropout_p)
             pd_t = tl.where(keep_t, p_t * inv_keep, 0.0)
         else:
@@ -585,10 +585,10 @@ def block_sparse_attention(
     causal: also mask keys after the query, aligned bottom-right as in `kernels.flash_attention`.
     softmax_scale: defaults to 1 / sqrt(headdim).
     dropout_p: dropout on the attention probabilities, in [0, 1), as in `kernels.flash_attention`: the
-    Philox seed comes from torch's CPU generator (torch.manual_seed makes it reproducible), kept
+    seed comes from torch's CPU generator (torch.manual_seed makes it reproducible), kept
     probabilities are scaled by 1 / (1 - dropout_p), the backward regenerates the mask, and lse is
     unaffected. The mask depends only on (seed, batch, head, query, key), so for the same seed it is
-    the dense kernel's mask (`kernels.flash_attention.dropout_mask`) restricted to the layout.
+    the dense kernel's mask (`kernels.reference.dropout_mask`) restricted to the layout.
     A query row that sees no key gets out = 0 and lse = -inf, and zero gradients.
     Returns out (batch, seqlen_q, nheads, headdim), and with return_lse also lse
     (batch, nheads, seqlen_q), float32, natural log of the softmax denominator.

@@ -21,6 +21,49 @@ import math
 
 import torch
 
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for int64 x in [0, 2^32): split c in 16-bit halves so no product passes 2^49."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def dropout_keep_reference(
+    seed: int, row_ids: torch.Tensor, col_ids: torch.Tensor, dropout_p: float
+) -> torch.Tensor:
+    """The kernels' dropout keep-mask (`kernels._common.dropout_keep`) in torch, bit for bit.
+
+    row_ids, col_ids: integer tensors that broadcast together (row ids as the kernels number them:
+    (batch * nheads + head) * seqlen_q + query for dense attention). Keeps an entry when the top 24 bits
+    of a MurmurHash3-finalised hash of (seed, row id, column), read as a fraction, are >= dropout_p
+    (compared in float32, like the kernels), so each entry survives with probability 1 - dropout_p.
+    """
+    h = _fmix32(torch.tensor((int(seed) & _M32) ^ 0x9E3779B9, dtype=torch.int64, device=row_ids.device))
+    rows = row_ids.to(torch.int64)
+    h = _fmix32(h ^ _mul32(rows & _M32, 0x61C88647))
+    h = _fmix32(h ^ _mul32((rows >> 32) & _M32, 0x7FEB352D))
+    h = _fmix32(h ^ _mul32(col_ids.to(torch.int64) & _M32, 0x27D4EB2F))
+    frac = (h >> 8).to(torch.float32) * (1.0 / 16777216.0)
+    return frac >= torch.tensor(dropout_p, dtype=torch.float32, device=frac.device)
+
+
+def dropout_mask(
+    seed: int, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float, device=None
+):
+    """The bool keep-mask (batch, nheads, seqlen_q, seqlen_k) that the dense kernels draw for `seed`;
+    pass it to the references as dropout_mask."""
+    rows = torch.arange(batch * nheads * seqlen_q, device=device).view(batch, nheads, seqlen_q, 1)
+    return dropout_keep_reference(seed, rows, torch.arange(seqlen_k, device=device), dropout_p)
+
 
 def position_mask(
     q_pos: torch.Tensor,

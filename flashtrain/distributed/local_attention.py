@@ -11,18 +11,19 @@
   - a block layout: the block-sparse launchers, over the layout's rows and columns of the call;
   each when the call's own mask survives the cut: the call is a shard against the same positions
   (so causal/window per document or per layout is the global one) or is fully visible (no causal,
-  no window). Dropout (whose global-coordinate hash is not the kernels' Philox stream), documents
-  together with a block layout, positions out of order (the ring and Ulysses never pass them),
-  and block layouts whose blocks the call's runs cut, or that are not powers of two >= 16, or
-  with a window, go to the reference, in chunks of query rows so its memory stays bounded
-  (`REFERENCE_CHUNK_ELEMENTS`) on any sequence length.
+  no window). Dropout runs in the FlashAttention kernels (given the row ids of the whole sequence);
+  dropout together with documents or a block layout, documents together with a block layout,
+  positions out of order (the ring and Ulysses never pass them), and block layouts whose blocks the
+  call's runs cut, or that are not powers of two >= 16, or with a window, go to the reference, in
+  chunks of query rows so its memory stays bounded (`REFERENCE_CHUNK_ELEMENTS`) on any length.
 
 Semantics are those of `kernels/reference.py`: q (batch, seqlen_q, nheads, headdim), k/v
 (batch, seqlen_k, nheads_kv, headdim), causal/window aligned bottom-right, lse natural log float32
 (batch, nheads, seqlen_q), -inf (and out = 0) on rows that see no key.
 
-Dropout keeps an entry according to a counter-based hash of (seed, batch, global head, global row,
-global column), so the mask does not depend on how the sequence is sharded.
+Dropout keeps entry (b, h, i, j) by the kernels' counter-based hash of (seed, (b * H + h) * S + i, j),
+with h, i, j global (H heads, S tokens in all): the mask of `kernels.flash_attention` on the whole
+sequence, whatever the sharding, on both backends.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.reference import attention_backward_reference, attention_reference
+from kernels.reference import attention_backward_reference, attention_reference, dropout_keep_reference
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "reference", "triton")
 _LN2 = math.log(2.0)
-_M32 = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ class PositionMask:
     doc_ids: (global_seqlen,) document index per global position (packed varlen), or None.
     block_layout: bool (nheads_global or 1, n_row_blocks, n_col_blocks) over global positions, or None.
     head_offset: global index of the call's first head (Ulysses shards heads).
-    dropout_p, dropout_seed: dropout on the probabilities, keyed by global coordinates.
+    dropout_p, dropout_seed: dropout on the probabilities, keyed by global coordinates;
+    nheads_total, seqlen: the global head count and sequence length that number them (needed with dropout).
     q_runs, k_runs: host-side (global start, length) runs of q_pos / k_pos, in local order; the
     kernel routes need them (without them a masked call runs through the reference).
     doc_starts: host-side cu_seqlens of the global documents (with doc_ids).
@@ -66,9 +67,15 @@ class PositionMask:
     head_offset: int = 0
     dropout_p: float = 0.0
     dropout_seed: int = 0
+    nheads_total: int | None = None
+    seqlen: int | None = None
     q_runs: tuple[tuple[int, int], ...] | None = None
     k_runs: tuple[tuple[int, int], ...] | None = None
     doc_starts: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.dropout_p > 0.0 and (self.nheads_total is None or self.seqlen is None):
+            raise ValueError("PositionMask with dropout needs nheads_total and seqlen (they number the mask)")
 
     @property
     def has_element_mask(self) -> bool:
@@ -93,33 +100,33 @@ class PositionMask:
         if self.dropout_p == 0.0:
             return None
         heads = torch.arange(self.head_offset, self.head_offset + nheads, device=self.q_pos.device)
-        return dropout_keep_mask(self.dropout_seed, batch, heads, self.q_pos, self.k_pos, self.dropout_p)
+        return dropout_keep_mask(
+            self.dropout_seed, batch, heads, self.q_pos, self.k_pos, self.dropout_p,
+            nheads_total=self.nheads_total, seqlen=self.seqlen,
+        )  # fmt: skip
 
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 32-bit finaliser on int64 tensors holding 32-bit values (products stay < 2^63)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x85EBCA6B) & _M32
-    x = x ^ (x >> 13)
-    x = (x * 0xC2B2AE35) & _M32
-    return x ^ (x >> 16)
+    def dropout_rows(self) -> tuple[int, int, int, int]:
+        """The kernels' dropout numbering (drop_sb, drop_sh, drop_row0, drop_col0) for a call whose
+        rows and columns are one run each: row ids of the whole sequence, columns by global position."""
+        (q0, _), (k0, _) = self.q_runs[0], self.k_runs[0]
+        return self.nheads_total * self.seqlen, self.seqlen, self.head_offset * self.seqlen + q0, k0
 
 
 def dropout_keep_mask(
-    seed: int, batch: int, heads: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dropout_p: float
-) -> torch.Tensor:
-    """Bool keep-mask (batch, len(heads), len(q_pos), len(k_pos)) from a hash of global coordinates.
+    seed: int, batch: int, heads: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dropout_p: float,
+    *, nheads_total: int, seqlen: int,
+) -> torch.Tensor:  # fmt: skip
+    """Bool keep-mask (batch, len(heads), len(q_pos), len(k_pos)) at global coordinates.
 
-    Counter-based: entry (b, h, i, j) depends only on (seed, b, h, i, j), never on the shard that
-    computes it, so sequence-parallel runs drop exactly what the single-process run drops.
+    Entry (b, h, i, j) is the kernels' draw for row id (b * nheads_total + h) * seqlen + i and column
+    j, so it depends only on (seed, b, h, i, j), never on the shard that computes it, and equals the
+    mask `kernels.flash_attention` draws on the whole sequence with the same seed.
     """
     dev = q_pos.device
     b = torch.arange(batch, device=dev, dtype=torch.int64)[:, None, None, None]
     h = heads.to(dev, torch.int64)[None, :, None, None]
-    x = _fmix32((int(seed) & _M32) ^ ((b * 0x27D4EB2F + h * 0x165667B1 + 0x9E3779B9) & _M32))
-    x = _fmix32(x ^ ((q_pos.to(torch.int64)[None, None, :, None] * 0x61C88647) & _M32))
-    x = _fmix32(x ^ ((k_pos.to(torch.int64)[None, None, None, :] * 0x7FEB352D) & _M32))  # (B, H, m, n)
-    return (x.to(torch.float64) * (1.0 / 2**32)) >= dropout_p
+    rows = (b * nheads_total + h) * seqlen + q_pos.to(torch.int64)[None, None, :, None]
+    return dropout_keep_reference(seed, rows, k_pos.to(torch.int64), dropout_p)
 
 
 def _resolve(backend: str, q: torch.Tensor) -> str:
@@ -137,10 +144,15 @@ def _route(backend: str, q: torch.Tensor, mask: PositionMask | None, causal: boo
     if mask is None or (not mask.has_element_mask and mask.dropout_p == 0.0):
         return "dense"
     why = None
-    if mask.dropout_p > 0.0:
-        why = "dropout keys on a global-coordinate hash the kernels do not draw"
-    elif mask.q_runs is None or mask.k_runs is None:
+    if mask.q_runs is None or mask.k_runs is None:
         why = "the call's runs of positions are unknown"
+    elif mask.dropout_p > 0.0:
+        if mask.has_element_mask:
+            why = "dropout together with documents or a block layout"
+        elif len(mask.q_runs) != 1 or len(mask.k_runs) != 1:
+            why = "dropout numbers rows and columns from one run each"
+        else:
+            return "dense"
     elif mask.doc_ids is not None and mask.block_layout is not None:
         why = "documents and a block layout together"
     else:
@@ -279,6 +291,16 @@ def _packed(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+def _kernel_kwargs(causal: bool, softmax_scale: float, window, mask: PositionMask | None) -> dict:
+    """The FlashAttention launchers' options for one call (dropout only on the dense route)."""
+    win_left, win_right = _window_bounds(causal, window)
+    kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
+              dropout_p=0.0, seed=0)  # fmt: skip
+    if mask is not None and mask.dropout_p > 0.0:
+        kw.update(dropout_p=mask.dropout_p, seed=mask.dropout_seed, dropout_rows=mask.dropout_rows())
+    return kw
+
+
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     """Kernel (win_left, win_right); signed, because a past shard's window starts after its first key."""
     left, right = window if window is not None else (None, None)
@@ -311,9 +333,7 @@ def local_forward(
     if route in ("dense", "varlen"):
         from kernels._flash_fwd import flash_attn_forward
 
-        win_left, win_right = _window_bounds(causal, window)
-        kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
-                  dropout_p=0.0, seed=0)  # fmt: skip
+        kw = _kernel_kwargs(causal, softmax_scale, window, mask)
         if route == "dense":
             out, lse2 = flash_attn_forward(q, k, v, **kw)
             return out, lse2 * _LN2  # the kernel keeps lse in base 2
@@ -362,9 +382,7 @@ def local_backward(
     if route in ("dense", "varlen"):
         from kernels._flash_bwd import flash_attn_backward
 
-        win_left, win_right = _window_bounds(causal, window)
-        kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
-                  dropout_p=0.0, seed=0)  # fmt: skip
+        kw = _kernel_kwargs(causal, softmax_scale, window, mask)
         if route == "dense":
             return flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), **kw)
         batch, m, nheads, _ = q.shape

@@ -34,7 +34,8 @@ class RingSpec:
 
     seqlen: global sequence length (local shard * size). doc_ids: (seqlen,) document per position.
     block_layout: bool (nheads_global or 1, n_blocks, n_blocks) over global positions.
-    head_offset: global index of the first local head (Ulysses shards heads).
+    head_offset: global index of the first local head (Ulysses shards heads); nheads_total: the
+    global head count (with seqlen, it numbers the dropout mask).
     """
 
     group: dist.ProcessGroup | None
@@ -50,6 +51,7 @@ class RingSpec:
     block_layout: torch.Tensor | None = None
     block_size: int = 1
     head_offset: int = 0
+    nheads_total: int = 1
     dropout_p: float = 0.0
     dropout_seed: int = 0
     backend: str = "auto"
@@ -71,7 +73,8 @@ class RingSpec:
         return PositionMask(
             q_pos, k_pos, doc_ids=self.doc_ids, block_layout=self.block_layout, block_size=self.block_size,
             head_offset=self.head_offset, dropout_p=self.dropout_p, dropout_seed=self.dropout_seed,
-            q_runs=q_runs, k_runs=k_runs, doc_starts=self.doc_starts,
+            q_runs=q_runs, k_runs=k_runs, doc_starts=self.doc_starts, nheads_total=self.nheads_total,
+            seqlen=self.seqlen,
         )  # fmt: skip
 
 
@@ -416,7 +419,7 @@ def ring_attention(
         group=group, size=size, rank=rank, seqlen=seqlen, layout=layout, causal=causal,
         softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
         window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
-        block_layout=block_layout, block_size=block_size, dropout_p=float(dropout_p),
+        block_layout=block_layout, block_size=block_size, nheads_total=q.shape[2], dropout_p=float(dropout_p),
         dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
     )  # fmt: skip
     return RingAttention.apply(q, k, v, spec)

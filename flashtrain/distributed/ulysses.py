@@ -165,7 +165,7 @@ def _build(q, k, v, *, ulysses_group, ring_group, layout, causal, softmax_scale,
         softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
         window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
         block_layout=block_layout, block_size=block_size, head_offset=urank * (nheads // usize),
-        dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
+        nheads_total=nheads, dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
     )  # fmt: skip
     k, v = replicate_kv_heads(k, v, usize)
     return q, k, v, UlyssesSpec(ulysses_group, usize, perm, inner)

@@ -92,6 +92,9 @@ def ring_cases(world: int) -> list[Case]:
                  chunk=16, backend="triton"),
             Case("ring-zigzag-triton-block16", causal=True, block="random16", dtype=torch.float32, chunk=16,
                  backend="triton"),
+            # dropout in the kernels, numbered by global position: the single-process mask
+            Case("ring-zigzag-triton-dropout-gqa", causal=True, dropout_p=0.3, nheads_kv=2, dtype=torch.float32,
+                 backend="triton"),
         ]  # fmt: skip
     return cases
 
@@ -123,6 +126,9 @@ def ulysses_cases(world: int) -> list[Case]:
             dropout_p=0.25,
         ),  # fmt: skip
     ]
+    if world == 2:
+        cases.append(Case("ulysses-zigzag-triton-dropout", mode="ulysses", causal=True, nheads=heads,
+                          nheads_kv=heads, dropout_p=0.2, dtype=torch.float32, backend="triton"))  # fmt: skip
     if world == 4:
         cases += [
             Case("hybrid-zigzag-causal", mode="hybrid", causal=True),
@@ -203,8 +209,9 @@ def reference(case: Case, inp: dict) -> dict:
     if case.dropout_p > 0:
         pos = torch.arange(seqlen)
         drop = dropout_keep_mask(
-            inp["dropout_seed"], BATCH, torch.arange(case.nheads), pos, pos, case.dropout_p
-        )
+            inp["dropout_seed"], BATCH, torch.arange(case.nheads), pos, pos, case.dropout_p,
+            nheads_total=case.nheads, seqlen=seqlen,
+        )  # fmt: skip
     out = attention_reference(
         q, k, v, causal=case.causal, window=case.window, attn_mask=attn_mask,
         dropout_p=case.dropout_p, dropout_mask=drop,

@@ -10,7 +10,7 @@ from flashtrain.distributed.local_attention import (
     local_backward,
     local_forward,
 )
-from kernels.reference import attention_reference
+from kernels.reference import attention_reference, dropout_mask
 
 
 def _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float64, headdim=16, seed=0):
@@ -26,13 +26,14 @@ def _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float64, headdim=16,
 @pytest.mark.parametrize("nheads_kv", [4, 2])
 def test_dropout_backward_matches_autograd(causal, window, nheads_kv):
     q, k, v, dout = _qkv(9, 12, 4, nheads_kv)
-    mask = PositionMask(torch.arange(30, 39), torch.arange(5, 17), dropout_p=0.3, dropout_seed=1234)
+    mask = PositionMask(torch.arange(30, 39), torch.arange(5, 17), dropout_p=0.3, dropout_seed=1234,
+                        nheads_total=4, seqlen=40)  # fmt: skip
     out, lse = local_forward(q, k, v, causal=causal, softmax_scale=0.3, window=window, mask=mask)
     grads = local_backward(
         dout, q, k, v, out, lse, causal=causal, softmax_scale=0.3, window=window, mask=mask
     )
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-    drop = dropout_keep_mask(1234, 2, torch.arange(4), mask.q_pos, mask.k_pos, 0.3)
+    drop = dropout_keep_mask(1234, 2, torch.arange(4), mask.q_pos, mask.k_pos, 0.3, nheads_total=4, seqlen=40)
     ref = attention_reference(qr, kr, vr, causal=causal, softmax_scale=0.3, window=window, dropout_p=0.3,
                               dropout_mask=drop)  # fmt: skip
     ref.backward(dout)
@@ -43,12 +44,17 @@ def test_dropout_backward_matches_autograd(causal, window, nheads_kv):
 
 def test_dropout_mask_is_global_and_unbiased():
     pos = torch.arange(64)
-    full = dropout_keep_mask(7, 2, torch.arange(3), pos, pos, 0.25)
+    kw = dict(nheads_total=3, seqlen=64)
+    full = dropout_keep_mask(7, 2, torch.arange(3), pos, pos, 0.25, **kw)
+    # the mask flash_attention draws on the whole sequence with the same seed
+    assert torch.equal(full, dropout_mask(7, 2, 3, 64, 64, 0.25))
     # any sub-block drawn with its global coordinates is the same block of the full mask
-    part = dropout_keep_mask(7, 2, torch.arange(1, 3), pos[10:20], pos[40:64], 0.25)
+    part = dropout_keep_mask(7, 2, torch.arange(1, 3), pos[10:20], pos[40:64], 0.25, **kw)
     assert torch.equal(part, full[:, 1:3, 10:20, 40:64])
     assert abs(full.float().mean().item() - 0.75) < 0.02  # 24576 draws: 5 sigma is about 0.014
-    assert not torch.equal(full, dropout_keep_mask(8, 2, torch.arange(3), pos, pos, 0.25))
+    assert not torch.equal(full, dropout_keep_mask(8, 2, torch.arange(3), pos, pos, 0.25, **kw))
+    with pytest.raises(ValueError, match="nheads_total and seqlen"):
+        PositionMask(pos, pos, dropout_p=0.1)
 
 
 # windows as the ring produces them for one shard against another: shifted and signed
@@ -80,7 +86,7 @@ def _masked_call(q_runs, k_runs, *, docs=None, layout=None, block_size=1, head_o
         _positions(q_runs).to(_DEV), _positions(k_runs).to(_DEV), doc_ids=doc_ids, block_layout=layout,
         block_size=block_size,
         head_offset=head_offset, dropout_p=dropout_p, dropout_seed=5, q_runs=tuple(q_runs),
-        k_runs=tuple(k_runs), doc_starts=None if docs is None else tuple(docs),
+        k_runs=tuple(k_runs), doc_starts=None if docs is None else tuple(docs), nheads_total=8, seqlen=128,
     )  # fmt: skip
 
 
@@ -160,10 +166,12 @@ def test_masks_the_kernels_cannot_express_go_to_the_reference():
     lay = torch.ones(1, 8, 8, dtype=torch.bool)
     cases = [
         (_masked_call(diag, diag, docs=_DOCS, dropout_p=0.1), True, None),
+        (_masked_call(((16, 16), (96, 16)), ((16, 16), (96, 16)), dropout_p=0.1), True, None),  # two runs
         (_masked_call(diag, diag, docs=[0, 20, 128], layout=lay, block_size=16), True, None),
         # causal against a shifted shard: per document the diagonal would move
         (_masked_call(((48, 16),), ((40, 16),), docs=_DOCS), True, None),
-        (_masked_call(((16, 16), (96, 16)), ((16, 16), (96, 16)), docs=[0, 50, 128]), True, None),
+        # positions out of order (a caller other than the ring or Ulysses)
+        (_masked_call(((96, 16), (16, 16)), ((96, 16), (16, 16)), docs=[0, 50, 128]), False, None),
         (_masked_call(((16, 16),), ((0, 16),), layout=lay, block_size=16), False, (4, 4)),
         (_masked_call(((8, 16),), ((8, 16),), layout=lay, block_size=16), True, None),  # cuts blocks
         (_masked_call(((8, 8),), ((8, 8),), layout=lay, block_size=8), True, None),  # 8 < 16
@@ -173,8 +181,6 @@ def test_masks_the_kernels_cannot_express_go_to_the_reference():
             None,
         ),
     ]
-    # positions out of order (a caller other than the ring or Ulysses)
-    cases[3] = (_masked_call(((96, 16), (16, 16)), ((96, 16), (16, 16)), docs=[0, 50, 128]), False, None)
     for mask, causal, window in cases:
         assert _route("triton", q, mask, causal, window) == "reference"
     # ... and the reference gives them exactly
@@ -193,7 +199,8 @@ def test_reference_in_row_chunks_is_exact(monkeypatch, causal, window, masked):
     if masked:
         layout = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(2)) < 0.7
         mask = PositionMask(torch.arange(40, 61), torch.arange(31, 61), doc_ids=torch.arange(64) // 9,
-                            block_layout=layout, block_size=8, dropout_p=0.2, dropout_seed=3)  # fmt: skip
+                            block_layout=layout, block_size=8, dropout_p=0.2, dropout_seed=3, nheads_total=4,
+                            seqlen=64)  # fmt: skip
     kw = dict(causal=causal, softmax_scale=0.3, window=window, mask=mask, backend="reference")
     whole = local_forward(q, k, v, **kw)
     whole_grads = local_backward(dout, q, k, v, *whole, **kw)
@@ -202,3 +209,24 @@ def test_reference_in_row_chunks_is_exact(monkeypatch, causal, window, masked):
     chunked_grads = local_backward(dout, q, k, v, *whole, **kw)
     for got, want in zip((*chunked, *chunked_grads), (*whole, *whole_grads), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# (q run, k run, causal, window, head offset): a diagonal call, past shards (causal shifts, a window),
+# a fully visible one, and a Ulysses head shard
+_DROPOUT_CALLS = [
+    ((40, 24), (40, 24), True, None, 0),
+    ((64, 16), (16, 32), True, None, 0),
+    ((64, 16), (40, 32), False, (20, -8), 0),
+    ((0, 16), (96, 32), False, None, 0),
+    ((40, 24), (40, 24), True, None, 4),
+]
+
+
+@pytest.mark.parametrize("q_run,k_run,causal,window,head_offset", _DROPOUT_CALLS)
+def test_triton_dropout_runs_in_the_kernels_with_the_global_mask(q_run, k_run, causal, window, head_offset):
+    from flashtrain.distributed.local_attention import _route
+
+    mask = _masked_call((q_run,), (k_run,), dropout_p=0.25, head_offset=head_offset)
+    q = torch.empty(1, q_run[1], 4, 16)
+    assert _route("triton", q, mask, causal, window) == "dense"
+    _check_against_reference(mask, causal, window, q_run[1], k_run[1], seed=2)

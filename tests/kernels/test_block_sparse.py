@@ -17,7 +17,7 @@ from kernels.layouts import BlockLayout, butterfly_layout, local_layout, random_
 from kernels.reference import block_sparse_reference, expand_block_layout
 
 FLOOR = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
-DROPOUT_SEED = 99  # torch.manual_seed before each dropout call, so kernel and test draw one Philox seed
+DROPOUT_SEED = 99  # torch.manual_seed before each dropout call, so kernel and test draw one dropout seed
 
 
 def _inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, device):

@@ -1,21 +1,66 @@
-"""Dropout inside the attention kernels: Philox masks regenerated from (seed, position), never stored.
+"""Dropout inside the attention kernels: hashed masks regenerated from (seed, position), never stored.
 
-The test helper kernels.flash_attention.dropout_mask draws the mask with the kernels' own formula, so
-the reference can be given the exact mask and forward and backward compared with it.
+`kernels.reference.dropout_mask` draws, in torch, the mask the kernels draw (checked bit for bit below),
+so the reference can be given the exact mask and forward and backward compared with it.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import flash_attention, flash_attention_varlen
-from kernels._common import draw_seed
+from kernels._common import draw_seed, dropout_keep
+from kernels._flash_bwd import flash_attn_backward
+from kernels._flash_fwd import flash_attn_forward
 from kernels.flash_attention import dropout_mask
-from kernels.reference import attention_reference
+from kernels.reference import attention_backward_reference, attention_reference, dropout_keep_reference
 from tests.kernels._flash_utils import check_against_reference, randn
 
 F16, F32 = torch.float16, torch.float32
+
+
+@triton.jit
+def _keep_kernel(out_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: tl.constexpr):
+    rows = row0 + tl.arange(0, block_m).to(tl.int64)
+    offs_n = tl.arange(0, block_n)
+    keep = dropout_keep(seed, rows[:, None], col0 + offs_n[None, :], p)
+    tl.store(out_ptr + tl.arange(0, block_m)[:, None] * block_n + offs_n[None, :], keep.to(tl.int8))
+
+
+# seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton), row ids past 2^32
+@pytest.mark.parametrize(
+    "seed,row0,col0,p",
+    [
+        (0, 0, 0, 0.3),
+        (1, 17, 5, 0.9),
+        (123456789, 5_000_000_000, 1 << 20, 0.5),
+        (2**31 - 2, 2**40 + 7, 3, 0.1),
+    ],
+)
+def test_kernel_hash_is_the_torch_hash_bit_for_bit(seed, row0, col0, p, device):
+    out = torch.empty(32, 64, dtype=torch.int8, device=device)
+    _keep_kernel[(1,)](out, seed, row0, col0, p, block_m=32, block_n=64)
+    rows = torch.arange(row0, row0 + 32, device=device)[:, None]
+    want = dropout_keep_reference(seed, rows, torch.arange(col0, col0 + 64, device=device), p)
+    assert torch.equal(out.bool(), want)
+
+
+def test_hash_mask_has_no_visible_structure():
+    """Neighbouring entries (along rows, columns, heads, batch) and nearby seeds are independent draws:
+    with p = 0.5 two independent entries agree half the time."""
+    m = dropout_mask(7, 2, 4, 128, 256, 0.5, "cpu")  # 262k draws: 5 sigma of an agreement rate ~0.005
+    assert abs(m.float().mean().item() - 0.5) < 0.005
+    for a, b in [
+        (m[..., 1:], m[..., :-1]),
+        (m[..., 1:, :], m[..., :-1, :]),
+        (m[:, 1:], m[:, :-1]),
+        (m[1], m[0]),
+    ]:
+        assert abs((a == b).float().mean().item() - 0.5) < 0.01
+    assert abs((m == dropout_mask(8, 2, 4, 128, 256, 0.5, "cpu")).float().mean().item() - 0.5) < 0.005
 
 
 def test_keep_rate_and_seed_dependence(device):
@@ -62,7 +107,7 @@ def test_reproducible_under_manual_seed(device):
 
 
 def test_varlen_single_sequence_draws_the_dense_mask(device):
-    """With one sequence the varlen Philox ids equal the dense ones, so both paths must agree exactly."""
+    """With one sequence the varlen row ids equal the dense ones, so both paths must agree exactly."""
     torch.manual_seed(8)
     q, k, v = (randn(1, 50, 2, 16, dtype=F32, device=device) for _ in range(3))
     cu = torch.tensor([0, 50], dtype=torch.int32, device=device)
@@ -95,3 +140,33 @@ def test_gpu_dropout_bf16():
         return attention_reference(q, k, v, causal=True, dropout_p=p, dropout_mask=mask, return_lse=True)
 
     check_against_reference(kernel, ref, [q, k, v], dt)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_and_column_offsets_draw_the_full_mask_block(causal, device):
+    """The ring numbers a shard's rows and columns as the whole sequence would (`dropout_rows`): the
+    kernels then drop exactly the single-process mask's block, forward and backward."""
+    b, seqlen, h, hk, d, p, seed = 2, 96, 4, 2, 16, 0.3, 4321
+    q0, k0, m, n = 48, 16, 24, 32  # rows [48, 72) against keys [16, 48) of the 96-token sequence
+    torch.manual_seed(5)
+    q = randn(b, m, h, d, dtype=F32, device=device)
+    k, v = (randn(b, n, hk, d, dtype=F32, device=device) for _ in range(2))
+    dout = randn(b, m, h, d, dtype=F32, device=device)
+    rows = (seqlen * h, seqlen, q0, k0)  # row id (b * h_total + head) * seqlen + q0 + i, column k0 + j
+    # global causality (key <= query) in the call's bottom-right aligned coordinates, as the ring does it
+    right = q0 - k0 - (n - m) if causal else None
+    kw = dict(sm_scale=0.25, win_left=None, win_right=right, key_padding_mask=None, dropout_p=p, seed=seed,
+              dropout_rows=rows)  # fmt: skip
+    out, lse2 = flash_attn_forward(q, k, v, **kw)
+    block = dropout_mask(seed, b, h, seqlen, seqlen, p, device)[:, :, q0 : q0 + m, k0 : k0 + n]
+    ref_kw = dict(
+        softmax_scale=0.25, dropout_p=p, dropout_mask=block, window=(None, right) if causal else None
+    )
+    ref_out, ref_lse = attention_reference(q.double(), k.double(), v.double(), return_lse=True, **ref_kw)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    grads = flash_attn_backward(dout, q, k, v, out, lse2, **kw)
+    ref_grads = attention_backward_reference(
+        dout.double(), q.double(), k.double(), v.double(), ref_out, ref_lse, **ref_kw
+    )
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
