@@ -7,6 +7,11 @@ between barriers.
 
     torchrun --nproc-per-node 4 benchmarks/bench_ring.py --tokens-per-rank 8192 32768 131072
     torchrun --nproc-per-node 2 benchmarks/bench_ring.py --device cpu --tokens-per-rank 256   # smoke test
+    torchrun --nproc-per-node 4 benchmarks/bench_ring.py --mask docs butterfly dropout --modes zigzag ulysses
+
+--mask adds the masks whose ring steps run through other kernels, each against its own one-GPU kernel:
+packed documents of --doc-len tokens (varlen), a causal butterfly block layout on 128-token blocks
+(block-sparse, whose ring steps with empty tiles are skipped) and attention dropout 0.1.
 
 Anchors: ring-flash-attention reports zigzag 90.2% of ideal fwd+bwd on 8 x H800 at 8k tokens/GPU.
 Raw rows go to benchmarks/results/ring_<gpu>_x<P>.json (device, torch, triton, date, rows).
@@ -34,6 +39,8 @@ from flashtrain.distributed import (  # noqa: E402
 )
 
 MODES = ("contiguous", "zigzag", "ulysses", "hybrid", "torch_cp")
+MASKS = ("none", "docs", "butterfly", "dropout")
+BLOCK = 128  # butterfly block size
 
 
 def log(msg: str) -> None:
@@ -79,19 +86,47 @@ def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps) -> tuple[float, float]:
     return timed(fwd, device, warmup, reps), timed(fwdbwd, device, warmup, reps)
 
 
-def single_device_attention(device: str, dtype):
-    if device == "cuda":
-        from kernels import flash_attention
+def mask_kwargs(mask: str, seqlen: int, device: str, doc_len: int) -> dict:
+    """The attention keywords of one mask, shared by the one-GPU baseline and the sequence-parallel run."""
+    if mask == "docs":
+        return dict(cu_seqlens=torch.arange(0, seqlen + 1, doc_len, device=device, dtype=torch.int32))
+    if mask == "butterfly":
+        from kernels.layouts import butterfly_layout
 
-        return lambda q, k, v: flash_attention(q, k, v, causal=True)
-    from kernels.reference import attention_reference
+        return dict(
+            block_layout=butterfly_layout(seqlen, BLOCK, causal=True).mask.to(device), block_size=BLOCK
+        )
+    if mask == "dropout":
+        return dict(dropout_p=0.1)
+    return {}
 
-    return lambda q, k, v: attention_reference(q, k, v, causal=True)
+
+def single_device_attention(device: str, mask_kw: dict):
+    """The one-GPU kernel for the mask (the ideal's numerator); the torch reference on CPU."""
+    if device != "cuda":  # Ulysses without a group: one process, the torch reference with the masks
+        return lambda q, k, v: ulysses_attention(q, k, v, None, causal=True, layout="contiguous", **mask_kw)
+    from kernels import block_sparse_attention, flash_attention, flash_attention_varlen
+    from kernels.layouts import BlockLayout
+
+    if "cu_seqlens" in mask_kw:
+        cu = mask_kw["cu_seqlens"]
+        longest = int((cu[1:] - cu[:-1]).max())
+
+        def varlen(q, k, v):
+            out = flash_attention_varlen(q[0], k[0], v[0], cu, cu, longest, longest, causal=True)
+            return out[None]  # batch 1
+
+        return varlen
+    if "block_layout" in mask_kw:
+        layout = BlockLayout(mask_kw["block_layout"], mask_kw["block_size"])
+        return lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True)
+    return lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=mask_kw.get("dropout_p", 0.0))
 
 
-def mode_fn(mode: str, world: int, rank: int, groups: dict, backend: str):
+def mode_fn(mode: str, world: int, rank: int, groups: dict, backend: str, mask_kw: dict):
     """(attention on local shards, positions of this rank's shard) for one of our modes."""
-    common = dict(causal=True, backend=backend, validate=False)
+    # a fixed dropout seed: every rank must draw the same mask
+    common = dict(causal=True, backend=backend, validate=False, dropout_seed=1234, **mask_kw)
     if mode in ("contiguous", "zigzag"):
         return (
             lambda q, k, v: ring_attention(q, k, v, dist.group.WORLD, layout=mode, **common),
@@ -146,10 +181,55 @@ def torch_cp(q, k, v, device, warmup, reps) -> tuple[float, float]:
                 t.requires_grad_(False)
 
 
+def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dtype) -> list[dict]:
+    """Rows of every mode for one mask; the ideal is the one-GPU kernel on the whole sequence / P."""
+    device, seqlen = args.device, q.shape[1]
+    tokens = seqlen // world
+    # every rank measures its own device; the slowest counts
+    ideal_fwd, ideal_fb = fwd_and_fwdbwd(single_device_attention(device, mask_kw), q, k, v, device,
+                                         args.warmup, args.reps)  # fmt: skip
+    base = dict(world=world, tokens_per_rank=tokens, seqlen=seqlen, batch=args.batch, nheads=args.nheads,
+                headdim=args.headdim, dtype=str(dtype).removeprefix("torch."), causal=True, mask=mask,
+                ideal_fwd_ms=ideal_fwd / world, ideal_fwdbwd_ms=ideal_fb / world)  # fmt: skip
+    if mask == "docs":
+        base["doc_len"] = args.doc_len
+    rows = []
+    for mode in args.modes:
+        row = dict(base, mode=mode)
+        try:
+            if mode == "hybrid" and not groups:
+                raise ValueError(f"hybrid needs an even world size >= 4, got {world}")
+            if mode == "torch_cp":
+                if mask != "none":
+                    raise ValueError("torch_cp is measured without masks")
+                fwd_ms, fb_ms = torch_cp(q, k, v, device, args.warmup, args.reps)
+            else:
+                attn, layout = mode_fn(mode, world, rank, groups, backend, mask_kw)
+                pos = shard_positions(seqlen, device=device, **layout)
+                fwd_ms, fb_ms = fwd_and_fwdbwd(attn, *(t.index_select(1, pos) for t in (q, k, v)), device,
+                                               args.warmup, args.reps)  # fmt: skip
+            row.update(
+                fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
+                fwd_pct_ideal=100 * row["ideal_fwd_ms"] / fwd_ms,
+                fwdbwd_pct_ideal=100 * row["ideal_fwdbwd_ms"] / fb_ms,
+                tokens_per_s_fwdbwd=args.batch * seqlen / (fb_ms / 1e3),
+            )  # fmt: skip
+            log(f"{mode:>10} {mask:>9} {tokens:>7} tok/rank: fwd {fwd_ms:9.2f} ms ({row['fwd_pct_ideal']:5.1f}% "
+                f"ideal)  fwd+bwd {fb_ms:9.2f} ms ({row['fwdbwd_pct_ideal']:5.1f}% ideal)")  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - a mode that cannot run here is recorded, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"{mode:>10} {mask:>9} {tokens:>7} tok/rank: {row['error']}")
+            dist.barrier()
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens-per-rank", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--mask", nargs="+", default=["none"], choices=MASKS)
+    p.add_argument("--doc-len", type=int, default=4096, help="tokens per packed document (--mask docs)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--nheads", type=int, default=32)
     p.add_argument("--headdim", type=int, default=128)
@@ -187,37 +267,14 @@ def main() -> None:
             )
             for _ in range(3)
         )
-        # ideal: one device, the whole sequence (every rank measures its own device; the slowest counts)
-        ideal_fwd, ideal_fb = fwd_and_fwdbwd(single_device_attention(device, dtype), q, k, v, device,
-                                             args.warmup, args.reps)  # fmt: skip
-        base = dict(world=world, tokens_per_rank=tokens, seqlen=seqlen, batch=args.batch, nheads=args.nheads,
-                    headdim=args.headdim, dtype=str(dtype).removeprefix("torch."), causal=True,
-                    ideal_fwd_ms=ideal_fwd / world, ideal_fwdbwd_ms=ideal_fb / world)  # fmt: skip
-        for mode in args.modes:
-            row = dict(base, mode=mode)
-            try:
-                if mode == "hybrid" and not groups:
-                    raise ValueError(f"hybrid needs an even world size >= 4, got {world}")
-                if mode == "torch_cp":
-                    fwd_ms, fb_ms = torch_cp(q, k, v, device, args.warmup, args.reps)
-                else:
-                    attn, layout = mode_fn(mode, world, rank, groups, backend)
-                    pos = shard_positions(seqlen, device=device, **layout)
-                    fwd_ms, fb_ms = fwd_and_fwdbwd(attn, *(t.index_select(1, pos) for t in (q, k, v)), device,
-                                                   args.warmup, args.reps)  # fmt: skip
-                row.update(
-                    fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
-                    fwd_pct_ideal=100 * row["ideal_fwd_ms"] / fwd_ms,
-                    fwdbwd_pct_ideal=100 * row["ideal_fwdbwd_ms"] / fb_ms,
-                    tokens_per_s_fwdbwd=args.batch * seqlen / (fb_ms / 1e3),
-                )  # fmt: skip
-                log(f"{mode:>10} {tokens:>7} tok/rank: fwd {fwd_ms:9.2f} ms ({row['fwd_pct_ideal']:5.1f}% ideal)  "
-                    f"fwd+bwd {fb_ms:9.2f} ms ({row['fwdbwd_pct_ideal']:5.1f}% ideal)")  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - a mode that cannot run here is recorded, not fatal
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                log(f"{mode:>10} {tokens:>7} tok/rank: {row['error']}")
-                dist.barrier()
-            rows.append(row)
+        for mask in args.mask:
+            if mask == "docs" and (args.batch != 1 or seqlen % args.doc_len):
+                log(
+                    f"--mask docs needs --batch 1 and a sequence that is a multiple of --doc-len; skipped at {seqlen}"
+                )
+                continue
+            mask_kw = mask_kwargs(mask, seqlen, device, args.doc_len)
+            rows += measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dtype)
         del q, k, v
 
     if rank == 0:

@@ -15,6 +15,10 @@ if [ "${SKIP_RING:-0}" != 1 ]; then
       --out "$OUT/ring_precision_x$NGPU.json" | tee "$OUT/ring_precision.log"
   run 180 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py --tokens-per-rank 8192 32768 \
       --nheads 16 --out "$OUT/ring_x$NGPU.json" | tee "$OUT/bench_ring.log"
+  # the masks whose ring steps run through the varlen / block-sparse kernels or kernel dropout
+  run 150 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py --tokens-per-rank 32768 \
+      --nheads 16 --mask docs butterfly dropout --modes zigzag ulysses --out "$OUT/ring_masks_x$NGPU.json" \
+      | tee "$OUT/bench_ring_masks.log"
 fi
 run 150 python benchmarks/bench_scaling.py --gpus 1 "$NGPU" --strategies ddp fsdp --fit-models --steps 5 \
     --out "$OUT/scaling.json" | tee "$OUT/bench_scaling.log"
