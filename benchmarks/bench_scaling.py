@@ -61,6 +61,7 @@ def _overrides(a) -> list[str]:
         "logger.kind=none",
         f"data.cache_dir={a.run_root}/cache",
         *strategy,
+        *a.override,  # last, so they win (e.g. parallel.sp=4 model.pos_embedding=rotary)
     ]
 
 
@@ -110,14 +111,17 @@ def worker(a) -> None:
 
 
 def _run(a, strategy: str, gpus: int, model: str) -> dict:
-    """Launch one worker job (a fresh process group per measurement) and read its row."""
+    """Launch one worker job (a fresh process group per measurement) and read its row.
+
+    `a` needs the worker's options (see main); a.override is passed through as extra Hydra overrides.
+    """
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     args = [
         "worker", "--strategy", strategy, "--model", model, "--seq-len", str(a.seq_len),
         "--batch-size", str(a.batch_size), "--device", a.device, "--attention", a.attention,
         "--zero-stage", str(a.zero_stage), "--steps", str(a.steps), "--warmup", str(a.warmup),
-        "--run-root", a.run_root, "--out", out,
+        "--run-root", a.run_root, "--out", out, *(f"--override={o}" for o in a.override),
         *(["--activation-checkpointing"] if a.activation_checkpointing else []),
         *(["--compile"] if a.compile else []),
     ]  # fmt: skip
@@ -223,6 +227,7 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=900, help="driver: seconds per launched job")
     parser.add_argument("--run-root", default=os.path.join(tempfile.gettempdir(), "flashtrain-bench-scaling"))
     parser.add_argument("--out", default=None, help="worker: row file; driver: results JSON")
+    parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     a = parser.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device: pass --device cpu (with a tiny --model and --seq-len) for a smoke run")
