@@ -1,11 +1,11 @@
 """Helpers shared by the attention kernels and their launchers; kernel-agnostic, reusable by other ops.
 
 Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_head_dim (tile width for a
-head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (dropout seed from torch's CPU
+head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
 check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
 unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed),
-visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (hashed keep-mask
+visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
 from global positions). Nothing here knows the tile sizes or a kernel's argument list.
 """
 
@@ -48,7 +48,7 @@ def lse_to_natural(lse2: torch.Tensor) -> torch.Tensor:
 
 
 def draw_seed(generator: torch.Generator | None = None) -> int:
-    """A dropout seed from torch's CPU generator, so torch.manual_seed makes dropout reproducible.
+    """A Philox seed from torch's CPU generator, so torch.manual_seed makes dropout reproducible.
 
     Drawing on the CPU generator costs no device sync (a CUDA generator's .item() would sync).
     """
@@ -201,28 +201,17 @@ def visible_range(
 
 
 @triton.jit
-def _fmix32(x):
-    """MurmurHash3's 32-bit finaliser (uint32 in, uint32 out: products wrap, shifts are logical)."""
-    x = x ^ (x >> 16)
-    x = x * 0x85EBCA6B
-    x = x ^ (x >> 13)
-    x = x * 0xC2B2AE35
-    return x ^ (x >> 16)
-
-
-@triton.jit
 def dropout_keep(seed, row_ids, col_ids, dropout_p):
-    """Keep-mask from a counter-based hash of (seed, row id, column), independent of the tile sizes.
+    """Keep-mask from Triton's Philox (4x32, 10 rounds) keyed by the seed, counter (column, row id).
 
-    row_ids: int64 row id (the dense kernels: (batch * nheads + head) * seqlen_q + query, i.e. the
-    lse index; callers may offset it to global coordinates), col_ids: key index; broadcastable to the
-    tile. The row part is hashed once per row; each element costs one multiply-xor and one finaliser.
-    `kernels.reference.dropout_keep_reference` is the same function in torch, bit for bit.
+    row_ids: int64 row id (the dense kernels: (batch * nheads + head) * seqlen_q + query, i.e. the lse
+    index; callers may offset it to global coordinates), col_ids: key index; broadcastable to the tile.
+    The row id fills two 32-bit counter words, so 32-bit Philox covers any length without 64-bit
+    multiplies. `kernels.reference.dropout_keep_reference` is the same function in torch, bit for bit.
     """
     rows = row_ids.to(tl.int64)
-    h = _fmix32((rows * 0 + seed).to(tl.uint32) ^ 0x9E3779B9)  # per row: seed may be a constexpr
-    h = _fmix32(h ^ ((rows & 0xFFFFFFFF).to(tl.uint32) * 0x61C88647))
-    h = _fmix32(h ^ ((rows >> 32).to(tl.uint32) * 0x7FEB352D))
-    h = _fmix32(h ^ (col_ids.to(tl.uint32) * 0x27D4EB2F))
-    # the top 24 bits as a float in [0, 1): exact in fp32, so the comparison is exact on every side
-    return (h >> 8).to(tl.float32) * (1.0 / 16777216.0) >= dropout_p
+    row_lo = (rows & 0xFFFFFFFF).to(tl.uint32)
+    row_hi = (rows >> 32).to(tl.uint32)
+    cols = col_ids.to(tl.uint32) + row_lo * 0  # the tile's full shape
+    bits, _, _, _ = tl.philox(seed, cols, row_lo, row_hi, 0)
+    return tl.uint_to_uniform_float(bits) >= dropout_p

@@ -247,7 +247,7 @@ _attn_fwd_tuned = triton.autotune(
 
 
 def dropout_row_ids(dropout_rows, stride_lb: int, stride_lh: int) -> tuple[int, int, int, int]:
-    """Kernel args (drop_sb, drop_sh, drop_row0, drop_col0) numbering the dropout hash's rows and columns.
+    """Kernel args (drop_sb, drop_sh, drop_row0, drop_col0) numbering the dropout Philox counters (rows, columns).
 
     Row id of (batch b, head h, query i) = b * drop_sb + h * drop_sh + drop_row0 + i, key j's column
     drop_col0 + j. By default the lse index (dense: (b * nheads + h) * seqlen_q + i) and j. The ring

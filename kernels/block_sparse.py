@@ -145,7 +145,7 @@ def _bs_fwd_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # each row's lse index is also its dropout row id, the same one the dense kernel uses
+    # each row's lse index is also its Philox row id, the same one the dense kernel uses
     rows = off_bh.to(tl.int64) * seqlen_q + offs_m
     lists = lay_h * n_row_tiles + pid_m
     acc, l_i, m_i = _fwd_tiles(
@@ -585,7 +585,7 @@ def block_sparse_attention(
     causal: also mask keys after the query, aligned bottom-right as in `kernels.flash_attention`.
     softmax_scale: defaults to 1 / sqrt(headdim).
     dropout_p: dropout on the attention probabilities, in [0, 1), as in `kernels.flash_attention`: the
-    seed comes from torch's CPU generator (torch.manual_seed makes it reproducible), kept
+    Philox seed comes from torch's CPU generator (torch.manual_seed makes it reproducible), kept
     probabilities are scaled by 1 / (1 - dropout_p), the backward regenerates the mask, and lse is
     unaffected. The mask depends only on (seed, batch, head, query, key), so for the same seed it is
     the dense kernel's mask (`kernels.reference.dropout_mask`) restricted to the layout.

@@ -103,10 +103,10 @@ def flash_attention(
     window: (left, right), query i sees keys in [i' - left, i' + right] with i' its aligned position;
         None on a side is unbounded.
     key_padding_mask: bool (batch, seqlen_k), True = keep.
-    dropout_p: dropout on the attention probabilities; the seed comes from torch's CPU generator, so
-        torch.manual_seed makes it reproducible. Entry (b, h, i, j) is kept when a counter-based hash
-        of (seed, (b * nheads + h) * seqlen_q + i, j) clears dropout_p: the backward regenerates it,
-        and `kernels.reference.dropout_mask` draws the same mask in torch.
+    dropout_p: dropout on the attention probabilities; the Philox seed comes from torch's CPU
+        generator, so torch.manual_seed makes it reproducible. Entry (b, h, i, j) is kept when Triton's
+        Philox keyed by the seed, at counter (j, (b * nheads + h) * seqlen_q + i), clears dropout_p; the
+        backward regenerates it, and `kernels.reference.dropout_mask` draws the same mask in torch.
     deterministic: True (default) computes dq in its own kernel, without atomics, so gradients are
         bitwise reproducible; False computes dq inside the dk/dv kernel with fp32 atomic adds
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order.

@@ -29,12 +29,26 @@ def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
 
 
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
+def _umulhi32(c: int, x: torch.Tensor) -> torch.Tensor:
+    """floor(c * x / 2^32) for int64 x in [0, 2^32), without an int64 product past 2^49."""
+    return (x * (c >> 16) + ((x * (c & 0xFFFF)) >> 16)) >> 16
+
+
+def _philox4x32(
+    seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor
+) -> torch.Tensor:
+    """First output word of Philox4x32-10 as Triton's `tl.philox` computes it (int64 holding uint32)."""
+    k0, k1 = int(seed) & _M32, (int(seed) >> 32) & _M32
+    a, b = 0xD2511F53, 0xCD9E8D57  # Philox's round multipliers
+    for _ in range(10):
+        c0, c1, c2, c3 = (
+            _umulhi32(b, c2) ^ c1 ^ k0,
+            _mul32(c2, b),
+            _umulhi32(a, c0) ^ c3 ^ k1,
+            _mul32(c0, a),
+        )
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32  # the key schedule
+    return c0
 
 
 def dropout_keep_reference(
@@ -43,17 +57,19 @@ def dropout_keep_reference(
     """The kernels' dropout keep-mask (`kernels._common.dropout_keep`) in torch, bit for bit.
 
     row_ids, col_ids: integer tensors that broadcast together (row ids as the kernels number them:
-    (batch * nheads + head) * seqlen_q + query for dense attention). Keeps an entry when the top 24 bits
-    of a MurmurHash3-finalised hash of (seed, row id, column), read as a fraction, are >= dropout_p
-    (compared in float32, like the kernels), so each entry survives with probability 1 - dropout_p.
+    (batch * nheads + head) * seqlen_q + query for dense attention). Triton's Philox4x32-10 keyed by the
+    seed, with counter (column, low and high words of the row id, 0); its first word becomes a float in
+    [0, 1) as `tl.uint_to_uniform_float` does, and the entry is kept when that is >= dropout_p.
     """
-    h = _fmix32(torch.tensor((int(seed) & _M32) ^ 0x9E3779B9, dtype=torch.int64, device=row_ids.device))
     rows = row_ids.to(torch.int64)
-    h = _fmix32(h ^ _mul32(rows & _M32, 0x61C88647))
-    h = _fmix32(h ^ _mul32((rows >> 32) & _M32, 0x7FEB352D))
-    h = _fmix32(h ^ _mul32(col_ids.to(torch.int64) & _M32, 0x27D4EB2F))
-    frac = (h >> 8).to(torch.float32) * (1.0 / 16777216.0)
-    return frac >= torch.tensor(dropout_p, dtype=torch.float32, device=frac.device)
+    cols = col_ids.to(torch.int64) & _M32
+    row_lo, row_hi, cols = torch.broadcast_tensors(rows & _M32, (rows >> 32) & _M32, cols)
+    bits = _philox4x32(seed, cols, row_lo, row_hi, torch.zeros_like(cols))
+    signed = torch.where(bits >= 2**31, bits - 2**32, bits)  # the int32 bitcast
+    signed = torch.where(signed < 0, -signed - 1, signed)
+    scale = torch.tensor(4.6566127342e-10, dtype=torch.float32, device=bits.device)
+    uniform = signed.to(torch.float32) * scale
+    return uniform >= torch.tensor(dropout_p, dtype=torch.float32, device=bits.device)
 
 
 def dropout_mask(

@@ -21,7 +21,7 @@ Semantics are those of `kernels/reference.py`: q (batch, seqlen_q, nheads, headd
 (batch, seqlen_k, nheads_kv, headdim), causal/window aligned bottom-right, lse natural log float32
 (batch, nheads, seqlen_q), -inf (and out = 0) on rows that see no key.
 
-Dropout keeps entry (b, h, i, j) by the kernels' counter-based hash of (seed, (b * H + h) * S + i, j),
+Dropout keeps entry (b, h, i, j) by the kernels' Philox draw for (seed, (b * H + h) * S + i, j),
 with h, i, j global (H heads, S tokens in all): the mask of `kernels.flash_attention` on the whole
 sequence, whatever the sharding, on both backends.
 """
@@ -249,7 +249,7 @@ def _block_layout(mask: PositionMask, nheads: int):
 
 
 # score elements (batch * heads * rows * keys) the reference materialises at once: 32M, about 1 GiB
-# with the float32 scores, probabilities, masks and the dropout hash's int64 temporaries, so a long
+# with the float32 scores, probabilities, masks and the dropout Philox's int64 temporaries, so a long
 # call that no kernel serves runs in row chunks instead of running out of memory
 REFERENCE_CHUNK_ELEMENTS = 1 << 25
 

@@ -1,5 +1,5 @@
-"""The ring's per-step adapter: the dropout-aware reference backward, the global-coordinate dropout
-hash, and the Triton launchers with the signed windows the ring produces."""
+"""The ring's per-step adapter: the dropout-aware reference backward, the dropout mask at global
+coordinates, and the Triton routes (dense with signed windows and dropout, varlen, block-sparse)."""
 
 import pytest
 import torch

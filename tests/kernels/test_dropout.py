@@ -1,4 +1,4 @@
-"""Dropout inside the attention kernels: hashed masks regenerated from (seed, position), never stored.
+"""Dropout inside the attention kernels: Philox masks regenerated from (seed, position), never stored.
 
 `kernels.reference.dropout_mask` draws, in torch, the mask the kernels draw (checked bit for bit below),
 so the reference can be given the exact mask and forward and backward compared with it.
@@ -30,7 +30,7 @@ def _keep_kernel(out_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: t
     tl.store(out_ptr + tl.arange(0, block_m)[:, None] * block_n + offs_n[None, :], keep.to(tl.int8))
 
 
-# seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton), row ids past 2^32
+# seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton) and past 2^32, row ids past 2^32
 @pytest.mark.parametrize(
     "seed,row0,col0,p",
     [
@@ -38,9 +38,10 @@ def _keep_kernel(out_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: t
         (1, 17, 5, 0.9),
         (123456789, 5_000_000_000, 1 << 20, 0.5),
         (2**31 - 2, 2**40 + 7, 3, 0.1),
+        (2**40 + 3, 99, 0, 0.5),  # a seed with a high word: both key words
     ],
 )
-def test_kernel_hash_is_the_torch_hash_bit_for_bit(seed, row0, col0, p, device):
+def test_kernel_philox_is_the_torch_philox_bit_for_bit(seed, row0, col0, p, device):
     out = torch.empty(32, 64, dtype=torch.int8, device=device)
     _keep_kernel[(1,)](out, seed, row0, col0, p, block_m=32, block_n=64)
     rows = torch.arange(row0, row0 + 32, device=device)[:, None]
@@ -48,7 +49,7 @@ def test_kernel_hash_is_the_torch_hash_bit_for_bit(seed, row0, col0, p, device):
     assert torch.equal(out.bool(), want)
 
 
-def test_hash_mask_has_no_visible_structure():
+def test_mask_has_no_visible_structure():
     """Neighbouring entries (along rows, columns, heads, batch) and nearby seeds are independent draws:
     with p = 0.5 two independent entries agree half the time."""
     m = dropout_mask(7, 2, 4, 128, 256, 0.5, "cpu")  # 262k draws: 5 sigma of an agreement rate ~0.005
