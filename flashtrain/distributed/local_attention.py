@@ -248,10 +248,10 @@ def _block_layout(mask: PositionMask, nheads: int):
     return BlockLayout(lay.index_select(1, blocks(mask.q_runs)).index_select(2, blocks(mask.k_runs)), bs)
 
 
-# score elements (batch * heads * rows * keys) the reference materialises at once: 32M, about 1 GiB
+# score elements (batch * heads * rows * keys) the reference materialises at once: 16M, about 1 GiB
 # with the float32 scores, probabilities, masks and the dropout Philox's int64 temporaries, so a long
 # call that no kernel serves runs in row chunks instead of running out of memory
-REFERENCE_CHUNK_ELEMENTS = 1 << 25
+REFERENCE_CHUNK_ELEMENTS = 1 << 24
 
 
 def _rows(x: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
