@@ -7,6 +7,7 @@ the peak extra memory of one fwd+bwd.
 
     python benchmarks/bench_attention.py                         # full sweep, all impls
     python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 128 --impls triton sdpa_flash
+    python benchmarks/bench_attention.py --impls triton triton_dropout sdpa_flash sdpa_flash_dropout  # dropout 0.1
 
 Writes benchmarks/results/attention_<gpu>.json (and .md, .png) unless --out names another path.
 """
@@ -26,6 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import gpu_slug, is_oom, markdown_table, peak_memory_mib, time_ms, write_results  # noqa: E402
 
 IMPLS = ["eager", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff", "flex", "triton", "triton_atomic"]
+# attention dropout, on request only (--impls ... triton_dropout sdpa_flash_dropout): the cost of the mask
+DROPOUT_IMPLS = ["triton_dropout", "sdpa_flash_dropout"]
+DROPOUT_P = 0.1
 TOKENS = 16384
 MODEL_DIM = 2048
 
@@ -40,13 +44,13 @@ def _eager(q, k, v, causal):
     return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
 
 
-def _sdpa(backend):
+def _sdpa(backend, dropout_p=0.0):
     from torch.nn.attention import sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
     def run(q, k, v, causal):
         with sdpa_kernel(backend):
-            return scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
 
     return run
 
@@ -88,12 +92,18 @@ def _triton_atomic(q, k, v, causal):
     return flash_attention(q, k, v, causal=causal, deterministic=False)
 
 
+def _triton_dropout(q, k, v, causal):
+    from kernels import flash_attention
+
+    return flash_attention(q, k, v, causal=causal, dropout_p=DROPOUT_P)
+
+
 def _triton_configs(impl):
     """The tile configs the autotuners picked for the last call (for the notes)."""
     from kernels import _flash_bwd, _flash_fwd
 
     tuners = {"fwd": _flash_fwd._attn_fwd_tuned}
-    if impl == "triton":
+    if impl in ("triton", "triton_dropout"):
         tuners.update(dkdv=_flash_bwd._bwd_dkdv_tuned, dq=_flash_bwd._bwd_dq_tuned)
     else:
         tuners.update(dkdv=_flash_bwd._bwd_dkdv_atomic_tuned)
@@ -116,6 +126,8 @@ def make_impl(name):
         "flex": _flex,
         "triton": _triton,
         "triton_atomic": _triton_atomic,
+        "triton_dropout": _triton_dropout,
+        "sdpa_flash_dropout": _sdpa(SDPBackend.FLASH_ATTENTION, DROPOUT_P),
     }[name]
 
 
@@ -265,7 +277,7 @@ def main(argv=None):
     )
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", choices=["both", "causal", "full"], default="both")
-    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=IMPLS)
+    parser.add_argument("--impls", nargs="+", choices=IMPLS + DROPOUT_IMPLS, default=IMPLS)
     parser.add_argument("--eager-max", type=int, default=8192, help="skip eager above this seqlen (memory)")
     parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/attention_<gpu>.json)"
