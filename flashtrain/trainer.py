@@ -4,6 +4,7 @@ periodic evaluation, atomic checkpoints with exact resume, tokens/s and MFU, W&B
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -258,11 +259,21 @@ class Trainer:
         par = self.cfg.parallel
         stack = contextlib.ExitStack()
         if par.sp > 1:
+            # the model's block_sparse backend is replaced by the ring: hand it the same layout
+            block_layout = self._sp_block_mask if self.cfg.model.attention == "block_sparse" else None
             sp = stack.enter_context(
-                sequence_parallel(self.parallel_dims, mode=par.sp_mode, layout=par.sp_layout)
+                sequence_parallel(
+                    self.parallel_dims, mode=par.sp_mode, layout=par.sp_layout, block_layout=block_layout
+                )
             )
             stack.enter_context(attention_override(sp.attention_fn))
         return stack
+
+    @functools.cache  # noqa: B019 - one trainer per run; the masks are built once per sequence length
+    def _sp_block_mask(self, seqlen: int, device) -> tuple[torch.Tensor, int]:
+        from flashtrain.models.block_sparse import global_block_mask
+
+        return global_block_mask(self.cfg.model, seqlen, device)
 
     def _micro_batch_loss(self, x, y):
         with self._autocast():

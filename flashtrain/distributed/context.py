@@ -44,11 +44,16 @@ class SequenceParallel:
     mode "ring": ring over the sp group; "ulysses": all-to-all over the sp group; "hybrid":
     Ulysses inside `ulysses_group`, ring across `ring_group`. sp_group orders the shards
     (sp rank = ring_rank * ulysses_size + ulysses_rank) for `gather_sequence`.
+    block_layout: for a block-sparse model, a function (global seqlen, device) -> (bool tile mask
+    (nheads or 1, n_blocks, n_blocks), block size) over the whole sequence; every attention call
+    then attends only within it (the ring skips the steps whose tiles are all empty). It is called
+    on every attention call, so it should cache what it builds.
     """
 
     def __init__(
-        self, *, mode: str, layout: str, sp_group, ring_group=None, ulysses_group=None, backend="auto"
-    ):
+        self, *, mode: str, layout: str, sp_group, ring_group=None, ulysses_group=None, backend="auto",
+        block_layout=None,
+    ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode, self.layout, self.backend = mode, check_layout(layout), backend
@@ -66,6 +71,7 @@ class SequenceParallel:
         self.ring_size, self.ring_rank = _size_rank(self.ring_group)
         self.ulysses_size, self.ulysses_rank = _size_rank(self.ulysses_group)
         self.sp_size = self.ring_size * self.ulysses_size
+        self.block_layout = block_layout
 
     def _layout_sizes(self) -> dict:
         # plain Ulysses lays the sequence out over its own ranks, as a ring of that size would
@@ -126,6 +132,13 @@ class SequenceParallel:
             causal=causal, layout=self.layout, softmax_scale=softmax_scale, window=window,
             dropout_p=dropout_p, backend=self.backend, validate=False,
         )  # fmt: skip
+        if self.block_layout is not None:
+            if window is not None:
+                raise ValueError(
+                    "a block-sparse model takes its sparsity from the layout: express a window as "
+                    "block_sparse_kind=local"
+                )
+            kw["block_layout"], kw["block_size"] = self.block_layout(q.shape[1] * self.sp_size, q.device)
         if self.mode == "ring":
             return ring_attention(q, k, v, self.ring_group, **kw)
         if self.mode == "ulysses":
@@ -133,7 +146,7 @@ class SequenceParallel:
         return hybrid_attention(q, k, v, self.ulysses_group, self.ring_group, **kw)
 
 
-def _from(target, mode: str, layout: str, backend: str) -> SequenceParallel:
+def _from(target, mode: str, layout: str, backend: str, block_layout) -> SequenceParallel:
     if isinstance(target, ParallelDims):
         if mode == "hybrid" and not (1 < target.ulysses < target.sp):
             raise ValueError(
@@ -141,25 +154,30 @@ def _from(target, mode: str, layout: str, backend: str) -> SequenceParallel:
             )
         return SequenceParallel(
             mode=mode, layout=layout, sp_group=target.sp_group, ring_group=target.ring_group,
-            ulysses_group=target.ulysses_group, backend=backend,
+            ulysses_group=target.ulysses_group, backend=backend, block_layout=block_layout,
         )  # fmt: skip
     if isinstance(target, tuple):  # (ulysses_group, ring_group, sp_group)
         ulysses_group, ring_group, sp_group = target
         return SequenceParallel(
             mode=mode, layout=layout, sp_group=sp_group, ring_group=ring_group, ulysses_group=ulysses_group,
-            backend=backend,
+            backend=backend, block_layout=block_layout,
         )  # fmt: skip
-    return SequenceParallel(mode=mode, layout=layout, sp_group=target, backend=backend)
+    return SequenceParallel(
+        mode=mode, layout=layout, sp_group=target, backend=backend, block_layout=block_layout
+    )
 
 
 @contextmanager
-def sequence_parallel(target, mode: str = "ring", layout: str = "zigzag", backend: str = "auto"):
+def sequence_parallel(
+    target, mode: str = "ring", layout: str = "zigzag", backend: str = "auto", block_layout=None
+):
     """Activate sequence parallelism for the enclosed step.
 
     target: a ParallelDims with its mesh built, an sp ProcessGroup (ring or Ulysses over it), or a
-    tuple (ulysses_group, ring_group, sp_group) for the hybrid. Yields the SequenceParallel.
+    tuple (ulysses_group, ring_group, sp_group) for the hybrid. block_layout: see SequenceParallel.
+    Yields the SequenceParallel.
     """
-    sp = _from(target, mode, layout, backend)
+    sp = _from(target, mode, layout, backend, block_layout)
     _ACTIVE.append(sp)
     try:
         yield sp

@@ -34,6 +34,15 @@ def build_layout(cfg, seqlen: int, nheads: int, causal: bool):
     )
 
 
+def global_block_mask(cfg, seqlen: int, device) -> tuple[torch.Tensor, int]:
+    """(bool tile mask (nheads or 1, n_blocks, n_blocks), block size) of the layout over a whole
+    sequence, for sequence parallelism: the ring and Ulysses take the mask, cropped to the blocks the
+    sequence covers (a butterfly's block count is padded to a power of two)."""
+    layout = build_layout(cfg, seqlen, cfg.n_head, cfg.causal)
+    n_blocks = -(-seqlen // layout.block_m)
+    return layout.mask[:, :n_blocks, :n_blocks].to(device), layout.block_m
+
+
 def make_block_sparse_backend(cfg):
     """An attention function with the backend signature for a GPTConfig backbone."""
     build_layout(cfg, cfg.block_sparse_block, cfg.n_head, cfg.causal)  # fail at build time on a bad kind

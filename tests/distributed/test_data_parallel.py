@@ -258,6 +258,22 @@ SP_CASES = {
     "sp2_ring_contiguous": ["parallel=ddp", "parallel.sp=2", "parallel.sp_layout=contiguous"],
     "sp2_ulysses": ["parallel=ddp", "parallel.sp=2", "parallel.sp_mode=ulysses"],
 }
+# A block-sparse model (butterfly on 16-token blocks, no local band: 2 of the 10 causal tiles are dropped):
+# under sp the ring replaces the model's block_sparse backend and must attend within the same layout.
+BLOCK_SPARSE_MODEL = [
+    "model.attention=block_sparse",
+    "model.block_sparse_block=16",
+    "model.block_sparse_local=0",
+]
+BLOCK_SPARSE_SP_CASES = {
+    "sp2_ring_zigzag_block_sparse": ["parallel=ddp", "parallel.sp=2", *BLOCK_SPARSE_MODEL],
+    "sp2_ulysses_block_sparse": [
+        "parallel=ddp",
+        "parallel.sp=2",
+        "parallel.sp_mode=ulysses",
+        *BLOCK_SPARSE_MODEL,
+    ],
+}
 
 
 # ---- GPUs: NCCL and bf16 ---------------------------------------------------------------------------
@@ -287,18 +303,15 @@ def test_strategies_on_gpus_match_one_gpu_in_bf16(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2 through `device`)")
 def test_sequence_parallel_on_gpus_matches_one_gpu_in_bf16(tmp_path):
-    """Ring (zigzag, contiguous) and Ulysses with the Triton kernels inside and NCCL between the ranks."""
-    ref = Trainer(
-        compose_config(
-            [*_overrides(tmp_path, "cuda"), f"trainer.batch_size={NPROC * B}", "trainer.run_name=ref"]
-        )
-    )
-    ref_history = ref.fit()
-    sp_cases = [
-        {"name": name, "overrides": [*_overrides(tmp_path, "cuda"), f"trainer.batch_size={NPROC * B}", *over]}
-        for name, over in SP_CASES.items()
-    ]
-    _check_gpu_runs(_launch(tmp_path, sp_cases), ref_history)
+    """Ring (zigzag, contiguous) and Ulysses with the Triton kernels inside and NCCL between the ranks;
+    the block-sparse model's ring steps run the block-sparse kernel, against its own one-GPU run."""
+    base = [*_overrides(tmp_path, "cuda"), f"trainer.batch_size={NPROC * B}"]
+    ref_history = Trainer(compose_config([*base, "trainer.run_name=ref"])).fit()
+    bs_history = Trainer(compose_config([*base, "trainer.run_name=ref_bs", *BLOCK_SPARSE_MODEL])).fit()
+    cases = {**SP_CASES, **BLOCK_SPARSE_SP_CASES}
+    results = _launch(tmp_path, [{"name": name, "overrides": [*base, *over]} for name, over in cases.items()])
+    _check_gpu_runs({k: v for k, v in results.items() if k in SP_CASES}, ref_history)
+    _check_gpu_runs({k: v for k, v in results.items() if k in BLOCK_SPARSE_SP_CASES}, bs_history)
 
 
 def _check_gpu_runs(results: dict, ref_history: list[float]) -> None:
@@ -316,12 +329,34 @@ def _check_gpu_runs(results: dict, ref_history: list[float]) -> None:
 def sp_runs(workdir):
     cases = [
         {"name": name, "overrides": [*_overrides(workdir), f"trainer.batch_size={NPROC * B}", *over]}
-        for name, over in SP_CASES.items()
+        for name, over in {**SP_CASES, **BLOCK_SPARSE_SP_CASES}.items()
     ]
     return _launch(workdir, cases)
+
+
+@pytest.fixture(scope="module")
+def block_sparse_reference(workdir):
+    """The block-sparse model in one process (its own block_sparse kernel, through the interpreter)."""
+    overrides = [
+        *_overrides(workdir),
+        f"trainer.batch_size={NPROC * B}",
+        "trainer.run_name=ref_bs",
+        *BLOCK_SPARSE_MODEL,
+    ]
+    trainer = Trainer(compose_config(overrides))
+    history = trainer.fit()
+    trainer.close()
+    return history, _final_weights(trainer.run_dir)
 
 
 @pytest.mark.parametrize("name", list(SP_CASES))
 def test_sequence_parallel_training_matches_one_process(name, sp_runs, reference):
     """A few GPT steps with the sequence split over 2 ranks give the unsharded losses and weights."""
     _check_against_reference(sp_runs[name], reference, exact_resume=True)
+
+
+@pytest.mark.parametrize("name", list(BLOCK_SPARSE_SP_CASES))
+def test_sequence_parallel_keeps_the_block_sparse_layout(name, sp_runs, block_sparse_reference, reference):
+    _check_against_reference(sp_runs[name], block_sparse_reference, exact_resume=True)
+    # the layout matters: the dense model's losses differ (a dropped layout would train the dense model)
+    assert block_sparse_reference[0][1:] != reference[0][1:]
