@@ -116,6 +116,9 @@ class SequenceParallel:
             ulysses_size=kw.get("ulysses_size", 1), dim=dim,
         )  # fmt: skip
 
+    # The ring's schedule is host-side Python (plans, P2P posts, waits): compiled model blocks break
+    # around the call instead of Dynamo tracing into it (it would graph-break and recompile inside).
+    @torch.compiler.disable
     def attention_fn(
         self,
         q: torch.Tensor,

@@ -257,6 +257,8 @@ SP_CASES = {
     "sp2_ring_zigzag": ["parallel=ddp", "parallel.sp=2"],
     "sp2_ring_contiguous": ["parallel=ddp", "parallel.sp=2", "parallel.sp_layout=contiguous"],
     "sp2_ulysses": ["parallel=ddp", "parallel.sp=2", "parallel.sp_mode=ulysses"],
+    # compiled blocks break around the ring's attention call (torch.compiler.disable)
+    "sp2_ring_zigzag_compiled": ["parallel=ddp", "parallel.sp=2", "trainer.compile=true"],
 }
 # A block-sparse model (butterfly on 16-token blocks, no local band: 2 of the 10 causal tiles are dropped):
 # under sp the ring replaces the model's block_sparse backend and must attend within the same layout.
