@@ -269,6 +269,15 @@ class Trainer:
             stack.enter_context(attention_override(sp.attention_fn))
         return stack
 
+    def _attention_summary(self) -> str:
+        """What computes attention: the model's backend, or under sp the ring/Ulysses that replaces it."""
+        par = self.cfg.parallel
+        if par.sp == 1:
+            return self.cfg.model.attention
+        kernel = "triton" if self.device.type == "cuda" else "reference"
+        layout = ", block-sparse layout" if self.cfg.model.attention == "block_sparse" else ""
+        return f"{par.sp_mode} over sp={par.sp} ({par.sp_layout}, {kernel} per step{layout})"
+
     @functools.cache  # noqa: B019 - one trainer per run; the masks are built once per sequence length
     def _sp_block_mask(self, seqlen: int, device) -> tuple[torch.Tensor, int]:
         from flashtrain.models.block_sparse import global_block_mask
@@ -350,7 +359,7 @@ class Trainer:
         n_gpus = self.world_size if self.device.type == "cuda" else 0
         log.info(
             f"model {self.n_params / 1e6:.2f}M params, {tokens_per_step} tokens/step, device {self.device}, "
-            f"task {self.cfg.task.kind}, attention {self.cfg.model.attention}, run dir {self.run_dir}"
+            f"task {self.cfg.task.kind}, attention {self._attention_summary()}, run dir {self.run_dir}"
         )
         # Redrawn 10 times a second on a terminal; in a log file (Slurm, CI) once every 30 s.
         bar = tqdm(
