@@ -8,7 +8,8 @@ key_padding_mask (batch, seqlen_k), True = keep, is passed only when the input h
 
 - `reference`: plain torch, materialises the score matrix; the numerical oracle.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (PyTorch picks flash / cuDNN /
-  memory-efficient / math; `sdpa_backend` in the model config pins one).
+  memory-efficient / math; pin one with `torch.nn.attention.sdpa_kernel` around the step, as
+  benchmarks/bench_train.py does).
 - `triton`: our FlashAttention kernel from `kernels/`.
 - `block_sparse`: our block-sparse kernel with a layout built from the model config.
 - `auto` (default): on CUDA our kernel for long sequences, windows and padding, SDPA for short ones
