@@ -154,6 +154,7 @@ def _bwd_dkdv(
         k_start = 0
     if pid_n * BLOCK_N >= seqlen_k:
         return
+    rng_col0 = drop_col0 + k_start  # varlen: keys are numbered by their packed index
     off_b64 = off_b.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -193,17 +194,17 @@ def _bwd_dkdv(
             dq_base = DQ
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
             lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
             full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
             full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
     dk = dk * sm_scale
@@ -298,6 +299,7 @@ def _bwd_dq(
     lse = tl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
     delta = tl.load(DELTA + rows, mask=offs_m < seqlen_q, other=0.0)
     rng_rows = off_b64 * drop_sb + off_h * drop_sh + drop_row0 + q_start + offs_m
+    rng_col0 = drop_col0 + k_start
     k_base = K + off_b64 * stride_kb + k_start * stride_kn + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + k_start * stride_vn + off_hk * stride_vh
     kpm_base = KPM + off_b64 * stride_kpmb
@@ -310,17 +312,17 @@ def _bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _bwd_dq_inner(
         dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = _bwd_dq_inner(
         dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = _bwd_dq_inner(
         dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+        offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = dq * sm_scale

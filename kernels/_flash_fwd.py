@@ -124,6 +124,7 @@ def _attn_fwd(
     pos_m = offs_m + (seqlen_k - seqlen_q)  # bottom-right aligned key position of each query
     lse_rows = off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m
     rng_rows = off_b64 * drop_sb + off_h * drop_sh + drop_row0 + q_start + offs_m
+    rng_col0 = drop_col0 + k_start  # varlen: keys are numbered by their packed index
     q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q,
                   HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
 
@@ -139,17 +140,17 @@ def _attn_fwd(
     # masked tiles left of the fully visible run (window edge), the run itself, then the diagonal/tail
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
 
@@ -250,7 +251,8 @@ def dropout_row_ids(dropout_rows, stride_lb: int, stride_lh: int) -> tuple[int, 
     """Kernel args (drop_sb, drop_sh, drop_row0, drop_col0) numbering the dropout Philox counters (rows, columns).
 
     Row id of (batch b, head h, query i) = b * drop_sb + h * drop_sh + drop_row0 + i, key j's column
-    drop_col0 + j. By default the lse index (dense: (b * nheads + h) * seqlen_q + i) and j. The ring
+    drop_col0 + j; i and j count from the start of the packed tensors for varlen (b is then the
+    sequence). By default the lse index (dense: (b * nheads + h) * seqlen_q + i) and j. The ring
     passes dropout_rows = (sb, sh, row0, col0) giving the row id the whole sequence would have, so the
     mask of a sequence shard is the single-process mask's block.
     """

@@ -166,8 +166,11 @@ def flash_attention_varlen(
     q: (total_q, nheads, headdim), k, v: (total_k, nheads_kv, headdim); sequence b owns rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and likewise of k/v. cu_seqlens_*: int32 (batch + 1,),
     starting at 0, non-decreasing, ending at total. max_seqlen_*: the longest sequence (sizes the grid).
-    Causal/window alignment is bottom-right per sequence. Returns out (total_q, nheads, headdim) and,
-    with return_lse=True, lse (nheads, total_q) float32 natural log.
+    Causal/window alignment is bottom-right per sequence. Dropout numbers entries by packed position:
+    head h, query row r and key row c (of the packed tensors) draw Philox at counter
+    (c, h * total_q + r), so `kernels.reference.dropout_keep_reference` reproduces the mask.
+    Returns out (total_q, nheads, headdim) and, with return_lse=True, lse (nheads, total_q) float32
+    natural log.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:

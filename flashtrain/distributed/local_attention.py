@@ -11,11 +11,12 @@
   - a block layout: the block-sparse launchers, over the layout's rows and columns of the call;
   each when the call's own mask survives the cut: the call is a shard against the same positions
   (so causal/window per document or per layout is the global one) or is fully visible (no causal,
-  no window). Dropout runs in the FlashAttention kernels (given the row ids of the whole sequence);
-  dropout together with documents or a block layout, documents together with a block layout,
-  positions out of order (the ring and Ulysses never pass them), and block layouts whose blocks the
-  call's runs cut, or that are not powers of two >= 16, or with a window, go to the reference, in
-  chunks of query rows so its memory stays bounded (`REFERENCE_CHUNK_ELEMENTS`) on any length.
+  no window). Dropout runs in the FlashAttention kernels (given the row ids of the whole sequence),
+  with documents too when the batch is 1. Dropout with a block layout or with documents at batch > 1,
+  documents with a block layout, positions out of order (the ring and Ulysses never pass them), and
+  block layouts whose blocks the call's runs cut, or that are not powers of two >= 16, or with a
+  window, go to the reference, in chunks of query rows so its memory stays bounded
+  (`REFERENCE_CHUNK_ELEMENTS`) on any length.
 
 Semantics are those of `kernels/reference.py`: q (batch, seqlen_q, nheads, headdim), k/v
 (batch, seqlen_k, nheads_kv, headdim), causal/window aligned bottom-right, lse natural log float32
@@ -146,13 +147,14 @@ def _route(backend: str, q: torch.Tensor, mask: PositionMask | None, causal: boo
     why = None
     if mask.q_runs is None or mask.k_runs is None:
         why = "the call's runs of positions are unknown"
-    elif mask.dropout_p > 0.0:
-        if mask.has_element_mask:
-            why = "dropout together with documents or a block layout"
-        elif len(mask.q_runs) != 1 or len(mask.k_runs) != 1:
-            why = "dropout numbers rows and columns from one run each"
-        else:
-            return "dense"
+    elif mask.dropout_p > 0.0 and (len(mask.q_runs) != 1 or len(mask.k_runs) != 1):
+        why = "dropout numbers rows and columns from one run each"
+    elif mask.dropout_p > 0.0 and mask.block_layout is not None:
+        why = "dropout together with a block layout"
+    elif mask.dropout_p > 0.0 and mask.doc_ids is not None and q.shape[0] != 1:
+        why = "dropout with documents numbers packed rows globally only for batch 1"
+    elif mask.dropout_p > 0.0 and mask.doc_ids is None:
+        return "dense"
     elif mask.doc_ids is not None and mask.block_layout is not None:
         why = "documents and a block layout together"
     else:
@@ -291,13 +293,18 @@ def _packed(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def _kernel_kwargs(causal: bool, softmax_scale: float, window, mask: PositionMask | None) -> dict:
-    """The FlashAttention launchers' options for one call (dropout only on the dense route)."""
+def _kernel_kwargs(
+    causal: bool, softmax_scale: float, window, mask: PositionMask | None, varlen: bool
+) -> dict:
+    """The FlashAttention launchers' options for one call."""
     win_left, win_right = _window_bounds(causal, window)
     kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
               dropout_p=0.0, seed=0)  # fmt: skip
     if mask is not None and mask.dropout_p > 0.0:
-        kw.update(dropout_p=mask.dropout_p, seed=mask.dropout_seed, dropout_rows=mask.dropout_rows())
+        rows = mask.dropout_rows()
+        if varlen:  # the kernel's "batch" is then the document: batch 1, whose rows start at 0
+            rows = (0, *rows[1:])
+        kw.update(dropout_p=mask.dropout_p, seed=mask.dropout_seed, dropout_rows=rows)
     return kw
 
 
@@ -333,7 +340,7 @@ def local_forward(
     if route in ("dense", "varlen"):
         from kernels._flash_fwd import flash_attn_forward
 
-        kw = _kernel_kwargs(causal, softmax_scale, window, mask)
+        kw = _kernel_kwargs(causal, softmax_scale, window, mask, varlen=route == "varlen")
         if route == "dense":
             out, lse2 = flash_attn_forward(q, k, v, **kw)
             return out, lse2 * _LN2  # the kernel keeps lse in base 2
@@ -382,7 +389,7 @@ def local_backward(
     if route in ("dense", "varlen"):
         from kernels._flash_bwd import flash_attn_backward
 
-        kw = _kernel_kwargs(causal, softmax_scale, window, mask)
+        kw = _kernel_kwargs(causal, softmax_scale, window, mask, varlen=route == "varlen")
         if route == "dense":
             return flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), **kw)
         batch, m, nheads, _ = q.shape

@@ -45,6 +45,7 @@ class Case:
     dtype: torch.dtype = torch.float64
     chunk: int = 4  # tokens per zigzag chunk: seqlen = 2 * sp * chunk
     backend: str = "reference"
+    batch: int = BATCH
     extra: dict = field(default_factory=dict)
 
 
@@ -95,6 +96,9 @@ def ring_cases(world: int) -> list[Case]:
             # dropout in the kernels, numbered by global position: the single-process mask
             Case("ring-zigzag-triton-dropout-gqa", causal=True, dropout_p=0.3, nheads_kv=2, dtype=torch.float32,
                  backend="triton"),
+            # with documents (the varlen kernels) at batch 1
+            Case("ring-zigzag-triton-docs-dropout", causal=True, docs=True, dropout_p=0.3, dtype=torch.float32,
+                 chunk=16, backend="triton", batch=1),
         ]  # fmt: skip
     return cases
 
@@ -170,10 +174,10 @@ def make_inputs(case: Case, world: int) -> dict:
 
     inputs = dict(
         seqlen=seqlen,
-        q=randn(BATCH, seqlen, case.nheads, HEADDIM),
-        k=randn(BATCH, seqlen, case.nheads_kv, HEADDIM),
-        v=randn(BATCH, seqlen, case.nheads_kv, HEADDIM),
-        dout=randn(BATCH, seqlen, case.nheads, HEADDIM),
+        q=randn(case.batch, seqlen, case.nheads, HEADDIM),
+        k=randn(case.batch, seqlen, case.nheads_kv, HEADDIM),
+        v=randn(case.batch, seqlen, case.nheads_kv, HEADDIM),
+        dout=randn(case.batch, seqlen, case.nheads, HEADDIM),
         cu_seqlens=None,
         block_layout=None,
         block_size=None,
@@ -209,7 +213,7 @@ def reference(case: Case, inp: dict) -> dict:
     if case.dropout_p > 0:
         pos = torch.arange(seqlen)
         drop = dropout_keep_mask(
-            inp["dropout_seed"], BATCH, torch.arange(case.nheads), pos, pos, case.dropout_p,
+            inp["dropout_seed"], case.batch, torch.arange(case.nheads), pos, pos, case.dropout_p,
             nheads_total=case.nheads, seqlen=seqlen,
         )  # fmt: skip
     out = attention_reference(

@@ -13,12 +13,12 @@ from flashtrain.distributed.local_attention import (
 from kernels.reference import attention_reference, dropout_mask
 
 
-def _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float64, headdim=16, seed=0):
+def _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float64, headdim=16, seed=0, batch=2):
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(2, seqlen_q, nheads, headdim, generator=gen, dtype=torch.float64).to(dtype)
-    k = torch.randn(2, seqlen_k, nheads_kv, headdim, generator=gen, dtype=torch.float64).to(dtype)
-    v = torch.randn(2, seqlen_k, nheads_kv, headdim, generator=gen, dtype=torch.float64).to(dtype)
-    dout = torch.randn(2, seqlen_q, nheads, headdim, generator=gen, dtype=torch.float64).to(dtype)
+    q = torch.randn(batch, seqlen_q, nheads, headdim, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(batch, seqlen_k, nheads_kv, headdim, generator=gen, dtype=torch.float64).to(dtype)
+    v = torch.randn(batch, seqlen_k, nheads_kv, headdim, generator=gen, dtype=torch.float64).to(dtype)
+    dout = torch.randn(batch, seqlen_q, nheads, headdim, generator=gen, dtype=torch.float64).to(dtype)
     return q, k, v, dout
 
 
@@ -90,8 +90,10 @@ def _masked_call(q_runs, k_runs, *, docs=None, layout=None, block_size=1, head_o
     )  # fmt: skip
 
 
-def _check_against_reference(mask, causal, window, seqlen_q, seqlen_k, nheads=4, nheads_kv=2, seed=0):
-    q, k, v, dout = _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float32, seed=seed)
+def _check_against_reference(
+    mask, causal, window, seqlen_q, seqlen_k, nheads=4, nheads_kv=2, seed=0, batch=2
+):
+    q, k, v, dout = _qkv(seqlen_q, seqlen_k, nheads, nheads_kv, dtype=torch.float32, seed=seed, batch=batch)
     q, k, v, dout = (t.to(_DEV) for t in (q, k, v, dout))
     kw = dict(causal=causal, softmax_scale=0.25, window=window, mask=mask)
     out, lse = local_forward(q, k, v, backend="triton", **kw)
@@ -161,7 +163,7 @@ def test_triton_block_layout_runs_through_block_sparse(q_runs, k_runs, causal, p
 def test_masks_the_kernels_cannot_express_go_to_the_reference():
     from flashtrain.distributed.local_attention import _route
 
-    q = torch.empty(1, 16, 4, 16)
+    q = torch.empty(2, 16, 4, 16)  # batch 2: dropout with documents goes to the reference
     diag = ((16, 16),)
     lay = torch.ones(1, 8, 8, dtype=torch.bool)
     cases = [
@@ -230,3 +232,14 @@ def test_triton_dropout_runs_in_the_kernels_with_the_global_mask(q_run, k_run, c
     q = torch.empty(1, q_run[1], 4, 16)
     assert _route("triton", q, mask, causal, window) == "dense"
     _check_against_reference(mask, causal, window, q_run[1], k_run[1], seed=2)
+
+
+@pytest.mark.parametrize("q_runs,k_runs,causal,window", _DOC_CALLS[:1] + _DOC_CALLS[2:3] + _DOC_CALLS[4:5])
+def test_triton_dropout_with_documents_runs_through_varlen_at_batch_1(q_runs, k_runs, causal, window):
+    from flashtrain.distributed.local_attention import _route
+
+    mask = _masked_call(q_runs, k_runs, docs=_DOCS, dropout_p=0.25, head_offset=4)
+    m = sum(n for _, n in q_runs)
+    assert _route("triton", torch.empty(1, m, 4, 16), mask, causal, window) == "varlen"
+    assert _route("triton", torch.empty(2, m, 4, 16), mask, causal, window) == "reference"
+    _check_against_reference(mask, causal, window, m, sum(n for _, n in k_runs), seed=3, batch=1)

@@ -171,3 +171,38 @@ def test_row_and_column_offsets_draw_the_full_mask_block(causal, device):
     )
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_varlen_dropout_numbers_entries_by_packed_position(device):
+    """Several packed sequences: each one's mask is the documented block of packed coordinates
+    (head h, packed query r, packed key c -> Philox counter (c, h * total_q + r)), forward and backward."""
+    torch.manual_seed(12)
+    lens_q, lens_k, h, hk, d, p = [5, 17, 9], [7, 17, 30], 4, 2, 16, 0.3
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    q = randn(total_q, h, d, dtype=F32, device=device)
+    k, v = (randn(total_k, hk, d, dtype=F32, device=device) for _ in range(2))
+    torch.manual_seed(4)
+    seed = draw_seed()
+
+    def kernel(q, k, v):
+        torch.manual_seed(4)
+        return flash_attention_varlen(
+            q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, dropout_p=p, return_lse=True
+        )
+
+    def ref(q, k, v):
+        outs, lses = [], []
+        for s in range(len(lens_q)):
+            rq = torch.arange(int(cu_q[s]), int(cu_q[s + 1]), device=device)
+            rk = torch.arange(int(cu_k[s]), int(cu_k[s + 1]), device=device)
+            rows = torch.arange(h, device=device)[:, None, None] * total_q + rq[None, :, None]  # (h, m, 1)
+            keep = dropout_keep_reference(seed, rows, rk, p)[None]  # (1, h, m, n)
+            out, lse = attention_reference(q[None, rq], k[None, rk], v[None, rk], causal=True, dropout_p=p,
+                                           dropout_mask=keep, return_lse=True)  # fmt: skip
+            outs.append(out[0])
+            lses.append(lse[0])
+        return torch.cat(outs), torch.cat(lses, 1)  # lse (h, total_q), as the varlen kernel returns it
+
+    check_against_reference(kernel, ref, [q, k, v], F32)
