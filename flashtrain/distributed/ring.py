@@ -370,6 +370,26 @@ def draw_dropout_seed(dropout_p: float, dropout_seed: int | None) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no device sync
 
 
+def make_ring_spec(
+    q: torch.Tensor, *, group, seqlen: int, layout: str, causal: bool, softmax_scale, window, dropout_p: float,
+    block_layout, block_size, cu_seqlens, dropout_seed, backend: str, head_offset: int = 0,
+) -> RingSpec:  # fmt: skip
+    """The RingSpec of one call over `group` (None: one rank), its masks built over the global `seqlen`
+    tokens; q is the caller's local input with every head (so q.shape[2] heads are the global count)."""
+    size = dist.get_world_size(group) if group is not None else 1
+    rank = dist.get_rank(group) if group is not None else 0
+    doc_ids, doc_starts, block_layout, block_size = mask_tensors(
+        seqlen, q.shape[2], q.device, cu_seqlens, block_layout, block_size
+    )
+    return RingSpec(
+        group=group, size=size, rank=rank, seqlen=seqlen, layout=layout, causal=causal,
+        softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+        window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
+        block_layout=block_layout, block_size=block_size, head_offset=head_offset, nheads_total=q.shape[2],
+        dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
+    )  # fmt: skip
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -406,20 +426,14 @@ def ring_attention(
     check_options(window, dropout_p)
     check_layout(layout)
     size = dist.get_world_size(group) if group is not None else 1
-    rank = dist.get_rank(group) if group is not None else 0
     if validate and size > 1:
         check_same_shapes([q, k, v], [group])
     check_qkv(q, k, v)
     seqlen = q.shape[1] * size
     check_seqlen(seqlen, size, layout)
-    doc_ids, doc_starts, block_layout, block_size = mask_tensors(
-        seqlen, q.shape[2], q.device, cu_seqlens, block_layout, block_size
-    )
-    spec = RingSpec(
-        group=group, size=size, rank=rank, seqlen=seqlen, layout=layout, causal=causal,
-        softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
-        window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
-        block_layout=block_layout, block_size=block_size, nheads_total=q.shape[2], dropout_p=float(dropout_p),
-        dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
+    spec = make_ring_spec(
+        q, group=group, seqlen=seqlen, layout=layout, causal=causal, softmax_scale=softmax_scale,
+        window=window, dropout_p=dropout_p, block_layout=block_layout, block_size=block_size,
+        cu_seqlens=cu_seqlens, dropout_seed=dropout_seed, backend=backend,
     )  # fmt: skip
     return RingAttention.apply(q, k, v, spec)

@@ -27,8 +27,7 @@ from .ring import (
     check_options,
     check_qkv,
     check_same_shapes,
-    draw_dropout_seed,
-    mask_tensors,
+    make_ring_spec,
     ring_backward,
     ring_forward,
 )
@@ -140,7 +139,6 @@ def _build(q, k, v, *, ulysses_group, ring_group, layout, causal, softmax_scale,
     usize = dist.get_world_size(ulysses_group) if ulysses_group is not None else 1
     urank = dist.get_rank(ulysses_group) if ulysses_group is not None else 0
     rsize = dist.get_world_size(ring_group) if ring_group is not None else 1
-    rrank = dist.get_rank(ring_group) if ring_group is not None else 0
     if validate and usize * rsize > 1:
         check_same_shapes([q, k, v], [ulysses_group, ring_group])
     check_qkv(q, k, v)
@@ -156,16 +154,11 @@ def _build(q, k, v, *, ulysses_group, ring_group, layout, causal, softmax_scale,
             ).to(q.device)
     else:
         check_seqlen(seqlen, rsize, layout, usize)
-    doc_ids, doc_starts, block_layout, block_size = mask_tensors(
-        seqlen, nheads, q.device, cu_seqlens, block_layout, block_size
-    )
-    inner = RingSpec(
-        group=ring_group, size=rsize, rank=rrank, seqlen=seqlen,
-        layout=layout if ring_group is not None else "contiguous", causal=causal,
-        softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
-        window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
-        block_layout=block_layout, block_size=block_size, head_offset=urank * (nheads // usize),
-        nheads_total=nheads, dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
+    inner = make_ring_spec(
+        q, group=ring_group, seqlen=seqlen, layout=layout if ring_group is not None else "contiguous",
+        causal=causal, softmax_scale=softmax_scale, window=window, dropout_p=dropout_p,
+        block_layout=block_layout, block_size=block_size, cu_seqlens=cu_seqlens, dropout_seed=dropout_seed,
+        backend=backend, head_offset=urank * (nheads // usize),
     )  # fmt: skip
     k, v = replicate_kv_heads(k, v, usize)
     return q, k, v, UlyssesSpec(ulysses_group, usize, perm, inner)
