@@ -39,6 +39,7 @@ from kernels._common import (
     padded_head_dim,
     unit_last_stride,
 )
+from kernels._flash_bwd import _bwd_preprocess
 from kernels.layouts import BlockLayout
 
 __all__ = ["block_sparse_attention", "BlockLayout"]
@@ -176,27 +177,6 @@ def _bs_fwd_kernel(
 # ----------------------------------------------------------------------------------------------
 # backward
 # ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _bwd_preprocess(
-    Out, DO, DELTA, stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
-    nheads, seqlen_q, headdim, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """delta = rowsum(O * dO) in fp32, (batch, nheads, seqlen_q): the O(N d) form of rowsum(dP * P)."""
-    pid_m = tl.program_id(0)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // nheads).to(tl.int64)
-    off_h = off_bh % nheads
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim)
-    o = tl.load(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=mask, other=0.0)  # fmt: skip
-    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                 mask=mask, other=0.0)  # fmt: skip
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + off_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -500,11 +480,12 @@ def _block_sparse_backward(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
+    # delta = rowsum(O * dO) in fp32, (batch, nheads, seqlen_q) like lse: the dense kernels' preprocess
     delta = torch.empty_like(lse)
     pre_m = 64
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), batch * nheads)](
-        out, do, delta, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        nheads, seqlen_q, headdim, HEAD_DIM=head_dim, BLOCK_M=pre_m,
+    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
+        out, do, delta, None, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        delta.stride(0), delta.stride(1), seqlen_q, HEAD_DIM=headdim, BLOCK_D=head_dim, IS_VARLEN=False, BLOCK_M=pre_m,
     )  # fmt: skip
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
