@@ -4,7 +4,7 @@ Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_he
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
 check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
-unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed),
+unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
 visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
 from global positions). Nothing here knows the tile sizes or a kernel's argument list.
 """
@@ -166,6 +166,13 @@ def load_tile(
         else:
             x = tl.load(ptrs)
     return x
+
+
+@triton.jit
+def varlen_bounds(CU, off_b):
+    """(start, length) of packed sequence off_b from its cu_seqlens: int64 start, int32 length."""
+    start = tl.load(CU + off_b).to(tl.int64)
+    return start, (tl.load(CU + off_b + 1) - start).to(tl.int32)
 
 
 @triton.jit

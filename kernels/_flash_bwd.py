@@ -16,6 +16,7 @@ from ._common import (
     load_tile,
     padded_head_dim,
     store_tile,
+    varlen_bounds,
     visible_range,
 )
 from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket
@@ -35,8 +36,7 @@ def _bwd_preprocess(
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
     if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_b).to(tl.int64)
-        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
+        q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
     else:
         q_start = 0
     if pid_m * BLOCK_M >= seqlen_q:
@@ -145,10 +145,8 @@ def _bwd_dkdv(
     off_hk = tl.program_id(1)
     off_b = tl.program_id(2)
     if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_b).to(tl.int64)
-        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
-        k_start = tl.load(CU_K + off_b).to(tl.int64)
-        seqlen_k = (tl.load(CU_K + off_b + 1) - k_start).to(tl.int32)
+        q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
+        k_start, seqlen_k = varlen_bounds(CU_K, off_b)
     else:
         q_start = 0
         k_start = 0
@@ -277,10 +275,8 @@ def _bwd_dq(
     if HAS_RIGHT:
         pid_m = tl.num_programs(0) - 1 - pid_m
     if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_b).to(tl.int64)
-        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
-        k_start = tl.load(CU_K + off_b).to(tl.int64)
-        seqlen_k = (tl.load(CU_K + off_b + 1) - k_start).to(tl.int32)
+        q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
+        k_start, seqlen_k = varlen_bounds(CU_K, off_b)
     else:
         q_start = 0
         k_start = 0

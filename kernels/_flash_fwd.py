@@ -20,6 +20,7 @@ from ._common import (
     next_power_of_2,
     padded_head_dim,
     store_tile,
+    varlen_bounds,
     visible_range,
 )
 
@@ -102,10 +103,8 @@ def _attn_fwd(
         # causal-like: the last row blocks see the most keys, so start them first to shorten the tail
         pid_m = tl.num_programs(0) - 1 - pid_m
     if IS_VARLEN:
-        q_start = tl.load(CU_Q + off_b).to(tl.int64)
-        seqlen_q = (tl.load(CU_Q + off_b + 1) - q_start).to(tl.int32)
-        k_start = tl.load(CU_K + off_b).to(tl.int64)
-        seqlen_k = (tl.load(CU_K + off_b + 1) - k_start).to(tl.int32)
+        q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
+        k_start, seqlen_k = varlen_bounds(CU_K, off_b)
     else:
         q_start = 0
         k_start = 0
