@@ -36,29 +36,15 @@ from kernels._common import (
     dot_precision,
     draw_seed,
     dropout_keep,
+    load_tile,
     padded_head_dim,
+    store_tile,
     unit_last_stride,
 )
 from kernels._flash_bwd import _bwd_preprocess
 from kernels.layouts import BlockLayout
 
 __all__ = ["block_sparse_attention", "BlockLayout"]
-
-
-@triton.jit
-def _load_tile(ptrs, offs_rows, n_rows, offs_d, headdim, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
-    """(rows, HEAD_DIM) tile; zero outside the sequence and past the real head dim."""
-    if CHECK_ROWS:
-        if EVEN_D:
-            x = tl.load(ptrs, mask=offs_rows[:, None] < n_rows, other=0.0)
-        else:
-            x = tl.load(ptrs, mask=(offs_rows[:, None] < n_rows) & (offs_d[None, :] < headdim), other=0.0)
-    else:
-        if EVEN_D:
-            x = tl.load(ptrs)
-        else:
-            x = tl.load(ptrs, mask=offs_d[None, :] < headdim, other=0.0)
-    return x
 
 
 @triton.jit
@@ -78,16 +64,17 @@ def _keep_mask(offs_m, offs_n, seqlen_k, shift, CAUSAL: tl.constexpr):
 @triton.jit
 def _fwd_tiles(
     acc, l_i, m_i, q, K, V, IDX, count,
-    offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, shift, qk_scale, dropout_p, seed,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_n0 = tl.arange(0, BLOCK_N)
     for t in range(0, count):
         start_n = tl.load(IDX + t) * BLOCK_N
         offs_n = start_n + offs_n0
-        k = _load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
-                       MASKED, EVEN_D)  # fmt: skip
+        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # log2 units
         if MASKED:
             qk = tl.where(_keep_mask(offs_m, offs_n, seqlen_k, shift, CAUSAL), qk, float("-inf"))
@@ -103,8 +90,8 @@ def _fwd_tiles(
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
             p = tl.where(dropout_keep(seed, rows[:, None], offs_n[None, :], dropout_p), p, 0.0)
-        v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
-                       MASKED, EVEN_D)  # fmt: skip
+        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
@@ -120,11 +107,11 @@ def _bs_fwd_kernel(
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     # sizes
-    nheads, seqlen_q, seqlen_k, headdim, shift, qk_scale, n_row_tiles, n_col_tiles,
+    nheads, seqlen_q, seqlen_k, shift, qk_scale, n_row_tiles, n_col_tiles,
     # dropout (read only when DROPOUT)
     dropout_p, seed,
     # meta-parameters
-    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
@@ -136,28 +123,28 @@ def _bs_fwd_kernel(
     lay_h = off_h if LAYOUT_PER_HEAD else 0
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     Q += off_b * stride_qb + off_h * stride_qh
     K += off_b * stride_kb + off_hk * stride_kh
     V += off_b * stride_vb + off_hk * stride_vh
-    q = _load_tile(Q + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d, headdim,
-                   True, EVEN_D)  # fmt: skip
+    q = load_tile(Q + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # each row's lse index is also its Philox row id, the same one the dense kernel uses
     rows = off_bh.to(tl.int64) * seqlen_q + offs_m
     lists = lay_h * n_row_tiles + pid_m
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, K, V, FULL_IDX + lists * n_col_tiles, tl.load(FULL_CNT + lists),
-        offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-        BLOCK_N, False, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
+        offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, False, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, K, V, PART_IDX + lists * n_col_tiles, tl.load(PART_CNT + lists),
-        offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-        BLOCK_N, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
+        offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, True, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
 
     # rows that saw no key: l = 0 -> out 0 and lse -inf, without dividing by zero
@@ -168,10 +155,8 @@ def _bs_fwd_kernel(
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # ln 2
     tl.store(LSE + rows, lse, mask=offs_m < seqlen_q)
     Out += off_b * stride_ob + off_h * stride_oh
-    o_ptrs = Out + offs_m[:, None] * stride_om + offs_d[None, :]
-    tl.store(
-        o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim)
-    )
+    store_tile(Out + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(Out.dtype.element_ty), offs_m, offs_d,
+               seqlen_q, HEAD_DIM)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,18 +167,19 @@ def _bs_fwd_kernel(
 @triton.jit
 def _dq_tiles(
     dq, q, do, lse2, delta, K, V, IDX, count,
-    offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    offs_m, rows, offs_d, stride_kn, stride_vn, seqlen_k, shift, qk_scale, dropout_p, seed,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_n0 = tl.arange(0, BLOCK_N)
     for t in range(0, count):
         start_n = tl.load(IDX + t) * BLOCK_N
         offs_n = start_n + offs_n0
-        k = _load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
-                       MASKED, EVEN_D)  # fmt: skip
-        v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
-                       MASKED, EVEN_D)  # fmt: skip
+        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if MASKED:
             # zero-padded keys score 0, and exp2(0 - lse) can overflow: mask before the exp (NaN hazard)
@@ -221,11 +207,11 @@ def _bs_bwd_dq_kernel(
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
     # sizes
-    nheads, seqlen_q, seqlen_k, headdim, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
+    nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
     # dropout (read only when DROPOUT)
     dropout_p, seed,
     # meta-parameters
-    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
@@ -237,52 +223,52 @@ def _bs_bwd_dq_kernel(
     lay_h = off_h if LAYOUT_PER_HEAD else 0
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     q_off = off_b * stride_qb + off_h * stride_qh
     K += off_b * stride_kb + off_hk * stride_kh
     V += off_b * stride_vb + off_hk * stride_vh
-    q = _load_tile(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d, headdim,
-                   True, EVEN_D)  # fmt: skip
-    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                    offs_m, seqlen_q, offs_d, headdim, True, EVEN_D)  # fmt: skip
+    q = load_tile(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
     row = off_bh.to(tl.int64) * seqlen_q + offs_m
     lse2 = tl.load(LSE + row, mask=offs_m < seqlen_q, other=float("inf")) * 1.4426950408889634
     # rows that saw no key have lse = -inf; +inf makes their p exactly 0 instead of NaN
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
     delta = tl.load(DELTA + row, mask=offs_m < seqlen_q, other=0.0)
 
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lists = lay_h * n_row_tiles + pid_m
     dq = _dq_tiles(
         dq, q, do, lse2, delta, K, V, FULL_IDX + lists * n_col_tiles, tl.load(FULL_CNT + lists),
-        offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-        BLOCK_N, False, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
+        offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, False, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, K, V, PART_IDX + lists * n_col_tiles, tl.load(PART_CNT + lists),
-        offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-        BLOCK_N, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
+        offs_m, row, offs_d, stride_kn, stride_vn, seqlen_k, shift, qk_scale, dropout_p, seed,
+        BLOCK_N, True, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
-    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty),
-             mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < headdim))  # fmt: skip
+    store_tile(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d, seqlen_q, HEAD_DIM)
 
 
 @triton.jit
 def _dkdv_tiles(
     dk, dv, k, v, Q, DO, LSE, DELTA, IDX, count, row0,
-    offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale, dropout_p, seed,
-    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale, dropout_p, seed,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_m0 = tl.arange(0, BLOCK_M)
     for t in range(0, count):
         start_m = tl.load(IDX + t) * BLOCK_M
         offs_m = start_m + offs_m0
-        q = _load_tile(Q + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d, headdim,
-                       MASKED, EVEN_D)  # fmt: skip
-        do = _load_tile(DO + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d, headdim,
-                        MASKED, EVEN_D)  # fmt: skip
+        q = load_tile(Q + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM,
+                  MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        do = load_tile(DO + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM,
+                  MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         if MASKED:
             # rows past the sequence get lse = +inf so p = 0; rows that saw no key (lse -inf) too
             lse2 = tl.load(LSE + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * 1.4426950408889634
@@ -326,11 +312,11 @@ def _bs_bwd_dkdv_kernel(
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
     # sizes
-    nheads, nheads_kv, seqlen_q, seqlen_k, headdim, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
+    nheads, nheads_kv, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
     # dropout (read only when DROPOUT)
     dropout_p, seed,
     # meta-parameters
-    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
@@ -340,15 +326,15 @@ def _bs_bwd_dkdv_kernel(
     off_hk = off_bhk % nheads_kv
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     k_off = off_b * stride_kb + off_hk * stride_kh
     v_off = off_b * stride_vb + off_hk * stride_vh
-    k = _load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
-                   True, EVEN_D)  # fmt: skip
-    v = _load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d, headdim,
-                   True, EVEN_D)  # fmt: skip
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    k = load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    v = load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     # the query heads of this kv head each have their own tile lists; summing them here avoids atomics
     for g in range(0, GROUP):
         off_h = off_hk * GROUP + g
@@ -360,24 +346,21 @@ def _bs_bwd_dkdv_kernel(
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
             FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists), row0,
-            offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale,
-            dropout_p, seed, BLOCK_M, False, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
+            offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale,
+            dropout_p, seed, BLOCK_M, False, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
             PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists), row0,
-            offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, headdim, shift, qk_scale,
-            dropout_p, seed, BLOCK_M, True, CAUSAL, EVEN_D, DROPOUT, DOT_PREC,
+            offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale,
+            dropout_p, seed, BLOCK_M, True, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
-    mask = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < headdim)
     DK += off_b * stride_dkb + off_hk * stride_dkh
     DV += off_b * stride_dvb + off_hk * stride_dvh
-    tl.store(
-        DK + offs_n[:, None] * stride_dkn + offs_d[None, :],
-        (dk * sm_scale).to(DK.dtype.element_ty),
-        mask=mask,
-    )
-    tl.store(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask)
+    store_tile(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
+               offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
+    store_tile(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), offs_n, offs_d,
+               seqlen_k, HEAD_DIM)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -462,10 +445,10 @@ def _block_sparse_forward(
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        nheads, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, n_rows, n_cols,
+        nheads, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, n_rows, n_cols,
         dropout_p, seed,
-        GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=head_dim,
-        EVEN_D=head_dim == headdim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
+        GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
+        BLOCK_D=head_dim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
         DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out, lse
@@ -489,8 +472,8 @@ def _block_sparse_backward(
     )  # fmt: skip
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=head_dim,
-                  EVEN_D=head_dim == headdim, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
+    common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
+                  BLOCK_D=head_dim, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
                   DOT_PREC=dot_precision(q.dtype))  # fmt: skip
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))  # fmt: skip
@@ -502,7 +485,7 @@ def _block_sparse_backward(
         q, k, v, do, dq, lse, delta,
         lists.row_full_idx, lists.row_full_cnt, lists.row_part_idx, lists.row_part_cnt, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2),
-        nheads, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale, n_rows, n_cols,
+        nheads, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale, n_rows, n_cols,
         dropout_p, seed, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
 
@@ -513,7 +496,7 @@ def _block_sparse_backward(
         q, k, v, do, dk, dv, lse, delta,
         lists.col_full_idx, lists.col_full_cnt, lists.col_part_idx, lists.col_part_cnt, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        nheads, nheads_kv, seqlen_q, seqlen_k, headdim, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale,
+        nheads, nheads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale,
         n_rows, n_cols, dropout_p, seed,
         BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
