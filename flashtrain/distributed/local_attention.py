@@ -106,11 +106,13 @@ class PositionMask:
             nheads_total=self.nheads_total, seqlen=self.seqlen,
         )  # fmt: skip
 
-    def dropout_rows(self) -> tuple[int, int, int, int]:
+    def dropout_rows(self, varlen: bool) -> tuple[int, int, int, int]:
         """The kernels' dropout numbering (drop_sb, drop_sh, drop_row0, drop_col0) for a call whose
-        rows and columns are one run each: row ids of the whole sequence, columns by global position."""
+        rows and columns are one run each: row ids of the whole sequence, columns by global position.
+        varlen: the kernel's batch index is then the document (batch 1 only), so it must add nothing."""
         (q0, _), (k0, _) = self.q_runs[0], self.k_runs[0]
-        return self.nheads_total * self.seqlen, self.seqlen, self.head_offset * self.seqlen + q0, k0
+        per_batch = 0 if varlen else self.nheads_total * self.seqlen
+        return per_batch, self.seqlen, self.head_offset * self.seqlen + q0, k0
 
 
 def dropout_keep_mask(
@@ -301,10 +303,7 @@ def _kernel_kwargs(
     kw = dict(sm_scale=softmax_scale, win_left=win_left, win_right=win_right, key_padding_mask=None,
               dropout_p=0.0, seed=0)  # fmt: skip
     if mask is not None and mask.dropout_p > 0.0:
-        rows = mask.dropout_rows()
-        if varlen:  # the kernel's "batch" is then the document: batch 1, whose rows start at 0
-            rows = (0, *rows[1:])
-        kw.update(dropout_p=mask.dropout_p, seed=mask.dropout_seed, dropout_rows=rows)
+        kw.update(dropout_p=mask.dropout_p, seed=mask.dropout_seed, dropout_rows=mask.dropout_rows(varlen))
     return kw
 
 
