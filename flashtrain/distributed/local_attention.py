@@ -33,6 +33,7 @@ import bisect
 import itertools
 import logging
 import math
+import weakref
 from dataclasses import dataclass, replace
 
 import torch
@@ -43,6 +44,19 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "reference", "triton")
 _LN2 = math.log(2.0)
+
+_TENSOR_CACHES: dict[int, dict] = {}
+
+
+def tensor_cache(t: torch.Tensor) -> dict:
+    """A dict that lives as long as tensor `t`, for what is derived from it and reused every call (a
+    model's block layout is one tensor for the whole run: its host copy and per-call sub-layouts are
+    built once instead of in every forward and backward of every layer)."""
+    key = id(t)
+    if key not in _TENSOR_CACHES:
+        _TENSOR_CACHES[key] = {}
+        weakref.finalize(t, _TENSOR_CACHES.pop, key, None)  # ids are reused once t is gone
+    return _TENSOR_CACHES[key]
 
 
 @dataclass(frozen=True)
@@ -237,19 +251,26 @@ def _doc_cut(mask: PositionMask, batch: int, device) -> _DocCut:
 
 
 def _block_layout(mask: PositionMask, nheads: int):
-    """The global layout's tiles for the call's rows and columns, as a `kernels` BlockLayout."""
+    """The global layout's tiles for the call's rows and columns, as a `kernels` BlockLayout; built
+    once per (layout, call) and kept, with its compiled tile lists, for the backward and later steps."""
     from kernels.layouts import BlockLayout
 
-    bs = mask.block_size
-    lay = mask.block_layout
-    if lay.shape[0] > 1:
-        lay = lay[mask.head_offset : mask.head_offset + nheads]
+    cache = tensor_cache(mask.block_layout)
+    key = ("sub_layout", mask.q_runs, mask.k_runs, mask.head_offset, nheads)
+    if key not in cache:
+        bs = mask.block_size
+        lay = mask.block_layout
+        if lay.shape[0] > 1:
+            lay = lay[mask.head_offset : mask.head_offset + nheads]
 
-    def blocks(runs) -> torch.Tensor:
-        ids = [b for start, n in runs for b in range(start // bs, -(-(start + n) // bs))]
-        return torch.tensor(ids, dtype=torch.long, device=lay.device)
+        def blocks(runs) -> torch.Tensor:
+            ids = [b for start, n in runs for b in range(start // bs, -(-(start + n) // bs))]
+            return torch.tensor(ids, dtype=torch.long, device=lay.device)
 
-    return BlockLayout(lay.index_select(1, blocks(mask.q_runs)).index_select(2, blocks(mask.k_runs)), bs)
+        cache[key] = BlockLayout(
+            lay.index_select(1, blocks(mask.q_runs)).index_select(2, blocks(mask.k_runs)), bs
+        )
+    return cache[key]
 
 
 # score elements (batch * heads * rows * keys) the reference materialises at once: 16M, about 1 GiB

@@ -15,13 +15,14 @@ communication overlaps compute; the waits are marked where they block.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .local_attention import PositionMask, local_backward, local_forward
+from .local_attention import PositionMask, local_backward, local_forward, tensor_cache
 from .ring_plan import LocalCall, MaskInfo, RingPlan, ring_plan
 from .sharding import check_layout, check_seqlen, segment_runs, segments_positions
 
@@ -56,10 +57,14 @@ class RingSpec:
     dropout_seed: int = 0
     backend: str = "auto"
 
+    @functools.cached_property  # the forward and the backward of a call share one plan
     def plan(self) -> RingPlan:
         block_any = None
         if self.block_layout is not None:
-            block_any = self.block_layout.any(0).cpu()  # host-device sync (tiny), once per call
+            cache = tensor_cache(self.block_layout)
+            if "any" not in cache:  # a host-device sync (tiny), once per layout tensor
+                cache["any"] = self.block_layout.any(0).cpu()
+            block_any = cache["any"]
         info = MaskInfo(
             causal=self.causal, window=self.window,
             doc_starts=list(self.doc_starts) if self.doc_starts is not None else None,
@@ -126,7 +131,7 @@ def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos, q_segs, k_segs) 
 
 def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the local queries against the whole ring, both in max(q.dtype, float32)."""
-    plan = spec.plan()
+    plan = spec.plan
     size, rank = spec.size, spec.rank
     nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
@@ -160,7 +165,7 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in max(dtype, float32), from the global out and lse of the forward."""
-    plan = spec.plan()
+    plan = spec.plan
     size, rank = spec.size, spec.rank
     nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
