@@ -38,39 +38,33 @@ def _ids(case):
     return f"{str(dtype)[6:]}-b{b}-q{sq}-k{sk}-h{h}/{hk}-d{d}-{'causal' if causal else 'full'}-w{window}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_matches_reference(case, device):
-    dtype, b, sq, sk, h, hk, d, causal, window = case
-    torch.manual_seed(sq * 1000 + sk + d)
+def _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed, deterministic=True):
+    """One shape against the float64 reference (forward, lse and gradients), the tolerance rule."""
+    torch.manual_seed(seed)
     q, k, v = (
         randn(b, sq, h, d, dtype=dtype, device=device),
         *(randn(b, sk, hk, d, dtype=dtype, device=device) for _ in range(2)),
     )
     kw = dict(causal=causal, window=window, return_lse=True)
     check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
+        lambda q, k, v: flash_attention(q, k, v, deterministic=deterministic, **kw),
         lambda q, k, v: attention_reference(q, k, v, **kw),
         [q, k, v],
         dtype,
     )
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_matches_reference(case, device):
+    dtype, b, sq, sk, h, hk, d, causal, window = case
+    _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed=sq * 1000 + sk + d)
 
 
 @pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[7]], ids=_ids)
 def test_atomic_dq_matches_reference(case, device):
     """deterministic=False: dq accumulated with atomics inside the dk/dv kernel."""
     dtype, b, sq, sk, h, hk, d, causal, window = case
-    torch.manual_seed(sq + sk + d)
-    q, k, v = (
-        randn(b, sq, h, d, dtype=dtype, device=device),
-        *(randn(b, sk, hk, d, dtype=dtype, device=device) for _ in range(2)),
-    )
-    kw = dict(causal=causal, window=window, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, deterministic=False, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        dtype,
-    )
+    _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed=sq + sk + d, deterministic=False)
 
 
 @pytest.mark.parametrize("dtype", [F16, F32])
@@ -185,39 +179,15 @@ GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_gpu_bf16(case):
-    b, sq, sk, h, hk, d, causal, window = case
-    torch.manual_seed(sq + d)
-    dt = torch.bfloat16
-    q, k, v = (
-        randn(b, sq, h, d, dtype=dt, device="cuda"),
-        *(randn(b, sk, hk, d, dtype=dt, device="cuda") for _ in range(2)),
-    )
-    kw = dict(causal=causal, window=window, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        dt,
-    )
+    sq, d = case[1], case[5]
+    _check_case(torch.bfloat16, "cuda", *case, seed=sq + d)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [GPU_CASES[0], GPU_CASES[2]], ids=lambda c: "-".join(map(str, c)))
 def test_gpu_bf16_atomic_dq(case):
-    b, sq, sk, h, hk, d, causal, window = case
-    torch.manual_seed(sq + d + 1)
-    dt = torch.bfloat16
-    q, k, v = (
-        randn(b, sq, h, d, dtype=dt, device="cuda"),
-        *(randn(b, sk, hk, d, dtype=dt, device="cuda") for _ in range(2)),
-    )
-    kw = dict(causal=causal, window=window, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, deterministic=False, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        dt,
-    )
+    sq, d = case[1], case[5]
+    _check_case(torch.bfloat16, "cuda", *case, seed=sq + d + 1, deterministic=False)
 
 
 @pytest.mark.gpu
