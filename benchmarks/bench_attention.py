@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import sys
-import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import gpu_slug, is_oom, markdown_table, peak_memory_mib, time_ms, write_results  # noqa: E402
+from benchmarks.common import error_note, gpu_slug, markdown_table, peak_memory_mib, time_ms, write_results  # noqa: E402
 
 IMPLS = ["eager", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff", "flex", "triton", "triton_atomic"]
 # attention dropout, on request only (--impls ... triton_dropout sdpa_flash_dropout): the cost of the mask
@@ -168,11 +167,7 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max):
         if impl.startswith("triton"):
             row["configs"] = _triton_configs(impl)
     except Exception as exc:  # one failing backend must not end the sweep: record it in its row
-        row["error"] = (
-            "OOM: " if is_oom(exc) else ""
-        ) + f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        if not is_oom(exc):
-            traceback.print_exc()
+        row["error"] = error_note(exc)
     finally:
         q = k = v = do = None
         torch.cuda.empty_cache()

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import gpu_slug, is_oom, markdown_table, time_ms, write_results  # noqa: E402
+from benchmarks.common import error_note, gpu_slug, markdown_table, time_ms, write_results  # noqa: E402
 from kernels import block_sparse  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 from kernels.layouts import BlockLayout, butterfly_layout  # noqa: E402
@@ -144,11 +143,7 @@ def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict]) -> Non
         try:
             row["fwd_ms"], row["fwdbwd_ms"] = timed(fn, *args)
         except Exception as exc:  # one failing impl must not end the sweep: record it in its row
-            row["error"] = (
-                "OOM: " if is_oom(exc) else ""
-            ) + f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            if not is_oom(exc):
-                traceback.print_exc()
+            row["error"] = error_note(exc)
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in base})
         return row

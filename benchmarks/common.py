@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -65,6 +66,14 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
 
 def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def error_note(exc: BaseException) -> str:
+    """One line for a result row whose run failed ("OOM: ..." for out of memory); prints the traceback
+    of any other failure, which is a bug to look at rather than a result."""
+    if not is_oom(exc):
+        traceback.print_exc()
+    return ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
 
 
 def write_results(path: str, rows: list[dict], extra: dict | None = None) -> dict:
