@@ -303,19 +303,3 @@ def block_sparse_reference(
     """Dense attention restricted to the tiles `layout` keeps (same conventions as the kernel)."""
     mask = expand_block_layout(layout.to(q.device), block_m, block_n, q.shape[1], k.shape[1])
     return attention_reference(q, k, v, attn_mask=mask, **kwargs)
-
-
-def merge_attention_outputs(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine two partial attentions over disjoint key sets through their log-sum-exps.
-
-    out: (batch, seqlen, nheads, headdim), lse: (batch, nheads, seqlen). Stable when either side is
-    -inf (a part that saw no key contributes nothing). Returns float32 (out, lse).
-    """
-    lse = torch.logaddexp(lse_a.float(), lse_b.float())
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    w_a = torch.exp(lse_a.float() - safe).transpose(1, 2)[..., None]  # (B, S, H, 1)
-    w_b = torch.exp(lse_b.float() - safe).transpose(1, 2)[..., None]
-    out = out_a.float() * w_a + out_b.float() * w_b
-    return out, lse

@@ -43,10 +43,6 @@ class ClassifierConfig:
                 "model.encoder.vocab_size must be set (256 for pixels, the token count for ListOps)"
             )
 
-    @property
-    def num_positions(self) -> int:
-        return self.image_size**2 if self.image_size else self.encoder.max_seq_len
-
 
 class SequenceClassifier(nn.Module):
     def __init__(self, cfg: ClassifierConfig):
