@@ -8,7 +8,6 @@ the peak extra memory of one fwd+bwd.
     python benchmarks/bench_attention.py                         # full sweep, all impls
     python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 128 --impls triton sdpa_flash
     python benchmarks/bench_attention.py --impls triton triton_dropout sdpa_flash sdpa_flash_dropout  # dropout 0.1
-    python benchmarks/bench_attention.py --impls triton triton_pointers  # Hopper: TMA descriptors vs pointers
 
 Writes benchmarks/results/attention_<gpu>.json (and .md, .png) unless --out names another path.
 """
@@ -29,11 +28,7 @@ from benchmarks.common import error_note, gpu_slug, markdown_table, peak_memory_
 IMPLS = ["eager", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff", "flex", "triton", "triton_atomic"]
 # attention dropout, on request only (--impls ... triton_dropout sdpa_flash_dropout): the cost of the mask
 DROPOUT_IMPLS = ["triton_dropout", "sdpa_flash_dropout"]
-# ours with the TMA descriptors off (every tile through pointer loads, as before Hopper), on request only
-EXTRA_IMPLS = [*DROPOUT_IMPLS, "triton_pointers"]
 DROPOUT_P = 0.1
-# impls our fwd+bwd is compared with, as x<impl> ratios
-ANCHORS = ["sdpa_flash", "flex", "sdpa_cudnn", "triton_atomic", "triton_pointers"]
 TOKENS = 16384
 MODEL_DIM = 2048
 
@@ -107,7 +102,7 @@ def _triton_configs(impl):
     from kernels import _flash_bwd, _flash_fwd
 
     tuners = {"fwd": _flash_fwd._attn_fwd_tuned}
-    if impl != "triton_atomic":
+    if impl in ("triton", "triton_dropout"):
         tuners.update(dkdv=_flash_bwd._bwd_dkdv_tuned, dq=_flash_bwd._bwd_dq_tuned)
     else:
         tuners.update(dkdv=_flash_bwd._bwd_dkdv_atomic_tuned)
@@ -129,7 +124,6 @@ def make_impl(name):
         "sdpa_mem_eff": _sdpa(SDPBackend.EFFICIENT_ATTENTION),
         "flex": _flex,
         "triton": _triton,
-        "triton_pointers": _triton,
         "triton_atomic": _triton_atomic,
         "triton_dropout": _triton_dropout,
         "sdpa_flash_dropout": _sdpa(SDPBackend.FLASH_ATTENTION, DROPOUT_P),
@@ -148,9 +142,6 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max):
     shape = (
         (batch, seqlen, nheads, headdim) if impl.startswith("triton") else (batch, nheads, seqlen, headdim)
     )
-    from kernels import _common
-
-    _common.USE_TMA = impl != "triton_pointers"  # read at each launch, forward and backward
     try:
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         do = torch.randn(shape, device="cuda", dtype=dtype)
@@ -178,7 +169,6 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max):
     except Exception as exc:  # one failing backend must not end the sweep: record it in its row
         row["error"] = error_note(exc)
     finally:
-        _common.USE_TMA = True
         q = k = v = do = None
         torch.cuda.empty_cache()
     return row
@@ -195,7 +185,7 @@ def summary_rows(rows):
             if "fwdbwd_tflops" in r:
                 line[impl] = f"{r['fwd_tflops']:.0f} / {r['fwdbwd_tflops']:.0f}"
         ours = by_impl.get("triton", {}).get("fwdbwd_tflops")
-        for anchor in ANCHORS:
+        for anchor in ("sdpa_flash", "flex", "sdpa_cudnn", "triton_atomic"):
             theirs = by_impl.get(anchor, {}).get("fwdbwd_tflops")
             if ours and theirs:
                 line[f"x{anchor}"] = f"{ours / theirs:.2f}"
@@ -241,7 +231,7 @@ def write_outputs(out, rows, impls):
     """Markdown table and PNG beside the JSON; returns the table."""
     summary = summary_rows(rows)
     cols = ["headdim", "causal", "seqlen", *[i for i in IMPLS if i in impls]]
-    cols += [f"x{a}" for a in ANCHORS]
+    cols += ["xsdpa_flash", "xflex", "xsdpa_cudnn", "xtriton_atomic"]
     table = markdown_table(summary, cols)
     base = os.path.splitext(out)[0]
     with open(base + ".md", "w") as f:
@@ -282,7 +272,7 @@ def main(argv=None):
     )
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", choices=["both", "causal", "full"], default="both")
-    parser.add_argument("--impls", nargs="+", choices=IMPLS + EXTRA_IMPLS, default=IMPLS)
+    parser.add_argument("--impls", nargs="+", choices=IMPLS + DROPOUT_IMPLS, default=IMPLS)
     parser.add_argument("--eager-max", type=int, default=8192, help="skip eager above this seqlen (memory)")
     parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/attention_<gpu>.json)"

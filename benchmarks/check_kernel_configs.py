@@ -44,7 +44,6 @@ def run_one(args) -> dict:
     tuner = _tuner(kernel)
     config = tuner.configs[int(index)]
     tuner.configs = [config]  # one config: the autotuner launches it without a sweep
-    _common.USE_TMA = not args.pointers
     b, n, h, d, p = args.batch, args.seqlen, args.nheads, args.headdim, args.dropout
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -78,7 +77,6 @@ def main(argv=None):
     parser.add_argument("--headdim", type=int, default=64)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--pointers", action="store_true", help="TMA descriptors off")
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--timeout", type=int, default=180)
     parser.add_argument("--out", default=None)
@@ -89,11 +87,12 @@ def main(argv=None):
         return
 
     jobs = [(kernel, i) for kernel in KERNELS for i in range(len(_tuner(kernel).configs))]
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")]
+    shape = [f"--batch={args.batch}", f"--seqlen={args.seqlen}", f"--nheads={args.nheads}",
+             f"--headdim={args.headdim}", f"--dropout={args.dropout}", *(["--causal"] if args.causal else [])]  # fmt: skip
 
     def child(job):
         kernel, i = job
-        cmd = [sys.executable, os.path.abspath(__file__), *passthrough, "--one", f"{kernel}:{i}"]
+        cmd = [sys.executable, os.path.abspath(__file__), *shape, "--one", f"{kernel}:{i}"]
         env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)

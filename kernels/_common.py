@@ -4,9 +4,7 @@ Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_he
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
 check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
-unit_last_stride, row_descriptor (Hopper TMA descriptor over q/k/v rows) and box_hook (its tile shape per
-autotune config). Triton side (@triton.jit): load_tile/store_tile (masked only where needed), load_rows
-(a tile through the descriptor or through pointers), varlen_bounds,
+unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
 visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
 from global positions). Nothing here knows the tile sizes or a kernel's argument list.
 """
@@ -20,20 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # older Triton: pointer loads only
-    TensorDescriptor = None
-
 # The Triton interpreter is chosen when kernels are defined, so this is read once at import.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 LOG2E = 1.4426950408889634  # log2(e): scores are scaled by it so the kernels can use exp2
 LN2 = 0.6931471805599453  # ln(2): converts the kernels' base-2 lse back to natural log
-
-# Stream K/V (forward, dq) and Q/dO (dk/dv) tiles through TMA descriptors where row_descriptor allows.
-# A switch, not a tuning knob: benchmarks and tests turn it off to measure and test the pointer path.
-USE_TMA = True
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -101,53 +90,6 @@ def check_heads(nheads: int, nheads_kv: int, headdim: int, headdim_k: int, headd
 def unit_last_stride(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """Kernels take any strides except a non-unit last one; only those tensors are copied."""
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
-
-
-def _has_tma(device: torch.device) -> bool:
-    if INTERPRET:
-        return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def row_descriptor(t: torch.Tensor):
-    """A TMA descriptor over the rows of a (B, S, H, D) or packed (T, H, D) tensor, or None.
-
-    The rows of all batches form one 2-D table of B*S rows whose columns hold the heads side by side, so
-    head h's tile of rows [r, r + n) is the box at (b * S + r, h * stride_h). The box's shape is set per
-    autotune config by box_hook. None (use pointers) unless: USE_TMA, a Hopper GPU or the interpreter,
-    a power-of-two head dim >= 16 (a wider box would read the next head's numbers where pointers read
-    0), batches laid end to end, 16-byte aligned rows, and heads within their row. A box that runs past
-    a sequence's end reads the next sequence's rows (past the table: zeros); the kernels mask those
-    scores to -inf, as they do for the pointer path's zeros.
-    """
-    if TensorDescriptor is None or not USE_TMA or not _has_tma(t.device):
-        return None
-    if t.dim() == 4:
-        batch, seqlen, nheads, headdim = t.shape
-        if batch > 1 and t.stride(0) != seqlen * t.stride(1):
-            return None
-        rows = batch * seqlen
-        row_stride, head_stride = t.stride(1), t.stride(2)
-    else:
-        rows, nheads, headdim = t.shape
-        row_stride, head_stride = t.stride(0), t.stride(1)
-    cols = (nheads - 1) * head_stride + headdim
-    if headdim != padded_head_dim(headdim) or rows == 0 or t.stride(-1) != 1 or cols > row_stride:
-        return None
-    if t.data_ptr() % 16 or (row_stride * t.element_size()) % 16:
-        return None
-    return TensorDescriptor(t, [rows, cols], [row_stride, 1], [16, headdim])
-
-
-def box_hook(rows_key: str, *desc_names: str):
-    """Autotune pre-hook: the named descriptors' box = (config's rows_key tile, BLOCK_D)."""
-
-    def hook(nargs):
-        for name in desc_names:
-            if nargs[name] is not None:
-                nargs[name].block_shape = [nargs[rows_key], nargs["BLOCK_D"]]
-
-    return hook
 
 
 def check_window(window) -> tuple[int | None, int | None]:
@@ -223,22 +165,6 @@ def load_tile(
             x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
-def load_rows(
-    desc, row, col, ptrs, offs_r, offs_d, n_rows,
-    HEAD_DIM: tl.constexpr, MASK_ROWS: tl.constexpr, PAD_D: tl.constexpr, USE_DESC: tl.constexpr,
-):  # fmt: skip
-    """A streamed tile: through the TMA descriptor at (row, col) if USE_DESC, else load_tile(ptrs, ...).
-
-    The descriptor path reads whole boxes (no masks); callers mask rows past n_rows in their scores.
-    """
-    if USE_DESC:
-        x = desc.load([row, col])
-    else:
-        x = load_tile(ptrs, offs_r, offs_d, n_rows, HEAD_DIM, MASK_ROWS, PAD_D)
     return x
 
 

@@ -11,17 +11,15 @@ import triton.language as tl
 
 from ._common import (
     INTERPRET,
-    box_hook,
     dot_precision,
     dropout_keep,
-    load_rows,
     load_tile,
     padded_head_dim,
     store_tile,
     varlen_bounds,
     visible_range,
 )
-from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, stream_descriptors, tune_bucket
+from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket
 
 
 @triton.jit
@@ -59,19 +57,19 @@ def _bwd_preprocess(
 @triton.jit
 def _bwd_dkdv_inner(
     dk, dv, k, v, kpm,
-    Q, DO, LSE, DELTA, DQ, Q_DESC, DO_DESC, stride_qm, stride_dom, stride_dqm, lse_off, q_row0, q_col, do_col,
+    Q, DO, LSE, DELTA, DQ, stride_qm, stride_dom, stride_dqm, lse_off,
     offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dk, dv of one key tile over query tiles [lo, hi), working transposed (keys x queries)."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = load_rows(Q_DESC, q_row0 + start_m, q_col, Q + offs_m[:, None] * stride_qm + offs_d[None, :],
-                      offs_m, offs_d, seqlen_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM, USE_TMA)  # fmt: skip
+        q = load_tile(Q + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, offs_d, seqlen_q,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         if MASKED:
             lse = tl.load(LSE + lse_off + offs_m, mask=offs_m < seqlen_q, other=0.0)
         else:
@@ -91,8 +89,8 @@ def _bwd_dkdv_inner(
             # rows that saw no key have lse = -inf; their scores are all -inf here, so any finite lse gives 0
             lse = tl.where(lse == float("-inf"), 0.0, lse)
         pT = tl.math.exp2(qkT - lse[None, :])
-        do = load_rows(DO_DESC, q_row0 + start_m, do_col, DO + offs_m[:, None] * stride_dom + offs_d[None, :],
-                       offs_m, offs_d, seqlen_q, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM, USE_TMA)  # fmt: skip
+        do = load_tile(DO + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, offs_d, seqlen_q,
+                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         if DROPOUT:
             rows = rng_off + offs_m.to(tl.int64)
             keepT = dropout_keep(seed, rows[None, :], drop_col0 + offs_n[:, None], dropout_p)
@@ -123,7 +121,7 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _bwd_dkdv(
-    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, KPM, CU_Q, CU_K, Q_DESC, DO_DESC,
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, KPM, CU_Q, CU_K,
     # strides (the head dim's is 1); dO has q's layout, dk/dv have k's
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
@@ -141,8 +139,7 @@ def _bwd_dkdv(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -156,11 +153,6 @@ def _bwd_dkdv(
     if pid_n * BLOCK_N >= seqlen_k:
         return
     rng_col0 = drop_col0 + k_start  # varlen: keys are numbered by their packed index
-    # the descriptors' row of this sequence's first query (their table stacks the batches' rows)
-    if IS_VARLEN:
-        q_row0 = q_start.to(tl.int32)
-    else:
-        q_row0 = off_b * seqlen_q
     off_b64 = off_b.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -199,25 +191,19 @@ def _bwd_dkdv(
         else:
             dq_base = DQ
         dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, Q_DESC, DO_DESC, stride_qm, stride_dom,
-            stride_dqm, lse_off, q_row0, off_h * stride_qh, off_h * stride_doh,
+            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
             offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
             lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
-            USE_TMA,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, Q_DESC, DO_DESC, stride_qm, stride_dom,
-            stride_dqm, lse_off, q_row0, off_h * stride_qh, off_h * stride_doh,
+            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
             offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
             full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
-            USE_TMA,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
-            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, Q_DESC, DO_DESC, stride_qm, stride_dom,
-            stride_dqm, lse_off, q_row0, off_h * stride_qh, off_h * stride_doh,
+            dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
             offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
             full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
-            USE_TMA,
         )  # fmt: skip
     dk = dk * sm_scale
     store_tile(DK + off_b64 * stride_dkb + (k_start + offs_n)[:, None] * stride_dkn + off_hk * stride_dkh
@@ -228,21 +214,21 @@ def _bwd_dkdv(
 
 @triton.jit
 def _bwd_dq_inner(
-    dq, q, do, lse, delta, K, V, KPM, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn, kv_row0, k_col, v_col,
+    dq, q, do, lse, delta, K, V, KPM, stride_kn, stride_vn, stride_kpmn,
     offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_n0 = tl.arange(0, BLOCK_N)
     pos_m = offs_m + (seqlen_k - seqlen_q)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = load_rows(K_DESC, kv_row0 + start_n, k_col, K + offs_n[:, None] * stride_kn + offs_d[None, :],
-                      offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM, USE_TMA)  # fmt: skip
-        v = load_rows(V_DESC, kv_row0 + start_n, v_col, V + offs_n[:, None] * stride_vn + offs_d[None, :],
-                      offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM, USE_TMA)  # fmt: skip
+        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if MASKED:
             keep = offs_n[None, :] < seqlen_k
@@ -266,7 +252,7 @@ def _bwd_dq_inner(
 
 @triton.jit
 def _bwd_dq(
-    Q, K, V, DO, DQ, LSE, DELTA, KPM, CU_Q, CU_K, K_DESC, V_DESC,
+    Q, K, V, DO, DQ, LSE, DELTA, KPM, CU_Q, CU_K,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -281,7 +267,7 @@ def _bwd_dq(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
@@ -313,10 +299,6 @@ def _bwd_dq(
     k_base = K + off_b64 * stride_kb + k_start * stride_kn + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + k_start * stride_vn + off_hk * stride_vh
     kpm_base = KPM + off_b64 * stride_kpmb
-    if IS_VARLEN:
-        kv_row0 = k_start.to(tl.int32)
-    else:
-        kv_row0 = off_b * seqlen_k
 
     diag = seqlen_k - seqlen_q
     last_row = tl.minimum((pid_m + 1) * BLOCK_M, seqlen_q) - 1
@@ -325,25 +307,19 @@ def _bwd_dq(
     )
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _bwd_dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, kpm_base, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn,
-        kv_row0, off_hk * stride_kh, off_hk * stride_vh,
+        dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        USE_TMA,
     )  # fmt: skip
     dq = _bwd_dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, kpm_base, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn,
-        kv_row0, off_hk * stride_kh, off_hk * stride_vh,
+        dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        USE_TMA,
     )  # fmt: skip
     dq = _bwd_dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, kpm_base, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn,
-        kv_row0, off_hk * stride_kh, off_hk * stride_vh,
+        dq, q, do, lse, delta, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         offs_m, rng_rows, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        USE_TMA,
     )  # fmt: skip
     dq = dq * sm_scale
     store_tile(DQ + off_b64 * stride_dqb + (q_start + offs_m)[:, None] * stride_dqm + off_h * stride_dqh
@@ -355,14 +331,11 @@ def _bwd_dq(
 # ---------------------------------------------------------------------------------------------------
 
 
-def _configs(shapes, interp_shape, pre_hook) -> list[triton.Config]:
+def _configs(shapes, interp_shape) -> list[triton.Config]:
     if INTERPRET:
         m, n = interp_shape
-        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=1, pre_hook=pre_hook)]
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
-        for m, n, w, s in shapes
-    ]
+        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). The interpreter's tiles differ between the two kernels on
@@ -371,12 +344,10 @@ _DKDV_CONFIGS = _configs(
     [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3),
      (32, 64, 8, 2)],
     (16, 32),
-    box_hook("BLOCK_M", "Q_DESC", "DO_DESC"),
 )  # fmt: skip
 _DQ_CONFIGS = _configs(
     [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 2)],
     (32, 16),
-    box_hook("BLOCK_N", "K_DESC", "V_DESC"),
 )  # fmt: skip
 
 
@@ -440,9 +411,6 @@ def flash_attn_backward(
     nheads, headdim = q.shape[2], q.shape[3]
     nheads_kv = k.shape[2]
     block_d = padded_head_dim(headdim)
-    # packed (varlen) tensors are described as they are; dense ones stack their batches' rows
-    q_desc, do_desc = stream_descriptors(q[0] if varlen else q, do[0] if varlen else do)
-    k_desc, v_desc = stream_descriptors(k[0] if varlen else k, v[0] if varlen else v)
     delta = torch.empty_like(lse)
     pre_m = 32 if INTERPRET else 64
     _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
@@ -472,10 +440,10 @@ def flash_attn_backward(
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = (dq_acc4.stride(0), dq_acc4.stride(1), dq_acc4.stride(2)) if atomic_dq else (0, 0, 0)
     (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
-        q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, q_desc, do_desc,
+        q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides,
-        stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, USE_TMA=q_desc is not None, **meta,
+        stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, **meta,
     )  # fmt: skip
     if atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
@@ -484,9 +452,9 @@ def flash_attn_backward(
         return dq, dk, dv
     grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
     _bwd_dq_tuned[grid_q](
-        q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, k_desc, v_desc,
+        q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do, dq.stride(0), dq.stride(1), dq.stride(2),
-        stride_lb, stride_lh, *kpm_strides, *scalars, USE_TMA=k_desc is not None, **meta,
+        stride_lb, stride_lh, *kpm_strides, *scalars, **meta,
     )  # fmt: skip
     if varlen:
         dq, dk, dv = dq[0], dk[0], dv[0]

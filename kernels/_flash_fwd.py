@@ -14,14 +14,11 @@ import triton.language as tl
 
 from ._common import (
     INTERPRET,
-    box_hook,
     dot_precision,
     dropout_keep,
-    load_rows,
     load_tile,
     next_power_of_2,
     padded_head_dim,
-    row_descriptor,
     store_tile,
     varlen_bounds,
     visible_range,
@@ -31,20 +28,20 @@ from ._common import (
 @triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
-    K, V, KPM, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn, kv_row0, k_col, v_col,
+    K, V, KPM, stride_kn, stride_vn, stride_kpmn,
     pos_m, rng_rows, offs_d,
     seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """One run of key tiles [lo, hi). MASKED tiles pay for bounds/causal/window masks; the others don't."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = load_rows(K_DESC, kv_row0 + start_n, k_col, K + offs_n[:, None] * stride_kn + offs_d[None, :],
-                      offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM, USE_TMA)  # fmt: skip
+        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N), base 2
         if MASKED:
             keep = offs_n[None, :] < seqlen_k
@@ -70,8 +67,8 @@ def _fwd_inner(
             p = tl.where(
                 dropout_keep(seed, rng_rows[:, None], drop_col0 + offs_n[None, :], dropout_p), p, 0.0
             )
-        v = load_rows(V_DESC, kv_row0 + start_n, v_col, V + offs_n[:, None] * stride_vn + offs_d[None, :],
-                      offs_n, offs_d, seqlen_k, HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM, USE_TMA)  # fmt: skip
+        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
         m_i = m_ij
@@ -80,7 +77,7 @@ def _fwd_inner(
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, O, LSE, KPM, CU_Q, CU_K, K_DESC, V_DESC,  # noqa: E741
+    Q, K, V, O, LSE, KPM, CU_Q, CU_K,  # noqa: E741
     # strides (the head dim's is 1)
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
@@ -97,7 +94,7 @@ def _attn_fwd(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
@@ -120,11 +117,6 @@ def _attn_fwd(
     v_base = V + off_b64 * stride_vb + k_start * stride_vn + off_hk * stride_vh
     o_base = O + off_b64 * stride_ob + q_start * stride_om + off_h * stride_oh
     kpm_base = KPM + off_b64 * stride_kpmb
-    # the descriptors' row of this sequence's first key (their table stacks the batches' rows)
-    if IS_VARLEN:
-        kv_row0 = k_start.to(tl.int32)
-    else:
-        kv_row0 = off_b * seqlen_k
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -146,25 +138,19 @@ def _attn_fwd(
     )  # fmt: skip
     # masked tiles left of the fully visible run (window edge), the run itself, then the diagonal/tail
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kpm_base, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn,
-        kv_row0, off_hk * stride_kh, off_hk * stride_vh,
+        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        USE_TMA,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kpm_base, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn,
-        kv_row0, off_hk * stride_kh, off_hk * stride_vh,
+        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        USE_TMA,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kpm_base, K_DESC, V_DESC, stride_kn, stride_vn, stride_kpmn,
-        kv_row0, off_hk * stride_kh, off_hk * stride_vh,
+        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        USE_TMA,
     )  # fmt: skip
 
     # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0
@@ -190,19 +176,16 @@ def _smem_limit() -> int:
     return {9: 227 * 1024, 8: 163 * 1024}.get(major, 99 * 1024)
 
 
-def fwd_configs(pre_hook=None) -> list[triton.Config]:
+def fwd_configs() -> list[triton.Config]:
     if INTERPRET:
         # the interpreter runs one fixed small config; 32-wide tiles still give several tiles per row
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=pre_hook)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     # the last two fit head dim 256 (shared memory, registers); the prune function picks what fits
     shapes = [
         (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 4, 3), (64, 64, 4, 3),
         (64, 32, 4, 2), (128, 32, 8, 2),
     ]  # fmt: skip
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
-        for m, n, w, s in shapes
-    ]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
 def prune_configs(configs, named_args, rows_key, cols_key, acc_rows_key, n_acc, **kwargs):
@@ -252,12 +235,9 @@ _TUNE_KEY = [
     "HAS_KPM",
     "DROPOUT",
     "DOT_PREC",
-    "USE_TMA",
 ]
 _attn_fwd_tuned = triton.autotune(
-    configs=fwd_configs(box_hook("BLOCK_N", "K_DESC", "V_DESC")),
-    key=_TUNE_KEY,
-    prune_configs_by={"early_config_prune": _prune_fwd},
+    configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd}
 )(_attn_fwd)
 
 
@@ -276,12 +256,6 @@ def dropout_row_ids(dropout_rows, stride_lb: int, stride_lh: int) -> tuple[int, 
     mask of a sequence shard is the single-process mask's block.
     """
     return tuple(dropout_rows) if dropout_rows is not None else (stride_lb, stride_lh, 0, 0)
-
-
-def stream_descriptors(a: torch.Tensor, b: torch.Tensor):
-    """TMA descriptors for a kernel's two streamed tensors (K and V, or Q and dO): both, or (None, None)."""
-    da, db = row_descriptor(a), row_descriptor(b)
-    return (da, db) if da is not None and db is not None else (None, None)
 
 
 def tune_bucket(seqlen: int) -> int:
@@ -316,10 +290,9 @@ def flash_attn_forward(
     out = torch.empty_like(q)
     o4 = out[None].expand(batch, -1, -1, -1) if varlen else out
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
-    k_desc, v_desc = stream_descriptors(k, v)
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
-        q4, k4, v4, o4, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k, k_desc, v_desc,
+        q4, k4, v4, o4, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         q4.stride(0), q4.stride(1), q4.stride(2),
         k4.stride(0), k4.stride(1), k4.stride(2),
         v4.stride(0), v4.stride(1), v4.stride(2),
@@ -331,6 +304,6 @@ def flash_attn_forward(
         *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype), USE_TMA=k_desc is not None,
+        DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype),
     )  # fmt: skip
     return out, lse

@@ -84,19 +84,19 @@ def _decode_split(
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, None, None, stride_kn, stride_vn, 0, 0, 0, 0, pos_m, None, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
-        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, False,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, None, None, stride_kn, stride_vn, 0, 0, 0, 0, pos_m, None, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
-        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, False,
+        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, None, None, stride_kn, stride_vn, 0, 0, 0, 0, pos_m, None, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
-        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, False,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
