@@ -8,6 +8,10 @@ For P = 1 .. world size (each a sub-group of the first P ranks), zigzag and cont
 
     torchrun --nproc-per-node 2 benchmarks/check_ring_precision.py --out benchmarks/results/ring_precision_h200_x2.json
 
+--mask docs / butterfly / dropout (as in bench_ring) checks the ring steps that run the varlen kernel,
+the block-sparse kernel and in-kernel dropout against the fp32 reference of the same mask (for dropout:
+the mask `kernels.flash_attention` draws on the whole sequence with the same seed).
+
 The script exits non-zero if any ring error exceeds 1.1 x the single-GPU kernel's error (+1e-4).
 """
 
@@ -22,21 +26,41 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_ring import MASKS, mask_kwargs, single_device_attention  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from flashtrain.distributed import gather_full, ring_attention, shard  # noqa: E402
-from kernels import flash_attention  # noqa: E402
+from kernels._common import draw_seed  # noqa: E402
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def reference(q, k, v, dout):
-    """fp32 attention and gradients, full precision matmuls (no TF32)."""
-    from kernels.reference import attention_reference
+DROPOUT_SEED_FROM = 1234  # torch.manual_seed before draw_seed: the single-GPU kernel's dropout seed
+
+
+def reference(q, k, v, dout, mask_kw):
+    """fp32 attention and gradients under the mask, full precision matmuls (no TF32)."""
+    from kernels.reference import (
+        attention_reference,
+        attention_varlen_reference,
+        block_sparse_reference,
+        dropout_mask,
+    )
 
     q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
-    out = attention_reference(q, k, v, causal=True)
+    if "cu_seqlens" in mask_kw:
+        cu = mask_kw["cu_seqlens"]
+        out = attention_varlen_reference(q[0], k[0], v[0], cu, cu, causal=True)[None]
+    elif "block_layout" in mask_kw:
+        block = mask_kw["block_size"]
+        out = block_sparse_reference(q, k, v, mask_kw["block_layout"], block, block, causal=True)
+    elif "dropout_p" in mask_kw:
+        p, (b, n, h) = mask_kw["dropout_p"], q.shape[:3]
+        keep = dropout_mask(mask_kw["dropout_seed"], b, h, n, n, p, q.device)
+        out = attention_reference(q, k, v, causal=True, dropout_p=p, dropout_mask=keep)
+    else:
+        out = attention_reference(q, k, v, causal=True)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout.float())
     return out.detach(), dq, dk, dv
 
@@ -47,6 +71,8 @@ def main():
     p.add_argument("--nheads", type=int, default=8)
     p.add_argument("--nheads-kv", type=int, default=8)
     p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--mask", default="none", choices=MASKS)
+    p.add_argument("--doc-len", type=int, default=1024, help="tokens per packed document (--mask docs)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -60,12 +86,18 @@ def main():
     k = torch.randn(shape_kv, device="cuda", generator=gen)
     v = torch.randn(shape_kv, device="cuda", generator=gen)
     dout = torch.randn(shape_q, device="cuda", generator=gen)
-    ref = reference(q, k, v, dout)
+    mask_kw = mask_kwargs(args.mask, args.seqlen, "cuda", args.doc_len)
+    ring_kw = dict(mask_kw)
+    if "dropout_p" in mask_kw:
+        torch.manual_seed(DROPOUT_SEED_FROM)
+        ring_kw["dropout_seed"] = draw_seed()  # the seed flash_attention draws after the same manual_seed
+    ref = reference(q, k, v, dout, ring_kw)
     qb, kb, vb, dob = (t.to(torch.bfloat16) for t in (q, k, v, dout))
 
     # single-GPU bf16 kernel: the error every ring size is held to
     qs, ks, vs = (t.clone().requires_grad_() for t in (qb, kb, vb))
-    out = flash_attention(qs, ks, vs, causal=True)
+    torch.manual_seed(DROPOUT_SEED_FROM)
+    out = single_device_attention("cuda", mask_kw)(qs, ks, vs)
     grads = torch.autograd.grad(out, (qs, ks, vs), dob)
     kernel_err = [rel(x, r) for x, r in zip((out, *grads), ref, strict=True)]
     rows = [dict(impl="kernel", P=1, layout="-", err_out=kernel_err[0], err_dq=kernel_err[1],
@@ -78,7 +110,7 @@ def main():
         for layout in ("zigzag", "contiguous"):
             local = [shard(t, layout=layout, ring_size=size, ring_rank=rank).clone().requires_grad_()
                      for t in (qb, kb, vb)]  # fmt: skip
-            out_l = ring_attention(*local, group, causal=True, layout=layout)
+            out_l = ring_attention(*local, group, causal=True, layout=layout, **ring_kw)
             grads_l = torch.autograd.grad(
                 out_l, local, shard(dob, layout=layout, ring_size=size, ring_rank=rank)
             )
@@ -86,6 +118,7 @@ def main():
             err = [rel(x, r) for x, r in zip(full, ref, strict=True)]
             row = dict(
                 impl="ring",
+                mask=args.mask,
                 P=size,
                 layout=layout,
                 err_out=err[0],
@@ -103,7 +136,9 @@ def main():
             print({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         if args.out:
             write_results(
-                args.out, rows, extra={"world_size": world, "seqlen": args.seqlen, "dtype": "bfloat16"}
+                args.out,
+                rows,
+                extra={"world_size": world, "seqlen": args.seqlen, "dtype": "bfloat16", "mask": args.mask},
             )
     dist.barrier()
     dist.destroy_process_group()
