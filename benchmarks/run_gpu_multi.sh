@@ -7,7 +7,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
 NGPU=$(nvidia-smi -L | wc -l)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m; } > "$OUT/gpu.txt"
+# $OUT brings back 8 files: the tests' log, 4 precision JSONs and their log, 2 benchmark JSONs
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m
 quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*'; }
 
 timeout 280 python -m pytest -q -m gpu tests/distributed/test_data_parallel.py -rA > "$OUT/dp_sp_gpu_tests.log" 2>&1 &
@@ -19,7 +20,7 @@ done
 wait $tests
 grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/dp_sp_gpu_tests.log" | tail -8
 timeout 150 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py --tokens-per-rank 8192 32768 \
-  --nheads 16 --out "$OUT/ring_x$NGPU.json" 2>&1 | quiet | tee "$OUT/bench_ring.log"
+  --nheads 16 --out "$OUT/ring_x$NGPU.json" 2>&1 | quiet
 timeout 120 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py --tokens-per-rank 32768 \
   --nheads 16 --mask docs butterfly dropout --modes zigzag ulysses --out "$OUT/ring_masks_x$NGPU.json" 2>&1 \
-  | quiet | tee "$OUT/bench_ring_masks.log"
+  | quiet
