@@ -2,7 +2,8 @@
 fail: a compile error, a CUDA fault (a misaligned address, say) or numbers off the float64 reference.
 
 A CUDA fault poisons its process and the autotuner's sweep hides which config caused it, so each
-(kernel, config) gets its own process; the other two kernels keep their autotuning.
+(kernel, config) gets its own process; the other two kernels run fixed configs (--others), so a fault
+belongs to the config under test.
 
     python benchmarks/check_kernel_configs.py --batch 4 --seqlen 4096 --nheads 32 --headdim 64 --causal --dropout 0.1
 
@@ -38,12 +39,14 @@ def run_one(args) -> dict:
     import torch
 
     from kernels import _common, flash_attention
-    from kernels.reference import attention_reference, dropout_mask
+    from kernels.reference import attention_reference, dropout_keep_reference
 
     kernel, index = args.one.split(":")
-    tuner = _tuner(kernel)
-    config = tuner.configs[int(index)]
-    tuner.configs = [config]  # one config: the autotuner launches it without a sweep
+    others = dict(item.split("=") for item in args.others.split(","))
+    for name in KERNELS:  # one config each: the autotuner launches it without a sweep
+        tuner = _tuner(name)
+        tuner.configs = [tuner.configs[int(index if name == kernel else others[name])]]
+    config = _tuner(kernel).configs[0]
     b, n, h, d, p = args.batch, args.seqlen, args.nheads, args.headdim, args.dropout
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -57,7 +60,9 @@ def run_one(args) -> dict:
     kw = dict(causal=args.causal, dropout_p=p)
     if p > 0:
         torch.manual_seed(1)
-        kw["dropout_mask"] = dropout_mask(_common.draw_seed(), b, h, n, n, p, "cuda")[:1, :4]
+        rows = torch.arange(4 * n, device="cuda")[:, None]  # the kernels' row ids of (batch 0, heads 0..3)
+        keep = dropout_keep_reference(_common.draw_seed(), rows, torch.arange(n, device="cuda")[None], p)
+        kw["dropout_mask"] = keep.view(1, 4, n, n)
     ins = [t.detach()[sl].double().requires_grad_() for t in (q, k, v)]
     ref = attention_reference(*ins, **kw)
     ref_grads = torch.autograd.grad(ref, ins, do[sl].double())
@@ -77,6 +82,9 @@ def main(argv=None):
     parser.add_argument("--headdim", type=int, default=64)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument(
+        "--others", default="fwd=0,dkdv=5,dq=4", help="fixed configs of the kernels not under test"
+    )
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--timeout", type=int, default=180)
     parser.add_argument("--out", default=None)
@@ -88,7 +96,8 @@ def main(argv=None):
 
     jobs = [(kernel, i) for kernel in KERNELS for i in range(len(_tuner(kernel).configs))]
     shape = [f"--batch={args.batch}", f"--seqlen={args.seqlen}", f"--nheads={args.nheads}",
-             f"--headdim={args.headdim}", f"--dropout={args.dropout}", *(["--causal"] if args.causal else [])]  # fmt: skip
+             f"--headdim={args.headdim}", f"--dropout={args.dropout}", f"--others={args.others}",
+             *(["--causal"] if args.causal else [])]  # fmt: skip
 
     def child(job):
         kernel, i = job

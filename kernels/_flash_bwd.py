@@ -355,7 +355,16 @@ def _prune_dkdv(configs, named_args, **kwargs):
     return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", 2, **kwargs)
 
 
+def _faults_with_dropout(c: triton.Config) -> bool:
+    """dq tile 128x32, 4 warps, 3 stages, with dropout: Triton 3.6 / CUDA 13 on an H200 built a kernel that
+    stops with "misaligned address" (benchmarks/results/dropout_config_scan_h200.json: every other
+    config of the three kernels ran and matched the reference; without dropout this one runs too)."""
+    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == (128, 32, 4, 3)
+
+
 def _prune_dq(configs, named_args, **kwargs):
+    if {**named_args, **kwargs}["DROPOUT"]:
+        configs = [c for c in configs if not _faults_with_dropout(c)]
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 

@@ -42,3 +42,16 @@ def test_nothing_fits_still_gives_the_two_smallest():
 
 def test_a_single_config_list_is_returned_whole():
     assert _tiles(_prune(16, 16, configs=[_config(128, 128)])) == [(128, 128)]
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_dq_drops_the_config_that_faulted_with_dropout(dropout):
+    """dq 128x32 w4 s3 stopped with "misaligned address" on an H200 when dropout was on (and only then)."""
+    from kernels._flash_bwd import _prune_dq
+
+    faulty = _config(128, 32, 4, 3)
+    configs = [faulty, _config(128, 64, 8, 3), _config(64, 32, 4, 2)]
+    args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=64, DOT_PREC="tf32", DROPOUT=dropout)
+    kept = _prune_dq(configs, args)
+    assert (faulty in kept) is not dropout
+    assert len(kept) >= 2
