@@ -73,20 +73,25 @@ def main():
     p.add_argument("--headdim", type=int, default=128)
     p.add_argument("--mask", default="none", choices=MASKS)
     p.add_argument("--doc-len", type=int, default=1024, help="tokens per packed document (--mask docs)")
+    p.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: gloo, torch reference inside"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    device = args.device
     torch.backends.cuda.matmul.allow_tf32 = False
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    gen = torch.Generator(device="cuda").manual_seed(0)  # the same full tensors on every rank
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    gen = torch.Generator(device=device).manual_seed(0)  # the same full tensors on every rank
     shape_q = (1, args.seqlen, args.nheads, args.headdim)
     shape_kv = (1, args.seqlen, args.nheads_kv, args.headdim)
-    q = torch.randn(shape_q, device="cuda", generator=gen)
-    k = torch.randn(shape_kv, device="cuda", generator=gen)
-    v = torch.randn(shape_kv, device="cuda", generator=gen)
-    dout = torch.randn(shape_q, device="cuda", generator=gen)
-    mask_kw = mask_kwargs(args.mask, args.seqlen, "cuda", args.doc_len)
+    q = torch.randn(shape_q, device=device, generator=gen)
+    k = torch.randn(shape_kv, device=device, generator=gen)
+    v = torch.randn(shape_kv, device=device, generator=gen)
+    dout = torch.randn(shape_q, device=device, generator=gen)
+    mask_kw = mask_kwargs(args.mask, args.seqlen, device, args.doc_len)
     ring_kw = dict(mask_kw)
     if "dropout_p" in mask_kw:
         torch.manual_seed(DROPOUT_SEED_FROM)
@@ -97,7 +102,7 @@ def main():
     # single-GPU bf16 kernel: the error every ring size is held to
     qs, ks, vs = (t.clone().requires_grad_() for t in (qb, kb, vb))
     torch.manual_seed(DROPOUT_SEED_FROM)
-    out = single_device_attention("cuda", mask_kw)(qs, ks, vs)
+    out = single_device_attention(device, mask_kw)(qs, ks, vs)
     grads = torch.autograd.grad(out, (qs, ks, vs), dob)
     kernel_err = [rel(x, r) for x, r in zip((out, *grads), ref, strict=True)]
     rows = [dict(impl="kernel", P=1, layout="-", err_out=kernel_err[0], err_dq=kernel_err[1],
