@@ -2,7 +2,7 @@
 # One call on a several-GPU machine (through `device`): the data-parallel and sequence-parallel GPU tests
 # (NCCL, bf16) beside the ring's bf16 error against ring size for every mask route (dense, packed
 # documents, butterfly block-sparse, dropout); then the ring/Ulysses/context-parallel benchmark.
-#   source .whl/install.sh && bash benchmarks/run_gpu_multi.sh
+#   source .whl/install.sh && bash benchmarks/run_gpu_multi.sh     (SKIP_TESTS=1: benchmarks and checks only)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -11,14 +11,15 @@ NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m
 quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*'; }
 
-timeout 280 python -m pytest -q -m gpu tests/distributed/test_data_parallel.py -rA > "$OUT/dp_sp_gpu_tests.log" 2>&1 &
-tests=$!
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 280 python -m pytest -q -m gpu tests/distributed/test_data_parallel.py -rA > "$OUT/dp_sp_gpu_tests.log" 2>&1 &
+fi
 for mask in none docs butterfly dropout; do
   timeout 75 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/check_ring_precision.py --mask "$mask" \
     --out "$OUT/ring_precision_${mask}_x$NGPU.json" 2>&1 | quiet | tee -a "$OUT/ring_precision.log"
 done
-wait $tests
-grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/dp_sp_gpu_tests.log" | tail -8
+wait
+[ -f "$OUT/dp_sp_gpu_tests.log" ] && grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/dp_sp_gpu_tests.log" | tail -8
 timeout 150 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py --tokens-per-rank 8192 32768 \
   --nheads 16 --out "$OUT/ring_x$NGPU.json" 2>&1 | quiet
 timeout 120 torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py --tokens-per-rank 32768 \

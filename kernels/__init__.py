@@ -1,11 +1,20 @@
-"""Triton attention kernels: FlashAttention (dense, varlen) with backward, and Flash-Decoding.
+"""Triton attention kernels: FlashAttention (dense, varlen) with backward, Flash-Decoding, and
+block-sparse FlashAttention over a block layout (`kernels.layouts`: butterfly, local, strided, ...).
 
 Imports nothing from flashtrain; flashtrain uses these as its `triton` attention backend.
 `kernels.reference` holds the pure-torch oracles the tests compare against.
 """
 
-from . import reference
+from . import layouts, reference
+from .block_sparse import block_sparse_attention
 from .decode import flash_decode
 from .flash_attention import flash_attention, flash_attention_varlen
 
-__all__ = ["flash_attention", "flash_attention_varlen", "flash_decode", "reference"]
+__all__ = [
+    "block_sparse_attention",
+    "flash_attention",
+    "flash_attention_varlen",
+    "flash_decode",
+    "layouts",
+    "reference",
+]

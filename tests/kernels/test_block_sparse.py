@@ -10,8 +10,8 @@ On CPU these run through the Triton interpreter (fp16/fp32, small shapes); bf16 
 import pytest
 import torch
 
+from kernels import block_sparse_attention
 from kernels._common import draw_seed
-from kernels.block_sparse import block_sparse_attention
 from kernels.flash_attention import dropout_mask, flash_attention
 from kernels.layouts import BlockLayout, butterfly_layout, local_layout, random_layout, strided_layout
 from kernels.reference import block_sparse_reference, expand_block_layout
