@@ -1,7 +1,8 @@
 """Sequence-parallel attention throughput: contiguous ring, zigzag ring, Ulysses, hybrid, and PyTorch's
 own experimental context parallel, each as a percentage of the ideal.
 
-ideal = single-GPU kernel time on the full sequence / P (perfect scaling, zero communication);
+ideal = single-GPU kernel time on the full sequence / P (perfect scaling, zero communication), with
+our kernel for our modes and PyTorch's SDPA for its context parallel (`ideal_impl`);
 % of ideal = ideal / measured. Measured time is the slowest rank's median over reps, every rep
 between barriers.
 
@@ -152,6 +153,14 @@ def mode_fn(mode: str, world: int, rank: int, groups: dict, backend: str, mask_k
     )
 
 
+def single_device_sdpa(q, k, v):
+    """PyTorch's SDPA (its default backend choice) on one GPU: the ideal's numerator for torch_cp."""
+    import torch.nn.functional as F
+
+    out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+    return out.transpose(1, 2)
+
+
 def torch_cp(q, k, v, device, warmup, reps) -> tuple[float, float]:
     """PyTorch's experimental context parallel around SDPA (its own sharding and load balancing)."""
     import torch.nn.functional as F
@@ -192,7 +201,7 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
                                          args.warmup, args.reps)  # fmt: skip
     base = dict(world=world, tokens_per_rank=tokens, seqlen=seqlen, batch=args.batch, nheads=args.nheads,
                 headdim=args.headdim, dtype=str(dtype).removeprefix("torch."), causal=True, mask=mask,
-                ideal_fwd_ms=ideal_fwd / world, ideal_fwdbwd_ms=ideal_fb / world)  # fmt: skip
+                ideal_impl="ours", ideal_fwd_ms=ideal_fwd / world, ideal_fwdbwd_ms=ideal_fb / world)  # fmt: skip
     if mask == "docs":
         base["doc_len"] = args.doc_len
     rows = []
@@ -205,6 +214,11 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
                 if mask != "none":
                     raise ValueError("torch_cp is measured without masks")
                 fwd_ms, fb_ms = torch_cp(q, k, v, device, args.warmup, args.reps)
+                # its ideal is its own kernel's: SDPA on the whole sequence on one GPU, / P
+                sdpa_fwd, sdpa_fb = fwd_and_fwdbwd(
+                    single_device_sdpa, q, k, v, device, args.warmup, args.reps
+                )
+                row.update(ideal_impl="sdpa", ideal_fwd_ms=sdpa_fwd / world, ideal_fwdbwd_ms=sdpa_fb / world)
             else:
                 attn, layout = mode_fn(mode, world, rank, groups, backend, mask_kw)
                 pos = shard_positions(seqlen, device=device, **layout)
