@@ -6,7 +6,7 @@ For P = 1 .. world size (each a sub-group of the first P ranks), zigzag and cont
 
     rel_err(X) = ||X - X_fp32_reference|| / ||X_fp32_reference||   for out, dq, dk, dv
 
-    torchrun --nproc-per-node 2 benchmarks/check_ring_precision.py --out benchmarks/results/ring_precision_h200_x2.json
+    torchrun --nproc-per-node 2 benchmarks/check_ring_precision.py --out benchmarks/results/ring_precision_none_h200_x2.json
 
 --mask docs / butterfly / dropout (as in bench_ring) checks the ring steps that run the varlen kernel,
 the block-sparse kernel and in-kernel dropout against the fp32 reference of the same mask (for dropout:

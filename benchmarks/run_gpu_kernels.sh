@@ -6,12 +6,13 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
-timeout 200 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests.log" 2>&1 &
-kernel_tests=$!
-timeout 200 python -m pytest -q -n 4 tests/distributed/test_local_attention.py -rf > "$OUT/local_attention_cuda_tests.log" 2>&1
-wait $kernel_tests
-tail -3 "$OUT/kernel_gpu_tests.log" "$OUT/local_attention_cuda_tests.log"
+if [ "${SKIP_KERNEL_TESTS:-0}" != 1 ]; then
+  timeout 200 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests.log" 2>&1 &
+fi
+timeout 200 python -m pytest -q -n 6 tests/distributed/test_local_attention.py -rf > "$OUT/local_attention_cuda_tests.log" 2>&1
+wait
+tail -3 "$OUT"/*tests.log
 timeout 150 python benchmarks/check_kernel_configs.py --batch 2 --seqlen 4096 --nheads 16 --headdim 128 \
   --causal --dropout 0.1 --others fwd=0,dkdv=1,dq=1 --jobs 4 --out "$OUT/dropout_config_scan_d128.json" 2>&1 | tail -21
-timeout 220 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 64 128 --causal causal \
+timeout 200 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 64 128 --causal causal \
   --impls triton triton_dropout sdpa_flash sdpa_flash_dropout --out "$OUT/attention_dropout.json" 2>&1 | tail -12
