@@ -185,6 +185,10 @@ def summary_rows(rows):
             if "fwdbwd_tflops" in r:
                 line[impl] = f"{r['fwd_tflops']:.0f} / {r['fwdbwd_tflops']:.0f}"
         ours = by_impl.get("triton", {}).get("fwdbwd_tflops")
+        ours_dropout = by_impl.get("triton_dropout", {}).get("fwdbwd_tflops")
+        theirs_dropout = by_impl.get("sdpa_flash_dropout", {}).get("fwdbwd_tflops")
+        if ours_dropout and theirs_dropout:
+            line["dropout_xsdpa_flash"] = f"{ours_dropout / theirs_dropout:.2f}"
         for anchor in ("sdpa_flash", "flex", "sdpa_cudnn", "triton_atomic"):
             theirs = by_impl.get(anchor, {}).get("fwdbwd_tflops")
             if ours and theirs:
@@ -230,14 +234,17 @@ def plot(rows, path):
 def write_outputs(out, rows, impls):
     """Markdown table and PNG beside the JSON; returns the table."""
     summary = summary_rows(rows)
-    cols = ["headdim", "causal", "seqlen", *[i for i in IMPLS if i in impls]]
+    cols = ["headdim", "causal", "seqlen", *[i for i in IMPLS + DROPOUT_IMPLS if i in impls]]
     cols += ["xsdpa_flash", "xflex", "xsdpa_cudnn", "xtriton_atomic"]
+    if "triton_dropout" in impls:
+        cols.append("dropout_xsdpa_flash")
     table = markdown_table(summary, cols)
     base = os.path.splitext(out)[0]
     with open(base + ".md", "w") as f:
         f.write(
             "TFLOP/s fwd / fwd+bwd (bf16, batch x seqlen = 16k tokens, nheads x headdim = 2048); "
-            "x<impl> = our (deterministic) fwd+bwd TFLOP/s over that impl's.\n\n" + table + "\n"
+            "x<impl> = our (deterministic) fwd+bwd TFLOP/s over that impl's; dropout_xsdpa_flash = ours with "
+            "dropout 0.1 over SDPA flash with dropout 0.1.\n\n" + table + "\n"
         )
     try:
         plot(rows, base + ".png")
