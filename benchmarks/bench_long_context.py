@@ -54,7 +54,9 @@ def main(argv=None) -> None:
     )
     p.add_argument("--model", default="gpt2_small")
     p.add_argument("--sp-mode", default="ring", choices=["ring", "ulysses"])
-    p.add_argument("--attention", default="triton")
+    p.add_argument(
+        "--attention", default=None, help="model.attention (default: triton on cuda, reference on cpu)"
+    )
     p.add_argument("--loss-chunk", type=int, default=8192)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--steps", type=int, default=3)
@@ -63,6 +65,7 @@ def main(argv=None) -> None:
     p.add_argument("--run-root", default=os.path.join(tempfile.gettempdir(), "flashtrain-bench-long"))
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    a.attention = a.attention or ("triton" if a.device == "cuda" else "reference")
 
     rows, longest = [], {}
     for gpus in sorted(set(a.gpus)):

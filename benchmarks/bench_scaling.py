@@ -217,7 +217,9 @@ def main(argv=None) -> None:
     parser.add_argument("--fit-models", nargs="*", default=FIT_MODELS, help="driver: ascending sizes to try")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=1, help="sequences per GPU per step")
-    parser.add_argument("--attention", default="triton")
+    parser.add_argument(
+        "--attention", default=None, help="model.attention (default: triton on cuda, reference on cpu)"
+    )
     parser.add_argument("--zero-stage", type=int, default=2, choices=[1, 2, 3])
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--compile", action="store_true")
@@ -229,6 +231,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None, help="worker: row file; driver: results JSON")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     a = parser.parse_args(argv)
+    a.attention = a.attention or ("triton" if a.device == "cuda" else "reference")
     if a.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device: pass --device cpu (with a tiny --model and --seq-len) for a smoke run")
     if a.mode == "worker":
