@@ -1,0 +1,58 @@
+"""The GPU benchmarks' and checks' CPU modes, run as their docstrings say (gloo, torch reference inside).
+
+These scripts mostly run on the GPU machine, where a broken path costs a whole device call; their CPU
+modes share the code that sets up shapes, masks, sharding and result files, so CI runs them small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+
+
+def _run(cmd: list[str], timeout: int = 240) -> str:
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask", ["none", "docs", "butterfly", "dropout"])
+def test_ring_precision_check_passes_on_cpu(mask, tmp_path):
+    """Ring vs one process, every mask route, P = 1 and 2: the script exits non-zero on a miss."""
+    out = tmp_path / "precision.json"
+    _run([*TORCHRUN, "benchmarks/check_ring_precision.py", "--device", "cpu", "--seqlen", "128", "--nheads", "2",
+          "--nheads-kv", "1", "--headdim", "16", "--doc-len", "32", "--mask", mask, "--out", str(out)])  # fmt: skip
+    rows = json.load(open(out))["rows"]
+    assert {(r["P"], r["layout"]) for r in rows if r["impl"] == "ring"} == {
+        (p, layout) for p in (1, 2) for layout in ("zigzag", "contiguous")
+    }
+    assert all(r["within_kernel_error"] for r in rows if r["impl"] == "ring")
+
+
+@pytest.mark.slow
+def test_ring_benchmark_runs_on_cpu(tmp_path):
+    out = tmp_path / "ring.json"
+    _run([*TORCHRUN, "benchmarks/bench_ring.py", "--device", "cpu", "--tokens-per-rank", "64", "--nheads", "2",
+          "--headdim", "16", "--doc-len", "32", "--modes", "zigzag", "ulysses", "--mask", "none", "docs", "dropout",
+          "--warmup", "0", "--reps", "1", "--out", str(out)])  # fmt: skip
+    rows = json.load(open(out))["rows"]
+    assert len(rows) == 6 and all("fwdbwd_ms" in r and "error" not in r for r in rows), rows
+
+
+@pytest.mark.slow
+def test_long_context_benchmark_runs_on_cpu(tmp_path):
+    """One process and two (sequence parallel), through the trainer: the GPU run's code path, tiny."""
+    out = tmp_path / "long.json"
+    _run([sys.executable, "benchmarks/bench_long_context.py", "--device", "cpu", "--model", "gpt_tiny",
+          "--contexts", "128", "--gpus", "1", "2", "--steps", "1", "--warmup", "0", "--out", str(out)])  # fmt: skip
+    rows = json.load(open(out))["rows"]
+    assert [(r["gpus"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok")], rows
