@@ -72,13 +72,39 @@ def dropout_keep_reference(
     return uniform >= torch.tensor(dropout_p, dtype=torch.float32, device=bits.device)
 
 
+def dropout_keep_mask(
+    seed: int, batch: int, heads: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dropout_p: float,
+    *, nheads_total: int, seqlen: int,
+) -> torch.Tensor:  # fmt: skip
+    """Bool keep-mask (batch, len(heads), len(q_pos), len(k_pos)) at global coordinates.
+
+    Entry (b, h, i, j) is the kernels' draw for row id (b * nheads_total + h) * seqlen + i and column
+    j, so it depends only on (seed, b, h, i, j), never on the shard that computes it, and equals the
+    mask `kernels.flash_attention` draws on the whole sequence with the same seed.
+    """
+    dev = q_pos.device
+    b = torch.arange(batch, device=dev, dtype=torch.int64)[:, None, None, None]
+    h = heads.to(dev, torch.int64)[None, :, None, None]
+    rows = (b * nheads_total + h) * seqlen + q_pos.to(torch.int64)[None, None, :, None]
+    return dropout_keep_reference(seed, rows, k_pos.to(torch.int64), dropout_p)
+
+
 def dropout_mask(
     seed: int, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, dropout_p: float, device=None
 ):
     """The bool keep-mask (batch, nheads, seqlen_q, seqlen_k) that the dense kernels draw for `seed`;
     pass it to the references as dropout_mask."""
-    rows = torch.arange(batch * nheads * seqlen_q, device=device).view(batch, nheads, seqlen_q, 1)
-    return dropout_keep_reference(seed, rows, torch.arange(seqlen_k, device=device), dropout_p)
+    pos = lambda n: torch.arange(n, device=device)  # noqa: E731
+    return dropout_keep_mask(
+        seed,
+        batch,
+        pos(nheads),
+        pos(seqlen_q),
+        pos(seqlen_k),
+        dropout_p,
+        nheads_total=nheads,
+        seqlen=seqlen_q,
+    )
 
 
 def position_mask(

@@ -30,6 +30,7 @@ sequence, whatever the sharding, on both backends.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import math
@@ -38,7 +39,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.reference import attention_backward_reference, attention_reference, dropout_keep_reference
+from kernels.reference import attention_backward_reference, attention_reference, dropout_keep_mask
 
 log = logging.getLogger(__name__)
 
@@ -127,23 +128,6 @@ class PositionMask:
         (q0, _), (k0, _) = self.q_runs[0], self.k_runs[0]
         per_batch = 0 if varlen else self.nheads_total * self.seqlen
         return per_batch, self.seqlen, self.head_offset * self.seqlen + q0, k0
-
-
-def dropout_keep_mask(
-    seed: int, batch: int, heads: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dropout_p: float,
-    *, nheads_total: int, seqlen: int,
-) -> torch.Tensor:  # fmt: skip
-    """Bool keep-mask (batch, len(heads), len(q_pos), len(k_pos)) at global coordinates.
-
-    Entry (b, h, i, j) is the kernels' draw for row id (b * nheads_total + h) * seqlen + i and column
-    j, so it depends only on (seed, b, h, i, j), never on the shard that computes it, and equals the
-    mask `kernels.flash_attention` draws on the whole sequence with the same seed.
-    """
-    dev = q_pos.device
-    b = torch.arange(batch, device=dev, dtype=torch.int64)[:, None, None, None]
-    h = heads.to(dev, torch.int64)[None, :, None, None]
-    rows = (b * nheads_total + h) * seqlen + q_pos.to(torch.int64)[None, None, :, None]
-    return dropout_keep_reference(seed, rows, k_pos.to(torch.int64), dropout_p)
 
 
 def _resolve(backend: str, q: torch.Tensor) -> str:
@@ -237,8 +221,15 @@ def _doc_counts(starts: tuple[int, ...], runs) -> dict[int, int]:
 
 def _doc_cut(mask: PositionMask, batch: int, device) -> _DocCut:
     """Host-side: every document the call's queries or keys touch becomes one packed sequence per
-    batch element (possibly empty on one side: its rows see no key, its keys get zero gradient)."""
-    cq, ck = _doc_counts(mask.doc_starts, mask.q_runs), _doc_counts(mask.doc_starts, mask.k_runs)
+    batch element (possibly empty on one side: its rows see no key, its keys get zero gradient).
+    The same cut serves the call's backward and every layer's, so it is built (and copied to the
+    device) once per (documents, runs, batch)."""
+    return _doc_cut_of(mask.doc_starts, mask.q_runs, mask.k_runs, batch, torch.device(device))
+
+
+@functools.lru_cache(maxsize=1024)
+def _doc_cut_of(doc_starts, q_runs, k_runs, batch: int, device: torch.device) -> _DocCut:
+    cq, ck = _doc_counts(doc_starts, q_runs), _doc_counts(doc_starts, k_runs)
     docs = sorted(set(cq) | set(ck))
     lens_q, lens_k = [cq.get(d, 0) for d in docs], [ck.get(d, 0) for d in docs]
     cu_q, cu_k = [0], [0]
@@ -279,8 +270,9 @@ def _block_layout(mask: PositionMask, nheads: int):
 REFERENCE_CHUNK_ELEMENTS = 1 << 24
 
 
-def _rows(x: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
-    return x.narrow(1, rows[0], rows[1] - rows[0])
+def narrow_rows(t: torch.Tensor, rows: tuple[int, int], dim: int = 1) -> torch.Tensor:
+    """The view of rows [rows[0], rows[1]) of t along dim."""
+    return t.narrow(dim, rows[0], rows[1] - rows[0])
 
 
 def _row_chunks(q: torch.Tensor, seqlen_k: int, causal: bool, window, mask: PositionMask | None):
@@ -292,9 +284,7 @@ def _row_chunks(q: torch.Tensor, seqlen_k: int, causal: bool, window, mask: Posi
     """
     batch, m, nheads = q.shape[0], q.shape[1], q.shape[2]
     step = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * nheads * seqlen_k))
-    left, right = window if window is not None else (None, None)
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = _window_bounds(causal, window)
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
         d = r1 - m
@@ -374,7 +364,7 @@ def local_forward(
     outs, lses = [], []
     for rows, kw in _row_chunks(q, k.shape[1], causal, window, mask):
         out, lse = attention_reference(
-            _rows(q, rows), k, v, softmax_scale=softmax_scale, return_lse=True, **kw
+            narrow_rows(q, rows), k, v, softmax_scale=softmax_scale, return_lse=True, **kw
         )
         outs.append(out)
         lses.append(lse)
@@ -423,7 +413,7 @@ def local_backward(
     dqs, dk, dv = [], None, None
     for rows, kw in _row_chunks(q, k.shape[1], causal, window, mask):
         dq_c, dk_c, dv_c = attention_backward_reference(
-            _rows(dout, rows), _rows(q, rows), k, v, _rows(out, rows), lse[:, :, rows[0] : rows[1]],
+            narrow_rows(dout, rows), narrow_rows(q, rows), k, v, narrow_rows(out, rows), narrow_rows(lse, rows, 2),
             softmax_scale=softmax_scale, **kw,
         )  # fmt: skip
         dqs.append(dq_c)

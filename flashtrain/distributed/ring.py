@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .local_attention import PositionMask, local_backward, local_forward, tensor_cache
+from .local_attention import PositionMask, local_backward, local_forward, narrow_rows, tensor_cache
 from .ring_plan import LocalCall, MaskInfo, RingPlan, ring_plan
 from .sharding import check_layout, check_seqlen, segment_runs, segments_positions
 
@@ -111,13 +111,9 @@ def _merge_(out: torch.Tensor, lse: torch.Tensor, step_out: torch.Tensor, step_l
     lse.copy_(new)
 
 
-def _rows(t: torch.Tensor, rows: tuple[int, int], dim: int = 1) -> torch.Tensor:
-    return t.narrow(dim, rows[0], rows[1] - rows[0])
-
-
 def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos, q_segs, k_segs) -> dict:
     mask = spec.mask(
-        _rows(q_pos, call.q_rows, 0), _rows(k_pos, call.k_rows, 0),
+        narrow_rows(q_pos, call.q_rows, 0), narrow_rows(k_pos, call.k_rows, 0),
         segment_runs(q_segs, call.q_rows), segment_runs(k_segs, call.k_rows),
     )  # fmt: skip
     return dict(
@@ -154,10 +150,10 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
         k_pos = segments_positions(plan.segments[src], q.device) if plan.calls[src] else None
         for call in plan.calls[src]:
             step_out, step_lse = local_forward(
-                _rows(q, call.q_rows), _rows(kv[0], call.k_rows), _rows(kv[1], call.k_rows),
+                narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows), narrow_rows(kv[1], call.k_rows),
                 **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
             )  # fmt: skip
-            _merge_(_rows(out, call.q_rows), _rows(lse, call.q_rows, 2), step_out, step_lse)
+            _merge_(narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2), step_out, step_lse)
         _wait(works)  # blocks until the next K/V have arrived (and ours have left)
         kv = nxt
     return out, lse
@@ -192,13 +188,13 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
             partial = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
             for call in plan.calls[src]:
                 sdq, sdk, sdv = local_backward(
-                    _rows(dout, call.q_rows), _rows(q, call.q_rows), _rows(kv[0], call.k_rows),
-                    _rows(kv[1], call.k_rows), _rows(out, call.q_rows), _rows(lse, call.q_rows, 2),
+                    narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
+                    narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
                     **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
                 )  # fmt: skip
-                _rows(dq, call.q_rows).add_(sdq)
-                _rows(partial[0], call.k_rows).add_(sdk)
-                _rows(partial[1], call.k_rows).add_(sdv)
+                narrow_rows(dq, call.q_rows).add_(sdq)
+                narrow_rows(partial[0], call.k_rows).add_(sdk)
+                narrow_rows(partial[1], call.k_rows).add_(sdv)
 
         _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
         pending = []

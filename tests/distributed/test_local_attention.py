@@ -6,6 +6,7 @@ import torch
 
 from flashtrain.distributed.local_attention import (
     PositionMask,
+    _route,
     dropout_keep_mask,
     local_backward,
     local_forward,
@@ -130,8 +131,6 @@ _DOCS = [0, 3, 30, 45, 47, 70, 90, 112]  # crossing runs, a one-token document, 
 
 @pytest.mark.parametrize("q_runs,k_runs,causal,window", _DOC_CALLS)
 def test_triton_documents_run_through_varlen(q_runs, k_runs, causal, window):
-    from flashtrain.distributed.local_attention import _route
-
     mask = _masked_call(q_runs, k_runs, docs=_DOCS)
     q = torch.empty(1, sum(n for _, n in q_runs), 4, 16)
     assert _route("triton", q, mask, causal, window) == "varlen"
@@ -149,8 +148,6 @@ _BLOCK_CALLS = [
 @pytest.mark.parametrize("q_runs,k_runs,causal", _BLOCK_CALLS)
 @pytest.mark.parametrize("per_head", [False, True])
 def test_triton_block_layout_runs_through_block_sparse(q_runs, k_runs, causal, per_head):
-    from flashtrain.distributed.local_attention import _route
-
     gen = torch.Generator().manual_seed(3)
     layout = torch.rand(8 if per_head else 1, 8, 8, generator=gen) < 0.5  # 116 tokens in 16-token blocks
     layout[:, 5, :] = False  # a query block that sees nothing: out 0, lse -inf
@@ -161,8 +158,6 @@ def test_triton_block_layout_runs_through_block_sparse(q_runs, k_runs, causal, p
 
 
 def test_masks_the_kernels_cannot_express_go_to_the_reference():
-    from flashtrain.distributed.local_attention import _route
-
     q = torch.empty(2, 16, 4, 16)  # batch 2: dropout with documents goes to the reference
     diag = ((16, 16),)
     lay = torch.ones(1, 8, 8, dtype=torch.bool)
@@ -226,8 +221,6 @@ _DROPOUT_CALLS = [
 
 @pytest.mark.parametrize("q_run,k_run,causal,window,head_offset", _DROPOUT_CALLS)
 def test_triton_dropout_runs_in_the_kernels_with_the_global_mask(q_run, k_run, causal, window, head_offset):
-    from flashtrain.distributed.local_attention import _route
-
     mask = _masked_call((q_run,), (k_run,), dropout_p=0.25, head_offset=head_offset)
     q = torch.empty(1, q_run[1], 4, 16)
     assert _route("triton", q, mask, causal, window) == "dense"
@@ -236,8 +229,6 @@ def test_triton_dropout_runs_in_the_kernels_with_the_global_mask(q_run, k_run, c
 
 @pytest.mark.parametrize("q_runs,k_runs,causal,window", _DOC_CALLS[:1] + _DOC_CALLS[2:3] + _DOC_CALLS[4:5])
 def test_triton_dropout_with_documents_runs_through_varlen_at_batch_1(q_runs, k_runs, causal, window):
-    from flashtrain.distributed.local_attention import _route
-
     mask = _masked_call(q_runs, k_runs, docs=_DOCS, dropout_p=0.25, head_offset=4)
     m = sum(n for _, n in q_runs)
     assert _route("triton", torch.empty(1, m, 4, 16), mask, causal, window) == "varlen"
