@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import gpu_slug, write_results  # noqa: E402
+from benchmarks.common import gpu_slug, profile_table, write_results  # noqa: E402
 from flashtrain.distributed import (  # noqa: E402
     hybrid_attention,
     ring_attention,
@@ -71,8 +71,9 @@ def timed(fn, device: str, warmup: int, reps: int) -> float:
     return float(med.item())
 
 
-def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps) -> tuple[float, float]:
-    """(fwd ms, fwd+bwd ms) of attn(q, k, v) on leaf tensors."""
+def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps, profile: str | None = None) -> tuple[float, float]:
+    """(fwd ms, fwd+bwd ms) of attn(q, k, v) on leaf tensors. With `profile` (a path; every rank must
+    pass one, rank 0 writes it) the fwd+bwd is also run under the profiler afterwards."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
 
@@ -84,7 +85,12 @@ def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps) -> tuple[float, float]:
         out = attn(q, k, v)
         out.backward(dout)
 
-    return timed(fwd, device, warmup, reps), timed(fwdbwd, device, warmup, reps)
+    times = timed(fwd, device, warmup, reps), timed(fwdbwd, device, warmup, reps)
+    if profile:
+        dist.barrier()
+        title = f"rank 0 of {dist.get_world_size()}: fwd+bwd, q {tuple(q.shape)} {q.dtype}"
+        profile_table(fwdbwd, profile if dist.get_rank() == 0 else None, title=title)
+    return times
 
 
 def mask_kwargs(mask: str, seqlen: int, device: str, doc_len: int) -> dict:
@@ -222,8 +228,11 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
             else:
                 attn, layout = mode_fn(mode, world, rank, groups, backend, mask_kw)
                 pos = shard_positions(seqlen, device=device, **layout)
+                profile = None
+                if args.profile and mode in args.profile_modes and tokens == args.tokens_per_rank[0]:
+                    profile = os.path.join(args.profile, f"ring_profile_{mode}_{mask}_{tokens}_x{world}.txt")
                 fwd_ms, fb_ms = fwd_and_fwdbwd(attn, *(t.index_select(1, pos) for t in (q, k, v)), device,
-                                               args.warmup, args.reps)  # fmt: skip
+                                               args.warmup, args.reps, profile)  # fmt: skip
             row.update(
                 fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
                 fwd_pct_ideal=100 * row["ideal_fwd_ms"] / fwd_ms,
@@ -255,6 +264,10 @@ def main() -> None:
     p.add_argument(
         "--out", default=None, help="results JSON (default benchmarks/results/ring_<gpu>_x<P>.json)"
     )
+    p.add_argument(
+        "--profile", default=None, help="folder: profile tables of --profile-modes at the first size"
+    )
+    p.add_argument("--profile-modes", nargs="+", default=["zigzag"], choices=MODES[:-1])
     args = p.parse_args()
 
     device = args.device

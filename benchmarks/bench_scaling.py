@@ -30,7 +30,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.common import gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
+from benchmarks.common import gpu_slug, is_oom, markdown_table, profile_table, write_results  # noqa: E402
 
 STRATEGIES = ["ddp", "fsdp", "deepspeed"]
 # Ascending size; the fit search walks up until the first failure to run (OOM).
@@ -96,6 +96,12 @@ def worker(a) -> None:
         row.update(
             status="ok", step_ms=dt * 1e3, tokens_per_s=tokens / dt, tokens_per_s_per_gpu=tokens / dt / world
         )
+        if a.profile:  # every rank runs the profiled steps (collectives); rank 0 writes the table
+            path = os.path.join(a.profile, f"scaling_profile_{row['strategy']}_{a.model}_x{world}.txt")
+            title = f"rank 0 of {world}: {row['strategy']} train_step, {a.model}, {a.batch_size}x{a.seq_len} tokens/GPU"
+            profile_table(
+                trainer.train_step, path if int(os.environ.get("RANK", "0")) == 0 else None, title=title
+            )
         if trainer.device.type == "cuda":
             mem = torch.tensor(torch.cuda.max_memory_allocated() / 2**30, device=trainer.device)
             if world > 1:
@@ -122,6 +128,7 @@ def _run(a, strategy: str, gpus: int, model: str) -> dict:
         "--batch-size", str(a.batch_size), "--device", a.device, "--attention", a.attention,
         "--zero-stage", str(a.zero_stage), "--steps", str(a.steps), "--warmup", str(a.warmup),
         "--run-root", a.run_root, "--out", out, *(f"--override={o}" for o in a.override),
+        *(["--profile", a.profile] if a.profile and model == a.model else []),
         *(["--activation-checkpointing"] if a.activation_checkpointing else []),
         *(["--compile"] if a.compile else []),
     ]  # fmt: skip
@@ -229,6 +236,7 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=900, help="driver: seconds per launched job")
     parser.add_argument("--run-root", default=os.path.join(tempfile.gettempdir(), "flashtrain-bench-scaling"))
     parser.add_argument("--out", default=None, help="worker: row file; driver: results JSON")
+    parser.add_argument("--profile", default=None, help="folder: a profile table of each scaling run's step")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     a = parser.parse_args(argv)
     a.attention = a.attention or ("triton" if a.device == "cuda" else "reference")

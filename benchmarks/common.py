@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import time
 import traceback
 from collections.abc import Callable
 
@@ -62,6 +63,47 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     fn()
     torch.cuda.synchronize()  # host-device sync: the peak is read after the work is done
     return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def profile_table(fn: Callable[[], object], path: str | None, steps: int = 3, title: str = "") -> None:
+    """Run fn `steps` times under torch.profiler and write where the time went to `path` (None: profile
+    without writing, for ranks that must join the collectives of the profiled call): wall time per
+    step, device-busy time per step split into communication (NCCL/gloo kernels) and everything else,
+    and the top operators by device time. Busy < wall means the device idled (launch- or host-bound);
+    compute + communication > busy means they overlapped."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    fn()  # anything lazily built (plans, caches) stays out of the profile
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for start, stop in spans:  # union of kernel intervals (streams overlap)
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    comm = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
+    total = sum(e.time_range.elapsed_us() for e in kernels)
+    sort_key = "cuda_time_total" if cuda else "cpu_time_total"
+    lines = [
+        title,
+        f"wall {wall_ms:.2f} ms/step; device busy {busy / 1e3 / steps:.2f} ms/step; kernels: "
+        f"communication {comm / 1e3 / steps:.2f} ms/step, other {(total - comm) / 1e3 / steps:.2f} ms/step",
+        prof.key_averages().table(sort_by=sort_key, row_limit=30, max_name_column_width=60),
+    ]
+    if path is not None:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def is_oom(exc: BaseException) -> bool:
