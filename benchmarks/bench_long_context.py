@@ -42,7 +42,7 @@ def run_args(a, context: int, gpus: int) -> argparse.Namespace:
         strategy="ddp" if gpus > 1 else "none", model=a.model, seq_len=context, batch_size=1,
         device=a.device, attention=a.attention, zero_stage=2, steps=a.steps, warmup=a.warmup,
         run_root=a.run_root, activation_checkpointing=True, compile=False, timeout=a.timeout,
-        override=overrides,
+        override=overrides, profile=None,
     )  # fmt: skip
 
 
@@ -67,6 +67,13 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     a.attention = a.attention or ("triton" if a.device == "cuda" else "reference")
 
+    out = a.out or os.path.join(ROOT, "benchmarks", "results", f"long_context_{gpu_slug()}.json")
+
+    def extra(longest: dict) -> dict:
+        return dict(benchmark="bench_long_context", model=a.model, sp_mode=a.sp_mode, attention=a.attention,
+                    activation_checkpointing=True, loss_chunk=a.loss_chunk, steps=a.steps, warmup=a.warmup,
+                    longest_context=longest)  # fmt: skip
+
     rows, longest = [], {}
     for gpus in sorted(set(a.gpus)):
         for context in sorted(set(a.contexts)):
@@ -75,13 +82,11 @@ def main(argv=None) -> None:
             row = {**_run(run_args(a, context, gpus), "ddp" if gpus > 1 else "none", gpus, a.model),
                    "context": context, "sp": gpus}  # fmt: skip
             rows.append(row)
+            if row.get("status") == "ok":
+                longest[gpus] = context
+            write_results(out, rows, extra(longest))  # after every run: a killed search keeps its rows
             if row.get("status") != "ok":
                 break
-            longest[gpus] = context
-    out = a.out or os.path.join(ROOT, "benchmarks", "results", f"long_context_{gpu_slug()}.json")
-    extra = dict(benchmark="bench_long_context", model=a.model, sp_mode=a.sp_mode, attention=a.attention,
-                 activation_checkpointing=True, loss_chunk=a.loss_chunk, longest_context=longest)  # fmt: skip
-    write_results(out, rows, extra)
     table = markdown_table(rows, ["gpus", "context", "status", "step_ms", "tokens_per_s", "max_mem_gib"],
                            floatfmt="{:.4g}")  # fmt: skip
     with open(os.path.splitext(out)[0] + ".md", "w") as f:

@@ -1,14 +1,31 @@
 #!/usr/bin/env bash
-# One call on nvidia-h200-x4 (through `device`): the long-context demo, GPT-2 small trained a few steps at
-# 256k, 512k and 1M tokens of context with the sequence split over 4 GPUs (ring, zigzag), step time and
-# peak memory per context; then the longest context on 1 and 2 GPUs if time is left.
+# One call on nvidia-h200-x4 (through `device`): the long-context demo, GPT-2 small trained at 256k and
+# 1M tokens of context with the sequence split over 4 GPUs (ring, zigzag), step time and peak memory;
+# then, side by side on separate GPUs, the longest context 1 GPU (GPU 0) and 2 GPUs (GPUs 2, 3) train
+# in what time is left. One warm-up step (autotuning) and STEPS timed steps per run. Everything lands in
+# $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_long_context.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-timeout 400 python benchmarks/bench_long_context.py --gpus 4 --contexts 262144 524288 1048576 --steps 2 \
-    --out "$OUT/long_context_x4.json" 2>&1 | grep -v -e Warning -e warn | tee "$OUT/long_context_x4.log"
-timeout 180 python benchmarks/bench_long_context.py --gpus 1 2 --contexts 65536 131072 262144 524288 --steps 2 \
-    --timeout 120 --out "$OUT/long_context_x1_x2.json" 2>&1 | grep -v -e Warning -e warn \
-    | tee "$OUT/long_context_x1_x2.log"
+R=/tmp/flashtrain-results
+mkdir -p "$OUT" "$R"
+pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
+trap pack EXIT
+quiet() { grep -v -e Warning -e warn -e USDT; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; } > "$R/machine.txt" 2>&1
+STEPS=${STEPS:-2}
+long() { python benchmarks/bench_long_context.py --steps "$STEPS" --warmup 1 "$@" 2>&1 | quiet; }
+
+long --gpus 4 --contexts ${CONTEXTS_X4:-262144 1048576} --timeout "${TIMEOUT_X4:-330}" \
+  --out "$R/long_context_x4.json" | tee "$R/long_context_x4.log"
+left=$(( ${BUDGET_S:-570} - SECONDS - 10 ))
+if [ "$left" -gt 60 ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout "$left" bash -c "$(declare -f long quiet); STEPS=$STEPS long --gpus 1 \
+    --contexts 131072 262144 524288 --timeout $left --run-root /tmp/long1 --out $R/long_context_x1.json" \
+    > "$R/long_context_x1.log" &
+  CUDA_VISIBLE_DEVICES=2,3 timeout "$left" bash -c "$(declare -f long quiet); STEPS=$STEPS long --gpus 2 \
+    --contexts 262144 524288 1048576 --timeout $left --run-root /tmp/long2 --out $R/long_context_x2.json" \
+    > "$R/long_context_x2.log" &
+  wait
+fi
+tail -n 12 "$R"/long_context_x*.log
