@@ -155,40 +155,46 @@ def _run(a, strategy: str, gpus: int, model: str) -> dict:
 
 def driver(a) -> None:
     gpus = sorted(set(a.gpus))
-    rows = []
+    out = a.out or os.path.join(ROOT, "benchmarks", "results", f"scaling_{gpu_slug()}.json")
+    rows, fit_rows = [], []
+
+    def largest() -> dict:
+        return {
+            s: max(
+                (r["model"] for r in fit_rows if r["strategy"] == s and r["status"] == "ok"),
+                key=a.fit_models.index,
+                default=None,
+            )
+            for s in {r["strategy"] for r in fit_rows}
+        }
+
+    def save() -> None:  # after every run, so a search cut short keeps what it measured
+        extra = {"model": a.model, "seq_len": a.seq_len, "batch_size_per_gpu": a.batch_size,
+                 "attention": a.attention, "zero_stage": a.zero_stage,
+                 "activation_checkpointing": a.activation_checkpointing, "largest_fitting_model": largest()}  # fmt: skip
+        write_results(out, rows + fit_rows, extra)
+
     base = _run(a, "none", 1, a.model) if 1 in gpus else None
     if base:
-        rows.append({**base, "efficiency": 1.0 if base.get("status") == "ok" else None})
+        rows.append({**base, "kind": "scaling", "efficiency": 1.0 if base.get("status") == "ok" else None})
+        save()
     for strategy in a.strategies:
         for n in (g for g in gpus if g > 1):
-            row = _run(a, strategy, n, a.model)
+            row = {**_run(a, strategy, n, a.model), "kind": "scaling"}
             if row.get("status") == "ok" and base and base.get("status") == "ok":
                 row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"])
             rows.append(row)
-    fit_rows = []
+            save()
     if a.fit_models:
         n = max(gpus)
         for strategy in a.strategies if n > 1 else ["none"]:
             for model in a.fit_models:  # ascending: stop at the first that does not run
                 row = _run(a, strategy, n, model)
                 fit_rows.append({**row, "kind": "fit"})
+                save()
                 if row.get("status") != "ok":
                     break
-    for r in rows:
-        r["kind"] = "scaling"
-    largest = {
-        s: max(
-            (r["model"] for r in fit_rows if r["strategy"] == s and r["status"] == "ok"),
-            key=a.fit_models.index,
-            default=None,
-        )
-        for s in {r["strategy"] for r in fit_rows}
-    }
-    out = a.out or os.path.join(ROOT, "benchmarks", "results", f"scaling_{gpu_slug()}.json")
-    extra = {"model": a.model, "seq_len": a.seq_len, "batch_size_per_gpu": a.batch_size, "attention": a.attention,
-             "zero_stage": a.zero_stage, "activation_checkpointing": a.activation_checkpointing,
-             "largest_fitting_model": largest}  # fmt: skip
-    write_results(out, rows + fit_rows, extra)
+    save()
     cols = [
         "kind",
         "strategy",
@@ -204,7 +210,7 @@ def driver(a) -> None:
     with open(os.path.splitext(out)[0] + ".md", "w") as f:
         f.write(table + "\n")
     print(table)
-    print(f"largest model that fits, per strategy at {max(gpus)} GPUs: {largest}")
+    print(f"largest model that fits, per strategy at {max(gpus)} GPUs: {largest()}")
     print(f"wrote {out}")
 
 

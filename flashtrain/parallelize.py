@@ -96,11 +96,18 @@ def apply_compile(model: nn.Module) -> None:
 
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
-    """DDP over the default (world) group: gradients average over dp x sp ranks."""
+    """DDP over the default (world) group: gradients average over dp x sp ranks.
+
+    Gradients are views into DDP's all-reduce buckets (no copy into and out of the buckets each
+    step), and buffers are not re-broadcast before every forward: the model's only buffers (rotary
+    frequencies) are computed identically on every rank.
+    """
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    return DistributedDataParallel(
+        model, device_ids=device_ids, gradient_as_bucket_view=True, broadcast_buffers=False
+    )
 
 
 def apply_fsdp(

@@ -182,6 +182,16 @@ def store_tile(ptrs, x, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def store_or_add_tile(ptrs, x, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr, ACCUMULATE: tl.constexpr):
+    """Store an fp32 tile in the pointers' dtype, or with ACCUMULATE add it to what they hold (each
+    tile belongs to one program, so this read-modify-write needs no atomics)."""
+    mask = (offs_r[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    if ACCUMULATE:
+        x = x + tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def visible_range(
     y_lo, y_hi, n, off_lo, off_hi, BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr
 ):

@@ -15,7 +15,7 @@ from ._common import (
     dropout_keep_tile,
     load_tile,
     padded_head_dim,
-    store_tile,
+    store_or_add_tile,
     varlen_bounds,
     visible_range,
 )
@@ -142,7 +142,7 @@ def _bwd_dkdv(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -209,10 +209,10 @@ def _bwd_dkdv(
             full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
     dk = dk * sm_scale
-    store_tile(DK + off_b64 * stride_dkb + (k_start + offs_n)[:, None] * stride_dkn + off_hk * stride_dkh
-               + offs_d[None, :], dk.to(DK.dtype.element_ty), offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
-    store_tile(DV + off_b64 * stride_dvb + (k_start + offs_n)[:, None] * stride_dvn + off_hk * stride_dvh
-               + offs_d[None, :], dv.to(DV.dtype.element_ty), offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
+    store_or_add_tile(DK + off_b64 * stride_dkb + (k_start + offs_n)[:, None] * stride_dkn + off_hk * stride_dkh
+                      + offs_d[None, :], dk, offs_n, offs_d, seqlen_k, HEAD_DIM, ACCUMULATE)  # fmt: skip
+    store_or_add_tile(DV + off_b64 * stride_dvb + (k_start + offs_n)[:, None] * stride_dvn + off_hk * stride_dvh
+                      + offs_d[None, :], dv, offs_n, offs_d, seqlen_k, HEAD_DIM, ACCUMULATE)  # fmt: skip
 
 
 @triton.jit
@@ -270,7 +270,7 @@ def _bwd_dq(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
@@ -325,8 +325,8 @@ def _bwd_dq(
         full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
     dq = dq * sm_scale
-    store_tile(DQ + off_b64 * stride_dqb + (q_start + offs_m)[:, None] * stride_dqm + off_h * stride_dqh
-               + offs_d[None, :], dq.to(DQ.dtype.element_ty), offs_m, offs_d, seqlen_q, HEAD_DIM)  # fmt: skip
+    store_or_add_tile(DQ + off_b64 * stride_dqb + (q_start + offs_m)[:, None] * stride_dqm + off_h * stride_dqh
+                      + offs_d[None, :], dq, offs_m, offs_d, seqlen_q, HEAD_DIM, ACCUMULATE)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -384,6 +384,15 @@ _bwd_dkdv_atomic_tuned = triton.autotune(
 _bwd_dq_tuned = triton.autotune(
     configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq}
 )(_bwd_dq)
+# ACCUMULATE adds into the gradient buffers, so the autotuner's trial runs must put them back
+_bwd_dkdv_acc_tuned = triton.autotune(
+    configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv},
+    restore_value=["DK", "DV"],
+)(_bwd_dkdv)  # fmt: skip
+_bwd_dq_acc_tuned = triton.autotune(
+    configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq},
+    restore_value=["DQ"],
+)(_bwd_dq)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -394,17 +403,30 @@ _bwd_dq_tuned = triton.autotune(
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
-    dropout_rows=None,
+    dropout_rows=None, grads_into=None,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
     atomic_dq: compute dq inside the dk/dv kernel with fp32 atomics (no separate dq kernel);
     nondeterministic summation order, so only on request.
+    grads_into: dense only, fp32 (dq, dk, dv) buffers shaped like q, k, v (unit last strides) that the
+        gradients are added to in place (ring attention's per-step accumulation, without materializing
+        the step's gradients); returns them.
     """
     varlen = cu_seqlens_q is not None
     if do.stride(-1) != 1:
         do = do.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    accumulate = grads_into is not None
+    if accumulate:
+        if varlen or atomic_dq:
+            raise ValueError("grads_into takes a dense, deterministic call (no varlen, no atomic_dq)")
+        for name, buf, like in zip(("dq", "dk", "dv"), grads_into, (q, k, v), strict=True):
+            if buf.dtype != torch.float32 or buf.shape != like.shape or buf.stride(-1) != 1:
+                raise ValueError(f"grads_into {name} must be fp32 {tuple(like.shape)} with a unit last stride, "
+                                 f"got {buf.dtype} {tuple(buf.shape)}")  # fmt: skip
+        dq, dk, dv = grads_into
+    else:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # (.., H, D) fp32 accumulator for the atomic variant
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
     if varlen:
@@ -451,11 +473,14 @@ def flash_attn_backward(
     )  # fmt: skip
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = (dq_acc4.stride(0), dq_acc4.stride(1), dq_acc4.stride(2)) if atomic_dq else (0, 0, 0)
-    (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
+    dkdv_kernel = (
+        _bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_acc_tuned if accumulate else _bwd_dkdv_tuned
+    )
+    dkdv_kernel[grid_kv](
         q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides,
-        stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, **meta,
+        stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate, **meta,
     )  # fmt: skip
     if atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
@@ -463,10 +488,10 @@ def flash_attn_backward(
             return dq, dk[0], dv[0]
         return dq, dk, dv
     grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
-    _bwd_dq_tuned[grid_q](
+    (_bwd_dq_acc_tuned if accumulate else _bwd_dq_tuned)[grid_q](
         q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do, dq.stride(0), dq.stride(1), dq.stride(2),
-        stride_lb, stride_lh, *kpm_strides, *scalars, **meta,
+        stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, **meta,
     )  # fmt: skip
     if varlen:
         dq, dk, dv = dq[0], dk[0], dv[0]

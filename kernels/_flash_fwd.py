@@ -92,8 +92,10 @@ def _attn_fwd(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    """MERGE: O and LSE hold a running fp32 (out, natural-log lse) over other keys, and this call's
+    attention is merged into them through the log-sum-exp (ring attention's per-step update)."""
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -157,9 +159,31 @@ def _attn_fwd(
     if DROPOUT:
         acc = acc * (1.0 / (1.0 - dropout_p))
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
+    if MERGE:
+        acc, lse = _merge_partial(acc, lse, o_ptrs, LSE + lse_rows, offs_m, offs_d, seqlen_q, HEAD_DIM,
+                                  BLOCK_D != HEAD_DIM)  # fmt: skip
     tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
-    store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(O.dtype.element_ty),
-               offs_m, offs_d, seqlen_q, HEAD_DIM)  # fmt: skip
+    store_tile(o_ptrs, acc.to(O.dtype.element_ty), offs_m, offs_d, seqlen_q, HEAD_DIM)
+
+
+@triton.jit
+def _merge_partial(acc, lse2, o_ptrs, lse_ptrs, offs_m, offs_d, seqlen_q, HEAD_DIM: tl.constexpr,
+                   PAD_D: tl.constexpr):  # fmt: skip
+    """(out, natural lse) of the running accumulator at o_ptrs/lse_ptrs merged with this call's
+    normalized acc and base-2 lse2. Weights 2^(lse - new) are <= 1, so nothing overflows, and a side
+    with lse = -inf gets weight exactly 0 (a call that saw no key changes nothing)."""
+    old2 = tl.load(lse_ptrs, mask=offs_m < seqlen_q, other=float("-inf")) * 1.4426950408889634
+    top = tl.maximum(old2, lse2)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)  # rows nobody has reached yet
+    w_old = tl.math.exp2(old2 - top_safe)
+    w_new = tl.math.exp2(lse2 - top_safe)
+    total = w_old + w_new
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    out_old = load_tile(o_ptrs, offs_m, offs_d, seqlen_q, HEAD_DIM, True, PAD_D)
+    out = out_old * (w_old / total_safe)[:, None] + acc * (w_new / total_safe)[:, None]
+    lse = tl.where(total > 0.0, top_safe + tl.math.log2(total_safe), float("-inf"))
+    return out, lse * 0.6931471805599453  # the accumulator keeps the natural log
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -233,10 +257,17 @@ _TUNE_KEY = [
     "HAS_KPM",
     "DROPOUT",
     "DOT_PREC",
+    "MERGE",  # forward only
+    "ACCUMULATE",  # backward only
 ]
 _attn_fwd_tuned = triton.autotune(
     configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd}
 )(_attn_fwd)
+# MERGE updates O and LSE in place, so the autotuner's trial runs must put them back
+_attn_fwd_merge_tuned = triton.autotune(
+    configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd},
+    restore_value=["O", "LSE"],
+)(_attn_fwd)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,13 +295,27 @@ def tune_bucket(seqlen: int) -> int:
 def flash_attn_forward(
     q, k, v, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, dropout_rows=None,
+    merge_into=None,
 ):  # fmt: skip
     """Launch the forward. Inputs are already checked. Returns (out, lse2) with lse2 in base 2.
 
     Dense: q (B, Sq, H, D), lse2 (B, H, Sq). Varlen: q (Tq, H, D), lse2 (H, Tq).
     dropout_rows: see `dropout_row_ids` (None: the rows' lse indices, the public API's numbering).
+    merge_into: dense only, (out_acc, lse_acc): a running fp32 out (B, Sq, H, D) and natural-log fp32
+        lse (B, H, Sq) over other keys (unit last strides); this call's attention is merged into them
+        in place (ring attention's step update, without materializing the step's out) and None returned.
     """
     varlen = cu_seqlens_q is not None
+    if merge_into is not None:
+        out_acc, lse_acc = merge_into
+        if varlen or out_acc.dtype != torch.float32 or lse_acc.dtype != torch.float32:
+            raise ValueError("merge_into takes fp32 (out, lse) accumulators of a dense (not varlen) call")
+        if out_acc.shape != q.shape or lse_acc.shape != (q.shape[0], q.shape[2], q.shape[1]):
+            raise ValueError(
+                f"merge_into shapes {tuple(out_acc.shape)}, {tuple(lse_acc.shape)} do not match q {tuple(q.shape)}"
+            )
+        if out_acc.stride(-1) != 1 or lse_acc.stride(-1) != 1:
+            raise ValueError("merge_into accumulators need a unit last stride")
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         # (batch, T, H, D) views with batch stride 0: each program adds its sequence's start instead
@@ -283,13 +328,16 @@ def flash_attn_forward(
         batch, seqlen_q = q.shape[0], q.shape[1]
         seqlen_k = k.shape[1]
         lse = torch.empty(batch, q.shape[2], seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, Sq)
+        if merge_into is not None:
+            lse = lse_acc
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
     nheads, headdim = q4.shape[2], q4.shape[3]
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if merge_into is None else out_acc
     o4 = out[None].expand(batch, -1, -1, -1) if varlen else out
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
-    _attn_fwd_tuned[grid](
+    kernel = _attn_fwd_tuned if merge_into is None else _attn_fwd_merge_tuned
+    kernel[grid](
         q4, k4, v4, o4, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         q4.stride(0), q4.stride(1), q4.stride(2),
         k4.stride(0), k4.stride(1), k4.stride(2),
@@ -302,6 +350,6 @@ def flash_attn_forward(
         *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype),
+        DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
     )  # fmt: skip
-    return out, lse
+    return (out, lse) if merge_into is None else None

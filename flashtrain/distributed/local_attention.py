@@ -419,3 +419,54 @@ def local_backward(
         dqs.append(dq_c)
         dk, dv = (dk_c, dv_c) if dk is None else (dk.add_(dk_c), dv.add_(dv_c))
     return (dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)), dk, dv
+
+
+def merge_partial_(
+    out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor
+) -> None:
+    """In place: (out, lse) <- merge of two partial attentions over disjoint keys.
+
+    out (B, m, H, D) and lse (B, H, m) are fp32 views of the accumulators. The weights
+    exp(lse_part - lse_new) are <= 1, so nothing overflows, and a part with lse = -inf gets weight
+    exactly 0 (with the other weight exactly 1), so a part that saw no key changes nothing.
+    """
+    new = torch.logaddexp(lse, part_lse.to(lse.dtype))
+    safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))  # rows no part has reached
+    w_old = torch.exp(lse - safe).transpose(1, 2)[..., None]  # (B, m, H, 1)
+    w_new = torch.exp(part_lse.to(lse.dtype) - safe).transpose(1, 2)[..., None]
+    out.mul_(w_old).add_(part_out.to(out.dtype) * w_new)
+    lse.copy_(new)
+
+
+def local_forward_merge(
+    out_acc: torch.Tensor, lse_acc: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw
+) -> None:
+    """local_forward of one call merged in place into the fp32 running (out_acc, lse_acc) of its query
+    rows. The dense Triton route merges inside the kernel's epilogue (the step's output never reaches
+    memory); the other routes merge the returned (out, lse) in torch."""
+    if out_acc.dtype == torch.float32 and _route(kw.get("backend", "auto"), q, kw.get("mask"), kw["causal"],
+                                                 kw["window"]) == "dense":  # fmt: skip
+        from kernels._flash_fwd import flash_attn_forward
+
+        args = _kernel_kwargs(kw["causal"], kw["softmax_scale"], kw["window"], kw.get("mask"), varlen=False)
+        flash_attn_forward(q, k, v, merge_into=(out_acc, lse_acc), **args)
+        return
+    merge_partial_(out_acc, lse_acc, *local_forward(q, k, v, **kw))
+
+
+def local_backward_accumulate(
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dout, q, k, v, out, lse, **kw
+) -> None:
+    """local_backward of one call added in place to fp32 gradient buffers (dq, dk, dv) shaped like
+    q, k, v. The dense Triton route adds inside the kernels' epilogues; the others add in torch."""
+    if (
+        all(g.dtype == torch.float32 for g in grads)
+        and _route(kw.get("backend", "auto"), q, kw.get("mask"), kw["causal"], kw["window"]) == "dense"
+    ):
+        from kernels._flash_bwd import flash_attn_backward
+
+        args = _kernel_kwargs(kw["causal"], kw["softmax_scale"], kw["window"], kw.get("mask"), varlen=False)
+        flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), grads_into=grads, **args)
+        return
+    for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
+        acc.add_(g)

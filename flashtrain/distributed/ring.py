@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .local_attention import PositionMask, local_backward, local_forward, narrow_rows, tensor_cache
+from .local_attention import (
+    PositionMask,
+    local_backward_accumulate,
+    local_forward_merge,
+    narrow_rows,
+    tensor_cache,
+)
 from .ring_plan import LocalCall, MaskInfo, RingPlan, ring_plan
 from .sharding import check_layout, check_seqlen, segment_runs, segments_positions
 
@@ -72,8 +78,13 @@ class RingSpec:
         )  # fmt: skip
         return ring_plan(self.seqlen, self.size, self.rank, self.layout, info)
 
+    @property
+    def needs_positions(self) -> bool:
+        """Whether the local calls need a mask over global positions (documents, blocks, dropout)."""
+        return self.doc_ids is not None or self.block_layout is not None or self.dropout_p > 0.0
+
     def mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q_runs, k_runs) -> PositionMask | None:
-        if self.doc_ids is None and self.block_layout is None and self.dropout_p == 0.0:
+        if not self.needs_positions:
             return None
         return PositionMask(
             q_pos, k_pos, doc_ids=self.doc_ids, block_layout=self.block_layout, block_size=self.block_size,
@@ -96,26 +107,15 @@ def _wait(works: list) -> None:
         w.wait()
 
 
-def _merge_(out: torch.Tensor, lse: torch.Tensor, step_out: torch.Tensor, step_lse: torch.Tensor) -> None:
-    """In place: (out, lse) <- merge of two partial attentions over disjoint keys.
-
-    out (B, m, H, D) and lse (B, H, m) are fp32 views of the accumulators. The weights
-    exp(lse_part - lse_new) are <= 1, so nothing overflows, and a part with lse = -inf gets weight
-    exactly 0 (with the other weight exactly 1), so a step that contributes nothing changes nothing.
-    """
-    new = torch.logaddexp(lse, step_lse.to(lse.dtype))
-    safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))  # rows no step has reached
-    w_old = torch.exp(lse - safe).transpose(1, 2)[..., None]  # (B, m, H, 1)
-    w_new = torch.exp(step_lse.to(lse.dtype) - safe).transpose(1, 2)[..., None]
-    out.mul_(w_old).add_(step_out.to(out.dtype) * w_new)
-    lse.copy_(new)
-
-
 def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos, q_segs, k_segs) -> dict:
-    mask = spec.mask(
-        narrow_rows(q_pos, call.q_rows, 0), narrow_rows(k_pos, call.k_rows, 0),
-        segment_runs(q_segs, call.q_rows), segment_runs(k_segs, call.k_rows),
-    )  # fmt: skip
+    """The local call's options; q_pos/k_pos (global positions of the shards) are None, and not
+    needed, when the ring has no mask over positions."""
+    mask = None
+    if spec.needs_positions:
+        mask = spec.mask(
+            narrow_rows(q_pos, call.q_rows, 0), narrow_rows(k_pos, call.k_rows, 0),
+            segment_runs(q_segs, call.q_rows), segment_runs(k_segs, call.k_rows),
+        )  # fmt: skip
     return dict(
         causal=call.causal,
         softmax_scale=spec.softmax_scale,
@@ -134,7 +134,7 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     batch, n, nheads, _ = q.shape
     out = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     lse = torch.full((batch, nheads, n), float("-inf"), dtype=acc_dtype, device=q.device)
-    q_pos = segments_positions(plan.segments[rank], q.device)
+    q_pos = segments_positions(plan.segments[rank], q.device) if spec.needs_positions else None
     kv = torch.stack([k, v])  # (2, B, n, Hkv, D): K and V travel as one message; only K/V heads travel
     kv_shape = kv.shape
     for t in range(size):
@@ -147,13 +147,17 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
             nxt = torch.empty(kv_shape, dtype=k.dtype, device=k.device)  # we may hold nothing this step
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         works = _post(ops, spec.group)  # next step's K/V move while this step computes
-        k_pos = segments_positions(plan.segments[src], q.device) if plan.calls[src] else None
+        k_pos = (
+            segments_positions(plan.segments[src], q.device)
+            if plan.calls[src] and q_pos is not None
+            else None
+        )
         for call in plan.calls[src]:
-            step_out, step_lse = local_forward(
+            local_forward_merge(
+                narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
                 narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows), narrow_rows(kv[1], call.k_rows),
                 **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
             )  # fmt: skip
-            _merge_(narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2), step_out, step_lse)
         _wait(works)  # blocks until the next K/V have arrived (and ours have left)
         kv = nxt
     return out, lse
@@ -166,7 +170,7 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
     nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
-    q_pos = segments_positions(plan.segments[rank], q.device)
+    q_pos = segments_positions(plan.segments[rank], q.device) if spec.needs_positions else None
     kv = torch.stack([k, v])  # (2, B, n, Hkv, D)
     acc_shape = kv.shape
     acc_in = own = home = None
@@ -184,17 +188,16 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
 
         partial = None
         if plan.calls[src]:
-            k_pos = segments_positions(plan.segments[src], q.device)
+            k_pos = segments_positions(plan.segments[src], q.device) if q_pos is not None else None
             partial = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
             for call in plan.calls[src]:
-                sdq, sdk, sdv = local_backward(
-                    narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
+                grads = (narrow_rows(dq, call.q_rows), narrow_rows(partial[0], call.k_rows),
+                         narrow_rows(partial[1], call.k_rows))  # fmt: skip
+                local_backward_accumulate(
+                    grads, narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
                     narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
                     **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
                 )  # fmt: skip
-                narrow_rows(dq, call.q_rows).add_(sdq)
-                narrow_rows(partial[0], call.k_rows).add_(sdk)
-                narrow_rows(partial[1], call.k_rows).add_(sdv)
 
         _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
         pending = []
