@@ -36,6 +36,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+KERNEL_REF_BOUND = 2e-2  # --reference kernel: two bf16 computations of the same attention differ ~1e-3
 DROPOUT_SEED_FROM = 1234  # torch.manual_seed before draw_seed: the single-GPU kernel's dropout seed
 
 
@@ -76,6 +77,12 @@ def main():
     p.add_argument(
         "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: gloo, torch reference inside"
     )
+    p.add_argument(
+        "--reference", default="fp32", choices=["fp32", "kernel"],
+        help="fp32: materialized fp32 attention (seqlen^2 memory); kernel: the one-GPU bf16 kernel on the "
+        "whole sequence, for lengths the fp32 reference cannot hold (rings must then stay within "
+        f"{KERNEL_REF_BOUND} of it, and finite)",
+    )  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = args.device
@@ -96,15 +103,19 @@ def main():
     if "dropout_p" in mask_kw:
         torch.manual_seed(DROPOUT_SEED_FROM)
         ring_kw["dropout_seed"] = draw_seed()  # the seed flash_attention draws after the same manual_seed
-    ref = reference(q, k, v, dout, ring_kw)
+    ref = reference(q, k, v, dout, ring_kw) if args.reference == "fp32" else None
     qb, kb, vb, dob = (t.to(torch.bfloat16) for t in (q, k, v, dout))
+    del q, k, v, dout
 
     # single-GPU bf16 kernel: the error every ring size is held to
     qs, ks, vs = (t.clone().requires_grad_() for t in (qb, kb, vb))
     torch.manual_seed(DROPOUT_SEED_FROM)
     out = single_device_attention(device, mask_kw)(qs, ks, vs)
     grads = torch.autograd.grad(out, (qs, ks, vs), dob)
+    if ref is None:  # the kernel is the reference: rings are held to a fixed bound instead
+        ref = [x.detach() for x in (out, *grads)]
     kernel_err = [rel(x, r) for x, r in zip((out, *grads), ref, strict=True)]
+    bound = [KERNEL_REF_BOUND if args.reference == "kernel" else 1.1 * ke + 1e-4 for ke in kernel_err]
     rows = [dict(impl="kernel", P=1, layout="-", err_out=kernel_err[0], err_dq=kernel_err[1],
                  err_dk=kernel_err[2], err_dv=kernel_err[3])]  # fmt: skip
     ok = True
@@ -131,8 +142,9 @@ def main():
                 err_dk=err[2],
                 err_dv=err[3],
             )
-            row["within_kernel_error"] = all(
-                e <= 1.1 * ke + 1e-4 for e, ke in zip(err, kernel_err, strict=True)
+            row["finite"] = all(bool(torch.isfinite(x).all()) for x in full)
+            row["within_kernel_error"] = row["finite"] and all(
+                e <= b for e, b in zip(err, bound, strict=True)
             )
             ok &= row["within_kernel_error"]
             rows.append(row)
@@ -143,7 +155,13 @@ def main():
             write_results(
                 args.out,
                 rows,
-                extra={"world_size": world, "seqlen": args.seqlen, "dtype": "bfloat16", "mask": args.mask},
+                extra={
+                    "world_size": world,
+                    "seqlen": args.seqlen,
+                    "dtype": "bfloat16",
+                    "mask": args.mask,
+                    "reference": args.reference,
+                },  # fmt: skip
             )
     dist.barrier()
     dist.destroy_process_group()

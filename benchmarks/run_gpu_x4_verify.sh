@@ -5,6 +5,7 @@
 #     before); dropout's cost against SDPA's;
 #  B. the ring / Ulysses / hybrid / context-parallel benchmark on 4 GPUs with a zigzag profile;
 #  C. data-parallel scaling on 1, 2 and 4 GPUs at BATCH sequences of 4k tokens per GPU.
+#  L. (between A and B) the ring at 262k tokens against fp32, and sp=2 training at 64k / 262k tokens.
 # Everything lands in $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_x4_verify.sh
 set -uo pipefail
@@ -30,6 +31,19 @@ CUDA_VISIBLE_DEVICES=3 timeout "$A" python benchmarks/bench_attention.py --seqle
   > "$R/attention_dropout.log" 2>&1 &
 wait
 tail -n 3 "$R"/*tests.log; tail -n 14 "$R/attention_dropout.log"; tail -n 4 "$R/dropout_config_scan.log"
+
+# L. long context: the ring at GPT-2 small's shapes and 262k tokens against the bf16 one-GPU kernel
+# (P = 1..4), then sp=2 training steps at 64k and 262k tokens (a non-finite gradient names its parameters)
+timeout "${LONG_S:-100}" torchrun --standalone --nproc-per-node "$NGPU" benchmarks/check_ring_precision.py \
+  --seqlen 262144 --nheads 12 --nheads-kv 12 --headdim 64 --reference kernel --out "$R/ring_precision_262k_x$NGPU.json" 2>&1 | quiet \
+  | tee "$R/ring_precision_262k.log"
+timeout "${LONG_S:-100}" python benchmarks/bench_long_context.py --gpus 2 --contexts 65536 262144 --steps 1 \
+  --warmup 1 --timeout 90 --out "$R/long_context_x2.json" 2>&1 | quiet | tee "$R/long_context_x2.log"
+python - "$R/long_context_x2.json" <<'PY' | tee -a "$R/long_context_x2.log"
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r.get("context"), r.get("status"), (r.get("error") or "")[-700:])
+PY
 
 timeout "${RING_S:-170}" torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py \
   --tokens-per-rank 8192 32768 --nheads 16 --profile "$R" --profile-modes zigzag \

@@ -110,6 +110,21 @@ class Strategy:
             norm = norm.full_tensor()
         return norm.item()  # host-device sync
 
+    def nonfinite_grads(self, limit: int = 4) -> list[str]:
+        """Names of (up to `limit`) parameters whose gradient on this rank holds inf or NaN: what a
+        non-finite gradient norm reports, so the failing layer is named. DeepSpeed keeps its own
+        gradient buffers, so nothing is found there."""
+        names = []
+        for name, p in self.model.named_parameters():
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP: this rank's shard
+            if grad is not None and not bool(
+                torch.isfinite(grad).all()
+            ):  # host-device sync, failure path only
+                names.append(name)
+                if len(names) == limit:
+                    break
+        return names
+
     def step(self) -> float | None:
         """Apply the update and clear the gradients; returns the grad norm if only known now."""
         self.optimizer.step()

@@ -309,7 +309,7 @@ class Trainer:
         # the same branch: all skip or none.
         grad_norm = self.strategy.clip_grad_norm(self.cfg.optim.grad_clip)  # None: the engine clips in step
         if not math.isfinite(loss_value) or (grad_norm is not None and not math.isfinite(grad_norm)):
-            self._handle_non_finite(loss_value)
+            self._handle_non_finite(loss_value, grad_norm)
             self.strategy.skip_step()
             self.step += 1
             return loss_value
@@ -319,17 +319,22 @@ class Trainer:
         self.last_grad_norm, self.last_lr = grad_norm if grad_norm is not None else norm_in_step, lr
         return loss_value
 
-    def _handle_non_finite(self, loss_value: float) -> None:
+    def _handle_non_finite(self, loss_value: float, grad_norm: float | None) -> None:
         tc = self.cfg.trainer
+        what = f"loss is {loss_value}"
+        if math.isfinite(loss_value):  # the loss is fine: the gradients are not
+            bad = self.strategy.nonfinite_grads()
+            what = (f"gradient norm is {grad_norm} (loss {loss_value:.4f}); non-finite gradients on rank "
+                    f"{self.rank} in {', '.join(bad) if bad else 'no parameter of this rank'}")  # fmt: skip
         if tc.nan_policy == "stop":
             raise NonFiniteLossError(
-                f"loss is {loss_value} at step {self.step} (lr {lr_at(self.step, self.cfg.optim, tc.max_steps):.2e}); "
+                f"{what} at step {self.step} (lr {lr_at(self.step, self.cfg.optim, tc.max_steps):.2e}); "
                 "the run stopped without updating weights. Lower optim.lr, raise optim.warmup_steps, check the data, "
                 f"or set trainer.nan_policy=skip. The last checkpoint is in {self.run_dir}/checkpoints"
             )
         self.skipped_in_a_row += 1
         log.warning(
-            f"non-finite loss ({loss_value}) at step {self.step}: step skipped ({self.skipped_in_a_row} in a row)"
+            f"non-finite step ({what}) at step {self.step}: skipped ({self.skipped_in_a_row} in a row)"
         )
         if self.skipped_in_a_row > tc.max_skipped_steps:
             raise NonFiniteLossError(

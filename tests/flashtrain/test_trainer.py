@@ -118,6 +118,17 @@ def test_nan_loss_stops_with_a_message(tmp_path):
         trainer.fit()
 
 
+def test_non_finite_gradient_with_a_finite_loss_names_the_parameter(tmp_path):
+    trainer = Trainer(small_config(tmp_path, "trainer.run_name=badgrad", "trainer.max_steps=3"))
+    fc = trainer.model.transformer.h[1].mlp.c_fc.weight
+    fc.register_hook(lambda g: torch.full_like(g, float("inf")))
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"gradient norm is (inf|nan) \(loss \d.*transformer\.h\.1\.mlp\.c_fc\.weight",
+    ):
+        trainer.fit()
+
+
 def test_nan_loss_skip_policy_skips_then_gives_up(tmp_path):
     trainer = Trainer(
         small_config(
