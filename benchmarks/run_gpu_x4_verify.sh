@@ -11,7 +11,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 R=/tmp/flashtrain-results
-mkdir -p "$OUT" "$R"
+rm -rf "$R"; mkdir -p "$OUT" "$R"
 pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
 trap pack EXIT
 NGPU=$(nvidia-smi -L | wc -l)
@@ -19,7 +19,7 @@ quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*' -e USDT; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
 
-A=${PHASE_A_S:-150}
+A=${PHASE_A_S:-130}
 CUDA_VISIBLE_DEVICES=0 timeout "$A" python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1 &
 CUDA_VISIBLE_DEVICES=1 timeout "$A" python -m pytest -q -n 4 tests/kernels/test_step_accumulate.py \
   tests/distributed/test_local_attention.py -rf > "$R/local_attention_cuda_tests.log" 2>&1 &
@@ -34,7 +34,7 @@ tail -n 3 "$R"/*tests.log; tail -n 14 "$R/attention_dropout.log"; tail -n 4 "$R/
 
 # L. long context: the ring at GPT-2 small's shapes and 262k tokens against the bf16 one-GPU kernel
 # (P = 1..4), then sp=2 training steps at 64k and 262k tokens (a non-finite gradient names its parameters)
-timeout "${LONG_S:-100}" torchrun --standalone --nproc-per-node "$NGPU" benchmarks/check_ring_precision.py \
+timeout "${PRECISION_S:-70}" torchrun --standalone --nproc-per-node "$NGPU" benchmarks/check_ring_precision.py \
   --seqlen 262144 --nheads 12 --nheads-kv 12 --headdim 64 --reference kernel --out "$R/ring_precision_262k_x$NGPU.json" 2>&1 | quiet \
   | tee "$R/ring_precision_262k.log"
 timeout "${LONG_S:-100}" python benchmarks/bench_long_context.py --gpus 2 --contexts 65536 262144 --steps 1 \
@@ -45,10 +45,12 @@ for r in json.load(open(sys.argv[1]))["rows"]:
     print(r.get("context"), r.get("status"), (r.get("error") or "")[-700:])
 PY
 
-timeout "${RING_S:-170}" torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py \
-  --tokens-per-rank 8192 32768 --nheads 16 --profile "$R" --profile-modes zigzag \
+timeout "${RING_S:-110}" torchrun --standalone --nproc-per-node "$NGPU" benchmarks/bench_ring.py \
+  --tokens-per-rank 8192 32768 --nheads 16 --modes ${RING_MODES:-zigzag ulysses hybrid torch_cp} \
+  --profile "$R" --profile-modes zigzag \
   --out "$R/ring_h200_x$NGPU.json" 2>&1 | quiet | tee "$R/ring.log"
 
 left=$(( ${BUDGET_S:-585} - SECONDS ))
 timeout "$left" python benchmarks/bench_scaling.py --gpus 1 2 "$NGPU" --batch-size "${BATCH:-4}" --fit-models \
+  --strategies ${STRATEGIES:-ddp fsdp} \
   --timeout 120 --out "$R/scaling_b${BATCH:-4}_h200.json" 2>&1 | quiet | tee "$R/scaling.log"
