@@ -105,25 +105,35 @@ class Strategy:
     def clip_grad_norm(self, max_norm: float) -> float | None:
         """Clip and return the global gradient norm (the same on every rank), or None when the engine
         clips inside `step` (DeepSpeed); non-finite means the step must be skipped."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm > 0 else math.inf)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
         if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the mesh
             norm = norm.full_tensor()
-        return norm.item()  # host-device sync
+        value = norm.item()  # host-device sync
+        # a non-finite norm skips the step: the gradients are left as they are, for its report
+        if max_norm > 0 and math.isfinite(value):
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+        return value
 
-    def nonfinite_grads(self, limit: int = 4) -> list[str]:
-        """Names of (up to `limit`) parameters whose gradient on this rank holds inf or NaN: what a
-        non-finite gradient norm reports, so the failing layer is named. DeepSpeed keeps its own
-        gradient buffers, so nothing is found there."""
-        names = []
+    def gradient_report(self, limit: int = 4) -> str:
+        """What a non-finite gradient norm reports, from this rank's gradients: the parameters whose
+        gradient holds inf or NaN, or, when none does (the norm itself overflowed), the largest
+        gradients. DeepSpeed keeps its own gradient buffers, so nothing is found there."""
+        bad, largest = [], []
         for name, p in self.model.named_parameters():
             grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP: this rank's shard
-            if grad is not None and not bool(
-                torch.isfinite(grad).all()
-            ):  # host-device sync, failure path only
-                names.append(name)
-                if len(names) == limit:
-                    break
-        return names
+            if grad is None or grad.numel() == 0:
+                continue
+            if not bool(torch.isfinite(grad).all()):  # host-device sync, on the failure path only
+                bad.append(name)
+            else:
+                largest.append((grad.abs().max().item(), name))
+        if bad:
+            return f"non-finite gradients in {', '.join(bad[:limit])}" + (" ..." if len(bad) > limit else "")
+        if not largest:
+            return "no gradient on this rank"
+        top = sorted(largest, reverse=True)[:limit]
+        return "no inf/NaN gradient; largest |gradient|: " + ", ".join(f"{n} {v:.3g}" for v, n in top)
 
     def step(self) -> float | None:
         """Apply the update and clear the gradients; returns the grad norm if only known now."""

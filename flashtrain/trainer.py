@@ -323,9 +323,8 @@ class Trainer:
         tc = self.cfg.trainer
         what = f"loss is {loss_value}"
         if math.isfinite(loss_value):  # the loss is fine: the gradients are not
-            bad = self.strategy.nonfinite_grads()
-            what = (f"gradient norm is {grad_norm} (loss {loss_value:.4f}); non-finite gradients on rank "
-                    f"{self.rank} in {', '.join(bad) if bad else 'no parameter of this rank'}")  # fmt: skip
+            what = (f"gradient norm is {grad_norm} (loss {loss_value:.4f}); on rank {self.rank}: "
+                    f"{self.strategy.gradient_report()}")  # fmt: skip
         if tc.nan_policy == "stop":
             raise NonFiniteLossError(
                 f"{what} at step {self.step} (lr {lr_at(self.step, self.cfg.optim, tc.max_steps):.2e}); "

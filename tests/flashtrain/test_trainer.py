@@ -124,7 +124,18 @@ def test_non_finite_gradient_with_a_finite_loss_names_the_parameter(tmp_path):
     fc.register_hook(lambda g: torch.full_like(g, float("inf")))
     with pytest.raises(
         NonFiniteLossError,
-        match=r"gradient norm is (inf|nan) \(loss \d.*transformer\.h\.1\.mlp\.c_fc\.weight",
+        match=r"gradient norm is (inf|nan) \(loss \d.*non-finite gradients in transformer\.h\.1\.mlp\.c_fc\.weight",
+    ):
+        trainer.fit()
+
+
+def test_an_overflowing_gradient_norm_names_the_largest_gradients(tmp_path):
+    """Finite gradients whose squares overflow fp32: the norm is inf though no gradient is."""
+    trainer = Trainer(small_config(tmp_path, "trainer.run_name=bignorm", "trainer.max_steps=3"))
+    trainer.model.transformer.h[0].attn.c_proj.weight.register_hook(lambda g: torch.full_like(g, 1e25))
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"no inf/NaN gradient; largest \|gradient\|: transformer\.h\.0\.attn\.c_proj\.weight \de\+25",
     ):
         trainer.fit()
 
