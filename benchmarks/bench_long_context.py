@@ -37,6 +37,7 @@ def run_args(a, context: int, gpus: int) -> argparse.Namespace:
         f"model.loss_chunk={min(a.loss_chunk, context)}",
         "data.max_documents=null",  # the whole offline corpus, so even 2M-token windows exist
         "trainer.eval_interval=0",
+        *a.override,  # last, so they win
     ]
     return argparse.Namespace(
         strategy="ddp" if gpus > 1 else "none", model=a.model, seq_len=context, batch_size=1,
@@ -64,6 +65,7 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, default=600, help="seconds per launched run")
     p.add_argument("--run-root", default=os.path.join(tempfile.gettempdir(), "flashtrain-bench-long"))
     p.add_argument("--out", default=None)
+    p.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     a = p.parse_args(argv)
     a.attention = a.attention or ("triton" if a.device == "cuda" else "reference")
 
