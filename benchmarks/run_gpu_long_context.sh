@@ -12,7 +12,7 @@ mkdir -p "$OUT" "$R"
 pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
 trap pack EXIT
 quiet() { grep -v -e Warning -e warn -e USDT; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; } > "$R/machine.txt" 2>&1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > "$R/machine.txt" 2>&1
 STEPS=${STEPS:-2}
 long() { python benchmarks/bench_long_context.py --steps "$STEPS" --warmup 1 "$@" 2>&1 | quiet; }
 

@@ -11,7 +11,7 @@ pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
 trap pack EXIT
 NGPU=$(nvidia-smi -L | wc -l)
 quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*' -e USDT; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m; git rev-parse HEAD
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
 
 if [ "${SKIP_SCALING:-0}" != 1 ]; then

@@ -16,7 +16,7 @@ pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
 trap pack EXIT
 NGPU=$(nvidia-smi -L | wc -l)
 quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*' -e USDT; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
 
 A=${PHASE_A_S:-130}
