@@ -316,6 +316,28 @@ def test_sequence_parallel_on_gpus_matches_one_gpu_in_bf16(tmp_path):
     _check_gpu_runs({k: v for k, v in results.items() if k in BLOCK_SPARSE_SP_CASES}, bs_history)
 
 
+# bench_long_context's settings (rotary positions, activation checkpointing, chunked loss) at a length a
+# test can afford. On 2 and 4 H200 (2026-11-22) its sp runs stopped on an infinite gradient norm at 64k
+# and 262k tokens while the short sequence-parallel runs above trained: this is the reproduction to run.
+LONG_CONTEXT = [
+    "trainer.seq_len=16384",
+    "model.max_seq_len=16384",
+    "model.pos_embedding=rotary",
+    "model.loss_chunk=4096",
+    "trainer.activation_checkpointing=true",
+    "data.max_documents=null",
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2 through `device`)")
+def test_long_context_sequence_parallel_on_gpus_matches_one_gpu_in_bf16(tmp_path):
+    base = [*_overrides(tmp_path, "cuda"), "trainer.batch_size=1", *LONG_CONTEXT]
+    ref_history = Trainer(compose_config([*base, "trainer.run_name=ref_long"])).fit()
+    cases = [{"name": "sp2_long_ring", "overrides": [*base, "parallel=ddp", "parallel.sp=2"]}]
+    _check_gpu_runs(_launch(tmp_path, cases), ref_history)
+
+
 def _check_gpu_runs(results: dict, ref_history: list[float]) -> None:
     """bf16 rounds differently per layout: losses agree to bf16 precision rather than bit for bit."""
     for name, run in results.items():
