@@ -105,14 +105,13 @@ class Strategy:
     def clip_grad_norm(self, max_norm: float) -> float | None:
         """Clip and return the global gradient norm (the same on every rank), or None when the engine
         clips inside `step` (DeepSpeed); non-finite means the step must be skipped."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
-        if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the mesh
-            norm = norm.full_tensor()
-        value = norm.item()  # host-device sync
-        # a non-finite norm skips the step: the gradients are left as they are, for its report
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        value = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()  # host-device sync
+        # FSDP's norm is a replicated DTensor, already reduced over the mesh. A non-finite norm skips
+        # the step, so the gradients are left as they are for its report.
         if max_norm > 0 and math.isfinite(value):
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)  # takes parameters, not gradients
         return value
 
     def gradient_report(self, limit: int = 4) -> str:

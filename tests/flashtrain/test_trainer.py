@@ -140,6 +140,19 @@ def test_an_overflowing_gradient_norm_names_the_largest_gradients(tmp_path):
         trainer.fit()
 
 
+@pytest.mark.parametrize("scale, clipped", [(10.0, True), (1e-3, False)])
+def test_gradients_are_clipped_to_the_global_norm(tmp_path, scale, clipped):
+    trainer = Trainer(small_config(tmp_path, f"trainer.run_name=clip{scale}", "optim.grad_clip=1.0"))
+    params = list(trainer.model.parameters())
+    for i, p in enumerate(params):
+        p.grad = torch.full_like(p, scale * (1 + i % 3))
+    before = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])).item()
+    returned = trainer.strategy.clip_grad_norm(1.0)
+    after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])).item()
+    assert returned == pytest.approx(before, rel=1e-5)  # the norm before clipping is what is logged
+    assert after == pytest.approx(1.0 if clipped else before, rel=1e-4)
+
+
 def test_nan_loss_skip_policy_skips_then_gives_up(tmp_path):
     trainer = Trainer(
         small_config(
