@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ._common import (
     INTERPRET,
+    autotune,
     dot_precision,
     dropout_keep,
     load_tile,
@@ -368,28 +369,29 @@ def _prune_dq(configs, named_args, **kwargs):
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 
-_bwd_dkdv_tuned = triton.autotune(
-    configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv}
-)(_bwd_dkdv)
+_bwd_dkdv_tuned = autotune(
+    _bwd_dkdv, configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv}
+)
 # the atomic variant accumulates into DQ, so the autotuner must zero it before each timed run
-_bwd_dkdv_atomic_tuned = triton.autotune(
+_bwd_dkdv_atomic_tuned = autotune(
+    _bwd_dkdv,
     configs=_DKDV_CONFIGS,
     key=_TUNE_KEY,
     prune_configs_by={"early_config_prune": _prune_dkdv},
     reset_to_zero=["DQ"],
-)(_bwd_dkdv)
-_bwd_dq_tuned = triton.autotune(
-    configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq}
-)(_bwd_dq)
+)
+_bwd_dq_tuned = autotune(
+    _bwd_dq, configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq}
+)
 # ACCUMULATE adds into the gradient buffers, so the autotuner's trial runs must put them back
-_bwd_dkdv_acc_tuned = triton.autotune(
-    configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv},
+_bwd_dkdv_acc_tuned = autotune(
+    _bwd_dkdv, configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv},
     restore_value=["DK", "DV"],
-)(_bwd_dkdv)  # fmt: skip
-_bwd_dq_acc_tuned = triton.autotune(
-    configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq},
+)  # fmt: skip
+_bwd_dq_acc_tuned = autotune(
+    _bwd_dq, configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq},
     restore_value=["DQ"],
-)(_bwd_dq)  # fmt: skip
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------

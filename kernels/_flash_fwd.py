@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ._common import (
     INTERPRET,
+    autotune,
     dot_precision,
     dropout_keep,
     load_tile,
@@ -262,14 +263,14 @@ _TUNE_KEY = [
     "MERGE",  # forward only
     "ACCUMULATE",  # backward only
 ]
-_attn_fwd_tuned = triton.autotune(
-    configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd}
-)(_attn_fwd)
+_attn_fwd_tuned = autotune(
+    _attn_fwd, configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd}
+)
 # MERGE updates O and LSE in place, so the autotuner's trial runs must put them back
-_attn_fwd_merge_tuned = triton.autotune(
-    configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd},
+_attn_fwd_merge_tuned = autotune(
+    _attn_fwd, configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd},
     restore_value=["O", "LSE"],
-)(_attn_fwd)  # fmt: skip
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -10,6 +10,11 @@ def _config(m, n, warps=4, stages=2):
     return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
 
 
+@triton.jit
+def _noop(x_ptr):  # a kernel to wrap in an autotuner; never launched
+    pass
+
+
 _CONFIGS = [_config(128, 128, 8, 3), _config(128, 64), _config(64, 64), _config(64, 32), _config(32, 32)]
 
 
@@ -55,3 +60,32 @@ def test_dq_drops_the_config_that_faulted_with_dropout(dropout):
     kept = _prune_dq(configs, args)
     assert (faulty in kept) is not dropout
     assert len(kept) >= 2
+
+
+@pytest.mark.parametrize(
+    "message, skipped", [("PassManager::run failed", True), ("illegal memory access", False)]
+)
+def test_a_config_that_fails_to_compile_is_skipped_not_fatal(monkeypatch, message, skipped):
+    """Triton's autotuner stops on a compile error from an MLIR pass; ours times that config as inf."""
+    import triton.runtime.autotuner as autotuner
+
+    from kernels._common import autotune
+
+    def failing_bench(self, *args, config, **meta):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(autotuner.Autotuner, "_bench", failing_bench)
+    tuned = autotune(_noop, configs=[_config(64, 64), _config(32, 32)], key=[])
+    if skipped:
+        assert tuned._bench(config=_config(64, 64)) == [float("inf")] * 3
+    else:
+        with pytest.raises(RuntimeError, match=message):
+            tuned._bench(config=_config(64, 64))
+
+
+def test_every_flash_autotuner_skips_configs_that_fail_to_compile():
+    from kernels import _flash_bwd, _flash_fwd
+
+    tuned = [getattr(m, n) for m in (_flash_fwd, _flash_bwd) for n in dir(m) if n.endswith("_tuned")]
+    assert len(tuned) == 7
+    assert all(t._bench.__name__ == "bench_or_skip" for t in tuned)
