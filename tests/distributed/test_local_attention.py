@@ -9,7 +9,10 @@ from flashtrain.distributed.local_attention import (
     _route,
     dropout_keep_mask,
     local_backward,
+    local_backward_accumulate,
     local_forward,
+    local_forward_merge,
+    merge_partial_,
 )
 from kernels.reference import attention_reference, dropout_mask
 
@@ -234,3 +237,48 @@ def test_triton_dropout_with_documents_runs_through_varlen_at_batch_1(q_runs, k_
     assert _route("triton", torch.empty(1, m, 4, 16), mask, causal, window) == "varlen"
     assert _route("triton", torch.empty(2, m, 4, 16), mask, causal, window) == "reference"
     _check_against_reference(mask, causal, window, m, sum(n for _, n in k_runs), seed=3, batch=1)
+
+
+def _route_cases():
+    """(name, mask, causal, window, q_runs, k_runs, batch, backend): one call per route of the ring."""
+    gen = torch.Generator().manual_seed(3)
+    layout = torch.rand(1, 8, 8, generator=gen) < 0.5
+    dense_runs = (((40, 24),), ((16, 32),))
+    return [
+        ("dense", None, False, (6, -2), *dense_runs, 2, "triton"),
+        ("dense-dropout", _masked_call(*dense_runs, dropout_p=0.25), True, None, *dense_runs, 2, "triton"),
+        ("varlen", _masked_call(*_DOC_CALLS[4][:2], docs=_DOCS), False, None, *_DOC_CALLS[4][:2], 2, "triton"),
+        ("block_sparse", _masked_call(*_BLOCK_CALLS[2][:2], layout=layout, block_size=16), False, None,
+         *_BLOCK_CALLS[2][:2], 2, "triton"),
+        ("reference", None, True, (3, None), *dense_runs, 2, "reference"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", _route_cases(), ids=lambda c: c[0])
+def test_in_place_step_updates_equal_the_call_then_merge_or_add(case):
+    """local_forward_merge / local_backward_accumulate (the ring's per-step updates, fused into the
+    kernels on the dense route) equal local_forward + merge_partial_ / local_backward + add on every
+    route, starting from accumulators that already hold other keys."""
+    name, mask, causal, window, q_runs, k_runs, batch, backend = case
+    m, n = sum(r[1] for r in q_runs), sum(r[1] for r in k_runs)
+    q, k, v, dout = (t.to(_DEV) for t in _qkv(m, n, 4, 2, dtype=torch.float32, seed=4, batch=batch))
+    kw = dict(causal=causal, softmax_scale=0.25, window=window, mask=mask, backend=backend)
+    assert _route(backend, q, mask, causal, window) == name.split("-")[0]
+    gen = torch.Generator().manual_seed(5)
+    out0 = torch.randn(q.shape, generator=gen).to(_DEV)
+    lse0 = torch.randn(batch, 4, m, generator=gen).to(_DEV)
+    lse0[:, :, :3] = float("-inf")  # rows nothing has reached yet
+
+    want_out, want_lse = out0.clone(), lse0.clone()
+    merge_partial_(want_out, want_lse, *local_forward(q, k, v, **kw))
+    got_out, got_lse = out0.clone(), lse0.clone()
+    local_forward_merge(got_out, got_lse, q, k, v, **kw)
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_lse, want_lse, rtol=1e-5, atol=1e-5)
+
+    out, lse = local_forward(q, k, v, **kw)  # the backward's global (out, lse): this call alone here
+    start = [torch.randn(t.shape, generator=gen).to(_DEV) for t in (q, k, v)]
+    got = [s.clone() for s in start]
+    local_backward_accumulate(tuple(got), dout, q, k, v, out, lse, **kw)
+    for g, s, want in zip(got, start, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
+        torch.testing.assert_close(g, s + want, rtol=1e-5, atol=1e-5)
