@@ -369,9 +369,12 @@ def _prune_dq(configs, named_args, **kwargs):
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 
+# ACCUMULATE adds into the gradient buffers, so the autotuner's trial runs put them back (a copy made
+# only while tuning a key; ACCUMULATE is part of the key)
 _bwd_dkdv_tuned = autotune(
-    _bwd_dkdv, configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv}
-)
+    _bwd_dkdv, configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv},
+    restore_value=["DK", "DV"],
+)  # fmt: skip
 # the atomic variant accumulates into DQ, so the autotuner must zero it before each timed run
 _bwd_dkdv_atomic_tuned = autotune(
     _bwd_dkdv,
@@ -381,14 +384,6 @@ _bwd_dkdv_atomic_tuned = autotune(
     reset_to_zero=["DQ"],
 )
 _bwd_dq_tuned = autotune(
-    _bwd_dq, configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq}
-)
-# ACCUMULATE adds into the gradient buffers, so the autotuner's trial runs must put them back
-_bwd_dkdv_acc_tuned = autotune(
-    _bwd_dkdv, configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv},
-    restore_value=["DK", "DV"],
-)  # fmt: skip
-_bwd_dq_acc_tuned = autotune(
     _bwd_dq, configs=_DQ_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dq},
     restore_value=["DQ"],
 )  # fmt: skip
@@ -472,10 +467,7 @@ def flash_attn_backward(
     )  # fmt: skip
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = (dq_acc4.stride(0), dq_acc4.stride(1), dq_acc4.stride(2)) if atomic_dq else (0, 0, 0)
-    dkdv_kernel = (
-        _bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_acc_tuned if accumulate else _bwd_dkdv_tuned
-    )
-    dkdv_kernel[grid_kv](
+    (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
         q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides,
@@ -487,7 +479,7 @@ def flash_attn_backward(
             return dq, dk[0], dv[0]
         return dq, dk, dv
     grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
-    (_bwd_dq_acc_tuned if accumulate else _bwd_dq_tuned)[grid_q](
+    _bwd_dq_tuned[grid_q](
         q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do, dq.stride(0), dq.stride(1), dq.stride(2),
         stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, **meta,

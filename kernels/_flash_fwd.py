@@ -263,11 +263,9 @@ _TUNE_KEY = [
     "MERGE",  # forward only
     "ACCUMULATE",  # backward only
 ]
+# MERGE updates O and LSE in place, so the autotuner's trial runs put them back (a copy made only
+# while tuning a key; MERGE is part of the key)
 _attn_fwd_tuned = autotune(
-    _attn_fwd, configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd}
-)
-# MERGE updates O and LSE in place, so the autotuner's trial runs must put them back
-_attn_fwd_merge_tuned = autotune(
     _attn_fwd, configs=fwd_configs(), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_fwd},
     restore_value=["O", "LSE"],
 )  # fmt: skip
@@ -330,8 +328,9 @@ def flash_attn_forward(
         q4, k4, v4 = q, k, v
         batch, seqlen_q = q.shape[0], q.shape[1]
         seqlen_k = k.shape[1]
-        lse = torch.empty(batch, q.shape[2], seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, Sq)
-        if merge_into is not None:
+        if merge_into is None:
+            lse = torch.empty(batch, q.shape[2], seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, Sq)
+        else:
             lse = lse_acc
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
     nheads, headdim = q4.shape[2], q4.shape[3]
@@ -339,8 +338,7 @@ def flash_attn_forward(
     o4 = out[None].expand(batch, -1, -1, -1) if varlen else out
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
-    kernel = _attn_fwd_tuned if merge_into is None else _attn_fwd_merge_tuned
-    kernel[grid](
+    _attn_fwd_tuned[grid](
         q4, k4, v4, o4, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         q4.stride(0), q4.stride(1), q4.stride(2),
         k4.stride(0), k4.stride(1), k4.stride(2),

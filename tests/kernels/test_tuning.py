@@ -87,5 +87,5 @@ def test_every_flash_autotuner_skips_configs_that_fail_to_compile():
     from kernels import _flash_bwd, _flash_fwd
 
     tuned = [getattr(m, n) for m in (_flash_fwd, _flash_bwd) for n in dir(m) if n.endswith("_tuned")]
-    assert len(tuned) == 7
+    assert len(tuned) == 4  # forward, dk/dv, dk/dv with atomic dq, dq
     assert all(t._bench.__name__ == "bench_or_skip" for t in tuned)
