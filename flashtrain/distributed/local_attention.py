@@ -438,35 +438,42 @@ def merge_partial_(
     lse.copy_(new)
 
 
+def _dense_kernel_args(backend: str, q, mask, causal: bool, softmax_scale: float, window) -> dict | None:
+    """The FlashAttention launchers' options when the call takes the dense Triton route, else None."""
+    if _route(backend, q, mask, causal, window) != "dense":
+        return None
+    return _kernel_kwargs(causal, softmax_scale, window, mask, varlen=False)
+
+
 def local_forward_merge(
-    out_acc: torch.Tensor, lse_acc: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw
-) -> None:
+    out_acc: torch.Tensor, lse_acc: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+    causal: bool, softmax_scale: float, window, mask: PositionMask | None = None, backend: str = "auto",
+) -> None:  # fmt: skip
     """local_forward of one call merged in place into the fp32 running (out_acc, lse_acc) of its query
     rows. The dense Triton route merges inside the kernel's epilogue (the step's output never reaches
     memory); the other routes merge the returned (out, lse) in torch."""
-    if out_acc.dtype == torch.float32 and _route(kw.get("backend", "auto"), q, kw.get("mask"), kw["causal"],
-                                                 kw["window"]) == "dense":  # fmt: skip
-        from kernels._flash_fwd import flash_attn_forward
-
-        args = _kernel_kwargs(kw["causal"], kw["softmax_scale"], kw["window"], kw.get("mask"), varlen=False)
-        flash_attn_forward(q, k, v, merge_into=(out_acc, lse_acc), **args)
+    kw = dict(causal=causal, softmax_scale=softmax_scale, window=window, mask=mask, backend=backend)
+    args = _dense_kernel_args(backend, q, mask, causal, softmax_scale, window)
+    if args is None or out_acc.dtype != torch.float32:
+        merge_partial_(out_acc, lse_acc, *local_forward(q, k, v, **kw))
         return
-    merge_partial_(out_acc, lse_acc, *local_forward(q, k, v, **kw))
+    from kernels._flash_fwd import flash_attn_forward
+
+    flash_attn_forward(q, k, v, merge_into=(out_acc, lse_acc), **args)
 
 
 def local_backward_accumulate(
-    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dout, q, k, v, out, lse, **kw
-) -> None:
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dout, q, k, v, out, lse, *,
+    causal: bool, softmax_scale: float, window, mask: PositionMask | None = None, backend: str = "auto",
+) -> None:  # fmt: skip
     """local_backward of one call added in place to fp32 gradient buffers (dq, dk, dv) shaped like
     q, k, v. The dense Triton route adds inside the kernels' epilogues; the others add in torch."""
-    if (
-        all(g.dtype == torch.float32 for g in grads)
-        and _route(kw.get("backend", "auto"), q, kw.get("mask"), kw["causal"], kw["window"]) == "dense"
-    ):
-        from kernels._flash_bwd import flash_attn_backward
-
-        args = _kernel_kwargs(kw["causal"], kw["softmax_scale"], kw["window"], kw.get("mask"), varlen=False)
-        flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), grads_into=grads, **args)
+    kw = dict(causal=causal, softmax_scale=softmax_scale, window=window, mask=mask, backend=backend)
+    args = _dense_kernel_args(backend, q, mask, causal, softmax_scale, window)
+    if args is None or any(g.dtype != torch.float32 for g in grads):
+        for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
+            acc.add_(g)
         return
-    for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
-        acc.add_(g)
+    from kernels._flash_bwd import flash_attn_backward
+
+    flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), grads_into=grads, **args)

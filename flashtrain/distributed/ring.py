@@ -109,6 +109,11 @@ def _wait(works: list) -> None:
         w.wait()
 
 
+def _positions(spec: RingSpec, segments, device) -> torch.Tensor | None:
+    """Global positions of a shard's rows, or None when the ring has no mask over positions."""
+    return segments_positions(segments, device) if spec.needs_positions else None
+
+
 def _call_kwargs(spec: RingSpec, call: LocalCall, q_pos, k_pos, q_segs, k_segs) -> dict:
     """The local call's options; q_pos/k_pos (global positions of the shards) are None, and not
     needed, when the ring has no mask over positions."""
@@ -136,7 +141,7 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     batch, n, nheads, _ = q.shape
     out = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     lse = torch.full((batch, nheads, n), float("-inf"), dtype=acc_dtype, device=q.device)
-    q_pos = segments_positions(plan.segments[rank], q.device) if spec.needs_positions else None
+    q_pos = _positions(spec, plan.segments[rank], q.device)
     kv = torch.stack([k, v])  # (2, B, n, Hkv, D): K and V travel as one message; only K/V heads travel
     kv_shape = kv.shape
     for t in range(size):
@@ -149,11 +154,7 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
             nxt = torch.empty(kv_shape, dtype=k.dtype, device=k.device)  # we may hold nothing this step
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         works = _post(ops, spec.group)  # next step's K/V move while this step computes
-        k_pos = (
-            segments_positions(plan.segments[src], q.device)
-            if plan.calls[src] and q_pos is not None
-            else None
-        )
+        k_pos = _positions(spec, plan.segments[src], q.device) if plan.calls[src] else None
         for call in plan.calls[src]:
             local_forward_merge(
                 narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
@@ -172,7 +173,7 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
     nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
-    q_pos = segments_positions(plan.segments[rank], q.device) if spec.needs_positions else None
+    q_pos = _positions(spec, plan.segments[rank], q.device)
     kv = torch.stack([k, v])  # (2, B, n, Hkv, D)
     acc_shape = kv.shape
     acc_in = own = home = None
@@ -190,7 +191,7 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
 
         partial = None
         if plan.calls[src]:
-            k_pos = segments_positions(plan.segments[src], q.device) if q_pos is not None else None
+            k_pos = _positions(spec, plan.segments[src], q.device)
             partial = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
             for call in plan.calls[src]:
                 grads = (narrow_rows(dq, call.q_rows), narrow_rows(partial[0], call.k_rows),
