@@ -118,19 +118,17 @@ class Strategy:
         """What a non-finite gradient norm reports, from this rank's gradients: the parameters whose
         gradient holds inf or NaN, or, when none does (the norm itself overflowed), the largest
         gradients. DeepSpeed keeps its own gradient buffers, so nothing is found there."""
-        bad, largest = [], []
-        for name, p in self.model.named_parameters():
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP: this rank's shard
-            if grad is None or grad.numel() == 0:
-                continue
-            if not bool(torch.isfinite(grad).all()):  # host-device sync, on the failure path only
-                bad.append(name)
-            else:
-                largest.append((grad.abs().max().item(), name))
+        local = ((n, p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)  # FSDP: this rank's shard
+                 for n, p in self.model.named_parameters() if p.grad is not None)  # fmt: skip
+        named = [(n, g) for n, g in local if g.numel()]
+        if not named:
+            return "no gradient on this rank"
+        # one host-device sync: |grad|.max() is inf or NaN exactly when the gradient holds one
+        peaks = torch.stack([g.detach().abs().amax().float() for _, g in named]).tolist()
+        bad = [n for (n, _), v in zip(named, peaks, strict=True) if not math.isfinite(v)]
+        largest = [(v, n) for (n, _), v in zip(named, peaks, strict=True) if math.isfinite(v)]
         if bad:
             return f"non-finite gradients in {', '.join(bad[:limit])}" + (" ..." if len(bad) > limit else "")
-        if not largest:
-            return "no gradient on this rank"
         top = sorted(largest, reverse=True)[:limit]
         return "no inf/NaN gradient; largest |gradient|: " + ", ".join(f"{n} {v:.3g}" for v, n in top)
 
