@@ -5,14 +5,8 @@
 # in what time is left. One warm-up step (autotuning) and STEPS timed steps per run. Everything lands in
 # $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_long_context.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
-R=/tmp/flashtrain-results
-mkdir -p "$OUT" "$R"
-pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
-trap pack EXIT
-quiet() { grep -v -e Warning -e warn -e USDT; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > "$R/machine.txt" 2>&1
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
 STEPS=${STEPS:-2}
 long() { python benchmarks/bench_long_context.py --steps "$STEPS" --warmup 1 "$@" 2>&1 | quiet; }
 

@@ -3,16 +3,9 @@
 # DeepSpeed ZeRO-2) and the ring/Ulysses/hybrid/context-parallel benchmark on 4 GPUs, each with profile
 # tables of where a step's time goes. Everything lands in $OUT/results.tgz (one file: $OUT brings back few).
 #   source .whl/install.sh && bash benchmarks/run_gpu_x4.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
-R=/tmp/flashtrain-results
-mkdir -p "$OUT" "$R"
-pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
-trap pack EXIT
+source "$(dirname "$0")/gpu_call.sh"
 NGPU=$(nvidia-smi -L | wc -l)
-quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*' -e USDT; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
+machine_info
 
 if [ "${SKIP_SCALING:-0}" != 1 ]; then
   timeout "${SCALING_S:-330}" python benchmarks/bench_scaling.py --gpus 1 2 "$NGPU" --fit-models --timeout 150 \

@@ -4,13 +4,7 @@
 # and activation checkpointing, the ring alone against the one-GPU kernel, sp=2 without checkpointing); the grouped dropout kernels
 # on GPU 2 (GPU test, cost against SDPA); one GPU at 524k tokens on GPU 3. Results in $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_x4_diag.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
-R=/tmp/flashtrain-results
-rm -rf "$R"; mkdir -p "$OUT" "$R"
-pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
-trap pack EXIT
-quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*' -e USDT; }
+source "$(dirname "$0")/gpu_call.sh"
 T=${T_S:-150}  # every branch stops by then; the device call gets a little more
 long2() { python benchmarks/bench_long_context.py --gpus 2 --contexts 65536 --steps 1 --warmup 1 --timeout 55 "$@" 2>&1 | quiet; }
 report() { python -c "import json,sys; [print(sys.argv[1], r.get('status'), r.get('step_ms'), (r.get('error') or '')[-600:]) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }

@@ -8,16 +8,9 @@
 #  L. (between A and B) the ring at 262k tokens against fp32, and sp=2 training at 64k / 262k tokens.
 # Everything lands in $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_x4_verify.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
-R=/tmp/flashtrain-results
-rm -rf "$R"; mkdir -p "$OUT" "$R"
-pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
-trap pack EXIT
+source "$(dirname "$0")/gpu_call.sh"
 NGPU=$(nvidia-smi -L | wc -l)
-quiet() { grep -v -e Warning -e warn -e '^W1' -e '\*\*\*\*' -e USDT; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
+machine_info
 
 A=${PHASE_A_S:-130}
 CUDA_VISIBLE_DEVICES=0 timeout "$A" python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1 &
