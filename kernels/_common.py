@@ -6,7 +6,8 @@ generator), and input checks that raise one ValueError saying what to change: ch
 check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
 unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
 visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
-from global positions). Nothing here knows the tile sizes or a kernel's argument list.
+from global positions) and dropout_keep_tile (the same for a tile, one Philox call per four columns).
+Nothing here knows the tile sizes or a kernel's argument list.
 """
 
 from __future__ import annotations
@@ -246,17 +247,68 @@ def visible_range(
 
 
 @triton.jit
-def dropout_keep(seed, row_ids, col_ids, dropout_p):
-    """Keep-mask from Triton's Philox (4x32, 10 rounds) keyed by the seed, counter (column, row id).
+def _philox_block(seed, groups, rows):
+    """Philox4x32-10 keyed by the seed with counter (group, low and high words of the int64 row id, 0).
 
-    row_ids: int64 row id (the dense kernels: (batch * nheads + head) * seqlen_q + query, i.e. the lse
-    index; callers may offset it to global coordinates), col_ids: key index; broadcastable to the tile.
-    The row id fills two 32-bit counter words, so 32-bit Philox covers any length without 64-bit
-    multiplies. `kernels.reference.dropout_keep_reference` is the same function in torch, bit for bit.
+    groups: uint32, rows: int64, broadcastable; returns the four uint32 words at their common shape. The
+    row id fills two 32-bit counter words, so 32-bit Philox covers any length without 64-bit multiplies.
     """
-    rows = row_ids.to(tl.int64)
     row_lo = (rows & 0xFFFFFFFF).to(tl.uint32)
     row_hi = (rows >> 32).to(tl.uint32)
-    cols = col_ids.to(tl.uint32) + row_lo * 0  # the tile's full shape
-    bits, _, _, _ = tl.philox(seed, cols, row_lo, row_hi, 0)
+    c0 = groups + row_lo * 0  # the full shape
+    zero = c0 * 0
+    return tl.philox(seed, c0, row_lo + zero, row_hi + zero, zero)
+
+
+@triton.jit
+def _uniform_keep(bits, dropout_p):
     return tl.uint_to_uniform_float(bits) >= dropout_p
+
+
+@triton.jit
+def dropout_keep(seed, row_ids, col_ids, dropout_p):
+    """Keep-mask of entries (row id, column), any broadcastable shapes: the definition of our dropout.
+
+    Column c takes word c % 4 of the Philox4x32-10 block with counter (c // 4, row id), so one Philox
+    call serves four columns (`dropout_keep_tile` draws a tile that way); the word becomes a float in
+    [0, 1) as `tl.uint_to_uniform_float` does, kept when >= dropout_p. row_ids: int64 (dense kernels:
+    (batch * nheads + head) * seqlen_q + query, the lse index; callers may offset it to global
+    coordinates); col_ids: key index >= 0. `kernels.reference.dropout_keep_reference` is this in torch.
+    """
+    rows = row_ids.to(tl.int64)
+    cols = col_ids.to(tl.int64)
+    w0, w1, w2, w3 = _philox_block(seed, (cols // 4).to(tl.uint32), rows)
+    word = (cols % 4) + rows * 0
+    bits = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
+    return _uniform_keep(bits, dropout_p)
+
+
+@triton.jit
+def _words_to_columns(w0, w1, w2, w3, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(ROWS, COLS // 4) words of consecutive groups -> (ROWS, COLS) with [:, 4k + w] = word w of group k."""
+    return tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (ROWS, COLS))
+
+
+@triton.jit
+def dropout_keep_tile(seed, row_ids, col0, dropout_p, BN: tl.constexpr):
+    """`dropout_keep` of the (BM, BN) tile of rows row_ids ((BM,) int64) and columns col0 .. col0 + BN - 1.
+
+    One Philox call per four columns. Keys are numbered by global or packed position, so a tile need not
+    start at a multiple of 4: then its columns are entries shift .. shift + BN - 1 of the tile's groups
+    plus the next group (shift = col0 % 4), picked with `tl.gather`.
+    """
+    BM: tl.constexpr = row_ids.shape[0]
+    rows = row_ids.to(tl.int64)[:, None]
+    col0 = col0.to(tl.int64)
+    g0 = col0 // 4
+    shift = (col0 - g0 * 4).to(tl.int32)
+    w0, w1, w2, w3 = _philox_block(seed, (g0 + tl.arange(0, BN // 4)[None, :]).to(tl.uint32), rows)
+    bits = _words_to_columns(w0, w1, w2, w3, BM, BN)
+    if shift != 0:
+        e0, e1, e2, e3 = _philox_block(seed, (g0 + BN // 4).to(tl.uint32), rows)  # the group after: (BM, 1)
+        extra = _words_to_columns(e0, e1, e2, e3, BM, 4)
+        entry = shift + tl.arange(0, BN)[None, :] + (rows * 0).to(tl.int32)
+        head = tl.gather(bits, tl.minimum(entry, BN - 1), 1)
+        tail = tl.gather(extra, tl.maximum(entry - BN, 0), 1)
+        bits = tl.where(entry < BN, head, tail)
+    return _uniform_keep(bits, dropout_p)

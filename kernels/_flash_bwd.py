@@ -13,7 +13,7 @@ from ._common import (
     INTERPRET,
     autotune,
     dot_precision,
-    dropout_keep,
+    dropout_keep_tile,
     load_tile,
     padded_head_dim,
     store_or_add_tile,
@@ -59,13 +59,15 @@ def _bwd_preprocess(
 def _bwd_dkdv_inner(
     dk, dv, k, v, kpm,
     Q, DO, LSE, DELTA, DQ, stride_qm, stride_dom, stride_dqm, lse_off,
-    offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, drop_col0,
+    offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate dk, dv of one key tile over query tiles [lo, hi), working transposed (keys x queries)."""
+    """Accumulate dk, dv of one key tile over query tiles [lo, hi), working transposed (keys x queries).
+
+    key0: the dropout column of the tile's first key."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
@@ -94,7 +96,8 @@ def _bwd_dkdv_inner(
                        HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         if DROPOUT:
             rows = rng_off + offs_m.to(tl.int64)
-            keepT = dropout_keep(seed, rows[None, :], drop_col0 + offs_n[:, None], dropout_p)
+            # drawn as the forward's (queries, keys) tile, then transposed
+            keepT = tl.trans(dropout_keep_tile(seed, rows, key0, dropout_p, offs_n.shape[0]))
             inv_keep = 1.0 / (1.0 - dropout_p)
             pdT = tl.where(keepT, pT * inv_keep, 0.0)
         else:
@@ -153,7 +156,7 @@ def _bwd_dkdv(
         k_start = 0
     if pid_n * BLOCK_N >= seqlen_k:
         return
-    rng_col0 = drop_col0 + k_start  # varlen: keys are numbered by their packed index
+    key0 = drop_col0 + k_start + pid_n * BLOCK_N  # varlen: keys are numbered by their packed index
     off_b64 = off_b.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -193,17 +196,17 @@ def _bwd_dkdv(
             dq_base = DQ
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
             lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
             full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
-            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, rng_col0,
+            offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
             full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
         )  # fmt: skip
     dk = dk * sm_scale
@@ -244,7 +247,7 @@ def _bwd_dq_inner(
         p = tl.math.exp2(qk - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         if DROPOUT:
-            keep_d = dropout_keep(seed, rng_rows[:, None], drop_col0 + offs_n[None, :], dropout_p)
+            keep_d = dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N)
             dp = tl.where(keep_d, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
@@ -353,7 +356,17 @@ _DQ_CONFIGS = _configs(
 
 
 def _prune_dkdv(configs, named_args, **kwargs):
+    if {**named_args, **kwargs}["DROPOUT"]:
+        configs = [c for c in configs if not _fails_to_compile_with_dropout(c)]
     return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", 2, **kwargs)
+
+
+def _fails_to_compile_with_dropout(c: triton.Config) -> bool:
+    """dk/dv tile 32x64, 8 warps, 2 stages, with the grouped dropout draw: Triton 3.6's
+    TritonGPUOptimizeThreadLocality pass fails ("PassManager::run failed") on an H200 at d64
+    (benchmarks/results/dropout_config_scan_grouped_d64_h200.json); a compile error the autotuner
+    does not catch, so the config must never reach it."""
+    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == (32, 64, 8, 2)
 
 
 def _faults_with_dropout(c: triton.Config) -> bool:

@@ -16,7 +16,7 @@ from ._common import (
     INTERPRET,
     autotune,
     dot_precision,
-    dropout_keep,
+    dropout_keep_tile,
     load_tile,
     next_power_of_2,
     padded_head_dim,
@@ -65,9 +65,7 @@ def _fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
-            p = tl.where(
-                dropout_keep(seed, rng_rows[:, None], drop_col0 + offs_n[None, :], dropout_p), p, 0.0
-            )
+            p = tl.where(dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N), p, 0.0)
         v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         acc = acc * alpha[:, None]

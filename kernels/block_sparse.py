@@ -35,7 +35,7 @@ from kernels._common import (
     check_heads,
     dot_precision,
     draw_seed,
-    dropout_keep,
+    dropout_keep_tile,
     load_tile,
     padded_head_dim,
     store_tile,
@@ -89,7 +89,7 @@ def _fwd_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
-            p = tl.where(dropout_keep(seed, rows[:, None], offs_n[None, :], dropout_p), p, 0.0)
+            p = tl.where(dropout_keep_tile(seed, rows, start_n, dropout_p, offs_n0.shape[0]), p, 0.0)
         v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
                   MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
@@ -189,7 +189,7 @@ def _dq_tiles(
         if DROPOUT:
             # dO reaches P only through the kept, rescaled entries; delta = rowsum(dO * O) already
             # describes the dropped output, so dS = P * (dP_dropped - delta) is exact
-            keep = dropout_keep(seed, rows[:, None], offs_n[None, :], dropout_p)
+            keep = dropout_keep_tile(seed, rows, start_n, dropout_p, offs_n0.shape[0])
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
@@ -255,7 +255,7 @@ def _bs_bwd_dq_kernel(
 
 @triton.jit
 def _dkdv_tiles(
-    dk, dv, k, v, Q, DO, LSE, DELTA, IDX, count, row0,
+    dk, dv, k, v, Q, DO, LSE, DELTA, IDX, count, row0, key0,
     offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale, dropout_p, seed,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -286,7 +286,7 @@ def _dkdv_tiles(
         p_t = tl.math.exp2(qk_t - lse2[None, :])
         if DROPOUT:
             # the forward's mask, regenerated transposed (keys x queries) from the same global ids
-            keep_t = dropout_keep(seed, row0 + offs_m[None, :], offs_n[:, None], dropout_p)
+            keep_t = tl.trans(dropout_keep_tile(seed, row0 + offs_m, key0, dropout_p, offs_n.shape[0]))
             inv_keep = 1.0 / (1.0 - dropout_p)
             pd_t = tl.where(keep_t, p_t * inv_keep, 0.0)
         else:
@@ -345,13 +345,13 @@ def _bs_bwd_dkdv_kernel(
         lists = lay_h * n_col_tiles + pid_n
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
-            FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists), row0,
+            FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists), row0, pid_n * BLOCK_N,
             offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale,
             dropout_p, seed, BLOCK_M, False, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
-            PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists), row0,
+            PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists), row0, pid_n * BLOCK_N,
             offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale,
             dropout_p, seed, BLOCK_M, True, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
         )  # fmt: skip

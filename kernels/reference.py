@@ -37,7 +37,7 @@ def _umulhi32(c: int, x: torch.Tensor) -> torch.Tensor:
 def _philox4x32(
     seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor
 ) -> torch.Tensor:
-    """First output word of Philox4x32-10 as Triton's `tl.philox` computes it (int64 holding uint32)."""
+    """The four output words of Philox4x32-10 as Triton's `tl.philox` computes them (int64 holding uint32)."""
     k0, k1 = int(seed) & _M32, (int(seed) >> 32) & _M32
     a, b = 0xD2511F53, 0xCD9E8D57  # Philox's round multipliers
     for _ in range(10):
@@ -48,7 +48,7 @@ def _philox4x32(
             _mul32(c0, a),
         )
         k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32  # the key schedule
-    return c0
+    return c0, c1, c2, c3
 
 
 def dropout_keep_reference(
@@ -57,14 +57,16 @@ def dropout_keep_reference(
     """The kernels' dropout keep-mask (`kernels._common.dropout_keep`) in torch, bit for bit.
 
     row_ids, col_ids: integer tensors that broadcast together (row ids as the kernels number them:
-    (batch * nheads + head) * seqlen_q + query for dense attention). Triton's Philox4x32-10 keyed by the
-    seed, with counter (column, low and high words of the row id, 0); its first word becomes a float in
-    [0, 1) as `tl.uint_to_uniform_float` does, and the entry is kept when that is >= dropout_p.
+    (batch * nheads + head) * seqlen_q + query for dense attention). Column c takes word c % 4 of
+    Triton's Philox4x32-10 keyed by the seed with counter (c // 4, low and high words of the row id, 0);
+    that word becomes a float in [0, 1) as `tl.uint_to_uniform_float` does, and the entry is kept when
+    that is >= dropout_p.
     """
     rows = row_ids.to(torch.int64)
-    cols = col_ids.to(torch.int64) & _M32
+    cols = col_ids.to(torch.int64)
     row_lo, row_hi, cols = torch.broadcast_tensors(rows & _M32, (rows >> 32) & _M32, cols)
-    bits = _philox4x32(seed, cols, row_lo, row_hi, torch.zeros_like(cols))
+    words = _philox4x32(seed, (cols >> 2) & _M32, row_lo, row_hi, torch.zeros_like(cols))
+    bits = torch.stack(words, dim=-1).gather(-1, (cols & 3).unsqueeze(-1)).squeeze(-1)
     signed = torch.where(bits >= 2**31, bits - 2**32, bits)  # the int32 bitcast
     signed = torch.where(signed < 0, -signed - 1, signed)
     scale = torch.tensor(4.6566127342e-10, dtype=torch.float32, device=bits.device)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from kernels import flash_attention, flash_attention_varlen
-from kernels._common import draw_seed, dropout_keep
+from kernels._common import draw_seed, dropout_keep, dropout_keep_tile
 from kernels._flash_bwd import flash_attn_backward
 from kernels._flash_fwd import flash_attn_forward
 from kernels.flash_attention import dropout_mask
@@ -23,14 +23,18 @@ F16, F32 = torch.float16, torch.float32
 
 
 @triton.jit
-def _keep_kernel(out_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: tl.constexpr):
+def _keep_kernel(out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: tl.constexpr):
+    """Both draws of one tile: entry by entry (the definition) and as the kernels draw it (4 columns a call)."""
     rows = row0 + tl.arange(0, block_m).to(tl.int64)
     offs_n = tl.arange(0, block_n)
+    offs = tl.arange(0, block_m)[:, None] * block_n + offs_n[None, :]
     keep = dropout_keep(seed, rows[:, None], col0 + offs_n[None, :], p)
-    tl.store(out_ptr + tl.arange(0, block_m)[:, None] * block_n + offs_n[None, :], keep.to(tl.int8))
+    tl.store(out_ptr + offs, keep.to(tl.int8))
+    tl.store(tile_ptr + offs, dropout_keep_tile(seed, rows, col0, p, block_n).to(tl.int8))
 
 
-# seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton) and past 2^32, row ids past 2^32
+# seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton) and past 2^32, row ids past 2^32,
+# tiles starting at every column offset mod 4 (a tile then straddles four-column groups), columns past 2^32
 @pytest.mark.parametrize(
     "seed,row0,col0,p",
     [
@@ -39,14 +43,17 @@ def _keep_kernel(out_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: t
         (123456789, 5_000_000_000, 1 << 20, 0.5),
         (2**31 - 2, 2**40 + 7, 3, 0.1),
         (2**40 + 3, 99, 0, 0.5),  # a seed with a high word: both key words
+        (77, 3, 1022, 0.5),
+        (78, 2**32 - 1, 2**34 + 1, 0.2),
     ],
 )
 def test_kernel_philox_is_the_torch_philox_bit_for_bit(seed, row0, col0, p, device):
-    out = torch.empty(32, 64, dtype=torch.int8, device=device)
-    _keep_kernel[(1,)](out, seed, row0, col0, p, block_m=32, block_n=64)
+    out, tile = (torch.empty(32, 64, dtype=torch.int8, device=device) for _ in range(2))
+    _keep_kernel[(1,)](out, tile, seed, row0, col0, p, block_m=32, block_n=64)
     rows = torch.arange(row0, row0 + 32, device=device)[:, None]
     want = dropout_keep_reference(seed, rows, torch.arange(col0, col0 + 64, device=device), p)
     assert torch.equal(out.bool(), want)
+    assert torch.equal(tile.bool(), want)
 
 
 def test_mask_has_no_visible_structure():

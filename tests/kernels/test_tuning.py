@@ -89,3 +89,17 @@ def test_every_flash_autotuner_skips_configs_that_fail_to_compile():
     tuned = [getattr(m, n) for m in (_flash_fwd, _flash_bwd) for n in dir(m) if n.endswith("_tuned")]
     assert len(tuned) == 4  # forward, dk/dv, dk/dv with atomic dq, dq
     assert all(t._bench.__name__ == "bench_or_skip" for t in tuned)
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_dkdv_drops_the_config_that_fails_to_compile_with_dropout(dropout):
+    """dk/dv 32x64 w8 s2 failed Triton's compile (ThreadLocality pass) on an H200 with the grouped
+    dropout draw (and only with dropout)."""
+    from kernels._flash_bwd import _prune_dkdv
+
+    failing = _config(32, 64, 8, 2)
+    configs = [failing, _config(64, 128, 8, 3), _config(64, 64, 4, 3)]
+    args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=64, DOT_PREC="tf32", DROPOUT=dropout)
+    kept = _prune_dkdv(configs, args)
+    assert (failing in kept) is not dropout
+    assert len(kept) >= 2
