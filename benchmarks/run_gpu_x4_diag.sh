@@ -1,31 +1,44 @@
 #!/usr/bin/env bash
-# One short call on nvidia-h200-x4: why sequence-parallel training at 64k tokens stops on an infinite
-# gradient norm (GPUs 0,1: sp=2 training with the ring
-# and activation checkpointing, the ring alone against the one-GPU kernel, sp=2 without checkpointing); the grouped dropout kernels
-# on GPU 2 (GPU test, cost against SDPA); one GPU at 524k tokens on GPU 3. Results in $OUT/results.tgz.
+# One call on nvidia-h200-x4 that checks the fix of the sequence-parallel checkpointing bug and trains
+# long contexts. Phase 1, side by side: GPUs 0,1: the gradients of one sp=2 step (ring, GPT-2 small,
+# rotary, activation checkpointing, chunked loss)
+# at 64k tokens
+# against one GPU (`check_sp_gradients.py`), then sp=2 training at 64k-262k tokens; GPU 2: the fused ring-step kernel
+# tests; GPU 3: the ring's local-attention routes on CUDA. Phase 2: sp=4 training at 524k and 1M tokens.
+# Results in $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_x4_diag.sh
 source "$(dirname "$0")/gpu_call.sh"
-T=${T_S:-150}  # every branch stops by then; the device call gets a little more
-long2() { python benchmarks/bench_long_context.py --gpus 2 --contexts 65536 --steps 1 --warmup 1 --timeout 55 "$@" 2>&1 | quiet; }
-report() { python -c "import json,sys; [print(sys.argv[1], r.get('status'), r.get('step_ms'), (r.get('error') or '')[-600:]) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }
+P1=${PHASE1_S:-230}
+P2=${PHASE2_S:-300}
+machine_info
+grads() {  # grads SEQLEN OUT [override...]
+  local n=$1 out=$2; shift 2
+  timeout 100 torchrun --standalone --nproc-per-node 2 benchmarks/check_sp_gradients.py --out "$out" \
+    --variants sp,sp_no_ac \
+    --override model=gpt2_small --override model.vocab_size=50304 --override model.attention=triton \
+    --override model.pos_embedding=rotary --override model.loss_chunk=8192 --override model.dropout=0.0 \
+    --override model.max_seq_len=$n --override trainer.seq_len=$n --override trainer.batch_size=1 \
+    --override trainer.activation_checkpointing=true --override parallel=ddp --override parallel.sp=2 \
+    --override data.max_documents=null --override trainer.eval_interval=0 --override logger.kind=none \
+    --override trainer.out_dir=/tmp/spg$n --override data.cache_dir=/tmp/spg$n/cache "$@" 2>&1 | quiet
+}
+long() { python benchmarks/bench_long_context.py --steps 1 --warmup 1 "$@" 2>&1 | quiet; }
 (
   export CUDA_VISIBLE_DEVICES=0,1
-  long2 --run-root /tmp/l1 --out "$R/sp2_ring_ac.json" > "$R/sp2_ring_ac.log"; report "$R/sp2_ring_ac.json"
-  timeout 45 torchrun --standalone --nproc-per-node 2 benchmarks/check_ring_precision.py --seqlen 65536 --nheads 12 \
-    --nheads-kv 12 --headdim 64 --reference kernel --out "$R/ring_precision_64k_x2.json" 2>&1 | quiet | grep -v Traceback
-  long2 --run-root /tmp/l2 --override trainer.activation_checkpointing=false --out "$R/sp2_ring_noac.json" \
-    > "$R/sp2_ring_noac.log"; report "$R/sp2_ring_noac.json"
-) > "$R/diag.log" 2>&1 &
-DIAG=$!
-( sleep "$T"; kill -- -$DIAG 2>/dev/null; pkill -f bench_long_context; pkill -f check_ring_precision ) &
-(
-  export CUDA_VISIBLE_DEVICES=2
-  timeout "$T" python -m pytest -q tests/kernels/test_dropout.py -m gpu -rf > "$R/dropout_gpu_test.log" 2>&1
-  timeout "$T" python benchmarks/bench_attention.py --seqlens 16384 --headdims 64 128 --causal causal \
-    --impls triton_dropout sdpa_flash_dropout --out "$R/attention_dropout.json" 2>&1 | grep -E "^d=" | cut -c1-160 \
-    > "$R/attention_dropout.log"
+  grads 65536 "$R/sp_gradients_64k.json" > "$R/sp_gradients_64k.log"
+  long --gpus 2 --contexts 65536 131072 262144 --timeout 75 --run-root /tmp/l2 --out "$R/long_context_sp2.json" \
+    > "$R/long_context_sp2.log"
 ) &
-CUDA_VISIBLE_DEVICES=3 timeout "$T" python benchmarks/bench_long_context.py --gpus 1 --contexts 524288 --steps 1 \
-  --warmup 1 --timeout "$T" --run-root /tmp/l4 --out "$R/long_context_x1_524k.json" > "$R/long_x1.log" 2>&1 &
-wait
-cat "$R/diag.log"; tail -n 2 "$R/dropout_gpu_test.log"; cat "$R/attention_dropout.log"; report "$R/long_context_x1_524k.json"
+P1_PID=$!
+CUDA_VISIBLE_DEVICES=2 timeout "$P1" python -m pytest -q -n 4 tests/kernels/test_step_accumulate.py -rf \
+  > "$R/step_accumulate_cuda_tests.log" 2>&1 &
+T2=$!
+CUDA_VISIBLE_DEVICES=3 timeout "$P1" python -m pytest -q -n 6 tests/distributed/test_local_attention.py -rf \
+  > "$R/local_attention_cuda_tests.log" 2>&1 &
+T3=$!
+( sleep "$P1"; kill -- -$P1_PID 2>/dev/null; pkill -f bench_long_context ) &
+wait $P1_PID $T2 $T3
+long --gpus 4 --contexts 524288 1048576 --timeout $((P2 - 60)) --run-root /tmp/l4 --out "$R/long_context_sp4.json" \
+  > "$R/long_context_sp4.log"
+cut -c1-600 "$R"/sp_gradients_*.log | grep variant; tail -n 6 "$R"/long_context_sp*.log
+tail -n 4 "$R"/*cuda_tests.log

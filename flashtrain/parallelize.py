@@ -18,11 +18,14 @@ sequence), so the data-parallel wrapping spans the whole world: `dp x sp` ranks.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
+
+from flashtrain.models.attention import attention_override, current_override
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 
@@ -83,7 +86,14 @@ def apply_ac(model: nn.Module) -> None:
     for block in model.blocks:
 
         def checkpointed(*args, _forward=block.forward, **kwargs):
-            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+            override = current_override()
+            # Dynamo cannot trace a context_fn; compiled blocks call the attention eagerly anyway
+            if override is None or torch.compiler.is_compiling():
+                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+            # the recompute runs in the backward, which may come after the override's `with` block
+            # has ended: it must attend exactly as this forward did (ring or Ulysses, not local)
+            contexts = lambda: (contextlib.nullcontext(), attention_override(override))  # noqa: E731
+            return checkpoint(_forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
         block.forward = checkpointed
 

@@ -438,15 +438,16 @@ def flash_attn_backward(
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
     if varlen:
         batch = cu_seqlens_q.numel() - 1
-        # (batch, T, H, D) views with batch stride 0, so dense and varlen share the stride arguments
-        q, k, v, do, out, dq, dk, dv = (
-            t[None].expand(batch, -1, -1, -1) for t in (q, k, v, do, out, dq, dk, dv)
-        )
+        # (batch, T, H, D) views with batch stride 0, so dense and varlen share the stride arguments;
+        # the gradients keep their own tensors (the autotuner copies back into them after a trial run,
+        # which an expanded view does not allow) and lend the views only their strides
+        q, k, v, do, out = (t[None].expand(batch, -1, -1, -1) for t in (q, k, v, do, out))
+        dq4, dk4, dv4 = (t[None].expand(batch, -1, -1, -1) for t in (dq, dk, dv))
         dq_acc4 = dq_acc[None].expand(batch, -1, -1, -1) if atomic_dq else None
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
         stride_lb, stride_lh = 0, lse.stride(0)
     else:
-        dq_acc4 = dq_acc
+        dq_acc4, dq4, dk4, dv4 = dq_acc, dq, dk, dv
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
     nheads, headdim = q.shape[2], q.shape[3]
@@ -483,20 +484,16 @@ def flash_attn_backward(
     (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
         q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides,
+        dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2), *dq_strides,
         stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate, **meta,
     )  # fmt: skip
     if atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
-        if varlen:
-            return dq, dk[0], dv[0]
         return dq, dk, dv
     grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
     _bwd_dq_tuned[grid_q](
         q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
-        *strides_qkv_do, dq.stride(0), dq.stride(1), dq.stride(2),
+        *strides_qkv_do, dq4.stride(0), dq4.stride(1), dq4.stride(2),
         stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, **meta,
     )  # fmt: skip
-    if varlen:
-        dq, dk, dv = dq[0], dk[0], dv[0]
     return dq, dk, dv

@@ -333,11 +333,13 @@ def flash_attn_forward(
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
     nheads, headdim = q4.shape[2], q4.shape[3]
     out = torch.empty_like(q) if merge_into is None else out_acc
+    # strides of a (batch, T, H, D) view; the kernel gets `out` itself, which the autotuner can copy
+    # back into after a trial run (an expanded view cannot be written as a whole)
     o4 = out[None].expand(batch, -1, -1, -1) if varlen else out
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
-        q4, k4, v4, o4, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
+        q4, k4, v4, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         q4.stride(0), q4.stride(1), q4.stride(2),
         k4.stride(0), k4.stride(1), k4.stride(2),
         v4.stride(0), v4.stride(1), v4.stride(2),

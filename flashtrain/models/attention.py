@@ -22,7 +22,6 @@ the step and every attention call in the model goes to `fn` (ring or Ulysses) in
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 from collections.abc import Callable, Iterator
 
@@ -31,23 +30,26 @@ import torch.nn.functional as F
 
 AttentionFn = Callable[..., torch.Tensor]
 
-_override: contextvars.ContextVar[AttentionFn | None] = contextvars.ContextVar(
-    "attention_override", default=None
-)
+# A plain stack, not a context variable: the backward of CUDA tensors runs on autograd's device
+# threads, which do not see the training thread's context variables, and activation checkpointing
+# re-runs the forward there. With a context variable the recomputed blocks silently fell back to the
+# model's own backend (local attention on a sequence shard instead of the ring): finite loss, gradients
+# of 1e23 (sp=2 on GPUs). `apply_ac` also re-enters the forward's override for the recompute.
+_override: list[AttentionFn] = []
 
 
 @contextlib.contextmanager
 def attention_override(fn: AttentionFn) -> Iterator[None]:
     """Route every model attention call inside the block to `fn` (used for sequence parallelism)."""
-    token = _override.set(fn)
+    _override.append(fn)
     try:
         yield
     finally:
-        _override.reset(token)
+        _override.pop()
 
 
 def current_override() -> AttentionFn | None:
-    return _override.get()
+    return _override[-1] if _override else None
 
 
 def reference_attention(

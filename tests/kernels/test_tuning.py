@@ -103,3 +103,48 @@ def test_dkdv_drops_the_config_that_fails_to_compile_with_dropout(dropout):
     kept = _prune_dkdv(configs, args)
     assert (failing in kept) is not dropout
     assert len(kept) >= 2
+
+
+@pytest.mark.parametrize("route", ["dense", "varlen", "in_place"])
+def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, route):
+    """While tuning, the autotuner copies its `restore_value` buffers back after each trial run
+    (`buf.copy_(saved)`): a buffer handed over as an expanded view (varlen's batch-stride-0 views)
+    made that copy raise on the GPU. The interpreter never tunes, so do the copy at every launch."""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels import flash_attention, flash_attention_varlen
+    from kernels._flash_bwd import flash_attn_backward
+    from kernels._flash_fwd import flash_attn_forward
+
+    restored = []
+    launch = Autotuner.run
+
+    def run_after_a_write_back(self, *args, **kwargs):
+        named = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+        for name in self.restore_value:
+            named[name].copy_(named[name].clone())  # the post-hook's write-back, with the same values
+            restored.append(name)
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", run_after_a_write_back)
+    torch.manual_seed(0)
+    heads, dim = 2, 16
+    if route == "varlen":
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+        q, k, v = (torch.randn(12, heads, dim, requires_grad=True) for _ in range(3))
+        flash_attention_varlen(q, k, v, cu, cu, 7, 7, causal=True).sum().backward()
+    elif route == "dense":
+        q, k, v = (torch.randn(2, 9, heads, dim, requires_grad=True) for _ in range(3))
+        flash_attention(q, k, v, causal=True).sum().backward()
+    else:  # the ring's step updates, which write into caller-owned fp32 buffers
+        q, k, v = (torch.randn(1, 9, heads, dim) for _ in range(3))
+        out_acc, lse_acc = torch.zeros(1, 9, heads, dim), torch.full((1, heads, 9), float("-inf"))
+        flash_attn_forward(q, k, v, sm_scale=dim**-0.5, win_left=None, win_right=None, key_padding_mask=None,
+                           dropout_p=0.0, seed=0, merge_into=(out_acc, lse_acc))  # fmt: skip
+        out, lse2 = flash_attn_forward(q, k, v, sm_scale=dim**-0.5, win_left=None, win_right=None,
+                                       key_padding_mask=None, dropout_p=0.0, seed=0)  # fmt: skip
+        grads = tuple(torch.zeros_like(t) for t in (q, k, v))
+        flash_attn_backward(torch.randn_like(q), q, k, v, out, lse2, sm_scale=dim**-0.5, win_left=None,
+                            win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0, grads_into=grads)  # fmt: skip
+    assert {"O", "LSE", "DK", "DV", "DQ"} <= set(restored)

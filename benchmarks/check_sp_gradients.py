@@ -1,0 +1,119 @@
+"""Sequence-parallel gradients against one device: where a sequence-parallel step goes wrong.
+
+Inside torchrun, every rank builds the real trainer (its config from --override), takes one batch and
+computes the gradients of that batch's loss in several ways:
+
+- `reference`: the bare model on the whole sequence on this rank alone (its own attention backend),
+  through `torch.autograd.grad`, so no data-parallel hook fires;
+- `sp`: the trainer's own sequence-parallel step (sharded batch, ring / Ulysses, DDP averaging);
+- `sp_sync`: the same with a device-wide synchronize after every wait of the ring's transfers, which
+  removes any race between the transfers and the kernels;
+- `sp_no_ac`: the same without activation checkpointing (blocks run their plain forward).
+
+and prints / writes each variant's loss, gradient norm and relative error against the reference,
+with the parameters that differ most.
+
+    torchrun --nproc-per-node 2 benchmarks/check_sp_gradients.py --override parallel.sp=2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _sync_after_waits():
+    """Patch the ring's wait so every wait ends in a device-wide synchronize; returns the undo."""
+    from flashtrain.distributed import ring
+
+    original = ring._wait
+
+    def wait_and_sync(works):
+        original(works)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    ring._wait = wait_and_sync
+    return lambda: setattr(ring, "_wait", original)
+
+
+def _without_ac(model):
+    """Drop the in-place checkpoint wrappers of `apply_ac`; returns the undo."""
+    saved = {i: b.__dict__.pop("forward") for i, b in enumerate(model.blocks) if "forward" in b.__dict__}
+    return lambda: [setattr(model.blocks[i], "forward", f) for i, f in saved.items()]
+
+
+def _sp_grads(trainer, x, y) -> tuple[float, list[torch.Tensor]]:
+    trainer.optimizer.zero_grad(set_to_none=True)
+    with trainer._sp_context():
+        loss = trainer._micro_batch_loss(x, y)
+        trainer.strategy.backward(loss, True)
+    loss = loss.detach().clone()
+    torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
+    params = list(trainer.model.parameters())
+    return loss.item(), [p.grad.detach().float().clone() for p in params]
+
+
+def _report(name, loss, grads, ref, names) -> dict:
+    errs = []
+    for n, g, r in zip(names, grads, ref, strict=True):
+        denom = r.norm().item() or 1.0
+        errs.append((n, (g - r).norm().item() / denom, g.abs().max().item()))
+    total = torch.stack([g.norm() for g in grads]).norm().item()
+    ref_total = torch.stack([r.norm() for r in ref]).norm().item()
+    worst = sorted(errs, key=lambda e: -e[1] if e[1] == e[1] else float("-inf"))[:6]
+    row = {
+        "variant": name, "loss": loss, "grad_norm": total, "ref_grad_norm": ref_total,
+        "max_rel_err": max(e[1] for e in errs), "worst": [list(e) for e in worst],
+        "non_finite": [n for n, g in zip(names, grads, strict=True) if not torch.isfinite(g).all()][:6],
+    }  # fmt: skip
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--override", action="append", default=[], help="Hydra override (repeatable)")
+    p.add_argument("--variants", default="sp,sp_sync,sp_no_ac")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+
+    from flashtrain.config import compose_config
+    from flashtrain.trainer import Trainer
+
+    trainer = Trainer(compose_config(a.override))
+    rank = trainer.rank
+    x, y = trainer.task.next_batch()
+    x, y = x.to(trainer.device), y.to(trainer.device)
+    names = [n for n, _ in trainer.model.named_parameters()]
+    params = list(trainer.model.parameters())
+
+    with trainer._autocast():  # no sp context: the model's own attention on the whole sequence
+        ref_loss = trainer.task.loss(trainer.model, x, y)
+    ref = [g.float() for g in torch.autograd.grad(ref_loss, params)]
+    rows = [_report("reference", ref_loss.item(), ref, ref, names)]
+    for variant in a.variants.split(","):
+        undo = {"sp": lambda: None, "sp_sync": _sync_after_waits, "sp_no_ac": lambda: _without_ac(trainer.model)}
+        restore = undo[variant]()
+        try:
+            loss, grads = _sp_grads(trainer, x, y)
+        finally:
+            if restore is not None:
+                restore()
+        rows.append(_report(variant, loss, grads, ref, names))
+        if rank == 0:
+            print(json.dumps(rows[-1]), flush=True)
+    if rank == 0 and a.out:
+        with open(a.out, "w") as f:
+            json.dump({"overrides": a.override, "rows": rows}, f, indent=1)
+    trainer.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Transforms applied from outside the model: activation checkpointing recomputes what the forward ran."""
+
+import threading
+
+import pytest
+import torch
+
+from flashtrain.models.attention import attention_override, reference_attention
+from flashtrain.models.gpt import GPT, GPTConfig
+from flashtrain.parallelize import apply_ac
+
+
+def _override(q, k, v, **kw):
+    """Stands in for the ring: an attention the model's own backend cannot be mistaken for."""
+    return reference_attention(q, k, v, **{**kw, "softmax_scale": 0.7})
+
+
+def _grads_in_thread(loss, params) -> list[torch.Tensor]:
+    """autograd.grad on a fresh thread: the backward of CUDA tensors runs on autograd's device
+    threads (CPU backward runs on the caller's), which do not inherit the caller's context."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(grads=torch.autograd.grad(loss, params)))
+    worker.start()
+    worker.join()
+    return list(result["grads"])
+
+
+@pytest.mark.parametrize("backward", ["on_another_thread", "after_the_override_ends"])
+def test_checkpointed_blocks_recompute_with_the_forwards_attention_override(backward):
+    """The sp=2 GPU runs with activation checkpointing stopped on gradients of 1e23: the recompute in
+    the backward did not see the ring override and attended locally on the shard."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=32, vocab_size=97, max_seq_len=64, attention="reference")
+    model = GPT(cfg)
+    params = list(model.parameters())
+    idx = torch.randint(0, cfg.vocab_size, (2, 24))
+    with attention_override(_override):
+        expected = torch.autograd.grad(model(idx, idx), params)
+    apply_ac(model)
+    with attention_override(_override):
+        loss = model(idx, idx)
+        if backward == "on_another_thread":
+            grads = _grads_in_thread(loss, params)
+    if backward == "after_the_override_ends":
+        grads = torch.autograd.grad(loss, params)
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e)
