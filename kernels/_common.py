@@ -33,14 +33,53 @@ MAX_HEAD_DIM = 256
 log = logging.getLogger(__name__)
 
 
+# A config whose one run takes longer than this is timed from that run alone (see bench_config)
+SLOW_KERNEL_MS = 10.0
+
+
+def _cuda_time_ms(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def bench_config(fn, quantiles=None, *, time_ms=_cuda_time_ms, full_bench=None, sync=_sync):
+    """The autotuner's timing of one config: [median, p20, p80] ms of `fn` (one launch).
+
+    Triton's benchmarker runs a launch about eight times (five to estimate its length, then at least
+    one warm-up and one timed repeat). A launch of seconds (a ring step of a million-token sequence
+    tunes on its real shape: every length from 8k on shares one tuning key) then cost a minute per
+    kernel. A launch longer than SLOW_KERNEL_MS is timed from one run after a warm-up run (which also
+    compiles), since the configs differ by far more than one run's noise there; shorter ones get
+    Triton's full benchmark (`full_bench`, by default `triton.testing.do_bench`).
+    """
+    fn()  # compile (on a config's first launch) and warm up, outside the timing
+    sync()
+    ms = time_ms(fn)
+    if ms > SLOW_KERNEL_MS:
+        return [ms] * len(quantiles) if quantiles else ms
+    full_bench = full_bench or triton.testing.do_bench
+    return full_bench(fn, quantiles=quantiles)
+
+
 def autotune(fn, **kwargs):
-    """`triton.autotune(**kwargs)(fn)`, except that a config whose compile fails inside an MLIR pass
-    counts as infinitely slow instead of ending the sweep (and the caller's run).
+    """`triton.autotune(**kwargs)(fn)` timed by `bench_config`, except that a config whose compile
+    fails inside an MLIR pass counts as infinitely slow instead of ending the sweep (and the run).
 
     Triton's autotuner skips only configs that run out of resources or fail ptxas; Triton 3.6 on an
     H200 also failed one tile config of a dropout kernel in its TritonGPUOptimizeThreadLocality pass
     ("PassManager::run failed", a RuntimeError), which killed the sweep. Other errors still raise.
     """
+    if not INTERPRET:  # the interpreter runs one fixed config and never times it
+        kwargs.setdefault("do_bench", bench_config)
     tuned = triton.autotune(**kwargs)(fn)
     bench = tuned._bench
 

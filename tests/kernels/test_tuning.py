@@ -148,3 +148,35 @@ def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, ro
         flash_attn_backward(torch.randn_like(q), q, k, v, out, lse2, sm_scale=dim**-0.5, win_left=None,
                             win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0, grads_into=grads)  # fmt: skip
     assert {"O", "LSE", "DK", "DV", "DQ"} <= set(restored)
+
+
+def test_a_slow_config_is_timed_from_one_run_after_its_warm_up():
+    """A ring step at 1M tokens runs for seconds; Triton's benchmarker would run it ~8 times."""
+    from kernels._common import SLOW_KERNEL_MS, bench_config
+
+    runs = []
+
+    def timed(fn):
+        fn()
+        return SLOW_KERNEL_MS * 5
+
+    def full_bench(fn, quantiles):
+        raise AssertionError("a slow launch must not get the full benchmark")
+
+    quantiles = (0.5, 0.2, 0.8)
+    ms = bench_config(lambda: runs.append(1), quantiles, time_ms=timed, full_bench=full_bench, sync=lambda: None)
+    assert ms == [SLOW_KERNEL_MS * 5] * 3
+    assert len(runs) == 2  # the warm-up (and compile) run, then the timed one
+
+
+def test_a_fast_config_gets_the_full_benchmark():
+    from kernels._common import SLOW_KERNEL_MS, bench_config
+
+    def timed(fn):
+        fn()
+        return SLOW_KERNEL_MS / 10
+
+    full = []
+    ms = bench_config(lambda: None, (0.5, 0.2, 0.8), time_ms=timed, sync=lambda: None,
+                      full_bench=lambda fn, quantiles: full.append(quantiles) or [0.1, 0.09, 0.11])  # fmt: skip
+    assert ms == [0.1, 0.09, 0.11] and full == [(0.5, 0.2, 0.8)]
