@@ -98,9 +98,16 @@ def main() -> None:
         ref_loss = trainer.task.loss(trainer.model, x, y)
     ref = [g.float() for g in torch.autograd.grad(ref_loss, params)]
     rows = [_report("reference", ref_loss.item(), ref, ref, names)]
+    # each variant's set-up returns what undoes it (None: nothing to undo)
+    set_up = {
+        "sp": lambda: None,
+        "sp_sync": _sync_after_waits,
+        "sp_no_ac": lambda: _without_ac(trainer.model),
+    }
     for variant in a.variants.split(","):
-        undo = {"sp": lambda: None, "sp_sync": _sync_after_waits, "sp_no_ac": lambda: _without_ac(trainer.model)}
-        restore = undo[variant]()
+        if variant not in set_up:
+            raise ValueError(f"unknown variant {variant!r}; choose from {sorted(set_up)}")
+        restore = set_up[variant]()
         try:
             loss, grads = _sp_grads(trainer, x, y)
         finally:

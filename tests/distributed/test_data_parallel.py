@@ -260,7 +260,11 @@ SP_CASES = {
     # compiled blocks break around the ring's attention call (torch.compiler.disable)
     "sp2_ring_zigzag_compiled": ["parallel=ddp", "parallel.sp=2", "trainer.compile=true"],
     # the recompute in the backward must attend through the ring as the forward did
-    "sp2_ring_zigzag_checkpointed": ["parallel=ddp", "parallel.sp=2", "trainer.activation_checkpointing=true"],
+    "sp2_ring_zigzag_checkpointed": [
+        "parallel=ddp",
+        "parallel.sp=2",
+        "trainer.activation_checkpointing=true",
+    ],
 }
 # A block-sparse model (butterfly on 16-token blocks, no local band: 2 of the 10 causal tiles are dropped):
 # under sp the ring replaces the model's block_sparse backend and must attend within the same layout.

@@ -164,7 +164,9 @@ def test_a_slow_config_is_timed_from_one_run_after_its_warm_up():
         raise AssertionError("a slow launch must not get the full benchmark")
 
     quantiles = (0.5, 0.2, 0.8)
-    ms = bench_config(lambda: runs.append(1), quantiles, time_ms=timed, full_bench=full_bench, sync=lambda: None)
+    ms = bench_config(
+        lambda: runs.append(1), quantiles, time_ms=timed, full_bench=full_bench, sync=lambda: None
+    )
     assert ms == [SLOW_KERNEL_MS * 5] * 3
     assert len(runs) == 2  # the warm-up (and compile) run, then the timed one
 
