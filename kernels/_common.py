@@ -105,6 +105,12 @@ def padded_head_dim(headdim: int) -> int:
     return max(16, next_power_of_2(headdim))
 
 
+def token_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, token, head) strides of t as the attention kernels index it. A packed varlen tensor
+    (T, H, D) has batch stride 0: each program adds its sequence's start instead."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs are for tests: ask tl.dot for exact fp32 rather than Triton's default tf32."""
     return "ieee" if dtype == torch.float32 else "tf32"

@@ -17,6 +17,7 @@ from ._common import (
     load_tile,
     padded_head_dim,
     store_or_add_tile,
+    token_strides,
     varlen_bounds,
     visible_range,
 )
@@ -355,30 +356,28 @@ _DQ_CONFIGS = _configs(
 )  # fmt: skip
 
 
+# (BLOCK_M, BLOCK_N, warps, stages) of tile configs that Triton 3.6 on an H200 cannot run with dropout
+# on (and only then), found by `benchmarks/check_kernel_configs.py`. dk/dv: its compile fails in the
+# TritonGPUOptimizeThreadLocality pass with the grouped dropout draw ("PassManager::run failed";
+# results/dropout_config_scan_grouped_d{64,128}_h200.json). dq: the kernel it builds stops with
+# "misaligned address" (results/dropout_config_scan_h200.json; every other config ran and matched).
+_BROKEN_WITH_DROPOUT = {"dkdv": (32, 64, 8, 2), "dq": (128, 32, 4, 3)}
+
+
+def _without_broken_with_dropout(configs, kernel: str, named_args, kwargs) -> list:
+    if not {**named_args, **kwargs}["DROPOUT"]:
+        return configs
+    tile = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+    return [c for c in configs if tile(c) != _BROKEN_WITH_DROPOUT[kernel]]
+
+
 def _prune_dkdv(configs, named_args, **kwargs):
-    if {**named_args, **kwargs}["DROPOUT"]:
-        configs = [c for c in configs if not _fails_to_compile_with_dropout(c)]
+    configs = _without_broken_with_dropout(configs, "dkdv", named_args, kwargs)
     return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", 2, **kwargs)
 
 
-def _fails_to_compile_with_dropout(c: triton.Config) -> bool:
-    """dk/dv tile 32x64, 8 warps, 2 stages, with the grouped dropout draw: Triton 3.6's
-    TritonGPUOptimizeThreadLocality pass fails ("PassManager::run failed") on an H200 at d64
-    (benchmarks/results/dropout_config_scan_grouped_d64_h200.json); a compile error the autotuner
-    does not catch, so the config must never reach it."""
-    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == (32, 64, 8, 2)
-
-
-def _faults_with_dropout(c: triton.Config) -> bool:
-    """dq tile 128x32, 4 warps, 3 stages, with dropout: Triton 3.6 / CUDA 13 on an H200 built a kernel that
-    stops with "misaligned address" (benchmarks/results/dropout_config_scan_h200.json: every other
-    config of the three kernels ran and matched the reference; without dropout this one runs too)."""
-    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == (128, 32, 4, 3)
-
-
 def _prune_dq(configs, named_args, **kwargs):
-    if {**named_args, **kwargs}["DROPOUT"]:
-        configs = [c for c in configs if not _faults_with_dropout(c)]
+    configs = _without_broken_with_dropout(configs, "dq", named_args, kwargs)
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 
@@ -438,26 +437,18 @@ def flash_attn_backward(
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
     if varlen:
         batch = cu_seqlens_q.numel() - 1
-        # (batch, T, H, D) views with batch stride 0, so dense and varlen share the stride arguments;
-        # the gradients keep their own tensors (the autotuner copies back into them after a trial run,
-        # which an expanded view does not allow) and lend the views only their strides
-        q, k, v, do, out = (t[None].expand(batch, -1, -1, -1) for t in (q, k, v, do, out))
-        dq4, dk4, dv4 = (t[None].expand(batch, -1, -1, -1) for t in (dq, dk, dv))
-        dq_acc4 = dq_acc[None].expand(batch, -1, -1, -1) if atomic_dq else None
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
         stride_lb, stride_lh = 0, lse.stride(0)
     else:
-        dq_acc4, dq4, dk4, dv4 = dq_acc, dq, dk, dv
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
-    nheads, headdim = q.shape[2], q.shape[3]
-    nheads_kv = k.shape[2]
+    nheads, headdim = q.shape[-2], q.shape[-1]
+    nheads_kv = k.shape[-2]
     block_d = padded_head_dim(headdim)
     delta = torch.empty_like(lse)
     pre_m = 32 if INTERPRET else 64
     _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
-        out, do, delta, cu_seqlens_q,
-        out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen),
         stride_lb, stride_lh, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, BLOCK_M=pre_m,
     )  # fmt: skip
@@ -475,16 +466,13 @@ def flash_attn_backward(
         HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None, DROPOUT=dropout_p > 0.0,
         DOT_PREC=dot_precision(q.dtype),
     )  # fmt: skip
-    strides_qkv_do = (
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-    )  # fmt: skip
+    strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
-    dq_strides = (dq_acc4.stride(0), dq_acc4.stride(1), dq_acc4.stride(2)) if atomic_dq else (0, 0, 0)
+    dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
-        q, k, v, do, dk, dv, dq_acc4, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
+        q, k, v, do, dk, dv, dq_acc, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
         *strides_qkv_do,
-        dk4.stride(0), dk4.stride(1), dk4.stride(2), dv4.stride(0), dv4.stride(1), dv4.stride(2), *dq_strides,
+        *token_strides(dk, varlen), *token_strides(dv, varlen), *dq_strides,
         stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate, **meta,
     )  # fmt: skip
     if atomic_dq:
@@ -493,7 +481,7 @@ def flash_attn_backward(
     grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
     _bwd_dq_tuned[grid_q](
         q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
-        *strides_qkv_do, dq4.stride(0), dq4.stride(1), dq4.stride(2),
+        *strides_qkv_do, *token_strides(dq, varlen),
         stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, **meta,
     )  # fmt: skip
     return dq, dk, dv

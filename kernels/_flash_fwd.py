@@ -21,6 +21,7 @@ from ._common import (
     next_power_of_2,
     padded_head_dim,
     store_tile,
+    token_strides,
     varlen_bounds,
     visible_range,
 )
@@ -317,13 +318,10 @@ def flash_attn_forward(
             raise ValueError("merge_into accumulators need a unit last stride")
     if varlen:
         batch = cu_seqlens_q.numel() - 1
-        # (batch, T, H, D) views with batch stride 0: each program adds its sequence's start instead
-        q4, k4, v4 = (t[None].expand(batch, -1, -1, -1) for t in (q, k, v))
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
         lse = torch.empty(q.shape[1], q.shape[0], device=q.device, dtype=torch.float32)  # (H, Tq)
         stride_lb, stride_lh = 0, lse.stride(0)
     else:
-        q4, k4, v4 = q, k, v
         batch, seqlen_q = q.shape[0], q.shape[1]
         seqlen_k = k.shape[1]
         if merge_into is None:
@@ -331,22 +329,16 @@ def flash_attn_forward(
         else:
             lse = lse_acc
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
-    nheads, headdim = q4.shape[2], q4.shape[3]
+    nheads, headdim = q.shape[-2], q.shape[-1]
     out = torch.empty_like(q) if merge_into is None else out_acc
-    # strides of a (batch, T, H, D) view; the kernel gets `out` itself, which the autotuner can copy
-    # back into after a trial run (an expanded view cannot be written as a whole)
-    o4 = out[None].expand(batch, -1, -1, -1) if varlen else out
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
-        q4, k4, v4, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
-        q4.stride(0), q4.stride(1), q4.stride(2),
-        k4.stride(0), k4.stride(1), k4.stride(2),
-        v4.stride(0), v4.stride(1), v4.stride(2),
-        o4.stride(0), o4.stride(1), o4.stride(2),
+        q, k, v, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
+        *token_strides(q, varlen), *token_strides(k, varlen), *token_strides(v, varlen), *token_strides(out, varlen),
         stride_lb, stride_lh,
         kpm.stride(0) if kpm is not None else 0, kpm.stride(1) if kpm is not None else 0,
-        seqlen_q, seqlen_k, nheads // k4.shape[2],
+        seqlen_q, seqlen_k, nheads // k.shape[-2],
         sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
         *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,

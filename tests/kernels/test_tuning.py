@@ -50,15 +50,22 @@ def test_a_single_config_list_is_returned_whole():
 
 
 @pytest.mark.parametrize("dropout", [False, True])
-def test_dq_drops_the_config_that_faulted_with_dropout(dropout):
-    """dq 128x32 w4 s3 stopped with "misaligned address" on an H200 when dropout was on (and only then)."""
-    from kernels._flash_bwd import _prune_dq
+@pytest.mark.parametrize(
+    "kernel, broken, others",
+    [
+        # stopped with "misaligned address" on an H200 when dropout was on (and only then)
+        ("dq", _config(128, 32, 4, 3), [_config(128, 64, 8, 3), _config(64, 32, 4, 2)]),
+        # failed Triton's compile (ThreadLocality pass) on an H200 with the grouped dropout draw (only then)
+        ("dkdv", _config(32, 64, 8, 2), [_config(64, 128, 8, 3), _config(64, 64, 4, 3)]),
+    ],
+)
+def test_the_config_broken_with_dropout_is_dropped_with_dropout(kernel, broken, others, dropout):
+    from kernels import _flash_bwd
 
-    faulty = _config(128, 32, 4, 3)
-    configs = [faulty, _config(128, 64, 8, 3), _config(64, 32, 4, 2)]
+    prune = {"dq": _flash_bwd._prune_dq, "dkdv": _flash_bwd._prune_dkdv}[kernel]
     args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=64, DOT_PREC="tf32", DROPOUT=dropout)
-    kept = _prune_dq(configs, args)
-    assert (faulty in kept) is not dropout
+    kept = prune([broken, *others], args)
+    assert (broken in kept) is not dropout
     assert len(kept) >= 2
 
 
@@ -89,20 +96,6 @@ def test_every_flash_autotuner_skips_configs_that_fail_to_compile():
     tuned = [getattr(m, n) for m in (_flash_fwd, _flash_bwd) for n in dir(m) if n.endswith("_tuned")]
     assert len(tuned) == 4  # forward, dk/dv, dk/dv with atomic dq, dq
     assert all(t._bench.__name__ == "bench_or_skip" for t in tuned)
-
-
-@pytest.mark.parametrize("dropout", [False, True])
-def test_dkdv_drops_the_config_that_fails_to_compile_with_dropout(dropout):
-    """dk/dv 32x64 w8 s2 failed Triton's compile (ThreadLocality pass) on an H200 with the grouped
-    dropout draw (and only with dropout)."""
-    from kernels._flash_bwd import _prune_dkdv
-
-    failing = _config(32, 64, 8, 2)
-    configs = [failing, _config(64, 128, 8, 3), _config(64, 64, 4, 3)]
-    args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=64, DOT_PREC="tf32", DROPOUT=dropout)
-    kept = _prune_dkdv(configs, args)
-    assert (failing in kept) is not dropout
-    assert len(kept) >= 2
 
 
 @pytest.mark.parametrize("route", ["dense", "varlen", "in_place"])
