@@ -476,4 +476,4 @@ def local_backward_accumulate(
         return
     from kernels._flash_bwd import flash_attn_backward
 
-    flash_attn_backward(dout, q, k, v, out, (lse / _LN2).contiguous(), grads_into=grads, **args)
+    flash_attn_backward(dout, q, k, v, out, lse / _LN2, grads_into=grads, **args)  # base-2 lse
