@@ -11,16 +11,9 @@ source "$(dirname "$0")/gpu_call.sh"
 P1=${PHASE1_S:-230}
 P2=${PHASE2_S:-300}
 machine_info
-grads() {  # grads SEQLEN OUT [override...]
-  local n=$1 out=$2; shift 2
-  timeout 100 torchrun --standalone --nproc-per-node 2 benchmarks/check_sp_gradients.py --out "$out" \
-    --variants sp,sp_no_ac \
-    --override model=gpt2_small --override model.vocab_size=50304 --override model.attention=triton \
-    --override model.pos_embedding=rotary --override model.loss_chunk=8192 --override model.dropout=0.0 \
-    --override model.max_seq_len=$n --override trainer.seq_len=$n --override trainer.batch_size=1 \
-    --override trainer.activation_checkpointing=true --override parallel=ddp --override parallel.sp=2 \
-    --override data.max_documents=null --override trainer.eval_interval=0 --override logger.kind=none \
-    --override trainer.out_dir=/tmp/spg$n --override data.cache_dir=/tmp/spg$n/cache "$@" 2>&1 | quiet
+grads() {  # grads CONTEXT OUT
+  timeout 100 torchrun --standalone --nproc-per-node 2 benchmarks/check_sp_gradients.py --context "$1" --out "$2" \
+    --variants sp,sp_no_ac 2>&1 | quiet
 }
 long() { python benchmarks/bench_long_context.py --steps 1 --warmup 1 "$@" 2>&1 | quiet; }
 (
