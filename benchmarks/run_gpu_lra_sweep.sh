@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # One call on nvidia-h200-x4 (through `device`): four ListOps runs side by side, one per GPU, each a set
-# of Hydra overrides on `experiment=lra/listops` (the run to report is the one with the best validation
+# of Hydra overrides on `experiment=lra/listops`, given as arguments (one quoted string per run; the
+# default is the first sweep's four) (the run to report is the one with the best validation
 # accuracy; all four test accuracies are kept). Each run generates its own copy of the data (its own
 # cache directory, so no two processes write one cache). With GPU_TESTS=1 the kernel GPU tests, the ring's
 # local routes on CUDA and the fused ring-step kernels run beside them (their own GPU each; the ListOps
 # wall times are then shared-machine times).
-#   source .whl/install.sh && bash benchmarks/run_gpu_lra_sweep.sh
+#   source .whl/install.sh && bash benchmarks/run_gpu_lra_sweep.sh ["overrides of run 0" ...]
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 LIMIT=${LIMIT:-420}  # seconds per ListOps run; set max_steps so that a run ends (and tests) before it
 
-RUNS=(
+RUNS=("$@")
+[ ${#RUNS[@]} -gt 0 ] || RUNS=(
   "optim.lr=5e-4 optim.min_lr=5e-5 trainer.max_steps=20000"
   "optim.lr=5e-4 optim.min_lr=5e-5 trainer.max_steps=20000 task.pooling=cls"
   "model.n_layer=4 model.d_model=256 model.n_head=4 optim.lr=3e-4 optim.min_lr=3e-5 trainer.max_steps=12000"
