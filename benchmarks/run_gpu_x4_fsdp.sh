@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One call on nvidia-h200-x4 (through `device`): where FSDP2's step time goes at four 4k sequences per GPU
+# (GPT-2 medium, Triton attention), profiled on 4 GPUs, as configured and with the blocks' weights kept
+# gathered after the forward (parallel.reshard_after_forward=false: no all-gather in the backward).
+# The one-GPU and DDP figures to compare with are in scaling_b4_h200.json. Lands in $OUT/results.tgz.
+#   source .whl/install.sh && bash benchmarks/run_gpu_x4_fsdp.sh
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+fsdp() {  # $1: name, then extra bench_scaling arguments
+  local name=$1
+  shift
+  mkdir -p "$R/$name"
+  timeout "${EACH_S:-130}" python benchmarks/bench_scaling.py --strategies fsdp --gpus 4 --batch-size 4 \
+    --fit-models --timeout 120 --profile "$R/$name" --out "$R/fsdp_b4_$name.json" "$@" 2>&1 | quiet \
+    | tee "$R/fsdp_b4_$name.log"
+}
+fsdp reshard
+fsdp keep_gathered --override parallel.reshard_after_forward=false
+head -n 30 "$R"/*/scaling_profile_*.txt | cut -c1-60,100-200
