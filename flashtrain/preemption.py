@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,12 @@ log = get_logger()
 
 
 class PreemptionHandler:
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR1,)):
+    """Records a preemption signal, or the end of a wall-clock budget (`time_limit_s`, from now)."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR1,), time_limit_s: float | None = None):
         self._requested = False
+        self._deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self.reason = None  # "signal" or "time limit", once should_stop has said so
         self._previous = {}
         for sig in signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -32,12 +37,16 @@ class PreemptionHandler:
         self._requested = True
 
     def should_stop(self, device: torch.device) -> bool:
-        """Whether any rank got the signal (collective when distributed: every rank must call it)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return self._requested
-        flag = torch.tensor([1.0 if self._requested else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # blocks: all ranks agree before anyone checkpoints
-        return bool(flag.item())
+        """Whether any rank got the signal or ran out of time (collective when distributed: every rank
+        must call it). Ranks reach their deadlines a little apart; the reduction makes them stop together."""
+        # 2 = signal, 1 = time limit: a signal wins, since it also asks for a Slurm requeue
+        code = 2.0 if self._requested else 1.0 if self._deadline and time.monotonic() > self._deadline else 0.0
+        if dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([code], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # blocks: all ranks agree before anyone checkpoints
+            code = flag.item()
+        self.reason = {2.0: "signal", 1.0: "time limit"}.get(code)
+        return self.reason is not None
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -67,7 +67,7 @@ class Trainer:
         self.cfg = cfg
         # Installed first, so a preemption signal that arrives while data and model are being set up
         # (Slurm's --signal can come early in a short allocation) is acted on at the first step.
-        self.preemption = PreemptionHandler()
+        self.preemption = PreemptionHandler(time_limit_s=cfg.trainer.time_limit_s)
         try:
             self._setup(cfg)
         except BaseException:
@@ -424,7 +424,13 @@ class Trainer:
                 for hook in self.step_hooks:
                     hook(self, self.step)
                 if not last and self.preemption.should_stop(self.device):
-                    log.info(f"preemption signal received: checkpointing at step {self.step} and requeueing")
+                    if self.preemption.reason == "signal":
+                        log.info(f"preemption signal received: checkpointing at step {self.step} and requeueing")
+                    else:
+                        log.info(
+                            f"trainer.time_limit_s={tc.time_limit_s} reached: checkpointing at step {self.step}; "
+                            "continue with trainer.resume=auto"
+                        )
                     self.save()
                     self.preempted = True
                     break
@@ -433,7 +439,7 @@ class Trainer:
             self.preemption.restore()
             bar.close()
             self.tracker.finish()
-        if self.preempted and self.rank == 0:
+        if self.preempted and self.preemption.reason == "signal" and self.rank == 0:
             requeue_slurm_job()  # last: Slurm kills the job as soon as it is requeued, so flush W&B first
         return self.history
 

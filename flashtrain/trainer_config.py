@@ -33,6 +33,10 @@ class TrainerConfig:
     max_skipped_steps: int = 10  # with nan_policy=skip: stop after this many consecutive skips
     peak_tflops: float | None = None  # per-device peak for MFU; None = known bf16 peak of the GPU, or no MFU
     progress_bar: bool = True  # tqdm bar on rank 0
+    # Wall-clock seconds this process may train, counted from the trainer's construction (data set-up
+    # included): then it checkpoints and stops as on a preemption signal, to resume with resume=auto.
+    # For fixed-length leases; None = no limit.
+    time_limit_s: float | None = None
 
     def __post_init__(self):
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "log_interval"):
@@ -49,6 +53,8 @@ class TrainerConfig:
                 f"trainer.resume={self.resume!r}; choose false (start over), true (continue from the latest "
                 "checkpoint) or auto (continue if there is one, else start: what requeued Slurm jobs use)"
             )
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise ValueError(f"trainer.time_limit_s={self.time_limit_s} must be > 0 seconds, or null for no limit")
         if self.nan_policy not in ("stop", "skip"):
             raise ValueError(f"trainer.nan_policy={self.nan_policy!r}; choose stop or skip")
         if not self.run_name or "/" in self.run_name:

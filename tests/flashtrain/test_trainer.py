@@ -247,3 +247,24 @@ def test_preemption_signal_during_setup_stops_after_the_first_step(tmp_path):
         trainer.close()
     assert trainer.preempted and len(history) == 1
     assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000001"
+
+
+def test_time_limit_checkpoints_and_resume_finishes_the_same(tmp_path, monkeypatch):
+    """trainer.time_limit_s (fixed-length leases): past it the run checkpoints and stops like a
+    preempted one, without asking Slurm to requeue; resume=auto continues to the same result."""
+    straight, _ = run(small_config(tmp_path, "trainer.run_name=whole", "trainer.checkpoint_interval=0"))
+    leased = ("trainer.run_name=leased", "trainer.checkpoint_interval=0", "trainer.resume=auto")
+    requeues = []
+    monkeypatch.setattr("flashtrain.trainer.requeue_slurm_job", lambda: requeues.append(1))
+    history, trainer = run(small_config(tmp_path, *leased, "trainer.time_limit_s=1e-6"))
+    assert trainer.preempted and trainer.preemption.reason == "time limit" and len(history) == 1
+    assert os.path.basename(ckpt.latest_checkpoint(trainer.run_dir)) == "step_0000001"
+    assert not requeues  # a time limit is not a preemption: nothing asks Slurm to requeue
+    resumed, trainer = run(small_config(tmp_path, *leased, "trainer.time_limit_s=3600"))
+    assert not trainer.preempted and resumed == straight  # the history is restored with the checkpoint
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_time_limit_must_be_positive(tmp_path, value):
+    with pytest.raises(ValueError, match="trainer.time_limit_s"):
+        small_config(tmp_path, f"trainer.time_limit_s={value}")
