@@ -40,7 +40,9 @@ class PreemptionHandler:
         """Whether any rank got the signal or ran out of time (collective when distributed: every rank
         must call it). Ranks reach their deadlines a little apart; the reduction makes them stop together."""
         # 2 = signal, 1 = time limit: a signal wins, since it also asks for a Slurm requeue
-        code = 2.0 if self._requested else 1.0 if self._deadline and time.monotonic() > self._deadline else 0.0
+        code = (
+            2.0 if self._requested else 1.0 if self._deadline and time.monotonic() > self._deadline else 0.0
+        )
         if dist.is_available() and dist.is_initialized():
             flag = torch.tensor([code], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # blocks: all ranks agree before anyone checkpoints

@@ -425,7 +425,9 @@ class Trainer:
                     hook(self, self.step)
                 if not last and self.preemption.should_stop(self.device):
                     if self.preemption.reason == "signal":
-                        log.info(f"preemption signal received: checkpointing at step {self.step} and requeueing")
+                        log.info(
+                            f"preemption signal received: checkpointing at step {self.step} and requeueing"
+                        )
                     else:
                         log.info(
                             f"trainer.time_limit_s={tc.time_limit_s} reached: checkpointing at step {self.step}; "

@@ -54,7 +54,9 @@ class TrainerConfig:
                 "checkpoint) or auto (continue if there is one, else start: what requeued Slurm jobs use)"
             )
         if self.time_limit_s is not None and not self.time_limit_s > 0:
-            raise ValueError(f"trainer.time_limit_s={self.time_limit_s} must be > 0 seconds, or null for no limit")
+            raise ValueError(
+                f"trainer.time_limit_s={self.time_limit_s} must be > 0 seconds, or null for no limit"
+            )
         if self.nan_policy not in ("stop", "skip"):
             raise ValueError(f"trainer.nan_policy={self.nan_policy!r}; choose stop or skip")
         if not self.run_name or "/" in self.run_name:
