@@ -34,7 +34,7 @@ from benchmarks.common import gpu_slug, is_oom, markdown_table, profile_table, w
 
 STRATEGIES = ["ddp", "fsdp", "deepspeed"]
 # Ascending size; the fit search walks up until the first failure to run (OOM).
-FIT_MODELS = ["gpt2_medium", "gpt2_large", "gpt2_xl", "gpt3_2p7b", "gpt3_6p7b"]
+FIT_MODELS = ["gpt2_medium", "gpt2_large", "gpt2_xl", "gpt3_2p7b", "gpt3_6p7b", "gpt3_13b"]
 VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64; the benchmark feeds byte tokens, so set it
 
 
@@ -174,11 +174,11 @@ def driver(a) -> None:
                  "activation_checkpointing": a.activation_checkpointing, "largest_fitting_model": largest()}  # fmt: skip
         write_results(out, rows + fit_rows, extra)
 
-    base = _run(a, "none", 1, a.model) if 1 in gpus else None
+    base = _run(a, "none", 1, a.model) if 1 in gpus and not a.fit_only else None
     if base:
         rows.append({**base, "kind": "scaling", "efficiency": 1.0 if base.get("status") == "ok" else None})
         save()
-    for strategy in a.strategies:
+    for strategy in a.strategies if not a.fit_only else []:
         for n in (g for g in gpus if g > 1):
             row = {**_run(a, strategy, n, a.model), "kind": "scaling"}
             if row.get("status") == "ok" and base and base.get("status") == "ok":
@@ -187,9 +187,12 @@ def driver(a) -> None:
             save()
     if a.fit_models:
         n = max(gpus)
+        # whether a model fits needs one step after the warm-up one (which allocates the optimizer
+        # state), not a timed series: each search run is mostly process start and model build
+        fit_a = argparse.Namespace(**{**vars(a), "steps": a.fit_steps, "warmup": 1, "profile": None})
         for strategy in a.strategies if n > 1 else ["none"]:
             for model in a.fit_models:  # ascending: stop at the first that does not run
-                row = _run(a, strategy, n, model)
+                row = _run(fit_a, strategy, n, model)
                 fit_rows.append({**row, "kind": "fit"})
                 save()
                 if row.get("status") != "ok":
@@ -228,6 +231,8 @@ def main(argv=None) -> None:
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4], help="driver: process counts")
     parser.add_argument("--model", default="gpt2_medium", help="configs/model/<name>.yaml")
     parser.add_argument("--fit-models", nargs="*", default=FIT_MODELS, help="driver: ascending sizes to try")
+    parser.add_argument("--fit-only", action="store_true", help="driver: only the fit search (at max --gpus)")
+    parser.add_argument("--fit-steps", type=int, default=1, help="driver: timed steps per fit-search run")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=1, help="sequences per GPU per step")
     parser.add_argument(

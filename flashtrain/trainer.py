@@ -90,7 +90,12 @@ class Trainer:
         self.task = build_task(
             cfg, rank=self.rank, world_size=self.world_size, dp_rank=self.dp_rank, dp=self.dp
         )
-        self.model = self.task.build_model().to(self.device)
+        # Built and initialised on the device itself: a multi-billion-parameter model initialised on
+        # the CPU takes minutes (and its full size in host memory per process). Every rank seeds alike,
+        # so every rank starts from the same weights (FSDP2 keeps each rank's own shard of them).
+        with torch.device(self.device):
+            self.model = self.task.build_model()
+        self.model.to(self.device)  # anything the task built on purpose elsewhere
         self.flops_per_token = self.task.flops_per_token(self.model)
         # counted before sharding: ZeRO-3 leaves empty local parameters
         self.n_params = sum(p.numel() for p in self.model.parameters())
