@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on nvidia-h200-x4 (through `device`): where FSDP2's step time goes at four 4k sequences per GPU
-# (GPT-2 medium, Triton attention), profiled on 4 GPUs, as configured and with the blocks' weights kept
-# gathered after the forward (parallel.reshard_after_forward=false: no all-gather in the backward).
-# The one-GPU and DDP figures to compare with are in scaling_b4_h200.json. Lands in $OUT/results.tgz.
+# (GPT-2 medium, Triton attention), profiled on 4 GPUs: as configured (with the one-GPU anchor in the
+# same call), with the blocks' weights kept gathered after the forward (parallel.reshard_after_forward=
+# false: no all-gather in the backward), with the gradients reduced in bf16 (parallel.reduce_dtype), and
+# both. Lands in $OUT/results.tgz.
 #   source .whl/install.sh && bash benchmarks/run_gpu_x4_fsdp.sh
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
@@ -10,10 +11,13 @@ fsdp() {  # $1: name, then extra bench_scaling arguments
   local name=$1
   shift
   mkdir -p "$R/$name"
-  timeout "${EACH_S:-130}" python benchmarks/bench_scaling.py --strategies fsdp --gpus 4 --batch-size 4 \
+  timeout "${EACH_S:-130}" python benchmarks/bench_scaling.py --strategies fsdp --batch-size 4 \
     --fit-models --timeout 120 --profile "$R/$name" --out "$R/fsdp_b4_$name.json" "$@" 2>&1 | quiet \
     | tee "$R/fsdp_b4_$name.log"
 }
-fsdp reshard
-fsdp keep_gathered --override parallel.reshard_after_forward=false
+fsdp reshard --gpus 1 4
+fsdp keep_gathered --gpus 4 --override parallel.reshard_after_forward=false
+fsdp bf16_reduce --gpus 4 --override parallel.reduce_dtype=bfloat16
+fsdp keep_gathered_bf16_reduce --gpus 4 --override parallel.reshard_after_forward=false \
+  --override parallel.reduce_dtype=bfloat16
 head -n 30 "$R"/*/scaling_profile_*.txt | cut -c1-60,100-200

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from flashtrain.models.attention import attention_override, current_override
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
+REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -40,6 +41,9 @@ class ParallelConfig:
     sp_layout: str = "zigzag"  # sequence sharding: "zigzag" (balanced causal work) or "contiguous"
     ulysses: int = 1  # hybrid: all-to-all degree inside sp (the rest of sp is a ring)
     reshard_after_forward: bool | None = None  # fsdp only: free gathered weights after forward (None = True)
+    # fsdp only: dtype of the gradient reduce-scatter, "float32" (None: the default, as single-device
+    # autocast accumulates) or "bfloat16" (half the bytes and the time NCCL holds SMs; rounded sums)
+    reduce_dtype: str | None = None
     zero_stage: int | None = None  # deepspeed only: ZeRO stage 1, 2 or 3 (None = 2)
 
     def __post_init__(self):
@@ -62,6 +66,13 @@ class ParallelConfig:
             raise ValueError(
                 f"parallel.reshard_after_forward applies to parallel.strategy=fsdp only (strategy is "
                 f"{self.strategy}); remove it or use parallel=fsdp"
+            )
+        if self.reduce_dtype is not None and (
+            self.strategy != "fsdp" or self.reduce_dtype not in REDUCE_DTYPES
+        ):
+            raise ValueError(
+                f"parallel.reduce_dtype={self.reduce_dtype!r} (strategy {self.strategy}): it applies to "
+                f"parallel=fsdp only, as one of {', '.join(REDUCE_DTYPES)}"
             )
         if self.zero_stage is not None and self.strategy != "deepspeed":
             raise ValueError(
@@ -121,19 +132,27 @@ def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def apply_fsdp(
-    model: nn.Module, mesh, *, reshard_after_forward: bool, param_dtype: torch.dtype | None
+    model: nn.Module,
+    mesh,
+    *,
+    reshard_after_forward: bool,
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """FSDP2: shard each block, then the root (embeddings, final norm and the tied head).
 
     Blocks are their own units so that only one block's weights are gathered at a time. The root
     is never resharded after forward: its weights (the tied embedding/head) are needed first in the
     backward anyway. With `param_dtype` (bf16 runs) weights are gathered and computed in that dtype
-    while gradients are reduced in fp32, as single-device bf16 autocast would accumulate them.
+    while gradients are reduced in fp32, as single-device bf16 autocast would accumulate them, unless
+    `reduce_dtype` says otherwise.
     Sharding is in place: the same module object is returned, its parameters are now DTensors.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    if reduce_dtype is None:
+        reduce_dtype = torch.float32 if param_dtype else None
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
@@ -173,6 +192,10 @@ def parallelize_gpt(
     if cfg.strategy == "fsdp":
         reshard = True if cfg.reshard_after_forward is None else cfg.reshard_after_forward
         return apply_fsdp(
-            model, data_parallel_mesh(parallel_dims), reshard_after_forward=reshard, param_dtype=param_dtype
+            model,
+            data_parallel_mesh(parallel_dims),
+            reshard_after_forward=reshard,
+            param_dtype=param_dtype,
+            reduce_dtype=REDUCE_DTYPES.get(cfg.reduce_dtype),
         )
     return model

@@ -366,7 +366,9 @@ def _param_groups(model: nn.Module, oc) -> list[dict]:
 def _single(parallel_cfg):
     from dataclasses import replace
 
-    return replace(parallel_cfg, strategy="none", reshard_after_forward=None, zero_stage=None)
+    return replace(
+        parallel_cfg, strategy="none", reshard_after_forward=None, reduce_dtype=None, zero_stage=None
+    )
 
 
 def _fsdp_module_type():

@@ -198,6 +198,28 @@ def test_train_py_under_torchrun_fsdp_without_reshard(workdir, reference):
     _assert_same_weights(_final_weights(f"{workdir}/runs/cli"), reference[1], atol=1e-5, rtol=1e-4)
 
 
+def test_fsdp_bfloat16_gradient_reduction_is_applied_and_close(workdir, reference):
+    """parallel.reduce_dtype=bfloat16 rounds the reduce-scatter's gradients: the run follows the fp32
+    one to bf16 precision, and is not it (the option reached FSDP)."""
+    _torchrun(
+        [
+            "train.py",
+            *_overrides(workdir),
+            f"trainer.batch_size={B}",
+            "parallel=fsdp",
+            "parallel.reduce_dtype=bfloat16",
+            "trainer.run_name=bf16_reduce",
+            "logger.kind=none",
+        ]
+    )
+    state = torch.load(
+        os.path.join(ckpt.latest_checkpoint(f"{workdir}/runs/bf16_reduce"), "train_state.pt"),
+        weights_only=True,
+    )
+    torch.testing.assert_close(state["history"], reference[0], atol=0, rtol=2e-2)
+    assert state["history"][1:] != reference[0][1:]  # step 1's loss precedes any reduction
+
+
 # ---- configuration, checked without processes -----------------------------------------------------
 
 
@@ -225,6 +247,8 @@ def test_deepspeed_config_is_generated_from_ours():
     [
         (["parallel=ddp", "parallel.zero_stage=2"], "zero_stage applies to parallel.strategy=deepspeed only"),
         (["parallel=ddp", "parallel.reshard_after_forward=false"], "applies to parallel.strategy=fsdp only"),
+        (["parallel=ddp", "parallel.reduce_dtype=bfloat16"], "applies to parallel=fsdp only"),
+        (["parallel=fsdp", "parallel.reduce_dtype=fp8"], "one of float32, bfloat16"),
         (["parallel=deepspeed", "parallel.zero_stage=4"], "choose 1, 2 or 3"),
         (["parallel=deepspeed", "parallel.sp=2"], "use ddp or fsdp"),
         (["parallel.strategy=zero"], "choose one of none, ddp, fsdp, deepspeed"),
