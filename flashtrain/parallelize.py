@@ -123,11 +123,16 @@ def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     step), and buffers are not re-broadcast before every forward: the model's only buffers (rotary
     frequencies) are computed identically on every rank.
     """
+    import inspect
+
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
+    # torch 2.13 renamed the option (and warns on the old name); 2.11, on the GPU machines, has only it
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    no_buffer_sync = {"forward_sync_buffers": False} if renamed else {"broadcast_buffers": False}
     return DistributedDataParallel(
-        model, device_ids=device_ids, gradient_as_bucket_view=True, broadcast_buffers=False
+        model, device_ids=device_ids, gradient_as_bucket_view=True, **no_buffer_sync
     )
 
 
