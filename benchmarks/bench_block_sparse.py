@@ -23,7 +23,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import error_note, gpu_slug, markdown_table, time_ms, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    error_note,
+    gpu_slug,
+    graph_time_ms,
+    markdown_table,
+    time_ms,
+    write_results,
+)
 from kernels import block_sparse  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 from kernels.layouts import BlockLayout, butterfly_layout  # noqa: E402
@@ -94,6 +101,11 @@ def timed(fn, q, k, v, do):
     return time_ms(fwd, warmup_ms=10, rep_ms=50), time_ms(fwdbwd, warmup_ms=10, rep_ms=50)
 
 
+def graph_timed(fn, q, k, v, do) -> float:
+    """fwd+bwd ms replayed from a CUDA graph: without the launch work that bounds n=4k."""
+    return graph_time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do))
+
+
 def tune(headdim: int, nheads: int) -> dict:
     """Time each pass's candidate tile configs at n=16k, all-factor butterfly; keep the fastest."""
     seqlen = 16384
@@ -124,7 +136,7 @@ def tune(headdim: int, nheads: int) -> dict:
     return {"best": {p: list(c) for p, c in best.items()}, "trials": log}
 
 
-def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict]) -> None:
+def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict], graphs: bool = False) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
@@ -144,6 +156,11 @@ def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict]) -> Non
             row["fwd_ms"], row["fwdbwd_ms"] = timed(fn, *args)
         except Exception as exc:  # one failing impl must not end the sweep: record it in its row
             row["error"] = error_note(exc)
+        if graphs and "error" not in row:
+            try:
+                row["fwdbwd_graph_ms"] = graph_timed(fn, *args)
+            except Exception as exc:  # not capturable: the eager figures stand alone
+                row["graph_error"] = error_note(exc)
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in base})
         return row
@@ -195,6 +212,9 @@ def summarize(rows: list[dict]) -> list[dict]:
         if f:
             s.update(flex_fwd_ms=f["fwd_ms"], flex_fwdbwd_ms=f["fwdbwd_ms"],
                      speedup_vs_flex_fwd=f["fwd_ms"] / r["fwd_ms"], speedup_vs_flex_fwdbwd=f["fwdbwd_ms"] / r["fwdbwd_ms"])  # fmt: skip
+            if "fwdbwd_graph_ms" in r and "fwdbwd_graph_ms" in f:
+                s.update(ours_fwdbwd_graph_ms=r["fwdbwd_graph_ms"], flex_fwdbwd_graph_ms=f["fwdbwd_graph_ms"],
+                         speedup_vs_flex_fwdbwd_graph=f["fwdbwd_graph_ms"] / r["fwdbwd_graph_ms"])  # fmt: skip
         if d:
             ideal = d["fwdbwd_ms"] * r["density"]
             s.update(ideal_fwdbwd_ms=ideal, ours_over_ideal=r["fwdbwd_ms"] / ideal)
@@ -242,6 +262,10 @@ def main():
     parser.add_argument("--nheads", type=int, default=16)
     parser.add_argument("--tune", action="store_true", help="pick tile configs at n=16k first")
     parser.add_argument(
+        "--graph-upto", type=int, default=16384,
+        help="also time fwd+bwd replayed from a CUDA graph (no launch work) up to this length; 0 = never",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/block_sparse_<gpu>.json)"
     )
     args = parser.parse_args()
@@ -251,7 +275,7 @@ def main():
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
-            bench_shape(n, d, args.nheads, rows)
+            bench_shape(n, d, args.nheads, rows, graphs=n <= args.graph_upto)
             # rewritten after every shape, so a run cut short still leaves its numbers
             summary = summarize(rows)
             extra = dict(
@@ -259,7 +283,8 @@ def main():
             )
             write_results(out, rows, extra)
     cols = ["seqlen", "headdim", "density_pct", "ours_fwd_ms", "flex_fwd_ms", "ours_fwdbwd_ms", "flex_fwdbwd_ms",
-            "speedup_vs_flex_fwdbwd", "ideal_fwdbwd_ms", "ours_over_ideal"]  # fmt: skip
+            "speedup_vs_flex_fwdbwd", "ideal_fwdbwd_ms", "ours_over_ideal", "ours_fwdbwd_graph_ms",
+            "flex_fwdbwd_graph_ms", "speedup_vs_flex_fwdbwd_graph"]  # fmt: skip
     table = markdown_table(summary, cols, floatfmt="{:.3g}")
     with open(out.replace(".json", ".md"), "w") as f:
         f.write(

@@ -55,6 +55,22 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_time_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50) -> float:
+    """Median milliseconds of fn captured once in a CUDA graph and replayed: its device time without
+    the host's launch work, which dominates small problems (what a graph-captured training step pays).
+    fn must be capturable (no host sync, nothing allocated outside torch's caching allocator)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, warmup_ms, rep_ms)
+
+
 def peak_memory_mib(fn: Callable[[], object]) -> float:
     """Peak CUDA memory allocated during one call of fn, above what was allocated before it (MiB)."""
     torch.cuda.synchronize()
