@@ -35,6 +35,7 @@ from benchmarks.common import gpu_slug, profile_table, write_results  # noqa: E4
 from flashtrain.distributed import (  # noqa: E402
     hybrid_attention,
     ring_attention,
+    set_gradient_group,
     shard_positions,
     ulysses_attention,
 )
@@ -268,6 +269,10 @@ def main() -> None:
         "--profile", default=None, help="folder: profile tables of --profile-modes at the first size"
     )
     p.add_argument("--profile-modes", nargs="+", default=["zigzag"], choices=MODES[:-1])
+    p.add_argument(
+        "--grad-group", action="store_true",
+        help="the ring backward's dK/dV over a second communicator of the same ranks (set_gradient_group)",
+    )  # fmt: skip
     args = p.parse_args()
 
     device = args.device
@@ -285,6 +290,11 @@ def main() -> None:
         ulysses = [dist.new_group([r * u_size + u for u in range(u_size)]) for r in range(world // u_size)]
         ring = [dist.new_group(list(range(u, world, u_size))) for u in range(u_size)]
         groups = dict(ulysses=ulysses[rank // u_size], ring=ring[rank % u_size], U=u_size)
+    if args.grad_group:  # every rank creates every group, in one order (new_group is collective)
+        set_gradient_group(dist.group.WORLD, dist.new_group(list(range(world))))
+        if groups:
+            twins = [dist.new_group(list(range(u, world, groups["U"]))) for u in range(groups["U"])]
+            set_gradient_group(groups["ring"], twins[rank % groups["U"]])
 
     rows = []
     for tokens in args.tokens_per_rank:
@@ -310,7 +320,11 @@ def main() -> None:
         out = args.out or os.path.join(
             os.path.dirname(__file__), "results", f"ring_{gpu_slug()}_x{world}.json"
         )
-        write_results(out, rows, extra=dict(benchmark="bench_ring", world=world, backend=backend))
+        write_results(
+            out,
+            rows,
+            extra=dict(benchmark="bench_ring", world=world, backend=backend, grad_group=args.grad_group),
+        )
         print(f"wrote {out}")
     dist.destroy_process_group()
 

@@ -9,7 +9,7 @@ from .context import (
 )
 from .local_attention import PositionMask, dropout_keep_mask, local_backward, local_forward
 from .parallel_dims import ParallelDims
-from .ring import RingAttention, ring_attention
+from .ring import RingAttention, ring_attention, set_gradient_group
 from .sharding import gather_full, shard, shard_positions, unshard
 from .ulysses import UlyssesAttention, hybrid_attention, ulysses_attention
 
@@ -28,6 +28,7 @@ __all__ = [
     "ring_attention",
     "sequence_parallel",
     "sequence_parallel_attention",
+    "set_gradient_group",
     "shard",
     "shard_positions",
     "ulysses_attention",

@@ -36,6 +36,29 @@ from .sharding import check_layout, check_seqlen, segment_runs, segments_positio
 
 _TAG_KV, _TAG_DKV, _TAG_HOME = 1, 2, 3  # gloo matches on tags; NCCL matches in posting order, same here
 
+# ring group -> a second group over the same ranks that carries the backward's dK/dV accumulators
+_GRAD_GROUPS: dict = {}
+
+
+def set_gradient_group(group: dist.ProcessGroup, grad_group: dist.ProcessGroup | None) -> None:
+    """Send the ring backward's fp32 dK/dV accumulators over `grad_group` instead of `group`.
+
+    One NCCL communicator runs its transfers on one stream in posting order, so the accumulators
+    queue behind (and before) the K/V blocks of the same step; a second communicator over the same
+    ranks, in the same order, lets the two streams of transfers run side by side. Call it on every
+    rank of the ring (make the group with `dist.new_group` or `new_subgroups_by_enumeration`, which
+    every rank of the world must enter); `grad_group=None` goes back to one group.
+    """
+    if grad_group is None:
+        _GRAD_GROUPS.pop(group, None)
+        return
+    ranks, grad_ranks = dist.get_process_group_ranks(group), dist.get_process_group_ranks(grad_group)
+    if grad_ranks != ranks:
+        raise ValueError(
+            f"the gradient group must hold the ring's ranks in the ring's order, {ranks}; got {grad_ranks}"
+        )
+    _GRAD_GROUPS[group] = grad_group
+
 
 @dataclass(frozen=True)
 class RingSpec:
@@ -64,6 +87,7 @@ class RingSpec:
     dropout_p: float = 0.0
     dropout_seed: int = 0
     backend: str = "auto"
+    grad_group: dist.ProcessGroup | None = None  # the backward's dK/dV transfers; None: `group`
 
     @functools.cached_property  # the forward and the backward of a call share one plan
     def plan(self) -> RingPlan:
@@ -227,7 +251,8 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
         if t > 0 and t == plan.last_hop[rank]:
             home = torch.empty(acc_shape, dtype=acc_dtype, device=q.device)
             ops.append((dist.irecv, home, (rank + t) % size, _TAG_HOME))
-        pending = [(w, ops) for w in _post(ops, spec.group)]  # overlaps the next step's compute
+        # overlaps the next step's compute; on its own communicator, beside the K/V transfers too
+        pending = [(w, ops) for w in _post(ops, spec.grad_group or spec.group)]
         _wait(kv_works)  # blocks until the next K/V have arrived
         kv = nxt
     _wait([w for w, _ in pending])  # blocks until our own dK/dV have come home
@@ -394,6 +419,7 @@ def make_ring_spec(
         window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
         block_layout=block_layout, block_size=block_size, head_offset=head_offset, nheads_total=q.shape[2],
         dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,
+        grad_group=_GRAD_GROUPS.get(group),
     )  # fmt: skip
 
 

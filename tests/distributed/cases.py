@@ -367,6 +367,43 @@ def job(rank: int, world: int, names: list[str]) -> dict:
         results[f"context/{mode}"] = run_context_case(rank, world, mode)
     # a dense ring case after all the errors: nothing is left half-sent
     results["after-errors"] = run_case(Case("after-errors", causal=True), rank, world, groups)
+    results.update(run_gradient_group_cases(rank, world, groups))
+    return results
+
+
+GRADIENT_GROUP_CASES = (
+    Case("grad-group-zigzag-gqa", causal=True, nheads_kv=2),
+    Case("grad-group-contiguous-block", layout="contiguous", causal=True, block="random"),
+)
+
+
+def run_gradient_group_cases(rank: int, world: int, groups: dict) -> dict:
+    """The backward's dK/dV over a second group of the same ranks (set_gradient_group): the same
+    results; a group of other ranks is refused on every rank."""
+    from flashtrain.distributed.ring import make_ring_spec, set_gradient_group
+
+    results = {}
+    grad_group = dist.new_group(list(range(world)))  # every rank enters new_group
+    other = dist.new_group([0])
+    try:
+        set_gradient_group(dist.group.WORLD, other)
+        results["grad-group/other-ranks"] = "no ValueError raised"
+    except ValueError as e:
+        results["grad-group/other-ranks"] = None if "the ring's ranks" in str(e) else str(e)
+    set_gradient_group(dist.group.WORLD, grad_group)
+    try:
+        spec = make_ring_spec(
+            torch.zeros(1, 2, 4, 8), group=dist.group.WORLD, seqlen=2 * world, layout="contiguous", causal=False,
+            softmax_scale=None, window=None, dropout_p=0.0, block_layout=None, block_size=None, cu_seqlens=None,
+            dropout_seed=None, backend="reference",
+        )  # fmt: skip
+        results["grad-group/in-spec"] = (
+            None if spec.grad_group is grad_group else "the spec does not carry it"
+        )
+        for case in GRADIENT_GROUP_CASES:
+            results[case.name] = run_case(case, rank, world, groups)
+    finally:
+        set_gradient_group(dist.group.WORLD, None)
     return results
 
 

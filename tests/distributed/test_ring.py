@@ -6,7 +6,7 @@ reported as its own test.
 
 import pytest
 
-from tests.distributed.cases import job_results, ring_cases
+from tests.distributed.cases import GRADIENT_GROUP_CASES, job_results, ring_cases
 
 WORLDS = (2, 3, 4)
 
@@ -20,4 +20,17 @@ def test_ring_matches_reference(world, name):
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_usable_after_bad_inputs(world):
     err = job_results(world)["after-errors"]
+    assert err is None, err
+
+
+@pytest.mark.parametrize(
+    "world,name",
+    [
+        (w, n)
+        for w in WORLDS
+        for n in ["grad-group/other-ranks", "grad-group/in-spec", *(c.name for c in GRADIENT_GROUP_CASES)]
+    ],
+)
+def test_ring_gradients_over_a_second_group(world, name):
+    err = job_results(world)[name]
     assert err is None, err
