@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import random
@@ -451,6 +452,15 @@ class Trainer:
         return self.history
 
     def close(self) -> None:
+        """Restore the signal handlers and, when distributed, tear down the process groups. The trainer
+        cannot train after this; its results (history, run_dir, preempted) stay readable."""
         self.preemption.restore()
         if self.world_size > 1 and dist.is_initialized():
+            # destroy_process_group joins gloo's worker threads only when nothing else holds the groups;
+            # a thread left running into interpreter shutdown can abort the process after the last
+            # checkpoint ("terminate called without an active exception", SIGABRT). The model, its
+            # optimizer, the device meshes and library caches all hold them, so drop those first.
+            self.strategy.release()
+            self.model = self.train_model = self.optimizer = self.strategy = self.parallel_dims = None
+            gc.collect()  # the model's reference cycles (hooks, tied weights)
             dist.destroy_process_group()
