@@ -343,8 +343,8 @@ def deepspeed_config(cfg, dp: int, autocast_dtype: torch.dtype | None) -> dict:
     }
 
 
-def apply_deepspeed(model: nn.Module, cfg, dp: int, autocast_dtype: torch.dtype | None):
-    """The DeepSpeed engine around `model` (the data-parallel step of parallelize_gpt for deepspeed)."""
+def import_deepspeed():
+    """The deepspeed module, or a ValueError that says how to install it."""
     try:
         import deepspeed
     except ImportError:
@@ -352,6 +352,12 @@ def apply_deepspeed(model: nn.Module, cfg, dp: int, autocast_dtype: torch.dtype 
             "parallel.strategy=deepspeed needs DeepSpeed: pip install -e '.[deepspeed]' "
             "(on CPU: DS_BUILD_OPS=0 pip install deepspeed)"
         ) from None
+    return deepspeed
+
+
+def apply_deepspeed(model: nn.Module, cfg, dp: int, autocast_dtype: torch.dtype | None):
+    """The DeepSpeed engine around `model` (the data-parallel step of parallelize_gpt for deepspeed)."""
+    deepspeed = import_deepspeed()
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=_param_groups(model, cfg.optim),

@@ -25,7 +25,7 @@ from flashtrain.log import get_logger
 from flashtrain.models.attention import attention_override
 from flashtrain.optim import lr_at
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
-from flashtrain.strategy import build_strategy
+from flashtrain.strategy import build_strategy, import_deepspeed
 from flashtrain.tasks import build_task
 from flashtrain.tracking import Tracker
 
@@ -137,6 +137,15 @@ class Trainer:
                 f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node"
             )
         if world_size > 1 and not dist.is_initialized():
+            # Modules that bind the default group as a default argument when first imported
+            # (torch.distributed.nn's `group=group.WORLD`, imported by torch._dynamo; DeepSpeed's
+            # barrier) would hold it past destroy_process_group, and its threads into interpreter
+            # shutdown: import them before the group exists.
+            import torch.distributed.nn  # noqa: F401
+
+            if self.cfg.parallel.strategy == "deepspeed":
+                import_deepspeed()
+
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
             dist.init_process_group(backend)
         return (dist.get_rank(), world_size) if world_size > 1 else (0, 1)
