@@ -183,14 +183,9 @@ def clear_dtensor_caches() -> None:
     """Empty torch.distributed's memo caches (DTensor's sharding propagation in Python and C++,
     redistribute plans). Their entries keep FSDP2's device meshes, and through them the process
     groups, alive after the model is gone, so `destroy_process_group` could not join the groups' threads."""
-    from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor import _redistribute
 
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    for name in dir(propagator):
-        cache = getattr(propagator, name)
-        if not name.startswith("__") and not isinstance(cache, type) and hasattr(cache, "cache_clear"):
-            cache.cache_clear()
-    clear_function_caches("torch.distributed")
+    clear_function_caches("torch.distributed")  # the sharding propagator's own caches are functools ones
     # caches of their own: the C++ dispatch fast path's, and the redistribute planners per mesh
     for clear in (
         getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),

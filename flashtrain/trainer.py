@@ -137,13 +137,9 @@ class Trainer:
                 f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node"
             )
         if world_size > 1 and not dist.is_initialized():
-            # Modules that bind the default group as a default argument when first imported
-            # (torch.distributed.nn's `group=group.WORLD`, imported by torch._dynamo; DeepSpeed's
-            # barrier) would hold it past destroy_process_group, and its threads into interpreter
-            # shutdown: import them before the group exists.
-            import torch.distributed.nn  # noqa: F401
-
             if self.cfg.parallel.strategy == "deepspeed":
+                # before the group exists: DeepSpeed's barrier binds the default group as a default
+                # argument at import, as torch.distributed.nn does (see flashtrain/distributed/__init__.py)
                 import_deepspeed()
 
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"

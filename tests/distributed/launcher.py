@@ -16,10 +16,6 @@ import traceback
 
 import torch
 import torch.distributed as dist
-
-# imported before any group exists: it binds the default group as a default argument at first import,
-# which would keep the group (and its threads) alive past destroy_process_group
-import torch.distributed.nn  # noqa: F401
 import torch.multiprocessing as mp
 
 
