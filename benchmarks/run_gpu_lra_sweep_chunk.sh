@@ -5,7 +5,8 @@
 # $OUT/carry/runs.tgz, like run_gpu_lra_chunk.sh does for one run. The runs must be the same in every
 # call of a sweep: they are this file's default (Pathfinder-32, see NOTES_lra.md) unless given as
 # arguments (one quoted string of Hydra overrides per run). The data are generated once per call, with all
-# cores, into one cache the runs then only read.
+# cores, into one cache the runs then only read. RUN_IDS="0 1" runs only those (run i always on GPU i),
+# leaving the other GPUs to other work; the runs not run are carried unchanged.
 #
 #   here:  device run --carry .whl .carry "source .whl/install.sh >/dev/null && bash benchmarks/run_gpu_lra_sweep_chunk.sh 480"
 #   then:  rm -rf .carry && cp -r <files_at>/carry .carry     (.carry/ is git-ignored)
@@ -46,7 +47,8 @@ splits = load_lra_dataset(TaskConfig(**{**task, **extra, "cache_dir": sys.argv[2
 print({k: len(v) for k, v in splits.items()}, f"ready in {time.time() - t:.0f} s")
 EOF
 left=$((secs - ($(date +%s) - start)))
-for i in "${!RUNS[@]}"; do
+ids=${RUN_IDS:-${!RUNS[*]}}
+for i in $ids; do
   # shellcheck disable=SC2086  # each entry is several overrides
   CUDA_VISIBLE_DEVICES=$i timeout --kill-after=30 $((left + 120)) python train.py experiment="$exp" \
     ${RUNS[$i]} trainer.run_name="${name}_sweep_$i" trainer.resume=auto trainer.time_limit_s="$left" \
@@ -56,7 +58,7 @@ for i in "${!RUNS[@]}"; do
 done
 wait
 tar czf "$OUT/carry/runs.tgz" -C "$work" runs
-for i in "${!RUNS[@]}"; do
+for i in $ids; do
   echo "== $i: ${RUNS[$i]}"
   grep -e 'val/acc' -e 'ms/step' "$work/runs/${name}_sweep_$i.log" | tail -n 3
 done | tee "$R/summary.txt"
