@@ -18,6 +18,24 @@ import torch.nn as nn
 
 from flashtrain.models.gpt import GPT, Block, GPTConfig
 
+POSITIONS = ("learned", "sincos", "sincos_init")
+INIT_STD = 0.02  # of embeddings, positions and linear weights
+
+
+def sincos_table(length: int, dim: int) -> torch.Tensor:
+    """(length, dim) sinusoidal encodings of positions 0..length-1 (sines in the first half of the
+    channels, cosines in the second), at dim / 2 wavelengths from 2π to 10000·2π."""
+    freqs = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim // 2))
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * freqs  # (length, dim / 2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()
+
+
+def sincos_grid(side: int, dim: int) -> torch.Tensor:
+    """(side, side, dim) 2-D encodings: the first dim / 2 channels encode the row, the rest the column."""
+    rows = sincos_table(side, dim // 2)[:, None, :].expand(side, side, dim // 2)
+    cols = sincos_table(side, dim // 2)[None, :, :].expand(side, side, dim // 2)
+    return torch.cat([rows, cols], dim=-1)
+
 
 @dataclass
 class ClassifierConfig:
@@ -30,10 +48,20 @@ class ClassifierConfig:
     image_size: int | None = None  # side of square image inputs (learned 2-D positions); None = 1-D inputs
     pooling: str = "mean"  # "mean" over non-padding positions, or "cls" (a learned first token)
     pad_id: int | None = None  # token id of padding (excluded from attention and pooling); None = no padding
+    # "learned": random start, trained; "sincos": fixed sin-cos table (2-D for images: half the channels
+    # encode the row, half the column), as LRA's own transformer baseline used; "sincos_init": that table
+    # as the start of a trained one
+    positions: str = "learned"
 
     def __post_init__(self):
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"model.pooling={self.pooling!r}; choose 'mean' or 'cls'")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"task.positions={self.positions!r}; choose one of {', '.join(POSITIONS)}")
+        if self.positions != "learned" and self.encoder.d_model % 4:
+            raise ValueError(
+                f"sin-cos positions need model.d_model divisible by 4 (got {self.encoder.d_model})"
+            )
         if self.num_classes < 2:
             raise ValueError(f"model.num_classes={self.num_classes} must be >= 2")
         if self.encoder.causal:
@@ -52,21 +80,36 @@ class SequenceClassifier(nn.Module):
         backend = GPT._make_backend(enc)
         self.embed = nn.Embedding(enc.vocab_size, enc.d_model)
         if cfg.image_size:
-            self.pos_2d = nn.Parameter(torch.randn(cfg.image_size, cfg.image_size, enc.d_model) * 0.02)
+            self._set_positions("pos_2d", self._initial_positions((cfg.image_size, cfg.image_size)))
         else:
-            self.pos_1d = nn.Parameter(torch.randn(enc.max_seq_len, enc.d_model) * 0.02)
+            self._set_positions("pos_1d", self._initial_positions((enc.max_seq_len,)))
         if cfg.pooling == "cls":
-            self.cls = nn.Parameter(torch.randn(enc.d_model) * 0.02)
+            self.cls = nn.Parameter(torch.randn(enc.d_model) * INIT_STD)
         self.drop = nn.Dropout(enc.dropout)
         self.blocks = nn.ModuleList([Block(enc, backend) for _ in range(enc.n_layer)])
         self.ln_f = nn.LayerNorm(enc.d_model)
         self.head = nn.Linear(enc.d_model, cfg.num_classes)
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=INIT_STD)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=INIT_STD)
+
+    def _initial_positions(self, shape: tuple[int, ...]) -> torch.Tensor:
+        dim = self.cfg.encoder.d_model
+        if self.cfg.positions == "learned":
+            return torch.randn(*shape, dim) * INIT_STD
+        table = sincos_grid(shape[0], dim) if len(shape) == 2 else sincos_table(shape[0], dim)
+        # the learned start's per-channel RMS (a sin-cos channel's is 1/√2): positions and token
+        # embeddings start at one scale, as LRA's unit-scale sin-cos and unit-scale embeddings do
+        return table * INIT_STD * 2**0.5
+
+    def _set_positions(self, name: str, table: torch.Tensor) -> None:
+        if self.cfg.positions == "sincos":  # fixed, but saved: an upsampled table is not recomputable
+            self.register_buffer(name, table)
+        else:
+            setattr(self, name, nn.Parameter(table))
 
     def positions(self) -> torch.Tensor:
         return self.pos_2d.flatten(0, 1) if self.cfg.image_size else self.pos_1d  # (N, C), row-major
@@ -105,5 +148,6 @@ class SequenceClassifier(nn.Module):
         if not self.cfg.image_size:
             raise ValueError("upsample_positions needs an image model (image_size set)")
         grid = self.pos_2d.repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # (kH, kW, C)
-        self.pos_2d = nn.Parameter(grid)
+        del self.pos_2d  # a parameter or a buffer, replaced by one of the same kind
+        self._set_positions("pos_2d", grid.detach().clone())
         self.cfg.image_size *= factor

@@ -44,6 +44,7 @@ def classifier_config(cfg, image_size: int | None = None) -> ClassifierConfig:
         num_classes=10 if listops else 2,
         image_size=None if listops else (image_size or cfg.task.resolution),
         pooling=cfg.task.pooling,
+        positions=cfg.task.positions,
         pad_id=0 if listops else None,
     )
 

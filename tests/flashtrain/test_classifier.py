@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
+from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier, sincos_grid, sincos_table
 from flashtrain.models.gpt import GPTConfig
 
 
@@ -22,14 +22,15 @@ def encoder(**kw):
     return GPTConfig(**base)
 
 
+@pytest.mark.parametrize("positions", ["learned", "sincos", "sincos_init"])
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 @pytest.mark.parametrize("factor", [2, 4])
-def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor):
+def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor, positions):
     """Path-64 -> Path-X transfer: duplicate every pixel into a k×k block and the position grid alike."""
     torch.manual_seed(0)
-    model = (
-        SequenceClassifier(ClassifierConfig(encoder=encoder(attention=backend), image_size=4)).double().eval()
-    )
+    cfg = ClassifierConfig(encoder=encoder(attention=backend), image_size=4, positions=positions)
+    model = SequenceClassifier(cfg).double().eval()
+    trained = {name for name, _ in model.named_parameters()}
     images = torch.randint(0, 256, (3, 4, 4))
     before = model(images.flatten(1))
     model.upsample_positions(factor)
@@ -37,6 +38,47 @@ def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend,
     after = model(big.flatten(1))
     torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-10)
     assert model.cfg.image_size == 4 * factor
+    assert {name for name, _ in model.named_parameters()} == trained  # a fixed table stays fixed
+
+
+@pytest.mark.parametrize("side, dim", [(5, 8), (16, 32), (32, 64)])
+def test_sincos_grid_places_each_pixel_nearest_its_neighbours(side, dim):
+    """Half the channels follow the row, half the column, and the encoding closest to a pixel's own is
+    one of its 4-neighbours': what lets attention find adjacent pixels before anything is learned."""
+    grid = sincos_grid(side, dim).double()
+    assert grid.shape == (side, side, dim)
+    r, c = torch.randint(0, side, (2,)).tolist()
+    torch.testing.assert_close(
+        grid[r, :, : dim // 2], sincos_table(side, dim // 2)[r].double().expand(side, -1)
+    )
+    torch.testing.assert_close(
+        grid[:, c, dim // 2 :], sincos_table(side, dim // 2)[c].double().expand(side, -1)
+    )
+    k = torch.arange(dim // 4, dtype=torch.float64)
+    expected = torch.cat([torch.sin(3 / 10000 ** (k / (dim // 4))), torch.cos(3 / 10000 ** (k / (dim // 4)))])
+    torch.testing.assert_close(sincos_table(side, dim // 2)[3].double(), expected, rtol=1e-6, atol=1e-6)
+    flat = grid.flatten(0, 1)
+    dist = torch.cdist(flat, flat)
+    dist.fill_diagonal_(float("inf"))
+    nearest = dist.argmin(1)
+    rows, cols = torch.arange(side * side) // side, torch.arange(side * side) % side
+    steps = (rows[nearest] - rows).abs() + (cols[nearest] - cols).abs()
+    assert (steps == 1).all()
+
+
+def test_fixed_positions_are_saved_but_not_trained():
+    torch.manual_seed(0)
+    fixed = SequenceClassifier(ClassifierConfig(encoder=encoder(), image_size=8, positions="sincos"))
+    init = SequenceClassifier(ClassifierConfig(encoder=encoder(), image_size=8, positions="sincos_init"))
+    assert "pos_2d" in fixed.state_dict() and "pos_2d" not in dict(fixed.named_parameters())
+    assert "pos_2d" in dict(init.named_parameters())
+    torch.testing.assert_close(fixed.pos_2d, init.pos_2d.detach())
+    # the start has the learned start's scale: RMS 0.02 per channel
+    assert abs(fixed.pos_2d.pow(2).mean().sqrt().item() - 0.02) < 2e-3
+    fixed(torch.randint(0, 256, (2, 64))).sum().backward()
+    assert all(p.grad is not None for p in fixed.parameters() if p.requires_grad)
+    sequence = SequenceClassifier(ClassifierConfig(encoder=encoder(), positions="sincos"))
+    torch.testing.assert_close(sequence.pos_1d, sincos_table(64, 32) * 0.02 * 2**0.5)
 
 
 def test_padding_changes_nothing():
@@ -77,6 +119,10 @@ def test_classifier_learns_a_small_generated_image_task():
 
 
 def test_bad_classifier_configs():
+    with pytest.raises(ValueError, match="positions"):
+        ClassifierConfig(encoder=encoder(), positions="rope")
+    with pytest.raises(ValueError, match="divisible by 4"):
+        ClassifierConfig(encoder=encoder(d_model=30, n_head=2), positions="sincos")
     with pytest.raises(ValueError, match="causal must be false"):
         ClassifierConfig(encoder=encoder(causal=True))
     with pytest.raises(ValueError, match="pooling"):
@@ -86,8 +132,10 @@ def test_bad_classifier_configs():
         model.upsample_positions(2)
 
 
-def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
-    """task.init_from loads a smaller-image run and duplicates its position grid (Path-64 -> Path-X)."""
+@pytest.mark.parametrize("positions", ["learned", "sincos"])
+def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
+    """task.init_from loads a smaller-image run and duplicates its position grid (Path-64 -> Path-X),
+    a fixed sin-cos grid included (it is saved with the model)."""
     from flashtrain.config import compose_config
     from flashtrain.trainer import Trainer
 
@@ -96,6 +144,7 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
         f"trainer.out_dir={tmp_path}",
         f"task.cache_dir={tmp_path}/lra",
         "trainer.max_steps=1",
+        f"task.positions={positions}",
     ]
     small = Trainer(compose_config(["experiment=lra/pathfinder32", "trainer.run_name=small", *common]))
     small.fit()
