@@ -211,8 +211,11 @@ def build(job) -> dict:
         over = shared > SMEM_LIMIT.get(arch, 101376)
         result.update(status="over shared memory" if over else "ok", shared=shared)
     except Exception as e:  # noqa: BLE001  (the point is to report whatever the compiler raises)
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        result.update(status="error", error=f"{type(e).__name__}: {' | '.join(lines[-3:])[:400]}")
+        root = e  # a nested jit call reports its caller's line; the cause says what was refused
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__
+        lines = [line for line in str(root).strip().splitlines() if line.strip()]
+        result.update(status="error", error=f"{type(root).__name__}: {' | '.join(lines[-3:])[:400]}")
     finally:
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
