@@ -164,3 +164,24 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
                 ["experiment=lra/pathx", *common, "task.resolution=48", f"task.init_from={tmp_path}/small"]
             )
         )
+
+
+def test_pathfinder_batches_from_memory_equal_the_arrow_files(tmp_path):
+    """Pathfinder pixels are copied once into uint8 arrays (fast batches); every batch equals the one
+    read from the Arrow files, for shuffled training rows and the ordered evaluation splits."""
+    import numpy as np
+
+    from flashtrain.config import compose_config
+    from flashtrain.tasks.classification import ClassificationTask, pixels_in_memory
+
+    cfg = compose_config(["experiment=lra/pathfinder32", "debug=lra_cpu", f"task.cache_dir={tmp_path}"])
+    task = ClassificationTask(cfg, rank=0, world_size=1, dp_rank=0, dp=1)
+    assert task.pixels is not None and task.pixels["train"][0].dtype == np.uint8
+    from_memory = [task.next_batch() for _ in range(5)] + list(task.eval_batches("test", None))
+    task.pixels, task.sampler = None, type(task.sampler)(32, 4, seed=cfg.trainer.seed)  # the Arrow path
+    from_files = [task.next_batch() for _ in range(5)] + list(task.eval_batches("test", None))
+    for (x, y), (x2, y2) in zip(from_memory, from_files, strict=True):
+        assert x.dtype == x2.dtype == torch.long and y.dtype == y2.dtype == torch.long
+        torch.testing.assert_close(x, x2, rtol=0, atol=0)
+        torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    assert pixels_in_memory(task.splits, budget=32 * 1024 - 1) is None  # over the budget: the files stay
