@@ -358,7 +358,8 @@ def _configs(shapes, interp_shape) -> list[triton.Config]:
 # Padded head dims above this compute dk and dv in two passes (PART 1: dv, PART 2: dk and the atomic
 # dq), each holding one BLOCK_N x BLOCK_D fp32 accumulator instead of two: at d256 two accumulators
 # leave room for 32x64 tiles only (the backward ran at 0.81x SDPA flash there), one allows 64x128.
-# The price is P recomputed in both passes (5 matmuls per tile pair instead of 4). Not yet measured.
+# The price is P recomputed in both passes (5 matmuls per tile pair instead of 4). Measured on an H200
+# at d256: backward 165-182 -> 229-269 TFLOP/s (benchmarks/NOTES_attention.md).
 SPLIT_DKDV_ABOVE = 128
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). The interpreter's tiles differ between the two kernels on

@@ -32,9 +32,8 @@ def sincos_table(length: int, dim: int) -> torch.Tensor:
 
 def sincos_grid(side: int, dim: int) -> torch.Tensor:
     """(side, side, dim) 2-D encodings: the first dim / 2 channels encode the row, the rest the column."""
-    rows = sincos_table(side, dim // 2)[:, None, :].expand(side, side, dim // 2)
-    cols = sincos_table(side, dim // 2)[None, :, :].expand(side, side, dim // 2)
-    return torch.cat([rows, cols], dim=-1)
+    table = sincos_table(side, dim // 2)  # (side, dim / 2), for rows and columns alike
+    return torch.cat([table[:, None, :].expand(-1, side, -1), table[None, :, :].expand(side, -1, -1)], dim=-1)
 
 
 @dataclass

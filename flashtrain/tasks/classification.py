@@ -59,14 +59,13 @@ def pixels_in_memory(splits, budget: int = PIXELS_IN_MEMORY) -> dict | None:
     they exceed `budget` bytes. A training step then gathers its batch with one numpy index (0.3 ms for
     256 Pathfinder-32 images on a 2-core CPU) instead of an Arrow fancy index (3.3 ms); the trainer
     syncs with the GPU every step, so that time is the GPU's idle time."""
-    sizes = {name: split.num_rows * split.features["pixels"].length for name, split in splits.items()}
-    if sum(sizes.values()) > budget:
+    if sum(split.num_rows * split.features["pixels"].length for split in splits.values()) > budget:
         return None
     out = {}
     for name, split in splits.items():
         table = split.with_format("arrow")[:]  # the rows in order (through any indices mapping)
         flat = table.column("pixels").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        images = np.ascontiguousarray(flat, dtype=np.uint8).reshape(split.num_rows, -1)
+        images = flat.reshape(split.num_rows, -1)  # uint8, as stored
         labels = table.column("label").to_numpy().astype(np.int64)
         out[name] = (images, labels)
     return out
