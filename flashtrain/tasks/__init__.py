@@ -31,7 +31,7 @@ class TaskConfig:
         None  # generated data cache; None = $FLASHTRAIN_DATA_CACHE/lra or ~/.cache/flashtrain/lra
     )
     pooling: str = "mean"  # classifier pooling: "mean" or "cls"
-    positions: str = "learned"  # classifier positions: "learned", "sincos" (fixed) or "sincos_init" (trained)
+    positions: str = "learned"  # classifier positions: learned, sincos (fixed), sincos_init (trained), rotary
     init_from: str | None = (
         None  # run or checkpoint directory of a smaller-image model to start from (Path-X)
     )

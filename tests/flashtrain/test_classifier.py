@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier, sincos_grid, sincos_table
+from flashtrain.models.classifier import (
+    ClassifierConfig,
+    SequenceClassifier,
+    rotary_angles,
+    sincos_grid,
+    sincos_table,
+)
 from flashtrain.models.gpt import GPTConfig
 
 
@@ -22,7 +28,7 @@ def encoder(**kw):
     return GPTConfig(**base)
 
 
-@pytest.mark.parametrize("positions", ["learned", "sincos", "sincos_init"])
+@pytest.mark.parametrize("positions", ["learned", "sincos", "sincos_init", "rotary"])
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 @pytest.mark.parametrize("factor", [2, 4])
 def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor, positions):
@@ -64,6 +70,56 @@ def test_sincos_grid_places_each_pixel_nearest_its_neighbours(side, dim):
     rows, cols = torch.arange(side * side) // side, torch.arange(side * side) % side
     steps = (rows[nearest] - rows).abs() + (cols[nearest] - cols).abs()
     assert (steps == 1).all()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_rotary_scores_depend_on_the_2d_offset_only(pooling):
+    """Axial rotary positions: a query-key score is unchanged when both pixels move by the same 2-D
+    offset, and equal offsets along rows and along columns rotate different channel pairs."""
+    torch.manual_seed(0)
+    head_dim, side = 16, 6
+    angles = rotary_angles((side, side), head_dim, theta=100.0)  # (side, side, head_dim / 2)
+    assert angles.shape == (side, side, head_dim // 2)
+    torch.testing.assert_close(angles[2, 5, :4], angles[2, 0, :4])  # row pairs ignore the column
+    torch.testing.assert_close(angles[0, 3, 4:], angles[5, 3, 4:])  # column pairs ignore the row
+    from flashtrain.models.gpt import apply_rotary
+
+    q, k = torch.randn(2, head_dim, dtype=torch.float64)
+
+    def score(a, b):  # query at pixel a, key at pixel b
+        def rot(x, p):
+            cos, sin = angles[p].cos().double(), angles[p].sin().double()
+            return apply_rotary(x.view(1, 1, 1, -1), cos, sin)
+
+        return (rot(q, a) * rot(k, b)).sum().item()
+
+    # angles are float32
+    assert score((1, 1), (2, 3)) == pytest.approx(score((3, 2), (4, 4)), rel=1e-6)
+    assert score((1, 1), (2, 1)) != pytest.approx(score((1, 1), (1, 2)), rel=1e-3)
+    # the model: no added positions and nothing trained for them, yet positions are seen: without
+    # them a mean-pooled encoder could not tell an image from its transpose
+    cfg = ClassifierConfig(encoder=encoder(), image_size=8, positions="rotary", pooling=pooling)
+    model = SequenceClassifier(cfg).double().eval()
+    assert "rot_2d" in model.state_dict()
+    assert not any("rot" in n or "pos" in n for n, _ in model.named_parameters())
+    for block in model.blocks:  # sharpen attention: at the 0.02-std start it is nearly uniform
+        block.attn.c_attn.weight.data *= 20
+    image = torch.randint(0, 256, (1, 8, 8))
+    out, transposed = model(image.flatten(1)), model(image.transpose(1, 2).flatten(1))
+    assert (out - transposed).abs().max() > 1e-2 * out.abs().max()
+    model.rot_2d.zero_()  # no rotation: now the transpose is the same set of pixels
+    out, transposed = model(image.flatten(1)), model(image.transpose(1, 2).flatten(1))
+    torch.testing.assert_close(out, transposed, rtol=1e-12, atol=1e-12)
+
+
+def test_rotary_sequence_positions():
+    """1-D inputs (ListOps) get 1-D rotary angles: all pairs turn with the position, GPT's frequencies."""
+    cfg = ClassifierConfig(encoder=encoder(vocab_size=16), num_classes=10, pad_id=0, positions="rotary")
+    model = SequenceClassifier(cfg)
+    head_dim = cfg.encoder.head_dim
+    freqs = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    torch.testing.assert_close(model.rot_1d, torch.arange(64.0)[:, None] * freqs)
+    model(torch.randint(1, 16, (2, 20))).sum().backward()
 
 
 def test_fixed_positions_are_saved_but_not_trained():
@@ -123,6 +179,12 @@ def test_bad_classifier_configs():
         ClassifierConfig(encoder=encoder(), positions="rope")
     with pytest.raises(ValueError, match="divisible by 4"):
         ClassifierConfig(encoder=encoder(d_model=30, n_head=2), positions="sincos")
+    with pytest.raises(ValueError, match="head dim divisible by 4"):
+        ClassifierConfig(encoder=encoder(d_model=36, n_head=2), image_size=8, positions="rotary")
+    with pytest.raises(ValueError, match="head dim divisible by 2"):
+        ClassifierConfig(encoder=encoder(d_model=30, n_head=2), positions="rotary")
+    with pytest.raises(ValueError, match="task.positions=rotary"):
+        ClassifierConfig(encoder=encoder(pos_embedding="rotary"))
     with pytest.raises(ValueError, match="causal must be false"):
         ClassifierConfig(encoder=encoder(causal=True))
     with pytest.raises(ValueError, match="pooling"):
@@ -132,7 +194,7 @@ def test_bad_classifier_configs():
         model.upsample_positions(2)
 
 
-@pytest.mark.parametrize("positions", ["learned", "sincos"])
+@pytest.mark.parametrize("positions", ["learned", "sincos", "rotary"])
 def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
     """task.init_from loads a smaller-image run and duplicates its position grid (Path-64 -> Path-X),
     a fixed sin-cos grid included (it is saved with the model)."""
@@ -153,9 +215,10 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
     )
     big = Trainer(big_cfg)
     assert big.model.cfg.image_size == 64
-    grid = small.model.pos_2d.detach()
+    name = "rot_2d" if positions == "rotary" else "pos_2d"
+    grid = getattr(small.model, name).detach()
     torch.testing.assert_close(
-        big.model.pos_2d.detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1)
+        getattr(big.model, name).detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1)
     )
     big.fit()
     with pytest.raises(ValueError, match="resolution 48"):
