@@ -19,7 +19,6 @@ import torch.nn as nn
 from flashtrain.models.gpt import GPT, Block, GPTConfig
 
 POSITIONS = ("learned", "sincos", "sincos_init", "rotary")
-INIT_STD = 0.02  # of embeddings, positions and linear weights
 
 
 def sincos_table(length: int, dim: int) -> torch.Tensor:
@@ -110,26 +109,26 @@ class SequenceClassifier(nn.Module):
         else:
             self._set_positions("pos_2d" if cfg.image_size else "pos_1d", self._initial_positions(shape))
         if cfg.pooling == "cls":
-            self.cls = nn.Parameter(torch.randn(enc.d_model) * INIT_STD)
+            self.cls = nn.Parameter(torch.randn(enc.d_model) * enc.init_std)
         self.drop = nn.Dropout(enc.dropout)
         self.blocks = nn.ModuleList([Block(enc, backend) for _ in range(enc.n_layer)])
         self.ln_f = nn.LayerNorm(enc.d_model)
         self.head = nn.Linear(enc.d_model, cfg.num_classes)
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=INIT_STD)
+                nn.init.normal_(module.weight, std=enc.init_std)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=INIT_STD)
+                nn.init.normal_(module.weight, std=enc.init_std)
 
     def _initial_positions(self, shape: tuple[int, ...]) -> torch.Tensor:
         dim = self.cfg.encoder.d_model
         if self.cfg.positions == "learned":
-            return torch.randn(*shape, dim) * INIT_STD
+            return torch.randn(*shape, dim) * self.cfg.encoder.init_std
         table = sincos_grid(shape[0], dim) if len(shape) == 2 else sincos_table(shape[0], dim)
         # the learned start's per-channel RMS (a sin-cos channel's is 1/√2): positions and token
         # embeddings start at one scale, as LRA's unit-scale sin-cos and unit-scale embeddings do
-        return table * INIT_STD * 2**0.5
+        return table * self.cfg.encoder.init_std * 2**0.5
 
     def _set_positions(self, name: str, table: torch.Tensor) -> None:
         if self.cfg.positions == "sincos":  # fixed, but saved: an upsampled table is not recomputable

@@ -137,6 +137,19 @@ def test_fixed_positions_are_saved_but_not_trained():
     torch.testing.assert_close(sequence.pos_1d, sincos_table(64, 32) * 0.02 * 2**0.5)
 
 
+@pytest.mark.parametrize("positions", ["learned", "sincos_init"])
+def test_init_std_sets_the_starting_scale(positions):
+    """model.init_std reaches the classifier's embeddings, positions, CLS token and linear weights."""
+    torch.manual_seed(0)
+    cfg = ClassifierConfig(
+        encoder=encoder(d_model=64, init_std=0.125), image_size=8, positions=positions, pooling="cls"
+    )
+    model = SequenceClassifier(cfg)
+    for name in ("embed.weight", "blocks.0.attn.c_attn.weight", "blocks.1.mlp.c_fc.weight", "pos_2d", "cls"):
+        rms = model.get_parameter(name).pow(2).mean().sqrt().item()
+        assert abs(rms - 0.125) < 0.125 * 0.15, (name, rms)
+
+
 def test_padding_changes_nothing():
     torch.manual_seed(0)
     cfg = ClassifierConfig(encoder=encoder(vocab_size=16, attention="sdpa"), num_classes=10, pad_id=0)
