@@ -38,15 +38,23 @@ name=${exp#lra/}
 #   Run 2026-11-22 (one call, two runs per GPU, ~10k steps each): only run 3 (LRA config, rotary) learned:
 #   validation accuracy 50.0 -> 54.5%, loss 0.694 -> 0.687, by step 8,750; learned positions (run 2)
 #   memorised (validation loss up to 0.705); the width-64 recipe runs stayed at chance.
-# - init2 (the default): run 3 of init continued to its 50 epochs (its directory renamed to init2_3), and
+# - init2: run 3 of init continued to its 50 epochs (its directory renamed to init2_3), and
 #   three variants of it from scratch: lr 2e-3, two layers, init std 0.15.
-sweep=${SWEEP:-init2}
+#   Run 2026-11-22: init_3 ended its 50 epochs at 54.6% test (55.2% val), now experiment=lra/pathfinder32;
+#   two layers reached 54.8% val at step 10k, still rising; init std 0.15 peaked at 54.7% (step 7.5k) and
+#   fell back; lr 2e-3 collapsed to one prediction.
+# - long (the default, not run yet): LRA's 200 epochs (62,400 steps of 512) of the experiment's config,
+#   of its two-layer variant, and of both with CLS pooling: ~26 min per run alone on an H200, ~48 shared.
+sweep=${SWEEP:-long}
+# Both bases pin what experiment=lra/pathfinder32 has since changed (it is now init2_3's config), so the
+# sets below still describe the runs that were made.
 recipe="model.n_layer=2 model.n_head=2 model.d_model=64 model.attn_dropout=0.1 optim.min_lr=0
-  optim.warmup_steps=312 optim.weight_decay=0 optim.beta2=0.999"
+  optim.warmup_steps=312 optim.weight_decay=0 optim.beta2=0.999 model.dropout=0.1 trainer.batch_size=256
+  task.positions=learned model.init_std=0.02 model.rope_theta=10000"
 epochs100="trainer.max_steps=62400"  # of 256 images
 lra_transformer="model.n_layer=1 model.n_head=4 model.d_model=128 model.dropout=0.2 model.attn_dropout=0.1
   optim.lr=1e-3 optim.min_lr=0 optim.warmup_steps=312 optim.weight_decay=0 optim.beta2=0.999
-  trainer.batch_size=512"
+  trainer.batch_size=512 task.positions=learned model.init_std=0.02 model.rope_theta=10000"
 rotary="task.positions=rotary model.rope_theta=100"  # 100: the slowest of 8 pairs per axis still turns 1 rad in 32 px
 RUNS=("$@")
 if [ ${#RUNS[@]} -eq 0 ]; then
@@ -81,7 +89,13 @@ if [ ${#RUNS[@]} -eq 0 ]; then
       "$lra_transformer $rotary model.init_std=0.15 trainer.max_steps=15600"
       "$lra_transformer $rotary model.init_std=0.088 trainer.max_steps=15600"
     ) ;;
-    *) echo "SWEEP=$sweep: choose recipe, positions, rotary, init or init2" >&2; exit 2 ;;
+    long) RUNS=(
+      "trainer.max_steps=62400"
+      "trainer.max_steps=62400 model.n_layer=2"
+      "trainer.max_steps=62400 task.pooling=cls"
+      "trainer.max_steps=62400 model.n_layer=2 task.pooling=cls"
+    ) ;;
+    *) echo "SWEEP=$sweep: choose recipe, positions, rotary, init, init2 or long" >&2; exit 2 ;;
   esac
 fi
 work=/tmp/lra-carry
