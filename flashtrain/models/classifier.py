@@ -112,12 +112,13 @@ class SequenceClassifier(nn.Module):
             self.cls = nn.Parameter(torch.randn(enc.d_model) * enc.init_std)
         self.drop = nn.Dropout(enc.dropout)
         self.blocks = nn.ModuleList([Block(enc, backend) for _ in range(enc.n_layer)])
-        self.ln_f = nn.LayerNorm(enc.d_model)
-        self.head = nn.Linear(enc.d_model, cfg.num_classes)
+        self.ln_f = nn.LayerNorm(enc.d_model, bias=enc.bias)
+        self.head = nn.Linear(enc.d_model, cfg.num_classes, bias=enc.bias)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=enc.init_std)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=enc.init_std)
 

@@ -150,6 +150,13 @@ def test_init_std_sets_the_starting_scale(positions):
         assert abs(rms - 0.125) < 0.125 * 0.15, (name, rms)
 
 
+def test_bias_false_leaves_no_bias_anywhere():
+    """model.bias=false reaches the final LayerNorm and the head too, not only the blocks."""
+    model = SequenceClassifier(ClassifierConfig(encoder=encoder(bias=False), image_size=8))
+    assert not [name for name, _ in model.named_parameters() if name.endswith("bias")]
+    model(torch.randint(0, 256, (2, 64))).sum().backward()
+
+
 def test_padding_changes_nothing():
     torch.manual_seed(0)
     cfg = ClassifierConfig(encoder=encoder(vocab_size=16, attention="sdpa"), num_classes=10, pad_id=0)
