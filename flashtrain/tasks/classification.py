@@ -145,7 +145,13 @@ class ClassificationTask:
             path = ckpt.latest_checkpoint(path) or path
         if not os.path.exists(os.path.join(path, "meta.json")):
             raise ValueError(f"task.init_from={self.task.init_from}: no checkpoint there")
-        small = ckpt.read_meta(path)["config"]["task"]["resolution"]
+        written = ckpt.read_meta(path)["config"]["task"]
+        small = written["resolution"]
+        if written.get("positions", "learned") != self.task.positions:
+            raise ValueError(
+                f"task.init_from holds a model with task.positions={written.get('positions', 'learned')}, this "
+                f"run has task.positions={self.task.positions}; set it to the checkpoint's"
+            )
         factor = self.task.resolution // small
         if self.task.kind != "pathfinder" or factor < 1 or small * factor != self.task.resolution:
             raise ValueError(

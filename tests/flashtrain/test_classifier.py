@@ -230,11 +230,17 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
     ]
     small = Trainer(compose_config(["experiment=lra/pathfinder32", "trainer.run_name=small", *common]))
     small.fit()
-    big_cfg = compose_config(
-        ["experiment=lra/pathx", *common, "task.resolution=64", f"task.init_from={tmp_path}/small"]
-    )
-    big = Trainer(big_cfg)
+    big_overrides = [
+        "experiment=lra/pathx",
+        *common,
+        "task.resolution=64",
+        f"task.init_from={tmp_path}/small",
+    ]
+    big = Trainer(compose_config(big_overrides))
     assert big.model.cfg.image_size == 64
+    other = "learned" if positions != "learned" else "rotary"
+    with pytest.raises(ValueError, match=f"task.positions={positions}, this run has task.positions={other}"):
+        Trainer(compose_config([*big_overrides, f"task.positions={other}"]))
     name = "rot_2d" if positions == "rotary" else "pos_2d"
     grid = getattr(small.model, name).detach()
     torch.testing.assert_close(
