@@ -3,10 +3,10 @@
 Inputs are token ids (ListOps: 15 symbols + padding) or image pixels fed one per position
 (Pathfinder / Path-X / Path-256: intensities 0-255 as tokens, row-major). Images get 2-D positions
 (learned, fixed sin-cos, or axial rotary: a grid either way), which `upsample_positions` stretches by
-nearest-neighbour duplication to a larger grid: a Path-64 model becomes a Path-X (128²) or Path-256 model. Duplicating every pixel of
-an image into a k×k block and duplicating the embedding grid the same way leaves a mean-pooled,
-dense-attention model's output unchanged (tested), which is why the transfer starts from a sensible
-function rather than from noise.
+nearest-neighbour duplication to a larger grid: a Path-64 model becomes a Path-X (128²) or Path-256
+model. Duplicating every pixel of an image into a k×k block and duplicating the position grid the same
+way leaves a mean-pooled, dense-attention model's output unchanged (tested), which is why the transfer
+starts from a sensible function rather than from noise.
 """
 
 from __future__ import annotations
@@ -100,9 +100,8 @@ class SequenceClassifier(nn.Module):
         backend = GPT._make_backend(enc)
         self.embed = nn.Embedding(enc.vocab_size, enc.d_model)
         shape = (cfg.image_size, cfg.image_size) if cfg.image_size else (enc.max_seq_len,)
-        if (
-            cfg.positions == "rotary"
-        ):  # saved, like a fixed sin-cos table: an upsampled grid is not recomputable
+        # rotary angles are saved, like a fixed sin-cos table: an upsampled grid is not recomputable
+        if cfg.positions == "rotary":
             self.register_buffer(
                 "rot_2d" if cfg.image_size else "rot_1d", rotary_angles(shape, enc.head_dim, enc.rope_theta)
             )

@@ -166,7 +166,8 @@ def test_padding_changes_nothing():
     torch.testing.assert_close(model(padded), model(tokens))
 
 
-def test_classifier_learns_a_small_generated_image_task():
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_classifier_learns_a_small_generated_image_task(positions):
     """Noisy dark 8×8 images, half of them with one bright pixel somewhere: find the pixel."""
     gen = torch.Generator().manual_seed(0)
 
@@ -179,7 +180,8 @@ def test_classifier_learns_a_small_generated_image_task():
         return images.flatten(1), labels
 
     torch.manual_seed(0)
-    model = SequenceClassifier(ClassifierConfig(encoder=encoder(attention="sdpa"), image_size=8))
+    cfg = ClassifierConfig(encoder=encoder(attention="sdpa"), image_size=8, positions=positions)
+    model = SequenceClassifier(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(150):
         x, y = batch(64)
