@@ -44,7 +44,8 @@ name=${exp#lra/}
 #   two layers reached 54.8% val at step 10k, still rising; init std 0.15 peaked at 54.7% (step 7.5k) and
 #   fell back; lr 2e-3 collapsed to one prediction.
 # - long (the default, not run yet): LRA's 200 epochs (62,400 steps of 512) of the experiment's config,
-#   of its two-layer variant, and of both with CLS pooling: ~26 min per run alone on an H200, ~48 shared.
+#   of its two-layer variant, and of both with CLS pooling: 48 min per run at the 46 ms per step measured
+#   with two runs per GPU (the time alone on a GPU is not measured).
 sweep=${SWEEP:-long}
 # Both bases pin what experiment=lra/pathfinder32 has since changed (it is now init2_3's config), so the
 # sets below still describe the runs that were made.
