@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lease-sized piece of an LRA sweep too long for one call: up to four runs side by side, run i on
-# GPU i mod (the GPU count: one each on an nvidia-h200-x4, two each on an -x2), each resumed from the carried run directory, trained for SECONDS
-# (trainer.time_limit_s; the trainer then checkpoints and stops) and handed back packed as
+# GPU i mod the GPU count (one each on an nvidia-h200-x4, two each on an -x2), each resumed from the
+# carried run directory, trained for SECONDS (trainer.time_limit_s; the trainer then checkpoints and
+# stops) and handed back packed as
 # $OUT/carry/runs.tgz, like run_gpu_lra_chunk.sh does for one run. The runs must be the same in every
 # call of a sweep: they are one of this file's sets (SWEEP, below; Pathfinder-32, see NOTES_lra.md) unless
 # given as arguments (one quoted string of Hydra overrides per run). The data come from .carry/data.tar.xz
@@ -23,9 +24,6 @@ name=${exp#lra/}
 #   recipe (2 layers, width 64, 2 heads, attention dropout 0.1, lr 1e-4, no weight decay, AdamW's default
 #   betas; its paper reports 74.2% for a softmax transformer) at lr 1e-4 / 3e-4 and width 64 / 128. All
 #   four stayed at chance (NOTES_lra.md).
-# - positions (not run yet): the same recipe with sin-cos 2-D positions, fixed or as the start
-#   of learned ones, and LRA's own transformer config (1 layer, width 128, 4 heads, dropout 0.2, lr 1e-3,
-#   batch 512, fixed sin-cos positions as in LRA; 100 epochs = 31,200 steps of 512).
 # - rotary: 50 epochs each, two runs per GPU of an x2. The recipe at lr 3e-4 with axial 2-D
 #   rotary positions (a score depends on the pixels' 2-D offset) and with sin-cos as the start of learned
 #   positions; LRA's transformer config with learned positions (with which a reader of LRA's code
@@ -66,12 +64,6 @@ if [ ${#RUNS[@]} -eq 0 ]; then
       "$recipe $epochs100 optim.lr=1e-4 model.d_model=128 model.n_head=4"
       "$recipe $epochs100 optim.lr=3e-4 model.d_model=128 model.n_head=4"
     ) ;;
-    positions) RUNS=(
-      "$recipe $epochs100 optim.lr=3e-4 task.positions=sincos"
-      "$recipe $epochs100 optim.lr=3e-4 task.positions=sincos_init"
-      "$recipe $epochs100 optim.lr=1e-4 task.positions=sincos"
-      "$lra_transformer trainer.max_steps=31200 task.positions=sincos"
-    ) ;;
     rotary) RUNS=(
       "$recipe optim.lr=3e-4 $rotary trainer.max_steps=31200"
       "$recipe optim.lr=3e-4 task.positions=sincos_init trainer.max_steps=31200"
@@ -96,7 +88,7 @@ if [ ${#RUNS[@]} -eq 0 ]; then
       "trainer.max_steps=62400 task.pooling=cls"
       "trainer.max_steps=62400 model.n_layer=2 task.pooling=cls"
     ) ;;
-    *) echo "SWEEP=$sweep: choose recipe, positions, rotary, init, init2 or long" >&2; exit 2 ;;
+    *) echo "SWEEP=$sweep: choose recipe, rotary, init, init2 or long" >&2; exit 2 ;;
   esac
 fi
 work=/tmp/lra-carry

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from flashtrain.models.gpt import GPT, Block, GPTConfig
+from flashtrain.models.gpt import GPT, Block, GPTConfig, rotary_frequencies
 
 POSITIONS = ("learned", "sincos", "sincos_init", "rotary")
 
@@ -40,8 +40,7 @@ def rotary_angles(shape: tuple[int, ...], head_dim: int, theta: float) -> torch.
     (shape (H, W)). An image's are axial: the first half of the pairs turn with the row, the second
     half with the column, so a query-key score depends on the 2-D offset between two pixels, and a
     pixel's neighbours are one step away whatever the row length (row-major, they are 1 and W away)."""
-    pairs = head_dim // 2 // len(shape)  # rotated pairs per axis
-    freqs = 1.0 / theta ** (torch.arange(pairs, dtype=torch.float64) / pairs)
+    freqs = rotary_frequencies(head_dim // 2 // len(shape), theta, torch.float64)  # pairs per axis
     axes = torch.meshgrid(*[torch.arange(n, dtype=torch.float64) for n in shape], indexing="ij")
     return torch.cat([axis[..., None] * freqs for axis in axes], dim=-1).float()
 
@@ -100,13 +99,7 @@ class SequenceClassifier(nn.Module):
         backend = GPT._make_backend(enc)
         self.embed = nn.Embedding(enc.vocab_size, enc.d_model)
         shape = (cfg.image_size, cfg.image_size) if cfg.image_size else (enc.max_seq_len,)
-        # rotary angles are saved, like a fixed sin-cos table: an upsampled grid is not recomputable
-        if cfg.positions == "rotary":
-            self.register_buffer(
-                "rot_2d" if cfg.image_size else "rot_1d", rotary_angles(shape, enc.head_dim, enc.rope_theta)
-            )
-        else:
-            self._set_positions("pos_2d" if cfg.image_size else "pos_1d", self._initial_positions(shape))
+        self._set_positions(self._initial_positions(shape))
         if cfg.pooling == "cls":
             self.cls = nn.Parameter(torch.randn(enc.d_model) * enc.init_std)
         self.drop = nn.Dropout(enc.dropout)
@@ -121,26 +114,34 @@ class SequenceClassifier(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=enc.init_std)
 
+    @property
+    def _positions_name(self) -> str:
+        """The attribute holding the positions: pos_* (added to the embeddings) or rot_* (rotary angles)."""
+        kind = "rot" if self.cfg.positions == "rotary" else "pos"
+        return f"{kind}_2d" if self.cfg.image_size else f"{kind}_1d"
+
     def _initial_positions(self, shape: tuple[int, ...]) -> torch.Tensor:
-        dim = self.cfg.encoder.d_model
+        enc = self.cfg.encoder
+        if self.cfg.positions == "rotary":
+            return rotary_angles(shape, enc.head_dim, enc.rope_theta)
         if self.cfg.positions == "learned":
-            return torch.randn(*shape, dim) * self.cfg.encoder.init_std
-        table = sincos_grid(shape[0], dim) if len(shape) == 2 else sincos_table(shape[0], dim)
+            return torch.randn(*shape, enc.d_model) * enc.init_std
+        table = sincos_grid(shape[0], enc.d_model) if len(shape) == 2 else sincos_table(shape[0], enc.d_model)
         # the learned start's per-channel RMS (a sin-cos channel's is 1/√2): positions and token
         # embeddings start at one scale, as LRA's unit-scale sin-cos and unit-scale embeddings do
-        return table * self.cfg.encoder.init_std * 2**0.5
+        return table * enc.init_std * 2**0.5
 
-    def _set_positions(self, name: str, table: torch.Tensor) -> None:
-        if self.cfg.positions == "sincos":  # fixed, but saved: an upsampled table is not recomputable
-            self.register_buffer(name, table)
+    def _set_positions(self, table: torch.Tensor) -> None:
+        # fixed tables (sin-cos, rotary angles) are buffers, but saved: an upsampled grid is not recomputable
+        if self.cfg.positions in ("sincos", "rotary"):
+            self.register_buffer(self._positions_name, table)
         else:
-            setattr(self, name, nn.Parameter(table))
+            setattr(self, self._positions_name, nn.Parameter(table))
 
     def positions(self) -> torch.Tensor:
         """(N, C) added positions, or (N, head_dim / 2) rotary angles; row-major for images."""
-        if self.cfg.positions == "rotary":
-            return self.rot_2d.flatten(0, 1) if self.cfg.image_size else self.rot_1d
-        return self.pos_2d.flatten(0, 1) if self.cfg.image_size else self.pos_1d
+        table = getattr(self, self._positions_name)
+        return table.flatten(0, 1) if self.cfg.image_size else table
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, N) ids (images flattened row-major). Returns logits (B, num_classes)."""
@@ -150,21 +151,20 @@ class SequenceClassifier(nn.Module):
             raise ValueError(
                 f"input of {n} positions, the model has {pos.shape[0]}; upsample_positions or crop"
             )
-        rotary = None
+        x = self.embed(tokens)  # (B, N, C)
+        angles = None  # rotary angles (N, head_dim / 2), if the positions are rotary
         if self.cfg.positions == "rotary":
-            x = self.embed(tokens)  # (B, N, C)
-            angles = pos[:n]  # (N, head_dim / 2)
+            angles = pos[:n]
         else:
-            x = self.embed(tokens) + pos[:n]
+            x = x + pos[:n]
         keep = None if self.cfg.pad_id is None else tokens != self.cfg.pad_id  # (B, N)
         if self.cfg.pooling == "cls":
             x = torch.cat([self.cls.expand(batch, 1, -1), x], dim=1)  # (B, 1 + N, C)
             if keep is not None:
                 keep = torch.cat([keep.new_ones(batch, 1), keep], dim=1)
-            if self.cfg.positions == "rotary":  # the CLS token has no position: angle 0, no rotation
+            if angles is not None:  # the CLS token has no position: angle 0, no rotation
                 angles = torch.cat([angles.new_zeros(1, angles.shape[1]), angles])
-        if self.cfg.positions == "rotary":
-            rotary = (angles.cos()[None, :, None, :], angles.sin()[None, :, None, :])  # (1, N, 1, D/2)
+        rotary = None if angles is None else (angles.cos()[None, :, None], angles.sin()[None, :, None])
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rotary, key_padding_mask=keep)
@@ -186,11 +186,8 @@ class SequenceClassifier(nn.Module):
             raise ValueError("upsample_positions needs an image model (image_size set)")
         # rotary angles are duplicated too: the k×k copies of a pixel share its position, so a
         # duplicated image's attention weights are the small image's, spread over k² equal keys
-        name = "rot_2d" if self.cfg.positions == "rotary" else "pos_2d"
-        grid = getattr(self, name).repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # (kH, kW, C)
-        delattr(self, name)  # a parameter or a buffer, replaced by one of the same kind
-        if name == "rot_2d":
-            self.register_buffer(name, grid.detach().clone())
-        else:
-            self._set_positions(name, grid.detach().clone())
+        grid = getattr(self, self._positions_name)
+        grid = grid.repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # (kH, kW, C)
+        delattr(self, self._positions_name)  # a parameter or a buffer, replaced by one of the same kind
+        self._set_positions(grid.detach().clone())
         self.cfg.image_size *= factor

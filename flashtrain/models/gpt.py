@@ -74,11 +74,15 @@ class GPTConfig:
         return self.d_model // self.n_head
 
 
+def rotary_frequencies(pairs: int, theta: float, dtype=torch.float32) -> torch.Tensor:
+    """(pairs,) angular frequencies of rotated channel pairs: 1 down to theta^(-(pairs-1)/pairs)."""
+    return 1.0 / theta ** (torch.arange(pairs, dtype=dtype) / pairs)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_seq_len: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rotary_frequencies(head_dim // 2, theta), persistent=False)
         self.max_seq_len = max_seq_len
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

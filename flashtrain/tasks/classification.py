@@ -146,11 +146,11 @@ class ClassificationTask:
         if not os.path.exists(os.path.join(path, "meta.json")):
             raise ValueError(f"task.init_from={self.task.init_from}: no checkpoint there")
         written = ckpt.read_meta(path)["config"]["task"]
-        small = written["resolution"]
-        if written.get("positions", "learned") != self.task.positions:
+        small, positions = written["resolution"], written.get("positions", "learned")
+        if positions != self.task.positions:
             raise ValueError(
-                f"task.init_from holds a model with task.positions={written.get('positions', 'learned')}, this "
-                f"run has task.positions={self.task.positions}; set it to the checkpoint's"
+                f"task.init_from holds a model with task.positions={positions}, this run has "
+                f"task.positions={self.task.positions}; set it to the checkpoint's"
             )
         factor = self.task.resolution // small
         if self.task.kind != "pathfinder" or factor < 1 or small * factor != self.task.resolution:
