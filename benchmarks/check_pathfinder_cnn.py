@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import sys
 import time
 
 import datasets
@@ -20,11 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from flashtrain.tasks.classification import pixels_in_memory
 
-def images(split) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.tensor(np.asarray(split["pixels"]), dtype=torch.float32)
-    side = int(x.shape[1] ** 0.5)
-    return x.view(-1, 1, side, side) / 255, torch.tensor(split["label"])
+
+def images(pixels: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, 1, H, H) floats in [0, 1] and int64 labels from the (n, H·H) uint8 pixels."""
+    side = int(pixels.shape[1] ** 0.5)
+    return torch.tensor(pixels, dtype=torch.float32).view(-1, 1, side, side) / 255, torch.tensor(labels)
 
 
 def conv_net() -> nn.Sequential:
@@ -49,8 +52,10 @@ def main():
     roots = glob.glob(f"{a.cache}/pathfinder{a.resolution}-*")
     if len(roots) != 1:
         raise SystemExit(f"expected one pathfinder{a.resolution} data set under {a.cache}, found {roots}")
-    x, y = images(datasets.load_from_disk(roots[0] + "/train").with_format("numpy"))
-    xv, yv = images(datasets.load_from_disk(roots[0] + "/validation").with_format("numpy"))
+    splits = {name: datasets.load_from_disk(f"{roots[0]}/{name}") for name in ("train", "validation")}
+    pixels = pixels_in_memory(splits, budget=sys.maxsize)
+    x, y = images(*pixels["train"])
+    xv, yv = images(*pixels["validation"])
     print(f"{len(x)} train / {len(xv)} validation images, {y.float().mean():.3f} positive", flush=True)
     net = conv_net()
     opt = torch.optim.AdamW(net.parameters(), 2e-3, weight_decay=1e-4)
