@@ -3,7 +3,8 @@
 # a time-out inside it). $R starts empty, so a warm machine's earlier call does not leak into this one.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
-R=/tmp/flashtrain-results
+# Two scripts side by side in one call (each on its own GPUs) give each its own R and OUT.
+R=${R:-/tmp/flashtrain-results}
 rm -rf "$R"
 mkdir -p "$OUT" "$R"
 pack() { tar czf "$OUT/results.tgz" -C "$R" .; }

@@ -9,7 +9,8 @@
 # when it is there (the data cache, packed: Pathfinder-32 is 21 MB, generated once on any machine with
 # `load_lra_dataset` and `tar cJf .carry/data.tar.xz -C <cache_dir> .`), else are generated once per call
 # with all cores (111 s on an x2's 32) into one cache the runs then only read. RUN_IDS="0 1" runs only
-# those, leaving the other runs carried unchanged.
+# those, leaving the other runs carried unchanged; GPU_LIST="0 1" puts the k-th of them on the k-th GPU
+# listed (modulo the list), leaving the others free for other work in the same call.
 #
 #   here:  device run --carry .whl .carry "source .whl/install.sh >/dev/null && bash benchmarks/run_gpu_lra_sweep_chunk.sh 480"
 #   then:  cp <files_at>/carry/runs.tgz .carry/     (.carry/ is git-ignored; keep its data.tar.xz)
@@ -113,9 +114,13 @@ EOF
 left=$((secs - ($(date +%s) - start)))
 ids=${RUN_IDS:-${!RUNS[*]}}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+read -r -a gpu_list <<< "${GPU_LIST:-$(seq -s ' ' 0 $((gpus > 0 ? gpus - 1 : 0)))}"
+k=0
 for i in $ids; do
+  if [ -n "${GPU_LIST:-}" ]; then gpu=${gpu_list[$((k % ${#gpu_list[@]}))]}; else gpu=$((i % ${#gpu_list[@]})); fi
+  k=$((k + 1))
   # shellcheck disable=SC2086  # each entry is several overrides
-  CUDA_VISIBLE_DEVICES=$((i % (gpus > 0 ? gpus : 1))) timeout --kill-after=30 $((left + 120)) python train.py experiment="$exp" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=30 $((left + 120)) python train.py experiment="$exp" \
     ${RUNS[$i]} trainer.run_name="${name}_${sweep}_$i" trainer.resume=auto trainer.time_limit_s="$left" \
     trainer.out_dir="$work/runs" trainer.keep_checkpoints=1 trainer.compile="${COMPILE:-true}" trainer.eval_interval=1250 \
     trainer.log_interval=100 trainer.progress_bar=false logger=none task.cache_dir="$cache" ${EXTRA:-} 2>&1 |

@@ -56,3 +56,18 @@ def test_long_context_benchmark_runs_on_cpu(tmp_path):
           "--contexts", "128", "--gpus", "1", "2", "--steps", "1", "--warmup", "0", "--out", str(out)])  # fmt: skip
     rows = json.load(open(out))["rows"]
     assert [(r["gpus"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok")], rows
+
+
+@pytest.mark.slow
+def test_lra_throughput_benchmark_runs_on_cpu(tmp_path):
+    """The Path-64 row through the experiment's own trainer (one block, one image), timed and projected."""
+    out = tmp_path / "lra.json"
+    _run([sys.executable, "benchmarks/bench_lra_throughput.py", "--device", "cpu", "--experiments", "path64",
+          "--images", "16", "--steps", "2", "--warmup", "1", "--cache-dir", str(tmp_path / "cache"),
+          "--override", "model.n_layer=1", "--override", "trainer.batch_size=1", "--out", str(out)])  # fmt: skip
+    (row,) = json.load(open(out))["rows"]
+    assert row["status"] == "ok" and row["tokens"] == 64 * 64 and row["configured_max_steps"] == 125_000, row
+    # the projection is the configured steps at the measured step time, plus the evaluations
+    steps_h = row["configured_max_steps"] * row["step_ms"] / 1000 / 3600
+    evals_h = row["configured_max_steps"] // row["eval_interval"] * row["eval_s"] / 3600
+    assert row["projected_h"] == pytest.approx(steps_h + evals_h, rel=1e-6)
