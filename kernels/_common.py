@@ -344,16 +344,25 @@ def dropout_keep(seed, row_ids, col_ids, dropout_p):
 
 
 @triton.jit
+def _low_half(word):
+    return (word & 0xFFFF).to(tl.int32)
+
+
+@triton.jit
+def _high_half(word):
+    return (word >> 16).to(tl.int32)
+
+
+@triton.jit
 def _halves_to_columns(w0, w1, w2, w3, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(ROWS, COLS // 8) words of consecutive groups -> (ROWS, COLS) int32 draws with [:, 8k + 2w + h] =
     half h (0 low, 1 high) of word w of group k."""
-    lo = lambda w: (w & 0xFFFF).to(tl.int32)  # noqa: E731
-    hi = lambda w: (w >> 16).to(tl.int32)  # noqa: E731
+    # (jit helpers, not lambdas: the interpreter runs lambdas, the GPU compiler refuses them)
     # join stacks on a new last axis, and the reshape flattens row-major, so the outermost join picks
     # the lowest bit of the column in the group (the half), the middle one the next (word & 1), the
     # innermost the highest (word >> 1)
-    words = tl.join(tl.join(tl.join(lo(w0), lo(w2)), tl.join(lo(w1), lo(w3))),
-                    tl.join(tl.join(hi(w0), hi(w2)), tl.join(hi(w1), hi(w3))))  # fmt: skip
+    words = tl.join(tl.join(tl.join(_low_half(w0), _low_half(w2)), tl.join(_low_half(w1), _low_half(w3))),
+                    tl.join(tl.join(_high_half(w0), _high_half(w2)), tl.join(_high_half(w1), _high_half(w3))))  # fmt: skip
     return tl.reshape(words, (ROWS, COLS))
 
 
