@@ -88,14 +88,16 @@ def flex_block_mask(layout: BlockLayout, seqlen: int):
     )
 
 
+def _fwdbwd(fn, q, k, v, do):
+    return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+
 def timed(fn, q, k, v, do):
     def fwd():
         with torch.no_grad():
             return fn(q, k, v)
 
-    def fwdbwd():
-        return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-
+    fwdbwd = _fwdbwd(fn, q, k, v, do)
     fwdbwd()  # compile / build lists outside the timed region
     fwd()
     return time_ms(fwd, warmup_ms=10, rep_ms=50), time_ms(fwdbwd, warmup_ms=10, rep_ms=50)
@@ -103,7 +105,7 @@ def timed(fn, q, k, v, do):
 
 def graph_timed(fn, q, k, v, do) -> float:
     """fwd+bwd ms replayed from a CUDA graph: without the launch work that bounds n=4k."""
-    return graph_time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do))
+    return graph_time_ms(_fwdbwd(fn, q, k, v, do))
 
 
 def tune(headdim: int, nheads: int) -> dict:

@@ -174,17 +174,20 @@ def driver(a) -> None:
                  "activation_checkpointing": a.activation_checkpointing, "largest_fitting_model": largest()}  # fmt: skip
         write_results(out, rows + fit_rows, extra)
 
-    base = _run(a, "none", 1, a.model) if 1 in gpus and not a.fit_only else None
-    if base:
-        rows.append({**base, "kind": "scaling", "efficiency": 1.0 if base.get("status") == "ok" else None})
-        save()
-    for strategy in a.strategies if not a.fit_only else []:
-        for n in (g for g in gpus if g > 1):
-            row = {**_run(a, strategy, n, a.model), "kind": "scaling"}
-            if row.get("status") == "ok" and base and base.get("status") == "ok":
-                row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"])
-            rows.append(row)
+    if not a.fit_only:
+        base = _run(a, "none", 1, a.model) if 1 in gpus else None
+        if base:
+            rows.append(
+                {**base, "kind": "scaling", "efficiency": 1.0 if base.get("status") == "ok" else None}
+            )
             save()
+        for strategy in a.strategies:
+            for n in (g for g in gpus if g > 1):
+                row = {**_run(a, strategy, n, a.model), "kind": "scaling"}
+                if row.get("status") == "ok" and base and base.get("status") == "ok":
+                    row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"])
+                rows.append(row)
+                save()
     if a.fit_models:
         n = max(gpus)
         # whether a model fits needs one step after the warm-up one (which allocates the optimizer

@@ -103,7 +103,8 @@ def _describe(value):
 
 
 def record(case_names: list[str], out_path: str) -> None:
-    """Run the cases under the interpreter; pickle [(case, kernel module, kernel name, args, kwargs)]."""
+    """Run the cases (all when none are named) under the interpreter; pickle (the case names,
+    [(case, kernel module, kernel name, args, kwargs)])."""
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -114,15 +115,17 @@ def record(case_names: list[str], out_path: str) -> None:
     def recording_run(self, *args, **kwargs):
         meta = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
         fn = self.fn
-        key = (current["case"], fn.__module__, fn.__name__, repr([_describe(a) for a in args]), repr(meta))
+        launch = (current["case"], fn.__module__, fn.__name__, [_describe(a) for a in args], meta)
+        key = repr(launch)
         if key not in seen:
             seen.add(key)
-            launches.append((current["case"], fn.__module__, fn.__name__, [_describe(a) for a in args], meta))
+            launches.append(launch)
         return original(self, *args, **kwargs)
 
     InterpretedFunction.run = recording_run
     torch.manual_seed(0)
     cases = _cases()
+    case_names = case_names or list(cases)
     unknown = set(case_names) - set(cases)
     if unknown:
         raise SystemExit(f"unknown cases {sorted(unknown)}; choose from {sorted(cases)}")
@@ -130,7 +133,7 @@ def record(case_names: list[str], out_path: str) -> None:
         current["case"] = name
         cases[name]()
     with open(out_path, "wb") as f:
-        pickle.dump(launches, f)
+        pickle.dump((case_names, launches), f)
 
 
 # ---- phase 2: compile each launch's configs for the GPU --------------------------------------------------
@@ -211,8 +214,11 @@ def build(job) -> dict:
         over = shared > SMEM_LIMIT.get(arch, 101376)
         result.update(status="over shared memory" if over else "ok", shared=shared)
     except Exception as e:  # noqa: BLE001  (the point is to report whatever the compiler raises)
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        result.update(status="error", error=f"{type(e).__name__}: {' | '.join(lines[-3:])[:400]}")
+        root = e  # a nested jit call reports its caller's line; the cause says what was refused
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__
+        lines = [line for line in str(root).strip().splitlines() if line.strip()]
+        result.update(status="error", error=f"{type(root).__name__}: {' | '.join(lines[-3:])[:400]}")
     finally:
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
@@ -240,8 +246,6 @@ def main():
     sys.path.insert(0, ROOT)
     from triton.runtime.jit import JITFunction  # noqa: F401  (fail early if triton is missing)
 
-    cases = a.cases or ["dense_causal", "dense_full", "dense_d128_gqa", "dense_d256", "window", "dropout",
-                        "dropout_d128", "padding_mask", "varlen", "block_sparse", "decode"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "launches.pkl")
         env = {
@@ -250,10 +254,13 @@ def main():
             "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
         }
         subprocess.run(
-            [sys.executable, __file__, "--record", path, "--cases", *cases], check=True, env=env, cwd=ROOT
+            [sys.executable, __file__, "--record", path, "--cases", *(a.cases or [])],
+            check=True,
+            env=env,
+            cwd=ROOT,
         )
         with open(path, "rb") as f:
-            launches = pickle.load(f)
+            cases, launches = pickle.load(f)
     jobs = [
         (launch, label, meta, a.arch)
         for launch in launches

@@ -14,3 +14,16 @@ machine_info() {
     python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
     > "$R/machine.txt" 2>&1
 }
+# The GPU correctness suites, each on its own GPU, side by side; returns when all have ended. A GPU of
+# "-" skips that suite. Logs: $R/kernel_gpu_tests.log (bf16 kernel tests), local_attention_cuda_tests.log
+# (the ring's local routes on CUDA), step_accumulate_cuda_tests.log (the fused ring-step kernels).
+cuda_tests() {  # cuda_tests SECONDS GPU_KERNELS GPU_LOCAL GPU_STEPS
+  local secs=$1
+  [ "$2" != - ] && CUDA_VISIBLE_DEVICES=$2 timeout "$secs" python -m pytest -q -n 4 -m gpu tests/kernels -rf \
+    > "$R/kernel_gpu_tests.log" 2>&1 &
+  [ "$3" != - ] && CUDA_VISIBLE_DEVICES=$3 timeout "$secs" python -m pytest -q -n 6 \
+    tests/distributed/test_local_attention.py -rf > "$R/local_attention_cuda_tests.log" 2>&1 &
+  [ "$4" != - ] && CUDA_VISIBLE_DEVICES=$4 timeout "$secs" python -m pytest -q -n 4 \
+    tests/kernels/test_step_accumulate.py -rf > "$R/step_accumulate_cuda_tests.log" 2>&1 &
+  wait
+}

@@ -25,14 +25,7 @@ for i in "${!RUNS[@]}"; do
     trainer.eval_interval=1000 logger=none trainer.progress_bar=false task.cache_dir="/tmp/lra-cache-$i" \
     2>&1 | grep -v -e Saving -e Generating -e Map -e 'ms/step' > "$R/listops_sweep_$i.log" &
 done
-if [ "${GPU_TESTS:-0}" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python -m pytest -q -n 4 -m gpu tests/kernels -rf \
-    > "$R/kernel_gpu_tests.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=1 timeout 300 python -m pytest -q -n 6 tests/distributed/test_local_attention.py -rf \
-    > "$R/local_attention_cuda_tests.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=2 timeout 300 python -m pytest -q -n 4 tests/kernels/test_step_accumulate.py -rf \
-    > "$R/step_accumulate_cuda_tests.log" 2>&1 &
-fi
+[ "${GPU_TESTS:-0}" = 1 ] && cuda_tests 300 0 1 2 &
 wait
 for i in "${!RUNS[@]}"; do echo "== $i: ${RUNS[$i]}"; grep -e 'val/acc' "$R/listops_sweep_$i.log" | tail -3; done
 tail -n 2 "$R"/*tests.log 2>/dev/null

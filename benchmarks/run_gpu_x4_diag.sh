@@ -23,14 +23,10 @@ long() { python benchmarks/bench_long_context.py --steps 1 --warmup 1 "$@" 2>&1 
     > "$R/long_context_sp2.log"
 ) &
 P1_PID=$!
-CUDA_VISIBLE_DEVICES=2 timeout "$P1" python -m pytest -q -n 4 tests/kernels/test_step_accumulate.py -rf \
-  > "$R/step_accumulate_cuda_tests.log" 2>&1 &
-T2=$!
-CUDA_VISIBLE_DEVICES=3 timeout "$P1" python -m pytest -q -n 6 tests/distributed/test_local_attention.py -rf \
-  > "$R/local_attention_cuda_tests.log" 2>&1 &
-T3=$!
+cuda_tests "$P1" - 3 2 &
+TESTS=$!
 ( sleep "$P1"; kill -- -$P1_PID 2>/dev/null; pkill -f bench_long_context ) &
-wait $P1_PID $T2 $T3
+wait $P1_PID $TESTS
 long --gpus 4 --contexts 524288 1048576 --timeout $((P2 - 60)) --run-root /tmp/l4 --out "$R/long_context_sp4.json" \
   > "$R/long_context_sp4.log"
 cut -c1-600 "$R"/sp_gradients_*.log | grep variant; tail -n 6 "$R"/long_context_sp*.log

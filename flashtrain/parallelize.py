@@ -164,6 +164,37 @@ def apply_fsdp(
     return model
 
 
+def clear_function_caches(package: str) -> None:
+    """Empty every functools cache defined in `package` (module functions, methods, static methods:
+    found through the collector, as they are not all module globals). Used at teardown: their keys and
+    values keep models, meshes and process groups alive."""
+    import functools
+    import gc
+
+    for obj in gc.get_objects():
+        # type() rather than isinstance: isinstance warns on torch's deprecated aliases
+        if type(obj) is functools._lru_cache_wrapper and str(getattr(obj, "__module__", "")).startswith(
+            package
+        ):
+            obj.cache_clear()
+
+
+def clear_dtensor_caches() -> None:
+    """Empty torch.distributed's memo caches (DTensor's sharding propagation in Python and C++,
+    redistribute plans). Their entries keep FSDP2's device meshes, and through them the process
+    groups, alive after the model is gone, so `destroy_process_group` could not join the groups' threads."""
+    from torch.distributed.tensor import _redistribute
+
+    clear_function_caches("torch.distributed")  # the sharding propagator's own caches are functools ones
+    # caches of their own: the C++ dispatch fast path's, and the redistribute planners per mesh
+    for clear in (
+        getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+    ):
+        if clear is not None:
+            clear()
+
+
 def data_parallel_mesh(parallel_dims):
     """The 1-D mesh gradients are averaged over: all dp x sp ranks (see the module docstring)."""
     mesh = parallel_dims.mesh

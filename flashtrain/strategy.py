@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from flashtrain.log import get_logger
 from flashtrain.optim import build_optimizer
-from flashtrain.parallelize import parallelize_gpt
+from flashtrain.parallelize import clear_dtensor_caches, clear_function_caches, parallelize_gpt
 
 log = get_logger()
 
@@ -193,6 +193,13 @@ class Strategy:
     def prune(self, checkpoint_root: str) -> None:
         """Remove engine files of checkpoints the rotation deleted (rank 0, after save_checkpoint)."""
 
+    # ---- the end ------------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Drop every reference this strategy (and the libraries it drives) keeps to the model and the
+        process groups, so that `destroy_process_group` can join the groups' threads."""
+        self.model = self.train_model = self.optimizer = None
+
 
 class FSDPStrategy(Strategy):
     """FSDP2. Gradient sync is switched off on the root module for all but the last micro-batch, so the
@@ -203,6 +210,10 @@ class FSDPStrategy(Strategy):
     def grad_sync(self, last: bool):
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
+
+    def release(self) -> None:
+        super().release()
+        clear_dtensor_caches()  # their entries hold the meshes of the sharded parameters
 
 
 class DeepSpeedStrategy(Strategy):
@@ -280,6 +291,20 @@ class DeepSpeedStrategy(Strategy):
             )
         return state
 
+    def release(self) -> None:
+        from deepspeed.runtime.zero import parameter_offload
+        from deepspeed.utils import groups
+
+        super().release()
+        self.engine.destroy()  # removes the gradient hooks, whose closures hold the ZeRO optimizer
+        self.engine = None
+        clear_function_caches("deepspeed")  # ZeRO-3's coordinator memoizes per (itself, module)
+        parameter_offload.FWD_MODULE_STACK.clear()  # ZeRO-3 leaves the model on its forward stack
+        # DeepSpeed keeps its groups in module globals; it fills them again on its next initialize
+        groups._WORLD_GROUP = None
+        for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_ALL_TO_ALL_GROUP"):
+            getattr(groups, name, {}).clear()
+
     def prune(self, checkpoint_root: str) -> None:
         ds_dir = _deepspeed_dir(checkpoint_root)
         for tag in os.listdir(ds_dir) if os.path.isdir(ds_dir) else []:  # DeepSpeed also adds its own scripts
@@ -318,8 +343,8 @@ def deepspeed_config(cfg, dp: int, autocast_dtype: torch.dtype | None) -> dict:
     }
 
 
-def apply_deepspeed(model: nn.Module, cfg, dp: int, autocast_dtype: torch.dtype | None):
-    """The DeepSpeed engine around `model` (the data-parallel step of parallelize_gpt for deepspeed)."""
+def import_deepspeed():
+    """The deepspeed module, or a ValueError that says how to install it."""
     try:
         import deepspeed
     except ImportError:
@@ -327,6 +352,12 @@ def apply_deepspeed(model: nn.Module, cfg, dp: int, autocast_dtype: torch.dtype 
             "parallel.strategy=deepspeed needs DeepSpeed: pip install -e '.[deepspeed]' "
             "(on CPU: DS_BUILD_OPS=0 pip install deepspeed)"
         ) from None
+    return deepspeed
+
+
+def apply_deepspeed(model: nn.Module, cfg, dp: int, autocast_dtype: torch.dtype | None):
+    """The DeepSpeed engine around `model` (the data-parallel step of parallelize_gpt for deepspeed)."""
+    deepspeed = import_deepspeed()
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=_param_groups(model, cfg.optim),

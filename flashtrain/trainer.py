@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import random
@@ -24,7 +25,7 @@ from flashtrain.log import get_logger
 from flashtrain.models.attention import attention_override
 from flashtrain.optim import lr_at
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
-from flashtrain.strategy import build_strategy
+from flashtrain.strategy import build_strategy, import_deepspeed
 from flashtrain.tasks import build_task
 from flashtrain.tracking import Tracker
 
@@ -136,6 +137,11 @@ class Trainer:
                 f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node"
             )
         if world_size > 1 and not dist.is_initialized():
+            if self.cfg.parallel.strategy == "deepspeed":
+                # before the group exists: DeepSpeed's barrier binds the default group as a default
+                # argument at import, as torch.distributed.nn does (see flashtrain/distributed/__init__.py)
+                import_deepspeed()
+
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
             dist.init_process_group(backend)
         return (dist.get_rank(), world_size) if world_size > 1 else (0, 1)
@@ -451,6 +457,15 @@ class Trainer:
         return self.history
 
     def close(self) -> None:
+        """Restore the signal handlers and, when distributed, tear down the process groups. The trainer
+        cannot train after this; its results (history, run_dir, preempted) stay readable."""
         self.preemption.restore()
         if self.world_size > 1 and dist.is_initialized():
+            # destroy_process_group joins gloo's worker threads only when nothing else holds the groups;
+            # a thread left running into interpreter shutdown can abort the process after the last
+            # checkpoint ("terminate called without an active exception", SIGABRT). The model, its
+            # optimizer, the device meshes and library caches all hold them, so drop those first.
+            self.strategy.release()
+            self.model = self.train_model = self.optimizer = self.strategy = self.parallel_dims = None
+            gc.collect()  # the model's reference cycles (hooks, tied weights)
             dist.destroy_process_group()

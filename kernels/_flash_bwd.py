@@ -64,11 +64,12 @@ def _bwd_dkdv_inner(
     lo, hi,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dk, dv of one key tile over query tiles [lo, hi), working transposed (keys x queries).
 
-    key0: the dropout column of the tile's first key."""
+    key0: the dropout column of the tile's first key. PART: 0 both, 1 dv only, 2 dk only (and the
+    atomic dq); a split pass recomputes P in each half but holds one fp32 accumulator, not two."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
@@ -103,17 +104,19 @@ def _bwd_dkdv_inner(
             pdT = tl.where(keepT, pT * inv_keep, 0.0)
         else:
             pdT = pT
-        dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=DOT_PREC)
-        if MASKED:
-            delta = tl.load(DELTA + lse_off + offs_m, mask=offs_m < seqlen_q, other=0.0)
-        else:
-            delta = tl.load(DELTA + lse_off + offs_m)
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
-        if DROPOUT:
-            dpT = tl.where(keepT, dpT * inv_keep, 0.0)
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
-        if ATOMIC_DQ:
+        if PART != 2:
+            dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        if PART != 1:
+            if MASKED:
+                delta = tl.load(DELTA + lse_off + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            else:
+                delta = tl.load(DELTA + lse_off + offs_m)
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+            if DROPOUT:
+                dpT = tl.where(keepT, dpT * inv_keep, 0.0)
+            dsT = pT * (dpT - delta[None, :])
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        if ATOMIC_DQ and PART != 1:
             # FA2-style: this tile's dS @ K goes straight into an fp32 dq (unscaled), saving the dq
             # kernel's recompute of QK^T and dO V^T at the price of nondeterministic summation order
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=DOT_PREC)
@@ -144,7 +147,8 @@ def _bwd_dkdv(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACCUMULATE: tl.constexpr, PART: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     off_hk = tl.program_id(1)
@@ -163,8 +167,11 @@ def _bwd_dkdv(
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(K + off_b64 * stride_kb + (k_start + offs_n)[:, None] * stride_kn + off_hk * stride_kh
                   + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
-    v = load_tile(V + off_b64 * stride_vb + (k_start + offs_n)[:, None] * stride_vn + off_hk * stride_vh
-                  + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    if PART != 1:  # the dv-only half never reads V
+        v = load_tile(V + off_b64 * stride_vb + (k_start + offs_n)[:, None] * stride_vn + off_hk * stride_vh
+                      + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    else:
+        v = k
     if HAS_KPM:
         kpm = (
             tl.load(KPM + off_b64 * stride_kpmb + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0) != 0
@@ -199,22 +206,27 @@ def _bwd_dkdv(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
             offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
             lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
+            PART,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
             offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
             full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
+            PART,
         )  # fmt: skip
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, kpm, q_base, do_base, LSE, DELTA, dq_base, stride_qm, stride_dom, stride_dqm, lse_off,
             offs_n, offs_d, seqlen_q, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_off, key0,
             full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, ATOMIC_DQ,
+            PART,
         )  # fmt: skip
-    dk = dk * sm_scale
-    store_or_add_tile(DK + off_b64 * stride_dkb + (k_start + offs_n)[:, None] * stride_dkn + off_hk * stride_dkh
-                      + offs_d[None, :], dk, offs_n, offs_d, seqlen_k, HEAD_DIM, ACCUMULATE)  # fmt: skip
-    store_or_add_tile(DV + off_b64 * stride_dvb + (k_start + offs_n)[:, None] * stride_dvn + off_hk * stride_dvh
-                      + offs_d[None, :], dv, offs_n, offs_d, seqlen_k, HEAD_DIM, ACCUMULATE)  # fmt: skip
+    if PART != 1:
+        dk = dk * sm_scale
+        store_or_add_tile(DK + off_b64 * stride_dkb + (k_start + offs_n)[:, None] * stride_dkn + off_hk * stride_dkh
+                          + offs_d[None, :], dk, offs_n, offs_d, seqlen_k, HEAD_DIM, ACCUMULATE)  # fmt: skip
+    if PART != 2:
+        store_or_add_tile(DV + off_b64 * stride_dvb + (k_start + offs_n)[:, None] * stride_dvn + off_hk * stride_dvh
+                          + offs_d[None, :], dv, offs_n, offs_d, seqlen_k, HEAD_DIM, ACCUMULATE)  # fmt: skip
 
 
 @triton.jit
@@ -343,6 +355,13 @@ def _configs(shapes, interp_shape) -> list[triton.Config]:
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
+# Padded head dims above this compute dk and dv in two passes (PART 1: dv, PART 2: dk and the atomic
+# dq), each holding one BLOCK_N x BLOCK_D fp32 accumulator instead of two: at d256 two accumulators
+# leave room for 32x64 tiles only (the backward ran at 0.81x SDPA flash there), one allows 64x128.
+# The price is P recomputed in both passes (5 matmuls per tile pair instead of 4). Measured on an H200
+# at d256: backward 165-182 -> 229-269 TFLOP/s (benchmarks/NOTES_attention.md).
+SPLIT_DKDV_ABOVE = 128
+
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). The interpreter's tiles differ between the two kernels on
 # purpose, so the CPU tests exercise tile-size independence (of masks and of dropout). The last two of
 # each list are for head dim 256, where the pruning (registers of the fp32 accumulators, shared memory
@@ -376,7 +395,8 @@ def _without_broken_with_dropout(configs, kernel: str, named_args, kwargs) -> li
 
 def _prune_dkdv(configs, named_args, **kwargs):
     configs = _without_broken_with_dropout(configs, "dkdv", named_args, kwargs)
-    return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", 2, **kwargs)
+    n_acc = 1 if {**named_args, **kwargs}.get("PART") else 2  # a split pass holds dk or dv, not both
+    return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", n_acc, **kwargs)
 
 
 def _prune_dq(configs, named_args, **kwargs):
@@ -387,14 +407,14 @@ def _prune_dq(configs, named_args, **kwargs):
 # ACCUMULATE adds into the gradient buffers, so the autotuner's trial runs put them back (a copy made
 # only while tuning a key; ACCUMULATE is part of the key)
 _bwd_dkdv_tuned = autotune(
-    _bwd_dkdv, configs=_DKDV_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune_dkdv},
+    _bwd_dkdv, configs=_DKDV_CONFIGS, key=[*_TUNE_KEY, "PART"], prune_configs_by={"early_config_prune": _prune_dkdv},
     restore_value=["DK", "DV"],
 )  # fmt: skip
 # the atomic variant accumulates into DQ, so the autotuner must zero it before each timed run
 _bwd_dkdv_atomic_tuned = autotune(
     _bwd_dkdv,
     configs=_DKDV_CONFIGS,
-    key=_TUNE_KEY,
+    key=[*_TUNE_KEY, "PART"],
     prune_configs_by={"early_config_prune": _prune_dkdv},
     reset_to_zero=["DQ"],
 )
@@ -472,12 +492,15 @@ def flash_attn_backward(
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
-    (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
-        q, k, v, do, dk, dv, dq_acc, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
-        *strides_qkv_do,
-        *token_strides(dk, varlen), *token_strides(dv, varlen), *dq_strides,
-        stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate, **meta,
-    )  # fmt: skip
+    # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)
+    for part in (1, 2) if block_d > SPLIT_DKDV_ABOVE else (0,):
+        (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
+            q, k, v, do, dk, dv, dq_acc, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
+            *strides_qkv_do,
+            *token_strides(dk, varlen), *token_strides(dv, varlen), *dq_strides,
+            stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate, PART=part,
+            **meta,
+        )  # fmt: skip
     if atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
         return dq, dk, dv

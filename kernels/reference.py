@@ -36,7 +36,7 @@ def _umulhi32(c: int, x: torch.Tensor) -> torch.Tensor:
 
 def _philox4x32(
     seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The four output words of Philox4x32-10 as Triton's `tl.philox` computes them (int64 holding uint32)."""
     k0, k1 = int(seed) & _M32, (int(seed) >> 32) & _M32
     a, b = 0xD2511F53, 0xCD9E8D57  # Philox's round multipliers

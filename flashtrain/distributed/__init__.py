@@ -1,6 +1,11 @@
 """Sequence parallelism: ring attention (zigzag / contiguous), Ulysses, their 2-D hybrid, and the
 trainer-facing context that shards a batch and swaps in the distributed attention."""
 
+# Imported with this package, so before any process group exists: torch.distributed.nn binds the default
+# group as a default argument (`group=group.WORLD`) when first imported (torch._dynamo imports it later
+# otherwise), which would keep that group, and its threads, alive past destroy_process_group.
+import torch.distributed.nn  # noqa: F401
+
 from .context import (
     SequenceParallel,
     current_sequence_parallel,

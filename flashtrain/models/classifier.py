@@ -1,9 +1,9 @@
 """Sequence classifier for Long Range Arena: the GPT blocks without the causal mask, then pooling.
 
 Inputs are token ids (ListOps: 15 symbols + padding) or image pixels fed one per position
-(Pathfinder / Path-X / Path-256: intensities 0-255 as tokens, row-major). Images get learned 2-D
-positional embeddings, which `upsample_positions` stretches by nearest-neighbour duplication to a
-larger grid: a Path-64 model becomes a Path-X (128²) or Path-256 model. Duplicating every pixel of
+(Pathfinder / Path-X / Path-256: intensities 0-255 as tokens, row-major). Images get 2-D positions
+(learned, fixed sin-cos, or axial rotary: a grid either way), which `upsample_positions` stretches by
+nearest-neighbour duplication to a larger grid: a Path-64 model becomes a Path-X (128²) or Path-256 model. Duplicating every pixel of
 an image into a k×k block and duplicating the embedding grid the same way leaves a mean-pooled,
 dense-attention model's output unchanged (tested), which is why the transfer starts from a sensible
 function rather than from noise.
@@ -18,6 +18,34 @@ import torch.nn as nn
 
 from flashtrain.models.gpt import GPT, Block, GPTConfig
 
+POSITIONS = ("learned", "sincos", "sincos_init", "rotary")
+INIT_STD = 0.02  # of embeddings, positions and linear weights
+
+
+def sincos_table(length: int, dim: int) -> torch.Tensor:
+    """(length, dim) sinusoidal encodings of positions 0..length-1 (sines in the first half of the
+    channels, cosines in the second), at dim / 2 wavelengths from 2π to 10000·2π."""
+    freqs = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim // 2))
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * freqs  # (length, dim / 2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()
+
+
+def sincos_grid(side: int, dim: int) -> torch.Tensor:
+    """(side, side, dim) 2-D encodings: the first dim / 2 channels encode the row, the rest the column."""
+    table = sincos_table(side, dim // 2)  # (side, dim / 2), for rows and columns alike
+    return torch.cat([table[:, None, :].expand(-1, side, -1), table[None, :, :].expand(side, -1, -1)], dim=-1)
+
+
+def rotary_angles(shape: tuple[int, ...], head_dim: int, theta: float) -> torch.Tensor:
+    """Rotary angles (*shape, head_dim / 2) of every position of a sequence (shape (N,)) or an image
+    (shape (H, W)). An image's are axial: the first half of the pairs turn with the row, the second
+    half with the column, so a query-key score depends on the 2-D offset between two pixels, and a
+    pixel's neighbours are one step away whatever the row length (row-major, they are 1 and W away)."""
+    pairs = head_dim // 2 // len(shape)  # rotated pairs per axis
+    freqs = 1.0 / theta ** (torch.arange(pairs, dtype=torch.float64) / pairs)
+    axes = torch.meshgrid(*[torch.arange(n, dtype=torch.float64) for n in shape], indexing="ij")
+    return torch.cat([axis[..., None] * freqs for axis in axes], dim=-1).float()
+
 
 @dataclass
 class ClassifierConfig:
@@ -30,10 +58,31 @@ class ClassifierConfig:
     image_size: int | None = None  # side of square image inputs (learned 2-D positions); None = 1-D inputs
     pooling: str = "mean"  # "mean" over non-padding positions, or "cls" (a learned first token)
     pad_id: int | None = None  # token id of padding (excluded from attention and pooling); None = no padding
+    # "learned": random start, trained; "sincos": fixed sin-cos table (2-D for images: half the channels
+    # encode the row, half the column), as LRA's own transformer baseline used; "sincos_init": that table
+    # as the start of a trained one; "rotary": no added positions, queries and keys rotated by their
+    # position (axial 2-D for images) at the encoder's rope_theta, so attention sees relative offsets
+    positions: str = "learned"
 
     def __post_init__(self):
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"model.pooling={self.pooling!r}; choose 'mean' or 'cls'")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"task.positions={self.positions!r}; choose one of {', '.join(POSITIONS)}")
+        if self.positions in ("sincos", "sincos_init") and self.encoder.d_model % 4:
+            raise ValueError(
+                f"sin-cos positions need model.d_model divisible by 4 (got {self.encoder.d_model})"
+            )
+        if self.positions == "rotary" and self.encoder.head_dim % (4 if self.image_size else 2):
+            raise ValueError(
+                f"rotary positions need a head dim divisible by {4 if self.image_size else 2} (2-D rotation "
+                f"pairs per axis); got {self.encoder.head_dim}: change model.d_model or model.n_head"
+            )
+        if self.encoder.pos_embedding != "learned":
+            raise ValueError(
+                "the classifier's positions are chosen by task.positions (e.g. task.positions=rotary), "
+                f"not model.pos_embedding={self.encoder.pos_embedding!r}: leave model.pos_embedding=learned"
+            )
         if self.num_classes < 2:
             raise ValueError(f"model.num_classes={self.num_classes} must be >= 2")
         if self.encoder.causal:
@@ -51,25 +100,48 @@ class SequenceClassifier(nn.Module):
         enc = cfg.encoder
         backend = GPT._make_backend(enc)
         self.embed = nn.Embedding(enc.vocab_size, enc.d_model)
-        if cfg.image_size:
-            self.pos_2d = nn.Parameter(torch.randn(cfg.image_size, cfg.image_size, enc.d_model) * 0.02)
+        shape = (cfg.image_size, cfg.image_size) if cfg.image_size else (enc.max_seq_len,)
+        if (
+            cfg.positions == "rotary"
+        ):  # saved, like a fixed sin-cos table: an upsampled grid is not recomputable
+            self.register_buffer(
+                "rot_2d" if cfg.image_size else "rot_1d", rotary_angles(shape, enc.head_dim, enc.rope_theta)
+            )
         else:
-            self.pos_1d = nn.Parameter(torch.randn(enc.max_seq_len, enc.d_model) * 0.02)
+            self._set_positions("pos_2d" if cfg.image_size else "pos_1d", self._initial_positions(shape))
         if cfg.pooling == "cls":
-            self.cls = nn.Parameter(torch.randn(enc.d_model) * 0.02)
+            self.cls = nn.Parameter(torch.randn(enc.d_model) * INIT_STD)
         self.drop = nn.Dropout(enc.dropout)
         self.blocks = nn.ModuleList([Block(enc, backend) for _ in range(enc.n_layer)])
         self.ln_f = nn.LayerNorm(enc.d_model)
         self.head = nn.Linear(enc.d_model, cfg.num_classes)
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=INIT_STD)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=INIT_STD)
+
+    def _initial_positions(self, shape: tuple[int, ...]) -> torch.Tensor:
+        dim = self.cfg.encoder.d_model
+        if self.cfg.positions == "learned":
+            return torch.randn(*shape, dim) * INIT_STD
+        table = sincos_grid(shape[0], dim) if len(shape) == 2 else sincos_table(shape[0], dim)
+        # the learned start's per-channel RMS (a sin-cos channel's is 1/√2): positions and token
+        # embeddings start at one scale, as LRA's unit-scale sin-cos and unit-scale embeddings do
+        return table * INIT_STD * 2**0.5
+
+    def _set_positions(self, name: str, table: torch.Tensor) -> None:
+        if self.cfg.positions == "sincos":  # fixed, but saved: an upsampled table is not recomputable
+            self.register_buffer(name, table)
+        else:
+            setattr(self, name, nn.Parameter(table))
 
     def positions(self) -> torch.Tensor:
-        return self.pos_2d.flatten(0, 1) if self.cfg.image_size else self.pos_1d  # (N, C), row-major
+        """(N, C) added positions, or (N, head_dim / 2) rotary angles; row-major for images."""
+        if self.cfg.positions == "rotary":
+            return self.rot_2d.flatten(0, 1) if self.cfg.image_size else self.rot_1d
+        return self.pos_2d.flatten(0, 1) if self.cfg.image_size else self.pos_1d
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, N) ids (images flattened row-major). Returns logits (B, num_classes)."""
@@ -79,15 +151,24 @@ class SequenceClassifier(nn.Module):
             raise ValueError(
                 f"input of {n} positions, the model has {pos.shape[0]}; upsample_positions or crop"
             )
-        x = self.embed(tokens) + pos[:n]  # (B, N, C)
+        rotary = None
+        if self.cfg.positions == "rotary":
+            x = self.embed(tokens)  # (B, N, C)
+            angles = pos[:n]  # (N, head_dim / 2)
+        else:
+            x = self.embed(tokens) + pos[:n]
         keep = None if self.cfg.pad_id is None else tokens != self.cfg.pad_id  # (B, N)
         if self.cfg.pooling == "cls":
             x = torch.cat([self.cls.expand(batch, 1, -1), x], dim=1)  # (B, 1 + N, C)
             if keep is not None:
                 keep = torch.cat([keep.new_ones(batch, 1), keep], dim=1)
+            if self.cfg.positions == "rotary":  # the CLS token has no position: angle 0, no rotation
+                angles = torch.cat([angles.new_zeros(1, angles.shape[1]), angles])
+        if self.cfg.positions == "rotary":
+            rotary = (angles.cos()[None, :, None, :], angles.sin()[None, :, None, :])  # (1, N, 1, D/2)
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, key_padding_mask=keep)
+            x = block(x, rotary, key_padding_mask=keep)
         x = self.ln_f(x)
         if self.cfg.pooling == "cls":
             pooled = x[:, 0]
@@ -104,6 +185,13 @@ class SequenceClassifier(nn.Module):
         factor×factor block), for transfer to images `factor` times larger per side."""
         if not self.cfg.image_size:
             raise ValueError("upsample_positions needs an image model (image_size set)")
-        grid = self.pos_2d.repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # (kH, kW, C)
-        self.pos_2d = nn.Parameter(grid)
+        # rotary angles are duplicated too: the k×k copies of a pixel share its position, so a
+        # duplicated image's attention weights are the small image's, spread over k² equal keys
+        name = "rot_2d" if self.cfg.positions == "rotary" else "pos_2d"
+        grid = getattr(self, name).repeat_interleave(factor, 0).repeat_interleave(factor, 1)  # (kH, kW, C)
+        delattr(self, name)  # a parameter or a buffer, replaced by one of the same kind
+        if name == "rot_2d":
+            self.register_buffer(name, grid.detach().clone())
+        else:
+            self._set_positions(name, grid.detach().clone())
         self.cfg.image_size *= factor

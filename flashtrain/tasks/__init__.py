@@ -31,6 +31,7 @@ class TaskConfig:
         None  # generated data cache; None = $FLASHTRAIN_DATA_CACHE/lra or ~/.cache/flashtrain/lra
     )
     pooling: str = "mean"  # classifier pooling: "mean" or "cls"
+    positions: str = "learned"  # classifier positions: learned, sincos (fixed), sincos_init (trained), rotary
     init_from: str | None = (
         None  # run or checkpoint directory of a smaller-image model to start from (Path-X)
     )
@@ -38,6 +39,10 @@ class TaskConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"task.kind={self.kind!r}; choose lm, listops or pathfinder")
+        from flashtrain.models.classifier import POSITIONS
+
+        if self.positions not in POSITIONS:
+            raise ValueError(f"task.positions={self.positions!r}; choose one of {', '.join(POSITIONS)}")
 
 
 def build_task(cfg, *, rank: int, world_size: int, dp_rank: int, dp: int):

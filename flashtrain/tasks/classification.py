@@ -44,8 +44,31 @@ def classifier_config(cfg, image_size: int | None = None) -> ClassifierConfig:
         num_classes=10 if listops else 2,
         image_size=None if listops else (image_size or cfg.task.resolution),
         pooling=cfg.task.pooling,
+        positions=cfg.task.positions,
         pad_id=0 if listops else None,
     )
+
+
+# Bytes of uint8 pixels (all splits) held in memory per process: Pathfinder-32 (205 MB) and Path-64
+# (820 MB) fit; Path-X and Path-256 stay in the memory-mapped Arrow files.
+PIXELS_IN_MEMORY = 1 << 30
+
+
+def pixels_in_memory(splits, budget: int = PIXELS_IN_MEMORY) -> dict | None:
+    """{split: (images (n, H·H) uint8, labels (n,) int64)} copied out of the Arrow files, or None when
+    they exceed `budget` bytes. A training step then gathers its batch with one numpy index (0.3 ms for
+    256 Pathfinder-32 images on a 2-core CPU) instead of an Arrow fancy index (3.3 ms); the trainer
+    syncs with the GPU every step, so that time is the GPU's idle time."""
+    if sum(split.num_rows * split.features["pixels"].length for split in splits.values()) > budget:
+        return None
+    out = {}
+    for name, split in splits.items():
+        table = split.with_format("arrow")[:]  # the rows in order (through any indices mapping)
+        flat = table.column("pixels").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        images = flat.reshape(split.num_rows, -1)  # uint8, as stored
+        labels = table.column("label").to_numpy().astype(np.int64)
+        out[name] = (images, labels)
+    return out
 
 
 class EpochSampler:
@@ -96,6 +119,7 @@ class ClassificationTask:
         self.splits = splits.with_format("numpy")
         self.column = "tokens" if self.task.kind == "listops" else "pixels"
         self.seq_len = cfg.model.max_seq_len if self.task.kind == "listops" else self.task.resolution**2
+        self.pixels = pixels_in_memory(splits) if self.task.kind == "pathfinder" else None
         tc = cfg.trainer
         self.sampler = EpochSampler(
             len(self.splits["train"]), tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp
@@ -137,6 +161,9 @@ class ClassificationTask:
     # ---- data -----------------------------------------------------------------------------------
 
     def _batch(self, split: str, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pixels is not None:
+            images, labels = self.pixels[split]
+            return torch.from_numpy(images[rows]).long(), torch.from_numpy(labels[rows])
         batch = self.splits[split][rows]
         labels = torch.as_tensor(batch["label"], dtype=torch.long)
         if self.task.kind == "listops":

@@ -12,6 +12,7 @@ the checkpoints by the test.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ def run_case(case: dict) -> dict:
     name, overrides = case["name"], case["overrides"]
     straight = Trainer(compose_config([*overrides, f"trainer.run_name={name}"]))
     history = straight.fit()
+    straight.strategy.release()
     killed = Trainer(compose_config([*overrides, f"trainer.run_name={name}-killed"]))
     killed.step_hooks.append(_kill_after(3))
     try:
@@ -49,6 +51,7 @@ def run_case(case: dict) -> dict:
         raise AssertionError("the killed run was not killed")
     except KilledError:
         pass
+    killed.strategy.release()
     resume_overrides = case.get("resume_overrides", [])
     resumed = Trainer(
         compose_config(
@@ -56,6 +59,7 @@ def run_case(case: dict) -> dict:
         )
     )
     resumed_history = resumed.fit()
+    resumed.strategy.release()
     return {"straight": history, "resumed": resumed_history, "run_dir": straight.run_dir}
 
 
@@ -75,6 +79,10 @@ def main() -> None:
         with open(out_path, "w") as f:
             json.dump(results, f)
     if dist.is_initialized():
+        # The trainers released their models (not Trainer.close: the next case's trainer needs this
+        # process group; torchrun's store cannot host a second one), so destroying the group joins
+        # its threads before interpreter shutdown.
+        gc.collect()
         dist.destroy_process_group()
 
 

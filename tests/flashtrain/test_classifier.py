@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
+from flashtrain.models.classifier import (
+    ClassifierConfig,
+    SequenceClassifier,
+    rotary_angles,
+    sincos_grid,
+    sincos_table,
+)
 from flashtrain.models.gpt import GPTConfig
 
 
@@ -22,14 +28,15 @@ def encoder(**kw):
     return GPTConfig(**base)
 
 
+@pytest.mark.parametrize("positions", ["learned", "sincos", "sincos_init", "rotary"])
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 @pytest.mark.parametrize("factor", [2, 4])
-def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor):
+def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend, factor, positions):
     """Path-64 -> Path-X transfer: duplicate every pixel into a k×k block and the position grid alike."""
     torch.manual_seed(0)
-    model = (
-        SequenceClassifier(ClassifierConfig(encoder=encoder(attention=backend), image_size=4)).double().eval()
-    )
+    cfg = ClassifierConfig(encoder=encoder(attention=backend), image_size=4, positions=positions)
+    model = SequenceClassifier(cfg).double().eval()
+    trained = {name for name, _ in model.named_parameters()}
     images = torch.randint(0, 256, (3, 4, 4))
     before = model(images.flatten(1))
     model.upsample_positions(factor)
@@ -37,6 +44,97 @@ def test_upsampled_positions_preserve_the_function_on_duplicated_images(backend,
     after = model(big.flatten(1))
     torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-10)
     assert model.cfg.image_size == 4 * factor
+    assert {name for name, _ in model.named_parameters()} == trained  # a fixed table stays fixed
+
+
+@pytest.mark.parametrize("side, dim", [(5, 8), (16, 32), (32, 64)])
+def test_sincos_grid_places_each_pixel_nearest_its_neighbours(side, dim):
+    """Half the channels follow the row, half the column, and the encoding closest to a pixel's own is
+    one of its 4-neighbours': what lets attention find adjacent pixels before anything is learned."""
+    grid = sincos_grid(side, dim).double()
+    assert grid.shape == (side, side, dim)
+    r, c = torch.randint(0, side, (2,)).tolist()
+    torch.testing.assert_close(
+        grid[r, :, : dim // 2], sincos_table(side, dim // 2)[r].double().expand(side, -1)
+    )
+    torch.testing.assert_close(
+        grid[:, c, dim // 2 :], sincos_table(side, dim // 2)[c].double().expand(side, -1)
+    )
+    k = torch.arange(dim // 4, dtype=torch.float64)
+    expected = torch.cat([torch.sin(3 / 10000 ** (k / (dim // 4))), torch.cos(3 / 10000 ** (k / (dim // 4)))])
+    torch.testing.assert_close(sincos_table(side, dim // 2)[3].double(), expected, rtol=1e-6, atol=1e-6)
+    flat = grid.flatten(0, 1)
+    dist = torch.cdist(flat, flat)
+    dist.fill_diagonal_(float("inf"))
+    nearest = dist.argmin(1)
+    rows, cols = torch.arange(side * side) // side, torch.arange(side * side) % side
+    steps = (rows[nearest] - rows).abs() + (cols[nearest] - cols).abs()
+    assert (steps == 1).all()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_rotary_scores_depend_on_the_2d_offset_only(pooling):
+    """Axial rotary positions: a query-key score is unchanged when both pixels move by the same 2-D
+    offset, and equal offsets along rows and along columns rotate different channel pairs."""
+    torch.manual_seed(0)
+    head_dim, side = 16, 6
+    angles = rotary_angles((side, side), head_dim, theta=100.0)  # (side, side, head_dim / 2)
+    assert angles.shape == (side, side, head_dim // 2)
+    torch.testing.assert_close(angles[2, 5, :4], angles[2, 0, :4])  # row pairs ignore the column
+    torch.testing.assert_close(angles[0, 3, 4:], angles[5, 3, 4:])  # column pairs ignore the row
+    from flashtrain.models.gpt import apply_rotary
+
+    q, k = torch.randn(2, head_dim, dtype=torch.float64)
+
+    def score(a, b):  # query at pixel a, key at pixel b
+        def rot(x, p):
+            cos, sin = angles[p].cos().double(), angles[p].sin().double()
+            return apply_rotary(x.view(1, 1, 1, -1), cos, sin)
+
+        return (rot(q, a) * rot(k, b)).sum().item()
+
+    # angles are float32
+    assert score((1, 1), (2, 3)) == pytest.approx(score((3, 2), (4, 4)), rel=1e-6)
+    assert score((1, 1), (2, 1)) != pytest.approx(score((1, 1), (1, 2)), rel=1e-3)
+    # the model: no added positions and nothing trained for them, yet positions are seen: without
+    # them a mean-pooled encoder could not tell an image from its transpose
+    cfg = ClassifierConfig(encoder=encoder(), image_size=8, positions="rotary", pooling=pooling)
+    model = SequenceClassifier(cfg).double().eval()
+    assert "rot_2d" in model.state_dict()
+    assert not any("rot" in n or "pos" in n for n, _ in model.named_parameters())
+    for block in model.blocks:  # sharpen attention: at the 0.02-std start it is nearly uniform
+        block.attn.c_attn.weight.data *= 20
+    image = torch.randint(0, 256, (1, 8, 8))
+    out, transposed = model(image.flatten(1)), model(image.transpose(1, 2).flatten(1))
+    assert (out - transposed).abs().max() > 1e-2 * out.abs().max()
+    model.rot_2d.zero_()  # no rotation: now the transpose is the same set of pixels
+    out, transposed = model(image.flatten(1)), model(image.transpose(1, 2).flatten(1))
+    torch.testing.assert_close(out, transposed, rtol=1e-12, atol=1e-12)
+
+
+def test_rotary_sequence_positions():
+    """1-D inputs (ListOps) get 1-D rotary angles: all pairs turn with the position, GPT's frequencies."""
+    cfg = ClassifierConfig(encoder=encoder(vocab_size=16), num_classes=10, pad_id=0, positions="rotary")
+    model = SequenceClassifier(cfg)
+    head_dim = cfg.encoder.head_dim
+    freqs = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    torch.testing.assert_close(model.rot_1d, torch.arange(64.0)[:, None] * freqs)
+    model(torch.randint(1, 16, (2, 20))).sum().backward()
+
+
+def test_fixed_positions_are_saved_but_not_trained():
+    torch.manual_seed(0)
+    fixed = SequenceClassifier(ClassifierConfig(encoder=encoder(), image_size=8, positions="sincos"))
+    init = SequenceClassifier(ClassifierConfig(encoder=encoder(), image_size=8, positions="sincos_init"))
+    assert "pos_2d" in fixed.state_dict() and "pos_2d" not in dict(fixed.named_parameters())
+    assert "pos_2d" in dict(init.named_parameters())
+    torch.testing.assert_close(fixed.pos_2d, init.pos_2d.detach())
+    # the start has the learned start's scale: RMS 0.02 per channel
+    assert abs(fixed.pos_2d.pow(2).mean().sqrt().item() - 0.02) < 2e-3
+    fixed(torch.randint(0, 256, (2, 64))).sum().backward()
+    assert all(p.grad is not None for p in fixed.parameters() if p.requires_grad)
+    sequence = SequenceClassifier(ClassifierConfig(encoder=encoder(), positions="sincos"))
+    torch.testing.assert_close(sequence.pos_1d, sincos_table(64, 32) * 0.02 * 2**0.5)
 
 
 def test_padding_changes_nothing():
@@ -77,6 +175,16 @@ def test_classifier_learns_a_small_generated_image_task():
 
 
 def test_bad_classifier_configs():
+    with pytest.raises(ValueError, match="positions"):
+        ClassifierConfig(encoder=encoder(), positions="rope")
+    with pytest.raises(ValueError, match="divisible by 4"):
+        ClassifierConfig(encoder=encoder(d_model=30, n_head=2), positions="sincos")
+    with pytest.raises(ValueError, match="head dim divisible by 4"):
+        ClassifierConfig(encoder=encoder(d_model=36, n_head=2), image_size=8, positions="rotary")
+    with pytest.raises(ValueError, match="head dim divisible by 2"):
+        ClassifierConfig(encoder=encoder(d_model=30, n_head=2), positions="rotary")
+    with pytest.raises(ValueError, match="task.positions=rotary"):
+        ClassifierConfig(encoder=encoder(pos_embedding="rotary"))
     with pytest.raises(ValueError, match="causal must be false"):
         ClassifierConfig(encoder=encoder(causal=True))
     with pytest.raises(ValueError, match="pooling"):
@@ -86,8 +194,10 @@ def test_bad_classifier_configs():
         model.upsample_positions(2)
 
 
-def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
-    """task.init_from loads a smaller-image run and duplicates its position grid (Path-64 -> Path-X)."""
+@pytest.mark.parametrize("positions", ["learned", "sincos", "rotary"])
+def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
+    """task.init_from loads a smaller-image run and duplicates its position grid (Path-64 -> Path-X),
+    a fixed sin-cos grid included (it is saved with the model)."""
     from flashtrain.config import compose_config
     from flashtrain.trainer import Trainer
 
@@ -96,6 +206,7 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
         f"trainer.out_dir={tmp_path}",
         f"task.cache_dir={tmp_path}/lra",
         "trainer.max_steps=1",
+        f"task.positions={positions}",
     ]
     small = Trainer(compose_config(["experiment=lra/pathfinder32", "trainer.run_name=small", *common]))
     small.fit()
@@ -104,9 +215,10 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
     )
     big = Trainer(big_cfg)
     assert big.model.cfg.image_size == 64
-    grid = small.model.pos_2d.detach()
+    name = "rot_2d" if positions == "rotary" else "pos_2d"
+    grid = getattr(small.model, name).detach()
     torch.testing.assert_close(
-        big.model.pos_2d.detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1)
+        getattr(big.model, name).detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1)
     )
     big.fit()
     with pytest.raises(ValueError, match="resolution 48"):
@@ -115,3 +227,24 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path):
                 ["experiment=lra/pathx", *common, "task.resolution=48", f"task.init_from={tmp_path}/small"]
             )
         )
+
+
+def test_pathfinder_batches_from_memory_equal_the_arrow_files(tmp_path):
+    """Pathfinder pixels are copied once into uint8 arrays (fast batches); every batch equals the one
+    read from the Arrow files, for shuffled training rows and the ordered evaluation splits."""
+    import numpy as np
+
+    from flashtrain.config import compose_config
+    from flashtrain.tasks.classification import ClassificationTask, pixels_in_memory
+
+    cfg = compose_config(["experiment=lra/pathfinder32", "debug=lra_cpu", f"task.cache_dir={tmp_path}"])
+    task = ClassificationTask(cfg, rank=0, world_size=1, dp_rank=0, dp=1)
+    assert task.pixels is not None and task.pixels["train"][0].dtype == np.uint8
+    from_memory = [task.next_batch() for _ in range(5)] + list(task.eval_batches("test", None))
+    task.pixels, task.sampler = None, type(task.sampler)(32, 4, seed=cfg.trainer.seed)  # the Arrow path
+    from_files = [task.next_batch() for _ in range(5)] + list(task.eval_batches("test", None))
+    for (x, y), (x2, y2) in zip(from_memory, from_files, strict=True):
+        assert x.dtype == x2.dtype == torch.long and y.dtype == y2.dtype == torch.long
+        torch.testing.assert_close(x, x2, rtol=0, atol=0)
+        torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    assert pixels_in_memory(task.splits, budget=32 * 1024 - 1) is None  # over the budget: the files stay

@@ -80,12 +80,20 @@ def test_keep_rate_and_seed_dependence(device):
     assert not torch.equal(m1, dropout_mask(124, 2, 4, 64, 256, p, device))
 
 
+@pytest.mark.parametrize("split_dkdv", [False, True], ids=["dkdv", "dv-then-dk"])
 @pytest.mark.parametrize(
     "dtype, b, sq, sk, h, hk, d, causal",
     [(F32, 2, 45, 70, 2, 1, 32, True), (F16, 1, 33, 33, 4, 2, 64, False)],
 )
-def test_forward_and_backward_use_the_same_mask(dtype, b, sq, sk, h, hk, d, causal, device):
-    """Compare with the reference given the mask the kernel drew; backward too, so it must regenerate it."""
+def test_forward_and_backward_use_the_same_mask(
+    dtype, b, sq, sk, h, hk, d, causal, split_dkdv, device, monkeypatch
+):
+    """Compare with the reference given the mask the kernel drew; backward too, so it must regenerate it
+    (in both passes of the wide-head backward, forced here at small head dims)."""
+    if split_dkdv:
+        import kernels._flash_bwd as bwd
+
+        monkeypatch.setattr(bwd, "SPLIT_DKDV_ABOVE", 0)
     p = 0.25
     torch.manual_seed(sq)
     q = randn(b, sq, h, d, dtype=dtype, device=device)

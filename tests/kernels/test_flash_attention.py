@@ -67,6 +67,23 @@ def test_atomic_dq_matches_reference(case, device):
     _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed=sq + sk + d, deterministic=False)
 
 
+@pytest.mark.parametrize(
+    "case, deterministic",
+    [(CASES[2], True), (CASES[4], True), (CASES[6], True), (CASES[7], False)],
+    ids=lambda c: _ids(c) if isinstance(c, tuple) else ("deterministic" if c else "atomic"),
+)
+def test_split_dkdv_passes_match_reference(case, deterministic, device, monkeypatch):
+    """The wide-head backward (dv, then dk, each pass with one accumulator), forced at small head dims:
+    GQA, rows that see no key, a window, the atomic dq."""
+    import kernels._flash_bwd as bwd
+
+    monkeypatch.setattr(bwd, "SPLIT_DKDV_ABOVE", 0)
+    dtype, b, sq, sk, h, hk, d, causal, window = case
+    _check_case(
+        dtype, device, b, sq, sk, h, hk, d, causal, window, seed=7 * sq + sk, deterministic=deterministic
+    )
+
+
 @pytest.mark.parametrize("dtype", [F16, F32])
 def test_key_padding_mask(dtype, device):
     torch.manual_seed(0)

@@ -175,3 +175,14 @@ def test_a_fast_config_gets_the_full_benchmark():
     ms = bench_config(lambda: None, (0.5, 0.2, 0.8), time_ms=timed, sync=lambda: None,
                       full_bench=lambda fn, quantiles: full.append(quantiles) or [0.1, 0.09, 0.11])  # fmt: skip
     assert ms == [0.1, 0.09, 0.11] and full == [(0.5, 0.2, 0.8)]
+
+
+def test_a_split_dkdv_pass_keeps_the_tiles_one_accumulator_allows():
+    """At head dim 256 two fp32 accumulators of 128 keys x 256 need 256 registers a thread (pruned);
+    the split passes hold one, so the same tile survives (the reason for SPLIT_DKDV_ABOVE)."""
+    from kernels._flash_bwd import _prune_dkdv
+
+    wide = [_config(64, 128, 8, 1), _config(32, 64, 8, 2), _config(16, 32, 4, 1)]
+    args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=256, DOT_PREC="tf32", DROPOUT=False)
+    assert (64, 128) not in _tiles(_prune_dkdv(wide, {**args, "PART": 0}))
+    assert (64, 128) in _tiles(_prune_dkdv(wide, {**args, "PART": 1}))

@@ -1,0 +1,58 @@
+"""Every tile config our autotuners would try at representative shapes builds for Hopper (sm_90).
+
+Triton's compiler runs on CPU, so a config that fails to compile (an MLIR pass, ptxas, a refused
+global) is found here instead of inside a GPU call. `benchmarks/check_kernel_builds.py` records the
+kernel launches of the public API under the interpreter, then compiles each launch for every config its
+autotuner would try at that shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "benchmarks", "check_kernel_builds.py")
+pytestmark = pytest.mark.slow
+
+
+def run_tool(tmp_path, *args) -> tuple[int, list[dict]]:
+    env = {
+        k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"
+    }  # this process compiles for the GPU
+    out = tmp_path / "builds.json"
+    proc = subprocess.run(
+        [sys.executable, TOOL, "--jobs", "2", "--out", str(out), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.returncode, json.loads(out.read_text())["results"]
+
+
+def test_every_config_of_every_case_builds_for_sm90(tmp_path):
+    rc, results = run_tool(tmp_path)
+    errors = [r for r in results if r["status"] == "error"]
+    assert not errors, "\n".join(f"{r['case']} {r['kernel']} {r['config']}: {r['error']}" for r in errors)
+    assert rc == 0
+    cases = {r["case"] for r in results}
+    assert {"dense_causal", "dense_d256", "dropout", "varlen", "block_sparse", "decode"} <= cases
+    kernels = {r["kernel"] for r in results}
+    assert {"_attn_fwd", "_bwd_dkdv", "_bwd_dq", "_decode_split"} <= kernels
+    # the dense kernels are built once per autotuner config, not only the interpreter's one config
+    fwd_configs = {r["config"] for r in results if r["kernel"] == "_attn_fwd" and r["case"] == "dense_causal"}
+    assert len(fwd_configs) >= 5
+    assert all(r["shared"] > 0 for r in results if r["status"] == "ok")
+
+
+def test_a_config_the_compiler_rejects_is_reported(tmp_path):
+    """With every config (pruning off), dropout's dk/dv 32x64 / 8 warps / 2 stages fails Triton 3.6's
+    TritonGPUOptimizeThreadLocality pass, as it did on an H200; the pruning exists for this config."""
+    rc, results = run_tool(tmp_path, "--cases", "dropout", "--all-configs")
+    errors = [(r["kernel"], r["config"]) for r in results if r["status"] == "error"]
+    assert errors == [("_bwd_dkdv", "{'BLOCK_M': 32, 'BLOCK_N': 64} w8 s2")]
+    assert "PassManager::run failed" in next(r["error"] for r in results if r["status"] == "error")
+    assert rc == 1
