@@ -6,7 +6,7 @@ generator), and input checks that raise one ValueError saying what to change: ch
 check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
 unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
 visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
-from global positions) and dropout_keep_tile (the same for a tile, one Philox call per four columns).
+from global positions) and dropout_keep_tile (the same for a tile, one Philox call per eight columns).
 Nothing here knows the tile sizes or a kernel's argument list.
 """
 
@@ -305,55 +305,89 @@ def _philox_block(seed, groups, rows):
     return tl.philox(seed, c0, row_lo + zero, row_hi + zero, zero)
 
 
+# Each 32-bit Philox word gives two 16-bit draws, so one Philox4x32-10 call serves eight columns. A
+# draw h in [0, 65536) keeps its entry when h >= ceil(p * 65536): dropout_p acts at 2^-16 resolution
+# (the keep rate is off by less than 1.6e-5; the kept entries are still scaled by 1 / (1 - p)).
+COLS_PER_CALL = tl.constexpr(8)  # a constexpr value (not just annotated), or the GPU compiler refuses the global
+
+
 @triton.jit
-def _uniform_keep(bits, dropout_p):
-    return tl.uint_to_uniform_float(bits) >= dropout_p
+def _keep_threshold(dropout_p):
+    return tl.math.ceil(dropout_p * 65536.0).to(tl.int32)
+
+
+@triton.jit
+def _half_keep(halves, dropout_p):
+    """halves: int32 draws in [0, 65536)."""
+    return halves >= _keep_threshold(dropout_p)
 
 
 @triton.jit
 def dropout_keep(seed, row_ids, col_ids, dropout_p):
     """Keep-mask of entries (row id, column), any broadcastable shapes: the definition of our dropout.
 
-    Column c takes word c % 4 of the Philox4x32-10 block with counter (c // 4, row id), so one Philox
-    call serves four columns (`dropout_keep_tile` draws a tile that way); the word becomes a float in
-    [0, 1) as `tl.uint_to_uniform_float` does, kept when >= dropout_p. row_ids: int64 (dense kernels:
-    (batch * nheads + head) * seqlen_q + query, the lse index; callers may offset it to global
-    coordinates); col_ids: key index >= 0. `kernels.reference.dropout_keep_reference` is this in torch.
+    Column c takes 16-bit half (c % 2) (low half first) of word (c % 8) // 2 of the Philox4x32-10 block
+    with counter (c // 8, row id), so one Philox call serves eight columns (`dropout_keep_tile` draws a
+    tile that way); the entry is kept when that half is >= ceil(dropout_p * 65536). row_ids: int64
+    (dense kernels: (batch * nheads + head) * seqlen_q + query, the lse index; callers may offset it to
+    global coordinates); col_ids: key index >= 0. `kernels.reference.dropout_keep_reference` is this in
+    torch.
     """
     rows = row_ids.to(tl.int64)
     cols = col_ids.to(tl.int64)
-    w0, w1, w2, w3 = _philox_block(seed, (cols // 4).to(tl.uint32), rows)
-    word = (cols % 4) + rows * 0
+    w0, w1, w2, w3 = _philox_block(seed, (cols // COLS_PER_CALL).to(tl.uint32), rows)
+    word = ((cols % COLS_PER_CALL) // 2) + rows * 0
     bits = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
-    return _uniform_keep(bits, dropout_p)
+    high = (cols % 2) + rows * 0
+    halves = tl.where(high == 1, bits >> 16, bits & 0xFFFF).to(tl.int32)
+    return _half_keep(halves, dropout_p)
 
 
 @triton.jit
-def _words_to_columns(w0, w1, w2, w3, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """(ROWS, COLS // 4) words of consecutive groups -> (ROWS, COLS) with [:, 4k + w] = word w of group k."""
-    return tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (ROWS, COLS))
+def _low_half(word):
+    return (word & 0xFFFF).to(tl.int32)
+
+
+@triton.jit
+def _high_half(word):
+    return (word >> 16).to(tl.int32)
+
+
+@triton.jit
+def _halves_to_columns(w0, w1, w2, w3, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(ROWS, COLS // 8) words of consecutive groups -> (ROWS, COLS) int32 draws with [:, 8k + 2w + h] =
+    half h (0 low, 1 high) of word w of group k."""
+    # (jit helpers, not lambdas: the interpreter runs lambdas, the GPU compiler refuses them)
+    # join stacks on a new last axis, and the reshape flattens row-major, so the outermost join picks
+    # the lowest bit of the column in the group (the half), the middle one the next (word & 1), the
+    # innermost the highest (word >> 1)
+    words = tl.join(tl.join(tl.join(_low_half(w0), _low_half(w2)), tl.join(_low_half(w1), _low_half(w3))),
+                    tl.join(tl.join(_high_half(w0), _high_half(w2)), tl.join(_high_half(w1), _high_half(w3))))  # fmt: skip
+    return tl.reshape(words, (ROWS, COLS))
 
 
 @triton.jit
 def dropout_keep_tile(seed, row_ids, col0, dropout_p, BN: tl.constexpr):
     """`dropout_keep` of the (BM, BN) tile of rows row_ids ((BM,) int64) and columns col0 .. col0 + BN - 1.
 
-    One Philox call per four columns. Keys are numbered by global or packed position, so a tile need not
-    start at a multiple of 4: then its columns are entries shift .. shift + BN - 1 of the tile's groups
-    plus the next group (shift = col0 % 4), picked with `tl.gather`.
+    One Philox call per eight columns. Keys are numbered by global or packed position, so a tile need
+    not start at a multiple of 8: then its columns are entries shift .. shift + BN - 1 of the tile's
+    groups plus the next group (shift = col0 % 8), picked with `tl.gather`.
     """
     BM: tl.constexpr = row_ids.shape[0]
     rows = row_ids.to(tl.int64)[:, None]
     col0 = col0.to(tl.int64)
-    g0 = col0 // 4
-    shift = (col0 - g0 * 4).to(tl.int32)
-    w0, w1, w2, w3 = _philox_block(seed, (g0 + tl.arange(0, BN // 4)[None, :]).to(tl.uint32), rows)
-    bits = _words_to_columns(w0, w1, w2, w3, BM, BN)
+    g0 = col0 // COLS_PER_CALL
+    shift = (col0 - g0 * COLS_PER_CALL).to(tl.int32)
+    w0, w1, w2, w3 = _philox_block(
+        seed, (g0 + tl.arange(0, BN // COLS_PER_CALL)[None, :]).to(tl.uint32), rows
+    )
+    halves = _halves_to_columns(w0, w1, w2, w3, BM, BN)
     if shift != 0:
-        e0, e1, e2, e3 = _philox_block(seed, (g0 + BN // 4).to(tl.uint32), rows)  # the group after: (BM, 1)
-        extra = _words_to_columns(e0, e1, e2, e3, BM, 4)
+        e0, e1, e2, e3 = _philox_block(seed, (g0 + BN // COLS_PER_CALL).to(tl.uint32), rows)  # (BM, 1)
+        extra = _halves_to_columns(e0, e1, e2, e3, BM, COLS_PER_CALL)
         entry = shift + tl.arange(0, BN)[None, :] + (rows * 0).to(tl.int32)
-        head = tl.gather(bits, tl.minimum(entry, BN - 1), 1)
+        head = tl.gather(halves, tl.minimum(entry, BN - 1), 1)
         tail = tl.gather(extra, tl.maximum(entry - BN, 0), 1)
-        bits = tl.where(entry < BN, head, tail)
-    return _uniform_keep(bits, dropout_p)
+        halves = tl.where(entry < BN, head, tail)
+    return _half_keep(halves, dropout_p)

@@ -104,9 +104,10 @@ def flash_attention(
         None on a side is unbounded.
     key_padding_mask: bool (batch, seqlen_k), True = keep.
     dropout_p: dropout on the attention probabilities; the Philox seed comes from torch's CPU
-        generator, so torch.manual_seed makes it reproducible. Entry (b, h, i, j) is kept when word j % 4
-        of Triton's Philox keyed by the seed, at counter (j // 4, (b * nheads + h) * seqlen_q + i), clears
-        dropout_p (one Philox call serves four keys); the backward regenerates it, and
+        generator, so torch.manual_seed makes it reproducible. Entry (b, h, i, j) is kept when 16-bit half
+        j % 2 of word (j % 8) // 2 of Triton's Philox keyed by the seed, at counter
+        (j // 8, (b * nheads + h) * seqlen_q + i), is >= ceil(dropout_p * 65536) (one Philox call serves
+        eight keys; dropout_p acts at 2^-16 resolution); the backward regenerates it, and
         `kernels.reference.dropout_mask` draws the same mask in torch.
     deterministic: True (default) computes dq in its own kernel, without atomics, so gradients are
         bitwise reproducible; False computes dq inside the dk/dv kernel with fp32 atomic adds
@@ -168,8 +169,9 @@ def flash_attention_varlen(
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and likewise of k/v. cu_seqlens_*: int32 (batch + 1,),
     starting at 0, non-decreasing, ending at total. max_seqlen_*: the longest sequence (sizes the grid).
     Causal/window alignment is bottom-right per sequence. Dropout numbers entries by packed position:
-    head h, query row r and key row c (of the packed tensors) take word c % 4 of Philox at counter
-    (c // 4, h * total_q + r), so `kernels.reference.dropout_keep_reference` reproduces the mask.
+    head h, query row r and key row c (of the packed tensors) take half c % 2 of word (c % 8) // 2 of
+    Philox at counter (c // 8, h * total_q + r), so `kernels.reference.dropout_keep_reference`
+    reproduces the mask.
     Returns out (total_q, nheads, headdim) and, with return_lse=True, lse (nheads, total_q) float32
     natural log.
     """

@@ -57,21 +57,20 @@ def dropout_keep_reference(
     """The kernels' dropout keep-mask (`kernels._common.dropout_keep`) in torch, bit for bit.
 
     row_ids, col_ids: integer tensors that broadcast together (row ids as the kernels number them:
-    (batch * nheads + head) * seqlen_q + query for dense attention). Column c takes word c % 4 of
-    Triton's Philox4x32-10 keyed by the seed with counter (c // 4, low and high words of the row id, 0);
-    that word becomes a float in [0, 1) as `tl.uint_to_uniform_float` does, and the entry is kept when
-    that is >= dropout_p.
+    (batch * nheads + head) * seqlen_q + query for dense attention). Column c takes 16-bit half c % 2
+    (low half first) of word (c % 8) // 2 of Triton's Philox4x32-10 keyed by the seed with counter
+    (c // 8, low and high words of the row id, 0), and the entry is kept when that half is
+    >= ceil(dropout_p * 65536), computed in float32 as the kernels do.
     """
     rows = row_ids.to(torch.int64)
     cols = col_ids.to(torch.int64)
     row_lo, row_hi, cols = torch.broadcast_tensors(rows & _M32, (rows >> 32) & _M32, cols)
-    words = _philox4x32(seed, (cols >> 2) & _M32, row_lo, row_hi, torch.zeros_like(cols))
-    bits = torch.stack(words, dim=-1).gather(-1, (cols & 3).unsqueeze(-1)).squeeze(-1)
-    signed = torch.where(bits >= 2**31, bits - 2**32, bits)  # the int32 bitcast
-    signed = torch.where(signed < 0, -signed - 1, signed)
-    scale = torch.tensor(4.6566127342e-10, dtype=torch.float32, device=bits.device)
-    uniform = signed.to(torch.float32) * scale
-    return uniform >= torch.tensor(dropout_p, dtype=torch.float32, device=bits.device)
+    words = _philox4x32(seed, (cols >> 3) & _M32, row_lo, row_hi, torch.zeros_like(cols))
+    bits = torch.stack(words, dim=-1).gather(-1, ((cols & 7) >> 1).unsqueeze(-1)).squeeze(-1)
+    halves = torch.where((cols & 1) == 1, bits >> 16, bits & 0xFFFF)
+    p32 = torch.tensor(dropout_p, dtype=torch.float32, device=bits.device)
+    threshold = torch.ceil(p32 * 65536.0).to(torch.int64)
+    return halves >= threshold
 
 
 def dropout_keep_mask(
