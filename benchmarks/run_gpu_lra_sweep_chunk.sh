@@ -48,7 +48,9 @@ name=${exp#lra/}
 #   exactly 50% validation accuracy throughout. On the 15,600-step schedule the same model left 50% only
 #   after step 5,000, when the cosine had brought lr below ~7e-4; on the 62,400-step one lr is still
 #   0.98e-3 at step 7.5k. A peak lr of 1e-3 held that long keeps the model at one prediction.
-# - lr (the default): the 200 epochs at lower peak lr, 5e-4 and 3e-4, one and two layers.
+# - lr (the default): the 200 epochs at lower peak lr, 5e-4 and 3e-4, one and two layers. Two x2 calls
+#   on 2026-11-22 (two runs per GPU): all four learn (two layers from step 3,750, one from 6-7.5k); best
+#   60.1% validation (two layers, lr 5e-4, step 12.5k of 62.4k). Resumed from .carry/runs.tgz.
 sweep=${SWEEP:-lr}
 # Both bases pin what experiment=lra/pathfinder32 has since changed (it is now init2_3's config), so the
 # sets below still describe the runs that were made.
