@@ -308,7 +308,8 @@ def _philox_block(seed, groups, rows):
 # Each 32-bit Philox word gives two 16-bit draws, so one Philox4x32-10 call serves eight columns. A
 # draw h in [0, 65536) keeps its entry when h >= ceil(p * 65536): dropout_p acts at 2^-16 resolution
 # (the keep rate is off by less than 1.6e-5; the kept entries are still scaled by 1 / (1 - p)).
-COLS_PER_CALL = tl.constexpr(8)  # a constexpr value (not just annotated), or the GPU compiler refuses the global
+# A constexpr value (not just annotated), or the GPU compiler refuses the global.
+COLS_PER_CALL = tl.constexpr(8)
 
 
 @triton.jit
