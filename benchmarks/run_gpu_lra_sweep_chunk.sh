@@ -44,8 +44,8 @@ name=${exp#lra/}
 #   fell back; lr 2e-3 collapsed to one prediction.
 # - long: LRA's 200 epochs (62,400 steps of 512) of the experiment's config, of its two-layer variant,
 #   and of both with CLS pooling. Runs 1 and 3 (two layers, mean / CLS) run 2026-11-22 for 8k steps, one
-#   per GPU of an x4 (42-46 ms per step alone: the GPU, not the host, bounds the step): both stayed at
-#   exactly 50% validation accuracy throughout. On the 15,600-step schedule the same model left 50% only
+#   per GPU of an x4 (a median 49-52 ms per step alone; two such runs sharing a GPU later took 63-66 ms
+#   each, so much of a lone step is host time): both stayed at exactly 50% validation accuracy throughout. On the 15,600-step schedule the same model left 50% only
 #   after step 5,000, when the cosine had brought lr below ~7e-4; on the 62,400-step one lr is still
 #   0.98e-3 at step 7.5k. A peak lr of 1e-3 held that long keeps the model at one prediction.
 # - lr (the default): the 200 epochs at lower peak lr, 5e-4 and 3e-4, one and two layers. Two x2 calls
