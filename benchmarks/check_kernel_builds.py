@@ -16,6 +16,7 @@ cubin with the bundled ptxas), so this tool builds what the GPU would build:
 
     python benchmarks/check_kernel_builds.py --out results.json          # all cases, a few minutes
     python benchmarks/check_kernel_builds.py --cases dense_causal --jobs 2
+    python benchmarks/check_kernel_builds.py --cases dropout --try-config _bwd_dkdv:64,96,8,2  # a candidate
 Exit status 1 when any config fails to compile for a reason other than shared memory.
 """
 
@@ -163,8 +164,23 @@ def _tuner_of(module_name: str, kernel_name: str):
     return None
 
 
-def _configs_to_build(launch, all_configs: bool):
-    """[(label, meta)]: the meta-parameters of every config the GPU run would try at this launch."""
+def parse_try_config(text: str) -> tuple:
+    """'KERNEL:BLOCK_M,BLOCK_N,WARPS,STAGES' -> (kernel name, triton.Config)."""
+    import triton
+
+    try:
+        kernel, numbers = text.split(":")
+        block_m, block_n, warps, stages = (int(x) for x in numbers.split(","))
+    except ValueError:
+        raise SystemExit(
+            f"--try-config {text!r}: write KERNEL:BLOCK_M,BLOCK_N,WARPS,STAGES, e.g. _bwd_dkdv:64,96,8,2"
+        ) from None
+    return kernel, triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
+
+def _configs_to_build(launch, all_configs: bool, tries=()):
+    """[(label, meta)]: the meta-parameters of every config the GPU run would try at this launch, plus
+    the --try-config candidates given for its kernel."""
     _, module_name, kernel_name, args, meta = launch
     tuner = _tuner_of(module_name, kernel_name)
     if tuner is None:
@@ -175,6 +191,7 @@ def _configs_to_build(launch, all_configs: bool):
     if not all_configs and tuner.early_config_prune:
         named = dict(zip(tuner.arg_names, [_rebuild(a) for a in args], strict=False))
         configs = tuner.early_config_prune(configs, named, **base)
+    configs = [*configs, *(c for name, c in tries if name == kernel_name)]
     out = []
     for c in configs:
         extra = {"num_warps": c.num_warps, "num_stages": c.num_stages}
@@ -234,6 +251,10 @@ def main():
     parser.add_argument(
         "--all-configs", action="store_true", help="every config, not only those kept by pruning"
     )
+    parser.add_argument(
+        "--try-config", action="append", default=[], metavar="KERNEL:BLOCK_M,BLOCK_N,WARPS,STAGES",
+        help="also build this candidate tile config at every launch of KERNEL (before offering it to the autotuner)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", help="JSON file for the results")
     parser.add_argument("--record", help=argparse.SUPPRESS)  # phase 1, run in the child process
@@ -241,6 +262,7 @@ def main():
     if a.record:
         record(a.cases, a.record)
         return
+    tries = [parse_try_config(t) for t in a.try_config]
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run without TRITON_INTERPRET=1: this process compiles for the GPU")
     sys.path.insert(0, ROOT)
@@ -261,10 +283,16 @@ def main():
         )
         with open(path, "rb") as f:
             cases, launches = pickle.load(f)
+    launched = {launch[2] for launch in launches}
+    for kernel, _ in tries:
+        if kernel not in launched:
+            raise SystemExit(
+                f"--try-config: no launch of {kernel!r} in these cases; launched: {sorted(launched)}"
+            )
     jobs = [
         (launch, label, meta, a.arch)
         for launch in launches
-        for label, meta in _configs_to_build(launch, a.all_configs)
+        for label, meta in _configs_to_build(launch, a.all_configs, tries)
     ]
     print(f"{len(launches)} launches, {len(jobs)} (launch, config) builds for sm_{a.arch}", flush=True)
     start = time.time()
