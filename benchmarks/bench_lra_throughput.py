@@ -27,9 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import error_note, gpu_slug, markdown_table, write_results  # noqa: E402
 from flashtrain.config import compose_config  # noqa: E402
+from flashtrain.tasks import TaskConfig  # noqa: E402
+from flashtrain.tasks.classification import split_sizes  # noqa: E402
 from flashtrain.trainer import Trainer  # noqa: E402
 
-LRA_TRAIN_IMAGES = 160_000  # a Pathfinder split as LRA sizes it: what an epoch means below
+# an epoch below is one pass over LRA's Pathfinder training split, not over the small probe split
+LRA_TRAIN_IMAGES = split_sizes(TaskConfig(kind="pathfinder"))["n_train"]
 
 
 def bench_one(name: str, steps: int, warmup: int, overrides: list[str], out_dir: str) -> dict:

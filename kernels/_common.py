@@ -324,6 +324,16 @@ def _half_keep(halves, dropout_p):
 
 
 @triton.jit
+def _low_half(word):
+    return (word & 0xFFFF).to(tl.int32)
+
+
+@triton.jit
+def _high_half(word):
+    return (word >> 16).to(tl.int32)
+
+
+@triton.jit
 def dropout_keep(seed, row_ids, col_ids, dropout_p):
     """Keep-mask of entries (row id, column), any broadcastable shapes: the definition of our dropout.
 
@@ -340,18 +350,8 @@ def dropout_keep(seed, row_ids, col_ids, dropout_p):
     word = ((cols % COLS_PER_CALL) // 2) + rows * 0
     bits = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
     high = (cols % 2) + rows * 0
-    halves = tl.where(high == 1, bits >> 16, bits & 0xFFFF).to(tl.int32)
+    halves = tl.where(high == 1, _high_half(bits), _low_half(bits))
     return _half_keep(halves, dropout_p)
-
-
-@triton.jit
-def _low_half(word):
-    return (word & 0xFFFF).to(tl.int32)
-
-
-@triton.jit
-def _high_half(word):
-    return (word >> 16).to(tl.int32)
 
 
 @triton.jit

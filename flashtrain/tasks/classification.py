@@ -19,7 +19,8 @@ from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
 from flashtrain.tasks import TaskConfig
 
 
-def _split_sizes(cfg: TaskConfig) -> dict:
+def split_sizes(cfg: TaskConfig) -> dict:
+    """{n_train, n_val, n_test} of the task: the config's, else LRA's sizes."""
     defaults = (96_000, 2_000, 2_000) if cfg.kind == "listops" else (160_000, 20_000, 20_000)
     given = (cfg.n_train, cfg.n_val, cfg.n_test)
     n_train, n_val, n_test = (d if g is None else g for g, d in zip(given, defaults, strict=True))
@@ -29,7 +30,7 @@ def _split_sizes(cfg: TaskConfig) -> dict:
 def load_lra_dataset(cfg: TaskConfig):
     from data.lra.dataset import build_listops_dataset, build_pathfinder_dataset
 
-    common = dict(**_split_sizes(cfg), seed=cfg.data_seed, num_proc=cfg.num_proc, cache_dir=cfg.cache_dir)
+    common = dict(**split_sizes(cfg), seed=cfg.data_seed, num_proc=cfg.num_proc, cache_dir=cfg.cache_dir)
     if cfg.kind == "listops":
         return build_listops_dataset(**common)
     return build_pathfinder_dataset(cfg.resolution, **common)
