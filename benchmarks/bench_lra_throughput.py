@@ -8,6 +8,7 @@ how many images the split holds), times `--steps` training steps after `--warmup
 of the configured `eval_batches`; the projection is max_steps x step + the evaluations the run makes.
 
     python benchmarks/bench_lra_throughput.py --experiments path64 pathx path256 --compile
+    python benchmarks/bench_lra_throughput.py --experiments pathfinder32 --compile --profile 10  # idle time
     python benchmarks/bench_lra_throughput.py --device cpu --experiments path64 --images 16 --steps 1 \
         --warmup 0 --override model.n_layer=1 --override trainer.batch_size=1   # smoke (CI)
 """
@@ -15,6 +16,8 @@ of the configured `eval_batches`; the projection is max_steps x step + the evalu
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import statistics
 import sys
@@ -35,7 +38,43 @@ from flashtrain.trainer import Trainer  # noqa: E402
 LRA_TRAIN_IMAGES = split_sizes(TaskConfig(kind="pathfinder"))["n_train"]
 
 
-def bench_one(name: str, steps: int, warmup: int, overrides: list[str], out_dir: str) -> dict:
+def device_busy(trainer: Trainer, steps: int, out_dir: str) -> dict:
+    """Where a step's time goes: `steps` steps under torch.profiler; the device is busy while any
+    kernel or copy runs (the union of their intervals), idle otherwise (host work, launches, syncs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []  # on CPU: no device work to see
+    with profile(activities=[ProfilerActivity.CPU, *gpu]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        wall = time.perf_counter() - t0
+    path = os.path.join(out_dir, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    work = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    busy, end = 0.0, -math.inf
+    for e in sorted(work, key=lambda e: e["ts"]):  # union of [ts, ts + dur), in microseconds
+        start, stop = max(e["ts"], end), e["ts"] + e["dur"]
+        if stop > start:
+            busy, end = busy + stop - start, stop
+    per_kernel: dict[str, float] = {}
+    for e in work:
+        per_kernel[e["name"]] = per_kernel.get(e["name"], 0.0) + e["dur"]
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "profiled_step_ms": 1000 * wall / steps,
+        "device_busy_ms": busy / 1000 / steps,
+        "device_idle_frac": 1 - busy / 1e6 / wall,
+        "kernels_per_step": len(work) / steps,
+        "top_kernels_ms": {name[:90]: round(us / 1000 / steps, 3) for name, us in top},
+    }
+
+
+def bench_one(
+    name: str, steps: int, warmup: int, overrides: list[str], out_dir: str, profile_steps: int = 0
+) -> dict:
     cuda = torch.cuda.is_available()
     cfg = compose_config(
         [
@@ -83,6 +122,9 @@ def bench_one(name: str, steps: int, warmup: int, overrides: list[str], out_dir:
         t0 = time.perf_counter()
         trainer.evaluate()
         row["eval_s"] = time.perf_counter() - t0
+        if profile_steps:
+            trainer.train_model.train()
+            row.update(device_busy(trainer, profile_steps, out_dir))
     finally:
         trainer.close()
     step_s = statistics.median(times)
@@ -107,7 +149,10 @@ def main(argv=None):
     parser.add_argument("--experiments", nargs="+", default=["path64", "pathx", "path256"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--images", type=int, default=2048, help="training images generated per experiment")
+    parser.add_argument(
+        "--images", type=int, default=2048,
+        help="training images generated per experiment; 0: LRA's own splits (160k/20k/20k, e.g. a filled cache)",
+    )  # fmt: skip
     parser.add_argument(
         "--compile", action="store_true", help="trainer.compile=true (per-block torch.compile)"
     )
@@ -116,14 +161,21 @@ def main(argv=None):
         "--cache-dir", default=os.path.join(tempfile.gettempdir(), "flashtrain-lra-throughput")
     )
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS",
+        help="then profile STEPS more steps (GPU): device busy time per step and the top kernels",
+    )  # fmt: skip
     parser.add_argument("--out", default=None)
     a = parser.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run on a GPU machine, or pass --device cpu for a smoke test")
-    overrides = [
+    sizes = [
         f"task.n_train={a.images}",
         f"task.n_val={max(a.images // 8, 64)}",
         f"task.n_test={max(a.images // 8, 64)}",
+    ]
+    overrides = [
+        *(sizes if a.images else []),
         f"task.cache_dir={a.cache_dir}",
         f"trainer.compile={str(a.compile).lower()}",
         f"trainer.device={a.device}",
@@ -133,7 +185,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as out_dir:
         for name in a.experiments:
             try:
-                row = bench_one(name, a.steps, a.warmup, overrides, out_dir)
+                row = bench_one(name, a.steps, a.warmup, overrides, out_dir, a.profile)
             except Exception as exc:  # noqa: BLE001 - one failed experiment is a row, the others still run
                 row = {"experiment": name, "status": error_note(exc)}
             print(row, flush=True)
@@ -144,6 +196,8 @@ def main(argv=None):
     write_results(out, rows, {"steps": a.steps, "warmup": a.warmup, "overrides": overrides})
     cols = ["experiment", "batch_size", "attention", "step_ms", "images_per_s", "max_mem_gib", "eval_s",
             "configured_max_steps", "configured_epochs", "projected_h", "status"]  # fmt: skip
+    if a.profile:
+        cols[4:4] = ["device_busy_ms", "device_idle_frac"]
     print(markdown_table(rows, cols))
     print(f"wrote {out}")
 

@@ -10,7 +10,10 @@
 # `load_lra_dataset` and `tar cJf .carry/data.tar.xz -C <cache_dir> .`), else are generated once per call
 # with all cores (111 s on an x2's 32) into one cache the runs then only read. RUN_IDS="0 1" runs only
 # those, leaving the other runs carried unchanged; GPU_LIST="0 1" puts the k-th of them on the k-th GPU
-# listed (modulo the list), leaving the others free for other work in the same call.
+# listed (modulo the list), leaving the others free for other work in the same call. NPROC=2 instead runs
+# the chosen runs one after another, each data-parallel over the first NPROC GPUs of GPU_LIST (torchrun,
+# parallel=ddp, the per-GPU batch divided by NPROC so the global batch stays): a run carried from one GPU
+# goes on with the same data position and losses (Trainer._resume_on_other_world_size).
 #
 #   here:  device run --carry .whl .carry "source .whl/install.sh >/dev/null && bash benchmarks/run_gpu_lra_sweep_chunk.sh 480"
 #   then:  cp <files_at>/carry/runs.tgz .carry/     (.carry/ is git-ignored; keep its data.tar.xz)
@@ -127,8 +130,25 @@ left=$((secs - ($(date +%s) - start)))
 ids=${RUN_IDS:-${!RUNS[*]}}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 read -r -a gpu_list <<< "${GPU_LIST:-$(seq -s ' ' 0 $((gpus > 0 ? gpus - 1 : 0)))}"
+if [ "${NPROC:-1}" -gt 1 ]; then
+  for i in $ids; do
+    t=$((secs - ($(date +%s) - start)))
+    # shellcheck disable=SC2086
+    batch=$(python -c "import sys; from flashtrain.config import compose_config as c
+print(c(['experiment=$exp', *sys.argv[1:]]).trainer.batch_size // $NPROC)" ${RUNS[$i]} ${EXTRA:-})
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=$(echo "${gpu_list[@]:0:$NPROC}" | tr ' ' ,) timeout --kill-after=30 $((t + 120)) \
+      torchrun --standalone --nproc_per_node="$NPROC" train.py experiment="$exp" ${RUNS[$i]} parallel=ddp \
+      trainer.batch_size="$batch" trainer.run_name="${name}_${sweep}_$i" trainer.resume=auto \
+      trainer.time_limit_s="$t" trainer.out_dir="$work/runs" trainer.keep_checkpoints=1 \
+      trainer.compile="${COMPILE:-true}" trainer.eval_interval=1250 trainer.log_interval=100 \
+      trainer.progress_bar=false logger=none task.cache_dir="$cache" ${EXTRA:-} 2>&1 |
+      grep -v -e Saving -e Generating -e Map -e OMP_NUM_THREADS -e '^W1' >> "$work/runs/${name}_${sweep}_$i.log"
+  done
+  ids_done=1
+fi
 k=0
-for i in $ids; do
+for i in $([ -z "${ids_done:-}" ] && echo "$ids"); do
   if [ -n "${GPU_LIST:-}" ]; then gpu=${gpu_list[$((k % ${#gpu_list[@]}))]}; else gpu=$((i % ${#gpu_list[@]})); fi
   k=$((k + 1))
   # shellcheck disable=SC2086  # each entry is several overrides

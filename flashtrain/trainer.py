@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import asdict
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -114,6 +115,8 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.history: list[float] = []  # training loss per optimizer step (what resume must reproduce)
         self.step_hooks: list = []  # callables(trainer, step) run after each step (tests use them)
+        self._ahead = None  # the next micro-batch, already on the device (_fetch_ahead)
+        self._sampler_before_ahead: dict | None = None
         self._resume_if_asked()
         self.tracker = Tracker(
             cfg.logger, tc.run_name, self.run_dir, self._config_dict(), enabled=self.rank == 0
@@ -218,18 +221,50 @@ class Trainer:
         state = self.strategy.load(path)  # collective: weights and optimizer into the (sharded) model
         self.step = state["step"]
         self.history = list(state["history"])
-        self.sampler.load_state_dict(
-            state["sampler"][self.rank] if self.world_size > 1 else state["sampler"][0]
-        )
-        _set_rng_state(state["rng"][self.rank] if self.world_size > 1 else state["rng"][0], self.device)
+        samplers, rngs = state["sampler"], state["rng"]
+        if len(samplers) == self.world_size:
+            self.sampler.load_state_dict(samplers[self.rank])
+            _set_rng_state(rngs[self.rank], self.device)
+        else:
+            self._resume_on_other_world_size(path, meta, samplers)
         log.info(f"resumed from {path} at step {self.step}")
+
+    def _resume_on_other_world_size(self, path: str, meta: dict, samplers: list[dict]) -> None:
+        """A checkpoint written by another number of processes (weights and optimizer are full
+        tensors, so any strategy and world size reads them). The data position is global, the same on
+        every rank, so it carries over; random streams (dropout) are per process and cannot be split or
+        merged, so each rank starts a fresh one from (seed, step, rank)."""
+        if any(s != samplers[0] for s in samplers):
+            raise ValueError(
+                f"{path}: its ranks' data positions differ ({samplers}); the checkpoint is damaged"
+            )
+        self.sampler.load_state_dict(samplers[0])
+        seed = int(np.random.SeedSequence([self.cfg.trainer.seed, self.step, self.rank]).generate_state(1)[0])
+        torch.manual_seed(seed)  # CPU and every CUDA device
+        random.seed(seed)
+        written = meta["config"]
+        old_dp = len(samplers) // written["parallel"]["sp"]
+        old_batch = written["trainer"]["batch_size"] * written["trainer"]["grad_accum"] * old_dp
+        tc = self.cfg.trainer
+        new_batch = tc.batch_size * tc.grad_accum * self.dp
+        log.info(
+            f"{path} was written by {len(samplers)} process(es), resumed on {self.world_size}: same data "
+            "position, fresh random streams per rank"
+        )
+        if old_batch != new_batch:
+            log.warning(
+                f"the global batch changes from {old_batch} to {new_batch} sequences per step; to continue the "
+                f"run unchanged make trainer.batch_size x trainer.grad_accum x {self.dp} data-parallel ranks = {old_batch}"
+            )
 
     def save(self) -> None:
         """Write a checkpoint of the current step (collective: every rank must call it)."""
-        samplers, rngs = [self.sampler.state_dict()], [_rng_state(self.device)]
+        # the position of the next batch to train on, not of one fetched ahead
+        sampler = self.sampler.state_dict() if self._ahead is None else self._sampler_before_ahead
+        samplers, rngs = [sampler], [_rng_state(self.device)]
         if self.world_size > 1:
             samplers, rngs = [None] * self.world_size, [None] * self.world_size
-            dist.all_gather_object(samplers, self.sampler.state_dict())  # blocks: every rank's data position
+            dist.all_gather_object(samplers, sampler)  # blocks: every rank's data position
             dist.all_gather_object(rngs, _rng_state(self.device))
         # collective: full weights and optimizer state gathered to rank 0 (DeepSpeed writes its own files)
         model = self.strategy.model_to_save()
@@ -299,20 +334,42 @@ class Trainer:
         with self._autocast():
             return self.task.loss(self.train_model, x, y)
 
+    def _fetch_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.task.next_batch()
+        if self.device.type == "cuda":  # page-locked, so the copies below return at once
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next micro-batch on the device: the one fetched ahead during the last backward, if any."""
+        if self._ahead is None:
+            return self._fetch_batch()
+        batch, self._ahead = self._ahead, None
+        return batch
+
+    def _fetch_ahead(self) -> None:
+        """Build and send the next micro-batch while the device still runs this one's backward: the
+        step ends on a host-device sync, so batch time spent after it is the device's idle time (a
+        few ms for LRA's 512 images, most of a small model's step). The sampler's position before it
+        is what a checkpoint records, so a resumed run reads the same batches."""
+        self._sampler_before_ahead = self.sampler.state_dict()
+        self._ahead = self._fetch_batch()
+
     def train_step(self) -> float:
         tc = self.cfg.trainer
         lr = lr_at(self.step, self.cfg.optim, tc.max_steps)
         self.strategy.set_lr(lr)
         total = torch.zeros((), device=self.device)
         for micro in range(tc.grad_accum):
-            x, y = self.task.next_batch()
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            x, y = self._next_batch()
             last = micro == tc.grad_accum - 1
             # gradients are reduced over the ranks on the last micro-batch only
             with self.strategy.grad_sync(last), self._sp_context():
                 loss = self._micro_batch_loss(x, y) / tc.grad_accum
                 self.strategy.backward(loss, last)
             total += loss.detach()
+            if not (last and self.step + 1 >= tc.max_steps):  # the run's last batch has no successor
+                self._fetch_ahead()
         if self.world_size > 1:
             dist.all_reduce(total, op=dist.ReduceOp.AVG)  # blocks: the logged loss is the global mean
         loss_value = total.item()  # host-device sync: once per step, needed for the NaN check and logging

@@ -144,7 +144,11 @@ class SequenceClassifier(nn.Module):
         return table.flatten(0, 1) if self.cfg.image_size else table
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, N) ids (images flattened row-major). Returns logits (B, num_classes)."""
+        """tokens: (B, N) integer ids (images flattened row-major; the trainer sends pixels as uint8, an
+        eighth of int64's bytes to copy to the device). Returns logits (B, num_classes)."""
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer ids, got {tokens.dtype}")
+        tokens = tokens.long()  # the embedding takes int64 (or int32) ids; a no-op for int64
         batch, n = tokens.shape
         pos = self.positions()
         if n > pos.shape[0]:

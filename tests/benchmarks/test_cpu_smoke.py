@@ -64,9 +64,11 @@ def test_lra_throughput_benchmark_runs_on_cpu(tmp_path):
     out = tmp_path / "lra.json"
     _run([sys.executable, "benchmarks/bench_lra_throughput.py", "--device", "cpu", "--experiments", "path64",
           "--images", "16", "--steps", "2", "--warmup", "1", "--cache-dir", str(tmp_path / "cache"),
-          "--override", "model.n_layer=1", "--override", "trainer.batch_size=1", "--out", str(out)])  # fmt: skip
+          "--override", "model.n_layer=1", "--override", "trainer.batch_size=1", "--out", str(out),
+          "--profile", "1"])  # fmt: skip
     (row,) = json.load(open(out))["rows"]
     assert row["status"] == "ok" and row["tokens"] == 64 * 64 and row["configured_max_steps"] == 125_000, row
+    assert row["device_busy_ms"] == 0 and row["device_idle_frac"] == 1  # no device here: all host time
     # the projection is the configured steps at the measured step time, plus the evaluations
     steps_h = row["configured_max_steps"] * row["step_ms"] / 1000 / 3600
     evals_h = row["configured_max_steps"] // row["eval_interval"] * row["eval_s"] / 3600

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -176,6 +177,46 @@ def test_deepspeed_checkpoint_layout_and_foreign_resume(workdir, deepspeed_runs)
     )
     with pytest.raises(ValueError, match="resume it with parallel=deepspeed"):
         Trainer(cfg)
+
+
+def _rewind(run_dir: str, to_dir: str, step: int) -> None:
+    """A copy of `run_dir` whose latest checkpoint is the one of `step` (as if killed just after it)."""
+    shutil.copytree(run_dir, to_dir)
+    root = ckpt.checkpoint_root(to_dir)
+    for name in os.listdir(root):
+        if name.startswith("step_") and int(name.split("_")[1]) > step:
+            shutil.rmtree(os.path.join(root, name))
+    with open(os.path.join(root, ckpt.LATEST), "w") as f:
+        f.write(f"step_{step:07d}")
+
+
+@pytest.mark.parametrize("batch", [NPROC * B, B])
+def test_checkpoint_of_two_processes_resumes_on_one(workdir, torch_runs, reference, batch, flashtrain_logs):
+    """A DDP run's step-2 checkpoint (2 ranks x batch B) goes on in one process: with batch 2B the run
+    continues unchanged (same data position, same losses as the one-process reference); with batch B
+    the global batch halves, which is allowed and said."""
+    run_dir = f"{workdir}/runs/ddp-on-one-{batch}"
+    _rewind(torch_runs["ddp"]["run_dir"], run_dir, step=2)
+    cfg = compose_config(
+        [
+            *_overrides(workdir),
+            f"trainer.batch_size={batch}",
+            f"trainer.run_name=ddp-on-one-{batch}",
+            "trainer.resume=true",
+        ]
+    )
+    trainer = Trainer(cfg)
+    history = trainer.fit()
+    trainer.close()
+    assert "written by 2 process(es), resumed on 1" in flashtrain_logs.text
+    if batch == NPROC * B:
+        assert "global batch changes" not in flashtrain_logs.text
+        torch.testing.assert_close(history, reference[0], atol=1e-5, rtol=1e-5)
+        _assert_same_weights(_final_weights(run_dir), reference[1], atol=1e-5, rtol=1e-4)
+    else:
+        accum = cfg.trainer.grad_accum
+        assert f"global batch changes from {NPROC * B * accum} to {B * accum}" in flashtrain_logs.text
+        assert history[:2] == torch_runs["ddp"]["straight"][:2] and len(history) == STEPS
 
 
 def test_train_py_under_torchrun_fsdp_without_reshard(workdir, reference):

@@ -157,6 +157,15 @@ def test_bias_false_leaves_no_bias_anywhere():
     model(torch.randint(0, 256, (2, 64))).sum().backward()
 
 
+def test_uint8_pixels_equal_int64_ids_and_floats_are_refused():
+    """The trainer sends pixels as uint8 (their stored type); the model widens them itself."""
+    model = SequenceClassifier(ClassifierConfig(encoder=encoder(), image_size=8)).eval()
+    pixels = torch.randint(0, 256, (2, 64), dtype=torch.uint8)
+    torch.testing.assert_close(model(pixels), model(pixels.long()), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="integer ids"):
+        model(pixels.float())
+
+
 def test_padding_changes_nothing():
     torch.manual_seed(0)
     cfg = ClassifierConfig(encoder=encoder(vocab_size=16, attention="sdpa"), num_classes=10, pad_id=0)
@@ -272,7 +281,34 @@ def test_pathfinder_batches_from_memory_equal_the_arrow_files(tmp_path):
     task.pixels, task.sampler = None, type(task.sampler)(32, 4, seed=cfg.trainer.seed)  # the Arrow path
     from_files = [task.next_batch() for _ in range(5)] + list(task.eval_batches("test", None))
     for (x, y), (x2, y2) in zip(from_memory, from_files, strict=True):
-        assert x.dtype == x2.dtype == torch.long and y.dtype == y2.dtype == torch.long
+        assert x.dtype == x2.dtype == torch.uint8 and y.dtype == y2.dtype == torch.long  # pixels as stored
         torch.testing.assert_close(x, x2, rtol=0, atol=0)
         torch.testing.assert_close(y, y2, rtol=0, atol=0)
     assert pixels_in_memory(task.splits, budget=32 * 1024 - 1) is None  # over the budget: the files stay
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_epoch_sampler_order_and_resume(world_size):
+    """Each epoch is the (seed, epoch) permutation cut into global batches, ragged tail dropped, rank r
+    taking its slice; a sampler restored from a mid-epoch state goes on with the same batches."""
+    import numpy as np
+
+    from flashtrain.tasks.classification import EpochSampler
+
+    n, b, seed = 23, 2, 7
+    per_step = b * world_size
+    want = []
+    for epoch in range(3):
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        want += [order[i : i + per_step] for i in range(0, n - per_step + 1, per_step)]
+    ranks = [EpochSampler(n, b, seed=seed, rank=r, world_size=world_size) for r in range(world_size)]
+    got = [np.concatenate([s.next_indices() for s in ranks]) for _ in range(len(want))]
+    for g, w in zip(got, want, strict=True):
+        assert sorted(g) == sorted(w) and len(set(g)) == per_step
+    middle = EpochSampler(n, b, seed=seed, world_size=world_size)
+    for _ in range(5):
+        middle.next_indices()
+    restored = EpochSampler(n, b, seed=seed, world_size=world_size)
+    restored.load_state_dict(middle.state_dict())
+    for _ in range(8):  # across the epoch boundary
+        np.testing.assert_array_equal(restored.next_indices(), middle.next_indices())
