@@ -52,11 +52,13 @@ name=${exp#lra/}
 #   after step 5,000, when the cosine had brought lr below ~7e-4; on the 62,400-step one lr is still
 #   0.98e-3 at step 7.5k. A peak lr of 1e-3 held that long keeps the model at one prediction.
 # - lr (the default): the 200 epochs at lower peak lr, 5e-4 and 3e-4, one and two layers. Two x2 calls
-#   on 2026-11-22 (two runs per GPU): all four learn (two layers from step 3,750, one from 6-7.5k); best
-#   60.1% validation (two layers, lr 5e-4, step 12.5k of 62.4k). Resumed from .carry/runs.tgz.
+#   on 2026-11-22 (two runs per GPU): all four learn (two layers from step 3,750, one from 6-7.5k); run 1
+#   (two layers, lr 5e-4) then went on data-parallel over both GPUs of an x2 (NPROC=2 RUN_IDS=1, two
+#   calls) to its 62,400 steps: 89.45% test. That is experiment=lra/pathfinder32 now. Runs 0 and 2 stopped
+#   at 20.3k steps, run 3 at 18.6k (in .carry/runs.tgz).
 sweep=${SWEEP:-lr}
-# Both bases pin what experiment=lra/pathfinder32 has since changed (it is now init2_3's config), so the
-# sets below still describe the runs that were made.
+# The bases and the long/lr sets pin what experiment=lra/pathfinder32 has since changed (it was init2_3's
+# config, then lr_1's), so the sets below still describe the runs that were made.
 recipe="model.n_layer=2 model.n_head=2 model.d_model=64 model.attn_dropout=0.1 optim.min_lr=0
   optim.warmup_steps=312 optim.weight_decay=0 optim.beta2=0.999 model.dropout=0.1 trainer.batch_size=256
   task.positions=learned model.init_std=0.02 model.rope_theta=10000"
@@ -93,15 +95,15 @@ if [ ${#RUNS[@]} -eq 0 ]; then
       "$lra_transformer $rotary model.init_std=0.088 trainer.max_steps=15600"
     ) ;;
     long) RUNS=(
-      "trainer.max_steps=62400"
-      "trainer.max_steps=62400 model.n_layer=2"
-      "trainer.max_steps=62400 task.pooling=cls"
-      "trainer.max_steps=62400 model.n_layer=2 task.pooling=cls"
+      "trainer.max_steps=62400 optim.lr=1e-3 model.n_layer=1"
+      "trainer.max_steps=62400 optim.lr=1e-3 model.n_layer=2"
+      "trainer.max_steps=62400 optim.lr=1e-3 model.n_layer=1 task.pooling=cls"
+      "trainer.max_steps=62400 optim.lr=1e-3 model.n_layer=2 task.pooling=cls"
     ) ;;
     lr) RUNS=(
-      "trainer.max_steps=62400 optim.lr=5e-4"
+      "trainer.max_steps=62400 optim.lr=5e-4 model.n_layer=1"
       "trainer.max_steps=62400 optim.lr=5e-4 model.n_layer=2"
-      "trainer.max_steps=62400 optim.lr=3e-4"
+      "trainer.max_steps=62400 optim.lr=3e-4 model.n_layer=1"
       "trainer.max_steps=62400 optim.lr=3e-4 model.n_layer=2"
     ) ;;
     *) echo "SWEEP=$sweep: choose recipe, rotary, init, init2, long or lr" >&2; exit 2 ;;
