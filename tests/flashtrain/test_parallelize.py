@@ -45,3 +45,45 @@ def test_checkpointed_blocks_recompute_with_the_forwards_attention_override(back
         grads = torch.autograd.grad(loss, params)
     for g, e in zip(grads, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def _grads(cfg, state, idx, transform):
+    torch._dynamo.reset()
+    model = GPT(cfg)
+    model.load_state_dict(state)
+    transform(model)
+    torch.manual_seed(1)  # the same dropout draws for every variant
+    return torch.autograd.grad(model(idx, idx), list(model.parameters()))
+
+
+def test_checkpointed_blocks_are_compiled_around_the_triton_attention():
+    """With activation checkpointing and compile, the Triton attention (`torch.compiler.disable`d)
+    breaks the block's graph; the pieces around it must still compile (compiling the checkpointed
+    block left all of it eager: only ATen kernels in Path-X's profile). The recompute in the backward
+    must draw the forward's dropout masks: gradients equal those of the compiled blocks without
+    checkpointing."""
+    from torch._dynamo.utils import counters
+
+    from flashtrain.parallelize import apply_compile
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        n_layer=2, n_head=2, d_model=32, vocab_size=97, max_seq_len=64, attention="triton", dropout=0.2
+    )
+    idx = torch.randint(0, cfg.vocab_size, (2, 32))
+    state = GPT(cfg).state_dict()
+    expected = _grads(cfg, state, idx, apply_compile)
+
+    def compiled_checkpoint(model):  # the old order: compile sees the checkpoint
+        apply_ac(model)
+        apply_compile(model)
+
+    counters.clear()
+    _grads(cfg, state, idx, compiled_checkpoint)
+    assert counters["aot_autograd"]["total"] == 0  # nothing compiled: the whole block ran eagerly
+    counters.clear()
+    grads = _grads(cfg, state, idx, lambda model: apply_ac(model, compile_blocks=True))
+    assert counters["aot_autograd"]["total"] > 0
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
+    torch._dynamo.reset()
