@@ -9,6 +9,8 @@ For SDPA, the requested backend is pinned with `sdpa_kernel` and then checked: o
 show that backend's kernels (under torch.compile a silent fallback to another backend is possible).
 
     python benchmarks/bench_train.py --models gpt2_small,gpt2_medium --seqlens 1024,4096,8192,16384
+    python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
+        --activation-checkpointing   # as experiment=gpt2_medium_8k trains
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
-from flashtrain.parallelize import apply_compile  # noqa: E402
+from flashtrain.parallelize import apply_ac, apply_compile  # noqa: E402
 
 MODELS = {
     "gpt2_small": dict(n_layer=12, n_head=12, d_model=768),
@@ -75,7 +77,9 @@ def kernel_names(step) -> list[str]:
     return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
-def bench_one(model_name, seqlen, impl, tokens_per_step, steps, warmup, compile_blocks, peak):
+def bench_one(
+    model_name, seqlen, impl, tokens_per_step, steps, warmup, compile_blocks, peak, checkpointing=False
+):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
     cfg = GPTConfig(
@@ -83,7 +87,9 @@ def bench_one(model_name, seqlen, impl, tokens_per_step, steps, warmup, compile_
     )
     torch.manual_seed(0)
     model = GPT(cfg).cuda()
-    if compile_blocks:
+    if checkpointing:  # as the trainer does: each block's forward compiled inside its checkpoint
+        apply_ac(model, compile_blocks=compile_blocks)
+    elif compile_blocks:
         apply_compile(model)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, fused=True))
     x = torch.randint(0, 50257, (batch, seqlen), device="cuda")
@@ -97,7 +103,8 @@ def bench_one(model_name, seqlen, impl, tokens_per_step, steps, warmup, compile_
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen)
+    row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
+               activation_checkpointing=checkpointing)  # fmt: skip
     with sdpa_context(sdpa_backend):
         for _ in range(warmup):
             step()
@@ -136,6 +143,10 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true",
+        help="recompute each block in the backward (as trainer.activation_checkpointing=true)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_<gpu>.json)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -157,6 +168,7 @@ def main():
                         args.warmup,
                         not args.no_compile,
                         peak,
+                        args.activation_checkpointing,
                     )
                 except Exception as e:  # one failing row must not lose the others
                     if not is_oom(e):
@@ -172,7 +184,8 @@ def main():
                 rows.append(row)
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 # rewritten after every row, so a run stopped at its time limit keeps what it measured
-                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": not args.no_compile})
+                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": not args.no_compile,
+                                               "activation_checkpointing": args.activation_checkpointing})  # fmt: skip
     cols = ["model", "seqlen", "impl", "tokens_per_s", "mfu", "peak_mem_gib", "backend_verified", "error"]
     table = markdown_table(rows, cols, floatfmt="{:.3f}")
     with open(out.replace(".json", ".md"), "w") as f:
