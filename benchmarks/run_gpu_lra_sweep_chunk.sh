@@ -132,34 +132,33 @@ left=$((secs - ($(date +%s) - start)))
 ids=${RUN_IDS:-${!RUNS[*]}}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 read -r -a gpu_list <<< "${GPU_LIST:-$(seq -s ' ' 0 $((gpus > 0 ? gpus - 1 : 0)))}"
-if [ "${NPROC:-1}" -gt 1 ]; then
-  for i in $ids; do
-    t=$((secs - ($(date +%s) - start)))
+train() {  # train I DEVICES SECONDS [NPROC]: run I on DEVICES, data-parallel over NPROC processes if > 1
+  local i=$1 devices=$2 t=$3 nproc=${4:-1} batch launch=(python train.py)
+  if [ "$nproc" -gt 1 ]; then  # the per-GPU batch divided so the global batch stays the run's
     # shellcheck disable=SC2086
     batch=$(python -c "import sys; from flashtrain.config import compose_config as c
-print(c(['experiment=$exp', *sys.argv[1:]]).trainer.batch_size // $NPROC)" ${RUNS[$i]} ${EXTRA:-})
-    # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=$(echo "${gpu_list[@]:0:$NPROC}" | tr ' ' ,) timeout --kill-after=30 $((t + 120)) \
-      torchrun --standalone --nproc_per_node="$NPROC" train.py experiment="$exp" ${RUNS[$i]} parallel=ddp \
-      trainer.batch_size="$batch" trainer.run_name="${name}_${sweep}_$i" trainer.resume=auto \
-      trainer.time_limit_s="$t" trainer.out_dir="$work/runs" trainer.keep_checkpoints=1 \
-      trainer.compile="${COMPILE:-true}" trainer.eval_interval=1250 trainer.log_interval=100 \
-      trainer.progress_bar=false logger=none task.cache_dir="$cache" ${EXTRA:-} 2>&1 |
-      grep -v -e Saving -e Generating -e Map -e OMP_NUM_THREADS -e '^W1' >> "$work/runs/${name}_${sweep}_$i.log"
-  done
-  ids_done=1
-fi
-k=0
-for i in $([ -z "${ids_done:-}" ] && echo "$ids"); do
-  if [ -n "${GPU_LIST:-}" ]; then gpu=${gpu_list[$((k % ${#gpu_list[@]}))]}; else gpu=$((i % ${#gpu_list[@]})); fi
-  k=$((k + 1))
+print(c(['experiment=$exp', *sys.argv[1:]]).trainer.batch_size // $nproc)" ${RUNS[$i]} ${EXTRA:-})
+    launch=(torchrun --standalone --nproc_per_node="$nproc" train.py parallel=ddp trainer.batch_size="$batch")
+  fi
   # shellcheck disable=SC2086  # each entry is several overrides
-  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=30 $((left + 120)) python train.py experiment="$exp" \
-    ${RUNS[$i]} trainer.run_name="${name}_${sweep}_$i" trainer.resume=auto trainer.time_limit_s="$left" \
-    trainer.out_dir="$work/runs" trainer.keep_checkpoints=1 trainer.compile="${COMPILE:-true}" trainer.eval_interval=1250 \
-    trainer.log_interval=100 trainer.progress_bar=false logger=none task.cache_dir="$cache" ${EXTRA:-} 2>&1 |
-    grep -v -e Saving -e Generating -e Map >> "$work/runs/${name}_${sweep}_$i.log" &
-done
+  CUDA_VISIBLE_DEVICES=$devices timeout --kill-after=30 $((t + 120)) "${launch[@]}" experiment="$exp" \
+    ${RUNS[$i]} trainer.run_name="${name}_${sweep}_$i" trainer.resume=auto trainer.time_limit_s="$t" \
+    trainer.out_dir="$work/runs" trainer.keep_checkpoints=1 trainer.compile="${COMPILE:-true}" \
+    trainer.eval_interval=1250 trainer.log_interval=100 trainer.progress_bar=false logger=none \
+    task.cache_dir="$cache" ${EXTRA:-} 2>&1 |
+    grep -v -e Saving -e Generating -e Map -e OMP_NUM_THREADS -e '^W1' >> "$work/runs/${name}_${sweep}_$i.log"
+}
+if [ "${NPROC:-1}" -gt 1 ]; then  # one run after another, each over the first NPROC GPUs listed
+  devices=$(echo "${gpu_list[@]:0:$NPROC}" | tr ' ' ,)
+  for i in $ids; do train "$i" "$devices" $((secs - ($(date +%s) - start))) "$NPROC"; done
+else  # side by side, one GPU each
+  k=0
+  for i in $ids; do
+    if [ -n "${GPU_LIST:-}" ]; then gpu=${gpu_list[$((k % ${#gpu_list[@]}))]}; else gpu=$((i % ${#gpu_list[@]})); fi
+    k=$((k + 1))
+    train "$i" "$gpu" "$left" &
+  done
+fi
 wait
 tar czf "$OUT/carry/runs.tgz" -C "$work" runs
 for i in $ids; do
