@@ -16,8 +16,6 @@ of the configured `eval_batches`; the projection is max_steps x step + the evalu
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import statistics
 import sys
@@ -28,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import error_note, gpu_slug, markdown_table, write_results  # noqa: E402
+from benchmarks.common import device_profile, error_note, gpu_slug, markdown_table, write_results  # noqa: E402
 from flashtrain.config import compose_config  # noqa: E402
 from flashtrain.tasks import TaskConfig  # noqa: E402
 from flashtrain.tasks.classification import split_sizes  # noqa: E402
@@ -38,37 +36,16 @@ from flashtrain.trainer import Trainer  # noqa: E402
 LRA_TRAIN_IMAGES = split_sizes(TaskConfig(kind="pathfinder"))["n_train"]
 
 
-def device_busy(trainer: Trainer, steps: int, out_dir: str) -> dict:
-    """Where a step's time goes: `steps` steps under torch.profiler; the device is busy while any
-    kernel or copy runs (the union of their intervals), idle otherwise (host work, launches, syncs)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    gpu = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []  # on CPU: no device work to see
-    with profile(activities=[ProfilerActivity.CPU, *gpu]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            trainer.train_step()
-        wall = time.perf_counter() - t0
-    path = os.path.join(out_dir, "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    work = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
-    busy, end = 0.0, -math.inf
-    for e in sorted(work, key=lambda e: e["ts"]):  # union of [ts, ts + dur), in microseconds
-        start, stop = max(e["ts"], end), e["ts"] + e["dur"]
-        if stop > start:
-            busy, end = busy + stop - start, stop
-    per_kernel: dict[str, float] = {}
-    for e in work:
-        per_kernel[e["name"]] = per_kernel.get(e["name"], 0.0) + e["dur"]
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
+def device_busy(trainer: Trainer, steps: int) -> dict:
+    """Where a training step's time goes (`device_profile` of `steps` steps): busy while any kernel or
+    copy runs, idle otherwise (host work, launches, syncs)."""
+    p = device_profile(trainer.train_step, steps)
     return {
-        "profiled_step_ms": 1000 * wall / steps,
-        "device_busy_ms": busy / 1000 / steps,
-        "device_idle_frac": 1 - busy / 1e6 / wall,
-        "kernels_per_step": len(work) / steps,
-        "top_kernels_ms": {name[:90]: round(us / 1000 / steps, 3) for name, us in top},
+        "profiled_step_ms": p["wall_ms"],
+        "device_busy_ms": p["busy_ms"],
+        "device_idle_frac": 1 - p["busy_ms"] / p["wall_ms"],
+        "kernels_per_step": p["kernels_per_step"],
+        "top_kernels_ms": p["top_kernels_ms"],
     }
 
 
@@ -124,7 +101,7 @@ def bench_one(
         row["eval_s"] = time.perf_counter() - t0
         if profile_steps:
             trainer.train_model.train()
-            row.update(device_busy(trainer, profile_steps, out_dir))
+            row.update(device_busy(trainer, profile_steps))
     finally:
         trainer.close()
     step_s = statistics.median(times)

@@ -81,17 +81,17 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def profile_table(fn: Callable[[], object], path: str | None, steps: int = 3, title: str = "") -> None:
-    """Run fn `steps` times under torch.profiler and write where the time went to `path` (None: profile
-    without writing, for ranks that must join the collectives of the profiled call): wall time per
-    step, device-busy time per step split into communication (NCCL/gloo kernels) and everything else,
-    and the top operators by device time. Busy < wall means the device idled (launch- or host-bound);
-    compute + communication > busy means they overlapped."""
+def device_profile(fn: Callable[[], object], steps: int = 3) -> dict:
+    """Run fn `steps` times under torch.profiler (after one unprofiled call, so anything lazily built
+    stays out): wall and device-busy ms per step (busy: the union of kernel and copy intervals, as
+    streams overlap; busy < wall means the device idled, launch- or host-bound), communication (NCCL
+    kernels) and all kernels summed per step (their sum > busy means they overlapped), kernels per step,
+    the top kernels by device time and torch's operator table. On CPU there is no device work: busy 0."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    fn()  # anything lazily built (plans, caches) stays out of the profile
+    fn()
     if cuda:
         torch.cuda.synchronize()
     with profile(activities=activities) as prof:
@@ -108,14 +108,32 @@ def profile_table(fn: Callable[[], object], path: str | None, steps: int = 3, ti
         if stop > end:
             busy += stop - max(start, end)
             end = stop
-    comm = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
-    total = sum(e.time_range.elapsed_us() for e in kernels)
+    per_kernel: dict[str, float] = {}
+    for e in kernels:
+        per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
     sort_key = "cuda_time_total" if cuda else "cpu_time_total"
+    return {
+        "wall_ms": wall_ms,
+        "busy_ms": busy / 1e3 / steps,
+        "comm_ms": sum(us for name, us in per_kernel.items() if "nccl" in name.lower()) / 1e3 / steps,
+        "kernels_ms": sum(per_kernel.values()) / 1e3 / steps,
+        "kernels_per_step": len(kernels) / steps,
+        "top_kernels_ms": {name[:90]: round(us / 1e3 / steps, 3) for name, us in top},
+        "table": prof.key_averages().table(sort_by=sort_key, row_limit=30, max_name_column_width=60),
+    }
+
+
+def profile_table(fn: Callable[[], object], path: str | None, steps: int = 3, title: str = "") -> None:
+    """`device_profile` of fn written to `path` (None: profile without writing, for ranks that must
+    join the collectives of the profiled call): wall and device-busy time per step, kernels split into
+    communication and everything else, and the top operators by device time."""
+    p = device_profile(fn, steps)
     lines = [
         title,
-        f"wall {wall_ms:.2f} ms/step; device busy {busy / 1e3 / steps:.2f} ms/step; kernels: "
-        f"communication {comm / 1e3 / steps:.2f} ms/step, other {(total - comm) / 1e3 / steps:.2f} ms/step",
-        prof.key_averages().table(sort_by=sort_key, row_limit=30, max_name_column_width=60),
+        f"wall {p['wall_ms']:.2f} ms/step; device busy {p['busy_ms']:.2f} ms/step; kernels: "
+        f"communication {p['comm_ms']:.2f} ms/step, other {p['kernels_ms'] - p['comm_ms']:.2f} ms/step",
+        p["table"],
     ]
     if path is not None:
         with open(path, "w") as f:
