@@ -30,6 +30,11 @@ def checkpoint_root(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def checkpoint_name(step: int) -> str:
+    """The directory name of step `step`'s checkpoint under `checkpoint_root` (sorts by step)."""
+    return f"step_{step:07d}"
+
+
 def latest_checkpoint(run_dir: str) -> str | None:
     """Path of the newest complete checkpoint of a run, or None."""
     pointer = os.path.join(checkpoint_root(run_dir), LATEST)
@@ -63,7 +68,7 @@ def save_checkpoint(
     """
     root = checkpoint_root(run_dir)
     os.makedirs(root, exist_ok=True)
-    name = f"step_{step:07d}"
+    name = checkpoint_name(step)
     final = os.path.join(root, name)
     tmp = os.path.join(root, f".tmp-{name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from flashtrain.checkpoint import checkpoint_name
 from flashtrain.log import get_logger
 from flashtrain.optim import build_optimizer
 from flashtrain.parallelize import clear_dtensor_caches, clear_function_caches, parallelize_gpt
@@ -272,7 +273,7 @@ class DeepSpeedStrategy(Strategy):
 
     def optimizer_state(self, root: str, step: int) -> dict | None:
         # Each rank writes its own ZeRO partition: one file per rank, no gather to rank 0.
-        self.engine.save_checkpoint(_deepspeed_dir(root), tag=f"step_{step:07d}", save_latest=False)
+        self.engine.save_checkpoint(_deepspeed_dir(root), tag=checkpoint_name(step), save_latest=False)
         return None
 
     def load(self, path: str) -> dict:

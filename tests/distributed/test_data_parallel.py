@@ -187,7 +187,7 @@ def _rewind(run_dir: str, to_dir: str, step: int) -> None:
         if name.startswith("step_") and int(name.split("_")[1]) > step:
             shutil.rmtree(os.path.join(root, name))
     with open(os.path.join(root, ckpt.LATEST), "w") as f:
-        f.write(f"step_{step:07d}")
+        f.write(ckpt.checkpoint_name(step))
 
 
 @pytest.mark.parametrize("batch", [NPROC * B, B])
