@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
+from benchmarks.common import device_profile, gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
 from flashtrain.parallelize import apply_ac, apply_compile  # noqa: E402
@@ -60,12 +60,24 @@ def matmul_peak_tflops(n: int = 8192, reps: int = 20) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
 
 
+@contextlib.contextmanager
 def sdpa_context(backend_name: str | None):
+    """Pin SDPA to one backend. Compiled graphs are not reused from the caches on disk meanwhile: their
+    keys do not include the pinned backend, so a cuDNN row could load the graph a flash row compiled
+    (which is how an earlier run's cuDNN rows ran the flash kernel)."""
     if backend_name is None:
-        return contextlib.nullcontext()
+        yield
+        return
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([getattr(SDPBackend, backend_name)])
+    with (
+        sdpa_kernel([getattr(SDPBackend, backend_name)]),
+        inductor_config.patch(fx_graph_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+    ):
+        yield
 
 
 def kernel_names(step) -> list[str]:
@@ -78,19 +90,31 @@ def kernel_names(step) -> list[str]:
 
 
 def bench_one(
-    model_name, seqlen, impl, tokens_per_step, steps, warmup, compile_blocks, peak, checkpointing=False
+    model_name,
+    seqlen,
+    impl,
+    tokens_per_step,
+    steps,
+    warmup,
+    compile_scope,
+    peak,
+    checkpointing=False,
+    loss_chunk=4096,
+    profile_steps=0,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
     cfg = GPTConfig(
-        **MODELS[model_name], vocab_size=50304, max_seq_len=seqlen, attention=backend, loss_chunk=4096
+        **MODELS[model_name], vocab_size=50304, max_seq_len=seqlen, attention=backend, loss_chunk=loss_chunk
     )
     torch.manual_seed(0)
     model = GPT(cfg).cuda()
     if checkpointing:  # as the trainer does: each block's forward compiled inside its checkpoint
-        apply_ac(model, compile_blocks=compile_blocks)
-    elif compile_blocks:
+        apply_ac(model, compile_blocks=compile_scope == "blocks")
+    elif compile_scope == "blocks":
         apply_compile(model)
+    if compile_scope == "model":  # embeddings, blocks and loss in one compiled program
+        model.compile()
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, fused=True))
     x = torch.randint(0, 50257, (batch, seqlen), device="cuda")
     y = torch.randint(0, 50257, (batch, seqlen), device="cuda")
@@ -104,7 +128,7 @@ def bench_one(
         return loss
 
     row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
-               activation_checkpointing=checkpointing)  # fmt: skip
+               activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=loss_chunk)  # fmt: skip
     with sdpa_context(sdpa_backend):
         for _ in range(warmup):
             step()
@@ -116,12 +140,16 @@ def bench_one(
             loss = step()
         loss.item()  # host-device sync: all steps finished
         elapsed = time.perf_counter() - start
+        peak_mem = torch.cuda.max_memory_allocated() / 2**30
+        if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
+            p = device_profile(step, profile_steps)
+            row.update({k: p[k] for k in ("wall_ms", "busy_ms", "kernels_per_step", "top_kernels_ms")})
     tok_s = batch * seqlen * steps / elapsed
     row.update(
         step_ms=1000 * elapsed / steps,
         tokens_per_s=tok_s,
         mfu=model.flops_per_token(seqlen) * tok_s / (peak * 1e12),
-        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+        peak_mem_gib=peak_mem,
         params_m=model.num_params() / 1e6,
     )
     if marker:
@@ -142,7 +170,13 @@ def main():
     parser.add_argument("--tokens-per-step", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--compile", choices=("blocks", "model", "none"), default="blocks",
+        help="torch.compile each block (as trainer.compile=true), the whole model, or nothing",
+    )  # fmt: skip
+    parser.add_argument("--loss-chunk", type=int, default=4096, help="tokens per cross-entropy chunk")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
     parser.add_argument(
         "--activation-checkpointing", action="store_true",
         help="recompute each block in the backward (as trainer.activation_checkpointing=true)",
@@ -166,9 +200,11 @@ def main():
                         args.tokens_per_step,
                         args.steps,
                         args.warmup,
-                        not args.no_compile,
+                        args.compile,
                         peak,
                         args.activation_checkpointing,
+                        args.loss_chunk,
+                        args.profile,
                     )
                 except Exception as e:  # one failing row must not lose the others
                     if not is_oom(e):
@@ -184,7 +220,7 @@ def main():
                 rows.append(row)
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 # rewritten after every row, so a run stopped at its time limit keeps what it measured
-                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": not args.no_compile,
+                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": args.compile,
                                                "activation_checkpointing": args.activation_checkpointing})  # fmt: skip
     cols = ["model", "seqlen", "impl", "tokens_per_s", "mfu", "peak_mem_gib", "backend_verified", "error"]
     table = markdown_table(rows, cols, floatfmt="{:.3f}")

@@ -1,5 +1,6 @@
 """Triton attention kernels: FlashAttention (dense, varlen) with backward, Flash-Decoding, and
-block-sparse FlashAttention over a block layout (`kernels.layouts`: butterfly, local, strided, ...).
+block-sparse FlashAttention over a block layout (`kernels.layouts`: butterfly, local, strided, ...),
+and the language-model loss fused with its vocabulary projection (`linear_cross_entropy`).
 
 Imports nothing from flashtrain; flashtrain uses these as its `triton` attention backend.
 `kernels.reference` holds the pure-torch oracles the tests compare against.
@@ -7,6 +8,7 @@ Imports nothing from flashtrain; flashtrain uses these as its `triton` attention
 
 from . import layouts, reference
 from .block_sparse import block_sparse_attention
+from .cross_entropy import linear_cross_entropy
 from .decode import flash_decode
 from .flash_attention import flash_attention, flash_attention_varlen
 
@@ -16,5 +18,6 @@ __all__ = [
     "flash_attention_varlen",
     "flash_decode",
     "layouts",
+    "linear_cross_entropy",
     "reference",
 ]

@@ -1,4 +1,4 @@
-"""Pure-torch references for every attention op in `kernels/`.
+"""Pure-torch references for every op in `kernels/` (attention, and the fused loss at the end).
 
 These are the numerical oracles the tests compare the Triton kernels against. They materialise the
 full (seqlen_q, seqlen_k) score matrix, so they are only for small shapes, and they compute in the
@@ -330,3 +330,13 @@ def block_sparse_reference(
     """Dense attention restricted to the tiles `layout` keeps (same conventions as the kernel)."""
     mask = expand_block_layout(layout.to(q.device), block_m, block_n, q.shape[1], k.shape[1])
     return attention_reference(q, k, v, attn_mask=mask, **kwargs)
+
+
+def linear_cross_entropy_reference(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+) -> torch.Tensor:
+    """Summed token cross-entropy of hidden @ weight.T (plain autograd, all logits at once)."""
+    logits = (hidden @ weight.t()).to(torch.promote_types(hidden.dtype, torch.float32))
+    return torch.nn.functional.cross_entropy(
+        logits, targets.long(), ignore_index=ignore_index, reduction="sum"
+    )

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from flashtrain.models.attention import current_override, get_backend
+from kernels import linear_cross_entropy
 
 
 @dataclass
@@ -171,25 +171,13 @@ def chunked_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of token cross-entropies and the number of counted tokens (targets == -100 are ignored).
 
-    The vocabulary projection is done `chunk` tokens at a time, each under activation checkpointing,
-    so at most one chunk of fp32 logits (chunk × vocab) exists at once, in forward and in backward.
+    The vocabulary projection and the loss are one fused op (`kernels.linear_cross_entropy`): `chunk`
+    tokens at a time, each chunk's gradients made in the forward, so at most one chunk of logits
+    exists and nothing is recomputed in the backward.
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, C)
     targets = targets.reshape(-1)  # (N,)
-    loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # fp32 under bf16 autocast
-
-    def chunk_loss(h, t):
-        logits = F.linear(h, weight).to(loss_dtype)  # (chunk, V)
-        return F.cross_entropy(logits, t, ignore_index=-100, reduction="sum")
-
-    total = hidden.new_zeros((), dtype=loss_dtype)
-    for start in range(0, hidden.shape[0], chunk):
-        h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        if torch.is_grad_enabled() and h.requires_grad:
-            total = total + checkpoint(chunk_loss, h, t, use_reentrant=False)
-        else:
-            total = total + chunk_loss(h, t)
-    return total, (targets != -100).sum()
+    return linear_cross_entropy(hidden, weight, targets, chunk=chunk), (targets != -100).sum()
 
 
 class GPT(nn.Module):
