@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_profile, gpu_slug, is_oom, markdown_table, write_results  # noqa: E402
+from benchmarks.common import device_profile, gpu_slug, host_profile, is_oom, markdown_table, write_results  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
 from flashtrain.parallelize import apply_ac, apply_compile  # noqa: E402
@@ -101,6 +102,7 @@ def bench_one(
     checkpointing=False,
     loss_chunk=4096,
     profile_steps=0,
+    host_profile_steps=0,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -144,6 +146,8 @@ def bench_one(
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
             p = device_profile(step, profile_steps)
             row.update({k: p[k] for k in ("wall_ms", "busy_ms", "kernels_per_step", "top_kernels_ms")})
+        if host_profile_steps:  # when the device idles: the host functions that cost the most
+            row["host_top"] = host_profile(step, host_profile_steps)
     tok_s = batch * seqlen * steps / elapsed
     row.update(
         step_ms=1000 * elapsed / steps,
@@ -177,56 +181,100 @@ def main():
     parser.add_argument("--loss-chunk", type=int, default=4096, help="tokens per cross-entropy chunk")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
+    parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                        help="then cProfile STEPS steps: the host functions with the most own time")  # fmt: skip
     parser.add_argument(
         "--activation-checkpointing", action="store_true",
         help="recompute each block in the backward (as trainer.activation_checkpointing=true)",
     )  # fmt: skip
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_<gpu>.json)")
+    parser.add_argument(
+        "--in-process", action="store_true",
+        help="run every row in this process (default: each row in a fresh child process)",
+    )  # fmt: skip
+    parser.add_argument("--peak", type=float, default=None, help=argparse.SUPPRESS)  # set for child processes
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_train.py measures GPU training; no CUDA device is visible")
     out = args.out or f"benchmarks/results/train_{gpu_slug()}.json"
-    peak = matmul_peak_tflops()
+    peak = args.peak or matmul_peak_tflops()
     print(f"measured bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
     rows = []
     for model_name in args.models.split(","):
         for seqlen in map(int, args.seqlens.split(",")):
             for impl in args.impls.split(","):
-                try:
-                    row = bench_one(
-                        model_name,
-                        seqlen,
-                        impl,
-                        args.tokens_per_step,
-                        args.steps,
-                        args.warmup,
-                        args.compile,
-                        peak,
-                        args.activation_checkpointing,
-                        args.loss_chunk,
-                        args.profile,
-                    )
-                except Exception as e:  # one failing row must not lose the others
-                    if not is_oom(e):
-                        print(f"{model_name} {seqlen} {impl}: {type(e).__name__}: {e}", flush=True)
-                    row = dict(
-                        model=model_name,
-                        impl=impl,
-                        seqlen=seqlen,
-                        error="OOM" if is_oom(e) else repr(e)[:300],
-                    )
-                torch._dynamo.reset()
-                torch.cuda.empty_cache()
+                if args.in_process:
+                    row = run_row(args, model_name, seqlen, impl, peak)
+                else:
+                    row = run_row_in_child(model_name, seqlen, impl, peak)
                 rows.append(row)
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 # rewritten after every row, so a run stopped at its time limit keeps what it measured
                 write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": args.compile,
-                                               "activation_checkpointing": args.activation_checkpointing})  # fmt: skip
+                                               "activation_checkpointing": args.activation_checkpointing,
+                                               "row_per_process": not args.in_process})  # fmt: skip
     cols = ["model", "seqlen", "impl", "tokens_per_s", "mfu", "peak_mem_gib", "backend_verified", "error"]
     table = markdown_table(rows, cols, floatfmt="{:.3f}")
     with open(out.replace(".json", ".md"), "w") as f:
         f.write(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s\n\n{table}\n")
     print(table)
+
+
+def run_row(args, model_name, seqlen, impl, peak) -> dict:
+    try:
+        row = bench_one(
+            model_name,
+            seqlen,
+            impl,
+            args.tokens_per_step,
+            args.steps,
+            args.warmup,
+            args.compile,
+            peak,
+            args.activation_checkpointing,
+            args.loss_chunk,
+            args.profile,
+            args.host_profile,
+        )
+    except Exception as e:  # one failing row must not lose the others
+        if not is_oom(e):
+            print(f"{model_name} {seqlen} {impl}: {type(e).__name__}: {e}", flush=True)
+        row = dict(model=model_name, impl=impl, seqlen=seqlen, error="OOM" if is_oom(e) else repr(e)[:300])
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return row
+
+
+def run_row_in_child(model_name, seqlen, impl, peak) -> dict:
+    """One row in a fresh process, with this run's other options. Rows sharing a process influenced
+    each other (H200: GPT-2 small 1k with our kernel measured 312k tokens/s after an SDPA row, 463k as
+    the first row; the device was equally busy, the host slower), so each row starts clean."""
+    import subprocess
+    import tempfile
+
+    argv, skip = [], False
+    for arg in sys.argv[1:]:  # this run's options minus the row selection and output
+        if skip:
+            skip = False
+        elif arg in ("--models", "--seqlens", "--impls", "--out", "--peak"):
+            skip = True
+        elif not arg.startswith(("--models=", "--seqlens=", "--impls=", "--out=", "--peak=")):
+            argv.append(arg)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--in-process", "--models", model_name,
+               "--seqlens", str(seqlen), "--impls", impl, "--peak", str(peak), "--out", out]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode == 0 and os.path.exists(out):
+            with open(out) as f:
+                return json.load(f)["rows"][0]
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return dict(
+        model=model_name,
+        impl=impl,
+        seqlen=seqlen,
+        error=f"child exit {done.returncode}: {' | '.join(tail)}"[:300],
+    )
 
 
 if __name__ == "__main__":

@@ -124,6 +124,39 @@ def device_profile(fn: Callable[[], object], steps: int = 3) -> dict:
     }
 
 
+def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> list[dict]:
+    """cProfile of fn over `steps` calls (after one unprofiled call): the `top` Python functions by
+    own time, per call of fn, with their cumulative time. For a step whose device idles (busy < wall
+    in `device_profile`): which host code keeps the launches from keeping up. cProfile slows Python
+    down, so read the ranking, not the absolute milliseconds."""
+    import cProfile
+    import pstats
+
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(
+        prof
+    ).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [
+        {
+            "function": f"{os.path.basename(file)}:{line}({name})",
+            "calls": calls // steps,
+            "own_ms": round(own * 1e3 / steps, 3),
+            "cum_ms": round(cum * 1e3 / steps, 3),
+        }
+        for (file, line, name), (_, calls, own, cum, _) in rows
+    ]
+
+
 def profile_table(fn: Callable[[], object], path: str | None, steps: int = 3, title: str = "") -> None:
     """`device_profile` of fn written to `path` (None: profile without writing, for ranks that must
     join the collectives of the profiled call): wall and device-busy time per step, kernels split into

@@ -97,8 +97,9 @@ def apply_ac(model: nn.Module, compile_blocks: bool = False) -> None:
 
     compile_blocks: compile each block's forward inside the checkpoint. Compiling the checkpointed
     block instead makes Dynamo trace the checkpoint as one region, and a graph break anywhere in it
-    (the Triton attention is `torch.compiler.disable`d) sends the whole block back to eager: Path-X's
-    and Path-256's profiles showed only ATen kernels around the attention, 78 ms of a 110 ms step.
+    (the block-sparse attention is `torch.compiler.disable`d, as the dense one was) sends the whole
+    block back to eager: Path-X's and Path-256's profiles showed only ATen kernels around the
+    attention, 78 ms of a 110 ms step.
     """
     for block in model.blocks:
         forward = torch.compile(block.forward) if compile_blocks else block.forward

@@ -64,6 +64,86 @@ class FlashAttnFunc(torch.autograd.Function):
         return dq, dk, dv, *([None] * 11)
 
 
+# The dense path is also a pair of torch custom ops, so torch.compile keeps a model's graph whole
+# around it (an autograd.Function with Triton launches inside breaks the graph: two compiled pieces
+# per transformer block, each with its own guards and runtime wrappers, and the host fell behind the
+# GPU). The ops are opaque to the compiler; they run the same launchers as FlashAttnFunc.
+@torch.library.custom_op("flashtrain::flash_attn_fwd", mutates_args=())
+def _fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    sm_scale: float,
+    win_left: int | None,
+    win_right: int | None,
+    dropout_p: float,
+    atomic_dq: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """out, base-2 lse, and the dropout seed (a CPU int64 scalar the backward regenerates the mask
+    from; drawn here from torch's CPU generator, whose state activation checkpointing restores for the
+    recompute)."""
+    seed = draw_seed() if dropout_p > 0 else 0
+    out, lse2 = flash_attn_forward(
+        q, k, v, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=seed,
+    )  # fmt: skip
+    return out, lse2, torch.tensor(seed, dtype=torch.int64)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, key_padding_mask, sm_scale, win_left, win_right, dropout_p, atomic_dq):
+    lse2 = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return torch.empty_like(q), lse2, torch.empty((), dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("flashtrain::flash_attn_bwd", mutates_args=())
+def _bwd_op(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse2: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    sm_scale: float,
+    win_left: int | None,
+    win_right: int | None,
+    dropout_p: float,
+    seed: torch.Tensor,
+    atomic_dq: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return flash_attn_backward(
+        dout, q, k, v, out, lse2, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=int(seed), atomic_dq=atomic_dq,
+    )  # fmt: skip
+
+
+@_bwd_op.register_fake
+def _(dout, q, k, v, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed, atomic_dq):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fwd_op_setup_context(ctx, inputs, output):
+    q, k, v, key_padding_mask, sm_scale, win_left, win_right, dropout_p, atomic_dq = inputs
+    out, lse2, seed = output
+    ctx.save_for_backward(q, k, v, out, lse2, key_padding_mask, seed)
+    ctx.scalars = (sm_scale, win_left, win_right, dropout_p, atomic_dq)
+    ctx.mark_non_differentiable(lse2, seed)
+
+
+def _fwd_op_backward(ctx, dout, _dlse2, _dseed):
+    q, k, v, out, lse2, key_padding_mask, seed = ctx.saved_tensors
+    sm_scale, win_left, win_right, dropout_p, atomic_dq = ctx.scalars
+    dq, dk, dv = _bwd_op(
+        dout, q, k, v, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed, atomic_dq
+    )
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_fwd_op_backward, setup_context=_fwd_op_setup_context)
+
+
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     """causal is a window with right = 0 (bottom-right aligned), so the kernels only know windows."""
     left, right = check_window(window)
@@ -127,23 +207,10 @@ def flash_attention(
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    seed = draw_seed() if dropout_p > 0 else 0
-    out, lse = FlashAttnFunc.apply(
-        q,
-        k,
-        v,
-        None,
-        None,
-        None,
-        None,
-        scale,
-        win_left,
-        win_right,
-        key_padding_mask,
-        dropout_p,
-        seed,
-        deterministic,
+    out, lse2, _ = _fwd_op(
+        q, k, v, key_padding_mask, scale, win_left, win_right, dropout_p, not deterministic
     )
+    lse = lse_to_natural(lse2)
     return (out, lse) if return_lse else out
 
 

@@ -105,9 +105,8 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
     return out.transpose(1, 2)  # (B, T, H, D)
 
 
-# The kernels' launchers (input checks, autotuning, Python-side tile lists) run eagerly: under
-# torch.compile the graph breaks around the call instead of Dynamo tracing into them.
-@torch.compiler.disable
+# Traced by torch.compile without a graph break: the kernels' dense path is a pair of torch custom ops
+# (kernels/flash_attention.py), which the compiled graph calls as opaque operators.
 def triton_attention(
     q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
 ):
@@ -126,9 +125,10 @@ def triton_attention(
 
 
 # Shortest sequence for which `auto` picks our kernel over SDPA's on CUDA. Measured end to end on an
-# H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled): at 1k tokens SDPA was
-# 1.02-1.04x faster, at 8k ours was 1.11x (medium) and 1.11x (small) faster. Windows and key padding
-# always take ours: SDPA handles them only through a dense mask, off its flash kernel.
+# H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled blocks, one process per
+# row): at 1k SDPA flash was as fast (medium, 0.98x) or faster (small, whose step is host-bound with
+# our kernel); from 4k ours was 1.08-1.19x SDPA flash. Windows and key padding always take ours: SDPA
+# handles them only through a dense mask, off its flash kernel.
 AUTO_TRITON_MIN_SEQLEN = 4096
 
 

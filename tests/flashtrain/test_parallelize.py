@@ -56,20 +56,20 @@ def _grads(cfg, state, idx, transform):
     return torch.autograd.grad(model(idx, idx), list(model.parameters()))
 
 
-def test_checkpointed_blocks_are_compiled_around_the_triton_attention():
-    """With activation checkpointing and compile, the Triton attention (`torch.compiler.disable`d)
-    breaks the block's graph; the pieces around it must still compile (compiling the checkpointed
-    block left all of it eager: only ATen kernels in Path-X's profile). The recompute in the backward
-    must draw the forward's dropout masks: gradients equal those of the compiled blocks without
-    checkpointing."""
+def test_checkpointed_blocks_are_compiled_around_a_graph_break():
+    """With activation checkpointing and compile, an eager attention (the block-sparse launcher is
+    `torch.compiler.disable`d) breaks the block's graph; the pieces around it must still compile
+    (compiling the checkpointed block left all of it eager: only ATen kernels in Path-X's profile, when
+    the dense kernel broke graphs too). Gradients equal those of compiled blocks without checkpointing."""
     from torch._dynamo.utils import counters
 
     from flashtrain.parallelize import apply_compile
 
     torch.manual_seed(0)
     cfg = GPTConfig(
-        n_layer=2, n_head=2, d_model=32, vocab_size=97, max_seq_len=64, attention="triton", dropout=0.2
-    )
+        n_layer=2, n_head=2, d_model=32, vocab_size=97, max_seq_len=64, attention="block_sparse",
+        block_sparse_block=16, dropout=0.2,
+    )  # fmt: skip
     idx = torch.randint(0, cfg.vocab_size, (2, 32))
     state = GPT(cfg).state_dict()
     expected = _grads(cfg, state, idx, apply_compile)
@@ -84,6 +84,31 @@ def test_checkpointed_blocks_are_compiled_around_the_triton_attention():
     counters.clear()
     grads = _grads(cfg, state, idx, lambda model: apply_ac(model, compile_blocks=True))
     assert counters["aot_autograd"]["total"] > 0
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_triton_attention_compiles_without_graph_breaks_and_checkpoints():
+    """The dense Triton attention is a custom op: a compiled block is one graph. Checkpointed, the
+    recompute in the backward draws the forward's attention-dropout masks (the seed comes from the
+    CPU generator, whose state the checkpoint restores): gradients equal those without checkpointing."""
+    from torch._dynamo.utils import counters
+
+    from flashtrain.parallelize import apply_compile
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        n_layer=2, n_head=2, d_model=32, vocab_size=97, max_seq_len=64, attention="triton", dropout=0.2,
+        attn_dropout=0.3,
+    )  # fmt: skip
+    idx = torch.randint(0, cfg.vocab_size, (2, 32))
+    state = GPT(cfg).state_dict()
+    counters.clear()
+    expected = _grads(cfg, state, idx, apply_compile)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["aot_autograd"]["total"] > 0
+    grads = _grads(cfg, state, idx, lambda model: apply_ac(model, compile_blocks=True))
     for g, e in zip(grads, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
     torch._dynamo.reset()
