@@ -246,9 +246,10 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
 
 
 def run_row_in_child(model_name, seqlen, impl, peak) -> dict:
-    """One row in a fresh process, with this run's other options. Rows sharing a process influenced
-    each other (H200: GPT-2 small 1k with our kernel measured 312k tokens/s after an SDPA row, 463k as
-    the first row; the device was equally busy, the host slower), so each row starts clean."""
+    """One row in a fresh process, with this run's other options, so that no row inherits another's
+    compiled graphs, autotuning, allocator state or SDPA pin. (It does not remove the run-to-run spread
+    of host-bound rows: GPT-2 small 1k with our kernel measured 312k-463k tokens/s, in a shared process
+    and in fresh ones alike.)"""
     import subprocess
     import tempfile
 

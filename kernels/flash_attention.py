@@ -1,8 +1,9 @@
 """FlashAttention in Triton: forward and backward for dense and packed (varlen) sequences.
 
 Three layers, as in flash-attention: launchers (`_flash_fwd.flash_attn_forward`,
-`_flash_bwd.flash_attn_backward`) -> `FlashAttnFunc` (autograd) -> `flash_attention` /
-`flash_attention_varlen` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
+`_flash_bwd.flash_attn_backward`) -> autograd (the dense path: the custom ops
+`flashtrain::flash_attn_fwd/bwd`, which torch.compile keeps in one graph; varlen: `FlashAttnFunc`) ->
+`flash_attention` / `flash_attention_varlen` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
 `_flash_bwd.py`; the pure-torch oracle in `reference.py`.
 """
 
