@@ -253,17 +253,10 @@ def run_row_in_child(model_name, seqlen, impl, peak) -> dict:
     import subprocess
     import tempfile
 
-    argv, skip = [], False
-    for arg in sys.argv[1:]:  # this run's options minus the row selection and output
-        if skip:
-            skip = False
-        elif arg in ("--models", "--seqlens", "--impls", "--out", "--peak"):
-            skip = True
-        elif not arg.startswith(("--models=", "--seqlens=", "--impls=", "--out=", "--peak=")):
-            argv.append(arg)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--in-process", "--models", model_name,
+        # this run's options, then the row's: argparse keeps the last value given for an option
+        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--in-process", "--models", model_name,
                "--seqlens", str(seqlen), "--impls", impl, "--peak", str(peak), "--out", out]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode == 0 and os.path.exists(out):

@@ -142,9 +142,8 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.disable()
-    stats = pstats.Stats(
-        prof
-    ).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    stats = pstats.Stats(prof).stats
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     return [
         {

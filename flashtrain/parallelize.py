@@ -106,7 +106,8 @@ def apply_ac(model: nn.Module, compile_blocks: bool = False) -> None:
 
         def checkpointed(*args, _forward=forward, **kwargs):
             override = current_override()
-            # Dynamo cannot trace a context_fn; compiled blocks call the attention eagerly anyway
+            # Dynamo cannot trace a context_fn; the sequence-parallel attention is `torch.compiler.disable`d
+            # (distributed/context.py), so compiled blocks call it eagerly anyway
             if override is None or torch.compiler.is_compiling():
                 return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
             # the recompute runs in the backward, which may come after the override's `with` block

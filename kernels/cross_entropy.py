@@ -13,7 +13,7 @@ Here the tokens go through in chunks, and for each chunk the forward does all th
 
 so only one chunk of logits ever exists, nothing is recomputed (three projection matmuls, as without
 chunking), and the backward only scales the stored dh, dW by the incoming gradient. Costs: dh (tokens x
-width) and an fp32 dW (vocab x width) are held from forward to backward. The per-row kernel runs
+width, compute dtype) and an fp32 dW (vocab x width) are held from forward to backward. The per-row kernel runs
 through Triton on CUDA; on CPU the same arithmetic runs in torch (the kernel itself is tested through
 the interpreter).
 """
@@ -115,13 +115,14 @@ def _check(hidden, weight, targets, chunk):
 
 
 def _loss_and_grads(hidden, weight, targets, chunk, ignore_index, grad_h, grad_w):
-    """The summed loss and, where asked, its gradients for hidden (hidden's dtype) and weight (fp32)."""
+    """The summed loss and, where asked, its gradients for hidden (in the compute dtype, written by
+    the matmul itself) and weight (fp32, summed over chunks)."""
     device_type = hidden.device.type
     autocast = torch.is_autocast_enabled(device_type)
     dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
     h_all, w = hidden.to(dtype), weight.to(dtype)
     loss = torch.zeros((), device=hidden.device, dtype=torch.promote_types(dtype, torch.float32))
-    dh = torch.empty_like(hidden) if grad_h else None
+    dh = torch.empty_like(h_all) if grad_h else None
     dw = torch.zeros_like(weight, dtype=loss.dtype) if grad_w else None
     with torch.autocast(device_type, enabled=False):
         for start in range(0, hidden.shape[0], chunk):
@@ -129,7 +130,7 @@ def _loss_and_grads(hidden, weight, targets, chunk, ignore_index, grad_h, grad_w
             logits = h @ w.t()  # (chunk, vocab) in the compute dtype
             loss += cross_entropy_rows_(logits, targets[start : start + chunk], ignore_index).sum()
             if grad_h:
-                dh[start : start + chunk] = logits @ w
+                torch.mm(logits, w, out=dh[start : start + chunk])
             if grad_w:
                 dw += logits.t() @ h  # rounded per chunk in the compute dtype, summed in fp32
     return loss, dh, dw
@@ -141,19 +142,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.needs_input_grad[:2]
         loss, dh, dw = _loss_and_grads(hidden, weight, targets, chunk, ignore_index, grad_h, grad_w)
         ctx.save_for_backward(dh, dw)
-        ctx.weight_dtype = weight.dtype
+        ctx.dtypes = hidden.dtype, weight.dtype
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         dh, dw = ctx.saved_tensors
-        dh = dh * grad_loss.to(dh.dtype) if dh is not None else None
-        dw = (dw * grad_loss).to(ctx.weight_dtype) if dw is not None else None
+        hidden_dtype, weight_dtype = ctx.dtypes
+        dh = (dh.to(grad_loss.dtype) * grad_loss).to(hidden_dtype) if dh is not None else None
+        dw = (dw * grad_loss).to(weight_dtype) if dw is not None else None
         return dh, dw, None, None, None
 
 
-# Eager under torch.compile, as the attention kernels: a compiled model breaks its graph here, and the
-# loss is matmuls plus one kernel that compiling would not fuse further.
+# Eager under torch.compile, as the block-sparse attention: a compiled model breaks its graph here, and
+# the loss is matmuls plus one kernel that compiling would not fuse further.
 @torch.compiler.disable
 def linear_cross_entropy(
     hidden: torch.Tensor,
@@ -164,8 +166,8 @@ def linear_cross_entropy(
     ignore_index: int = -100,
 ) -> torch.Tensor:
     """Sum over tokens of cross_entropy(hidden @ weight.T, targets), an fp32 (fp64 for fp64 inputs)
-    scalar; targets equal to
-    ignore_index count 0. hidden (tokens, width), weight (vocab, width), targets (tokens,).
+    scalar; targets equal to ignore_index count 0. hidden (tokens, width), weight (vocab, width),
+    targets (tokens,).
 
     Matches `kernels.reference.linear_cross_entropy_reference`; under autocast the projection runs in
     the autocast dtype (as `F.linear` would) and the softmax in fp32.

@@ -1,8 +1,8 @@
 """FlashAttention in Triton: forward and backward for dense and packed (varlen) sequences.
 
 Three layers, as in flash-attention: launchers (`_flash_fwd.flash_attn_forward`,
-`_flash_bwd.flash_attn_backward`) -> autograd (the dense path: the custom ops
-`flashtrain::flash_attn_fwd/bwd`, which torch.compile keeps in one graph; varlen: `FlashAttnFunc`) ->
+`_flash_bwd.flash_attn_backward`) -> autograd (the custom ops `flashtrain::flash_attn_fwd/bwd`,
+which torch.compile keeps in one graph) ->
 `flash_attention` / `flash_attention_varlen` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
 `_flash_bwd.py`; the pure-torch oracle in `reference.py`.
 """
@@ -32,49 +32,20 @@ from .reference import dropout_mask
 __all__ = ["flash_attention", "flash_attention_varlen", "dropout_mask"]
 
 
-class FlashAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx, q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, win_left, win_right, kpm, dropout_p, seed, deterministic
-    ):  # fmt: skip
-        kw = dict(
-            sm_scale=sm_scale, win_left=win_left, win_right=win_right, key_padding_mask=kpm,
-            dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-            max_seqlen_q=max_q, max_seqlen_k=max_k,
-        )  # fmt: skip
-        out, lse2 = flash_attn_forward(q, k, v, **kw)
-        ctx.save_for_backward(q, k, v, out, lse2, cu_q, cu_k, kpm)
-        ctx.atomic_dq = not deterministic
-        ctx.kw = {
-            key: val
-            for key, val in kw.items()
-            if key not in ("key_padding_mask", "cu_seqlens_q", "cu_seqlens_k")
-        }
-        lse = lse_to_natural(lse2)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        # lse is returned for inspection and merging only; it carries no gradient
-        q, k, v, out, lse2, cu_q, cu_k, kpm = ctx.saved_tensors
-        dq, dk, dv = flash_attn_backward(
-            dout, q, k, v, out, lse2, key_padding_mask=kpm, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-            atomic_dq=ctx.atomic_dq, **ctx.kw,
-        )  # fmt: skip
-        return dq, dk, dv, *([None] * 11)
-
-
-# The dense path is also a pair of torch custom ops, so torch.compile keeps a model's graph whole
-# around it (an autograd.Function with Triton launches inside breaks the graph: two compiled pieces
-# per transformer block, each with its own guards and runtime wrappers, and the host fell behind the
-# GPU). The ops are opaque to the compiler; they run the same launchers as FlashAttnFunc.
+# Forward and backward are a pair of torch custom ops, so torch.compile keeps a model's graph whole
+# around them (an autograd.Function with Triton launches inside broke the graph: two compiled pieces
+# per transformer block, each with its own guards and runtime wrappers). The ops are opaque to the
+# compiler. Dense calls pass cu_seqlens None and max_seqlen 0; varlen calls pass all four.
 @torch.library.custom_op("flashtrain::flash_attn_fwd", mutates_args=())
 def _fwd_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     sm_scale: float,
     win_left: int | None,
     win_right: int | None,
@@ -87,14 +58,18 @@ def _fwd_op(
     seed = draw_seed() if dropout_p > 0 else 0
     out, lse2 = flash_attn_forward(
         q, k, v, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
-        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=seed,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
     return out, lse2, torch.tensor(seed, dtype=torch.int64)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, key_padding_mask, sm_scale, win_left, win_right, dropout_p, atomic_dq):
-    lse2 = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+def _(q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *_):
+    if cu_seqlens_q is None:  # dense (B, H, Sq)
+        lse2 = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:  # varlen (H, Tq)
+        lse2 = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return torch.empty_like(q), lse2, torch.empty((), dtype=torch.int64, device="cpu")
 
 
@@ -107,6 +82,10 @@ def _bwd_op(
     out: torch.Tensor,
     lse2: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     sm_scale: float,
     win_left: int | None,
     win_right: int | None,
@@ -117,29 +96,29 @@ def _bwd_op(
     return flash_attn_backward(
         dout, q, k, v, out, lse2, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
         key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=int(seed), atomic_dq=atomic_dq,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
 
 
 @_bwd_op.register_fake
-def _(dout, q, k, v, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed, atomic_dq):
+def _(dout, q, k, v, *_):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _fwd_op_setup_context(ctx, inputs, output):
-    q, k, v, key_padding_mask, sm_scale, win_left, win_right, dropout_p, atomic_dq = inputs
+    q, k, v, *options = inputs  # key_padding_mask .. atomic_dq, in _fwd_op's order
     out, lse2, seed = output
-    ctx.save_for_backward(q, k, v, out, lse2, key_padding_mask, seed)
-    ctx.scalars = (sm_scale, win_left, win_right, dropout_p, atomic_dq)
-    ctx.mark_non_differentiable(lse2, seed)
+    ctx.save_for_backward(q, k, v, out, lse2, seed)
+    ctx.options = options
+    ctx.mark_non_differentiable(lse2, seed)  # lse is for inspection and merging; it carries no gradient
 
 
 def _fwd_op_backward(ctx, dout, _dlse2, _dseed):
-    q, k, v, out, lse2, key_padding_mask, seed = ctx.saved_tensors
-    sm_scale, win_left, win_right, dropout_p, atomic_dq = ctx.scalars
-    dq, dk, dv = _bwd_op(
-        dout, q, k, v, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed, atomic_dq
-    )
-    return dq, dk, dv, None, None, None, None, None, None
+    q, k, v, out, lse2, seed = ctx.saved_tensors
+    *options, atomic_dq = ctx.options
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse2, *options, seed, atomic_dq)
+    return dq, dk, dv, *([None] * len(ctx.options))
 
 
 _fwd_op.register_autograd(_fwd_op_backward, setup_context=_fwd_op_setup_context)
@@ -209,8 +188,8 @@ def flash_attention(
     q, k, v = unit_last_stride(q, k, v)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse2, _ = _fwd_op(
-        q, k, v, key_padding_mask, scale, win_left, win_right, dropout_p, not deterministic
-    )
+        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic
+    )  # fmt: skip
     lse = lse_to_natural(lse2)
     return (out, lse) if return_lse else out
 
@@ -269,9 +248,9 @@ def flash_attention_varlen(
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    seed = draw_seed() if dropout_p > 0 else 0
-    out, lse = FlashAttnFunc.apply(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-        scale, win_left, win_right, None, dropout_p, seed, deterministic,
+    out, lse2, _ = _fwd_op(
+        q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+        scale, win_left, win_right, dropout_p, not deterministic,
     )  # fmt: skip
+    lse = lse_to_natural(lse2)
     return (out, lse) if return_lse else out

@@ -62,8 +62,8 @@ def test_compiled_dropout_uses_the_forwards_mask_in_the_backward(device):
 def test_opcheck_forward_and_backward_ops(device):
     q, k, v = _inputs(device, seqlen=17)
     fwd = torch.ops.flashtrain.flash_attn_fwd.default
-    torch.library.opcheck(fwd, (q, k, v, None, 0.25, None, 0, 0.0, False))
-    out, lse2, seed = fwd(q, k, v, None, 0.25, None, 0, 0.0, False)
+    torch.library.opcheck(fwd, (q, k, v, None, None, None, 0, 0, 0.25, None, 0, 0.0, False))
+    out, lse2, seed = fwd(q, k, v, None, None, None, 0, 0, 0.25, None, 0, 0.0, False)
     dout = torch.randn_like(out)
     bwd_args = (
         dout,
@@ -73,6 +73,10 @@ def test_opcheck_forward_and_backward_ops(device):
         out.detach(),
         lse2,
         None,
+        None,
+        None,
+        0,
+        0,
         0.25,
         None,
         0,
