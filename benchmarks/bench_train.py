@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_profile, gpu_slug, host_profile, is_oom, markdown_table, write_results  # noqa: E402
+from flashtrain.gc_schedule import scheduled_gc  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
 from flashtrain.parallelize import apply_ac, apply_compile  # noqa: E402
@@ -103,6 +104,7 @@ def bench_one(
     loss_chunk=4096,
     profile_steps=0,
     host_profile_steps=0,
+    gc_every=50,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -130,18 +132,22 @@ def bench_one(
         return loss
 
     row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
-               activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=loss_chunk)  # fmt: skip
+               activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=loss_chunk,
+               gc_every=gc_every)  # fmt: skip
     with sdpa_context(sdpa_backend):
         for _ in range(warmup):
             step()
         names = kernel_names(step) if marker else []
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        for _ in range(steps):
-            loss = step()
-        loss.item()  # host-device sync: all steps finished
-        elapsed = time.perf_counter() - start
+        # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap
+        with scheduled_gc(gc_every) as collect_after:
+            start = time.perf_counter()
+            for i in range(steps):
+                loss = step()
+                collect_after(i + 1)
+            loss.item()  # host-device sync: all steps finished
+            elapsed = time.perf_counter() - start
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
             p = device_profile(step, profile_steps)
@@ -183,6 +189,11 @@ def main():
                         help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
                         help="then cProfile STEPS steps: the host functions with the most own time")  # fmt: skip
+    parser.add_argument(
+        "--gc-every", type=int, default=50, metavar="STEPS",
+        help="Python's garbage collector during the timed steps as the trainer runs it (trainer.gc_every): "
+        "automatic collection off, a young-generation collection every STEPS steps; 0 = Python's own schedule",
+    )  # fmt: skip
     parser.add_argument(
         "--activation-checkpointing", action="store_true",
         help="recompute each block in the backward (as trainer.activation_checkpointing=true)",
@@ -235,6 +246,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.loss_chunk,
             args.profile,
             args.host_profile,
+            args.gc_every,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

@@ -37,6 +37,10 @@ class TrainerConfig:
     # included): then it checkpoints and stops as on a preemption signal, to resume with resume=auto.
     # For fixed-length leases; None = no limit.
     time_limit_s: float | None = None
+    # Python's garbage collector: automatic collection off during fit() and a young-generation
+    # collection every gc_every steps (0 = Python's own schedule), so that no full collection lands
+    # inside a step (flashtrain/gc_schedule.py).
+    gc_every: int = 50
 
     def __post_init__(self):
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "log_interval"):
@@ -56,6 +60,10 @@ class TrainerConfig:
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise ValueError(
                 f"trainer.time_limit_s={self.time_limit_s} must be > 0 seconds, or null for no limit"
+            )
+        if self.gc_every < 0:
+            raise ValueError(
+                f"trainer.gc_every={self.gc_every} must be >= 0 (0 = Python's automatic collection)"
             )
         if self.nan_policy not in ("stop", "skip"):
             raise ValueError(f"trainer.nan_policy={self.nan_policy!r}; choose stop or skip")

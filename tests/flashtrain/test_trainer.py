@@ -268,3 +268,41 @@ def test_time_limit_checkpoints_and_resume_finishes_the_same(tmp_path, monkeypat
 def test_time_limit_must_be_positive(tmp_path, value):
     with pytest.raises(ValueError, match="trainer.time_limit_s"):
         small_config(tmp_path, f"trainer.time_limit_s={value}")
+
+
+def test_garbage_is_collected_on_the_step_schedule_during_fit(tmp_path, monkeypatch):
+    """trainer.gc_every: automatic collection is off while fit() trains, a young-generation collection
+    runs every gc_every steps, and Python's own schedule is back afterwards."""
+    import gc
+
+    collections, enabled_in_steps = [], []
+    real_collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or real_collect(*a))
+    trainer = Trainer(small_config(tmp_path, "trainer.gc_every=2", "trainer.checkpoint_interval=0"))
+    trainer.step_hooks.append(lambda _, step: enabled_in_steps.append(gc.isenabled()))
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert enabled_in_steps == [False] * 6
+    assert collections.count((1,)) == 3  # after steps 2, 4 and 6
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("every, enabled_inside", [(0, True), (3, False)])
+def test_scheduled_gc_restores_automatic_collection(every, enabled_inside):
+    import gc
+
+    from flashtrain.gc_schedule import scheduled_gc
+
+    assert gc.isenabled()
+    with pytest.raises(KeyError), scheduled_gc(every) as collect_after:  # also when a step raises
+        collect_after(3)
+        assert gc.isenabled() is enabled_inside
+        raise KeyError
+    assert gc.isenabled()
+
+
+def test_gc_every_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match="trainer.gc_every"):
+        small_config(tmp_path, "trainer.gc_every=-1")

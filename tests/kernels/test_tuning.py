@@ -186,3 +186,45 @@ def test_a_split_dkdv_pass_keeps_the_tiles_one_accumulator_allows():
     args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=256, DOT_PREC="tf32", DROPOUT=False)
     assert (64, 128) not in _tiles(_prune_dkdv(wide, {**args, "PART": 0}))
     assert (64, 128) in _tiles(_prune_dkdv(wide, {**args, "PART": 1}))
+
+
+@triton.jit
+def _write_block(x_ptr, n, BLOCK: triton.language.constexpr):
+    triton.language.store(x_ptr, BLOCK + n * 0)
+
+
+def test_a_tuned_key_launches_its_config_without_retuning(monkeypatch):
+    """The fast path of our autotuners: a key tuned once launches its recorded config without Triton's
+    `Autotuner.run` (its per-launch host cost); a new key value or a new dtype tunes again."""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+
+    from kernels._common import autotune
+
+    through_triton = []
+    triton_run = Autotuner.run
+
+    def counted_run(self, *args, **kwargs):
+        through_triton.append(kwargs.get("n", args[1] if len(args) > 1 else None))
+        return triton_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", counted_run)
+    configs = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})]
+    tuned = autotune(_write_block, configs=configs, key=["n"])
+    timed = []
+
+    def bench(*args, config, **meta):  # 32 wins
+        timed.append(config.kwargs["BLOCK"])
+        return [1.0 if config.kwargs["BLOCK"] == 32 else 2.0] * 3
+
+    tuned._bench = bench
+    x = torch.zeros(1, dtype=torch.int32)
+    for n in (5, 5, 6, 5):
+        tuned[(1,)](x, n)
+        assert int(x[0]) == 32
+        x.zero_()
+    assert timed == [16, 32, 16, 32]  # tuned for n=5 and n=6, once each
+    tuned[(1,)](torch.zeros(1, dtype=torch.int64), 5)  # another dtype: another key
+    assert timed == [16, 32, 16, 32, 16, 32]
+    assert through_triton == [5, 6, 5]  # five launches, three of them tuning
+    assert tuned.best_config.kwargs["BLOCK"] == 32
