@@ -105,7 +105,7 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
     return out.transpose(1, 2)  # (B, T, H, D)
 
 
-# Traced by torch.compile without a graph break: the kernels' dense path is a pair of torch custom ops
+# Traced by torch.compile without a graph break: the kernels' dense path is a pair of torch operators
 # (kernels/flash_attention.py), which the compiled graph calls as opaque operators.
 def triton_attention(
     q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None

@@ -90,9 +90,10 @@ def test_checkpointed_blocks_are_compiled_around_a_graph_break():
 
 
 def test_triton_attention_compiles_without_graph_breaks_and_checkpoints():
-    """The dense Triton attention is a custom op: a compiled block is one graph. Checkpointed, the
-    recompute in the backward draws the forward's attention-dropout masks (the seed comes from the
-    CPU generator, whose state the checkpoint restores): gradients equal those without checkpointing."""
+    """The dense Triton attention is a pair of torch operators: a compiled block is one graph.
+    Checkpointed, the recompute in the backward draws the forward's attention-dropout masks (the seed
+    comes from the CPU generator, whose state the checkpoint restores): gradients equal those without
+    checkpointing."""
     from torch._dynamo.utils import counters
 
     from flashtrain.parallelize import apply_compile
