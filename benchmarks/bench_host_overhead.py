@@ -9,7 +9,7 @@ on a (1, n, 16, d) bf16 problem:
   (the host's rate when it cannot keep ahead of nothing but itself);
 - `fwdbwd_synced_ms`: the same with a device sync after every call (host and device in series);
 - `fwd_host_ms`: the forward alone under no_grad;
-- then cProfile's top functions by own time over 100 fwd+bwd calls (printed, not in the JSON).
+- `host_top`: cProfile's top functions by own time per fwd+bwd call (`common.host_profile`, 100 calls).
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/host_overhead_<gpu>.json
 """
@@ -17,9 +17,7 @@ on a (1, n, 16, d) bf16 problem:
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
-import pstats
 import sys
 import time
 
@@ -27,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import gpu_slug, write_results  # noqa: E402
+from benchmarks.common import gpu_slug, host_profile, write_results  # noqa: E402
 from kernels import flash_attention  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 from kernels.layouts import butterfly_layout  # noqa: E402
@@ -75,15 +73,11 @@ def main():
         row["fwdbwd_synced_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=True)
         with torch.no_grad():
             row["fwd_host_ms"] = per_call_ms(forward, args.calls, sync_each=False)
+        row["host_top"] = host_profile(fwdbwd, steps=100, top=22)
         rows.append(row)
-        print(row, flush=True)
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(100):
-            fwdbwd()
-        torch.cuda.synchronize()
-        profiler.disable()
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
+        print({key: val for key, val in row.items() if key != "host_top"}, flush=True)
+        for entry in row["host_top"]:
+            print(f"  {entry['own_ms']:8.3f} ms own  {entry['cum_ms']:8.3f} ms cum  {entry['function']}")
     write_results(out, rows, extra=dict(dtype="bfloat16"))
 
 

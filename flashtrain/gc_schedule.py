@@ -15,26 +15,37 @@ import gc
 from collections.abc import Callable, Iterator
 
 
-@contextlib.contextmanager
-def scheduled_gc(every: int) -> Iterator[Callable[[int], None]]:
-    """Inside the block, call the yielded function with the step number after each step; it collects
-    generations 0-1 every `every` steps. every = 0 leaves Python's automatic collection alone.
-    Automatic collection is restored on exit, whatever it was before."""
-    if every < 0:
-        raise ValueError(f"gc every {every} steps: use a positive step count, or 0 for Python's own schedule")
-    if every == 0:
-        yield lambda step: None
-        return
-    was_enabled = gc.isenabled()
-    gc.collect()  # start from a clean heap, so the young generations stay small
-    gc.disable()
+class GCSchedule:
+    """From construction until `close()`: automatic collection off (after one full collection, so the
+    young generations start small) and generations 0-1 collected by `after_step(step)` every `every`
+    steps. every = 0 leaves Python's automatic collection alone. `close()` restores automatic
+    collection if it was on before."""
 
-    def after_step(step: int) -> None:
-        if step % every == 0:
+    def __init__(self, every: int):
+        if every < 0:
+            raise ValueError(
+                f"gc every {every} steps: use a positive step count, or 0 for Python's own schedule"
+            )
+        self.every = every
+        self._restore = every > 0 and gc.isenabled()
+        if every > 0:
+            gc.collect()
+            gc.disable()
+
+    def after_step(self, step: int) -> None:
+        if self.every > 0 and step % self.every == 0:
             gc.collect(1)
 
-    try:
-        yield after_step
-    finally:
-        if was_enabled:
+    def close(self) -> None:
+        if self._restore:
             gc.enable()
+
+
+@contextlib.contextmanager
+def scheduled_gc(every: int) -> Iterator[Callable[[int], None]]:
+    """`GCSchedule` as a block: yields its `after_step`, closes it on exit (also on an exception)."""
+    schedule = GCSchedule(every)
+    try:
+        yield schedule.after_step
+    finally:
+        schedule.close()

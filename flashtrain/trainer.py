@@ -22,7 +22,7 @@ from flashtrain import checkpoint as ckpt
 from flashtrain.config import TrainConfig
 from flashtrain.distributed.context import sequence_parallel
 from flashtrain.distributed.parallel_dims import ParallelDims
-from flashtrain.gc_schedule import scheduled_gc
+from flashtrain.gc_schedule import GCSchedule
 from flashtrain.log import get_logger
 from flashtrain.models.attention import attention_override
 from flashtrain.optim import lr_at
@@ -446,75 +446,74 @@ class Trainer:
         self.train_model.train()
         self.preempted = False
         t0 = time.perf_counter()
-        with scheduled_gc(tc.gc_every) as collect_after:
-            try:
-                while self.step < tc.max_steps:
-                    loss = self.train_step()
-                    collect_after(self.step)
-                    self.history.append(loss)
-                    dt = time.perf_counter() - t0  # the step's loss.item() synchronised the device
-                    t0 = time.perf_counter()
-                    tok_s = tokens_per_step / dt
-                    mfu = (
-                        self.flops_per_token * tok_s / (self.peak * 1e12 * n_gpus)
-                        if self.peak and n_gpus
-                        else None
+        gc_schedule = GCSchedule(tc.gc_every)
+        try:
+            while self.step < tc.max_steps:
+                loss = self.train_step()
+                gc_schedule.after_step(self.step)
+                self.history.append(loss)
+                dt = time.perf_counter() - t0  # the step's loss.item() synchronised the device
+                t0 = time.perf_counter()
+                tok_s = tokens_per_step / dt
+                mfu = (
+                    self.flops_per_token * tok_s / (self.peak * 1e12 * n_gpus)
+                    if self.peak and n_gpus
+                    else None
+                )
+                metrics = {
+                    "train/loss": loss,
+                    "train/tokens_per_s": tok_s,
+                    "train/lr": getattr(self, "last_lr", 0.0),
+                }
+                if mfu is not None:
+                    metrics["train/mfu"] = mfu
+                if getattr(self, "last_grad_norm", None) is not None:
+                    metrics["train/grad_norm"] = self.last_grad_norm
+                if self.device.type == "cuda":
+                    metrics["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                bar.set_postfix(
+                    loss=f"{loss:.4f}",
+                    tok_s=f"{tok_s:,.0f}",
+                    mfu="n/a" if mfu is None else f"{mfu:.1%}",
+                    refresh=False,
+                )
+                bar.update(1)  # after the postfix, so the redraw shows this step
+                last = self.step == tc.max_steps
+                if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
+                    evaluation = self.evaluate(final=last)
+                    metrics.update(evaluation)
+                    shown = ", ".join(f"{k} {v:.4f}" for k, v in evaluation.items())
+                    log.info(f"step {self.step}: train loss {loss:.4f}, {shown}")
+                if self.step % tc.log_interval == 0 or last or "val/loss" in metrics:
+                    self.tracker.log(metrics, step=self.step)
+                if not tc.progress_bar and self.step % tc.log_interval == 0:  # batch logs (Slurm) get lines
+                    shown = "n/a" if mfu is None else f"{mfu:.1%}"
+                    log.info(
+                        f"step {self.step}: loss {loss:.4f}, {1000 * dt:.1f} ms/step, {tok_s:,.0f} tok/s, MFU {shown}"
                     )
-                    metrics = {
-                        "train/loss": loss,
-                        "train/tokens_per_s": tok_s,
-                        "train/lr": getattr(self, "last_lr", 0.0),
-                    }
-                    if mfu is not None:
-                        metrics["train/mfu"] = mfu
-                    if getattr(self, "last_grad_norm", None) is not None:
-                        metrics["train/grad_norm"] = self.last_grad_norm
-                    if self.device.type == "cuda":
-                        metrics["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-                    bar.set_postfix(
-                        loss=f"{loss:.4f}",
-                        tok_s=f"{tok_s:,.0f}",
-                        mfu="n/a" if mfu is None else f"{mfu:.1%}",
-                        refresh=False,
-                    )
-                    bar.update(1)  # after the postfix, so the redraw shows this step
-                    last = self.step == tc.max_steps
-                    if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
-                        evaluation = self.evaluate(final=last)
-                        metrics.update(evaluation)
-                        shown = ", ".join(f"{k} {v:.4f}" for k, v in evaluation.items())
-                        log.info(f"step {self.step}: train loss {loss:.4f}, {shown}")
-                    if self.step % tc.log_interval == 0 or last or "val/loss" in metrics:
-                        self.tracker.log(metrics, step=self.step)
-                    if (
-                        not tc.progress_bar and self.step % tc.log_interval == 0
-                    ):  # batch logs (Slurm) get lines
-                        shown = "n/a" if mfu is None else f"{mfu:.1%}"
+                if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
+                    self.save()
+                for hook in self.step_hooks:
+                    hook(self, self.step)
+                if not last and self.preemption.should_stop(self.device):
+                    if self.preemption.reason == "signal":
                         log.info(
-                            f"step {self.step}: loss {loss:.4f}, {1000 * dt:.1f} ms/step, {tok_s:,.0f} tok/s, MFU {shown}"
+                            f"preemption signal received: checkpointing at step {self.step} and requeueing"
                         )
-                    if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
-                        self.save()
-                    for hook in self.step_hooks:
-                        hook(self, self.step)
-                    if not last and self.preemption.should_stop(self.device):
-                        if self.preemption.reason == "signal":
-                            log.info(
-                                f"preemption signal received: checkpointing at step {self.step} and requeueing"
-                            )
-                        else:
-                            log.info(
-                                f"trainer.time_limit_s={tc.time_limit_s} reached: checkpointing at step {self.step}; "
-                                "continue with trainer.resume=auto"
-                            )
-                        self.save()
-                        self.preempted = True
-                        break
-                    t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0
-            finally:
-                self.preemption.restore()
-                bar.close()
-                self.tracker.finish()
+                    else:
+                        log.info(
+                            f"trainer.time_limit_s={tc.time_limit_s} reached: checkpointing at step {self.step}; "
+                            "continue with trainer.resume=auto"
+                        )
+                    self.save()
+                    self.preempted = True
+                    break
+                t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0
+        finally:
+            gc_schedule.close()
+            self.preemption.restore()
+            bar.close()
+            self.tracker.finish()
         if self.preempted and self.preemption.reason == "signal" and self.rank == 0:
             requeue_slurm_job()  # last: Slurm kills the job as soon as it is requeued, so flush W&B first
         return self.history

@@ -73,7 +73,6 @@ def cross_entropy_rows_(
     the interpreter on CPU)."""
     if use_triton is None:
         use_triton = logits.is_cuda
-    counted = targets != ignore_index
     if use_triton:
         rows, vocab = logits.shape
         losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
@@ -84,6 +83,7 @@ def cross_entropy_rows_(
                 BLOCK_V=block, num_warps=1 if INTERPRET else 8,
             )  # fmt: skip
         return losses
+    counted = targets != ignore_index
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = torch.logsumexp(x, dim=-1)
     safe = torch.where(counted, targets, 0).long()

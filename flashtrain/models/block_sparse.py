@@ -48,7 +48,7 @@ def make_block_sparse_backend(cfg):
     build_layout(cfg, cfg.block_sparse_block, cfg.n_head, cfg.causal)  # fail at build time on a bad kind
     layouts: dict[tuple[int, str], object] = {}
 
-    @torch.compiler.disable  # eager launcher: the block-sparse kernels are an autograd.Function, not custom ops
+    @torch.compiler.disable  # eager launcher: the block-sparse kernels are an autograd.Function, not torch operators
     def block_sparse(
         q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
     ):
