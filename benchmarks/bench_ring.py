@@ -72,7 +72,9 @@ def timed(fn, device: str, warmup: int, reps: int) -> float:
     return float(med.item())
 
 
-def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps, profile: str | None = None) -> tuple[float, float]:
+def fwd_and_fwdbwd(
+    attn, q, k, v, device, warmup, reps, profile: str | None = None, trace: bool = False
+) -> tuple[float, float]:
     """(fwd ms, fwd+bwd ms) of attn(q, k, v) on leaf tensors. With `profile` (a path; every rank must
     pass one, rank 0 writes it) the fwd+bwd is also run under the profiler afterwards."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
@@ -90,7 +92,7 @@ def fwd_and_fwdbwd(attn, q, k, v, device, warmup, reps, profile: str | None = No
     if profile:
         dist.barrier()
         title = f"rank 0 of {dist.get_world_size()}: fwd+bwd, q {tuple(q.shape)} {q.dtype}"
-        profile_table(fwdbwd, profile if dist.get_rank() == 0 else None, title=title)
+        profile_table(fwdbwd, profile if dist.get_rank() == 0 else None, title=title, trace=trace)
     return times
 
 
@@ -233,7 +235,7 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
                 if args.profile and mode in args.profile_modes and tokens == args.tokens_per_rank[0]:
                     profile = os.path.join(args.profile, f"ring_profile_{mode}_{mask}_{tokens}_x{world}.txt")
                 fwd_ms, fb_ms = fwd_and_fwdbwd(attn, *(t.index_select(1, pos) for t in (q, k, v)), device,
-                                               args.warmup, args.reps, profile)  # fmt: skip
+                                               args.warmup, args.reps, profile, args.trace)  # fmt: skip
             row.update(
                 fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
                 fwd_pct_ideal=100 * row["ideal_fwd_ms"] / fwd_ms,
@@ -269,6 +271,11 @@ def main() -> None:
         "--profile", default=None, help="folder: profile tables of --profile-modes at the first size"
     )
     p.add_argument("--profile-modes", nargs="+", default=["zigzag"], choices=MODES[:-1])
+    p.add_argument("--trace", action="store_true", help="with --profile: the Chrome trace (timeline) too")
+    p.add_argument(
+        "--high-priority", action="store_true",
+        help="NCCL communicators on high-priority streams, so the ring's transfers get SMs ahead of queued compute",
+    )  # fmt: skip
     p.add_argument(
         "--grad-group", action="store_true",
         help="the ring backward's dK/dV over a second communicator of the same ranks (set_gradient_group)",
@@ -278,7 +285,12 @@ def main() -> None:
     device = args.device
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    pg_options = None
+    if args.high_priority:
+        if device != "cuda":
+            raise SystemExit("--high-priority sets an NCCL option: run it with --device cuda")
+        pg_options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", pg_options=pg_options)
     world, rank = dist.get_world_size(), dist.get_rank()
     # bf16 with the Triton kernels on GPU; on CPU the reference runs in fp32 (a smoke test, not a measurement)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -287,13 +299,19 @@ def main() -> None:
     groups = {}
     if world >= 4 and world % 2 == 0:  # hybrid: Ulysses pairs inside a ring of world / 2
         u_size = 2
-        ulysses = [dist.new_group([r * u_size + u for u in range(u_size)]) for r in range(world // u_size)]
-        ring = [dist.new_group(list(range(u, world, u_size))) for u in range(u_size)]
+        ulysses = [
+            dist.new_group([r * u_size + u for u in range(u_size)], pg_options=pg_options)
+            for r in range(world // u_size)
+        ]
+        ring = [dist.new_group(list(range(u, world, u_size)), pg_options=pg_options) for u in range(u_size)]
         groups = dict(ulysses=ulysses[rank // u_size], ring=ring[rank % u_size], U=u_size)
     if args.grad_group:  # every rank creates every group, in one order (new_group is collective)
-        set_gradient_group(dist.group.WORLD, dist.new_group(list(range(world))))
+        set_gradient_group(dist.group.WORLD, dist.new_group(list(range(world)), pg_options=pg_options))
         if groups:
-            twins = [dist.new_group(list(range(u, world, groups["U"]))) for u in range(groups["U"])]
+            twins = [
+                dist.new_group(list(range(u, world, groups["U"])), pg_options=pg_options)
+                for u in range(groups["U"])
+            ]
             set_gradient_group(groups["ring"], twins[rank % groups["U"]])
 
     rows = []
@@ -323,7 +341,13 @@ def main() -> None:
         write_results(
             out,
             rows,
-            extra=dict(benchmark="bench_ring", world=world, backend=backend, grad_group=args.grad_group),
+            extra=dict(
+                benchmark="bench_ring",
+                world=world,
+                backend=backend,
+                grad_group=args.grad_group,
+                high_priority=args.high_priority,
+            ),  # fmt: skip
         )
         print(f"wrote {out}")
     dist.destroy_process_group()

@@ -81,12 +81,13 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def device_profile(fn: Callable[[], object], steps: int = 3) -> dict:
+def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None = None) -> dict:
     """Run fn `steps` times under torch.profiler (after one unprofiled call, so anything lazily built
     stays out): wall and device-busy ms per step (busy: the union of kernel and copy intervals, as
     streams overlap; busy < wall means the device idled, launch- or host-bound), communication (NCCL
     kernels) and all kernels summed per step (their sum > busy means they overlapped), kernels per step,
-    the top kernels by device time and torch's operator table. On CPU there is no device work: busy 0."""
+    the top kernels by device time and torch's operator table. On CPU there is no device work: busy 0.
+    trace: a path for the Chrome trace of the profiled steps (the timeline: what overlapped what)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -101,6 +102,8 @@ def device_profile(fn: Callable[[], object], steps: int = 3) -> dict:
         if cuda:
             torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    if trace is not None:
+        prof.export_chrome_trace(trace)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
     busy, end = 0.0, float("-inf")
@@ -156,11 +159,15 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
     ]
 
 
-def profile_table(fn: Callable[[], object], path: str | None, steps: int = 3, title: str = "") -> None:
+def profile_table(
+    fn: Callable[[], object], path: str | None, steps: int = 3, title: str = "", trace: bool = False
+) -> None:
     """`device_profile` of fn written to `path` (None: profile without writing, for ranks that must
     join the collectives of the profiled call): wall and device-busy time per step, kernels split into
-    communication and everything else, and the top operators by device time."""
-    p = device_profile(fn, steps)
+    communication and everything else, and the top operators by device time. trace: also write the
+    Chrome trace beside it (`path` with .trace.json for .txt)."""
+    trace_path = path.removesuffix(".txt") + ".trace.json" if trace and path is not None else None
+    p = device_profile(fn, steps, trace_path)
     lines = [
         title,
         f"wall {p['wall_ms']:.2f} ms/step; device busy {p['busy_ms']:.2f} ms/step; kernels: "

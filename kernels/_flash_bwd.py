@@ -434,7 +434,7 @@ _bwd_dq_tuned = autotune(
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
-    dropout_rows=None, grads_into=None,
+    dropout_rows=None, grads_into=None, only=None,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
@@ -443,7 +443,15 @@ def flash_attn_backward(
     grads_into: dense only, fp32 (dq, dk, dv) buffers shaped like q, k, v (unit last strides) that the
         gradients are added to in place (ring attention's per-step accumulation, without materializing
         the step's gradients); returns them.
+    only: with grads_into, "dkdv" or "dq" runs that kernel alone (after the delta preprocess, which the
+        other half runs again): the ring backward sends a step's dK/dV on before its dq kernel runs.
     """
+    if only not in (None, "dkdv", "dq"):
+        raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
+    if only is not None and grads_into is None:
+        raise ValueError(
+            "only= runs half of the backward: it needs grads_into, the buffers that half adds to"
+        )
     varlen = cu_seqlens_q is not None
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -495,7 +503,7 @@ def flash_attn_backward(
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)
-    for part in (1, 2) if block_d > SPLIT_DKDV_ABOVE else (0,):
+    for part in () if only == "dq" else (1, 2) if block_d > SPLIT_DKDV_ABOVE else (0,):
         (_bwd_dkdv_atomic_tuned if atomic_dq else _bwd_dkdv_tuned)[grid_kv](
             q, k, v, do, dk, dv, dq_acc, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
             *strides_qkv_do,
@@ -505,6 +513,8 @@ def flash_attn_backward(
         )  # fmt: skip
     if atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
+        return dq, dk, dv
+    if only == "dkdv":
         return dq, dk, dv
     grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
     _bwd_dq_tuned[grid_q](

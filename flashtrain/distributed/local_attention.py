@@ -465,15 +465,23 @@ def local_forward_merge(
 def local_backward_accumulate(
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dout, q, k, v, out, lse, *,
     causal: bool, softmax_scale: float, window, mask: PositionMask | None = None, backend: str = "auto",
+    only: str | None = None,
 ) -> None:  # fmt: skip
     """local_backward of one call added in place to fp32 gradient buffers (dq, dk, dv) shaped like
-    q, k, v. The dense Triton route adds inside the kernels' epilogues; the others add in torch."""
+    q, k, v. The dense Triton route adds inside the kernels' epilogues; the others add in torch.
+
+    only="dkdv" then only="dq" (two calls) add the same gradients as one call without `only`, split
+    so the ring can send dK/dV on before the dq work: the dense Triton route runs one kernel in each;
+    the routes that compute all three gradients at once add them all in the "dkdv" call."""
+    if only not in (None, "dkdv", "dq"):
+        raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
     kw = dict(causal=causal, softmax_scale=softmax_scale, window=window, mask=mask, backend=backend)
     args = _dense_kernel_args(backend, q, mask, causal, softmax_scale, window)
     if args is None or any(g.dtype != torch.float32 for g in grads):
-        for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
-            acc.add_(g)
+        if only != "dq":
+            for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
+                acc.add_(g)
         return
     from kernels._flash_bwd import flash_attn_backward
 
-    flash_attn_backward(dout, q, k, v, out, lse / _LN2, grads_into=grads, **args)  # base-2 lse
+    flash_attn_backward(dout, q, k, v, out, lse / _LN2, grads_into=grads, only=only, **args)  # base-2 lse

@@ -213,18 +213,20 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         kv_works = _post(ops, spec.group)
 
-        partial = None
+        partial, dq_calls = None, []
         if plan.calls[src]:
             k_pos = _positions(spec, plan.segments[src], q.device)
             partial = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
             for call in plan.calls[src]:
                 grads = (narrow_rows(dq, call.q_rows), narrow_rows(partial[0], call.k_rows),
                          narrow_rows(partial[1], call.k_rows))  # fmt: skip
-                local_backward_accumulate(
-                    grads, narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
+                inputs = (
+                    narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
                     narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
-                    **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]),
                 )  # fmt: skip
+                kwargs = _call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src])
+                local_backward_accumulate(grads, *inputs, **kwargs, only="dkdv")
+                dq_calls.append((grads, inputs, kwargs))
 
         _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
         pending = []
@@ -251,8 +253,11 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
         if t > 0 and t == plan.last_hop[rank]:
             home = torch.empty(acc_shape, dtype=acc_dtype, device=q.device)
             ops.append((dist.irecv, home, (rank + t) % size, _TAG_HOME))
-        # overlaps the next step's compute; on its own communicator, beside the K/V transfers too
+        # overlaps this step's dq work and the next step's compute; on its own communicator, beside the
+        # K/V transfers too
         pending = [(w, ops) for w in _post(ops, spec.grad_group or spec.group)]
+        for grads, inputs, kwargs in dq_calls:  # after the dK/dV send: the last hop home hides behind it
+            local_backward_accumulate(grads, *inputs, **kwargs, only="dq")
         _wait(kv_works)  # blocks until the next K/V have arrived
         kv = nxt
     _wait([w for w, _ in pending])  # blocks until our own dK/dV have come home

@@ -102,8 +102,10 @@ def test_merge_into_an_empty_accumulator_is_the_plain_call():
     assert not acc_out.isnan().any()
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-call", "dkdv-then-dq"])
 @pytest.mark.parametrize("case", CASES, ids=[f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in CASES])
-def test_grads_into_adds_the_plain_gradients(case):
+def test_grads_into_adds_the_plain_gradients(case, split):
+    """Also split in two calls (`only`), as the ring runs it: each half adds only its own gradients."""
     dtype, b, m, _, n, h, hk, d, causal = case
     q, _, _, k, v = _inputs(dtype, b, m, 1, n, h, hk, d)
     kw = _call_kw(causal, d**-0.5)
@@ -119,7 +121,15 @@ def test_grads_into_adds_the_plain_gradients(case):
     views = [w[:, 1 : 1 + t.shape[1]] for w, t in zip(wide, (q, k, v), strict=True)]
     for view, s in zip(views, start, strict=True):
         view.copy_(s)
-    flash_attn_backward(dout, q, k, v, out, lse2, grads_into=tuple(views), **kw)
+    if split:
+        flash_attn_backward(dout, q, k, v, out, lse2, grads_into=tuple(views), only="dkdv", **kw)
+        assert torch.equal(views[0], start[0]), "the dk/dv half touched dq"
+        before = [view.clone() for view in views[1:]]
+        flash_attn_backward(dout, q, k, v, out, lse2, grads_into=tuple(views), only="dq", **kw)
+        for view, b in zip(views[1:], before, strict=True):
+            assert torch.equal(view, b), "the dq half touched dk or dv"
+    else:
+        flash_attn_backward(dout, q, k, v, out, lse2, grads_into=tuple(views), **kw)
     for name, view, s, g in zip("qkv", views, start, plain, strict=True):
         added = view - s
         # the plain gradient was rounded to dtype; the accumulated one was added in fp32
@@ -138,3 +148,8 @@ def test_fused_updates_refuse_what_they_cannot_do():
     bad = (torch.zeros(q.shape), torch.zeros(k.shape, dtype=F16), torch.zeros(v.shape))
     with pytest.raises(ValueError, match="grads_into dk"):
         flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_into=bad, **kw)
+    with pytest.raises(ValueError, match="needs grads_into"):
+        flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, only="dq", **kw)
+    good = tuple(torch.zeros(t.shape) for t in (q, k, v))
+    with pytest.raises(ValueError, match="only must be"):
+        flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_into=good, only="dk", **kw)
