@@ -163,11 +163,10 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     batch, n, nheads, _ = q.shape
-    out = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
-    lse = torch.full((batch, nheads, n), float("-inf"), dtype=acc_dtype, device=q.device)
     q_pos = _positions(spec, plan.segments[rank], q.device)
     kv = torch.stack([k, v])  # (2, B, n, Hkv, D): K and V travel as one message; only K/V heads travel
     kv_shape = kv.shape
+    out = lse = None
     for t in range(size):
         src = (rank - t) % size
         incoming = (rank - 1 - t) % size  # what the previous rank holds now and may forward
@@ -178,6 +177,11 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
             nxt = torch.empty(kv_shape, dtype=k.dtype, device=k.device)  # we may hold nothing this step
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         works = _post(ops, spec.group)  # next step's K/V move while this step computes
+        if out is None:
+            # filled after the first post, so on the GPU the transfer is ready while these fills run
+            # and takes its SMs before the attention kernel queued behind them takes them all
+            out = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+            lse = torch.full((batch, nheads, n), float("-inf"), dtype=acc_dtype, device=q.device)
         k_pos = _positions(spec, plan.segments[src], q.device) if plan.calls[src] else None
         for call in plan.calls[src]:
             local_forward_merge(
@@ -213,13 +217,20 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         kv_works = _post(ops, spec.group)
 
-        partial, dq_calls = None, []
+        holds_acc = t == 0 or t <= plan.last_hop[src]  # this rank holds src's K/V, hence its accumulator
+        acc = None
+        if t > 0 and holds_acc:
+            _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
+            pending, acc = [], acc_in
+        elif t == 0:
+            acc = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
+        dq_calls = []
         if plan.calls[src]:
             k_pos = _positions(spec, plan.segments[src], q.device)
-            partial = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
             for call in plan.calls[src]:
-                grads = (narrow_rows(dq, call.q_rows), narrow_rows(partial[0], call.k_rows),
-                         narrow_rows(partial[1], call.k_rows))  # fmt: skip
+                # the dk/dv kernels add straight into the travelling accumulator
+                grads = (narrow_rows(dq, call.q_rows), narrow_rows(acc[0], call.k_rows),
+                         narrow_rows(acc[1], call.k_rows))  # fmt: skip
                 inputs = (
                     narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
                     narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
@@ -228,18 +239,10 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
                 local_backward_accumulate(grads, *inputs, **kwargs, only="dkdv")
                 dq_calls.append((grads, inputs, kwargs))
 
-        _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
+        _wait([w for w, _ in pending])  # the previous step's sends (and receives) are done
         pending = []
         ops = []
-        if t == 0 or t <= plan.last_hop[src]:  # this rank holds src's K/V, hence its accumulator
-            if t == 0:
-                acc = (
-                    partial
-                    if partial is not None
-                    else torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)
-                )
-            else:
-                acc = acc_in if partial is None else acc_in.add_(partial)
+        if holds_acc:
             if t < plan.last_hop[src]:
                 ops.append((dist.isend, acc, nxt_rank, _TAG_DKV))
             elif t > 0:
