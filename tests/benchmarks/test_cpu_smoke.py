@@ -43,9 +43,12 @@ def test_ring_benchmark_runs_on_cpu(tmp_path):
     out = tmp_path / "ring.json"
     _run([*TORCHRUN, "benchmarks/bench_ring.py", "--device", "cpu", "--tokens-per-rank", "64", "--nheads", "2",
           "--headdim", "16", "--doc-len", "32", "--modes", "zigzag", "ulysses", "--mask", "none", "docs", "dropout",
-          "--warmup", "0", "--reps", "1", "--out", str(out)])  # fmt: skip
+          "--warmup", "0", "--reps", "1", "--out", str(out), "--profile", str(tmp_path), "--trace"])  # fmt: skip
     rows = json.load(open(out))["rows"]
     assert len(rows) == 6 and all("fwdbwd_ms" in r and "error" not in r for r in rows), rows
+    # rank 0's profile of the first zigzag size, with its timeline
+    trace = json.load(open(tmp_path / "ring_profile_zigzag_none_64_x2.trace.json"))
+    assert any(e.get("name") == "RingAttention" for e in trace["traceEvents"])
 
 
 @pytest.mark.slow
