@@ -6,7 +6,9 @@ ring; at every step a rank attends its queries to the shard it holds and merges 
 recomputes every step from the global (out, lse); dq stays home, while fp32 dK/dV accumulators
 travel with their K/V and arrive home after the last rank that needs them (P hops in a dense ring).
 On the dense Triton route both updates happen inside the kernels (`local_forward_merge`,
-`local_backward_accumulate`): a step's output and gradients never exist as separate tensors.
+`local_backward_accumulate`): a step's output and gradients never exist as separate tensors. A
+backward step runs its dk/dv kernels into the arrived accumulator, sends it on, then runs its dq
+kernels, so the transfer (the last hop home included) overlaps the dq work.
 
 Three layers, as in flash-attention: `ring_forward` / `ring_backward` (the schedules, which issue
 every collective in a fixed order) -> `RingAttention` (autograd.Function, so autograd never orders a
