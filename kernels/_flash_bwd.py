@@ -431,10 +431,30 @@ _bwd_dq_tuned = autotune(
 # ---------------------------------------------------------------------------------------------------
 
 
+def backward_delta(out, do, lse, cu_seqlens_q=None, max_seqlen_q=None) -> torch.Tensor:
+    """delta = rowsum(dO * O) in fp32, laid out like lse (the backward's preprocess; dense or varlen)."""
+    varlen = cu_seqlens_q is not None
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    if varlen:
+        batch, seqlen_q, stride_lb, stride_lh = cu_seqlens_q.numel() - 1, max_seqlen_q, 0, lse.stride(0)
+    else:
+        batch, seqlen_q, stride_lb, stride_lh = out.shape[0], out.shape[1], lse.stride(0), lse.stride(1)
+    nheads, headdim = out.shape[-2], out.shape[-1]
+    delta = torch.empty_like(lse)
+    pre_m = 32 if INTERPRET else 64
+    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
+        out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen),
+        stride_lb, stride_lh, seqlen_q,
+        HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen, BLOCK_M=pre_m,
+    )  # fmt: skip
+    return delta
+
+
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
-    dropout_rows=None, grads_into=None, only=None,
+    dropout_rows=None, grads_into=None, only=None, delta=None,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
@@ -443,8 +463,9 @@ def flash_attn_backward(
     grads_into: dense only, fp32 (dq, dk, dv) buffers shaped like q, k, v (unit last strides) that the
         gradients are added to in place (ring attention's per-step accumulation, without materializing
         the step's gradients); returns them.
-    only: with grads_into, "dkdv" or "dq" runs that kernel alone (after the delta preprocess, which the
-        other half runs again): the ring backward sends a step's dK/dV on before its dq kernel runs.
+    only: with grads_into, "dkdv" or "dq" runs that kernel alone: the ring backward sends a step's
+        dK/dV on before its dq kernel runs. Pass both halves the same `delta` to preprocess once.
+    delta: `backward_delta(out, do, lse, ...)` computed beforehand; None computes it here.
     """
     if only not in (None, "dkdv", "dq"):
         raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
@@ -478,13 +499,8 @@ def flash_attn_backward(
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_kv = k.shape[-2]
     block_d = padded_head_dim(headdim)
-    delta = torch.empty_like(lse)
-    pre_m = 32 if INTERPRET else 64
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
-        out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen),
-        stride_lb, stride_lh, seqlen_q,
-        HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, BLOCK_M=pre_m,
-    )  # fmt: skip
+    if delta is None:
+        delta = backward_delta(out, do, lse, cu_seqlens_q, max_seqlen_q)
 
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     kpm_args = (kpm if kpm is not None else lse,)

@@ -41,7 +41,7 @@ from kernels._common import (
     store_tile,
     unit_last_stride,
 )
-from kernels._flash_bwd import _bwd_preprocess
+from kernels._flash_bwd import backward_delta
 from kernels.layouts import BlockLayout
 
 __all__ = ["block_sparse_attention", "BlockLayout"]
@@ -463,13 +463,7 @@ def _block_sparse_backward(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
-    # delta = rowsum(O * dO) in fp32, (batch, nheads, seqlen_q) like lse: the dense kernels' preprocess
-    delta = torch.empty_like(lse)
-    pre_m = 64
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
-        out, do, delta, None, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        delta.stride(0), delta.stride(1), seqlen_q, HEAD_DIM=headdim, BLOCK_D=head_dim, IS_VARLEN=False, BLOCK_M=pre_m,
-    )  # fmt: skip
+    delta = backward_delta(out, do, lse)  # the dense kernels' preprocess
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,

@@ -35,6 +35,7 @@ import itertools
 import logging
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -466,13 +467,14 @@ def local_backward_accumulate(
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dout, q, k, v, out, lse, *,
     causal: bool, softmax_scale: float, window, mask: PositionMask | None = None, backend: str = "auto",
     only: str | None = None,
-) -> None:  # fmt: skip
+) -> Callable[[], None] | None:  # fmt: skip
     """local_backward of one call added in place to fp32 gradient buffers (dq, dk, dv) shaped like
     q, k, v. The dense Triton route adds inside the kernels' epilogues; the others add in torch.
 
     only="dkdv" then only="dq" (two calls) add the same gradients as one call without `only`, split
     so the ring can send dK/dV on before the dq work: the dense Triton route runs one kernel in each;
-    the routes that compute all three gradients at once add them all in the "dkdv" call."""
+    the routes that compute all three gradients at once add them all in the "dkdv" call. The "dkdv"
+    call returns its dq half as a function, which shares its backward preprocess (delta)."""
     if only not in (None, "dkdv", "dq"):
         raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
     kw = dict(causal=causal, softmax_scale=softmax_scale, window=window, mask=mask, backend=backend)
@@ -481,7 +483,14 @@ def local_backward_accumulate(
         if only != "dq":
             for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
                 acc.add_(g)
-        return
-    from kernels._flash_bwd import flash_attn_backward
+        return (lambda: None) if only == "dkdv" else None
+    from kernels._flash_bwd import backward_delta, flash_attn_backward
 
-    flash_attn_backward(dout, q, k, v, out, lse / _LN2, grads_into=grads, only=only, **args)  # base-2 lse
+    lse2 = lse / _LN2  # the kernels' base-2 lse
+    delta = backward_delta(out, dout, lse2) if only == "dkdv" else None
+    flash_attn_backward(dout, q, k, v, out, lse2, grads_into=grads, only=only, delta=delta, **args)
+    if only != "dkdv":
+        return None
+    return lambda: flash_attn_backward(
+        dout, q, k, v, out, lse2, grads_into=grads, only="dq", delta=delta, **args
+    )

@@ -219,32 +219,25 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         kv_works = _post(ops, spec.group)
 
-        holds_acc = t == 0 or t <= plan.last_hop[src]  # this rank holds src's K/V, hence its accumulator
-        acc = None
-        if t > 0 and holds_acc:
-            _wait([w for w, _ in pending])  # blocks until the accumulator of `src` has arrived
-            pending, acc = [], acc_in
-        elif t == 0:
-            acc = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device)  # (2, B, n, Hkv, D)
-        dq_calls = []
+        _wait([w for w, _ in pending])  # the previous step's transfers: src's accumulator has arrived
+        pending = []
+        # src's accumulator, held by whoever holds src's K/V (None: this rank no longer does)
+        acc = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device) if t == 0 else acc_in
+        dq_halves = []
         if plan.calls[src]:
             k_pos = _positions(spec, plan.segments[src], q.device)
             for call in plan.calls[src]:
                 # the dk/dv kernels add straight into the travelling accumulator
                 grads = (narrow_rows(dq, call.q_rows), narrow_rows(acc[0], call.k_rows),
                          narrow_rows(acc[1], call.k_rows))  # fmt: skip
-                inputs = (
-                    narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
+                dq_halves.append(local_backward_accumulate(
+                    grads, narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
                     narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
-                )  # fmt: skip
-                kwargs = _call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src])
-                local_backward_accumulate(grads, *inputs, **kwargs, only="dkdv")
-                dq_calls.append((grads, inputs, kwargs))
+                    **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]), only="dkdv",
+                ))  # fmt: skip
 
-        _wait([w for w, _ in pending])  # the previous step's sends (and receives) are done
-        pending = []
         ops = []
-        if holds_acc:
+        if acc is not None:
             if t < plan.last_hop[src]:
                 ops.append((dist.isend, acc, nxt_rank, _TAG_DKV))
             elif t > 0:
@@ -261,8 +254,8 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
         # overlaps this step's dq work and the next step's compute; on its own communicator, beside the
         # K/V transfers too
         pending = [(w, ops) for w in _post(ops, spec.grad_group or spec.group)]
-        for grads, inputs, kwargs in dq_calls:  # after the dK/dV send: the last hop home hides behind it
-            local_backward_accumulate(grads, *inputs, **kwargs, only="dq")
+        for dq_half in dq_halves:  # after the dK/dV send: the last hop home hides behind it
+            dq_half()
         _wait(kv_works)  # blocks until the next K/V have arrived
         kv = nxt
     _wait([w for w, _ in pending])  # blocks until our own dK/dV have come home
