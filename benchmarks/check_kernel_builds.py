@@ -164,18 +164,32 @@ def _tuner_of(module_name: str, kernel_name: str):
     return None
 
 
-def parse_try_config(text: str) -> tuple:
-    """'KERNEL:BLOCK_M,BLOCK_N,WARPS,STAGES' -> (kernel name, triton.Config)."""
+def parse_tile_config(numbers: str):
+    """'BLOCK_M,BLOCK_N,WARPS,STAGES[,MAXNREG]' -> triton.Config, or None when it does not parse."""
     import triton
 
     try:
-        kernel, numbers = text.split(":")
-        block_m, block_n, warps, stages = (int(x) for x in numbers.split(","))
+        vals = [int(x) for x in numbers.split(",")]
     except ValueError:
+        return None
+    if len(vals) not in (4, 5):
+        return None
+    block_m, block_n, warps, stages = vals[:4]
+    maxnreg = vals[4] if len(vals) == 5 else None
+    return triton.Config(
+        {"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages, maxnreg=maxnreg
+    )
+
+
+def parse_try_config(text: str) -> tuple:
+    """'KERNEL:BLOCK_M,BLOCK_N,WARPS,STAGES[,MAXNREG]' -> (kernel name, triton.Config)."""
+    kernel, _, numbers = text.partition(":")
+    config = parse_tile_config(numbers)
+    if config is None:
         raise SystemExit(
             f"--try-config {text!r}: write KERNEL:BLOCK_M,BLOCK_N,WARPS,STAGES, e.g. _bwd_dkdv:64,96,8,2"
-        ) from None
-    return kernel, triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+        )
+    return kernel, config
 
 
 def _configs_to_build(launch, all_configs: bool, tries=()):

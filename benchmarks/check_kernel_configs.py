@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KERNELS = ("fwd", "dkdv", "dq")
 
 
-def _tuner(kernel):
+def kernel_tuner(kernel: str):
+    """The autotuner of one of KERNELS."""
     from kernels import _flash_bwd, _flash_fwd
 
     return {
@@ -44,9 +45,9 @@ def run_one(args) -> dict:
     kernel, index = args.one.split(":")
     others = dict(item.split("=") for item in args.others.split(","))
     for name in KERNELS:  # one config each: the autotuner launches it without a sweep
-        tuner = _tuner(name)
+        tuner = kernel_tuner(name)
         tuner.configs = [tuner.configs[int(index if name == kernel else others[name])]]
-    config = _tuner(kernel).configs[0]
+    config = kernel_tuner(kernel).configs[0]
     b, n, h, d, p = args.batch, args.seqlen, args.nheads, args.headdim, args.dropout
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -94,7 +95,7 @@ def main(argv=None):
         print("RESULT " + json.dumps(run_one(args)))
         return
 
-    jobs = [(kernel, i) for kernel in KERNELS for i in range(len(_tuner(kernel).configs))]
+    jobs = [(kernel, i) for kernel in KERNELS for i in range(len(kernel_tuner(kernel).configs))]
     shape = [f"--batch={args.batch}", f"--seqlen={args.seqlen}", f"--nheads={args.nheads}",
              f"--headdim={args.headdim}", f"--dropout={args.dropout}", f"--others={args.others}",
              *(["--causal"] if args.causal else [])]  # fmt: skip

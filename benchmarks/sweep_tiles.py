@@ -24,9 +24,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.check_kernel_builds import parse_tile_config  # noqa: E402
+from benchmarks.check_kernel_configs import KERNELS, kernel_tuner  # noqa: E402
 from benchmarks.common import time_ms, versions, write_results  # noqa: E402
 
-KERNELS = ("fwd", "dkdv", "dq")
 MATMULS = {"fwd": 2, "dkdv": 4, "dq": 3}  # per (query tile, key tile) pair
 
 
@@ -43,15 +44,10 @@ def parse_shape(text: str) -> dict:
 
 
 def parse_config(text: str):
-    import triton
-
-    try:
-        vals = [int(x) for x in text.split(",")]
-        bm, bn, w, s = vals[:4]
-    except ValueError:
-        raise SystemExit(f"config {text!r}: write BLOCK_M,BLOCK_N,WARPS,STAGES[,MAXNREG]") from None
-    maxnreg = vals[4] if len(vals) > 4 else None
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, maxnreg=maxnreg)
+    config = parse_tile_config(text)
+    if config is None:
+        raise SystemExit(f"config {text!r}: write BLOCK_M,BLOCK_N,WARPS,STAGES[,MAXNREG]")
+    return config
 
 
 def config_text(c) -> str:
@@ -64,10 +60,8 @@ _TUNERS: dict = {}  # kernel -> (its autotuner, the JIT function's own run), as 
 
 def _tuner(kernel: str):
     if not _TUNERS:
-        from kernels import _flash_bwd, _flash_fwd
-
-        for name, tuner in (("fwd", _flash_fwd._attn_fwd_tuned), ("dkdv", _flash_bwd._bwd_dkdv_tuned),
-                            ("dq", _flash_bwd._bwd_dq_tuned)):  # fmt: skip
+        for name in KERNELS:
+            tuner = kernel_tuner(name)
             _TUNERS[name] = (tuner, tuner.fn.run)
     return _TUNERS[kernel][0]
 
