@@ -6,7 +6,7 @@ generator), and input checks that raise one ValueError saying what to change: ch
 check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
 unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
 visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
-from global positions) and dropout_keep_tile (the same for a tile, one Philox call per eight columns).
+from global positions) and dropout_keep_tile (the same for a tile, one Philox call per eight entries).
 Nothing here knows the tile sizes or a kernel's argument list.
 """
 
@@ -19,6 +19,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from . import reference
 
 # The Triton interpreter is chosen when kernels are defined, so this is read once at import.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -321,7 +323,8 @@ def visible_range(
 
 @triton.jit
 def _philox_block(seed, groups, rows):
-    """Philox4x32-10 keyed by the seed with counter (group, low and high words of the int64 row id, 0).
+    """Philox4x32 (PHILOX_ROUNDS rounds) keyed by the seed with counter (group, low and high words of the
+    int64 row id, 0).
 
     groups: uint32, rows: int64, broadcastable; returns the four uint32 words at their common shape. The
     row id fills two 32-bit counter words, so 32-bit Philox covers any length without 64-bit multiplies.
@@ -330,14 +333,22 @@ def _philox_block(seed, groups, rows):
     row_hi = (rows >> 32).to(tl.uint32)
     c0 = groups + row_lo * 0  # the full shape
     zero = c0 * 0
-    return tl.philox(seed, c0, row_lo + zero, row_hi + zero, zero)
+    return tl.philox(seed, c0, row_lo + zero, row_hi + zero, zero, PHILOX_ROUNDS)
 
 
-# Each 32-bit Philox word gives two 16-bit draws, so one Philox4x32-10 call serves eight columns. A
-# draw h in [0, 65536) keeps its entry when h >= ceil(p * 65536): dropout_p acts at 2^-16 resolution
-# (the keep rate is off by less than 1.6e-5; the kept entries are still scaled by 1 / (1 - p)).
-# A constexpr value (not just annotated), or the GPU compiler refuses the global.
-COLS_PER_CALL = tl.constexpr(8)
+# Seven rounds, as FlashAttention-2's dropout uses: Philox4x32-7 passes TestU01's BigCrush (Salmon et
+# al. 2011, "Parallel random numbers: as easy as 1, 2, 3"); ten is Random123's default safety margin.
+# (Constexpr values, not just annotated, or the GPU compiler refuses the globals.)
+PHILOX_ROUNDS = tl.constexpr(reference.PHILOX_ROUNDS)
+
+# Each 32-bit Philox word gives two 16-bit draws, so one call serves eight entries of a row. A draw h in
+# [0, 65536) keeps its entry when h >= ceil(p * 65536): dropout_p acts at 2^-16 resolution (the keep
+# rate is off by less than 1.6e-5; the kept entries are still scaled by 1 / (1 - p)).
+# Which eight: the columns of a 32-column span are dealt to its four calls the way a GPU's matmul
+# accumulators hold them (Hopper wgmma and Ampere mma give each thread the column pair 2c, 2c + 1 of
+# every 8-column chunk): column 32s + 8t + 2c + h takes half h of word t of call 4s + c. A tile's draws
+# then land in the registers that hold its scores, with no exchange between threads.
+SPAN = tl.constexpr(32)
 
 
 @triton.jit
@@ -365,17 +376,18 @@ def _high_half(word):
 def dropout_keep(seed, row_ids, col_ids, dropout_p):
     """Keep-mask of entries (row id, column), any broadcastable shapes: the definition of our dropout.
 
-    Column c takes 16-bit half (c % 2) (low half first) of word (c % 8) // 2 of the Philox4x32-10 block
-    with counter (c // 8, row id), so one Philox call serves eight columns (`dropout_keep_tile` draws a
-    tile that way); the entry is kept when that half is >= ceil(dropout_p * 65536). row_ids: int64
-    (dense kernels: (batch * nheads + head) * seqlen_q + query, the lse index; callers may offset it to
-    global coordinates); col_ids: key index >= 0. `kernels.reference.dropout_keep_reference` is this in
-    torch.
+    Column c = 32s + 8t + 2k + h (t, k in 0..3, h in 0..1) takes 16-bit half h (low half first) of word t
+    of the Philox4x32-7 block with counter (4s + k, row id); the entry is kept when that half is
+    >= ceil(dropout_p * 65536). row_ids: int64 (dense kernels: (batch * nheads + head) * seqlen_q +
+    query, the lse index; callers may offset it to global coordinates); col_ids: key index >= 0.
+    `dropout_keep_tile` draws a tile this way with one call per eight entries;
+    `kernels.reference.dropout_keep_reference` is this in torch.
     """
     rows = row_ids.to(tl.int64)
     cols = col_ids.to(tl.int64)
-    w0, w1, w2, w3 = _philox_block(seed, (cols // COLS_PER_CALL).to(tl.uint32), rows)
-    word = ((cols % COLS_PER_CALL) // 2) + rows * 0
+    call = (cols // SPAN) * 4 + (cols % 8) // 2
+    w0, w1, w2, w3 = _philox_block(seed, call.to(tl.uint32), rows)
+    word = ((cols % SPAN) // 8) + rows * 0
     bits = tl.where(word == 0, w0, tl.where(word == 1, w1, tl.where(word == 2, w2, w3)))
     high = (cols % 2) + rows * 0
     halves = tl.where(high == 1, _high_half(bits), _low_half(bits))
@@ -383,40 +395,64 @@ def dropout_keep(seed, row_ids, col_ids, dropout_p):
 
 
 @triton.jit
-def _halves_to_columns(w0, w1, w2, w3, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """(ROWS, COLS // 8) words of consecutive groups -> (ROWS, COLS) int32 draws with [:, 8k + 2w + h] =
-    half h (0 low, 1 high) of word w of group k."""
-    # (jit helpers, not lambdas: the interpreter runs lambdas, the GPU compiler refuses them)
-    # join stacks on a new last axis, and the reshape flattens row-major, so the outermost join picks
-    # the lowest bit of the column in the group (the half), the middle one the next (word & 1), the
-    # innermost the highest (word >> 1)
-    words = tl.join(tl.join(tl.join(_low_half(w0), _low_half(w2)), tl.join(_low_half(w1), _low_half(w3))),
-                    tl.join(tl.join(_high_half(w0), _high_half(w2)), tl.join(_high_half(w1), _high_half(w3))))  # fmt: skip
-    return tl.reshape(words, (ROWS, COLS))
+def _join_halves(word, threshold):
+    """(R, S, 4) words -> (R, S, 4, 2) keep decisions: [..., h] = half h (0 low, 1 high) >= threshold."""
+    return tl.join(_low_half(word) >= threshold, _high_half(word) >= threshold)
+
+
+@triton.jit
+def _span_keep(seed, span0, rows, dropout_p, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(ROWS, COLS) keep decisions of columns 32 * span0 .. 32 * span0 + COLS - 1 (COLS a multiple of 32)."""
+    # call 4s + k sits at index 4 (s - span0) + k
+    calls = (span0 * 4 + tl.arange(0, COLS // 8)[None, :]).to(tl.uint32)
+    w0, w1, w2, w3 = _philox_block(seed, calls, rows)
+    # compared before they are spread over the tile: where the tile's layout needs the decisions moved
+    # between threads (the dk/dv kernel's transposed tile), bytes move, not 32-bit words
+    threshold = _keep_threshold(dropout_p)
+    x0 = _join_halves(tl.reshape(w0, (ROWS, COLS // SPAN, 4)), threshold)
+    x1 = _join_halves(tl.reshape(w1, (ROWS, COLS // SPAN, 4)), threshold)
+    x2 = _join_halves(tl.reshape(w2, (ROWS, COLS // SPAN, 4)), threshold)
+    x3 = _join_halves(tl.reshape(w3, (ROWS, COLS // SPAN, 4)), threshold)
+    # [row, s, k, h, t1, t0] = half h of word t0 + 2 t1 of call 4s + k; column 32s + 16 t1 + 8 t0 + 2k + h.
+    # t0 is joined last: it is the one of the three that the dk/dv kernel's transposed tile also holds in
+    # registers, so the compiler moves decisions between threads once, before that join, not after each
+    x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    return tl.reshape(tl.permute(x, (0, 1, 4, 5, 2, 3)), (ROWS, COLS))
+
+
+@triton.jit
+def _shifted_keep(
+    seed, span0, shift, rows, dropout_p, BM: tl.constexpr, BN: tl.constexpr, WIDE: tl.constexpr
+):
+    """(BM, BN) keep decisions of columns 32 * span0 + shift + (0 .. BN - 1): the WIDE columns from
+    32 * span0 (WIDE >= BN, a multiple of 32) and the next span, picked with `tl.gather`."""
+    # drawn here again rather than passed in: a tile that starts on a span then keeps its draws in the
+    # matmul's register layout; sharing them with the gather would compute them twice, once per layout
+    head = _span_keep(seed, span0, rows, dropout_p, BM, WIDE).to(tl.int8)
+    tail = _span_keep(seed, span0 + WIDE // SPAN, rows, dropout_p, BM, SPAN).to(tl.int8)
+    entry = shift + tl.arange(0, BN)[None, :] + (rows * 0).to(tl.int32)
+    head = tl.gather(head, tl.minimum(entry, WIDE - 1), 1)
+    tail = tl.gather(tail, tl.maximum(entry - WIDE, 0), 1)
+    return tl.where(entry < WIDE, head, tail) != 0
 
 
 @triton.jit
 def dropout_keep_tile(seed, row_ids, col0, dropout_p, BN: tl.constexpr):
     """`dropout_keep` of the (BM, BN) tile of rows row_ids ((BM,) int64) and columns col0 .. col0 + BN - 1.
 
-    One Philox call per eight columns. Keys are numbered by global or packed position, so a tile need
-    not start at a multiple of 8: then its columns are entries shift .. shift + BN - 1 of the tile's
-    groups plus the next group (shift = col0 % 8), picked with `tl.gather`.
+    One Philox call per eight entries. Keys are numbered by global or packed position, so a tile need not
+    start at a multiple of 32 (nor be 32 wide): then its columns are entries shift .. shift + BN - 1 of
+    the spans it overlaps (shift = col0 % 32), picked with `tl.gather`.
     """
     BM: tl.constexpr = row_ids.shape[0]
     rows = row_ids.to(tl.int64)[:, None]
     col0 = col0.to(tl.int64)
-    g0 = col0 // COLS_PER_CALL
-    shift = (col0 - g0 * COLS_PER_CALL).to(tl.int32)
-    w0, w1, w2, w3 = _philox_block(
-        seed, (g0 + tl.arange(0, BN // COLS_PER_CALL)[None, :]).to(tl.uint32), rows
-    )
-    halves = _halves_to_columns(w0, w1, w2, w3, BM, BN)
-    if shift != 0:
-        e0, e1, e2, e3 = _philox_block(seed, (g0 + BN // COLS_PER_CALL).to(tl.uint32), rows)  # (BM, 1)
-        extra = _halves_to_columns(e0, e1, e2, e3, BM, COLS_PER_CALL)
-        entry = shift + tl.arange(0, BN)[None, :] + (rows * 0).to(tl.int32)
-        head = tl.gather(halves, tl.minimum(entry, BN - 1), 1)
-        tail = tl.gather(extra, tl.maximum(entry - BN, 0), 1)
-        halves = tl.where(entry < BN, head, tail)
-    return _half_keep(halves, dropout_p)
+    span0 = col0 // SPAN
+    shift = (col0 - span0 * SPAN).to(tl.int32)
+    if BN < SPAN:
+        keep = _shifted_keep(seed, span0, shift, rows, dropout_p, BM, BN, SPAN)
+    elif shift == 0:
+        keep = _span_keep(seed, span0, rows, dropout_p, BM, BN)
+    else:
+        keep = _shifted_keep(seed, span0, shift, rows, dropout_p, BM, BN, BN)
+    return keep

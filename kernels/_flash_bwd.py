@@ -378,31 +378,12 @@ _DQ_CONFIGS = _configs(
 )  # fmt: skip
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) of tile configs that Triton 3.6 on an H200 cannot run with dropout
-# on (and only then), found by `benchmarks/check_kernel_configs.py`. dk/dv: its compile fails in the
-# TritonGPUOptimizeThreadLocality pass with the grouped dropout draw ("PassManager::run failed";
-# results/dropout_config_scan_grouped_d{64,128}_h200.json); with the 16-bit draws it builds and matched the
-# reference at d128 (dropout_config_scan_16bit_d128_h200.json), and stays out until d64 is scanned too.
-# dq: the kernel it builds stops with
-# "misaligned address" (results/dropout_config_scan_h200.json; every other config ran and matched).
-_BROKEN_WITH_DROPOUT = {"dkdv": (32, 64, 8, 2), "dq": (128, 32, 4, 3)}
-
-
-def _without_broken_with_dropout(configs, kernel: str, named_args, kwargs) -> list:
-    if not {**named_args, **kwargs}["DROPOUT"]:
-        return configs
-    tile = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
-    return [c for c in configs if tile(c) != _BROKEN_WITH_DROPOUT[kernel]]
-
-
 def _prune_dkdv(configs, named_args, **kwargs):
-    configs = _without_broken_with_dropout(configs, "dkdv", named_args, kwargs)
     n_acc = 1 if {**named_args, **kwargs}.get("PART") else 2  # a split pass holds dk or dv, not both
     return prune_configs(configs, named_args, "seqlen_k", "seqlen_q", "BLOCK_N", n_acc, **kwargs)
 
 
 def _prune_dq(configs, named_args, **kwargs):
-    configs = _without_broken_with_dropout(configs, "dq", named_args, kwargs)
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 

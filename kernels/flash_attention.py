@@ -220,9 +220,9 @@ def flash_attention_varlen(
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and likewise of k/v. cu_seqlens_*: int32 (batch + 1,),
     starting at 0, non-decreasing, ending at total. max_seqlen_*: the longest sequence (sizes the grid).
     Causal/window alignment is bottom-right per sequence. Dropout numbers entries by packed position:
-    head h, query row r and key row c (of the packed tensors) take half c % 2 of word (c % 8) // 2 of
-    Philox at counter (c // 8, h * total_q + r), so `kernels.reference.dropout_keep_reference`
-    reproduces the mask.
+    entry (head h, query row r, key row c) of the packed tensors is `kernels._common.dropout_keep` at
+    row id h * total_q + r and column c, so `kernels.reference.dropout_keep_reference` reproduces the
+    mask.
     Returns out (total_q, nheads, headdim) and, with return_lse=True, lse (nheads, total_q) float32
     natural log.
     """

@@ -22,6 +22,8 @@ import math
 import torch
 
 _M32 = 0xFFFFFFFF
+# rounds of the dropout's Philox4x32 (why seven: kernels/_common.py, PHILOX_ROUNDS)
+PHILOX_ROUNDS = 7
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -35,12 +37,13 @@ def _umulhi32(c: int, x: torch.Tensor) -> torch.Tensor:
 
 
 def _philox4x32(
-    seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor
+    seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, rounds: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The four output words of Philox4x32-10 as Triton's `tl.philox` computes them (int64 holding uint32)."""
+    """The four output words of Philox4x32 with `rounds` rounds as Triton's `tl.philox` computes them
+    (int64 holding uint32)."""
     k0, k1 = int(seed) & _M32, (int(seed) >> 32) & _M32
     a, b = 0xD2511F53, 0xCD9E8D57  # Philox's round multipliers
-    for _ in range(10):
+    for _ in range(rounds):
         c0, c1, c2, c3 = (
             _umulhi32(b, c2) ^ c1 ^ k0,
             _mul32(c2, b),
@@ -57,16 +60,17 @@ def dropout_keep_reference(
     """The kernels' dropout keep-mask (`kernels._common.dropout_keep`) in torch, bit for bit.
 
     row_ids, col_ids: integer tensors that broadcast together (row ids as the kernels number them:
-    (batch * nheads + head) * seqlen_q + query for dense attention). Column c takes 16-bit half c % 2
-    (low half first) of word (c % 8) // 2 of Triton's Philox4x32-10 keyed by the seed with counter
-    (c // 8, low and high words of the row id, 0), and the entry is kept when that half is
-    >= ceil(dropout_p * 65536), computed in float32 as the kernels do.
+    (batch * nheads + head) * seqlen_q + query for dense attention). Column c = 32s + 8t + 2k + h
+    (t, k in 0..3, h in 0..1) takes 16-bit half h (low half first) of word t of Triton's Philox4x32-7
+    keyed by the seed with counter (4s + k, low and high words of the row id, 0), and the entry is
+    kept when that half is >= ceil(dropout_p * 65536), computed in float32 as the kernels do.
     """
     rows = row_ids.to(torch.int64)
     cols = col_ids.to(torch.int64)
     row_lo, row_hi, cols = torch.broadcast_tensors(rows & _M32, (rows >> 32) & _M32, cols)
-    words = _philox4x32(seed, (cols >> 3) & _M32, row_lo, row_hi, torch.zeros_like(cols))
-    bits = torch.stack(words, dim=-1).gather(-1, ((cols & 7) >> 1).unsqueeze(-1)).squeeze(-1)
+    calls = (((cols >> 5) << 2) + ((cols >> 1) & 3)) & _M32
+    words = _philox4x32(seed, calls, row_lo, row_hi, torch.zeros_like(cols), rounds=PHILOX_ROUNDS)
+    bits = torch.stack(words, dim=-1).gather(-1, ((cols >> 3) & 3).unsqueeze(-1)).squeeze(-1)
     halves = torch.where((cols & 1) == 1, bits >> 16, bits & 0xFFFF)
     p32 = torch.tensor(dropout_p, dtype=torch.float32, device=bits.device)
     threshold = torch.ceil(p32 * 65536.0).to(torch.int64)

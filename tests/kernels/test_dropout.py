@@ -24,7 +24,7 @@ F16, F32 = torch.float16, torch.float32
 
 @triton.jit
 def _keep_kernel(out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: tl.constexpr):
-    """Both draws of one tile: entry by entry (the definition) and as the kernels draw it (4 columns a call)."""
+    """Both draws of one tile: entry by entry (the definition) and as the kernels draw it (8 entries a call)."""
     rows = row0 + tl.arange(0, block_m).to(tl.int64)
     offs_n = tl.arange(0, block_n)
     offs = tl.arange(0, block_m)[:, None] * block_n + offs_n[None, :]
@@ -34,7 +34,8 @@ def _keep_kernel(out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, 
 
 
 # seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton) and past 2^32, row ids past 2^32,
-# tiles starting at every column offset mod 4 (a tile then straddles four-column groups), columns past 2^32
+# tiles starting off a 32-column span (a tile then straddles spans), columns past 2^32; tiles 64 wide and
+# 16 wide (narrower than a span: always picked out of one)
 @pytest.mark.parametrize(
     "seed,row0,col0,p",
     [
@@ -47,22 +48,24 @@ def _keep_kernel(out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, 
         (78, 2**32 - 1, 2**34 + 1, 0.2),
     ],
 )
-def test_kernel_philox_is_the_torch_philox_bit_for_bit(seed, row0, col0, p, device):
-    out, tile = (torch.empty(32, 64, dtype=torch.int8, device=device) for _ in range(2))
-    _keep_kernel[(1,)](out, tile, seed, row0, col0, p, block_m=32, block_n=64)
+@pytest.mark.parametrize("block_n", [64, 16])
+def test_kernel_philox_is_the_torch_philox_bit_for_bit(seed, row0, col0, p, block_n, device):
+    out, tile = (torch.empty(32, block_n, dtype=torch.int8, device=device) for _ in range(2))
+    _keep_kernel[(1,)](out, tile, seed, row0, col0, p, block_m=32, block_n=block_n)
     rows = torch.arange(row0, row0 + 32, device=device)[:, None]
-    want = dropout_keep_reference(seed, rows, torch.arange(col0, col0 + 64, device=device), p)
+    want = dropout_keep_reference(seed, rows, torch.arange(col0, col0 + block_n, device=device), p)
     assert torch.equal(out.bool(), want)
     assert torch.equal(tile.bool(), want)
 
 
 def test_mask_has_no_visible_structure():
     """Neighbouring entries (along rows, columns, heads, batch) and nearby seeds are independent draws:
-    with p = 0.5 two independent entries agree half the time."""
+    with p = 0.5 two independent entries agree half the time. Columns 1 and 8 apart share a Philox call
+    (two halves of a word; two words), 2 apart do not."""
     m = dropout_mask(7, 2, 4, 128, 256, 0.5, "cpu")  # 262k draws: 5 sigma of an agreement rate ~0.005
     assert abs(m.float().mean().item() - 0.5) < 0.005
     for a, b in [
-        (m[..., 1:], m[..., :-1]),
+        *((m[..., lag:], m[..., :-lag]) for lag in (1, 2, 8, 16)),
         (m[..., 1:, :], m[..., :-1, :]),
         (m[:, 1:], m[:, :-1]),
         (m[1], m[0]),

@@ -49,10 +49,11 @@ def test_every_config_of_every_case_builds_for_sm90(tmp_path):
 
 
 def test_every_dropout_config_builds_and_a_rejected_candidate_is_reported(tmp_path):
-    """With every config (pruning off) the dropout kernels build: dk/dv 32x64 / 8 warps / 2 stages failed
-    Triton 3.6's TritonGPUOptimizeThreadLocality pass with four dropout draws per Philox call, and builds
-    with the 16-bit draws. A candidate the compiler refuses (`--try-config`; a tile side that is not a power
-    of two) is reported with the compiler's reason and exit status 1."""
+    """With every config (pruning off) the dropout kernels build: dk/dv 32x64 / 8 warps / 2 stages once
+    failed Triton 3.6's TritonGPUOptimizeThreadLocality pass with an earlier dropout draw (four per Philox
+    call, spread over the tile by joins in another order). A candidate the compiler refuses
+    (`--try-config`; a tile side that is not a power of two) is reported with the compiler's reason and
+    exit status 1."""
     rc, results = run_tool(
         tmp_path, "--cases", "dropout", "--all-configs", "--try-config", "_bwd_dkdv:32,48,4,2"
     )

@@ -49,26 +49,6 @@ def test_a_single_config_list_is_returned_whole():
     assert _tiles(_prune(16, 16, configs=[_config(128, 128)])) == [(128, 128)]
 
 
-@pytest.mark.parametrize("dropout", [False, True])
-@pytest.mark.parametrize(
-    "kernel, broken, others",
-    [
-        # stopped with "misaligned address" on an H200 when dropout was on (and only then)
-        ("dq", _config(128, 32, 4, 3), [_config(128, 64, 8, 3), _config(64, 32, 4, 2)]),
-        # failed Triton's compile (ThreadLocality pass) on an H200 with the grouped dropout draw (only then)
-        ("dkdv", _config(32, 64, 8, 2), [_config(64, 128, 8, 3), _config(64, 64, 4, 3)]),
-    ],
-)
-def test_the_config_broken_with_dropout_is_dropped_with_dropout(kernel, broken, others, dropout):
-    from kernels import _flash_bwd
-
-    prune = {"dq": _flash_bwd._prune_dq, "dkdv": _flash_bwd._prune_dkdv}[kernel]
-    args = dict(seqlen_q=4096, seqlen_k=4096, BLOCK_D=64, DOT_PREC="tf32", DROPOUT=dropout)
-    kept = prune([broken, *others], args)
-    assert (broken in kept) is not dropout
-    assert len(kept) >= 2
-
-
 @pytest.mark.parametrize(
     "message, skipped", [("PassManager::run failed", True), ("illegal memory access", False)]
 )
