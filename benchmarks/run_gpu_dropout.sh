@@ -2,9 +2,9 @@
 # Device calls (nvidia-h200, one GPU) after a change to the dropout draw. Lands in $OUT/results.tgz.
 #   PHASE=check: the bf16 kernel GPU tests and the ring's local routes on CUDA side by side, then every
 #     tile config of the three kernels run alone with dropout 0.1 at d64 and d128 against float64.
-#   PHASE=bench: dropout's cost against SDPA flash's (d64, d128; 4k, 16k; causal), then the same 16k
-#     rows with ten Philox rounds instead of seven (a patched copy of kernels/), then, when BEFORE names
-#     a directory holding an earlier checkout's kernels/ and benchmarks/, the earlier kernels' rows.
+#   PHASE=bench: dropout's cost against SDPA flash's (d64, d128; 4k, 16k; causal), then (ROUNDS10=1) the
+#     same 16k rows with ten Philox rounds instead of seven (a patched copy of kernels/), then, when
+#     BEFORE names a directory holding an earlier checkout's kernels/ and benchmarks/, its 16k rows.
 #   source .whl/install.sh && PHASE=check bash benchmarks/run_gpu_dropout.sh
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
@@ -22,11 +22,13 @@ bench)
   rows=(--causal causal --headdims 64 128)
   timeout 280 python benchmarks/bench_attention.py --seqlens 4096 16384 "${rows[@]}" \
     --impls triton triton_dropout sdpa_flash sdpa_flash_dropout --out "$R/attention_dropout.json" 2>&1 | quiet | tail -8
-  rm -rf /tmp/rounds10 && mkdir -p /tmp/rounds10 && cp -r kernels benchmarks /tmp/rounds10/
-  sed -i 's/^PHILOX_ROUNDS = 7$/PHILOX_ROUNDS = 10/' /tmp/rounds10/kernels/reference.py
-  grep -q "^PHILOX_ROUNDS = 10$" /tmp/rounds10/kernels/reference.py && (cd /tmp/rounds10 &&
-    timeout 150 python benchmarks/bench_attention.py --seqlens 16384 "${rows[@]}" --impls triton_dropout \
-      --out "$R/attention_dropout_rounds10.json" 2>&1 | quiet | tail -4)
+  if [ "${ROUNDS10:-0}" = 1 ]; then
+    rm -rf /tmp/rounds10 && mkdir -p /tmp/rounds10 && cp -r kernels benchmarks /tmp/rounds10/
+    sed -i 's/^PHILOX_ROUNDS = 7$/PHILOX_ROUNDS = 10/' /tmp/rounds10/kernels/reference.py
+    grep -q "^PHILOX_ROUNDS = 10$" /tmp/rounds10/kernels/reference.py && (cd /tmp/rounds10 &&
+      timeout 150 python benchmarks/bench_attention.py --seqlens 16384 "${rows[@]}" --impls triton_dropout \
+        --out "$R/attention_dropout_rounds10.json" 2>&1 | quiet | tail -4)
+  fi
   if [ -n "${BEFORE:-}" ]; then
     (cd "$BEFORE" && timeout 150 python benchmarks/bench_attention.py --seqlens 16384 "${rows[@]}" \
       --impls triton_dropout --out "$R/attention_dropout_before.json" 2>&1 | quiet | tail -4)

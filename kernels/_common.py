@@ -350,6 +350,20 @@ PHILOX_ROUNDS = tl.constexpr(reference.PHILOX_ROUNDS)
 # then land in the registers that hold its scores, with no exchange between threads.
 SPAN = tl.constexpr(32)
 
+# Values of the kernels' DROPOUT meta-parameter: off, on with every key tile starting on a 32-column
+# span (so the kernel is built without the path for tiles that start inside one: its registers cost
+# the dk/dv kernel spills even when it never runs), or on with any column offset (varlen, whose keys are
+# numbered by packed position, and ring shards that start off a span).
+DROPOUT_OFF, DROPOUT_ON_SPANS, DROPOUT_ANY_OFFSET = (tl.constexpr(v) for v in range(3))
+
+
+def dropout_mode(dropout_p: float, col0: int = 0, varlen: bool = False) -> int:
+    """The DROPOUT meta-parameter of a launch whose key j has dropout column col0 + j (the key tiles
+    starting at multiples of their width)."""
+    if dropout_p == 0.0:
+        return DROPOUT_OFF.value
+    return (DROPOUT_ANY_OFFSET if varlen or col0 % SPAN.value else DROPOUT_ON_SPANS).value
+
 
 @triton.jit
 def _keep_threshold(dropout_p):
@@ -437,12 +451,13 @@ def _shifted_keep(
 
 
 @triton.jit
-def dropout_keep_tile(seed, row_ids, col0, dropout_p, BN: tl.constexpr):
+def dropout_keep_tile(seed, row_ids, col0, dropout_p, BN: tl.constexpr, MODE: tl.constexpr):
     """`dropout_keep` of the (BM, BN) tile of rows row_ids ((BM,) int64) and columns col0 .. col0 + BN - 1.
 
     One Philox call per eight entries. Keys are numbered by global or packed position, so a tile need not
     start at a multiple of 32 (nor be 32 wide): then its columns are entries shift .. shift + BN - 1 of
-    the spans it overlaps (shift = col0 % 32), picked with `tl.gather`.
+    the spans it overlaps (shift = col0 % 32), picked with `tl.gather`. MODE: the kernel's DROPOUT; with
+    DROPOUT_ON_SPANS, col0 is a multiple of 32 whenever BN >= 32, and that path is left out.
     """
     BM: tl.constexpr = row_ids.shape[0]
     rows = row_ids.to(tl.int64)[:, None]
@@ -451,6 +466,8 @@ def dropout_keep_tile(seed, row_ids, col0, dropout_p, BN: tl.constexpr):
     shift = (col0 - span0 * SPAN).to(tl.int32)
     if BN < SPAN:
         keep = _shifted_keep(seed, span0, shift, rows, dropout_p, BM, BN, SPAN)
+    elif MODE == DROPOUT_ON_SPANS:
+        keep = _span_keep(seed, span0, rows, dropout_p, BM, BN)
     elif shift == 0:
         keep = _span_keep(seed, span0, rows, dropout_p, BM, BN)
     else:

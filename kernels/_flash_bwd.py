@@ -14,6 +14,7 @@ from ._common import (
     autotune,
     dot_precision,
     dropout_keep_tile,
+    dropout_mode,
     load_tile,
     padded_head_dim,
     store_or_add_tile,
@@ -99,7 +100,7 @@ def _bwd_dkdv_inner(
         if DROPOUT:
             rows = rng_off + offs_m.to(tl.int64)
             # drawn as the forward's (queries, keys) tile, then transposed
-            keepT = tl.trans(dropout_keep_tile(seed, rows, key0, dropout_p, offs_n.shape[0]))
+            keepT = tl.trans(dropout_keep_tile(seed, rows, key0, dropout_p, offs_n.shape[0], DROPOUT))
             inv_keep = 1.0 / (1.0 - dropout_p)
             pdT = tl.where(keepT, pT * inv_keep, 0.0)
         else:
@@ -260,7 +261,7 @@ def _bwd_dq_inner(
         p = tl.math.exp2(qk - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         if DROPOUT:
-            keep_d = dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N)
+            keep_d = dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N, DROPOUT)
             dp = tl.where(keep_d, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
@@ -486,14 +487,16 @@ def flash_attn_backward(
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     kpm_args = (kpm if kpm is not None else lse,)
     kpm_strides = (kpm.stride(0), kpm.stride(1)) if kpm is not None else (0, 0)
+    drop = dropout_row_ids(dropout_rows, stride_lb, stride_lh)
     scalars = (
         seqlen_q, seqlen_k, nheads // nheads_kv,
         sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
-        *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
+        *drop, tune_bucket(seqlen_q),
     )  # fmt: skip
     meta = dict(
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,
-        HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None, DROPOUT=dropout_p > 0.0,
+        HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
+        DROPOUT=dropout_mode(dropout_p, drop[3], varlen),
         DOT_PREC=dot_precision(q.dtype),
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))

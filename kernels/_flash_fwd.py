@@ -17,6 +17,7 @@ from ._common import (
     autotune,
     dot_precision,
     dropout_keep_tile,
+    dropout_mode,
     load_tile,
     next_power_of_2,
     padded_head_dim,
@@ -66,7 +67,9 @@ def _fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
-            p = tl.where(dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N), p, 0.0)
+            p = tl.where(
+                dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N, DROPOUT), p, 0.0
+            )
         v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         acc = acc * alpha[:, None]
@@ -332,6 +335,7 @@ def flash_attn_forward(
     nheads, headdim = q.shape[-2], q.shape[-1]
     out = torch.empty_like(q) if merge_into is None else out_acc
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
+    drop = dropout_row_ids(dropout_rows, stride_lb, stride_lh)
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
         q, k, v, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
@@ -340,9 +344,9 @@ def flash_attn_forward(
         kpm.stride(0) if kpm is not None else 0, kpm.stride(1) if kpm is not None else 0,
         seqlen_q, seqlen_k, nheads // k.shape[-2],
         sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
-        *dropout_row_ids(dropout_rows, stride_lb, stride_lh), tune_bucket(seqlen_q),
+        *drop, tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=dropout_p > 0.0, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
+        DROPOUT=dropout_mode(dropout_p, drop[3], varlen), DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
     )  # fmt: skip
     return (out, lse) if merge_into is None else None

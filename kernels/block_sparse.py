@@ -36,6 +36,7 @@ from kernels._common import (
     dot_precision,
     draw_seed,
     dropout_keep_tile,
+    dropout_mode,
     load_tile,
     padded_head_dim,
     store_tile,
@@ -89,7 +90,7 @@ def _fwd_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             # the softmax denominator counts dropped entries; only the P @ V product loses them
-            p = tl.where(dropout_keep_tile(seed, rows, start_n, dropout_p, offs_n0.shape[0]), p, 0.0)
+            p = tl.where(dropout_keep_tile(seed, rows, start_n, dropout_p, offs_n0.shape[0], DROPOUT), p, 0.0)
         v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
                   MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
@@ -189,7 +190,7 @@ def _dq_tiles(
         if DROPOUT:
             # dO reaches P only through the kept, rescaled entries; delta = rowsum(dO * O) already
             # describes the dropped output, so dS = P * (dP_dropped - delta) is exact
-            keep = dropout_keep_tile(seed, rows, start_n, dropout_p, offs_n0.shape[0])
+            keep = dropout_keep_tile(seed, rows, start_n, dropout_p, offs_n0.shape[0], DROPOUT)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
@@ -286,7 +287,9 @@ def _dkdv_tiles(
         p_t = tl.math.exp2(qk_t - lse2[None, :])
         if DROPOUT:
             # the forward's mask, regenerated transposed (keys x queries) from the same global ids
-            keep_t = tl.trans(dropout_keep_tile(seed, row0 + offs_m, key0, dropout_p, offs_n.shape[0]))
+            keep_t = tl.trans(
+                dropout_keep_tile(seed, row0 + offs_m, key0, dropout_p, offs_n.shape[0], DROPOUT)
+            )
             inv_keep = 1.0 / (1.0 - dropout_p)
             pd_t = tl.where(keep_t, p_t * inv_keep, 0.0)
         else:
@@ -448,7 +451,7 @@ def _block_sparse_forward(
         nheads, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, n_rows, n_cols,
         dropout_p, seed,
         GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
-        BLOCK_D=head_dim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
+        BLOCK_D=head_dim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_mode(dropout_p),
         DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out, lse
@@ -467,7 +470,7 @@ def _block_sparse_backward(
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
-                  BLOCK_D=head_dim, CAUSAL=causal, DROPOUT=dropout_p > 0.0,
+                  BLOCK_D=head_dim, CAUSAL=causal, DROPOUT=dropout_mode(dropout_p),
                   DOT_PREC=dot_precision(q.dtype))  # fmt: skip
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))  # fmt: skip

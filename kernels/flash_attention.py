@@ -169,11 +169,11 @@ def flash_attention(
         None on a side is unbounded.
     key_padding_mask: bool (batch, seqlen_k), True = keep.
     dropout_p: dropout on the attention probabilities; the Philox seed comes from torch's CPU
-        generator, so torch.manual_seed makes it reproducible. Entry (b, h, i, j) is kept when 16-bit half
-        j % 2 of word (j % 8) // 2 of Triton's Philox keyed by the seed, at counter
-        (j // 8, (b * nheads + h) * seqlen_q + i), is >= ceil(dropout_p * 65536) (one Philox call serves
-        eight keys; dropout_p acts at 2^-16 resolution); the backward regenerates it, and
-        `kernels.reference.dropout_mask` draws the same mask in torch.
+        generator, so torch.manual_seed makes it reproducible. Entry (b, h, i, j), j = 32s + 8t + 2k + c
+        (t, k in 0..3, c in 0..1), is kept when 16-bit half c of word t of Triton's Philox4x32-7 keyed by
+        the seed, at counter (4s + k, (b * nheads + h) * seqlen_q + i), is >= ceil(dropout_p * 65536)
+        (one Philox call serves eight keys; dropout_p acts at 2^-16 resolution); the backward
+        regenerates it, and `kernels.reference.dropout_mask` draws the same mask in torch.
     deterministic: True (default) computes dq in its own kernel, without atomics, so gradients are
         bitwise reproducible; False computes dq inside the dk/dv kernel with fp32 atomic adds
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order.

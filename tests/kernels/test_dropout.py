@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from kernels import flash_attention, flash_attention_varlen
-from kernels._common import draw_seed, dropout_keep, dropout_keep_tile
+from kernels._common import DROPOUT_ANY_OFFSET, DROPOUT_ON_SPANS, draw_seed, dropout_keep, dropout_keep_tile
 from kernels._flash_bwd import flash_attn_backward
 from kernels._flash_fwd import flash_attn_forward
 from kernels.flash_attention import dropout_mask
@@ -23,14 +23,16 @@ F16, F32 = torch.float16, torch.float32
 
 
 @triton.jit
-def _keep_kernel(out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: tl.constexpr):
+def _keep_kernel(
+    out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, block_n: tl.constexpr, mode: tl.constexpr
+):
     """Both draws of one tile: entry by entry (the definition) and as the kernels draw it (8 entries a call)."""
     rows = row0 + tl.arange(0, block_m).to(tl.int64)
     offs_n = tl.arange(0, block_n)
     offs = tl.arange(0, block_m)[:, None] * block_n + offs_n[None, :]
     keep = dropout_keep(seed, rows[:, None], col0 + offs_n[None, :], p)
     tl.store(out_ptr + offs, keep.to(tl.int8))
-    tl.store(tile_ptr + offs, dropout_keep_tile(seed, rows, col0, p, block_n).to(tl.int8))
+    tl.store(tile_ptr + offs, dropout_keep_tile(seed, rows, col0, p, block_n, mode).to(tl.int8))
 
 
 # seeds at the ends of draw_seed's range (1 becomes a constexpr in Triton) and past 2^32, row ids past 2^32,
@@ -50,12 +52,15 @@ def _keep_kernel(out_ptr, tile_ptr, seed, row0, col0, p, block_m: tl.constexpr, 
 )
 @pytest.mark.parametrize("block_n", [64, 16])
 def test_kernel_philox_is_the_torch_philox_bit_for_bit(seed, row0, col0, p, block_n, device):
-    out, tile = (torch.empty(32, block_n, dtype=torch.int8, device=device) for _ in range(2))
-    _keep_kernel[(1,)](out, tile, seed, row0, col0, p, block_m=32, block_n=block_n)
     rows = torch.arange(row0, row0 + 32, device=device)[:, None]
     want = dropout_keep_reference(seed, rows, torch.arange(col0, col0 + block_n, device=device), p)
-    assert torch.equal(out.bool(), want)
-    assert torch.equal(tile.bool(), want)
+    # a kernel told its tiles start on 32-column spans leaves out the path for tiles that do not
+    modes = [DROPOUT_ANY_OFFSET, *([DROPOUT_ON_SPANS] if col0 % 32 == 0 else [])]
+    for mode in modes:
+        out, tile = (torch.empty(32, block_n, dtype=torch.int8, device=device) for _ in range(2))
+        _keep_kernel[(1,)](out, tile, seed, row0, col0, p, block_m=32, block_n=block_n, mode=mode.value)
+        assert torch.equal(out.bool(), want)
+        assert torch.equal(tile.bool(), want), f"mode {mode.value}"
 
 
 def test_mask_has_no_visible_structure():

@@ -39,7 +39,15 @@ def test_every_config_of_every_case_builds_for_sm90(tmp_path):
     assert not errors, "\n".join(f"{r['case']} {r['kernel']} {r['config']}: {r['error']}" for r in errors)
     assert rc == 0
     cases = {r["case"] for r in results}
-    assert {"dense_causal", "dense_d256", "dropout", "varlen", "block_sparse", "decode"} <= cases
+    assert {
+        "dense_causal",
+        "dense_d256",
+        "dropout",
+        "dropout_varlen",
+        "varlen",
+        "block_sparse",
+        "decode",
+    } <= cases
     kernels = {r["kernel"] for r in results}
     assert {"_attn_fwd", "_bwd_dkdv", "_bwd_dq", "_decode_split"} <= kernels
     # the dense kernels are built once per autotuner config, not only the interpreter's one config
