@@ -345,8 +345,8 @@ PHILOX_ROUNDS = tl.constexpr(reference.PHILOX_ROUNDS)
 # [0, 65536) keeps its entry when h >= ceil(p * 65536): dropout_p acts at 2^-16 resolution (the keep
 # rate is off by less than 1.6e-5; the kept entries are still scaled by 1 / (1 - p)).
 # Which eight: the columns of a 32-column span are dealt to its four calls the way a GPU's matmul
-# accumulators hold them (Hopper wgmma and Ampere mma give each thread the column pair 2c, 2c + 1 of
-# every 8-column chunk): column 32s + 8t + 2c + h takes half h of word t of call 4s + c. A tile's draws
+# accumulators hold them (Hopper wgmma and Ampere mma give each thread the column pair 2k, 2k + 1 of
+# every 8-column chunk): column 32s + 8t + 2k + h takes half h of word t of call 4s + k. A tile's draws
 # then land in the registers that hold its scores, with no exchange between threads.
 SPAN = tl.constexpr(32)
 
@@ -428,8 +428,9 @@ def _span_keep(seed, span0, rows, dropout_p, ROWS: tl.constexpr, COLS: tl.conste
     x2 = _join_halves(tl.reshape(w2, (ROWS, COLS // SPAN, 4)), threshold)
     x3 = _join_halves(tl.reshape(w3, (ROWS, COLS // SPAN, 4)), threshold)
     # [row, s, k, h, t1, t0] = half h of word t0 + 2 t1 of call 4s + k; column 32s + 16 t1 + 8 t0 + 2k + h.
-    # t0 is joined last: it is the one of the three that the dk/dv kernel's transposed tile also holds in
-    # registers, so the compiler moves decisions between threads once, before that join, not after each
+    # t0 is joined last: of the three it is the one the dk/dv kernel's transposed tile also holds in
+    # registers, so no exchange between threads follows that join (sm_90 build: 6 conversions per tile
+    # there instead of 7; the forward's and dq's tiles need none)
     x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
     return tl.reshape(tl.permute(x, (0, 1, 4, 5, 2, 3)), (ROWS, COLS))
 
