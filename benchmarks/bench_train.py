@@ -105,11 +105,17 @@ def bench_one(
     profile_steps=0,
     host_profile_steps=0,
     gc_every=50,
+    attn_dropout=0.0,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
     cfg = GPTConfig(
-        **MODELS[model_name], vocab_size=50304, max_seq_len=seqlen, attention=backend, loss_chunk=loss_chunk
+        **MODELS[model_name],
+        vocab_size=50304,
+        max_seq_len=seqlen,
+        attention=backend,
+        loss_chunk=loss_chunk,
+        attn_dropout=attn_dropout,
     )
     torch.manual_seed(0)
     model = GPT(cfg).cuda()
@@ -133,6 +139,7 @@ def bench_one(
 
     row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
                activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=loss_chunk,
+               attn_dropout=attn_dropout,
                gc_every=gc_every)  # fmt: skip
     with sdpa_context(sdpa_backend):
         for _ in range(warmup):
@@ -198,6 +205,10 @@ def main():
         "--activation-checkpointing", action="store_true",
         help="recompute each block in the backward (as trainer.activation_checkpointing=true)",
     )  # fmt: skip
+    parser.add_argument(
+        "--attn-dropout", type=float, default=0.0,
+        help="dropout on the attention probabilities (model.attn_dropout; GPT-2 as released trained with 0.1)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_<gpu>.json)")
     parser.add_argument(
         "--in-process", action="store_true",
@@ -247,6 +258,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.profile,
             args.host_profile,
             args.gc_every,
+            args.attn_dropout,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

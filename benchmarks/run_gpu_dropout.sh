@@ -5,6 +5,8 @@
 #   PHASE=bench: dropout's cost against SDPA flash's (d64, d128; 4k, 16k; causal), then (ROUNDS10=1) the
 #     same 16k rows with ten Philox rounds instead of seven (a patched copy of kernels/), then, when
 #     BEFORE names a directory holding an earlier checkout's kernels/ and benchmarks/, its 16k rows.
+#   PHASE=train: GPT-2 small trained with attention dropout 0.1 (as GPT-2 was released) at 4k and 8k:
+#     ours against SDPA flash and cuDNN with the same dropout (bench_train.py, a fresh process per row).
 #   source .whl/install.sh && PHASE=check bash benchmarks/run_gpu_dropout.sh
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
@@ -33,5 +35,9 @@ bench)
     (cd "$BEFORE" && timeout 150 python benchmarks/bench_attention.py --seqlens 16384 "${rows[@]}" \
       --impls triton_dropout --out "$R/attention_dropout_before.json" 2>&1 | quiet | tail -4)
   fi
+  ;;
+train)
+  timeout 560 python benchmarks/bench_train.py --models gpt2_small --seqlens 8192,4096 \
+    --impls triton,sdpa_flash,sdpa_cudnn --attn-dropout 0.1 --out "$R/train_attn_dropout.json" 2>&1 | quiet | tail -12
   ;;
 esac

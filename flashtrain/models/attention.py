@@ -130,13 +130,28 @@ def triton_attention(
 # our kernel); from 4k ours was 1.08-1.19x SDPA flash. Windows and key padding always take ours: SDPA
 # handles them only through a dense mask, off its flash kernel.
 AUTO_TRITON_MIN_SEQLEN = 4096
+# With attention dropout, head dims up to this stay with SDPA at every length: GPT-2 small (head dim
+# 64) with attention dropout 0.1 trained at 0.95-0.96x SDPA flash's tokens/s with ours at 4k and 8k
+# (benchmarks/results/train_attn_dropout_h200.json; the kernels alone 0.95-0.98x), while at head dim
+# 128 our dropout kernels run 1.16-1.17x SDPA flash's (attention_dropout_on_spans_h200.json).
+AUTO_SDPA_DROPOUT_MAX_HEADDIM = 64
+
+
+def auto_picks_triton(on_cuda: bool, seqlen_k: int, head_dim: int, dropout_p: float, masked: bool) -> bool:
+    """Whether `auto` runs our kernel (else SDPA) for a call; masked: a window or key padding."""
+    if not on_cuda:
+        return False
+    if masked:
+        return True
+    if dropout_p > 0.0 and head_dim <= AUTO_SDPA_DROPOUT_MAX_HEADDIM:
+        return False
+    return seqlen_k >= AUTO_TRITON_MIN_SEQLEN
 
 
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
-    """The faster of our kernel and SDPA for this call on CUDA (see AUTO_TRITON_MIN_SEQLEN); SDPA on CPU."""
-    ours = q.is_cuda and (
-        k.shape[1] >= AUTO_TRITON_MIN_SEQLEN or window is not None or key_padding_mask is not None
-    )
+    """The faster of our kernel and SDPA for this call on CUDA (`auto_picks_triton`); SDPA on CPU."""
+    masked = window is not None or key_padding_mask is not None
+    ours = auto_picks_triton(q.is_cuda, k.shape[1], q.shape[-1], dropout_p, masked)
     backend = triton_attention if ours else sdpa_attention
     return backend(
         q,

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashtrain.models.attention import get_backend, reference_attention, sdpa_attention
+from flashtrain.models.attention import auto_picks_triton, get_backend, reference_attention, sdpa_attention
 from flashtrain.models.gpt import GPT, GPTConfig, chunked_cross_entropy
 
 
@@ -127,3 +127,19 @@ def test_unknown_backend():
         get_backend("flash3")
     with pytest.raises(ValueError, match="unknown attention backend"):
         GPT(tiny(attention="flash3"))
+
+
+@pytest.mark.parametrize(
+    "on_cuda, seqlen, head_dim, dropout_p, masked, ours",
+    [
+        (False, 65536, 128, 0.0, True, False),  # CPU: SDPA always
+        (True, 1024, 64, 0.0, False, False),  # short: SDPA (as fast, less host time)
+        (True, 4096, 64, 0.0, False, True),
+        (True, 1024, 64, 0.0, True, True),  # windows / key padding: ours at any length
+        (True, 8192, 64, 0.1, False, False),  # attention dropout at head dim <= 64: SDPA measured faster
+        (True, 8192, 128, 0.1, False, True),
+        (True, 8192, 64, 0.1, True, True),
+    ],
+)
+def test_auto_backend_picks_what_measured_faster(on_cuda, seqlen, head_dim, dropout_p, masked, ours):
+    assert auto_picks_triton(on_cuda, seqlen, head_dim, dropout_p, masked) is ours
