@@ -144,14 +144,21 @@ def _decode_merge(
              out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)  # fmt: skip
 
 
+# Launch shape of the split kernel: programs per SM the default split count aims at, and the split
+# kernel's warps and pipeline stages (module-level so `benchmarks/bench_decode.py` can sweep them).
+SPLITS_PER_SM = 2
+SPLIT_WARPS = 4
+SPLIT_STAGES = 2
+
+
 def _default_num_splits(work_items: int, max_len: int, block_n: int) -> int:
-    """Enough programs for about two waves of the GPU, but no split shorter than a few tiles."""
+    """Enough programs for about SPLITS_PER_SM waves of the GPU, but no split shorter than a few tiles."""
     sms = (
         4
         if INTERPRET
         else torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     )
-    want = triton.cdiv(2 * sms, max(work_items, 1))
+    want = triton.cdiv(SPLITS_PER_SM * sms, max(work_items, 1))
     return max(1, min(want, triton.cdiv(max_len, 4 * block_n), 128))
 
 
@@ -228,7 +235,7 @@ def flash_decode(
             scale * LOG2E, left or 0, right or 0,
             HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
             DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=4, num_stages=2,
+            num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES,
         )  # fmt: skip
         out = torch.empty_like(q)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)

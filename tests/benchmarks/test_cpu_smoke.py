@@ -76,3 +76,19 @@ def test_lra_throughput_benchmark_runs_on_cpu(tmp_path):
     steps_h = row["configured_max_steps"] * row["step_ms"] / 1000 / 3600
     evals_h = row["configured_max_steps"] // row["eval_interval"] * row["eval_s"] / 3600
     assert row["projected_h"] == pytest.approx(steps_h + evals_h, rel=1e-6)
+
+
+def test_decode_benchmark_runs_on_cpu(tmp_path):
+    """MHA and GQA points through our kernel (interpreter) and the eager reference, errors recorded."""
+    out = tmp_path / "decode.json"
+    _run([sys.executable, "benchmarks/bench_decode.py", "--device", "cpu", "--batches", "2", "--cache-lens", "80",
+          "--nheads", "4", "--nheads-kv", "4", "2", "--headdim", "16", "--impls", "triton", "eager",
+          "--out", str(out)])  # fmt: skip
+    rows = json.load(open(out))["rows"]
+    assert [(r["nheads_kv"], r["impl"]) for r in rows] == [
+        (4, "triton"),
+        (4, "eager"),
+        (2, "triton"),
+        (2, "eager"),
+    ]
+    assert all("error" not in r and r["max_err"] < 2e-3 and r["ms"] > 0 for r in rows), rows

@@ -1,0 +1,189 @@
+"""Decoding: one new token's attention against a long KV cache, ours (Flash-Decoding) against PyTorch's.
+
+A decode step reads the whole cache once and does ~2 flops per byte, so it is bound by memory
+bandwidth: the figure of merit is the K/V bytes read per second (H200 HBM: ~4.8 TB/s), and at small
+batch the launch overhead, so each point is timed both as launched (`ms`) and replayed from a CUDA
+graph (`graph_ms`, how a serving loop runs it). Impls: `triton` (kernels.flash_decode, the KV length
+split across programs and merged through log-sum-exps), SDPA pinned to flash / memory-efficient /
+cuDNN (GQA through enable_gqa), and `eager` (materialised scores, `kernels.reference.attention_reference`
+on the full caches). Every row records its max error against the float32 reference on the same inputs.
+
+    python benchmarks/bench_decode.py                                  # the GPU sweep
+    python benchmarks/bench_decode.py --device cpu --batches 1 --cache-lens 96 --nheads 4 \\
+        --nheads-kv 2 --headdim 16 --impls triton eager                # smoke (interpreter)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined
+
+import torch  # noqa: E402
+
+from benchmarks.common import error_note, gpu_slug, graph_time_ms, markdown_table, time_ms, write_results  # noqa: E402
+from kernels import decode, flash_decode  # noqa: E402
+from kernels.reference import attention_reference, decode_reference  # noqa: E402
+
+IMPLS = ("triton", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "eager")
+SDPA_BACKENDS = {
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_mem_eff": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+}
+
+
+def make_call(impl: str, q, k, v, seqlens):
+    """A no-argument function computing (batch, 1, nheads, headdim) attention of q over the caches."""
+    if impl == "triton":
+        return lambda: flash_decode(q, k, v, seqlens)
+    if impl == "eager":
+        return lambda: attention_reference(q, k, v)  # the caches are full: no per-sequence lengths
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (batch, heads, seqlen, headdim)
+    gqa = q.shape[2] != k.shape[2]
+
+    def call():
+        with sdpa_kernel(backend):  # only that backend: a refusal raises instead of falling back
+            return scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa).transpose(1, 2)
+
+    return call
+
+
+@contextlib.contextmanager
+def launch_shape(text: str | None):
+    """Our split kernel launched as 'SPLITS_PER_SM,WARPS,STAGES' inside the block (None: unchanged)."""
+    if text is None:
+        yield
+        return
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3 or min(values) < 1:
+        raise SystemExit(f"--launch {text!r}: write SPLITS_PER_SM,WARPS,STAGES, e.g. 4,4,3")
+    names = ("SPLITS_PER_SM", "SPLIT_WARPS", "SPLIT_STAGES")
+    saved = [getattr(decode, n) for n in names]
+    for n, v in zip(names, values, strict=True):
+        setattr(decode, n, v)
+    try:
+        yield
+    finally:
+        for n, v in zip(names, saved, strict=True):
+            setattr(decode, n, v)
+
+
+def cpu_time_ms(fn, reps: int = 3) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device) -> dict:
+    row = dict(
+        impl=impl, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv, headdim=headdim
+    )
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(batch, 1, nheads, headdim, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(batch, cache_len, nheads_kv, headdim, device=device, dtype=dtype, generator=gen)
+            for _ in range(2))  # fmt: skip
+    seqlens = torch.full((batch,), cache_len, device=device, dtype=torch.int32)  # full caches
+    row["kv_gb"] = 2 * k.numel() * k.element_size() / 1e9
+    try:
+        call = make_call(impl, q, k, v, seqlens)
+        # float32, one sequence at a time: GQA's repeated K/V of the whole batch would not fit
+        want = torch.cat([decode_reference(*(t[b : b + 1].float() for t in (q, k, v)), seqlens[b : b + 1])
+                          for b in range(batch)])  # fmt: skip
+        row["max_err"] = (call().float() - want).abs().max().item()
+        if device == "cuda":
+            row["ms"] = time_ms(call)
+            row["graph_ms"] = graph_time_ms(call)
+            row["graph_tb_s"] = row["kv_gb"] / row["graph_ms"]  # GB/ms = TB/s
+        else:
+            row["ms"] = cpu_time_ms(call)
+        row["tb_s"] = row["kv_gb"] / row["ms"]
+    except Exception as e:  # a refused backend or an OOM is a row, not the end of the sweep
+        row["error"] = error_note(e)
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
+    parser.add_argument("--nheads", type=int, default=32)
+    parser.add_argument("--nheads-kv", type=int, nargs="+", default=[32, 8], help="32: MHA, 8: GQA")
+    parser.add_argument("--headdim", type=int, default=128)
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument("--max-kv-gb", type=float, default=40.0, help="skip points whose K/V exceed this")
+    parser.add_argument(
+        "--launch", nargs="+", default=None, metavar="SPLITS_PER_SM,WARPS,STAGES",
+        help="sweep our split kernel's launch shape (kernels.decode's SPLITS_PER_SM, SPLIT_WARPS, "
+        "SPLIT_STAGES), one triton row per value; default: the kernel's own",
+    )  # fmt: skip
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: run on a GPU machine, or pass --device cpu for a smoke test")
+    for hk in args.nheads_kv:
+        if hk < 1 or args.nheads % hk:
+            raise SystemExit(f"--nheads-kv {hk}: must divide --nheads {args.nheads}")
+    out = args.out or f"benchmarks/results/decode_{gpu_slug()}.json"
+    rows = []
+    for hk in args.nheads_kv:
+        for batch in args.batches:
+            for cache_len in args.cache_lens:
+                if 4 * batch * cache_len * hk * args.headdim / 1e9 > args.max_kv_gb:
+                    continue
+                runs = [(impl, None) for impl in args.impls if impl != "triton" or not args.launch]
+                if "triton" in args.impls and args.launch:
+                    runs = [("triton", launch) for launch in args.launch] + runs
+                for impl, launch in runs:
+                    with launch_shape(launch):
+                        row = bench_point(impl, batch, cache_len, args.nheads, hk, args.headdim, args.device)
+                    if launch:
+                        row["launch"] = launch
+                    rows.append(row)
+                    print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+                    write_results(out, rows, extra={"seqlen_q": 1, "dtype": "bfloat16"})
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+    cols = [
+        "nheads_kv",
+        "batch",
+        "cache_len",
+        "impl",
+        "launch",
+        "ms",
+        "graph_ms",
+        "graph_tb_s",
+        "max_err",
+        "error",
+    ]
+    table = markdown_table(rows, cols, floatfmt="{:.4f}")
+    with open(out.replace(".json", ".md"), "w") as f:
+        f.write(
+            f"Decode: 1 query token, {args.nheads} query heads, head dim {args.headdim}, full caches; "
+            "graph_tb_s = K/V bytes read per CUDA-graph replay time.\n\n" + table + "\n"
+        )
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
