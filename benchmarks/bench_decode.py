@@ -62,8 +62,9 @@ def make_call(impl: str, q, k, v, seqlens):
 
 @contextlib.contextmanager
 def launch_shape(text: str | None):
-    """Our split kernel launched as 'SPLITS_PER_SM,WARPS,STAGES' inside the block (None: unchanged)."""
-    if text is None:
+    """Our split kernel launched as 'SPLITS_PER_SM,WARPS,STAGES' inside the block, that many programs
+    per SM whatever the work (None: the kernel's own choice)."""
+    if text in (None, "default"):
         yield
         return
     try:
@@ -72,7 +73,8 @@ def launch_shape(text: str | None):
         values = []
     if len(values) != 3 or min(values) < 1:
         raise SystemExit(f"--launch {text!r}: write SPLITS_PER_SM,WARPS,STAGES, e.g. 4,4,3")
-    names = ("SPLITS_PER_SM", "SPLIT_WARPS", "SPLIT_STAGES")
+    names = ("SPLITS_PER_SM", "SPLITS_PER_SM_SMALL_WORK", "SPLIT_WARPS", "SPLIT_STAGES")
+    values = [values[0], *values]
     saved = [getattr(decode, n) for n in names]
     for n, v in zip(names, values, strict=True):
         setattr(decode, n, v)
@@ -134,7 +136,7 @@ def main(argv=None):
     parser.add_argument(
         "--launch", nargs="+", default=None, metavar="SPLITS_PER_SM,WARPS,STAGES",
         help="sweep our split kernel's launch shape (kernels.decode's SPLITS_PER_SM, SPLIT_WARPS, "
-        "SPLIT_STAGES), one triton row per value; default: the kernel's own",
+        "SPLIT_STAGES), one triton row per value ('default': the kernel's own choice, as without --launch)",
     )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", default=None)

@@ -146,19 +146,27 @@ def _decode_merge(
 
 # Launch shape of the split kernel: programs per SM the default split count aims at, and the split
 # kernel's warps and pipeline stages (module-level so `benchmarks/bench_decode.py` can sweep them).
+# Measured on an H200 (benchmarks/results/decode_{launch_sweep,small_work}_h200.json, d128, one token):
+# with at most SMALL_WORK (batch x kv heads x row blocks) work items, 4 programs per SM read the cache
+# up to 11% faster than 2 (128k: batch 1 MHA 0.532 -> 0.510 ms, batch 2 GQA 0.283 -> 0.255); at 64 items
+# the two were within 4% either way, and at 256 (batch 8, MHA) 4 per SM was 20% slower.
 SPLITS_PER_SM = 2
+SPLITS_PER_SM_SMALL_WORK = 4
+SMALL_WORK = 32
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 
 
 def _default_num_splits(work_items: int, max_len: int, block_n: int) -> int:
-    """Enough programs for about SPLITS_PER_SM waves of the GPU, but no split shorter than a few tiles."""
+    """Enough programs for about SPLITS_PER_SM (few work items: SPLITS_PER_SM_SMALL_WORK) waves of the
+    GPU, but no split shorter than a few tiles."""
     sms = (
         4
         if INTERPRET
         else torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     )
-    want = triton.cdiv(SPLITS_PER_SM * sms, max(work_items, 1))
+    per_sm = SPLITS_PER_SM_SMALL_WORK if work_items <= SMALL_WORK else SPLITS_PER_SM
+    want = triton.cdiv(per_sm * sms, max(work_items, 1))
     return max(1, min(want, triton.cdiv(max_len, 4 * block_n), 128))
 
 
