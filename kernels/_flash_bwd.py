@@ -496,8 +496,7 @@ def flash_attn_backward(
     meta = dict(
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,
         HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=dropout_mode(dropout_p, drop[3], varlen),
-        DOT_PREC=dot_precision(q.dtype),
+        DROPOUT=dropout_mode(dropout_p, col0=drop[3], varlen=varlen), DOT_PREC=dot_precision(q.dtype),
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731

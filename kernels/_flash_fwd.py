@@ -336,6 +336,7 @@ def flash_attn_forward(
     out = torch.empty_like(q) if merge_into is None else out_acc
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     drop = dropout_row_ids(dropout_rows, stride_lb, stride_lh)
+    drop_mode = dropout_mode(dropout_p, col0=drop[3], varlen=varlen)  # drop: (sb, sh, row0, col0)
     grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
         q, k, v, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
@@ -347,6 +348,6 @@ def flash_attn_forward(
         *drop, tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=dropout_mode(dropout_p, drop[3], varlen), DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
+        DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
     )  # fmt: skip
     return (out, lse) if merge_into is None else None

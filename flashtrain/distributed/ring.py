@@ -168,7 +168,6 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     q_pos = _positions(spec, plan.segments[rank], q.device)
     kv = torch.stack([k, v])  # (2, B, n, Hkv, D): K and V travel as one message; only K/V heads travel
     kv_shape = kv.shape
-    out = lse = None
     for t in range(size):
         src = (rank - t) % size
         incoming = (rank - 1 - t) % size  # what the previous rank holds now and may forward
@@ -179,7 +178,7 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
             nxt = torch.empty(kv_shape, dtype=k.dtype, device=k.device)  # we may hold nothing this step
             ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
         works = _post(ops, spec.group)  # next step's K/V move while this step computes
-        if out is None:
+        if t == 0:
             # filled after the first post, so on the GPU the transfer is ready while these fills run
             # and takes its SMs before the attention kernel queued behind them takes them all
             out = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
