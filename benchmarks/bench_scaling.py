@@ -65,6 +65,47 @@ def _overrides(a) -> list[str]:
     ]
 
 
+def _phase_times(trainer, steps: int, sync: bool) -> dict:
+    """Milliseconds per step that rank 0's host spends in each phase of `Trainer.train_step`: forward
+    (the loss), backward (FSDP's and DDP's hooks included), clip (the global gradient norm) and
+    optimizer, and the rest (mostly the wait for the device at the step's `loss.item()`). Without sync
+    a phase's time is the host work of launching it; with sync (a device sync before and after every
+    phase) it is that phase's host and device time together, with nothing overlapped."""
+    phases = {
+        "forward": (trainer, "_micro_batch_loss"),
+        "backward": (trainer.strategy, "backward"),
+        "clip": (trainer.strategy, "clip_grad_norm"),
+        "optimizer": (trainer.strategy, "step"),
+    }
+    spent = dict.fromkeys(phases, 0.0)
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            if sync:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if sync:
+                torch.cuda.synchronize()
+            spent[name] += time.perf_counter() - t
+            return out
+
+        return run
+
+    for name, (obj, attr) in phases.items():  # an instance attribute shadows the class's method
+        setattr(obj, attr, timed(name, getattr(obj, attr)))
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        total = time.perf_counter() - t0
+    finally:
+        for obj, attr in phases.values():
+            delattr(obj, attr)
+    ms = {name: t / steps * 1e3 for name, t in spent.items()}
+    return {**ms, "rest": total / steps * 1e3 - sum(ms.values()), "step": total / steps * 1e3}
+
+
 def worker(a) -> None:
     """One measurement inside torchrun (or one plain process): rank 0 writes a row to --out."""
     import torch.distributed as dist
@@ -96,6 +137,10 @@ def worker(a) -> None:
         row.update(
             status="ok", step_ms=dt * 1e3, tokens_per_s=tokens / dt, tokens_per_s_per_gpu=tokens / dt / world
         )
+        if a.phases:
+            row["phases_ms"] = _phase_times(trainer, a.steps, sync=False)
+            if trainer.device.type == "cuda":
+                row["phases_synced_ms"] = _phase_times(trainer, a.steps, sync=True)
         if a.profile:  # every rank runs the profiled steps (collectives); rank 0 writes the table
             path = os.path.join(a.profile, f"scaling_profile_{row['strategy']}_{a.model}_x{world}.txt")
             title = f"rank 0 of {world}: {row['strategy']} train_step, {a.model}, {a.batch_size}x{a.seq_len} tokens/GPU"
@@ -131,6 +176,7 @@ def _run(a, strategy: str, gpus: int, model: str) -> dict:
         *(["--profile", a.profile] if a.profile and model == a.model else []),
         *(["--activation-checkpointing"] if a.activation_checkpointing else []),
         *(["--compile"] if a.compile else []),
+        *(["--phases"] if a.phases else []),
     ]  # fmt: skip
     script = os.path.abspath(__file__)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
@@ -250,6 +296,7 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=900, help="driver: seconds per launched job")
     parser.add_argument("--run-root", default=os.path.join(tempfile.gettempdir(), "flashtrain-bench-scaling"))
     parser.add_argument("--out", default=None, help="worker: row file; driver: results JSON")
+    parser.add_argument("--phases", action="store_true", help="also time each phase of the step (phases_ms)")
     parser.add_argument("--profile", default=None, help="folder: a profile table of each scaling run's step")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     a = parser.parse_args(argv)

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from flashtrain.checkpoint import checkpoint_name
 from flashtrain.log import get_logger
-from flashtrain.optim import build_optimizer
+from flashtrain.optim import adamw_step_on_shards, build_optimizer
 from flashtrain.parallelize import clear_dtensor_caches, clear_function_caches, parallelize_gpt
 
 log = get_logger()
@@ -211,6 +211,29 @@ class FSDPStrategy(Strategy):
     def grad_sync(self, last: bool):
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
+
+    def clip_grad_norm(self, max_norm: float) -> float | None:
+        """The base class's clip, computed on this rank's gradient shards: one all-reduce of the squared
+        local norm over the data-parallel mesh (each element lives on exactly one rank), instead of
+        DTensor dispatches per gradient, which cost host time while the GPU waits."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        meshes = {g.device_mesh for g in grads}
+        if len(meshes) != 1 or any(not all(pl.is_shard() for pl in g.placements) for g in grads):
+            return super().clip_grad_norm(max_norm)  # not a plain 1-D sharding: let DTensor do it
+        local = [g.to_local() for g in grads]
+        squared = torch.nn.utils.get_total_norm(local).float() ** 2  # 0 for an empty shard list
+        dist.all_reduce(squared, group=meshes.pop().get_group())
+        norm = squared.sqrt()
+        value = norm.item()  # host-device sync
+        if max_norm > 0 and math.isfinite(value):  # as clip_grads_with_norm_: scale by min(1, max/norm)
+            torch._foreach_mul_(local, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return value
+
+    def step(self) -> float | None:
+        if not adamw_step_on_shards(self.optimizer):  # the first step creates the state
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return None
 
     def release(self) -> None:
         super().release()
