@@ -12,6 +12,9 @@
 #   best           keep_gathered and bf16_reduce together
 #   compiled_anchor, compiled, compiled_best
 #                  the one-GPU anchor, FSDP2 as configured and `best`, with trainer.compile=true
+#   unitsN         FSDP2 with N blocks per unit (parallel.blocks_per_unit=N; N in 2 4 8)
+#   units4_best, compiled_units4_best
+#                  4 blocks per unit with `best`, uncompiled and compiled
 #   before         FSDP2 as configured, from the checkout in $BEFORE (its flashtrain/, this bench_scaling.py)
 # Every run also times the phases of the step (bench_scaling --phases). Lands in $OUT/results.tgz.
 #   source .whl/install.sh && GPUS=2 VARIANTS="anchor_ddp reshard simple" bash benchmarks/run_gpu_fsdp.sh
@@ -40,6 +43,12 @@ want best && scaling best --strategies fsdp --gpus "$G" "${best[@]}"
 want compiled_anchor && scaling compiled_anchor --strategies fsdp --gpus 1 --compile
 want compiled && scaling compiled --strategies fsdp --gpus "$G" --compile
 want compiled_best && scaling compiled_best --strategies fsdp --gpus "$G" --compile "${best[@]}"
+for n in 2 4 8; do
+  want "units$n" && scaling "units$n" --strategies fsdp --gpus "$G" --override "parallel.blocks_per_unit=$n"
+done
+want units4_best && scaling units4_best --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=4 "${best[@]}"
+want compiled_units4_best && scaling compiled_units4_best --strategies fsdp --gpus "$G" --compile \
+  --override parallel.blocks_per_unit=4 "${best[@]}"
 want deepspeed && scaling deepspeed --strategies deepspeed --gpus "$G"
 if want before; then
   cp benchmarks/bench_scaling.py "$BEFORE/benchmarks/"

@@ -45,6 +45,9 @@ class ParallelConfig:
     # fsdp only: dtype of the gradient reduce-scatter, "float32" (None: the default, as single-device
     # autocast accumulates) or "bfloat16" (half the bytes and the time NCCL holds SMs; rounded sums)
     reduce_dtype: str | None = None
+    # fsdp only: consecutive blocks sharded as one unit (None = 1): one all-gather and one reduce-scatter,
+    # and one round of FSDP's per-unit host work, per unit; the unit's weights are gathered together
+    blocks_per_unit: int | None = None
     zero_stage: int | None = None  # deepspeed only: ZeRO stage 1, 2 or 3 (None = 2)
 
     def __post_init__(self):
@@ -74,6 +77,11 @@ class ParallelConfig:
             raise ValueError(
                 f"parallel.reduce_dtype={self.reduce_dtype!r} (strategy {self.strategy}): it applies to "
                 f"parallel=fsdp only, as one of {', '.join(REDUCE_DTYPES)}"
+            )
+        if self.blocks_per_unit is not None and (self.strategy != "fsdp" or self.blocks_per_unit < 1):
+            raise ValueError(
+                f"parallel.blocks_per_unit={self.blocks_per_unit} (strategy {self.strategy}): it applies to "
+                "parallel=fsdp only, as a whole number >= 1"
             )
         if self.zero_stage is not None and self.strategy != "deepspeed":
             raise ValueError(
@@ -152,10 +160,14 @@ def apply_fsdp(
     reshard_after_forward: bool,
     param_dtype: torch.dtype | None,
     reduce_dtype: torch.dtype | None = None,
+    blocks_per_unit: int = 1,
 ) -> nn.Module:
-    """FSDP2: shard each block, then the root (embeddings, final norm and the tied head).
+    """FSDP2: shard the blocks, `blocks_per_unit` consecutive ones as one unit, then the root
+    (embeddings, final norm and the tied head).
 
-    Blocks are their own units so that only one block's weights are gathered at a time. The root
+    One block per unit gathers the least weights at a time; several cut the per-unit work FSDP does on
+    the host before and after each unit's forward and backward (~3 ms per block per step for GPT-2
+    medium on an H200 host, which left 2-GPU FSDP2 host-bound: benchmarks/NOTES_parallel.md). The root
     is never resharded after forward: its weights (the tied embedding/head) are needed first in the
     backward anyway. With `param_dtype` (bf16 runs) weights are gathered and computed in that dtype
     while gradients are reduced in fp32, as single-device bf16 autocast would accumulate them, unless
@@ -167,8 +179,15 @@ def apply_fsdp(
     if reduce_dtype is None:
         reduce_dtype = torch.float32 if param_dtype else None
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    blocks = list(model.blocks)
+    for start in range(0, len(blocks), blocks_per_unit):
+        unit = blocks[start : start + blocks_per_unit]
+        fully_shard(
+            unit if len(unit) > 1 else unit[0],
+            mesh=mesh,
+            reshard_after_forward=reshard_after_forward,
+            mp_policy=mp,
+        )
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     return model
 
@@ -242,5 +261,6 @@ def parallelize_gpt(
             reshard_after_forward=reshard,
             param_dtype=param_dtype,
             reduce_dtype=REDUCE_DTYPES.get(cfg.reduce_dtype),
+            blocks_per_unit=cfg.blocks_per_unit or 1,
         )
     return model

@@ -422,7 +422,12 @@ def _single(parallel_cfg):
     from dataclasses import replace
 
     return replace(
-        parallel_cfg, strategy="none", reshard_after_forward=None, reduce_dtype=None, zero_stage=None
+        parallel_cfg,
+        strategy="none",
+        reshard_after_forward=None,
+        reduce_dtype=None,
+        blocks_per_unit=None,
+        zero_stage=None,
     )
 
 

@@ -105,6 +105,8 @@ def reference(workdir):
 TORCH_CASES = {
     "ddp": (["parallel=ddp"], []),
     "fsdp": (["parallel=fsdp"], []),
+    # both blocks of the debug model in one FSDP unit (fully_shard over a list of modules)
+    "fsdp_two_block_units": (["parallel=fsdp", "parallel.blocks_per_unit=2"], []),
     # written under DDP, resumed under FSDP: the checkpoint format is the same for both
     "ddp_then_fsdp": (["parallel=ddp"], ["parallel.strategy=fsdp"]),
 }
@@ -331,6 +333,8 @@ def test_deepspeed_config_is_generated_from_ours():
         (["parallel=ddp", "parallel.reshard_after_forward=false"], "applies to parallel.strategy=fsdp only"),
         (["parallel=ddp", "parallel.reduce_dtype=bfloat16"], "applies to parallel=fsdp only"),
         (["parallel=fsdp", "parallel.reduce_dtype=fp8"], "one of float32, bfloat16"),
+        (["parallel=ddp", "parallel.blocks_per_unit=2"], "applies to parallel=fsdp only"),
+        (["parallel=fsdp", "parallel.blocks_per_unit=0"], "whole number >= 1"),
         (["parallel=deepspeed", "parallel.zero_stage=4"], "choose 1, 2 or 3"),
         (["parallel=deepspeed", "parallel.sp=2"], "use ddp or fsdp"),
         (["parallel.strategy=zero"], "choose one of none, ddp, fsdp, deepspeed"),
