@@ -13,7 +13,8 @@
 #   compiled_anchor, compiled, compiled_best
 #                  the one-GPU anchor, FSDP2 as configured and `best`, with trainer.compile=true
 #   unitsN         FSDP2 with N blocks per unit (parallel.blocks_per_unit=N; N in 2 4 8)
-#   units4_best, compiled_units4_best
+#   units4_gathered  4 blocks per unit, kept gathered after the forward (gradients reduced in fp32)
+#   units4_best, units8_best, compiled_units4_best
 #                  4 blocks per unit with `best`, uncompiled and compiled
 #   before         FSDP2 as configured, from the checkout in $BEFORE (its flashtrain/, this bench_scaling.py)
 # Every run also times the phases of the step (bench_scaling --phases). Lands in $OUT/results.tgz.
@@ -46,6 +47,9 @@ want compiled_best && scaling compiled_best --strategies fsdp --gpus "$G" --comp
 for n in 2 4 8; do
   want "units$n" && scaling "units$n" --strategies fsdp --gpus "$G" --override "parallel.blocks_per_unit=$n"
 done
+want units4_gathered && scaling units4_gathered --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=4 \
+  --override parallel.reshard_after_forward=false
+want units8_best && scaling units8_best --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=8 "${best[@]}"
 want units4_best && scaling units4_best --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=4 "${best[@]}"
 want compiled_units4_best && scaling compiled_units4_best --strategies fsdp --gpus "$G" --compile \
   --override parallel.blocks_per_unit=4 "${best[@]}"
