@@ -66,7 +66,7 @@ def adamw_step_on_shards(optimizer: torch.optim.AdamW) -> bool:
     work = []
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
-        if any(p not in optimizer.state for p in params):
+        if not all(optimizer.state.get(p) for p in params):  # .get: state is a defaultdict
             return False
         if group["differentiable"] or any(p.grad.is_sparse for p in params):
             raise ValueError("adamw_step_on_shards takes dense, non-differentiable AdamW groups")

@@ -166,8 +166,8 @@ def apply_fsdp(
     (embeddings, final norm and the tied head).
 
     One block per unit gathers the least weights at a time; several cut the per-unit work FSDP does on
-    the host before and after each unit's forward and backward (~3 ms per block per step for GPT-2
-    medium on an H200 host, which left 2-GPU FSDP2 host-bound: benchmarks/NOTES_parallel.md). The root
+    the host before and after each unit's forward and backward (about 3.5 ms per block per step for
+    GPT-2 medium on an H200 host, which left 2-GPU FSDP2 host-bound: benchmarks/NOTES_parallel.md). The root
     is never resharded after forward: its weights (the tied embedding/head) are needed first in the
     backward anyway. With `param_dtype` (bf16 runs) weights are gathered and computed in that dtype
     while gradients are reduced in fp32, as single-device bf16 autocast would accumulate them, unless

@@ -19,6 +19,7 @@ def test_step_on_shards_equals_optimizer_step(weight_decay):
     cfg = OptimConfig(lr=1e-2, weight_decay=weight_decay)
     models = [_model(seed), _model(seed)]
     optims = [build_optimizer(m, cfg) for m in models]
+    optims[1].state[models[1][0].weight]  # a lookup leaves an empty entry (state is a defaultdict)
     for step in range(4):
         x = torch.randn(5, 8)
         for i, (model, opt) in enumerate(zip(models, optims, strict=True)):
