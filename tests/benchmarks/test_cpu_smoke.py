@@ -92,3 +92,23 @@ def test_decode_benchmark_runs_on_cpu(tmp_path):
         (2, "eager"),
     ]
     assert all("error" not in r and r["max_err"] < 2e-3 and r["ms"] > 0 for r in rows), rows
+
+
+@pytest.mark.slow
+def test_scaling_benchmark_times_the_phases_on_cpu(tmp_path):
+    """One process and FSDP over two (gloo), with the per-phase host times the FSDP study used."""
+    out = tmp_path / "scaling.json"
+    _run([sys.executable, "benchmarks/bench_scaling.py", "--device", "cpu", "--model", "gpt_tiny", "--seq-len", "64",
+          "--gpus", "1", "2", "--strategies", "fsdp", "--fit-models", "--steps", "2", "--warmup", "1", "--phases",
+          "--run-root", str(tmp_path / "runs"), "--out", str(out)])  # fmt: skip
+    rows = json.load(open(out))["rows"]
+    assert [(r["strategy"], r["gpus"], r["status"]) for r in rows] == [
+        ("single", 1, "ok"),
+        ("fsdp", 2, "ok"),
+    ], rows
+    for r in rows:
+        phases = r["phases_ms"]
+        assert all(phases[k] > 0 for k in ("forward", "backward", "clip", "optimizer", "step")), phases
+        parts = sum(phases[k] for k in ("forward", "backward", "clip", "optimizer", "rest"))
+        assert parts == pytest.approx(phases["step"])
+        assert "phases_synced_ms" not in r  # no device to sync on a CPU run
