@@ -43,7 +43,7 @@ def run_args(a, context: int, gpus: int) -> argparse.Namespace:
         strategy="ddp" if gpus > 1 else "none", model=a.model, seq_len=context, batch_size=1,
         device=a.device, attention=a.attention, zero_stage=2, steps=a.steps, warmup=a.warmup,
         run_root=a.run_root, activation_checkpointing=True, compile=False, timeout=a.timeout,
-        override=overrides, profile=None,
+        override=overrides, profile=None, phases=False,
     )  # fmt: skip
 
 
