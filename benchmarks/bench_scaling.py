@@ -3,13 +3,16 @@ on 1, 2 and 4 GPUs, and the largest model each strategy fits at a fixed context.
 
 Weak scaling: every GPU keeps the same micro-batch, so a perfect N-GPU run processes N times the tokens
 of the 1-GPU run in the same time; efficiency = tokens/s(N) / (N * tokens/s(1)). The 1-GPU anchor is the
-plain single-device trainer (every strategy runs as that on one process), measured in the same run.
+plain single-device trainer (every strategy runs as that on one process), measured in the same run;
+`--override parallel.*` options apply to the multi-GPU runs only.
 The step timed is `Trainer.train_step` (forward, backward, gradient reduction, clipping, AdamW), with
 its once-per-step `loss.item()` as the sync point.
 
     python benchmarks/bench_scaling.py                       # GPT-2 medium, 4k context, triton, 1/2/4 GPUs
     python benchmarks/bench_scaling.py --device cpu --model gpt_tiny --seq-len 128 --gpus 1 2   # CPU smoke
     torchrun --nproc_per_node=2 benchmarks/bench_scaling.py worker --strategy fsdp --out row.json  # one run
+    python benchmarks/bench_scaling.py --gpus 1 2 --strategies fsdp --batch-size 4 --phases \
+        --override parallel.blocks_per_unit=4   # + host ms per step in forward / backward / clip / optimizer
 
 Writes benchmarks/results/scaling_<gpu>.json (and .md) unless --out names another path.
 """
@@ -221,7 +224,11 @@ def driver(a) -> None:
         write_results(out, rows + fit_rows, extra)
 
     if not a.fit_only:
-        base = _run(a, "none", 1, a.model) if 1 in gpus else None
+        # the anchor is the plain single-device trainer: the strategies' parallel.* overrides stay out
+        plain = argparse.Namespace(
+            **{**vars(a), "override": [o for o in a.override if not o.startswith("parallel.")]}
+        )
+        base = _run(plain, "none", 1, a.model) if 1 in gpus else None
         if base:
             rows.append(
                 {**base, "kind": "scaling", "efficiency": 1.0 if base.get("status") == "ok" else None}

@@ -100,6 +100,7 @@ def test_scaling_benchmark_times_the_phases_on_cpu(tmp_path):
     out = tmp_path / "scaling.json"
     _run([sys.executable, "benchmarks/bench_scaling.py", "--device", "cpu", "--model", "gpt_tiny", "--seq-len", "64",
           "--gpus", "1", "2", "--strategies", "fsdp", "--fit-models", "--steps", "2", "--warmup", "1", "--phases",
+          "--override", "parallel.blocks_per_unit=2",  # FSDP only: the one-process anchor runs without it
           "--run-root", str(tmp_path / "runs"), "--out", str(out)])  # fmt: skip
     rows = json.load(open(out))["rows"]
     assert [(r["strategy"], r["gpus"], r["status"]) for r in rows] == [
