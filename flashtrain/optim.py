@@ -45,7 +45,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Ada
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (the tensor itself otherwise); under no_grad, no copy."""
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -77,11 +77,11 @@ def adamw_step_on_shards(optimizer: torch.optim.AdamW) -> bool:
         states = [optimizer.state[p] for p in params]
         beta1, beta2 = group["betas"]
         functional_adamw(
-            [_local(p) for p in params],
-            [_local(p.grad) for p in params],
-            [_local(s["exp_avg"]) for s in states],
-            [_local(s["exp_avg_sq"]) for s in states],
-            [_local(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else [],
+            [local_shard(p) for p in params],
+            [local_shard(p.grad) for p in params],
+            [local_shard(s["exp_avg"]) for s in states],
+            [local_shard(s["exp_avg_sq"]) for s in states],
+            [local_shard(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else [],
             [s["step"] for s in states],  # plain tensors, counted up inside
             foreach=group["foreach"],
             capturable=group["capturable"],

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from flashtrain.checkpoint import checkpoint_name
 from flashtrain.log import get_logger
-from flashtrain.optim import adamw_step_on_shards, build_optimizer
+from flashtrain.optim import adamw_step_on_shards, build_optimizer, local_shard
 from flashtrain.parallelize import clear_dtensor_caches, clear_function_caches, parallelize_gpt
 
 log = get_logger()
@@ -106,22 +106,25 @@ class Strategy:
     def clip_grad_norm(self, max_norm: float) -> float | None:
         """Clip and return the global gradient norm (the same on every rank), or None when the engine
         clips inside `step` (DeepSpeed); non-finite means the step must be skipped."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        value = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()  # host-device sync
-        # FSDP's norm is a replicated DTensor, already reduced over the mesh. A non-finite norm skips
-        # the step, so the gradients are left as they are for its report.
-        if max_norm > 0 and math.isfinite(value):
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)  # takes parameters, not gradients
+        grads, norm = self._grads_and_norm()
+        value = norm.item()  # host-device sync
+        # A non-finite norm skips the step, so the gradients are left as they are for its report.
+        if grads and max_norm > 0 and math.isfinite(value):
+            # as torch.nn.utils.clip_grads_with_norm_: scale by min(1, max_norm / norm)
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return value
+
+    def _grads_and_norm(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The gradient tensors `clip_grad_norm` scales, and the global 2-norm of all gradients."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return grads, torch.nn.utils.get_total_norm(grads)
 
     def gradient_report(self, limit: int = 4) -> str:
         """What a non-finite gradient norm reports, from this rank's gradients: the parameters whose
         gradient holds inf or NaN, or, when none does (the norm itself overflowed), the largest
         gradients. DeepSpeed keeps its own gradient buffers, so nothing is found there."""
-        local = ((n, p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)  # FSDP: this rank's shard
-                 for n, p in self.model.named_parameters() if p.grad is not None)  # fmt: skip
-        named = [(n, g) for n, g in local if g.numel()]
+        local = ((n, local_shard(p.grad)) for n, p in self.model.named_parameters() if p.grad is not None)
+        named = [(n, g) for n, g in local if g.numel()]  # FSDP: this rank's shards
         if not named:
             return "no gradient on this rank"
         # one host-device sync: |grad|.max() is inf or NaN exactly when the gradient holds one
@@ -212,22 +215,17 @@ class FSDPStrategy(Strategy):
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def clip_grad_norm(self, max_norm: float) -> float | None:
-        """The base class's clip, computed on this rank's gradient shards: one all-reduce of the squared
-        local norm over the data-parallel mesh (each element lives on exactly one rank), instead of
-        DTensor dispatches per gradient, which cost host time while the GPU waits."""
+    def _grads_and_norm(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """This rank's gradient shards, and the global norm as one all-reduce of their squared norm over
+        the data-parallel mesh: every parameter is sharded along dim 0 of that 1-D mesh (`apply_fsdp`),
+        so each element lives on exactly one rank. DTensor's own norm and scaling dispatch per gradient,
+        which costs host time while the GPU waits."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        meshes = {g.device_mesh for g in grads}
-        if len(meshes) != 1 or any(not all(pl.is_shard() for pl in g.placements) for g in grads):
-            return super().clip_grad_norm(max_norm)  # not a plain 1-D sharding: let DTensor do it
-        local = [g.to_local() for g in grads]
-        squared = torch.nn.utils.get_total_norm(local).float() ** 2  # 0 for an empty shard list
-        dist.all_reduce(squared, group=meshes.pop().get_group())
-        norm = squared.sqrt()
-        value = norm.item()  # host-device sync
-        if max_norm > 0 and math.isfinite(value):  # as clip_grads_with_norm_: scale by min(1, max/norm)
-            torch._foreach_mul_(local, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return value
+        local = [local_shard(g) for g in grads]
+        squared = torch.nn.utils.get_total_norm(local).float() ** 2
+        if grads:  # alike on every rank: each holds a shard of every parameter
+            dist.all_reduce(squared, group=grads[0].device_mesh.get_group())
+        return local, squared.sqrt()
 
     def step(self) -> float | None:
         if not adamw_step_on_shards(self.optimizer):  # the first step creates the state
