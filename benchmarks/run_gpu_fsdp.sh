@@ -16,6 +16,9 @@
 #   units4_gathered  4 blocks per unit, kept gathered after the forward (gradients reduced in fp32)
 #   units4_best, units8_best, compiled_units4_best
 #                  4 blocks per unit with `best`, uncompiled and compiled
+#   bf16_residual  FSDP2 as configured with parallel.residual_dtype=bfloat16 (FSDP2 casts every unit's
+#                  inputs; the default keeps the residual stream fp32, as one GPU)
+#   units4_gathered_bf16_residual  units4_gathered with parallel.residual_dtype=bfloat16
 #   before         FSDP2 as configured, from the checkout in $BEFORE (its flashtrain/, this bench_scaling.py)
 # Every run also times the phases of the step (bench_scaling --phases). Lands in $OUT/results.tgz.
 #   source .whl/install.sh && GPUS=2 VARIANTS="anchor_ddp reshard simple" bash benchmarks/run_gpu_fsdp.sh
@@ -49,6 +52,10 @@ for n in 2 4 8; do
 done
 want units4_gathered && scaling units4_gathered --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=4 \
   --override parallel.reshard_after_forward=false
+want bf16_residual && scaling bf16_residual --strategies fsdp --gpus "$G" --override parallel.residual_dtype=bfloat16
+want units4_gathered_bf16_residual && scaling units4_gathered_bf16_residual --strategies fsdp --gpus "$G" \
+  --override parallel.blocks_per_unit=4 --override parallel.reshard_after_forward=false \
+  --override parallel.residual_dtype=bfloat16
 want units8_best && scaling units8_best --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=8 "${best[@]}"
 want units4_best && scaling units4_best --strategies fsdp --gpus "$G" --override parallel.blocks_per_unit=4 "${best[@]}"
 want compiled_units4_best && scaling compiled_units4_best --strategies fsdp --gpus "$G" --compile \

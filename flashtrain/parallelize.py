@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from flashtrain.models.attention import attention_override, current_override
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
-REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FSDP_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # reduce_dtype, residual_dtype
 
 
 @dataclass
@@ -48,6 +48,11 @@ class ParallelConfig:
     # fsdp only: consecutive blocks sharded as one unit (None = 1): one all-gather and one reduce-scatter,
     # and one round of FSDP's per-unit host work, per unit; the unit's weights are gathered together
     blocks_per_unit: int | None = None
+    # fsdp only, bf16 runs: dtype of what passes between the sharded units (the residual stream, the
+    # rotary tables): "float32" (None: the default, as single-device and DDP autocast, with the embeddings
+    # and final norm kept in fp32) or "bfloat16" (FSDP2's own cast of each unit's inputs, as torchtitan
+    # does: half the bytes between blocks, rounded residual sums)
+    residual_dtype: str | None = None
     zero_stage: int | None = None  # deepspeed only: ZeRO stage 1, 2 or 3 (None = 2)
 
     def __post_init__(self):
@@ -72,11 +77,19 @@ class ParallelConfig:
                 f"{self.strategy}); remove it or use parallel=fsdp"
             )
         if self.reduce_dtype is not None and (
-            self.strategy != "fsdp" or self.reduce_dtype not in REDUCE_DTYPES
+            self.strategy != "fsdp" or self.reduce_dtype not in FSDP_DTYPES
         ):
             raise ValueError(
                 f"parallel.reduce_dtype={self.reduce_dtype!r} (strategy {self.strategy}): it applies to "
-                f"parallel=fsdp only, as one of {', '.join(REDUCE_DTYPES)}"
+                f"parallel=fsdp only, as one of {', '.join(FSDP_DTYPES)}"
+            )
+        if self.residual_dtype is not None and (
+            self.strategy != "fsdp" or self.residual_dtype not in FSDP_DTYPES
+        ):
+            raise ValueError(
+                f"parallel.residual_dtype={self.residual_dtype!r} (strategy {self.strategy}): it applies to "
+                f"parallel=fsdp only, as one of {', '.join(FSDP_DTYPES)} (other strategies keep the "
+                "residual stream in fp32 under autocast)"
             )
         if self.blocks_per_unit is not None and (self.strategy != "fsdp" or self.blocks_per_unit < 1):
             raise ValueError(
@@ -161,6 +174,7 @@ def apply_fsdp(
     param_dtype: torch.dtype | None,
     reduce_dtype: torch.dtype | None = None,
     blocks_per_unit: int = 1,
+    residual_dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
     """FSDP2: shard the blocks, `blocks_per_unit` consecutive ones as one unit, then the root
     (embeddings, final norm and the tied head).
@@ -169,19 +183,32 @@ def apply_fsdp(
     the host before and after each unit's forward and backward (about 3.5 ms per block per step for
     GPT-2 medium on an H200 host, which left 2-GPU FSDP2 host-bound: benchmarks/NOTES_parallel.md). The root
     is never resharded after forward: its weights (the tied embedding/head) are needed first in the
-    backward anyway. With `param_dtype` (bf16 runs) weights are gathered and computed in that dtype
-    while gradients are reduced in fp32, as single-device bf16 autocast would accumulate them, unless
-    `reduce_dtype` says otherwise. One difference from single-device autocast remains: the embeddings
-    come out of bf16 weights and each unit casts its inputs to bf16, so the residual stream between
-    blocks is bf16 here and fp32 there (checked on CPU, 2026-11-23; the bf16 GPU test of every strategy
-    against one GPU passes with it; its cost or gain in speed is not measured).
+    backward anyway.
+
+    With `param_dtype` (bf16 runs, always under autocast) the blocks' weights are gathered and computed
+    in that dtype while gradients are reduced in fp32, as single-device bf16 autocast accumulates them,
+    unless `reduce_dtype` says otherwise. `residual_dtype` is what passes between units: fp32 (the
+    default) keeps the root's weights in fp32, so the embeddings come out in fp32 as on one device, and
+    lets each unit take its inputs as they come (the residual stream and the rotary tables stay fp32;
+    autocast runs the matmuls in bf16 and the norms in fp32, as on one device); bf16 is FSDP2's own
+    mixed precision, as in torchtitan: bf16 root weights and every unit's floating inputs cast to bf16.
+    The one difference left with fp32: the blocks' LayerNorm weights are rounded to bf16 when gathered,
+    and applied in fp32 (`_LayerNormInFloat32`) as CUDA autocast applies any LayerNorm's.
     Sharding is in place: the same module object is returned, its parameters are now DTensors.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if reduce_dtype is None:
         reduce_dtype = torch.float32 if param_dtype else None
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    bf16_residual = param_dtype is not None and residual_dtype == param_dtype
+    blocks_mp = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=bf16_residual
+    )
+    root_mp = blocks_mp if bf16_residual else MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    if param_dtype is not None and not bf16_residual:
+        for norm in model.blocks.modules():
+            if type(norm) is nn.LayerNorm:
+                norm.__class__ = _LayerNormInFloat32  # same parameters and state-dict keys
     blocks = list(model.blocks)
     for start in range(0, len(blocks), blocks_per_unit):
         unit = blocks[start : start + blocks_per_unit]
@@ -189,10 +216,20 @@ def apply_fsdp(
             unit if len(unit) > 1 else unit[0],
             mesh=mesh,
             reshard_after_forward=reshard_after_forward,
-            mp_policy=mp,
+            mp_policy=blocks_mp,
         )
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=root_mp)
     return model
+
+
+class _LayerNormInFloat32(nn.LayerNorm):
+    """A LayerNorm that applies its weights in fp32 whatever their dtype, as CUDA autocast runs every
+    LayerNorm. For FSDP2's bf16 weights beside an fp32 residual stream: CPU autocast leaves the op to
+    a kernel that rejects fp32 inputs with bf16 weights (torch 2.13)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = (None if p is None else p.float() for p in (self.weight, self.bias))
+        return nn.functional.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
 
 
 def clear_function_caches(package: str) -> None:
@@ -263,7 +300,8 @@ def parallelize_gpt(
             data_parallel_mesh(parallel_dims),
             reshard_after_forward=reshard,
             param_dtype=param_dtype,
-            reduce_dtype=REDUCE_DTYPES.get(cfg.reduce_dtype),
+            reduce_dtype=FSDP_DTYPES.get(cfg.reduce_dtype),
             blocks_per_unit=cfg.blocks_per_unit or 1,
+            residual_dtype=FSDP_DTYPES[cfg.residual_dtype or "float32"],
         )
     return model

@@ -396,6 +396,11 @@ def build_strategy(cfg, parallel_dims, device: torch.device, autocast_dtype: tor
             "trainer.nan_policy=skip is not supported with parallel.strategy=deepspeed: the engine applies "
             "the update inside its step and cannot drop one; use nan_policy=stop, or parallel=ddp/fsdp"
         )
+    if cfg.parallel.residual_dtype == "bfloat16" and autocast_dtype != torch.bfloat16:
+        raise ValueError(
+            "parallel.residual_dtype=bfloat16 casts the residual stream of a bf16 run, and this run computes in "
+            "fp32 (trainer.precision is fp32, or auto on CPU); set trainer.precision=bf16 or drop the option"
+        )
     if parallel_dims is None:
         if cfg.parallel.strategy not in ("none",):
             log.info(
@@ -425,6 +430,7 @@ def _single(parallel_cfg):
         reshard_after_forward=None,
         reduce_dtype=None,
         blocks_per_unit=None,
+        residual_dtype=None,
         zero_stage=None,
     )
 

@@ -113,3 +113,14 @@ def test_scaling_benchmark_times_the_phases_on_cpu(tmp_path):
         parts = sum(phases[k] for k in ("forward", "backward", "clip", "optimizer", "rest"))
         assert parts == pytest.approx(phases["step"])
         assert "phases_synced_ms" not in r  # no device to sync on a CPU run
+
+
+def test_fsdp_precision_check_runs_on_cpu(tmp_path):
+    """FSDP2's two residual dtypes against fp32, 2 gloo ranks: the fp32 residual is one device's autocast."""
+    out = tmp_path / "precision.json"
+    _run([*TORCHRUN, "benchmarks/check_fsdp_precision.py", "--device", "cpu", "--model", "gpt_tiny", "--seq-len",
+          "64", "--out", str(out)])  # fmt: skip
+    rows = {r["variant"]: r for r in json.load(open(out))["rows"]}
+    assert list(rows) == ["fp32", "autocast", "fsdp_fp32_residual", "fsdp_bf16_residual"]
+    assert rows["fsdp_fp32_residual"]["loss"] == rows["autocast"]["loss"]
+    assert 0 < rows["autocast"]["max_rel_grad_err"] < 0.05

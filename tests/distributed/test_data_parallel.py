@@ -335,6 +335,8 @@ def test_deepspeed_config_is_generated_from_ours():
         (["parallel=fsdp", "parallel.reduce_dtype=fp8"], "one of float32, bfloat16"),
         (["parallel=ddp", "parallel.blocks_per_unit=2"], "applies to parallel=fsdp only"),
         (["parallel=fsdp", "parallel.blocks_per_unit=0"], "whole number >= 1"),
+        (["parallel=ddp", "parallel.residual_dtype=bfloat16"], "keep the residual stream in fp32"),
+        (["parallel=fsdp", "parallel.residual_dtype=float16"], "one of float32, bfloat16"),
         (["parallel=deepspeed", "parallel.zero_stage=4"], "choose 1, 2 or 3"),
         (["parallel=deepspeed", "parallel.sp=2"], "use ddp or fsdp"),
         (["parallel.strategy=zero"], "choose one of none, ddp, fsdp, deepspeed"),
