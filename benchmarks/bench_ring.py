@@ -3,8 +3,11 @@ own experimental context parallel, each as a percentage of the ideal.
 
 ideal = single-GPU kernel time on the full sequence / P (perfect scaling, zero communication), with
 our kernel for our modes and PyTorch's SDPA for its context parallel (`ideal_impl`);
-% of ideal = ideal / measured. Measured time is the slowest rank's median over reps, every rep
-between barriers.
+% of ideal = ideal / measured. Each time is measured twice, the slowest rank's figure counting:
+isolated (`fwd_ms`, `fwdbwd_ms`: the median rep, every rep started on an idle device after a barrier,
+so the host's launch latency and the ranks' skew are in it) and back-to-back (`*_stream_ms`: the mean
+of the reps queued one after another, then one synchronize, as a training step runs attention and as
+ring-flash-attention's benchmark times it). The ideal is measured both ways too.
 
     torchrun --nproc-per-node 4 benchmarks/bench_ring.py --tokens-per-rank 8192 32768 131072
     torchrun --nproc-per-node 2 benchmarks/bench_ring.py --device cpu --tokens-per-rank 256   # smoke test
@@ -55,8 +58,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()  # host-device sync: timing boundary
 
 
-def timed(fn, device: str, warmup: int, reps: int) -> float:
-    """Slowest rank's median milliseconds of fn; every rep starts after a barrier. Blocks (collectives)."""
+def timed(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
+    """(isolated, back-to-back) milliseconds of fn, each the slowest rank's: the median of reps that
+    each start after a barrier on an idle device, and the mean of reps queued back to back. Blocks."""
     for _ in range(warmup):
         fn()
     times = []
@@ -67,15 +71,23 @@ def timed(fn, device: str, warmup: int, reps: int) -> float:
         fn()
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return float(med.item())
+    sync(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    stream = (time.perf_counter() - t0) * 1e3 / reps
+    both = torch.tensor([statistics.median(times), stream], dtype=torch.float64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    isolated, stream = both.tolist()
+    return isolated, stream
 
 
 def fwd_and_fwdbwd(
     attn, q, k, v, device, warmup, reps, profile: str | None = None, trace: bool = False
-) -> tuple[float, float]:
-    """(fwd ms, fwd+bwd ms) of attn(q, k, v) on leaf tensors. With `profile` (a path; every rank must
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((fwd ms isolated, back-to-back), (fwd+bwd ms isolated, back-to-back)) of attn(q, k, v) on leaf tensors. With `profile` (a path; every rank must
     pass one, rank 0 writes it) the fwd+bwd is also run under the profiler afterwards."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
@@ -170,7 +182,7 @@ def single_device_sdpa(q, k, v):
     return out.transpose(1, 2)
 
 
-def torch_cp(q, k, v, device, warmup, reps) -> tuple[float, float]:
+def torch_cp(q, k, v, device, warmup, reps) -> tuple[tuple[float, float], tuple[float, float]]:
     """PyTorch's experimental context parallel around SDPA (its own sharding and load balancing)."""
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
@@ -201,6 +213,14 @@ def torch_cp(q, k, v, device, warmup, reps) -> tuple[float, float]:
                 t.requires_grad_(False)
 
 
+def _ideal(fwd: tuple[float, float], fwdbwd: tuple[float, float], world: int) -> dict:
+    """The ideal per-rank times: one device's times on the whole sequence / P, both ways of timing."""
+    return dict(
+        ideal_fwd_ms=fwd[0] / world, ideal_fwdbwd_ms=fwdbwd[0] / world,
+        ideal_fwd_stream_ms=fwd[1] / world, ideal_fwdbwd_stream_ms=fwdbwd[1] / world,
+    )  # fmt: skip
+
+
 def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dtype) -> list[dict]:
     """Rows of every mode for one mask; the ideal is the one-GPU kernel on the whole sequence / P."""
     device, seqlen = args.device, q.shape[1]
@@ -210,7 +230,7 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
                                          args.warmup, args.reps)  # fmt: skip
     base = dict(world=world, tokens_per_rank=tokens, seqlen=seqlen, batch=args.batch, nheads=args.nheads,
                 headdim=args.headdim, dtype=str(dtype).removeprefix("torch."), causal=True, mask=mask,
-                ideal_impl="ours", ideal_fwd_ms=ideal_fwd / world, ideal_fwdbwd_ms=ideal_fb / world)  # fmt: skip
+                ideal_impl="ours", **_ideal(ideal_fwd, ideal_fb, world))  # fmt: skip
     if mask == "docs":
         base["doc_len"] = args.doc_len
     rows = []
@@ -227,7 +247,7 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
                 sdpa_fwd, sdpa_fb = fwd_and_fwdbwd(
                     single_device_sdpa, q, k, v, device, args.warmup, args.reps
                 )
-                row.update(ideal_impl="sdpa", ideal_fwd_ms=sdpa_fwd / world, ideal_fwdbwd_ms=sdpa_fb / world)
+                row.update(ideal_impl="sdpa", **_ideal(sdpa_fwd, sdpa_fb, world))
             else:
                 attn, layout = mode_fn(mode, world, rank, groups, backend, mask_kw)
                 pos = shard_positions(seqlen, device=device, **layout)
@@ -236,14 +256,15 @@ def measure_modes(args, q, k, v, mask, mask_kw, world, rank, groups, backend, dt
                     profile = os.path.join(args.profile, f"ring_profile_{mode}_{mask}_{tokens}_x{world}.txt")
                 fwd_ms, fb_ms = fwd_and_fwdbwd(attn, *(t.index_select(1, pos) for t in (q, k, v)), device,
                                                args.warmup, args.reps, profile, args.trace)  # fmt: skip
-            row.update(
-                fwd_ms=fwd_ms, fwdbwd_ms=fb_ms,
-                fwd_pct_ideal=100 * row["ideal_fwd_ms"] / fwd_ms,
-                fwdbwd_pct_ideal=100 * row["ideal_fwdbwd_ms"] / fb_ms,
-                tokens_per_s_fwdbwd=args.batch * seqlen / (fb_ms / 1e3),
-            )  # fmt: skip
-            log(f"{mode:>10} {mask:>9} {tokens:>7} tok/rank: fwd {fwd_ms:9.2f} ms ({row['fwd_pct_ideal']:5.1f}% "
-                f"ideal)  fwd+bwd {fb_ms:9.2f} ms ({row['fwdbwd_pct_ideal']:5.1f}% ideal)")  # fmt: skip
+            for kind, ms in (("fwd", fwd_ms), ("fwdbwd", fb_ms)):
+                for suffix, value in (("", ms[0]), ("_stream", ms[1])):
+                    row[f"{kind}{suffix}_ms"] = value
+                    row[f"{kind}{suffix}_pct_ideal"] = 100 * row[f"ideal_{kind}{suffix}_ms"] / value
+            row["tokens_per_s_fwdbwd"] = args.batch * seqlen / (fb_ms[0] / 1e3)
+            log(f"{mode:>10} {mask:>9} {tokens:>7} tok/rank: fwd {fwd_ms[0]:9.2f} ms ({row['fwd_pct_ideal']:5.1f}% "
+                f"ideal)  fwd+bwd {fb_ms[0]:9.2f} ms ({row['fwdbwd_pct_ideal']:5.1f}% ideal); back to back: "
+                f"fwd {row['fwd_stream_pct_ideal']:5.1f}%, fwd+bwd {fb_ms[1]:9.2f} ms "
+                f"({row['fwdbwd_stream_pct_ideal']:5.1f}%)")  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a mode that cannot run here is recorded, not fatal
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             log(f"{mode:>10} {mask:>9} {tokens:>7} tok/rank: {row['error']}")

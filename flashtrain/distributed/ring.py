@@ -36,7 +36,8 @@ from .local_attention import (
 from .ring_plan import LocalCall, MaskInfo, RingPlan, ring_plan
 from .sharding import check_layout, check_seqlen, segment_runs, segments_positions
 
-_TAG_KV, _TAG_DKV, _TAG_HOME = 1, 2, 3  # gloo matches on tags; NCCL matches in posting order, same here
+# gloo matches on tags; NCCL matches in posting order, the same on both sides here
+_TAG_K, _TAG_DKV, _TAG_HOME, _TAG_V = 1, 2, 3, 4
 
 # ring group -> a second group over the same ranks that carries the backward's dK/dV accumulators
 _GRAD_GROUPS: dict = {}
@@ -130,6 +131,12 @@ def _post(ops: list[tuple], group) -> list:
     return dist.batch_isend_irecv(p2p)
 
 
+def _kv_ops(kv, peer: int, op) -> list[tuple]:
+    """Send or receive one step's K and V: two messages, so our own K and V leave without being
+    stacked into one buffer first (a copy of both per call); received ones land in one (2, ...) buffer."""
+    return [(op, kv[0], peer, _TAG_K), (op, kv[1], peer, _TAG_V)]
+
+
 def _wait(works: list) -> None:
     for w in works:
         w.wait()
@@ -166,17 +173,20 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     batch, n, nheads, _ = q.shape
     q_pos = _positions(spec, plan.segments[rank], q.device)
-    kv = torch.stack([k, v])  # (2, B, n, Hkv, D): K and V travel as one message; only K/V heads travel
-    kv_shape = kv.shape
+    kv = (
+        k.contiguous(),
+        v.contiguous(),
+    )  # only the K/V heads travel; later steps: a (2, B, n, Hkv, D) buffer
+    kv_shape = (2, *k.shape)
     for t in range(size):
         src = (rank - t) % size
         incoming = (rank - 1 - t) % size  # what the previous rank holds now and may forward
         ops, nxt = [], None
         if t < plan.last_hop[src]:
-            ops.append((dist.isend, kv, nxt_rank, _TAG_KV))
+            ops += _kv_ops(kv, nxt_rank, dist.isend)
         if t < plan.last_hop[incoming]:
             nxt = torch.empty(kv_shape, dtype=k.dtype, device=k.device)  # we may hold nothing this step
-            ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
+            ops += _kv_ops(nxt, prv_rank, dist.irecv)
         works = _post(ops, spec.group)  # next step's K/V move while this step computes
         if t == 0:
             # filled after the first post, so on the GPU the transfer is ready while these fills run
@@ -203,8 +213,8 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     q_pos = _positions(spec, plan.segments[rank], q.device)
-    kv = torch.stack([k, v])  # (2, B, n, Hkv, D)
-    acc_shape = kv.shape
+    kv = (k.contiguous(), v.contiguous())  # as in the forward
+    acc_shape = (2, *k.shape)  # (2, B, n, Hkv, D): dK and dV travel as one message
     acc_in = own = home = None
     pending: list = []  # last step's dK/dV works, with their tensors kept alive until waited
     for t in range(size):
@@ -212,10 +222,10 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
         incoming = (rank - 1 - t) % size
         ops, nxt = [], None
         if t < plan.last_hop[src]:
-            ops.append((dist.isend, kv, nxt_rank, _TAG_KV))
+            ops += _kv_ops(kv, nxt_rank, dist.isend)
         if t < plan.last_hop[incoming]:
             nxt = torch.empty(acc_shape, dtype=k.dtype, device=k.device)
-            ops.append((dist.irecv, nxt, prv_rank, _TAG_KV))
+            ops += _kv_ops(nxt, prv_rank, dist.irecv)
         kv_works = _post(ops, spec.group)
 
         _wait([w for w, _ in pending])  # the previous step's transfers: src's accumulator has arrived
