@@ -294,8 +294,9 @@ def main() -> None:
     p.add_argument("--profile-modes", nargs="+", default=["zigzag"], choices=MODES[:-1])
     p.add_argument("--trace", action="store_true", help="with --profile: the Chrome trace (timeline) too")
     p.add_argument(
-        "--high-priority", action="store_true",
-        help="NCCL communicators on high-priority streams, so the ring's transfers get SMs ahead of queued compute",
+        "--high-priority", action=argparse.BooleanOptionalAction, default=None,
+        help="NCCL communicators on high-priority streams, so the ring's transfers get SMs ahead of queued "
+        "compute (default on CUDA, as the trainer's sequence-parallel groups: flashtrain.distributed.ParallelDims)",
     )  # fmt: skip
     p.add_argument(
         "--grad-group", action="store_true",
@@ -307,6 +308,8 @@ def main() -> None:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     pg_options = None
+    if args.high_priority is None:
+        args.high_priority = device == "cuda"
     if args.high_priority:
         if device != "cuda":
             raise SystemExit("--high-priority sets an NCCL option: run it with --device cuda")

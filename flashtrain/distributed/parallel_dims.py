@@ -69,12 +69,18 @@ class ParallelDims:
                 device_type,
                 (self.dp, self.ring, self.ulysses),
                 mesh_dim_names=("dp", "sp_ring", "sp_ulysses"),
+                **_high_priority_streams(device_type, "sp_ring"),
             )
             # private but stable since torch 2.4 (torchtitan uses it); keep the flattened mesh itself,
             # slicing it back out of the root mesh is deprecated
             self._sp_mesh = mesh["sp_ring", "sp_ulysses"]._flatten("sp")
         else:
-            mesh = init_device_mesh(device_type, (self.dp, self.sp), mesh_dim_names=("dp", "sp"))
+            mesh = init_device_mesh(
+                device_type,
+                (self.dp, self.sp),
+                mesh_dim_names=("dp", "sp"),
+                **(_high_priority_streams(device_type, "sp") if self.sp > 1 else {}),
+            )
             self._sp_mesh = mesh["sp"]
         self._mesh = mesh
         return mesh
@@ -132,3 +138,17 @@ class ParallelDims:
     @property
     def ulysses_rank(self) -> int:
         return self.sp_rank % self.ulysses
+
+
+def _high_priority_streams(device_type: str, dim: str) -> dict:
+    """init_device_mesh's option giving mesh dimension `dim` NCCL communicators on high-priority streams.
+
+    Why: a ring step's dK/dV transfer becomes ready as its dk/dv kernel ends, the moment the dq kernel
+    queued behind it starts; on a normal-priority stream the transfer's kernel got SMs only when dq had
+    drained, so the next step waited for the whole transfer (0.5 ms twice per fwd+bwd at 8k tokens per
+    GPU on 2 H200). On a high-priority stream it starts beside dq: 75% -> 83% of ideal
+    (benchmarks/NOTES_parallel.md). Nothing on CPU (gloo has no streams)."""
+    if device_type != "cuda":
+        return {}
+    options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    return {"backend_override": {dim: ("nccl", options)}}

@@ -25,12 +25,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn, args, out_dir: str, op_timeout_s: float) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, fn, args, out_dir: str, op_timeout_s: float, backend: str
+) -> None:
     torch.set_num_threads(1)  # N ranks share two cores
     result = None
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
@@ -46,8 +50,11 @@ def _worker(rank: int, world_size: int, port: int, fn, args, out_dir: str, op_ti
             dist.destroy_process_group()
 
 
-def run_ranks(fn, world_size: int, *args, timeout_s: float = 240.0, op_timeout_s: float = 60.0) -> list:
-    """fn(rank, world_size, *args) on every rank (fn must be importable: defined at module level).
+def run_ranks(
+    fn, world_size: int, *args, timeout_s: float = 240.0, op_timeout_s: float = 60.0, backend: str = "gloo"
+) -> list:
+    """fn(rank, world_size, *args) on every rank (fn must be importable: defined at module level);
+    backend "nccl" puts rank r on GPU r.
 
     Returns the per-rank return values; raises RuntimeError with the ranks' tracebacks if any rank
     raised, or if the job passed its deadline (the processes are then killed).
@@ -55,7 +62,7 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 240.0, op_timeout_s
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(world_size, free_port(), fn, args, out_dir, op_timeout_s),
+            args=(world_size, free_port(), fn, args, out_dir, op_timeout_s, backend),
             nprocs=world_size,
             join=False,
             start_method="spawn",
