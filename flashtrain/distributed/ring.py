@@ -173,10 +173,8 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     batch, n, nheads, _ = q.shape
     q_pos = _positions(spec, plan.segments[rank], q.device)
-    kv = (
-        k.contiguous(),
-        v.contiguous(),
-    )  # only the K/V heads travel; later steps: a (2, B, n, Hkv, D) buffer
+    # only the K/V heads travel: ours as two tensors, later steps' as one received (2, B, n, Hkv, D) buffer
+    kv = (k.contiguous(), v.contiguous())
     kv_shape = (2, *k.shape)
     for t in range(size):
         src = (rank - t) % size
