@@ -33,17 +33,21 @@ VOCAB = 50304  # GPT-2's, padded to a multiple of 64
 
 
 def _model_config(a):
-    from omegaconf import OmegaConf
+    """The configs/model/ entry through the project's own config path, sized for this check."""
+    from dataclasses import replace
 
-    from flashtrain.models.gpt import GPTConfig
+    from flashtrain.config import compose_config
 
-    fields = OmegaConf.to_container(OmegaConf.load(os.path.join(ROOT, "configs", "model", f"{a.model}.yaml")))
-    fields.update(vocab_size=VOCAB, max_seq_len=max(a.seq_len, fields.get("max_seq_len", 0)))
-    fields["attention"] = a.attention or ("sdpa" if a.device == "cuda" else "reference")
-    return GPTConfig(**fields)
+    model = compose_config([f"model={a.model}"]).model
+    attention = a.attention or ("sdpa" if a.device == "cuda" else "reference")
+    return replace(
+        model, vocab_size=VOCAB, max_seq_len=max(a.seq_len, model.max_seq_len), attention=attention
+    )
 
 
-def _loss_and_grads(model, idx, device_type: str, autocast: bool):
+def loss_and_grads(model, idx, device_type: str, autocast: bool = True) -> tuple[float, dict]:
+    """One forward+backward (under bf16 autocast unless told otherwise): the loss, and every
+    parameter's fp32 gradient by name (FSDP's DTensor gradients gathered whole)."""
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
         loss = model(idx, idx)
     loss.backward()
@@ -100,10 +104,10 @@ def main() -> None:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     idx = torch.randint(0, VOCAB, (a.batch_size, a.seq_len), device=device)
 
-    ref_loss, ref = _loss_and_grads(model, idx, device.type, autocast=False)
+    ref_loss, ref = loss_and_grads(model, idx, device.type, autocast=False)
     rows = [_report("fp32", ref_loss, ref, ref_loss, ref)]
     model.zero_grad(set_to_none=True)
-    rows.append(_report("autocast", *_loss_and_grads(model, idx, device.type, autocast=True), ref_loss, ref))
+    rows.append(_report("autocast", *loss_and_grads(model, idx, device.type, autocast=True), ref_loss, ref))
     del model
     mesh = init_device_mesh(device.type, (world,))
     for residual in (torch.float32, torch.bfloat16):
@@ -113,7 +117,7 @@ def main() -> None:
             model, mesh, reshard_after_forward=True, param_dtype=torch.bfloat16, residual_dtype=residual
         )
         name = f"fsdp_{'fp32' if residual == torch.float32 else 'bf16'}_residual"
-        rows.append(_report(name, *_loss_and_grads(model, idx, device.type, autocast=True), ref_loss, ref))
+        rows.append(_report(name, *loss_and_grads(model, idx, device.type, autocast=True), ref_loss, ref))
         del model
     if rank == 0:
         for r in rows:

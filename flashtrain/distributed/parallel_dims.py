@@ -69,7 +69,7 @@ class ParallelDims:
                 device_type,
                 (self.dp, self.ring, self.ulysses),
                 mesh_dim_names=("dp", "sp_ring", "sp_ulysses"),
-                **_high_priority_streams(device_type, "sp_ring"),
+                **_high_priority_streams(device_type, "sp_ring", self.ring),
             )
             # private but stable since torch 2.4 (torchtitan uses it); keep the flattened mesh itself,
             # slicing it back out of the root mesh is deprecated
@@ -79,7 +79,7 @@ class ParallelDims:
                 device_type,
                 (self.dp, self.sp),
                 mesh_dim_names=("dp", "sp"),
-                **(_high_priority_streams(device_type, "sp") if self.sp > 1 else {}),
+                **_high_priority_streams(device_type, "sp", self.sp),
             )
             self._sp_mesh = mesh["sp"]
         self._mesh = mesh
@@ -140,15 +140,16 @@ class ParallelDims:
         return self.sp_rank % self.ulysses
 
 
-def _high_priority_streams(device_type: str, dim: str) -> dict:
-    """init_device_mesh's option giving mesh dimension `dim` NCCL communicators on high-priority streams.
+def _high_priority_streams(device_type: str, dim: str, size: int) -> dict:
+    """init_device_mesh's option giving mesh dimension `dim` (of `size` ranks) NCCL communicators on
+    high-priority streams.
 
     Why: a ring step's dK/dV transfer becomes ready as its dk/dv kernel ends, the moment the dq kernel
     queued behind it starts; on a normal-priority stream the transfer's kernel got SMs only when dq had
     drained, so the next step waited for the whole transfer (0.5 ms twice per fwd+bwd at 8k tokens per
     GPU on 2 H200). On a high-priority stream it starts beside dq: 75% -> 83% of ideal
-    (benchmarks/NOTES_parallel.md). Nothing on CPU (gloo has no streams)."""
-    if device_type != "cuda":
+    (benchmarks/NOTES_parallel.md). Nothing on CPU (gloo has no streams), nor for a dimension of one rank."""
+    if device_type != "cuda" or size == 1:
         return {}
     options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
     return {"backend_override": {dim: ("nccl", options)}}

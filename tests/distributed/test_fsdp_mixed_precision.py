@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.check_fsdp_precision import loss_and_grads
 from flashtrain.config import compose_config
 from flashtrain.models.gpt import GPT, GPTConfig
 from flashtrain.parallelize import apply_fsdp
@@ -25,18 +26,6 @@ CFG = GPTConfig(
     pos_embedding="rotary",
     attention="reference",
 )
-
-
-def _loss_and_grads(model, idx):
-    """Loss under CPU bf16 autocast, and the fp32 gradients of every parameter (FSDP: gathered)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model(idx, idx)
-    loss.backward()
-    grads = {}
-    for name, p in model.named_parameters():
-        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        grads[name] = g.float()
-    return loss.detach().float(), grads
 
 
 def _fsdp_run(rank, world, cfg, state, idx, residual_dtype, blocks_per_unit):
@@ -56,7 +45,7 @@ def _fsdp_run(rank, world, cfg, state, idx, residual_dtype, blocks_per_unit):
     seen = []  # registered after FSDP's own pre-forward hook, so this sees what the block gets
     for block in model.blocks:
         block.register_forward_pre_hook(lambda _, args: seen.append((args[0].dtype, args[1][0].dtype)))
-    loss, grads = _loss_and_grads(model, idx)
+    loss, grads = loss_and_grads(model, idx, "cpu")
     return loss, grads, seen
 
 
@@ -66,7 +55,7 @@ def single_device():
     model = GPT(CFG)
     idx = torch.randint(0, CFG.vocab_size, (2, 24))
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    return state, idx, _loss_and_grads(model, idx)
+    return state, idx, loss_and_grads(model, idx, "cpu")
 
 
 @pytest.mark.parametrize("blocks_per_unit", [1, 2])
