@@ -436,7 +436,7 @@ def backward_delta(out, do, lse, cu_seqlens_q=None, max_seqlen_q=None) -> torch.
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
-    dropout_rows=None, grads_into=None, only=None, delta=None,
+    dropout_rows=None, grads_into=None, only=None, delta=None, add_dkdv=True,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
@@ -447,6 +447,9 @@ def flash_attn_backward(
         the step's gradients); returns them.
     only: with grads_into, "dkdv" or "dq" runs that kernel alone: the ring backward sends a step's
         dK/dV on before its dq kernel runs. Pass both halves the same `delta` to preprocess once.
+        With only="dq", grads_into's dk and dv may be None.
+    add_dkdv: with grads_into, False stores dK/dV into its buffers (every row) instead of adding to
+        them, so a fresh fp32 buffer needs no zero fill; dq is added either way.
     delta: `backward_delta(out, do, lse, ...)` computed beforehand; None computes it here.
     """
     if only not in (None, "dkdv", "dq"):
@@ -463,9 +466,12 @@ def flash_attn_backward(
         if varlen or atomic_dq:
             raise ValueError("grads_into takes a dense, deterministic call (no varlen, no atomic_dq)")
         for name, buf, like in zip(("dq", "dk", "dv"), grads_into, (q, k, v), strict=True):
-            if buf.dtype != torch.float32 or buf.shape != like.shape or buf.stride(-1) != 1:
+            if buf is None and only == "dq" and name != "dq":
+                continue
+            if buf is None or buf.dtype != torch.float32 or buf.shape != like.shape or buf.stride(-1) != 1:
+                got = "None" if buf is None else f"{buf.dtype} {tuple(buf.shape)}"
                 raise ValueError(f"grads_into {name} must be fp32 {tuple(like.shape)} with a unit last stride, "
-                                 f"got {buf.dtype} {tuple(buf.shape)}")  # fmt: skip
+                                 f"got {got}")  # fmt: skip
         dq, dk, dv = grads_into
     else:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -507,7 +513,8 @@ def flash_attn_backward(
             q, k, v, do, dk, dv, dq_acc, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k,
             *strides_qkv_do,
             *token_strides(dk, varlen), *token_strides(dv, varlen), *dq_strides,
-            stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate, PART=part,
+            stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate and add_dkdv,
+            PART=part,
             **meta,
         )  # fmt: skip
     if atomic_dq:

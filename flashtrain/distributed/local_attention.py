@@ -463,10 +463,29 @@ def local_forward_merge(
     flash_attn_forward(q, k, v, merge_into=(out_acc, lse_acc), **args)
 
 
+class DenseBackwardPrep:
+    """The dense kernels' per-backward inputs over all of a shard's query rows: the base-2 lse and
+    delta = rowsum(dO * O), computed on first use and then sliced for each call's rows, so a ring
+    backward runs the preprocess once instead of once per step."""
+
+    def __init__(self, out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor):
+        self._args, self._full = (out, dout, lse), None
+
+    def rows(self, q_rows: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._full is None:
+            from kernels._flash_bwd import backward_delta
+
+            out, dout, lse = self._args
+            lse2 = lse / _LN2  # the kernels' base-2 lse
+            self._full = lse2, backward_delta(out, dout, lse2)
+        return tuple(narrow_rows(t, q_rows, 2) for t in self._full)
+
+
 def local_backward_accumulate(
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dout, q, k, v, out, lse, *,
     causal: bool, softmax_scale: float, window, mask: PositionMask | None = None, backend: str = "auto",
-    only: str | None = None,
+    only: str | None = None, prep: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    add_dkdv: bool = True,
 ) -> Callable[[], None] | None:  # fmt: skip
     """local_backward of one call added in place to fp32 gradient buffers (dq, dk, dv) shaped like
     q, k, v. The dense Triton route adds inside the kernels' epilogues; the others add in torch.
@@ -474,21 +493,31 @@ def local_backward_accumulate(
     only="dkdv" then only="dq" (two calls) add the same gradients as one call without `only`, split
     so the ring can send dK/dV on before the dq work: the dense Triton route runs one kernel in each;
     the routes that compute all three gradients at once add them all in the "dkdv" call. The "dkdv"
-    call returns its dq half as a function, which shares its backward preprocess (delta)."""
+    call returns its dq half as a function, which shares its backward preprocess (delta).
+    With only="dq", grads' dk and dv may be None (whichever route adds them runs later).
+    prep: returns this call's rows of (base-2 lse, delta) for the dense route (a
+    `DenseBackwardPrep.rows`), instead of computing them here.
+    add_dkdv=False: the call's dK/dV overwrite grads' dk and dv (which the call must cover, every key
+    row) instead of adding to them, so a fresh buffer needs no zero fill; dq is added either way."""
     if only not in (None, "dkdv", "dq"):
         raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
     kw = dict(causal=causal, softmax_scale=softmax_scale, window=window, mask=mask, backend=backend)
     args = _dense_kernel_args(backend, q, mask, causal, softmax_scale, window)
-    if args is None or any(g.dtype != torch.float32 for g in grads):
+    if args is None or any(g is not None and g.dtype != torch.float32 for g in grads):
         if only != "dq":
-            for acc, g in zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True):
-                acc.add_(g)
+            for i, (acc, g) in enumerate(zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True)):
+                acc.add_(g) if i == 0 or add_dkdv else acc.copy_(g)
         return (lambda: None) if only == "dkdv" else None
     from kernels._flash_bwd import backward_delta, flash_attn_backward
 
-    lse2 = lse / _LN2  # the kernels' base-2 lse
-    delta = backward_delta(out, dout, lse2) if only == "dkdv" else None
-    flash_attn_backward(dout, q, k, v, out, lse2, grads_into=grads, only=only, delta=delta, **args)
+    if prep is not None:
+        lse2, delta = prep()
+    else:
+        lse2 = lse / _LN2  # the kernels' base-2 lse
+        delta = backward_delta(out, dout, lse2) if only == "dkdv" else None
+    flash_attn_backward(
+        dout, q, k, v, out, lse2, grads_into=grads, only=only, delta=delta, add_dkdv=add_dkdv, **args
+    )
     if only != "dkdv":
         return None
     return lambda: flash_attn_backward(

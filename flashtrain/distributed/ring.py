@@ -3,12 +3,13 @@
 Each of P ranks holds 1/P of the sequence (layouts in `sharding.py`). K/V shards travel around the
 ring; at every step a rank attends its queries to the shard it holds and merges the step's partial
 (out, lse) into an fp32 accumulator through the log-sum-exp, casting once at the end. The backward
-recomputes every step from the global (out, lse); dq stays home, while fp32 dK/dV accumulators
-travel with their K/V and arrive home after the last rank that needs them (P hops in a dense ring).
+recomputes every step from the global (out, lse); dq stays home, and so does each rank's part of its own
+dK/dV, while fp32 accumulators of the other ranks' parts travel with their K/V from the next rank on
+and arrive home after the last rank that needs them (P-1 hops in a dense ring), where the two add.
 On the dense Triton route both updates happen inside the kernels (`local_forward_merge`,
 `local_backward_accumulate`): a step's output and gradients never exist as separate tensors. A
-backward step runs its dk/dv kernels into the arrived accumulator, sends it on, then runs its dq
-kernels, so the transfer (the last hop home included) overlaps the dq work.
+backward step runs its dk/dv kernels into the accumulator, sends it on, then runs its dq kernels, so
+the transfer (the last hop home included) overlaps the dq work.
 
 Three layers, as in flash-attention: `ring_forward` / `ring_backward` (the schedules, which issue
 every collective in a fixed order) -> `RingAttention` (autograd.Function, so autograd never orders a
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .local_attention import (
+    DenseBackwardPrep,
     PositionMask,
     local_backward_accumulate,
     local_forward_merge,
@@ -203,17 +205,56 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in max(dtype, float32), from the global out and lse of the forward."""
+def ring_backward(
+    dout, q, k, v, out, lse, spec: RingSpec, grad_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in grad_dtype (default max(dtype, float32)), from the global out and lse of the forward.
+
+    The accumulator of src's dK/dV starts where src's K/V arrive first (step 1) and travels on with
+    them; src adds its own part last, into the accumulator come home: P-1 hops in a dense ring, not P,
+    and no fp32 sum. Starting it at home would send one more fp32 accumulator per backward, beside a
+    dq kernel that it slows. Step 0 runs only the dq kernels of our own K/V, hiding the first transfer.
+    """
     plan = spec.plan
     size, rank = spec.size, spec.rank
     nxt_rank, prv_rank = (rank + 1) % size, (rank - 1) % size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     q_pos = _positions(spec, plan.segments[rank], q.device)
-    kv = (k.contiguous(), v.contiguous())  # as in the forward
+    own_kv = kv = (k.contiguous(), v.contiguous())  # as in the forward
     acc_shape = (2, *k.shape)  # (2, B, n, Hkv, D): dK and dV travel as one message
-    acc_in = own = home = None
+    prep = DenseBackwardPrep(out, dout, lse)  # one preprocess for every step's dense calls
+
+    def run_calls(src: int, kv, acc, only: str) -> list:
+        """src's calls: their dq halves (only="dq") or their dk/dv halves into acc (only="dkdv"), which
+        return the dq halves still to run. A single call over all of acc's rows stores into it
+        (acc=None: a new uninitialised buffer) instead of adding to a zero-filled one."""
+        calls = plan.calls[src]
+        store = acc is None and only == "dkdv"
+        if store:
+            fresh = len(calls) == 1 and calls[0].k_rows == (0, k.shape[1])
+            acc = (torch.empty if fresh else torch.zeros)(acc_shape, dtype=acc_dtype, device=q.device)
+            store = fresh
+        k_pos = _positions(spec, plan.segments[src], q.device) if calls else None
+        halves = []
+        for call in calls:
+            grads = (
+                narrow_rows(dq, call.q_rows),
+                *(
+                    (None, None)
+                    if acc is None
+                    else (narrow_rows(acc[0], call.k_rows), narrow_rows(acc[1], call.k_rows))
+                ),
+            )
+            halves.append(local_backward_accumulate(
+                grads, narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
+                narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
+                **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]), only=only,
+                prep=functools.partial(prep.rows, call.q_rows), add_dkdv=not store,
+            ))  # fmt: skip
+        return acc, halves
+
+    acc_in = home = None
     pending: list = []  # last step's dK/dV works, with their tensors kept alive until waited
     for t in range(size):
         src = (rank - t) % size
@@ -228,31 +269,17 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
 
         _wait([w for w, _ in pending])  # the previous step's transfers: src's accumulator has arrived
         pending = []
-        # src's accumulator, held by whoever holds src's K/V (None: this rank no longer does)
-        acc = torch.zeros(acc_shape, dtype=acc_dtype, device=q.device) if t == 0 else acc_in
-        dq_halves = []
-        if plan.calls[src]:
-            k_pos = _positions(spec, plan.segments[src], q.device)
-            for call in plan.calls[src]:
-                # the dk/dv kernels add straight into the travelling accumulator
-                grads = (narrow_rows(dq, call.q_rows), narrow_rows(acc[0], call.k_rows),
-                         narrow_rows(acc[1], call.k_rows))  # fmt: skip
-                dq_halves.append(local_backward_accumulate(
-                    grads, narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
-                    narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
-                    **_call_kwargs(spec, call, q_pos, k_pos, plan.segments[rank], plan.segments[src]), only="dkdv",
-                ))  # fmt: skip
-
-        ops = []
-        if acc is not None:
+        ops, dq_halves = [], []
+        if t == 0:  # our own K/V: their dq now, their dK/dV last (into what comes home)
+            run_calls(src, kv, None, only="dq")
+        elif t <= plan.last_hop[src]:  # we hold src's K/V, and its accumulator (new at step 1)
+            acc, dq_halves = run_calls(src, kv, acc_in if t > 1 else None, only="dkdv")
             if t < plan.last_hop[src]:
                 ops.append((dist.isend, acc, nxt_rank, _TAG_DKV))
-            elif t > 0:
-                ops.append((dist.isend, acc, src, _TAG_HOME))  # last user of src's K/V: send home
             else:
-                own = acc  # nobody else needs our K/V
+                ops.append((dist.isend, acc, src, _TAG_HOME))  # last user of src's K/V: send home
         acc_in = None
-        if t < plan.last_hop[incoming]:
+        if 1 <= t < plan.last_hop[incoming]:  # incoming's accumulator started on the previous rank
             acc_in = torch.empty(acc_shape, dtype=acc_dtype, device=q.device)
             ops.append((dist.irecv, acc_in, prv_rank, _TAG_DKV))
         if t > 0 and t == plan.last_hop[rank]:
@@ -261,13 +288,16 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec) -> tuple[torch.Tensor
         # overlaps this step's dq work and the next step's compute; on its own communicator, beside the
         # K/V transfers too
         pending = [(w, ops) for w in _post(ops, spec.grad_group or spec.group)]
-        for dq_half in dq_halves:  # after the dK/dV send: the last hop home hides behind it
+        for dq_half in dq_halves:  # after the dK/dV send: the hop hides behind the dq work
             dq_half()
         _wait(kv_works)  # blocks until the next K/V have arrived
         kv = nxt
-    _wait([w for w, _ in pending])  # blocks until our own dK/dV have come home
-    dkv = own if plan.last_hop[rank] == 0 else home
-    return dq, dkv[0], dkv[1]
+    _wait([w for w, _ in pending])  # blocks until the others' part of our dK/dV has come home
+    # our own part, added into it (its dq halves ran at step 0; other routes add dq here)
+    dkv, _ = run_calls(rank, own_kv, home, only="dkdv")
+    grad_dtype = grad_dtype or acc_dtype
+    dkv = dkv.to(grad_dtype)
+    return dq.to(grad_dtype), dkv[0], dkv[1]
 
 
 class RingAttention(torch.autograd.Function):
@@ -282,8 +312,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.spec)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return (*ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.spec, grad_dtype=q.dtype), None)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -108,8 +108,8 @@ class UlyssesAttention(torch.autograd.Function):
         qh, kh, vh, out, lse = ctx.saved_tensors
         spec = ctx.spec
         (doh,) = _gather_heads([dout.contiguous()], spec)
-        dq, dk, dv = ring_backward(doh, qh, kh, vh, out, lse, spec.inner)
-        dq, dk, dv = _scatter_heads([dq.to(qh.dtype), dk.to(kh.dtype), dv.to(vh.dtype)], spec)
+        dq, dk, dv = ring_backward(doh, qh, kh, vh, out, lse, spec.inner, grad_dtype=qh.dtype)
+        dq, dk, dv = _scatter_heads([dq, dk, dv], spec)
         return dq, dk, dv, None
 
 

@@ -368,7 +368,31 @@ def job(rank: int, world: int, names: list[str]) -> dict:
     # a dense ring case after all the errors: nothing is left half-sent
     results["after-errors"] = run_case(Case("after-errors", causal=True), rank, world, groups)
     results.update(run_gradient_group_cases(rank, world, groups))
+    results["accumulator-hops"] = run_accumulator_hops_case(rank, world, groups)
     return results
+
+
+def run_accumulator_hops_case(rank: int, world: int, groups: dict) -> str | None:
+    """A dense zigzag backward sends P-1 fp32 dK/dV accumulators per rank, none at step 0: each rank's
+    own part stays home and the others' parts travel from the next rank on (P-1 hops, not P)."""
+    from flashtrain.distributed import ring
+
+    sent, post = [], ring._post
+
+    def counting_post(ops, group):
+        sent.extend(
+            t.dtype for op, t, _, tag in ops if op is dist.isend and tag in (ring._TAG_DKV, ring._TAG_HOME)
+        )
+        return post(ops, group)
+
+    ring._post = counting_post
+    try:
+        err = run_case(Case("accumulator-hops", causal=True), rank, world, groups)
+    finally:
+        ring._post = post
+    if err is None and sent != [torch.float64] * (world - 1):
+        err = f"sent accumulators {sent}, expected {world - 1} in float64"
+    return err
 
 
 GRADIENT_GROUP_CASES = (

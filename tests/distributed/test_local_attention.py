@@ -1,10 +1,13 @@
 """The ring's per-step adapter: the dropout-aware reference backward, the dropout mask at global
 coordinates, and the Triton routes (dense with signed windows and dropout, varlen, block-sparse)."""
 
+import functools
+
 import pytest
 import torch
 
 from flashtrain.distributed.local_attention import (
+    DenseBackwardPrep,
     PositionMask,
     _route,
     dropout_keep_mask,
@@ -288,3 +291,30 @@ def test_in_place_step_updates_equal_the_call_then_merge_or_add(case):
     local_backward_accumulate(tuple(split), dout, q, k, v, out, lse, **kw, only="dq")
     for g, s, want in zip(split, start, grads, strict=True):
         torch.testing.assert_close(g, s + want, rtol=1e-5, atol=1e-5)
+    # and with the preprocess of a whole shard (this call's rows after 5 others), sliced to the call
+    pad = torch.randn(batch, 5, *q.shape[2:], generator=gen).to(_DEV)
+    shard = [torch.cat([pad, t], 1) for t in (out, dout)]
+    prep = DenseBackwardPrep(*shard, torch.cat([torch.randn(batch, 4, 5, generator=gen).to(_DEV), lse], 2))
+    split = [s.clone() for s in start]
+    local_backward_accumulate(
+        tuple(split),
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        **kw,
+        only="dkdv",
+        prep=functools.partial(prep.rows, (5, 5 + m)),
+    )
+    local_backward_accumulate(tuple(split), dout, q, k, v, out, lse, **kw, only="dq")
+    for g, s, want in zip(split, start, grads, strict=True):
+        torch.testing.assert_close(g, s + want, rtol=1e-5, atol=1e-5)
+    # as the ring runs its own K/V: dq first (no dK/dV buffers yet), then dK/dV stored into new buffers
+    dq = start[0].clone()
+    local_backward_accumulate((dq, None, None), dout, q, k, v, out, lse, **kw, only="dq")
+    fresh = [torch.full_like(t, float("nan")) for t in start[1:]]
+    local_backward_accumulate((dq, *fresh), dout, q, k, v, out, lse, **kw, only="dkdv", add_dkdv=False)
+    for g, want in zip((dq - start[0], *fresh), grads, strict=True):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)

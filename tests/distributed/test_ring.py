@@ -34,3 +34,9 @@ def test_ring_usable_after_bad_inputs(world):
 def test_ring_gradients_over_a_second_group(world, name):
     err = job_results(world)[name]
     assert err is None, err
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_ring_backward_keeps_each_ranks_own_dkdv_part_home(world):
+    err = job_results(world)["accumulator-hops"]
+    assert err is None, err

@@ -139,6 +139,27 @@ def test_grads_into_adds_the_plain_gradients(case, split):
         assert w[:, 0].eq(0).all() and w[:, 1 + t.shape[1] :].eq(0).all()
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=[f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in CASES[:2]])
+def test_grads_into_stores_dkdv_into_a_fresh_buffer(case):
+    """add_dkdv=False overwrites every dK/dV row (a NaN-filled buffer needs no zero fill first) while dq
+    still adds; the dq half takes None for dk and dv (the ring runs its own K/V's dq first)."""
+    dtype, b, m, _, n, h, hk, d, causal = case
+    q, _, _, k, v = _inputs(dtype, b, m, 1, n, h, hk, d)
+    kw = _call_kw(causal, d**-0.5)
+    out, lse2 = flash_attn_forward(q, k, v, **kw)
+    dout = torch.randn_like(out)
+    plain = flash_attn_backward(dout, q, k, v, out, lse2, **kw)
+
+    dq_start = torch.randn(q.shape, dtype=F32, device=DEVICE)
+    dq = dq_start.clone()
+    flash_attn_backward(dout, q, k, v, out, lse2, grads_into=(dq, None, None), only="dq", **kw)
+    dk, dv = (torch.full(t.shape, math.nan, dtype=F32, device=DEVICE) for t in (k, v))
+    flash_attn_backward(dout, q, k, v, out, lse2, grads_into=(dq, dk, dv), only="dkdv", add_dkdv=False, **kw)
+    for name, got, g in (("dq", dq - dq_start, plain[0]), ("dk", dk, plain[1]), ("dv", dv, plain[2])):
+        tol = 2 * torch.finfo(dtype).eps * max(1.0, g.float().abs().max().item()) + 1e-6
+        torch.testing.assert_close(got, g.float(), atol=tol, rtol=0, msg=name)
+
+
 def test_fused_updates_refuse_what_they_cannot_do():
     q, k, v, _, _ = _inputs(F16, 1, 8, 8, 1, 2, 2, 16)
     kw = _call_kw(False, 0.25)
@@ -148,6 +169,8 @@ def test_fused_updates_refuse_what_they_cannot_do():
     bad = (torch.zeros(q.shape), torch.zeros(k.shape, dtype=F16), torch.zeros(v.shape))
     with pytest.raises(ValueError, match="grads_into dk"):
         flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_into=bad, **kw)
+    with pytest.raises(ValueError, match="grads_into dk must be fp32 .* got None"):
+        flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_into=(bad[0], None, None), **kw)
     with pytest.raises(ValueError, match="needs grads_into"):
         flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, only="dq", **kw)
     good = tuple(torch.zeros(t.shape) for t in (q, k, v))
