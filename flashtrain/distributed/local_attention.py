@@ -505,8 +505,10 @@ def local_backward_accumulate(
     args = _dense_kernel_args(backend, q, mask, causal, softmax_scale, window)
     if args is None or any(g is not None and g.dtype != torch.float32 for g in grads):
         if only != "dq":
-            for i, (acc, g) in enumerate(zip(grads, local_backward(dout, q, k, v, out, lse, **kw), strict=True)):
-                acc.add_(g) if i == 0 or add_dkdv else acc.copy_(g)
+            dq, dk, dv = local_backward(dout, q, k, v, out, lse, **kw)
+            grads[0].add_(dq)
+            for acc, g in ((grads[1], dk), (grads[2], dv)):
+                acc.add_(g) if add_dkdv else acc.copy_(g)
         return (lambda: None) if only == "dkdv" else None
     from kernels._flash_bwd import backward_delta, flash_attn_backward
 

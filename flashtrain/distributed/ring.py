@@ -3,13 +3,14 @@
 Each of P ranks holds 1/P of the sequence (layouts in `sharding.py`). K/V shards travel around the
 ring; at every step a rank attends its queries to the shard it holds and merges the step's partial
 (out, lse) into an fp32 accumulator through the log-sum-exp, casting once at the end. The backward
-recomputes every step from the global (out, lse); dq stays home, and so does each rank's part of its own
-dK/dV, while fp32 accumulators of the other ranks' parts travel with their K/V from the next rank on
-and arrive home after the last rank that needs them (P-1 hops in a dense ring), where the two add.
-On the dense Triton route both updates happen inside the kernels (`local_forward_merge`,
+recomputes every step from the global (out, lse); dq stays home, while an fp32 accumulator of the
+other ranks' parts of a rank's dK/dV starts where its K/V arrive first and travels with them, home
+after the last rank that needs them (P-1 hops in a dense ring); the rank adds its own part into it
+last. On the dense Triton route both updates happen inside the kernels (`local_forward_merge`,
 `local_backward_accumulate`): a step's output and gradients never exist as separate tensors. A
 backward step runs its dk/dv kernels into the accumulator, sends it on, then runs its dq kernels, so
-the transfer (the last hop home included) overlaps the dq work.
+the transfer (the last hop home included) overlaps the dq work; step 0 runs only the dq kernels of
+the rank's own K/V, while the first K/V transfer runs.
 
 Three layers, as in flash-attention: `ring_forward` / `ring_backward` (the schedules, which issue
 every collective in a fixed order) -> `RingAttention` (autograd.Function, so autograd never orders a

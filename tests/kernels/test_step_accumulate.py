@@ -139,7 +139,9 @@ def test_grads_into_adds_the_plain_gradients(case, split):
         assert w[:, 0].eq(0).all() and w[:, 1 + t.shape[1] :].eq(0).all()
 
 
-@pytest.mark.parametrize("case", CASES[:2], ids=[f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in CASES[:2]])
+@pytest.mark.parametrize(
+    "case", CASES[:2], ids=[f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in CASES[:2]]
+)
 def test_grads_into_stores_dkdv_into_a_fresh_buffer(case):
     """add_dkdv=False overwrites every dK/dV row (a NaN-filled buffer needs no zero fill first) while dq
     still adds; the dq half takes None for dk and dv (the ring runs its own K/V's dq first)."""
