@@ -226,10 +226,10 @@ def ring_backward(
     acc_shape = (2, *k.shape)  # (2, B, n, Hkv, D): dK and dV travel as one message
     prep = DenseBackwardPrep(out, dout, lse)  # one preprocess for every step's dense calls
 
-    def run_calls(src: int, kv, acc, only: str) -> list:
-        """src's calls: their dq halves (only="dq") or their dk/dv halves into acc (only="dkdv"), which
-        return the dq halves still to run. A single call over all of acc's rows stores into it
-        (acc=None: a new uninitialised buffer) instead of adding to a zero-filled one."""
+    def run_calls(src: int, kv, acc, only: str) -> tuple[torch.Tensor | None, list]:
+        """src's calls: their dq halves (only="dq"), or their dk/dv halves into acc (only="dkdv"; None:
+        into a new one), returned with the dq halves still to run. A new accumulator that one call
+        covers is stored into, uninitialised, instead of zero-filled and added to."""
         calls = plan.calls[src]
         store = acc is None and only == "dkdv"
         if store:
@@ -239,14 +239,8 @@ def ring_backward(
         k_pos = _positions(spec, plan.segments[src], q.device) if calls else None
         halves = []
         for call in calls:
-            grads = (
-                narrow_rows(dq, call.q_rows),
-                *(
-                    (None, None)
-                    if acc is None
-                    else (narrow_rows(acc[0], call.k_rows), narrow_rows(acc[1], call.k_rows))
-                ),
-            )
+            acc_rows = (None, None) if acc is None else tuple(narrow_rows(a, call.k_rows) for a in acc)
+            grads = (narrow_rows(dq, call.q_rows), *acc_rows)
             halves.append(local_backward_accumulate(
                 grads, narrow_rows(dout, call.q_rows), narrow_rows(q, call.q_rows), narrow_rows(kv[0], call.k_rows),
                 narrow_rows(kv[1], call.k_rows), narrow_rows(out, call.q_rows), narrow_rows(lse, call.q_rows, 2),
