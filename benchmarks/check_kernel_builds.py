@@ -86,6 +86,13 @@ def _cases():
         "dense_full": dense(causal=False),
         "dense_d128_gqa": dense(d=128, causal=True, hkv=1),
         "dense_d256": dense(d=256, causal=True),
+        # every head-dim class the API takes: ptxas died on 32-wide key tiles of the forward at d16 and d32
+        "dense_d16": dense(d=16, causal=False),
+        "dense_d32": dense(d=32, causal=True),
+        "dense_d40": dense(d=40, causal=True),
+        "dense_d80": dense(d=80, causal=True),
+        "dense_d96": dense(d=96, causal=True),
+        "dense_d160": dense(d=160, causal=True),
         "window": dense(causal=True, window=(32, 0)),
         "dropout": dense(causal=True, dropout_p=0.1),
         "dropout_d128": dense(d=128, causal=True, dropout_p=0.1),

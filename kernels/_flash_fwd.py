@@ -241,8 +241,8 @@ def prune_configs(configs, named_args, rows_key, cols_key, acc_rows_key, n_acc, 
     # Keep at least two candidates: the autotuner compiles a lone config outside its guard, while
     # with two it treats a config whose compile fails as infinitely slow and takes the other. ptxas
     # (CUDA 13, H200) crashed with SIGSEGV on some configs of these kernels: once inside an autotune
-    # run, which went on with another config, and once fatally in a short-sequence ring test, where
-    # the pruning likely left one config (the failing config was not recorded).
+    # run, which went on with another config, and once fatally in a short-sequence ring test (the
+    # forward's 32-wide key tiles at head dims <= 32, since dropped in `_prune_fwd`).
     spare = sorted(
         (c for c in configs if c not in kept), key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]
     )
@@ -250,6 +250,12 @@ def prune_configs(configs, named_args, rows_key, cols_key, acc_rows_key, n_acc, 
 
 
 def _prune_fwd(configs, named_args, **kwargs):
+    if {**named_args, **kwargs}["BLOCK_D"] <= 32:
+        # Triton 3.6's ptxas (CUDA 13) dies with SIGSEGV building this kernel for sm_90 with 32-wide key
+        # tiles at head dims 16 and 32 (`check_kernel_builds.py`, cases dense_d16 / dense_d32); with keys
+        # of <= 32 both surviving candidates were such tiles, so the call failed. The interpreter's one
+        # config stays.
+        configs = [c for c in configs if c.kwargs["BLOCK_N"] > 32] or configs
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 

@@ -42,6 +42,9 @@ def test_every_config_of_every_case_builds_for_sm90(tmp_path):
     assert {
         "dense_causal",
         "dense_d256",
+        "dense_d16",
+        "dense_d32",
+        "dense_d160",
         "dropout",
         "dropout_varlen",
         "varlen",

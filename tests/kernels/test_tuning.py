@@ -3,7 +3,7 @@
 import pytest
 import triton
 
-from kernels._flash_fwd import prune_configs
+from kernels._flash_fwd import _prune_fwd, prune_configs
 
 
 def _config(m, n, warps=4, stages=2):
@@ -38,6 +38,21 @@ def test_short_sequences_keep_a_second_candidate(seqlen):
     assert _tiles(_prune(seqlen, seqlen)) == [(64, 32), (32, 32)]  # both fit: rows <= 64, cols <= 32
     # only (64, 32) fits; the smallest of the rest comes along as the fallback
     assert _tiles(_prune(seqlen, seqlen, configs=_CONFIGS[:4])) == [(64, 32), (64, 64)]
+
+
+@pytest.mark.parametrize("block_d", [16, 32])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(128, 8), (128, 32), (4096, 4096), (8, 8)])
+def test_forward_drops_the_key_tiles_ptxas_cannot_build_at_small_head_dims(block_d, seqlen_q, seqlen_k):
+    """ptxas (Triton 3.6, sm_90) crashes on the forward's 32-wide key tiles at head dims <= 32; with <= 32
+    keys they were the only two candidates left, so the call failed. `check_kernel_builds.py` builds them."""
+    gpu_configs = [_config(128, 64, 8, 3), _config(128, 128, 8, 3), _config(64, 64, 4, 3), _config(64, 32),
+                   _config(128, 32, 8, 2)]  # fmt: skip
+    args = dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, BLOCK_D=block_d, DOT_PREC="bf16")
+    kept = _tiles(_prune_fwd(gpu_configs, args))
+    assert kept and all(n > 32 for _, n in kept)
+    # head dims from 40 up keep them, and the interpreter's lone 32x32 config stays at any head dim
+    assert (64, 32) in _tiles(_prune_fwd(gpu_configs, {**args, "BLOCK_D": 64, "seqlen_k": 32}))
+    assert _tiles(_prune_fwd([_config(32, 32)], args)) == [(32, 32)]
 
 
 def test_nothing_fits_still_gives_the_two_smallest():
