@@ -510,13 +510,9 @@ def local_backward_accumulate(
             for acc, g in ((grads[1], dk), (grads[2], dv)):
                 acc.add_(g) if add_dkdv else acc.copy_(g)
         return (lambda: None) if only == "dkdv" else None
-    from kernels._flash_bwd import backward_delta, flash_attn_backward
+    from kernels._flash_bwd import flash_attn_backward
 
-    if prep is not None:
-        lse2, delta = prep()
-    else:
-        lse2 = lse / _LN2  # the kernels' base-2 lse
-        delta = backward_delta(out, dout, lse2) if only == "dkdv" else None
+    lse2, delta = prep() if prep is not None else DenseBackwardPrep(out, dout, lse).rows((0, lse.shape[2]))
     flash_attn_backward(
         dout, q, k, v, out, lse2, grads_into=grads, only=only, delta=delta, add_dkdv=add_dkdv, **args
     )

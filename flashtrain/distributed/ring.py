@@ -207,9 +207,9 @@ def ring_forward(q, k, v, spec: RingSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ring_backward(
-    dout, q, k, v, out, lse, spec: RingSpec, grad_dtype: torch.dtype | None = None
+    dout, q, k, v, out, lse, spec: RingSpec, grad_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in grad_dtype (default max(dtype, float32)), from the global out and lse of the forward.
+    """(dq, dk, dv) in grad_dtype, from the global out and lse of the forward (accumulated in fp32 or wider).
 
     The accumulator of src's dK/dV starts where src's K/V arrive first (step 1) and travels on with
     them; src adds its own part last, into the accumulator come home: P-1 hops in a dense ring, not P,
@@ -231,11 +231,10 @@ def ring_backward(
         into a new one), returned with the dq halves still to run. A new accumulator that one call
         covers is stored into, uninitialised, instead of zero-filled and added to."""
         calls = plan.calls[src]
-        store = acc is None and only == "dkdv"
-        if store:
-            fresh = len(calls) == 1 and calls[0].k_rows == (0, k.shape[1])
-            acc = (torch.empty if fresh else torch.zeros)(acc_shape, dtype=acc_dtype, device=q.device)
-            store = fresh
+        store = False
+        if acc is None and only == "dkdv":
+            store = len(calls) == 1 and calls[0].k_rows == (0, k.shape[1])
+            acc = (torch.empty if store else torch.zeros)(acc_shape, dtype=acc_dtype, device=q.device)
         k_pos = _positions(spec, plan.segments[src], q.device) if calls else None
         halves = []
         for call in calls:
@@ -290,7 +289,6 @@ def ring_backward(
     _wait([w for w, _ in pending])  # blocks until the others' part of our dK/dV has come home
     # our own part, added into it (its dq halves ran at step 0; other routes add dq here)
     dkv, _ = run_calls(rank, own_kv, home, only="dkdv")
-    grad_dtype = grad_dtype or acc_dtype
     dkv = dkv.to(grad_dtype)
     return dq.to(grad_dtype), dkv[0], dkv[1]
 

@@ -102,16 +102,32 @@ def test_merge_into_an_empty_accumulator_is_the_plain_call():
     assert not acc_out.isnan().any()
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-call", "dkdv-then-dq"])
-@pytest.mark.parametrize("case", CASES, ids=[f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in CASES])
-def test_grads_into_adds_the_plain_gradients(case, split):
-    """Also split in two calls (`only`), as the ring runs it: each half adds only its own gradients."""
+def _grads_ids(cases) -> list[str]:
+    return [f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in cases]
+
+
+def _plain_backward(case):
+    """(q, k, v, call options, out, base-2 lse, dout, plain (dq, dk, dv)) of one call against the case's
+    second key set."""
     dtype, b, m, _, n, h, hk, d, causal = case
     q, _, _, k, v = _inputs(dtype, b, m, 1, n, h, hk, d)
     kw = _call_kw(causal, d**-0.5)
     out, lse2 = flash_attn_forward(q, k, v, **kw)
     dout = torch.randn_like(out)
-    plain = flash_attn_backward(dout, q, k, v, out, lse2, **kw)
+    return q, k, v, kw, out, lse2, dout, flash_attn_backward(dout, q, k, v, out, lse2, **kw)
+
+
+def _assert_is_plain(got: torch.Tensor, plain: torch.Tensor, name: str) -> None:
+    """The plain gradient was rounded to its dtype; the fused one was accumulated in fp32."""
+    tol = 2 * torch.finfo(plain.dtype).eps * max(1.0, plain.float().abs().max().item()) + 1e-6
+    torch.testing.assert_close(got, plain.float(), atol=tol, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-call", "dkdv-then-dq"])
+@pytest.mark.parametrize("case", CASES, ids=_grads_ids(CASES))
+def test_grads_into_adds_the_plain_gradients(case, split):
+    """Also split in two calls (`only`), as the ring runs it: each half adds only its own gradients."""
+    q, k, v, kw, out, lse2, dout, plain = _plain_backward(case)
 
     start = [torch.randn(t.shape, dtype=F32, device=DEVICE) for t in (q, k, v)]
     # wider buffers, written through row views as the ring's accumulators are
@@ -131,26 +147,16 @@ def test_grads_into_adds_the_plain_gradients(case, split):
     else:
         flash_attn_backward(dout, q, k, v, out, lse2, grads_into=tuple(views), **kw)
     for name, view, s, g in zip("qkv", views, start, plain, strict=True):
-        added = view - s
-        # the plain gradient was rounded to dtype; the accumulated one was added in fp32
-        tol = 2 * torch.finfo(dtype).eps * max(1.0, g.float().abs().max().item()) + 1e-6
-        torch.testing.assert_close(added, g.float(), atol=tol, rtol=0, msg=f"d{name}")
+        _assert_is_plain(view - s, g, f"d{name}")
     for w, t in zip(wide, (q, k, v), strict=True):
         assert w[:, 0].eq(0).all() and w[:, 1 + t.shape[1] :].eq(0).all()
 
 
-@pytest.mark.parametrize(
-    "case", CASES[:2], ids=[f"{str(c[0])[6:]}-q{c[2]}-k{c[4]}-d{c[7]}" for c in CASES[:2]]
-)
+@pytest.mark.parametrize("case", CASES[:2], ids=_grads_ids(CASES[:2]))
 def test_grads_into_stores_dkdv_into_a_fresh_buffer(case):
     """add_dkdv=False overwrites every dK/dV row (a NaN-filled buffer needs no zero fill first) while dq
     still adds; the dq half takes None for dk and dv (the ring runs its own K/V's dq first)."""
-    dtype, b, m, _, n, h, hk, d, causal = case
-    q, _, _, k, v = _inputs(dtype, b, m, 1, n, h, hk, d)
-    kw = _call_kw(causal, d**-0.5)
-    out, lse2 = flash_attn_forward(q, k, v, **kw)
-    dout = torch.randn_like(out)
-    plain = flash_attn_backward(dout, q, k, v, out, lse2, **kw)
+    q, k, v, kw, out, lse2, dout, plain = _plain_backward(case)
 
     dq_start = torch.randn(q.shape, dtype=F32, device=DEVICE)
     dq = dq_start.clone()
@@ -158,8 +164,7 @@ def test_grads_into_stores_dkdv_into_a_fresh_buffer(case):
     dk, dv = (torch.full(t.shape, math.nan, dtype=F32, device=DEVICE) for t in (k, v))
     flash_attn_backward(dout, q, k, v, out, lse2, grads_into=(dq, dk, dv), only="dkdv", add_dkdv=False, **kw)
     for name, got, g in (("dq", dq - dq_start, plain[0]), ("dk", dk, plain[1]), ("dv", dv, plain[2])):
-        tol = 2 * torch.finfo(dtype).eps * max(1.0, g.float().abs().max().item()) + 1e-6
-        torch.testing.assert_close(got, g.float(), atol=tol, rtol=0, msg=name)
+        _assert_is_plain(got, g, name)
 
 
 def test_fused_updates_refuse_what_they_cannot_do():
