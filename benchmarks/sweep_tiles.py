@@ -1,8 +1,9 @@
 """Times each FlashAttention kernel alone under forced tile configs, with the registers and spills ptxas
 gave it: the numbers behind a choice of autotune candidates.
 
-Triton 3.6 on Hopper waits for each wgmma of the attention loops right after issuing it, so a warp
-group's softmax never overlaps its own matmuls; what overlaps them is other resident thread blocks.
+Triton 3.6 on Hopper waits for the score wgmmas of the attention loops right after issuing them, so a
+warp group's softmax never overlaps its own score matmuls; what overlaps them is other resident thread
+blocks.
 Registers per thread decide how many fit (65,536 per SM), which is why `maxnreg` is swept too.
 
     python benchmarks/sweep_tiles.py --shape 2,8192,16,64,causal --kernel dkdv \\

@@ -209,6 +209,20 @@ def check_window(window) -> tuple[int | None, int | None]:
     return left, right
 
 
+def resolve_softmax_scale(softmax_scale, headdim: int) -> float:
+    """The scale of the scores: 1/sqrt(headdim) for None. A negative scale is refused because the forward
+    kernels take each row's max over unscaled scores and scale it after (one FMA per score, not two)."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(headdim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise ValueError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale >= 0):
+        raise ValueError(
+            f"softmax_scale must be finite and >= 0 (or None for 1/sqrt(headdim)), got {softmax_scale!r}"
+        )
+    return float(softmax_scale)
+
+
 def check_dropout(dropout_p: float) -> float:
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0) or math.isnan(dropout_p):
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")

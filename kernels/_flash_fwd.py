@@ -45,7 +45,10 @@ def _fwd_inner(
         offs_n = start_n + offs_n0
         k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N), base 2
+        # raw scores; the scale is applied to each row's max and folded into the exp2's argument (one FMA),
+        # which saves a multiply per score in a loop bound by instruction issue (NOTES_attention.md,
+        # "Loop experiments")
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # (BLOCK_M, BLOCK_N)
         if MASKED:
             keep = offs_n[None, :] < seqlen_k
             if HAS_RIGHT:
@@ -56,13 +59,13 @@ def _fwd_inner(
         if HAS_KPM:
             kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
             qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base 2; qk_scale > 0 keeps the max the max
         if MASKED or HAS_KPM:
             # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
             m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         else:
             m_ij_safe = m_ij
-        p = tl.math.exp2(qk - m_ij_safe[:, None])
+        p = tl.math.exp2(qk * qk_scale - m_ij_safe[:, None])
         alpha = tl.math.exp2(m_i - m_ij_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:

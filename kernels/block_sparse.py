@@ -20,8 +20,6 @@ Layout of the op: kernels -> launchers (`_block_sparse_forward`, `_block_sparse_
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +37,7 @@ from kernels._common import (
     dropout_mode,
     load_tile,
     padded_head_dim,
+    resolve_softmax_scale,
     store_tile,
     unit_last_stride,
 )
@@ -76,16 +75,17 @@ def _fwd_tiles(
         offs_n = start_n + offs_n0
         k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
                   MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # log2 units
+        # raw scores: the scale goes into each row's max and into the exp2's FMA (as the dense forward)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if MASKED:
             qk = tl.where(_keep_mask(offs_m, offs_n, seqlen_k, shift, CAUSAL), qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 units
             # a row that has seen no key yet keeps m = -inf: subtract 0 instead of -inf (NaN)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_use = m_new
-        p = tl.math.exp2(qk - m_use[:, None])
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
@@ -419,10 +419,7 @@ def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
     if layout.nheads not in (1, nheads):
         raise ValueError(f"layout has {layout.nheads} heads; it needs 1 (shared) or nheads={nheads}")
     layout.check_covers(seqlen_q, k.shape[1])
-    if softmax_scale is not None and not (
-        isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
-    ):
-        raise ValueError(f"softmax_scale must be a finite number or None, got {softmax_scale!r}")
+    resolve_softmax_scale(softmax_scale, headdim)
     check_dropout(dropout_p)
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
@@ -557,7 +554,7 @@ def block_sparse_attention(
     """
     _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p)
     dropout_p = float(dropout_p)
-    sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    sm_scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     seed = draw_seed() if dropout_p > 0 else 0
     out, lse = BlockSparseAttnFunc.apply(q, k, v, layout, causal, float(sm_scale), dropout_p, seed, _tiles)
     if return_lse:

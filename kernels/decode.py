@@ -9,8 +9,6 @@ read once per group instead of once per query head.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +23,7 @@ from ._common import (
     dot_precision,
     next_power_of_2,
     padded_head_dim,
+    resolve_softmax_scale,
     visible_range,
 )
 from ._flash_fwd import _fwd_inner
@@ -216,7 +215,7 @@ def flash_decode(
     if causal:
         right = 0 if right is None else min(right, 0)
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+    scale = resolve_softmax_scale(softmax_scale, headdim)
 
     group = nheads // nheads_kv
     n_rows = seqlen_q * group

@@ -9,8 +9,6 @@ torch.compile keeps in one graph) and their autograd.Function -> `flash_attentio
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._common import (
@@ -23,6 +21,7 @@ from ._common import (
     check_window,
     draw_seed,
     lse_to_natural,
+    resolve_softmax_scale,
     unit_last_stride,
 )
 from ._flash_bwd import flash_attn_backward
@@ -191,7 +190,7 @@ def flash_attention(
     check_key_padding_mask(key_padding_mask, q.shape[0], k.shape[1], q.device)
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     out, lse2 = _FlashAttnFunc.apply(
         q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic
     )  # fmt: skip
@@ -251,7 +250,7 @@ def flash_attention_varlen(
             raise ValueError(f"{name} = {given} is shorter than the longest sequence ({longest})")
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     out, lse2 = _FlashAttnFunc.apply(
         q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
         scale, win_left, win_right, dropout_p, not deterministic,

@@ -22,11 +22,12 @@ communication overlaps compute; the waits are marked where they block.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from kernels._common import resolve_softmax_scale
 
 from .local_attention import (
     DenseBackwardPrep,
@@ -447,7 +448,7 @@ def make_ring_spec(
     )
     return RingSpec(
         group=group, size=size, rank=rank, seqlen=seqlen, layout=layout, causal=causal,
-        softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+        softmax_scale=resolve_softmax_scale(softmax_scale, q.shape[-1]),
         window=tuple(window) if window is not None else None, doc_ids=doc_ids, doc_starts=doc_starts,
         block_layout=block_layout, block_size=block_size, head_offset=head_offset, nheads_total=q.shape[2],
         dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed(dropout_p, dropout_seed), backend=backend,

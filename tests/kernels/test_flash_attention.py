@@ -157,10 +157,13 @@ def _bad(device):
         ("kpm dtype", lambda: flash_attention(q, kv, kv, key_padding_mask=torch.ones(1, 8, device=device)), "bool"),
         ("kpm shape", lambda: flash_attention(q, kv, kv, key_padding_mask=torch.ones(1, 7, dtype=torch.bool, device=device)), "shape"),
         ("kv seqlen", lambda: flash_attention(q, kv, kv[:, :5]), "same seqlen"),
+        ("scale neg", lambda: flash_attention(q, kv, kv, softmax_scale=-0.1), ">= 0"),
+        ("scale nan", lambda: flash_attention(q, kv, kv, softmax_scale=float("nan")), "finite"),
+        ("scale type", lambda: flash_attention(q, kv, kv, softmax_scale="0.1"), "a number"),
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("idx", range(15))
+@pytest.mark.parametrize("idx", range(18))
 def test_bad_inputs_raise(idx, device):
     name, call, match = _bad(device)[idx]
     with pytest.raises(ValueError, match=match):
