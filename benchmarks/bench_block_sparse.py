@@ -69,10 +69,13 @@ def flex_fn():
 
     if "fn" not in _FLEX:
         # every seqlen/head dim recompiles; past the default limit dynamo silently falls back to eager
+        # and dynamic=False: after the first recompile dynamo would otherwise make the sequence length
+        # dynamic, and the dynamic-shape kernel runs up to ~25% slower than the one a user compiling for
+        # one shape gets (measured 2026-11-23, benchmarks/NOTES_attention.md "FlexAttention baseline")
         torch._dynamo.config.cache_size_limit = 256
         if hasattr(torch._dynamo.config, "recompile_limit"):
             torch._dynamo.config.recompile_limit = 256
-        _FLEX["fn"] = torch.compile(flex_attention)
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["fn"]
 
 
