@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 
 import torch
@@ -214,7 +215,7 @@ def resolve_softmax_scale(softmax_scale, headdim: int) -> float:
     kernels take each row's max over unscaled scores and scale it after (one FMA per score, not two)."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(headdim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise ValueError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
     if not (math.isfinite(softmax_scale) and softmax_scale >= 0):
         raise ValueError(
