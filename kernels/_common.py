@@ -211,15 +211,18 @@ def check_window(window) -> tuple[int | None, int | None]:
 
 
 def resolve_softmax_scale(softmax_scale, headdim: int) -> float:
-    """The scale of the scores: 1/sqrt(headdim) for None. A negative scale is refused because the forward
-    kernels take each row's max over unscaled scores and scale it after (one FMA per score, not two)."""
+    """The scale of the scores: 1/sqrt(headdim) for None.
+
+    The forward kernels take each row's max over unscaled scores and scale it after (one FMA per score,
+    not two), which needs a scale > 0: a negative one would turn the max into the min, and 0 times a
+    masked score (-inf) is NaN."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(headdim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise ValueError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale >= 0):
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(
-            f"softmax_scale must be finite and >= 0 (or None for 1/sqrt(headdim)), got {softmax_scale!r}"
+            f"softmax_scale must be finite and > 0 (or None for 1/sqrt(headdim)), got {softmax_scale!r}"
         )
     return float(softmax_scale)
 

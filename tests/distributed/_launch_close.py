@@ -23,17 +23,7 @@ import torch  # noqa: E402
 from flashtrain.config import compose_config  # noqa: E402
 from flashtrain.models.gpt import GPT  # noqa: E402
 from flashtrain.trainer import Trainer  # noqa: E402
-
-
-def gloo_threads() -> list[str]:
-    """Names of this process's threads that gloo started (Linux names threads in /proc)."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            name = f.read().strip()
-        if "gloo" in name:
-            names.append(name)
-    return sorted(names)
+from tests.distributed.launcher import gloo_threads  # noqa: E402
 
 
 def main() -> None:

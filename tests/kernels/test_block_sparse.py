@@ -282,7 +282,8 @@ def _bad(device, **changes):
         (lambda d: dict(dropout_p=-0.1), r"dropout_p must be in \[0, 1\)"),
         (lambda d: dict(dropout_p=float("nan")), r"dropout_p must be in \[0, 1\)"),
         (lambda d: dict(softmax_scale=float("nan")), "softmax_scale"),
-        (lambda d: dict(softmax_scale=-0.5), "softmax_scale must be finite and >= 0"),
+        (lambda d: dict(softmax_scale=-0.5), "softmax_scale must be finite and > 0"),
+        (lambda d: dict(softmax_scale=0.0), "softmax_scale must be finite and > 0"),
     ],
 )
 def test_bad_inputs(changes, match, device):

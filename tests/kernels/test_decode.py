@@ -78,8 +78,9 @@ def test_decode_bad_inputs(device):
         flash_decode(q, k, k, sl, num_splits=0)
     with pytest.raises(ValueError, match="max_len"):
         flash_decode(q, k, k[:, :10], sl)
-    with pytest.raises(ValueError, match=">= 0"):
-        flash_decode(q, k, k, sl, softmax_scale=-1.0)
+    for scale in (-1.0, 0.0):
+        with pytest.raises(ValueError, match="> 0"):
+            flash_decode(q, k, k, sl, softmax_scale=scale)
 
 
 @pytest.mark.gpu

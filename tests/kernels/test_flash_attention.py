@@ -157,7 +157,9 @@ def _bad(device):
         ("kpm dtype", lambda: flash_attention(q, kv, kv, key_padding_mask=torch.ones(1, 8, device=device)), "bool"),
         ("kpm shape", lambda: flash_attention(q, kv, kv, key_padding_mask=torch.ones(1, 7, dtype=torch.bool, device=device)), "shape"),
         ("kv seqlen", lambda: flash_attention(q, kv, kv[:, :5]), "same seqlen"),
-        ("scale neg", lambda: flash_attention(q, kv, kv, softmax_scale=-0.1), ">= 0"),
+        ("scale neg", lambda: flash_attention(q, kv, kv, softmax_scale=-0.1), "> 0"),
+        # 0 would make a masked score's scaled max 0 * -inf = NaN in the forward's folded scale
+        ("scale zero", lambda: flash_attention(q, kv, kv, causal=True, softmax_scale=0.0), "> 0"),
         ("scale nan", lambda: flash_attention(q, kv, kv, softmax_scale=float("nan")), "finite"),
         ("scale type", lambda: flash_attention(q, kv, kv, softmax_scale="0.1"), "a number"),
     ]  # fmt: skip
