@@ -19,6 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# Imported here, so in every rank before its process group exists: torch.distributed.nn (which
+# torch.distributed.tensor's imports reach) binds the default group as a default argument when first
+# imported, and would keep it, and its gloo threads, alive past destroy_process_group.
+import flashtrain.distributed  # noqa: F401
+from flashtrain.parallelize import clear_dtensor_caches
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -48,8 +54,6 @@ def _release_process_groups() -> list[str]:
     run once. destroy_process_group joins those threads only when nothing else holds the groups: DTensor's
     caches hold FSDP2's meshes, and reference cycles the test function left behind hold models. Returns
     the gloo threads still alive afterwards (empty when the teardown is clean)."""
-    from flashtrain.parallelize import clear_dtensor_caches
-
     clear_dtensor_caches()
     gc.collect()
     if dist.is_initialized():
