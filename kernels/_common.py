@@ -3,8 +3,8 @@
 Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_head_dim (tile width for a
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
-check_dtype, check_heads, check_window, check_dropout, check_key_padding_mask, check_cu_seqlens,
-unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
+check_dtype, check_heads, check_window, check_causal, check_dropout, check_key_padding_mask,
+check_cu_seqlens, resolve_softmax_scale, unit_last_stride. Triton side (@triton.jit): load_tile/store_tile (masked only where needed), varlen_bounds,
 visible_range (masked / fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask
 from global positions) and dropout_keep_tile (the same for a tile, one Philox call per eight entries).
 Nothing here knows the tile sizes or a kernel's argument list.
@@ -201,13 +201,20 @@ def check_window(window) -> tuple[int | None, int | None]:
     """window=(left, right) with None meaning unbounded on that side; None means no window."""
     if window is None:
         return None, None
-    if len(window) != 2:
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be a pair (left, right), got {window!r}")
     left, right = window
     for name, val in (("left", left), ("right", right)):
-        if val is not None and (not isinstance(val, int) or val < 0):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 0):
             raise ValueError(f"window {name} must be a non-negative int or None, got {val!r}")
-    return left, right
+    return (None if left is None else int(left)), (None if right is None else int(right))
+
+
+def check_causal(causal) -> bool:
+    """A bool: a truthy string or tensor would otherwise pass for True."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    return causal
 
 
 def resolve_softmax_scale(softmax_scale, headdim: int) -> float:

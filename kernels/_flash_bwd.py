@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ._common import (
     INTERPRET,
+    LOG2E,
     autotune,
     dot_precision,
     dropout_keep_tile,
@@ -433,10 +434,19 @@ def backward_delta(out, do, lse, cu_seqlens_q=None, max_seqlen_q=None) -> torch.
     return delta
 
 
+def with_lse_gradient(delta: torch.Tensor, dlse: torch.Tensor) -> torch.Tensor:
+    """delta - dlse, in delta's memory layout (the kernels index both with lse's strides).
+
+    The backward computes dS = P * (dP - delta) with delta = rowsum(dO * O); a loss that also uses the
+    natural-log lse adds dlse_i * P_ij to dS_ij (d lse_i / d s_ij = P_ij), the same as lowering delta
+    by dlse. A fresh tensor: the caller's delta may serve another call."""
+    return delta.clone().sub_(dlse)
+
+
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
-    dropout_rows=None, grads_into=None, only=None, delta=None, add_dkdv=True,
+    dropout_rows=None, grads_into=None, only=None, delta=None, add_dkdv=True, dlse2=None,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
@@ -451,6 +461,8 @@ def flash_attn_backward(
     add_dkdv: with grads_into, False stores dK/dV into its buffers (every row) instead of adding to
         them, so a fresh fp32 buffer needs no zero fill; dq is added either way.
     delta: `backward_delta(out, do, lse, ...)` computed beforehand; None computes it here.
+    dlse2: the gradient of the loss with respect to the base-2 lse (shaped like it), or None when the
+        loss does not use lse.
     """
     if only not in (None, "dkdv", "dq"):
         raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
@@ -489,6 +501,8 @@ def flash_attn_backward(
     block_d = padded_head_dim(headdim)
     if delta is None:
         delta = backward_delta(out, do, lse, cu_seqlens_q, max_seqlen_q)
+    if dlse2 is not None:
+        delta = with_lse_gradient(delta, dlse2 * LOG2E)
 
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     kpm_args = (kpm if kpm is not None else lse,)

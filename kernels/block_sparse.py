@@ -27,6 +27,7 @@ import triton.language as tl
 from kernels._common import (
     INTERPRET,
     LOG2E,
+    check_causal,
     check_device,
     check_dropout,
     check_dtype,
@@ -41,7 +42,7 @@ from kernels._common import (
     store_tile,
     unit_last_stride,
 )
-from kernels._flash_bwd import backward_delta
+from kernels._flash_bwd import backward_delta, with_lse_gradient
 from kernels.layouts import BlockLayout
 
 __all__ = ["block_sparse_attention", "BlockLayout"]
@@ -421,8 +422,7 @@ def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
     layout.check_covers(seqlen_q, k.shape[1])
     resolve_softmax_scale(softmax_scale, headdim)
     check_dropout(dropout_p)
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {causal!r}")
+    check_causal(causal)
 
 
 def _block_sparse_forward(
@@ -456,14 +456,17 @@ def _block_sparse_forward(
 
 def _block_sparse_backward(
     do, q, k, v, out, lse, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int,
-    tiles=None,
+    tiles=None, dlse=None,
 ):  # fmt: skip
-    """Launcher: returns dq, dk, dv shaped like q, k, v (dk/dv summed over each kv head's group)."""
+    """Launcher: returns dq, dk, dv shaped like q, k, v (dk/dv summed over each kv head's group).
+    dlse: the loss's gradient with respect to the (natural-log) lse, or None when it does not use it."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
     delta = backward_delta(out, do, lse)  # the dense kernels' preprocess
+    if dlse is not None:
+        delta = with_lse_gradient(delta, dlse)
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
@@ -498,24 +501,29 @@ def _block_sparse_backward(
 
 
 class BlockSparseAttnFunc(torch.autograd.Function):
+    """lse_grad: lse goes back to the user, so it is differentiable (as in `kernels.flash_attention`)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles):
+    def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles, lse_grad):
         q, k, v = unit_last_stride(q, k, v)
         out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles = layout, causal, sm_scale, tiles
         # the backward regenerates the keep-mask from the seed instead of storing it
-        ctx.dropout_p, ctx.seed = dropout_p, seed
-        ctx.mark_non_differentiable(lse)
+        ctx.dropout_p, ctx.seed, ctx.lse_grad = dropout_p, seed, lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        dlse = dlse if ctx.lse_grad else None
         dq, dk, dv = _block_sparse_backward(
-            do, q, k, v, out, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p, ctx.seed, ctx.tiles
-        )
-        return dq, dk, dv, *([None] * 6)
+            do, q, k, v, out, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p, ctx.seed,
+            ctx.tiles, dlse,
+        )  # fmt: skip
+        return dq, dk, dv, *([None] * 7)
 
 
 def block_sparse_attention(
@@ -549,14 +557,17 @@ def block_sparse_attention(
     the dense kernel's mask (`kernels.reference.dropout_mask`) restricted to the layout.
     A query row that sees no key gets out = 0 and lse = -inf, and zero gradients.
     Returns out (batch, seqlen_q, nheads, headdim), and with return_lse also lse
-    (batch, nheads, seqlen_q), float32, natural log of the softmax denominator.
+    (batch, nheads, seqlen_q), float32, natural log of the softmax denominator, differentiable as
+    in `kernels.flash_attention`.
     _tiles: (tile_m, tile_n) override of the kernel tiles, for tests of the block-splitting path.
     """
     _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p)
     dropout_p = float(dropout_p)
     sm_scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     seed = draw_seed() if dropout_p > 0 else 0
-    out, lse = BlockSparseAttnFunc.apply(q, k, v, layout, causal, float(sm_scale), dropout_p, seed, _tiles)
+    out, lse = BlockSparseAttnFunc.apply(
+        q, k, v, layout, causal, float(sm_scale), dropout_p, seed, _tiles, return_lse
+    )
     if return_lse:
         return out, lse
     return out

@@ -16,6 +16,7 @@ import triton.language as tl
 from ._common import (
     INTERPRET,
     LOG2E,
+    check_causal,
     check_device,
     check_dtype,
     check_heads,
@@ -212,7 +213,7 @@ def flash_decode(
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     left, right = check_window(window)
-    if causal:
+    if check_causal(causal):
         right = 0 if right is None else min(right, 0)
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     scale = resolve_softmax_scale(softmax_scale, headdim)

@@ -9,9 +9,12 @@ torch.compile keeps in one graph) and their autograd.Function -> `flash_attentio
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ._common import (
+    check_causal,
     check_cu_seqlens,
     check_device,
     check_dropout,
@@ -49,7 +52,7 @@ _LIB.define(
     "flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse2, "
     "Tensor? key_padding_mask, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
     "int max_seqlen_k, float sm_scale, int? win_left, int? win_right, float dropout_p, Tensor seed, "
-    "bool atomic_dq) -> (Tensor, Tensor, Tensor)"
+    "bool atomic_dq, Tensor? dlse2=None) -> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -71,13 +74,13 @@ def _fwd_impl(
 
 def _bwd_impl(
     dout, q, k, v, out, lse2, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    sm_scale, win_left, win_right, dropout_p, seed, atomic_dq,
+    sm_scale, win_left, win_right, dropout_p, seed, atomic_dq, dlse2=None,
 ):  # fmt: skip
     return flash_attn_backward(
         dout, q, k, v, out, lse2, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
         key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=int(seed), atomic_dq=atomic_dq,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
+        max_seqlen_k=max_seqlen_k, dlse2=dlse2,
     )  # fmt: skip
 
 
@@ -102,36 +105,42 @@ def _(dout, q, k, v, *_):
 
 class _FlashAttnFunc(torch.autograd.Function):
     """Autograd of the two ops: the forward saves (q, k, v, out, lse, seed) and the options; the
-    backward passes them to flash_attn_bwd."""
+    backward passes them to flash_attn_bwd.
+
+    lse_grad: the caller returns lse to the user, so lse is differentiable and its gradient goes into
+    the backward (d lse_i / d s_ij = p_ij: it joins dS through delta). Otherwise lse is marked
+    non-differentiable, and the backward gets no zero-filled gradient for it."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                sm_scale, win_left, win_right, dropout_p, atomic_dq):  # fmt: skip
+                sm_scale, win_left, win_right, dropout_p, atomic_dq, lse_grad):  # fmt: skip
         out, lse2, seed = torch.ops.flashtrain.flash_attn_fwd.default(
             q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale,
             win_left, win_right, dropout_p,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, lse2, seed, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
         ctx.options = (max_seqlen_q, max_seqlen_k, sm_scale, win_left, win_right, dropout_p)
-        ctx.atomic_dq = atomic_dq
-        ctx.mark_non_differentiable(lse2)  # lse is for inspection and merging; it carries no gradient
+        ctx.atomic_dq, ctx.lse_grad = atomic_dq, lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse2)
         return out, lse2
 
     @staticmethod
-    def backward(ctx, dout, _dlse2):
+    def backward(ctx, dout, dlse2):
         q, k, v, out, lse2, seed, key_padding_mask, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         max_seqlen_q, max_seqlen_k, sm_scale, win_left, win_right, dropout_p = ctx.options
         dq, dk, dv = torch.ops.flashtrain.flash_attn_bwd.default(
             dout, q, k, v, out, lse2, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, sm_scale, win_left, win_right, dropout_p, seed, ctx.atomic_dq,
+            dlse2 if ctx.lse_grad else None,
         )  # fmt: skip
-        return dq, dk, dv, *([None] * 10)
+        return dq, dk, dv, *([None] * 11)
 
 
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     """causal is a window with right = 0 (bottom-right aligned), so the kernels only know windows."""
     left, right = check_window(window)
-    if causal:
+    if check_causal(causal):
         right = 0 if right is None else min(right, 0)
     return left, right
 
@@ -178,6 +187,7 @@ def flash_attention(
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order.
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype, and with return_lse=True also lse
     (batch, nheads, seqlen_q) float32, natural log. Rows that see no key give out = 0, lse = -inf.
+    lse is differentiable: a loss on it (a z-loss, a merge of partial attentions) reaches q and k.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -192,7 +202,8 @@ def flash_attention(
     q, k, v = unit_last_stride(q, k, v)
     scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     out, lse2 = _FlashAttnFunc.apply(
-        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic
+        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic,
+        return_lse,
     )  # fmt: skip
     return (out, lse_to_natural(lse2)) if return_lse else out
 
@@ -223,7 +234,7 @@ def flash_attention_varlen(
     row id h * total_q + r and column c, so `kernels.reference.dropout_keep_reference` reproduces the
     mask.
     Returns out (total_q, nheads, headdim) and, with return_lse=True, lse (nheads, total_q) float32
-    natural log.
+    natural log, differentiable as in flash_attention.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
@@ -245,6 +256,8 @@ def flash_attention_varlen(
         ("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         ("max_seqlen_k", cu_seqlens_k, max_seqlen_k),
     ):
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+            raise ValueError(f"{name} must be an int (the longest sequence's length), got {given!r}")
         longest = int((cu[1:] - cu[:-1]).max())  # host-device sync
         if int(given) < longest:
             raise ValueError(f"{name} = {given} is shorter than the longest sequence ({longest})")
@@ -253,6 +266,6 @@ def flash_attention_varlen(
     scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     out, lse2 = _FlashAttnFunc.apply(
         q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-        scale, win_left, win_right, dropout_p, not deterministic,
+        scale, win_left, win_right, dropout_p, not deterministic, return_lse,
     )  # fmt: skip
     return (out, lse_to_natural(lse2)) if return_lse else out

@@ -11,8 +11,9 @@ Conventions shared with the kernels (see `kernels.flash_attention` for the publi
 - causal and window are aligned bottom-right: query i sits at key position i + seqlen_k - seqlen_q.
 - window=(left, right): query i sees keys in [i' - left, i' + right] with i' its aligned position;
   None on a side means unbounded on that side.
-- A query row that sees no key gives out = 0 and lse = -inf (never NaN).
-- lse is the natural log of the softmax denominator, float32, shape (batch, nheads, seqlen_q).
+- A query row that sees no key gives out = 0 and lse = -inf (never NaN), and passes no gradient.
+- lse is the natural log of the softmax denominator, float32, shape (batch, nheads, seqlen_q); it is
+  differentiable (d lse_i / d score_ij = p_ij), as the kernels' lse is.
 """
 
 from __future__ import annotations
@@ -165,6 +166,19 @@ def _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, a
     return scores, keep, vh
 
 
+def _masked_logsumexp(scores: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dim, where a row of only -inf gives -inf and passes no gradient.
+
+    torch.logsumexp's backward is exp(x - lse), which is NaN on such a row even where its incoming
+    gradient is 0; the kernels give those rows no gradient (they saw no key), and so does this."""
+    row_max = scores.detach().amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    denom = torch.exp(scores - row_max).sum(dim=-1)
+    seen = denom > 0
+    lse = torch.log(torch.where(seen, denom, torch.ones_like(denom))) + row_max.squeeze(-1)
+    return torch.where(seen, lse, torch.full_like(lse, float("-inf")))
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -189,8 +203,6 @@ def attention_reference(
     scores, keep, vh = _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, attn_mask)
     scores = scores.masked_fill(~keep, float("-inf"))
 
-    # float32 at least, float64 when the inputs are: the float64 run is the tests' ground truth
-    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)  # (B, H, Sq)
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     probs = torch.exp(scores - row_max)
@@ -200,6 +212,8 @@ def attention_reference(
         probs = probs * dropout_mask / (1.0 - dropout_p)
     out = torch.matmul(probs, vh).transpose(1, 2)  # (B, Sq, H, D)
     if return_lse:
+        # float32 at least, float64 when the inputs are: the float64 run is the tests' ground truth
+        lse = _masked_logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)))  # (B, H, Sq)
         return out, lse
     return out
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from kernels._common import resolve_softmax_scale
+from kernels._common import check_causal, check_dropout, check_window, resolve_softmax_scale
 
 from .local_attention import (
     DenseBackwardPrep,
@@ -372,12 +372,11 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def check_options(window, dropout_p: float) -> None:
-    if window is not None:
-        if len(window) != 2 or any(w is not None and (not isinstance(w, int) or w < 0) for w in window):
-            raise ValueError(f"window must be (left, right) with non-negative ints or None, got {window!r}")
-    if not (0.0 <= float(dropout_p) < 1.0):
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+def check_options(window, dropout_p: float, causal: bool) -> None:
+    """The kernels' own checks (the local attention takes these options as they are)."""
+    check_window(window)
+    check_dropout(dropout_p)
+    check_causal(causal)
 
 
 def mask_tensors(
@@ -489,7 +488,7 @@ def ring_attention(
     validate: gather every rank's shapes first (one small blocking all-gather) so unequal shards
         raise on every rank; trainers that shard with `shard_batch` can pass False.
     """
-    check_options(window, dropout_p)
+    check_options(window, dropout_p, causal)
     check_layout(layout)
     size = dist.get_world_size(group) if group is not None else 1
     if validate and size > 1:

@@ -134,7 +134,7 @@ def _check_heads(nheads: int, size: int) -> None:
 
 def _build(q, k, v, *, ulysses_group, ring_group, layout, causal, softmax_scale, window, dropout_p,
            block_layout, block_size, cu_seqlens, dropout_seed, backend, validate):  # fmt: skip
-    check_options(window, dropout_p)
+    check_options(window, dropout_p, causal)
     check_layout(layout)
     usize = dist.get_world_size(ulysses_group) if ulysses_group is not None else 1
     urank = dist.get_rank(ulysses_group) if ulysses_group is not None else 0

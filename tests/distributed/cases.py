@@ -153,6 +153,9 @@ ERROR_CASES = [
     "unequal-shards-hybrid",
     "parallel-dims",
     "shard-batch-indivisible",
+    "window-negative",
+    "causal-not-bool",
+    "softmax-scale-zero",
 ]
 
 
@@ -308,6 +311,12 @@ def run_error_case(name: str, rank: int, world: int, groups: dict) -> str | None
                 return None
             y = torch.randn(1, 4 if rank == 3 else 2, 4, 8, dtype=torch.float64)  # only the last rank differs
             hybrid_attention(y, y, y, groups["ulysses"], groups["ring"], layout="contiguous")
+        elif name == "window-negative":
+            ring_attention(x, x, x, dist.group.WORLD, layout="contiguous", window=(-1, None))
+        elif name == "causal-not-bool":  # a string would pass for True
+            ring_attention(x, x, x, dist.group.WORLD, layout="contiguous", causal="no")
+        elif name == "softmax-scale-zero":
+            ring_attention(x, x, x, dist.group.WORLD, layout="contiguous", softmax_scale=0.0)
         elif name == "parallel-dims":
             ParallelDims(dp=2, sp=world, world_size=world)
         elif name == "shard-batch-indivisible":

@@ -39,10 +39,16 @@ def run_and_grads(fn, inputs, dout):
     return out, lse, grads
 
 
-def check_against_reference(kernel_fn, ref_fn, inputs, dtype, check_grads=True, names=("q", "k", "v")):
-    """Run the kernel on inputs (already in dtype), the reference on float64 and dtype copies, compare."""
+def check_against_reference(
+    kernel_fn, ref_fn, inputs, dtype, check_grads=True, names=("q", "k", "v"), lse_grad=False
+):
+    """Run the kernel on inputs (already in dtype), the reference on float64 and dtype copies, compare.
+
+    The gradients are those of (out * dout).sum(), plus (lse * dlse).sum() with lse_grad (random dout
+    and dlse; rows of lse = -inf pass no gradient)."""
     out, lse = kernel_fn(*inputs)
     dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse) if lse_grad else None
     ins64 = [x.detach().double().requires_grad_() for x in inputs]
     inslp = [x.detach().clone().requires_grad_() for x in inputs]
     ref64, lse64 = ref_fn(*ins64)
@@ -53,8 +59,13 @@ def check_against_reference(kernel_fn, ref_fn, inputs, dtype, check_grads=True, 
     assert_close_rule("lse", lse, lse64, lselp.float(), dtype if dtype != torch.float32 else torch.float32)
     if not check_grads:
         return
-    grads = torch.autograd.grad(out, inputs, dout)
-    g64 = torch.autograd.grad(ref64, ins64, dout.double())
-    glp = torch.autograd.grad(reflp, inslp, dout)
+    if lse_grad:
+        grads = torch.autograd.grad((out, lse), inputs, (dout, dlse))
+        g64 = torch.autograd.grad((ref64, lse64), ins64, (dout.double(), dlse.double()))
+        glp = torch.autograd.grad((reflp, lselp), inslp, (dout, dlse.to(lselp.dtype)))
+    else:
+        grads = torch.autograd.grad(out, inputs, dout)
+        g64 = torch.autograd.grad(ref64, ins64, dout.double())
+        glp = torch.autograd.grad(reflp, inslp, dout)
     for name, g, r64, rlp in zip(names, grads, g64, glp, strict=True):
         assert_close_rule(f"d{name}", g, r64, rlp, dtype)

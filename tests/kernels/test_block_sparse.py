@@ -27,10 +27,14 @@ def _inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, device
     return q, k, v
 
 
-def _run(fn, q, k, v, do):
+def _run(fn, q, k, v, do, dlse=None):
+    """out, lse and the gradients of (out * do).sum() (+ (lse * dlse).sum() when dlse is given)."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
     out, lse = fn(q, k, v)
-    out.backward(do.to(out.dtype))
+    if dlse is None:
+        out.backward(do.to(out.dtype))
+    else:
+        torch.autograd.backward((out, lse), (do.to(out.dtype), dlse.to(lse.dtype)))
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
@@ -38,13 +42,15 @@ def _err(a, b):
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
 
-def check_against_reference(q, k, v, layout, causal=False, tiles=None, dropout_p=0.0):
+def check_against_reference(q, k, v, layout, causal=False, tiles=None, dropout_p=0.0, lse_grad=False):
     """Compare out, lse, dq, dk, dv; returns the kernel's (out, lse) for extra checks.
 
     With dropout_p > 0 the kernel runs after torch.manual_seed(DROPOUT_SEED) and the reference gets
     the dense kernel's mask for the seed drawn after that same manual_seed: one mask for all five.
+    lse_grad: the loss uses lse too (a random weight per row).
     """
     do = torch.randn_like(q)
+    dlse = torch.randn(q.shape[0], q.shape[2], q.shape[1], device=q.device) if lse_grad else None
     keep = None
     if dropout_p > 0:
         torch.manual_seed(DROPOUT_SEED)
@@ -60,9 +66,9 @@ def check_against_reference(q, k, v, layout, causal=False, tiles=None, dropout_p
         return block_sparse_reference(q, k, v, layout.mask, layout.block_m, layout.block_n, causal=causal,
                                       dropout_p=dropout_p, dropout_mask=keep, return_lse=True)  # fmt: skip
 
-    got = _run(kernel, q, k, v, do)
-    truth = _run(reference, q.double(), k.double(), v.double(), do.double())
-    low = _run(reference, q, k, v, do)
+    got = _run(kernel, q, k, v, do, dlse)
+    truth = _run(reference, q.double(), k.double(), v.double(), do.double(), dlse)
+    low = _run(reference, q, k, v, do, dlse)
     floor = FLOOR[q.dtype]
     names = ("out", "lse", "dq", "dk", "dv")
     for name, g, t, lo in zip(names, got, truth, low, strict=True):
@@ -137,6 +143,16 @@ def test_rows_without_blocks_give_zero_and_finite_grads(device):
     assert (out[:, 32:48] == 0).all() and (lse[:, :, 32:48] == float("-inf")).all()
     assert (dq[:, 32:48] == 0).all()
     assert (dk[:, 64:80] == 0).all() and (dv[:, 64:80] == 0).all()
+
+
+@pytest.mark.parametrize("causal, dropout_p", [(False, 0.0), (True, 0.0), (True, 0.3)])
+def test_lse_gradient_matches_reference(causal, dropout_p, device):
+    """A loss on lse too: its gradient reaches q and k through the listed tiles only; causal on a
+    seqlen_q > seqlen_k shape gives rows with no key (no gradient)."""
+    torch.manual_seed(21)
+    q, k, v = _inputs(1, 80, 50 if causal else 80, 4, 2, 32, torch.float32, device)
+    layout = butterfly_layout(80, 16).to(device)
+    check_against_reference(q, k, v, layout, causal, dropout_p=dropout_p, lse_grad=True)
 
 
 def test_dropped_tiles_are_never_read(device):

@@ -33,9 +33,9 @@ def test_compiled_fullgraph_matches_eager(causal, window, padded, device):
 
     compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)  # fullgraph: a break raises
     out_c, lse_c = compiled(q, k, v)
-    grads_c = torch.autograd.grad(out_c.sum(), (q, k, v))
+    grads_c = torch.autograd.grad(out_c.sum() + lse_c.sum(), (q, k, v))  # lse's gradient too
     out_e, lse_e = attend(q, k, v)
-    grads_e = torch.autograd.grad(out_e.sum(), (q, k, v))
+    grads_e = torch.autograd.grad(out_e.sum() + lse_e.sum(), (q, k, v))
     torch.testing.assert_close(out_c, out_e)
     torch.testing.assert_close(lse_c, lse_e)
     for gc, ge in zip(grads_c, grads_e, strict=True):
@@ -86,4 +86,6 @@ def test_opcheck_forward_and_backward_ops(device):
         seed,
         False,
     )
-    torch.library.opcheck(torch.ops.flashtrain.flash_attn_bwd.default, bwd_args)
+    bwd = torch.ops.flashtrain.flash_attn_bwd.default
+    torch.library.opcheck(bwd, bwd_args)
+    torch.library.opcheck(bwd, (*bwd_args, torch.randn_like(lse2)))  # with lse's gradient

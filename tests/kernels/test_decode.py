@@ -81,6 +81,8 @@ def test_decode_bad_inputs(device):
     for scale in (-1.0, 0.0):
         with pytest.raises(ValueError, match="> 0"):
             flash_decode(q, k, k, sl, softmax_scale=scale)
+    with pytest.raises(ValueError, match="causal must be a bool"):
+        flash_decode(q, k, k, sl, causal=1)
 
 
 @pytest.mark.gpu

@@ -88,20 +88,9 @@ def test_keep_rate_and_seed_dependence(device):
     assert not torch.equal(m1, dropout_mask(124, 2, 4, 64, 256, p, device))
 
 
-@pytest.mark.parametrize("split_dkdv", [False, True], ids=["dkdv", "dv-then-dk"])
-@pytest.mark.parametrize(
-    "dtype, b, sq, sk, h, hk, d, causal",
-    [(F32, 2, 45, 70, 2, 1, 32, True), (F16, 1, 33, 33, 4, 2, 64, False)],
-)
-def test_forward_and_backward_use_the_same_mask(
-    dtype, b, sq, sk, h, hk, d, causal, split_dkdv, device, monkeypatch
-):
-    """Compare with the reference given the mask the kernel drew; backward too, so it must regenerate it
-    (in both passes of the wide-head backward, forced here at small head dims)."""
-    if split_dkdv:
-        import kernels._flash_bwd as bwd
-
-        monkeypatch.setattr(bwd, "SPLIT_DKDV_ABOVE", 0)
+def _check_with_the_kernels_mask(dtype, b, sq, sk, h, hk, d, causal, device, lse_grad=False):
+    """The kernel against the reference given the mask the kernel drew, gradients included (so the
+    backward must regenerate that mask)."""
     p = 0.25
     torch.manual_seed(sq)
     q = randn(b, sq, h, d, dtype=dtype, device=device)
@@ -117,7 +106,28 @@ def test_forward_and_backward_use_the_same_mask(
     def ref(q, k, v):
         return attention_reference(q, k, v, causal=causal, dropout_p=p, dropout_mask=mask, return_lse=True)
 
-    check_against_reference(kernel, ref, [q, k, v], dtype)
+    check_against_reference(kernel, ref, [q, k, v], dtype, lse_grad=lse_grad)
+
+
+@pytest.mark.parametrize("split_dkdv", [False, True], ids=["dkdv", "dv-then-dk"])
+@pytest.mark.parametrize(
+    "dtype, b, sq, sk, h, hk, d, causal",
+    [(F32, 2, 45, 70, 2, 1, 32, True), (F16, 1, 33, 33, 4, 2, 64, False)],
+)
+def test_forward_and_backward_use_the_same_mask(
+    dtype, b, sq, sk, h, hk, d, causal, split_dkdv, device, monkeypatch
+):
+    """In both passes of the wide-head backward too (forced here at small head dims)."""
+    if split_dkdv:
+        import kernels._flash_bwd as bwd
+
+        monkeypatch.setattr(bwd, "SPLIT_DKDV_ABOVE", 0)
+    _check_with_the_kernels_mask(dtype, b, sq, sk, h, hk, d, causal, device)
+
+
+def test_lse_gradient_with_dropout(device):
+    """lse is the undropped softmax's, so its gradient goes through P, not the dropped P."""
+    _check_with_the_kernels_mask(F32, 2, 45, 70, 2, 1, 32, True, device, lse_grad=True)
 
 
 def test_reproducible_under_manual_seed(device):

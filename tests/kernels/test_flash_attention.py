@@ -38,7 +38,7 @@ def _ids(case):
     return f"{str(dtype)[6:]}-b{b}-q{sq}-k{sk}-h{h}/{hk}-d{d}-{'causal' if causal else 'full'}-w{window}"
 
 
-def _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed, deterministic=True):
+def _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed, deterministic=True, lse_grad=False):
     """One shape against the float64 reference (forward, lse and gradients), the tolerance rule."""
     torch.manual_seed(seed)
     q, k, v = (
@@ -51,6 +51,7 @@ def _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed, determ
         lambda q, k, v: attention_reference(q, k, v, **kw),
         [q, k, v],
         dtype,
+        lse_grad=lse_grad,
     )
 
 
@@ -65,6 +66,35 @@ def test_atomic_dq_matches_reference(case, device):
     """deterministic=False: dq accumulated with atomics inside the dk/dv kernel."""
     dtype, b, sq, sk, h, hk, d, causal, window = case
     _check_case(dtype, device, b, sq, sk, h, hk, d, causal, window, seed=sq + sk + d, deterministic=False)
+
+
+@pytest.mark.parametrize(
+    "case, deterministic",
+    [(CASES[1], True), (CASES[2], True), (CASES[4], True), (CASES[6], True), (CASES[7], False)],
+    ids=lambda c: _ids(c) if isinstance(c, tuple) else ("deterministic" if c else "atomic"),
+)
+def test_lse_gradient_matches_reference(case, deterministic, device):
+    """A loss on lse as well as out (a z-loss, merging partial attentions): lse's gradient reaches q
+    and k, in GQA, rows that see no key (no gradient), windows and the atomic dq."""
+    dtype, b, sq, sk, h, hk, d, causal, window = case
+    _check_case(
+        dtype, device, b, sq, sk, h, hk, d, causal, window, seed=3 * sq + sk, deterministic=deterministic,
+        lse_grad=True,
+    )  # fmt: skip
+
+
+def test_loss_on_lse_alone(device):
+    """out unused: autograd hands the backward a zero dout, and the gradients are lse's alone."""
+    torch.manual_seed(4)
+    q, k, v = (randn(1, n, 2, 32, dtype=F32, device=device) for n in (33, 45, 45))
+    _, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    _, lse64 = attention_reference(*ins64, causal=True, return_lse=True)
+    (lse.square().sum()).backward()
+    (lse64.square().sum()).backward()
+    for name, got, want in zip("qk", (q, k), ins64[:2], strict=True):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert ins64[2].grad is None and torch.all(v.grad == 0)  # lse does not depend on v
 
 
 @pytest.mark.parametrize(
@@ -162,12 +192,18 @@ def _bad(device):
         ("scale zero", lambda: flash_attention(q, kv, kv, causal=True, softmax_scale=0.0), "> 0"),
         ("scale nan", lambda: flash_attention(q, kv, kv, softmax_scale=float("nan")), "finite"),
         ("scale type", lambda: flash_attention(q, kv, kv, softmax_scale="0.1"), "a number"),
+        ("causal type", lambda: flash_attention(q, kv, kv, causal="no"), "causal must be a bool"),  # truthy
+        ("window bool", lambda: flash_attention(q, kv, kv, window=(True, None)), "non-negative int"),
+        ("window type", lambda: flash_attention(q, kv, kv, window=4), "pair"),
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("idx", range(18))
-def test_bad_inputs_raise(idx, device):
-    name, call, match = _bad(device)[idx]
+BAD_NAMES = [name for name, _, _ in _bad("cpu")]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_inputs_raise(name, device):
+    _, call, match = _bad(device)[BAD_NAMES.index(name)]
     with pytest.raises(ValueError, match=match):
         call()
 

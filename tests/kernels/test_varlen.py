@@ -43,6 +43,26 @@ def test_varlen_matches_reference(case, device):
     )
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+def test_varlen_lse_gradient(deterministic, device):
+    """A loss on the packed lse too (empty and one-token sequences among them) reaches q and k."""
+    dtype, lq, lk, h, hk, d, causal, window = CASES[1]
+    torch.manual_seed(11)
+    cu_q, cu_k = _cu(lq, device), _cu(lk, device)
+    q = randn(sum(lq), h, d, dtype=dtype, device=device)
+    k, v = (randn(sum(lk), hk, d, dtype=dtype, device=device) for _ in range(2))
+    kw = dict(causal=causal, window=window, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention_varlen(
+            q, k, v, cu_q, cu_k, max(lq), max(lk), deterministic=deterministic, **kw
+        ),
+        lambda q, k, v: attention_varlen_reference(q, k, v, cu_q, cu_k, **kw),
+        [q, k, v],
+        dtype,
+        lse_grad=True,
+    )
+
+
 def test_varlen_atomic_dq(device):
     dtype, lq, lk, h, hk, d, causal, window = CASES[1]
     torch.manual_seed(5)
@@ -90,6 +110,14 @@ def test_varlen_bad_cu_seqlens(cu_q, max_q, match, device):
         return
     with pytest.raises(ValueError, match=match):
         flash_attention_varlen(q, q, q, cu, cu_k, max_q, 4)
+
+
+@pytest.mark.parametrize("max_q", ["4", 4.0, True], ids=["str", "float", "bool"])
+def test_varlen_max_seqlen_must_be_an_int(max_q, device):
+    q = torch.randn(8, 2, 16, dtype=F32, device=device)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="max_seqlen_q must be an int"):
+        flash_attention_varlen(q, q, q, cu, cu, max_q, 4)
 
 
 def test_varlen_bad_inputs(device):
