@@ -31,6 +31,15 @@ class OptimConfig:
             )
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optim.{name}={getattr(self, name)} must lie in [0, 1)")
+        if self.eps < 0:
+            raise ValueError(f"optim.eps={self.eps} must be >= 0")
+        if self.decay_steps is not None and self.decay_steps < 1:  # 0 would read as unset (max_steps)
+            raise ValueError(
+                f"optim.decay_steps={self.decay_steps} must be >= 1, or null (trainer.max_steps)"
+            )
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

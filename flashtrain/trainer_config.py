@@ -43,9 +43,20 @@ class TrainerConfig:
     gc_every: int = 50
 
     def __post_init__(self):
-        for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "log_interval"):
+        counts = ("seq_len", "batch_size", "grad_accum", "max_steps", "keep_checkpoints", "log_interval")
+        for name in (*counts, "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name}={getattr(self, name)} must be >= 1")
+        # 0 means never (evaluations, periodic checkpoints) or no tolerance (skipped steps) for these
+        for name in ("eval_interval", "checkpoint_interval", "max_skipped_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name}={getattr(self, name)} must be >= 0")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ValueError(f"trainer.global_batch={self.global_batch} must be >= 1, or null (not checked)")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ValueError(
+                f"trainer.peak_tflops={self.peak_tflops} must be > 0, or null (the GPU's known bf16 peak)"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"trainer.device={self.device!r}; choose auto, cpu or cuda")
         if self.precision not in ("auto", "bf16", "fp32"):

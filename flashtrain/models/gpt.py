@@ -50,6 +50,16 @@ class GPTConfig:
     init_std: float = 0.02  # GPT-2 initialisation
 
     def __post_init__(self):
+        for name in ("n_layer", "n_head", "d_model", "max_seq_len", "loss_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
+        # None means "unset" for these; 0 would read as unset too (`n_kv_head or n_head`), so say so
+        for name in ("n_kv_head", "vocab_size", "window"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1, or null (unset)")
+        for name in ("init_std", "rope_theta"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be > 0")
         if self.d_model % self.n_head:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}")
         if self.n_head % self.kv_heads:

@@ -43,6 +43,9 @@ class TaskConfig:
 
         if self.positions not in POSITIONS:
             raise ValueError(f"task.positions={self.positions!r}; choose one of {', '.join(POSITIONS)}")
+        for name in ("n_train", "n_val", "n_test"):  # an empty split fails later, far from the setting
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1, or null (LRA's size)")
 
 
 def build_task(cfg, *, rank: int, world_size: int, dp_rank: int, dp: int):

@@ -84,6 +84,14 @@ def test_wrong_type_names_the_key():
         compose_config(["trainer.max_steps=many"])
 
 
+@pytest.mark.parametrize("override", ["task.n_train=0", "task.n_val=0", "task.n_test=-1"])
+def test_empty_lra_split_is_refused_at_composition(override):
+    """An empty split used to fail only when the data were built (an IndexError in the generator)."""
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=rf"{key}=-?\d must be >= 1"):
+        compose_config(["experiment=lra/pathfinder32", override])
+
+
 def test_missing_files_path_is_reported():
     with pytest.raises(Exception, match="data.path"):
         compose_config(["data=files"])

@@ -115,6 +115,16 @@ def test_sequence_longer_than_positions_fails():
         (dict(n_kv_head=3), "divisible by model.n_kv_head"),
         (dict(pos_embedding="alibi"), "pos_embedding"),
         (dict(dropout=1.0), "dropout"),
+        (dict(n_layer=0), r"model.n_layer=0 must be >= 1"),
+        (dict(n_head=0), r"model.n_head=0 must be >= 1"),  # was a ZeroDivisionError
+        # 0 read as "unset" before: n_kv_head=0 gave plain MHA, window=0 full attention
+        (dict(n_kv_head=0), r"model.n_kv_head=0 must be >= 1, or null"),
+        (dict(window=0), r"model.window=0 must be >= 1, or null"),
+        (dict(window=-4), r"model.window=-4 must be >= 1, or null"),
+        (dict(vocab_size=0), r"model.vocab_size=0 must be >= 1, or null"),
+        (dict(loss_chunk=0), r"model.loss_chunk=0 must be >= 1"),
+        (dict(init_std=0.0), r"model.init_std=0.0 must be > 0"),
+        (dict(rope_theta=-1.0), r"model.rope_theta=-1.0 must be > 0"),
     ],
 )
 def test_bad_model_config(kwargs, match):

@@ -188,6 +188,16 @@ def test_loss_falls_on_the_default_corpus(tmp_path):
         ("trainer.global_batch=5", "global_batch=5"),
         ("model.vocab_size=100", "smaller than the tokenizer's vocabulary"),
         ("trainer.out_dir=/proc/flashtrain", "cannot write to the run directory"),
+        # each of these was taken before: a negative interval evaluated or checkpointed every step, 0
+        # evaluation batches failed only at the first evaluation, and a 0 peak or decay read as unset
+        ("trainer.eval_interval=-1", r"trainer.eval_interval=-1 must be >= 0"),
+        ("trainer.checkpoint_interval=-1", r"trainer.checkpoint_interval=-1 must be >= 0"),
+        ("trainer.eval_batches=0", r"trainer.eval_batches=0 must be >= 1"),
+        ("trainer.global_batch=0", r"trainer.global_batch=0 must be >= 1"),
+        ("trainer.peak_tflops=0", r"trainer.peak_tflops=0.0 must be > 0"),
+        ("optim.decay_steps=0", r"optim.decay_steps=0 must be >= 1"),
+        ("optim.beta2=1.0", r"optim.beta2=1.0 must lie in \[0, 1\)"),
+        ("model.window=0", r"model.window=0 must be >= 1, or null"),
     ],
 )
 def test_bad_settings_fail_clearly(tmp_path, override, match):
