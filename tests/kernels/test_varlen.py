@@ -25,29 +25,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case", CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1]}-{c[2]}-d{c[5]}-c{c[6]}-w{c[7]}"
-)
-def test_varlen_matches_reference(case, device):
+def _check_varlen(case, device, seed, deterministic=True, lse_grad=False):
+    """One packed batch against the per-sequence float64 reference, gradients included."""
     dtype, lq, lk, h, hk, d, causal, window = case
-    torch.manual_seed(sum(lq) + d)
-    cu_q, cu_k = _cu(lq, device), _cu(lk, device)
-    q = randn(sum(lq), h, d, dtype=dtype, device=device)
-    k, v = (randn(sum(lk), hk, d, dtype=dtype, device=device) for _ in range(2))
-    kw = dict(causal=causal, window=window, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), **kw),
-        lambda q, k, v: attention_varlen_reference(q, k, v, cu_q, cu_k, **kw),
-        [q, k, v],
-        dtype,
-    )
-
-
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
-def test_varlen_lse_gradient(deterministic, device):
-    """A loss on the packed lse too (empty and one-token sequences among them) reaches q and k."""
-    dtype, lq, lk, h, hk, d, causal, window = CASES[1]
-    torch.manual_seed(11)
+    torch.manual_seed(seed)
     cu_q, cu_k = _cu(lq, device), _cu(lk, device)
     q = randn(sum(lq), h, d, dtype=dtype, device=device)
     k, v = (randn(sum(lk), hk, d, dtype=dtype, device=device) for _ in range(2))
@@ -59,25 +40,25 @@ def test_varlen_lse_gradient(deterministic, device):
         lambda q, k, v: attention_varlen_reference(q, k, v, cu_q, cu_k, **kw),
         [q, k, v],
         dtype,
-        lse_grad=True,
+        lse_grad=lse_grad,
     )
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1]}-{c[2]}-d{c[5]}-c{c[6]}-w{c[7]}"
+)
+def test_varlen_matches_reference(case, device):
+    _check_varlen(case, device, seed=sum(case[1]) + case[5])
 
 
 def test_varlen_atomic_dq(device):
-    dtype, lq, lk, h, hk, d, causal, window = CASES[1]
-    torch.manual_seed(5)
-    cu_q, cu_k = _cu(lq, device), _cu(lk, device)
-    q = randn(sum(lq), h, d, dtype=dtype, device=device)
-    k, v = (randn(sum(lk), hk, d, dtype=dtype, device=device) for _ in range(2))
-    kw = dict(causal=causal, window=window, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention_varlen(
-            q, k, v, cu_q, cu_k, max(lq), max(lk), deterministic=False, **kw
-        ),
-        lambda q, k, v: attention_varlen_reference(q, k, v, cu_q, cu_k, **kw),
-        [q, k, v],
-        dtype,
-    )
+    _check_varlen(CASES[1], device, seed=5, deterministic=False)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+def test_varlen_lse_gradient(deterministic, device):
+    """A loss on the packed lse too (empty and one-token sequences among them) reaches q and k."""
+    _check_varlen(CASES[1], device, seed=11, deterministic=deterministic, lse_grad=True)
 
 
 def test_varlen_strided_packed_qkv(device):
