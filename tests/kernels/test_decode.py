@@ -50,12 +50,13 @@ def test_decode_split_count_does_not_change_result(device):
         torch.testing.assert_close(o, outs[0], atol=1e-5, rtol=1e-5)
 
 
-def test_decode_empty_cache_gives_zero_and_neg_inf(device):
+@pytest.mark.parametrize("empty_len", [0, -3], ids=["zero", "negative"])
+def test_decode_empty_cache_gives_zero_and_neg_inf(empty_len, device):
     # the reference cannot take a zero-length cache (amax over an empty dim), so check the contract directly
     torch.manual_seed(4)
     q = torch.randn(2, 1, 2, 32, dtype=F16, device=device)
     k, v = (torch.randn(2, 64, 2, 32, dtype=F16, device=device) for _ in range(2))
-    seqlens = torch.tensor([0, 64], dtype=torch.int32, device=device)
+    seqlens = torch.tensor([empty_len, 64], dtype=torch.int32, device=device)
     out, lse = flash_decode(q, k, v, seqlens, return_lse=True, num_splits=2)
     assert torch.all(out[0] == 0) and torch.all(lse[0] == float("-inf"))
     ref = decode_reference(q[1:].double(), k[1:].double(), v[1:].double(), seqlens[1:])
