@@ -35,6 +35,14 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
+def saved_steps(run_dir: str) -> list[str]:
+    """Names of a run's complete checkpoints, oldest first (`checkpoint_name` sorts by step)."""
+    root = checkpoint_root(run_dir)
+    if not os.path.isdir(root):
+        return []
+    return sorted(d for d in os.listdir(root) if d.startswith("step_"))
+
+
 def latest_checkpoint(run_dir: str) -> str | None:
     """Path of the newest complete checkpoint of a run, or None."""
     pointer = os.path.join(checkpoint_root(run_dir), LATEST)
@@ -81,8 +89,10 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     _write_text_atomic(os.path.join(root, LATEST), name)
-    steps = sorted(d for d in os.listdir(root) if d.startswith("step_"))
-    for old in steps[: max(0, len(steps) - keep)]:
+    # Only checkpoints older than this one make room: one of a later step cannot be this run's (it was
+    # left by another run), and the newest `keep` by number could otherwise exclude this very checkpoint.
+    older = [d for d in saved_steps(run_dir) if d < name]
+    for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(os.path.join(root, old), ignore_errors=True)
     return final
 

@@ -86,6 +86,7 @@ class Trainer:
         self.autocast_dtype = self._pick_precision(tc.precision)
         self.run_dir = os.path.join(tc.out_dir, tc.run_name)
         self._check_writable(self.run_dir)
+        self._check_fresh_start(self.run_dir, tc.resume)
         torch.manual_seed(tc.seed)
         random.seed(tc.seed)
 
@@ -199,6 +200,18 @@ class Trainer:
             raise ValueError(
                 f"cannot write to the run directory {run_dir} ({e.strerror}); set trainer.out_dir to a writable path"
             ) from None
+
+    @staticmethod
+    def _check_fresh_start(run_dir: str, resume: str) -> None:
+        """A run that starts over must not write into another run's checkpoints: its own would mix with
+        them, and pruning would delete one or the other (the same W&B id would mix the histories too)."""
+        steps = ckpt.saved_steps(run_dir)
+        if resume == "false" and steps:
+            raise ValueError(
+                f"{run_dir} already holds checkpoints of a run (latest {steps[-1]}); continue it with "
+                "trainer.resume=true (or auto), give this run another trainer.run_name, or remove "
+                f"{ckpt.checkpoint_root(run_dir)} to start this one over"
+            )
 
     def _config_dict(self) -> dict:
         return asdict(self.cfg)

@@ -99,6 +99,35 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert resumed.step == 2
 
 
+def test_starting_over_in_a_run_directory_with_checkpoints_is_refused(tmp_path):
+    """A second fresh run under the same name wrote its checkpoints beside the first run's, and pruning
+    by step number then deleted its own new ones (leaving `latest` naming a deleted directory)."""
+    run(small_config(tmp_path, "trainer.run_name=twice"))
+    root = f"{tmp_path}/runs/twice/checkpoints"
+    before = sorted(os.listdir(root))
+    with pytest.raises(
+        ValueError, match=r"already holds checkpoints of a run \(latest step_0000006\).*resume"
+    ):
+        Trainer(small_config(tmp_path, "trainer.run_name=twice", "trainer.max_steps=2"))
+    assert sorted(os.listdir(root)) == before
+    resumed, _ = run(
+        small_config(tmp_path, "trainer.run_name=twice", "trainer.max_steps=8", "trainer.resume=auto")
+    )
+    assert len(resumed) == 8
+
+
+def test_pruning_keeps_the_checkpoint_just_written_and_later_ones(tmp_path):
+    """Only checkpoints older than the one written make room, whatever else the directory holds."""
+    model = torch.nn.Linear(2, 2)
+    run_dir = str(tmp_path)
+    for step in (10, 12):  # left by some other run
+        ckpt.save_checkpoint(run_dir, step, model, {"step": step}, {}, keep=5)
+    for step in (2, 4, 6):
+        path = ckpt.save_checkpoint(run_dir, step, model, {"step": step}, {}, keep=2)
+        assert os.path.isdir(path) and ckpt.latest_checkpoint(run_dir) == path
+    assert ckpt.saved_steps(run_dir) == ["step_0000004", "step_0000006", "step_0000010", "step_0000012"]
+
+
 def test_resume_without_checkpoint_fails_clearly(tmp_path):
     with pytest.raises(ValueError, match="has no checkpoint yet"):
         Trainer(small_config(tmp_path, "trainer.run_name=fresh", "trainer.resume=true"))
