@@ -54,8 +54,20 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy."""
+    """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy; top_k keeps the
+    k most likely tokens before sampling (None: all)."""
     cfg = model.cfg
+    if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
+        raise ValueError(
+            f"idx must be token ids (batch, T >= 1), got {idx.dtype} {tuple(idx.shape)}: an empty prompt "
+            "encodes to no token, so give at least one character (the command line's default is a newline)"
+        )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    if not (temperature >= 0 and temperature != float("inf")):
+        raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
     total = idx.shape[1] + max_new_tokens
     if total > cfg.max_seq_len:
         raise ValueError(f"prompt + new tokens = {total} exceeds the model's max_seq_len={cfg.max_seq_len}")
@@ -90,25 +102,34 @@ def main(argv=None):
     parser.add_argument(
         "--run", required=True, help="run directory (its latest checkpoint) or a checkpoint directory"
     )
-    parser.add_argument("--prompt", default="\n")
+    parser.add_argument("--prompt", default="\n", help="text to continue (at least one token)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    parser.add_argument(
+        "--top-k", type=int, default=200, help="sample among the k likeliest tokens (0 = all)"
+    )
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.num_samples < 1:
+        parser.error(f"--num-samples {args.num_samples}: need at least 1")
+    if args.top_k < 0:
+        parser.error(f"--top-k {args.top_k}: need k >= 1, or 0 for every token")
 
     model, tokenizer_name = load_model_for_inference(args.run, device=args.device)
     tokenizer = get_tokenizer(tokenizer_name)
-    prompt = torch.tensor([tokenizer.encode(args.prompt)] * args.num_samples, device=args.device)
+    ids = tokenizer.encode(args.prompt)
+    if not ids:
+        parser.error("--prompt encodes to no token; give at least one character")
+    prompt = torch.tensor([ids] * args.num_samples, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     tokens = generate(
         model,
         prompt,
         args.max_new_tokens,
         temperature=args.temperature,
-        top_k=args.top_k,
+        top_k=args.top_k or None,
         generator=generator,
     )
     for row in tokens.tolist():

@@ -43,3 +43,22 @@ def test_sampling_is_seeded_and_bounded():
     assert torch.equal(a, b) and a.shape == (2, 11)
     with pytest.raises(ValueError, match="max_seq_len"):
         generate(model, prompt, 30)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=-1.0), "temperature=-1.0 must be finite and >= 0"),
+        (dict(temperature=float("nan")), "temperature=nan must be finite"),
+        (dict(top_k=0), "top_k=0 must be >= 1, or None"),  # was a shape error inside topk
+        (dict(max_new_tokens=-2), "max_new_tokens=-2 must be >= 0"),  # was a negative-size tensor
+        (dict(idx=torch.zeros(1, 0)), r"idx must be token ids \(batch, T >= 1\)"),  # an empty prompt
+    ],
+)
+def test_bad_sampling_settings_fail_clearly(kwargs, match):
+    model = GPT(
+        GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, attention="reference")
+    )
+    args = dict(idx=torch.zeros(2, 3, dtype=torch.long), max_new_tokens=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        generate(model, args.pop("idx"), args.pop("max_new_tokens"), **args)
