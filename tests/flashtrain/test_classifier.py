@@ -261,7 +261,13 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
     with pytest.raises(ValueError, match="resolution 48"):
         Trainer(
             compose_config(
-                ["experiment=lra/pathx", *common, "task.resolution=48", f"task.init_from={tmp_path}/small"]
+                [
+                    "experiment=lra/pathx",
+                    *common,
+                    "trainer.run_name=pathx48",  # a run of its own: lra_pathx now holds big's checkpoint
+                    "task.resolution=48",
+                    f"task.init_from={tmp_path}/small",
+                ]
             )
         )
 
