@@ -249,6 +249,13 @@ def test_gpu_bf16_atomic_dq(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+def test_gpu_bf16_lse_gradient(deterministic):
+    case = GPU_CASES[0]
+    _check_case(torch.bfloat16, "cuda", *case, seed=case[1] + 3, deterministic=deterministic, lse_grad=True)
+
+
+@pytest.mark.gpu
 def test_gpu_key_padding_and_fp16():
     torch.manual_seed(5)
     q, k, v = (randn(2, 1500, 8, 64, dtype=F16, device="cuda") for _ in range(3))
