@@ -414,8 +414,14 @@ _bwd_dq_tuned = autotune(
 # ---------------------------------------------------------------------------------------------------
 
 
-def backward_delta(out, do, lse, cu_seqlens_q=None, max_seqlen_q=None) -> torch.Tensor:
-    """delta = rowsum(dO * O) in fp32, laid out like lse (the backward's preprocess; dense or varlen)."""
+def backward_delta(
+    out, do, lse, cu_seqlens_q=None, max_seqlen_q=None, dlse=None, dlse_scale=1.0
+) -> torch.Tensor:
+    """delta = rowsum(dO * O) in fp32, laid out like lse (the backward's preprocess; dense or varlen).
+
+    dlse: the loss's gradient with respect to lse (shaped like it), when the loss uses lse; it is
+    subtracted, times dlse_scale (LOG2E for a base-2 lse's gradient): the backward computes
+    dS = P * (dP - delta), and d lse_i / d s_ij = P_ij adds dlse_i * P_ij to dS_ij."""
     varlen = cu_seqlens_q is not None
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -431,16 +437,9 @@ def backward_delta(out, do, lse, cu_seqlens_q=None, max_seqlen_q=None) -> torch.
         stride_lb, stride_lh, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen, BLOCK_M=pre_m,
     )  # fmt: skip
+    if dlse is not None:
+        delta.sub_(dlse, alpha=dlse_scale)  # in place: keeps lse's layout, which the kernels index it by
     return delta
-
-
-def with_lse_gradient(delta: torch.Tensor, dlse: torch.Tensor) -> torch.Tensor:
-    """delta - dlse, in delta's memory layout (the kernels index both with lse's strides).
-
-    The backward computes dS = P * (dP - delta) with delta = rowsum(dO * O); a loss that also uses the
-    natural-log lse adds dlse_i * P_ij to dS_ij (d lse_i / d s_ij = P_ij), the same as lowering delta
-    by dlse. A fresh tensor: the caller's delta may serve another call."""
-    return delta.clone().sub_(dlse)
 
 
 def flash_attn_backward(
@@ -462,7 +461,7 @@ def flash_attn_backward(
         them, so a fresh fp32 buffer needs no zero fill; dq is added either way.
     delta: `backward_delta(out, do, lse, ...)` computed beforehand; None computes it here.
     dlse2: the gradient of the loss with respect to the base-2 lse (shaped like it), or None when the
-        loss does not use lse.
+        loss does not use lse; with a precomputed delta, pass it to `backward_delta` instead.
     """
     if only not in (None, "dkdv", "dq"):
         raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
@@ -500,9 +499,9 @@ def flash_attn_backward(
     nheads_kv = k.shape[-2]
     block_d = padded_head_dim(headdim)
     if delta is None:
-        delta = backward_delta(out, do, lse, cu_seqlens_q, max_seqlen_q)
-    if dlse2 is not None:
-        delta = with_lse_gradient(delta, dlse2 * LOG2E)
+        delta = backward_delta(out, do, lse, cu_seqlens_q, max_seqlen_q, dlse=dlse2, dlse_scale=LOG2E)
+    elif dlse2 is not None:
+        raise ValueError("with a precomputed delta, pass dlse2 to backward_delta, which folds it into delta")
 
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     kpm_args = (kpm if kpm is not None else lse,)

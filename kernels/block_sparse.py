@@ -42,7 +42,7 @@ from kernels._common import (
     store_tile,
     unit_last_stride,
 )
-from kernels._flash_bwd import backward_delta, with_lse_gradient
+from kernels._flash_bwd import backward_delta
 from kernels.layouts import BlockLayout
 
 __all__ = ["block_sparse_attention", "BlockLayout"]
@@ -464,9 +464,7 @@ def _block_sparse_backward(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
-    delta = backward_delta(out, do, lse)  # the dense kernels' preprocess
-    if dlse is not None:
-        delta = with_lse_gradient(delta, dlse)
+    delta = backward_delta(out, do, lse, dlse=dlse)  # the dense kernels' preprocess (natural-log lse here)
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,

@@ -187,8 +187,8 @@ def flash_decode(
     q: (batch, seqlen_q, nheads, headdim), seqlen_q small (one or a few new tokens);
     k_cache, v_cache: (batch, max_len, nheads_kv, headdim), nheads a multiple of nheads_kv;
     cache_seqlens: int32 (batch,), valid length of each cache (entries past max_len are clamped to it,
-    negative ones read as 0; not checked on the host, which would cost a device sync per step). Causal/window alignment is
-    bottom-right against each sequence's own length. num_splits: KV slices per sequence (default: enough
+    negative ones read as 0; not checked on the host, which would cost a device sync per step).
+    Causal/window alignment is bottom-right against each sequence's own length. num_splits: KV slices per sequence (default: enough
     to fill the GPU). Inference only: no gradient flows through. Returns out (batch, seqlen_q, nheads,
     headdim) in q's dtype and, with return_lse=True, lse (batch, nheads, seqlen_q) float32 natural log.
     """

@@ -166,13 +166,18 @@ def _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, a
     return scores, keep, vh
 
 
+def _finite_row_max(scores: torch.Tensor) -> torch.Tensor:
+    """Each row's max (keepdim), 0 for a row of only -inf, so that scores - max is never -inf + inf."""
+    row_max = scores.amax(dim=-1, keepdim=True)
+    return torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+
+
 def _masked_logsumexp(scores: torch.Tensor) -> torch.Tensor:
     """logsumexp over the last dim, where a row of only -inf gives -inf and passes no gradient.
 
     torch.logsumexp's backward is exp(x - lse), which is NaN on such a row even where its incoming
     gradient is 0; the kernels give those rows no gradient (they saw no key), and so does this."""
-    row_max = scores.detach().amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    row_max = _finite_row_max(scores.detach())
     denom = torch.exp(scores - row_max).sum(dim=-1)
     seen = denom > 0
     lse = torch.log(torch.where(seen, denom, torch.ones_like(denom))) + row_max.squeeze(-1)
@@ -203,8 +208,7 @@ def attention_reference(
     scores, keep, vh = _scores_and_mask(q, k, v, causal, softmax_scale, window, key_padding_mask, attn_mask)
     scores = scores.masked_fill(~keep, float("-inf"))
 
-    row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    row_max = _finite_row_max(scores)
     probs = torch.exp(scores - row_max)
     denom = probs.sum(dim=-1, keepdim=True)
     probs = probs / torch.where(denom > 0, denom, torch.ones_like(denom))  # empty rows stay 0
