@@ -1,0 +1,78 @@
+"""Per-kernel device time of one attention fwd+bwd, ours against FlexAttention (or any impl of
+bench_attention.py), from torch.profiler: which kernel of the backward loses where the totals differ.
+
+    python benchmarks/profile_attention.py --shape 2,8192,16,128 --shape 2,8192,16,128,causal \\
+        --impls triton flex --out profile.json
+
+A shape is batch,seqlen,nheads,headdim[,causal] (bf16). Each impl runs a few untimed fwd+bwd (autotune,
+compile), then --iters profiled ones; a kernel's time is its device total over the iterations / iters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.bench_attention import make_impl  # noqa: E402
+from benchmarks.common import write_results  # noqa: E402
+from benchmarks.sweep_tiles import parse_shape  # noqa: E402
+
+
+def kernel_times(impl: str, shape: dict, iters: int) -> dict[str, float]:
+    """Mean device ms per fwd+bwd of each CUDA kernel the impl launches."""
+    b, n, h, d = shape["batch"], shape["seqlen"], shape["nheads"], shape["headdim"]
+    # (B, H, N, d) for torch's backends, (B, N, H, d) for ours: the layout each is benchmarked in
+    layout = (b, n, h, d) if impl.startswith("triton") else (b, h, n, d)
+    q, k, v = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(layout, device="cuda", dtype=torch.bfloat16)
+    fn = make_impl(impl)
+
+    def step():
+        out = fn(q, k, v, shape["causal"])
+        out.backward(do)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time / 1000 / iters  # us -> ms per iteration
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--shape", action="append", required=True, help="batch,seqlen,nheads,headdim[,causal]"
+    )
+    parser.add_argument("--impls", nargs="+", default=["triton", "flex"])
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.iters < 1:
+        parser.error("--iters must be >= 1")
+    rows = []
+    for text in args.shape:
+        shape = parse_shape(text)
+        for impl in args.impls:
+            times = kernel_times(impl, shape, args.iters)
+            rows.append({**shape, "impl": impl, "total_ms": sum(times.values()), "kernels_ms": times})
+            print(f"{text} {impl}: {sum(times.values()):.3f} ms")
+            for name, ms in list(times.items())[:6]:
+                print(f"    {ms:8.3f}  {name}")
+            write_results(args.out, rows, {"iters": args.iters})
+
+
+if __name__ == "__main__":
+    main()
