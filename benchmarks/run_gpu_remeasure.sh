@@ -5,6 +5,7 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 2   # block-sparse n64k, end to end
 #   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 3   # d128 backward against Flex, per kernel
 #   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 4   # dq beside dk/dv on a second stream
+#   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 5   # n1k: per kernel, and every tile config
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
@@ -41,5 +42,13 @@ case "${1:?part 1 or 2}" in
   timeout 300 python benchmarks/check_bwd_overlap.py --shape 2,8192,16,128 --shape 4,4096,16,128,causal \
     --shape 1,16384,16,128,causal --shape 2,8192,16,64,causal --shape 16,1024,16,64,causal \
     --shape 8,2048,16,128 --out "$R/bwd_overlap.json" 2>&1 | quiet | tee "$R/bwd_overlap.log"
+  ;;
+5)  # n1k, where d128 loses to Flex: device time per kernel, and every tile config of each kernel alone
+  timeout 150 python benchmarks/profile_attention.py --shape 16,1024,16,128,causal --shape 16,1024,16,128 \
+    --shape 16,1024,16,64,causal --impls triton flex --out "$R/profile_n1k.json" 2>&1 | quiet | tee "$R/profile_n1k.log"
+  timeout 200 python benchmarks/sweep_tiles.py --shape 16,1024,16,128,causal --shape 16,1024,16,128 \
+    --kernel dkdv --kernel dq --kernel fwd --jobs 16 --out "$R/sweep_n1k_d128.json" > "$R/sweep_n1k_d128.log" 2>&1 \
+    || echo "sweep failed"
+  grep " ms " "$R/sweep_n1k_d128.log" | sed "s/'batch': 16, 'seqlen': 1024, 'nheads': 16, 'headdim': 128, //"
   ;;
 esac
