@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from kernels._common import check_causal, check_dropout, check_window, resolve_softmax_scale
 
+from .call_check import check_same_call, draw_dropout_seed
 from .local_attention import (
     DenseBackwardPrep,
     PositionMask,
@@ -314,46 +315,6 @@ class RingAttention(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------------
 
 
-def gather_shapes(tensors: list[torch.Tensor], groups: list) -> list[tuple]:
-    """Every rank's (dtype, shapes) of `tensors` across the product of `groups` (nested all-gathers,
-    so a 2-D mesh is covered: each rank ends up with every rank's shapes). Blocks: host-device sync.
-
-    This is the first collective of a checked call, so a rank with a differently shaped shard makes
-    every rank raise together instead of leaving the others waiting in a P2P.
-    """
-    code = []
-    for t in tensors:
-        dims = list(t.shape)[:6]
-        code += [
-            t.dim(),
-            _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1,
-            *dims,
-            *[-1] * (6 - len(dims)),
-        ]
-    vec = torch.tensor(code, dtype=torch.int64, device=tensors[0].device)[None]  # (1, k)
-    for group in groups:
-        if group is None:
-            continue
-        parts = [torch.empty_like(vec) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, vec.contiguous(), group=group)
-        vec = torch.cat(parts)  # (ranks so far, k)
-    rows = vec.tolist()  # host-device sync
-    return [tuple(r) for r in rows]
-
-
-_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-
-
-def check_same_shapes(tensors: list[torch.Tensor], groups: list, names: str = "q, k, v") -> None:
-    rows = gather_shapes(tensors, groups)
-    if any(r != rows[0] for r in rows):
-        mine = tuple((t.dtype, tuple(t.shape)) for t in tensors)
-        raise ValueError(
-            f"{names} differ across the sequence-parallel ranks (dtype/shape codes {sorted(set(rows))}; this "
-            f"rank has {mine}): every rank must hold an equal-length shard of the same sequence"
-        )
-
-
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -425,15 +386,6 @@ def mask_tensors(
     return doc_ids, doc_starts, block_layout, block_size or 1
 
 
-def draw_dropout_seed(dropout_p: float, dropout_seed: int | None) -> int:
-    """Ranks must agree on the seed: pass one, or seed torch identically on every rank."""
-    if dropout_p == 0.0:
-        return 0
-    if dropout_seed is not None:
-        return int(dropout_seed)
-    return int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no device sync
-
-
 def make_ring_spec(
     q: torch.Tensor, *, group, seqlen: int, layout: str, causal: bool, softmax_scale, window, dropout_p: float,
     block_layout, block_size, cu_seqlens, dropout_seed, backend: str, head_offset: int = 0,
@@ -485,14 +437,19 @@ def ring_attention(
         block (default seqlen / nblocks); steps whose tile is empty are skipped, transfers too.
     dropout_p, dropout_seed: dropout keyed by global coordinates, so results do not depend on P.
     backend: local attention, "auto" (Triton on CUDA, reference on CPU), "reference" or "triton".
-    validate: gather every rank's shapes first (one small blocking all-gather) so unequal shards
-        raise on every rank; trainers that shard with `shard_batch` can pass False.
+    validate: gather every rank's shapes and options first (one small blocking all-gather), so unequal
+        shards or options raise on every rank, and dropout_seed=None gives every rank the first rank's
+        draw; trainers that shard with `shard_batch` and pass the same options everywhere can pass False.
     """
+    size = dist.get_world_size(group) if group is not None else 1
+    if validate and size > 1:  # first, so that even a rank with a bad option reaches the all-gather
+        dropout_seed = check_same_call(
+            [q, k, v], [group], causal=causal, layout=layout, window=window, softmax_scale=softmax_scale,
+            dropout_p=dropout_p, dropout_seed=dropout_seed, cu_seqlens=cu_seqlens, block_layout=block_layout,
+            block_size=block_size,
+        )  # fmt: skip
     check_options(window, dropout_p, causal)
     check_layout(layout)
-    size = dist.get_world_size(group) if group is not None else 1
-    if validate and size > 1:
-        check_same_shapes([q, k, v], [group])
     check_qkv(q, k, v)
     seqlen = q.shape[1] * size
     check_seqlen(seqlen, size, layout)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .call_check import check_same_call
 from .ring import (
     RingSpec,
     check_options,
     check_qkv,
-    check_same_shapes,
     make_ring_spec,
     ring_backward,
     ring_forward,
@@ -134,13 +134,17 @@ def _check_heads(nheads: int, size: int) -> None:
 
 def _build(q, k, v, *, ulysses_group, ring_group, layout, causal, softmax_scale, window, dropout_p,
            block_layout, block_size, cu_seqlens, dropout_seed, backend, validate):  # fmt: skip
-    check_options(window, dropout_p, causal)
-    check_layout(layout)
     usize = dist.get_world_size(ulysses_group) if ulysses_group is not None else 1
     urank = dist.get_rank(ulysses_group) if ulysses_group is not None else 0
     rsize = dist.get_world_size(ring_group) if ring_group is not None else 1
-    if validate and usize * rsize > 1:
-        check_same_shapes([q, k, v], [ulysses_group, ring_group])
+    if validate and usize * rsize > 1:  # first, as in `ring_attention`: over the whole (U, R) mesh
+        dropout_seed = check_same_call(
+            [q, k, v], [ulysses_group, ring_group], causal=causal, layout=layout, window=window,
+            softmax_scale=softmax_scale, dropout_p=dropout_p, dropout_seed=dropout_seed, cu_seqlens=cu_seqlens,
+            block_layout=block_layout, block_size=block_size,
+        )  # fmt: skip
+    check_options(window, dropout_p, causal)
+    check_layout(layout)
     check_qkv(q, k, v)
     nheads = q.shape[2]
     _check_heads(nheads, usize)

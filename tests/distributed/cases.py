@@ -3,7 +3,8 @@
 Every rank builds the same full-sequence inputs from the case's seed, runs the sequence-parallel
 attention on its shard, and compares its output and dq/dk/dv shards with the single-process
 `attention_reference` (autograd) on the full tensors. Bad inputs are checked to raise ValueError on
-every rank, and the group is used again afterwards to prove nothing was left half-sent.
+every rank, and the group is used again afterwards to prove nothing was left half-sent. Arguments that
+differ across ranks (`mismatch_cases`) run in a job of their own with short limits.
 """
 
 from __future__ import annotations
@@ -159,6 +160,63 @@ ERROR_CASES = [
 ]
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """Arguments that differ on the last rank only: every rank must raise the same ValueError naming
+    `option`, from the check before the ring. Without it, these hang in the ring (causal, layout, a
+    block_size or window refused on one rank) or mix different masks (the others)."""
+
+    name: str
+    option: str  # the argument the error must name
+    others: dict  # arguments on every rank but the last, over `_MISMATCH_BASE`
+    last: dict  # on the last rank
+    mode: str = "ring"  # ring | ulysses | hybrid (4 ranks)
+
+
+# a non-causal contiguous call with dropout, which the cases change one argument of
+_MISMATCH_BASE = dict(layout="contiguous", dropout_p=0.1, dropout_seed=1, backend="reference")
+_TRIL = torch.ones(1, 4, 4, dtype=torch.bool).tril()  # 4 blocks of 2 tokens: global seqlen 8
+_TRIL_MOVED = _TRIL.clone()
+_TRIL_MOVED[0, 3, 0], _TRIL_MOVED[0, 0, 3] = False, True  # as many tiles kept, one elsewhere
+
+
+def mismatch_cases(world: int) -> list[Mismatch]:
+    cases = [
+        Mismatch("causal", "causal", dict(causal=False), dict(causal=True)),
+        Mismatch("layout", "layout", dict(layout="zigzag"), dict(layout="contiguous")),
+        Mismatch("window", "window", dict(window=(2, None)), dict(window=(2, 1))),
+        Mismatch("window-refused-on-one-rank", "window", dict(window=(2, None)), dict(window=(-1, None))),
+        Mismatch("softmax-scale", "softmax_scale", dict(softmax_scale=None), dict(softmax_scale=0.5)),
+        Mismatch("dropout-p", "dropout_p", dict(dropout_p=0.1), dict(dropout_p=0.2)),
+        Mismatch("dropout-seed", "dropout_seed", dict(dropout_seed=1), dict(dropout_seed=2)),
+        Mismatch("dropout-seed-none", "dropout_seed", dict(dropout_seed=1), dict(dropout_seed=None)),
+        # as many documents, the same sum of boundaries: only the position-weighted sum differs
+        Mismatch("cu-seqlens", "cu_seqlens", dict(cu_seqlens=torch.tensor([0, 3, 5, 8])),
+                 dict(cu_seqlens=torch.tensor([0, 4, 4, 8]))),
+        Mismatch("cu-seqlens-none", "cu_seqlens", dict(cu_seqlens=None), dict(cu_seqlens=torch.tensor([0, 4, 8]))),
+        Mismatch("block-layout", "block_layout", dict(block_layout=_TRIL), dict(block_layout=_TRIL_MOVED)),
+        # 3 does not cover 8 tokens in 4 blocks: refused on the last rank alone
+        Mismatch("block-size", "block_size", dict(block_layout=_TRIL, block_size=2),
+                 dict(block_layout=_TRIL, block_size=3)),
+        Mismatch("ulysses-causal", "causal", dict(causal=True), dict(causal=False), mode="ulysses"),
+        Mismatch("ulysses-cu-seqlens", "cu_seqlens", dict(cu_seqlens=torch.tensor([0, 3, 5, 8])),
+                 dict(cu_seqlens=torch.tensor([0, 4, 4, 8])), mode="ulysses"),
+    ]  # fmt: skip
+    if world == 4:
+        cases += [
+            Mismatch("hybrid-layout", "layout", dict(layout="zigzag"), dict(layout="contiguous"), mode="hybrid"),
+            Mismatch("hybrid-dropout-seed", "dropout_seed", {}, dict(dropout_seed=2), mode="hybrid"),
+        ]  # fmt: skip
+    return cases
+
+
+# dropout_seed=None with torch seeded differently on every rank: every rank uses the first rank's draw
+DRAWN_SEED_CASES = (
+    Case("drawn-seed-ring", causal=True, dropout_p=0.3),
+    Case("drawn-seed-ulysses", mode="ulysses", layout="contiguous", dropout_p=0.3),
+)
+
+
 def all_cases(world: int) -> list[Case]:
     return ring_cases(world) + ulysses_cases(world)
 
@@ -277,13 +335,16 @@ def _max_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     )
 
 
-def run_case(case: Case, rank: int, world: int, groups: dict) -> str | None:
-    """None when the shard matches the reference, else a message."""
-    inp = make_inputs(case, world)
+def run_case(
+    case: Case, rank: int, world: int, groups: dict, inp: dict | None = None, **overrides
+) -> str | None:
+    """None when the shard matches the reference, else a message. inp: the case's inputs (default
+    `make_inputs`); overrides: arguments of the attention call that differ from the reference's."""
+    inp = inp or make_inputs(case, world)
     ref = reference(case, inp)
     pos = _positions(case, inp["seqlen"], rank, world, groups)
     q, k, v = (inp[n].index_select(1, pos).requires_grad_() for n in ("q", "k", "v"))
-    out = _attend(case, q, k, v, inp, groups)
+    out = _attend(case, q, k, v, inp, groups, **overrides)
     out.backward(inp["dout"].index_select(1, pos))
     tol = 1e-10 if case.dtype == torch.float64 else 2e-5
     errs = {
@@ -328,6 +389,60 @@ def run_error_case(name: str, rank: int, world: int, groups: dict) -> str | None
         return None if str(e) else "ValueError without a message"
 
 
+def run_mismatch_case(case: Mismatch, rank: int, world: int, groups: dict) -> str | None:
+    """None when every rank raised the same ValueError naming the option, else this rank's message."""
+    x = torch.randn(1, 8 // world, 4, 8, dtype=torch.float64)  # global seqlen 8
+    kw = {**_MISMATCH_BASE, **(case.last if rank == world - 1 else case.others)}
+    try:
+        no_masks = dict(
+            block_layout=None, block_size=None, cu_seqlens=None, dropout_seed=None
+        )  # kw's instead
+        _attend(Case(case.name, mode=case.mode), x, x, x, no_masks, groups, **kw)
+        err = "no ValueError raised"
+    except ValueError as e:
+        err = str(e)
+    except Exception as e:  # noqa: BLE001 - a P2P timed out in the ring: the check missed the mismatch
+        err = f"{type(e).__name__}: {e}"
+    errs = [None] * world
+    dist.all_gather_object(errs, err)  # the test's own collective: every rank sees every rank's error
+    if len(set(errs)) > 1:
+        return f"the ranks raised different errors: {errs}"
+    return (
+        None
+        if f"{case.option}: " in err and "different arguments" in err
+        else f"{err!r} does not name {case.option}"
+    )
+
+
+def run_drawn_seed_case(case: Case, rank: int, world: int, groups: dict) -> str | None:
+    """dropout_seed=None, torch seeded differently on every rank: the result of the first rank's draw."""
+    from flashtrain.distributed.ring import draw_dropout_seed
+
+    torch.manual_seed(1000)
+    inp = make_inputs(case, world)
+    inp["dropout_seed"] = draw_dropout_seed(case.dropout_p, None)  # what rank 0 draws in the call
+    torch.manual_seed(1000 + rank)
+    return run_case(case, rank, world, groups, inp=inp, dropout_seed=None)
+
+
+def run_case_safely(run, case: Case, rank: int, world: int, groups: dict) -> str | None:
+    try:
+        return run(case, rank, world, groups)
+    except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
+        return f"{type(e).__name__}: {e}"
+
+
+def cross_rank_job(rank: int, world: int) -> dict:
+    """The mismatch and drawn-seed cases of one world size: {name: None | message}."""
+    groups = _groups(world)
+    results = {}
+    for case in mismatch_cases(world):
+        results[f"mismatch/{case.name}"] = run_mismatch_case(case, rank, world, groups)
+    for case in DRAWN_SEED_CASES:
+        results[case.name] = run_case_safely(run_drawn_seed_case, case, rank, world, groups)
+    return results
+
+
 def run_context_case(rank: int, world: int, mode: str) -> str | None:
     """shard_batch + attention_fn of the trainer-facing context match the full computation."""
     dims = ParallelDims(dp=1, sp=world, world_size=world, ulysses=2 if mode == "hybrid" else 1)
@@ -361,10 +476,7 @@ def job(rank: int, world: int, names: list[str]) -> dict:
     results = {}
     for case in all_cases(world):
         if case.name in names:
-            try:
-                results[case.name] = run_case(case, rank, world, groups)
-            except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
-                results[case.name] = f"{type(e).__name__}: {e}"
+            results[case.name] = run_case_safely(run_case, case, rank, world, groups)
     for name in ERROR_CASES:
         results[f"error/{name}"] = run_error_case(name, rank, world, groups)
         # the group must still work: a clean collective after each error
@@ -440,18 +552,38 @@ def run_gradient_group_cases(rank: int, world: int, groups: dict) -> dict:
     return results
 
 
-_CACHE: dict[int, dict] = {}
+_CACHE: dict[tuple, dict | RuntimeError] = {}
 
 
-def job_results(world: int) -> dict:
-    """Merged results of the world-size job (run once per pytest session): {name: None | message}."""
-    if world not in _CACHE:
+def _merged(job_fn, world: int, *args, **limits) -> dict:
+    """Merged results of one job (run once per pytest session): {name: None | the ranks' messages}.
+    A job that failed as a whole (a rank died, the deadline passed) fails every later case of it at
+    once, instead of running (and waiting) again."""
+    key = (job_fn.__name__, world)
+    if key not in _CACHE:
         from tests.distributed.launcher import run_ranks
 
-        per_rank = run_ranks(job, world, [c.name for c in all_cases(world)], timeout_s=300.0)
+        try:
+            per_rank = run_ranks(job_fn, world, *args, **limits)
+        except RuntimeError as e:
+            _CACHE[key] = e
+            raise
         merged = {}
         for name in per_rank[0]:
             msgs = [f"rank {r}: {res[name]}" for r, res in enumerate(per_rank) if res[name] is not None]
             merged[name] = "; ".join(msgs) if msgs else None
-        _CACHE[world] = merged
-    return _CACHE[world]
+        _CACHE[key] = merged
+    if isinstance(_CACHE[key], RuntimeError):
+        raise RuntimeError(f"the {job_fn.__name__} job of {world} ranks failed: {_CACHE[key]}")
+    return _CACHE[key]
+
+
+def job_results(world: int) -> dict:
+    """The world-size job of every reference, error, context and gradient-group case."""
+    return _merged(job, world, [c.name for c in all_cases(world)], timeout_s=300.0)
+
+
+def cross_rank_results(world: int) -> dict:
+    """A job of its own with short limits: a regression of the check hangs a ring, which then fails
+    these cases within a minute instead of holding up the others' job."""
+    return _merged(cross_rank_job, world, timeout_s=60.0, op_timeout_s=10.0)

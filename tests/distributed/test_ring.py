@@ -6,7 +6,7 @@ reported as its own test.
 
 import pytest
 
-from tests.distributed.cases import GRADIENT_GROUP_CASES, job_results, ring_cases
+from tests.distributed.cases import GRADIENT_GROUP_CASES, cross_rank_results, job_results, ring_cases
 
 WORLDS = (2, 3, 4)
 
@@ -39,4 +39,10 @@ def test_ring_gradients_over_a_second_group(world, name):
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_backward_keeps_each_ranks_own_dkdv_part_home(world):
     err = job_results(world)["accumulator-hops"]
+    assert err is None, err
+
+
+def test_ring_ranks_share_the_first_ranks_dropout_draw():
+    """dropout_seed=None with torch seeded differently on each rank: one mask, from rank 0's draw."""
+    err = cross_rank_results(2)["drawn-seed-ring"]
     assert err is None, err
