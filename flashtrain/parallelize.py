@@ -41,7 +41,10 @@ class ParallelConfig:
     sp_mode: str = "ring"  # how sequence shards attend: "ring", "ulysses" (all-to-all) or "hybrid" (both)
     sp_layout: str = "zigzag"  # sequence sharding: "zigzag" (balanced causal work) or "contiguous"
     ulysses: int = 1  # hybrid: all-to-all degree inside sp (the rest of sp is a ring)
-    reshard_after_forward: bool | None = None  # fsdp only: free gathered weights after forward (None = True)
+    # fsdp only, blocks' gathered weights after their forward: true (None) frees them, false keeps them to
+    # the backward, an int N >= 2 keeps them sharded over groups of N ranks (FSDP2's own option; N must
+    # divide the number of processes): a cheaper backward all-gather, 1/N of the weights kept per rank
+    reshard_after_forward: bool | int | None = None
     # fsdp only: dtype of the gradient reduce-scatter, "float32" (None: the default, as single-device
     # autocast accumulates) or "bfloat16" (half the bytes and the time NCCL holds SMs; rounded sums)
     reduce_dtype: str | None = None
@@ -66,6 +69,13 @@ class ParallelConfig:
             raise ValueError(f"parallel.sp_layout={self.sp_layout!r}; choose zigzag or contiguous")
         if self.ulysses < 1 or self.sp % self.ulysses:
             raise ValueError(f"parallel.ulysses={self.ulysses} must be >= 1 and divide parallel.sp={self.sp}")
+        if self.sp_mode == "ring" and self.ulysses != 1:  # a plain ring never builds a Ulysses group
+            raise ValueError(
+                f"parallel.ulysses={self.ulysses} has no effect with parallel.sp_mode=ring (one ring over all "
+                "parallel.sp ranks); the Ulysses degree is used by sp_mode=hybrid (Ulysses inside groups of "
+                "`ulysses` ranks, a ring across them: 1 < ulysses < sp); set parallel.sp_mode=hybrid, "
+                "sp_mode=ulysses (all-to-all over all sp ranks), or drop parallel.ulysses"
+            )
         if (self.sp_mode == "hybrid") != (1 < self.ulysses < self.sp):
             raise ValueError(
                 "parallel.sp_mode=hybrid goes with 1 < parallel.ulysses < parallel.sp (e.g. sp=4 ulysses=2), and "
@@ -75,6 +85,14 @@ class ParallelConfig:
             raise ValueError(
                 f"parallel.reshard_after_forward applies to parallel.strategy=fsdp only (strategy is "
                 f"{self.strategy}); remove it or use parallel=fsdp"
+            )
+        # bool is an int in Python: only a true int is a group size (Hydra keeps `2` an int, `true` a bool)
+        reshard = self.reshard_after_forward
+        if type(reshard) is int and reshard < 2:
+            raise ValueError(
+                f"parallel.reshard_after_forward={reshard}: as a number it is the group size the blocks' weights "
+                "are resharded to after forward, >= 2; write true (reshard over all ranks) or false (keep them "
+                "gathered) otherwise"
             )
         if self.reduce_dtype is not None and (
             self.strategy != "fsdp" or self.reduce_dtype not in FSDP_DTYPES
@@ -170,7 +188,7 @@ def apply_fsdp(
     model: nn.Module,
     mesh,
     *,
-    reshard_after_forward: bool,
+    reshard_after_forward: bool | int,
     param_dtype: torch.dtype | None,
     reduce_dtype: torch.dtype | None = None,
     blocks_per_unit: int = 1,
@@ -194,6 +212,8 @@ def apply_fsdp(
     mixed precision, as in torchtitan: bf16 root weights and every unit's floating inputs cast to bf16.
     The one difference left with fp32: the blocks' LayerNorm weights are rounded to bf16 when gathered,
     and applied in fp32 (`_LayerNormInFloat32`) as CUDA autocast applies any LayerNorm's.
+    `reshard_after_forward` is FSDP2's, for the blocks: a bool, or the size of the rank groups their
+    weights stay sharded over between forward and backward (it must divide the mesh's size).
     Sharding is in place: the same module object is returned, its parameters are now DTensors.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

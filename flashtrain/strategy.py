@@ -306,6 +306,7 @@ class DeepSpeedStrategy(Strategy):
                 f"{path} has no DeepSpeed state in {ds_dir}/{tag} (it was written by parallel.strategy="
                 f"{state.get('strategy')}); resume it with that strategy"
             )
+        check_same_world_size(path, state, self.dims.world_size)
         loaded, _ = self.engine.load_checkpoint(ds_dir, tag=tag, load_lr_scheduler_states=False)
         if loaded is None:
             raise ValueError(
@@ -332,6 +333,19 @@ class DeepSpeedStrategy(Strategy):
         for tag in os.listdir(ds_dir) if os.path.isdir(ds_dir) else []:  # DeepSpeed also adds its own scripts
             if tag.startswith("step_") and not os.path.isdir(os.path.join(checkpoint_root, tag)):
                 shutil.rmtree(os.path.join(ds_dir, tag), ignore_errors=True)
+
+
+def check_same_world_size(path: str, state: dict, world_size: int) -> None:
+    """DeepSpeed's ZeRO partitions load only on the number of processes that wrote them; said before
+    the engine tries (it fails with a ZeRORuntimeException that names no setting). The train state
+    holds one data position per rank that wrote it."""
+    written = len(state["sampler"])
+    if written != world_size:
+        raise ValueError(
+            f"{path} was written by {written} DeepSpeed process(es) and this run has {world_size}: its ZeRO "
+            f"partitions load only on the world size that wrote them; resume it on {written} processes with "
+            "parallel=deepspeed (its weights, model.safetensors, load for inference anywhere)"
+        )
 
 
 def deepspeed_config(cfg, dp: int, autocast_dtype: torch.dtype | None) -> dict:

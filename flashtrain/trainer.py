@@ -26,6 +26,7 @@ from flashtrain.gc_schedule import GCSchedule
 from flashtrain.log import get_logger
 from flashtrain.models.attention import attention_override
 from flashtrain.optim import lr_at
+from flashtrain.parallelize import ParallelConfig
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
 from flashtrain.strategy import build_strategy, import_deepspeed
 from flashtrain.tasks import build_task
@@ -63,6 +64,61 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
     random.setstate((3, tuple(state["python"]), None))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def check_parallel_degrees(cfg: TrainConfig, world_size: int) -> None:
+    """The parallel degrees against the number of processes (torchrun's WORLD_SIZE)."""
+    par = cfg.parallel
+    if par.sp > 1 and world_size == 1:  # before the divisibility check, which would also catch it
+        raise ValueError(
+            f"parallel.sp={par.sp} needs {par.sp} processes or a multiple of it; launch with torchrun "
+            "--nproc_per_node, or set parallel.sp=1"
+        )
+    if world_size % par.sp:
+        raise ValueError(
+            f"parallel.sp={par.sp} does not divide the world size {world_size}; launch a multiple of "
+            f"{par.sp} processes or choose a parallel.sp that divides {world_size}"
+        )
+    if world_size > 1 and par.strategy == "none":
+        raise ValueError(
+            f"launched with {world_size} processes but parallel.strategy=none: gradients must be averaged "
+            "over the data- and sequence-parallel ranks; use parallel=ddp or parallel=fsdp, or launch one process"
+        )
+    reshard = par.reshard_after_forward
+    if world_size > 1 and type(reshard) is int and world_size % reshard:  # bool is an int too
+        raise ValueError(
+            f"parallel.reshard_after_forward={reshard} must divide the {world_size} processes FSDP shards over "
+            f"(all data- and sequence-parallel ranks); choose a divisor of {world_size} (e.g. the GPUs per "
+            "node), or true / false"
+        )
+
+
+def check_sequence_split(cfg: TrainConfig) -> None:
+    """Under sequence parallelism the heads (Ulysses) and the sequence (every mode) must split evenly
+    over the ranks. The attention checks both too, but only inside the first step, after data, model
+    and wrapping, and with a message that names no setting."""
+    par, model = cfg.parallel, cfg.model
+    if par.sp == 1 or cfg.task.kind != "lm":  # the LRA tasks refuse sequence parallelism themselves
+        return
+    ulysses = {"ring": 1, "ulysses": par.sp, "hybrid": par.ulysses}[par.sp_mode]
+    # only the query heads: K/V heads that do not split are repeated until they do (replicate_kv_heads)
+    if model.n_head % ulysses:
+        degree = f"parallel.sp={par.sp}" if par.sp_mode == "ulysses" else f"parallel.ulysses={par.ulysses}"
+        raise ValueError(
+            f"model.n_head={model.n_head} is not divisible by the Ulysses degree ({degree} with parallel.sp_mode="
+            f"{par.sp_mode}): each Ulysses rank attends with n_head / degree heads; choose a degree that "
+            f"divides {model.n_head}, or parallel.sp_mode=ring"
+        )
+    layout_ranks = par.sp // ulysses if par.sp_mode == "hybrid" else par.sp  # what the layout cuts over
+    chunks = 2 * layout_ranks if par.sp_layout == "zigzag" else layout_ranks  # zigzag: 2 chunks per rank
+    multiple = math.lcm(chunks, par.sp)  # hybrid: each ring shard is then cut over its Ulysses ranks
+    seq_len = cfg.trainer.seq_len
+    if seq_len % multiple:
+        raise ValueError(
+            f"trainer.seq_len={seq_len} does not split evenly over parallel.sp={par.sp} (sp_mode={par.sp_mode}, "
+            f"sp_layout={par.sp_layout}): it must be a multiple of {multiple}; set trainer.seq_len="
+            f"{multiple * max(1, seq_len // multiple)} (or another multiple of {multiple})"
+        )
 
 
 class Trainer:
@@ -129,18 +185,10 @@ class Trainer:
 
     def _init_distributed(self) -> tuple[int, int]:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        sp = self.cfg.parallel.sp
-        if world_size % sp:
-            raise ValueError(f"parallel.sp={sp} does not divide the world size {world_size}")
-        if world_size > 1 and self.cfg.parallel.strategy == "none":
-            raise ValueError(
-                f"launched with {world_size} processes but parallel.strategy=none: gradients must be averaged "
-                "over the data- and sequence-parallel ranks; use parallel=ddp or parallel=fsdp, or launch one process"
-            )
-        if sp > 1 and world_size == 1:
-            raise ValueError(
-                f"parallel.sp={sp} needs {sp} processes or more; launch with torchrun --nproc_per_node"
-            )
+        # Before the process group and any collective: every rank reads the same config and world size,
+        # so all raise the same error at once instead of one failing while the others wait for it.
+        check_parallel_degrees(self.cfg, world_size)
+        check_sequence_split(self.cfg)
         if world_size > 1 and not dist.is_initialized():
             if self.cfg.parallel.strategy == "deepspeed":
                 # before the group exists: DeepSpeed's barrier binds the default group as a default
@@ -236,34 +284,39 @@ class Trainer:
         self.step = state["step"]
         self.history = list(state["history"])
         samplers, rngs = state["sampler"], state["rng"]
-        if len(samplers) == self.world_size:
+        written_sp = meta["config"]["parallel"]["sp"]
+        if len(samplers) == self.world_size and written_sp == self.cfg.parallel.sp:
             self.sampler.load_state_dict(samplers[self.rank])
             _set_rng_state(rngs[self.rank], self.device)
         else:
-            self._resume_on_other_world_size(path, meta, samplers)
+            self._resume_on_other_layout(path, meta, samplers)
         log.info(f"resumed from {path} at step {self.step}")
 
-    def _resume_on_other_world_size(self, path: str, meta: dict, samplers: list[dict]) -> None:
-        """A checkpoint written by another number of processes (weights and optimizer are full
-        tensors, so any strategy and world size reads them). The data position is global, the same on
-        every rank, so it carries over; random streams (dropout) are per process and cannot be split or
-        merged, so each rank starts a fresh one from (seed, step, rank)."""
+    def _resume_on_other_layout(self, path: str, meta: dict, samplers: list[dict]) -> None:
+        """A checkpoint written by another number of processes or sequence-parallel degree (weights and
+        optimizer are full tensors, so any strategy and world size reads them). The data position is
+        global, the same on every rank, so it carries over. Random streams (dropout) are per process
+        and cannot be split or merged, so each data-parallel rank starts a fresh one from (seed, step,
+        dp rank): the sp ranks of one sequence must share it, as they do from a fresh start, because
+        they draw the same attention-dropout seeds (its masks are keyed by global position, so they
+        do not depend on sp)."""
         if any(s != samplers[0] for s in samplers):
             raise ValueError(
                 f"{path}: its ranks' data positions differ ({samplers}); the checkpoint is damaged"
             )
         self.sampler.load_state_dict(samplers[0])
-        seed = int(np.random.SeedSequence([self.cfg.trainer.seed, self.step, self.rank]).generate_state(1)[0])
-        torch.manual_seed(seed)  # CPU and every CUDA device
-        random.seed(seed)
+        seed = np.random.SeedSequence([self.cfg.trainer.seed, self.step, self.dp_rank]).generate_state(1)[0]
+        torch.manual_seed(int(seed))  # CPU and every CUDA device
+        random.seed(int(seed))
         written = meta["config"]
         old_dp = len(samplers) // written["parallel"]["sp"]
         old_batch = written["trainer"]["batch_size"] * written["trainer"]["grad_accum"] * old_dp
         tc = self.cfg.trainer
         new_batch = tc.batch_size * tc.grad_accum * self.dp
         log.info(
-            f"{path} was written by {len(samplers)} process(es), resumed on {self.world_size}: same data "
-            "position, fresh random streams per rank"
+            f"{path} was written by {len(samplers)} process(es), resumed on {self.world_size} (parallel.sp "
+            f"{written['parallel']['sp']} -> {self.cfg.parallel.sp}): same data position, fresh random streams "
+            "per data-parallel rank"
         )
         if old_batch != new_batch:
             log.warning(
@@ -333,7 +386,14 @@ class Trainer:
         """What computes attention: the model's backend, or under sp the ring/Ulysses that replaces it."""
         par = self.cfg.parallel
         if par.sp == 1:
-            return self.cfg.model.attention
+            # sp_mode and sp_layout have nothing to split with one rank per sequence: said, not refused (a
+            # sweep over sp keeps its mode; parallel.strategy on one process is treated alike)
+            unused = [
+                f"parallel.{key}={getattr(par, key)}"
+                for key in ("sp_mode", "sp_layout")
+                if getattr(par, key) != getattr(ParallelConfig, key)
+            ]
+            return self.cfg.model.attention + (f" ({', '.join(unused)} unused at sp=1)" if unused else "")
         kernel = "triton" if self.device.type == "cuda" else "reference"
         layout = ", block-sparse layout" if self.cfg.model.attention == "block_sparse" else ""
         return f"{par.sp_mode} over sp={par.sp} ({par.sp_layout}, {kernel} per step{layout})"

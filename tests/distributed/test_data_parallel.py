@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,8 +22,11 @@ from safetensors.torch import load_file
 
 from flashtrain import checkpoint as ckpt
 from flashtrain.config import compose_config
-from flashtrain.strategy import deepspeed_config
-from flashtrain.trainer import Trainer
+from flashtrain.models.gpt import GPT
+from flashtrain.parallelize import parallelize_gpt
+from flashtrain.strategy import check_same_world_size, deepspeed_config
+from flashtrain.trainer import Trainer, _rng_state
+from tests.distributed.launcher import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(ROOT, "tests", "distributed", "_launch_dp.py")
@@ -181,6 +186,30 @@ def test_deepspeed_checkpoint_layout_and_foreign_resume(workdir, deepspeed_runs)
         Trainer(cfg)
 
 
+def test_deepspeed_checkpoint_resumed_on_another_world_size_fails_clearly(workdir, deepspeed_runs):
+    """ZeRO partitions load only on the world size that wrote them: the trainer says so before DeepSpeed
+    fails with its own ZeRORuntimeException."""
+    shutil.copytree(deepspeed_runs["zero2"]["run_dir"], f"{workdir}/runs/zero2-on-3")
+    overrides = [
+        *_overrides(workdir),
+        f"trainer.batch_size={B}",
+        "parallel=deepspeed",
+        "parallel.zero_stage=2",
+    ]
+    with pytest.raises(AssertionError) as failed:
+        _torchrun(
+            [
+                "train.py",
+                *overrides,
+                "trainer.run_name=zero2-on-3",
+                "trainer.resume=true",
+                "logger.kind=none",
+            ],
+            nproc=3,
+        )
+    assert "was written by 2 DeepSpeed process(es) and this run has 3" in str(failed.value)
+
+
 def _rewind(run_dir: str, to_dir: str, step: int) -> None:
     """A copy of `run_dir` whose latest checkpoint is the one of `step` (as if killed just after it)."""
     shutil.copytree(run_dir, to_dir)
@@ -219,6 +248,111 @@ def test_checkpoint_of_two_processes_resumes_on_one(workdir, torch_runs, referen
         accum = cfg.trainer.grad_accum
         assert f"global batch changes from {NPROC * B * accum} to {B * accum}" in flashtrain_logs.text
         assert history[:2] == torch_runs["ddp"]["straight"][:2] and len(history) == STEPS
+
+
+def _attention_dropout_seeds(rank: int, world: int, runs: list[list[str]]) -> list[list[int]]:
+    """Resume each run (its overrides) on this rank and return the attention-dropout seeds its first
+    step draws (one per attention call)."""
+    from flashtrain.distributed import ring
+
+    os.environ["WORLD_SIZE"] = str(world)  # what torchrun sets; the launcher has made the group
+    draw, per_run = ring.draw_dropout_seed, []
+    for overrides in runs:
+        trainer = Trainer(compose_config(overrides))
+        seeds = []
+        ring.draw_dropout_seed = lambda p, s, seeds=seeds: seeds.append(draw(p, s)) or seeds[-1]
+        try:
+            trainer.train_step()
+        finally:
+            ring.draw_dropout_seed = draw
+            trainer.preemption.restore()
+            trainer.strategy.release()  # not close(): the next run needs the launcher's process group
+        per_run.append(seeds)
+    return per_run
+
+
+def _with_distinct_rank_streams(run_dir: str, to_dir: str, ranks: int) -> None:
+    """A copy of a one-process run whose latest checkpoint reads as written by `ranks` processes
+    (sp=1) whose random streams differ, as they do after an earlier resume on another world size."""
+    shutil.copytree(run_dir, to_dir)
+    path = os.path.join(ckpt.latest_checkpoint(to_dir), "train_state.pt")
+    state = torch.load(path, weights_only=True)
+    state["sampler"] = state["sampler"] * ranks
+    state["rng"] = []
+    for r in range(ranks):
+        torch.manual_seed(100 + r)
+        random.seed(100 + r)
+        state["rng"].append(_rng_state(torch.device("cpu")))
+    torch.save(state, path)
+
+
+def test_resume_on_another_layout_gives_one_dropout_stream_per_sequence(workdir):
+    """Attention-dropout masks are keyed by (seed, global position), so the sp ranks of one sequence
+    must draw the same seeds. Resuming on another layout reseeded each rank from its global rank, so
+    they did not: from a one-process checkpoint (another world size) and from a 4-rank sp=1 one with
+    per-rank streams (same world size, another sp). Data-parallel replicas keep distinct streams."""
+    base = [*_overrides(workdir), "model.attn_dropout=0.1"]
+    writer = Trainer(
+        compose_config([*base, "trainer.batch_size=4", "trainer.max_steps=2", "trainer.run_name=drop1"])
+    )
+    writer.fit()
+    writer.close()
+    _with_distinct_rank_streams(writer.run_dir, f"{workdir}/runs/drop4", ranks=4)
+    resume = [*base, "trainer.batch_size=2", "parallel=ddp", "parallel.sp=2", "trainer.resume=true"]
+    runs = [[*resume, f"trainer.run_name={name}"] for name in ("drop1", "drop4")]
+    seeds = run_ranks(_attention_dropout_seeds, 4, runs)  # ranks 0, 1: dp rank 0; ranks 2, 3: dp rank 1
+    for run in range(len(runs)):
+        by_rank = [seeds[rank][run] for rank in range(4)]
+        assert all(by_rank) and all(s != 0 for s in by_rank[0])
+        assert by_rank[0] == by_rank[1] and by_rank[2] == by_rank[3], f"{runs[run][-1]}: {by_rank}"
+        assert by_rank[0] != by_rank[2]
+
+
+def _setup_errors(rank: int, world: int, workdir, cases: list[list[str]]) -> list[str]:
+    """Build a trainer for each case on this rank; what each one raised."""
+    os.environ["WORLD_SIZE"] = str(world)
+    messages = []
+    for overrides in cases:
+        try:
+            trainer = Trainer(compose_config([*_overrides(workdir), *overrides]))
+        except ValueError as e:
+            messages.append(str(e))
+        else:
+            trainer.preemption.restore()
+            trainer.strategy.release()
+            messages.append("no error")
+    return messages
+
+
+SP2 = ["parallel=ddp", "parallel.sp=2"]
+SETUP_ERRORS = [  # (overrides, the error each of 2 ranks raises)
+    (["parallel=none"], "launched with 2 processes but parallel.strategy=none"),
+    (["parallel=ddp", "parallel.sp=3"], "parallel.sp=3 does not divide the world size 2"),
+    (
+        [*SP2, "parallel.sp_mode=ulysses", "model.n_head=1"],
+        r"model.n_head=1 is not divisible by the Ulysses degree \(parallel.sp=2 ",
+    ),
+    ([*SP2, "trainer.seq_len=66"], r"trainer.seq_len=66 does not split evenly .*zigzag.* multiple of 4"),
+    (
+        [*SP2, "parallel.sp_layout=contiguous", "trainer.seq_len=65"],
+        r"trainer.seq_len=65 .* multiple of 2; set trainer.seq_len=64",
+    ),
+    (
+        ["parallel=fsdp", "parallel.reshard_after_forward=4"],
+        "reshard_after_forward=4 must divide the 2 processes",
+    ),
+]
+
+
+def test_bad_degrees_fail_on_every_rank_at_set_up(workdir):
+    """Degrees against the world size, and heads and sequence against the sp split, fail on every rank
+    with the same message before any collective (the shapes used to fail inside the first step)."""
+    import re
+
+    messages = run_ranks(_setup_errors, 2, workdir, [overrides for overrides, _ in SETUP_ERRORS])
+    assert all(m == messages[0] for m in messages)
+    for got, (_, want) in zip(messages[0], SETUP_ERRORS, strict=True):
+        assert re.search(want, got), f"{want!r} not in {got!r}"
 
 
 def test_train_py_under_torchrun_fsdp_without_reshard(workdir, reference):
@@ -339,12 +473,41 @@ def test_deepspeed_config_is_generated_from_ours():
         (["parallel=fsdp", "parallel.residual_dtype=float16"], "one of float32, bfloat16"),
         (["parallel=deepspeed", "parallel.zero_stage=4"], "choose 1, 2 or 3"),
         (["parallel=deepspeed", "parallel.sp=2"], "use ddp or fsdp"),
+        (["parallel=ddp", "parallel.sp=2", "parallel.ulysses=2"], "no effect with parallel.sp_mode=ring"),
+        (["parallel=fsdp", "parallel.reshard_after_forward=1"], r">= 2; write true \(reshard over all"),
+        (["parallel=fsdp", "parallel.reshard_after_forward=0"], r"reshard_after_forward=0: as a number"),
         (["parallel.strategy=zero"], "choose one of none, ddp, fsdp, deepspeed"),
     ],
 )
 def test_bad_parallel_config_fails_clearly(overrides, match):
     with pytest.raises(ValueError, match=match):
         compose_config(overrides)
+
+
+def test_reshard_after_forward_group_size_reaches_fsdp(monkeypatch):
+    """An int is FSDP2's group size to reshard the blocks to (the world size is checked at set-up); it
+    was read as a bool, so `2` silently became true."""
+    import torch.distributed.fsdp as fsdp
+
+    given = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: given.append(kw["reshard_after_forward"]))
+    cfg = compose_config(
+        ["debug=cpu", "model.vocab_size=256", "parallel=fsdp", "parallel.reshard_after_forward=2"]
+    )
+    dims = SimpleNamespace(sp=1, mesh={"dp": None})  # all data_parallel_mesh reads
+    parallelize_gpt(
+        GPT(cfg.model), dims, cfg.parallel, device=torch.device("cpu"), activation_checkpointing=False,
+        compile=False,
+    )  # fmt: skip
+    assert given == [2, 2, False]  # each block, then the root (never resharded: apply_fsdp)
+
+
+def test_deepspeed_checkpoint_names_the_world_size_that_wrote_it():
+    check_same_world_size("ckpt", {"sampler": [{}, {}]}, 2)
+    with pytest.raises(
+        ValueError, match=r"ckpt was written by 2 DeepSpeed process\(es\) and this run has 3.*on 2"
+    ):
+        check_same_world_size("ckpt", {"sampler": [{}, {}]}, 3)
 
 
 @pytest.mark.parametrize(
@@ -377,6 +540,8 @@ SP_CASES = {
         "parallel.sp=2",
         "trainer.activation_checkpointing=true",
     ],
+    # FSDP2 shards over the flattened dp x sp mesh (data_parallel_mesh)
+    "fsdp_sp2_ring_zigzag": ["parallel=fsdp", "parallel.sp=2"],
 }
 # A block-sparse model (butterfly on 16-token blocks, no local band: 2 of the 10 causal tiles are dropped):
 # under sp the ring replaces the model's block_sparse backend and must attend within the same layout.

@@ -234,6 +234,54 @@ def test_bad_settings_fail_clearly(tmp_path, override, match):
         Trainer(small_config(tmp_path, override))
 
 
+HYBRID = ["parallel=ddp", "parallel.sp=4", "parallel.sp_mode=hybrid", "parallel.ulysses=2"]
+
+
+@pytest.mark.parametrize(
+    "world, overrides, match",
+    [
+        # the third check was dead: sp=2 on one process failed as "does not divide the world size 1"
+        (1, ["parallel.sp=2"], r"parallel.sp=2 needs 2 processes or a multiple of it"),
+        (3, ["parallel=ddp", "parallel.sp=2"], r"parallel.sp=2 does not divide the world size 3"),
+        (2, ["parallel.strategy=none"], r"launched with 2 processes but parallel.strategy=none"),
+        (4, [*HYBRID, "model.n_head=1"], r"model.n_head=1 is not divisible by .*parallel.ulysses=2 "),
+        # 66 tokens split over the 2 ring ranks, but their 33-token shards not over the 2 Ulysses ranks each
+        (4, [*HYBRID, "parallel.sp_layout=contiguous", "trainer.seq_len=66"], r"seq_len=66 .* multiple of 4"),
+        (
+            4,
+            ["parallel=fsdp", "parallel.reshard_after_forward=3"],
+            r"reshard_after_forward=3 must divide the 4",
+        ),
+    ],
+)
+def test_bad_degrees_fail_before_the_process_group(tmp_path, monkeypatch, world, overrides, match):
+    """The degree and split checks read only the config and torchrun's WORLD_SIZE, before any process
+    group: here no group is made (every rank of a real launch raises alike, tests/distributed/
+    test_data_parallel.py); without the check the trainer would fail asking torch for RANK instead."""
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.delenv("RANK", raising=False)  # so that a missed check fails at once, without a rendezvous
+    with pytest.raises(ValueError, match=match):
+        Trainer(small_config(tmp_path, *overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides, summary",
+    [
+        ([], "auto"),
+        (
+            ["parallel.sp_mode=ulysses", "parallel.sp_layout=contiguous"],
+            "auto (parallel.sp_mode=ulysses, parallel.sp_layout=contiguous unused at sp=1)",
+        ),
+    ],
+)
+def test_sequence_parallel_settings_unused_at_sp_1_are_said(tmp_path, overrides, summary):
+    trainer = Trainer(small_config(tmp_path, *overrides))
+    try:
+        assert trainer._attention_summary() == summary
+    finally:
+        trainer.close()
+
+
 def test_wandb_offline_run_directory_and_stable_id(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = small_config(tmp_path, "trainer.run_name=tracked", "logger.kind=wandb", "trainer.max_steps=2")
