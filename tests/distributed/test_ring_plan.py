@@ -108,3 +108,22 @@ def test_block_band_skips_far_tiles():
     assert plan.last_hop == [1, 3, 3, 3]
     causal = MaskInfo(causal=True, window=None, block_any=band, block_size=chunk)
     assert ring_plan(seqlen, size, 0, "contiguous", causal).last_hop == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_documents_and_windows_skip_steps_and_transfers(size):
+    """Packed documents and sliding windows skip every step whose shard no query can see, and K/V
+    travel only as far as the last rank that needs them."""
+    chunk = 4
+    seqlen = size * chunk
+    # one document per contiguous shard: each rank needs only its own K/V, nothing travels
+    docs = MaskInfo(causal=False, window=None, doc_starts=list(range(0, seqlen + 1, chunk)))
+    # a window of 2 keys back: each rank needs its own shard and the end of the previous one
+    window = MaskInfo(causal=False, window=(2, 0))
+    for r in range(size):
+        plan = ring_plan(seqlen, size, r, "contiguous", docs)
+        assert [bool(c) for c in plan.calls] == [s == r for s in range(size)]
+        assert plan.last_hop == [0] * size
+        plan = ring_plan(seqlen, size, r, "contiguous", window)
+        assert [bool(c) for c in plan.calls] == [s in (r, r - 1) for s in range(size)]
+        assert plan.last_hop == [1] * (size - 1) + [0]
