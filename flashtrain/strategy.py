@@ -24,9 +24,8 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from safetensors.torch import load_file
 
-from flashtrain.checkpoint import checkpoint_name
+from flashtrain.checkpoint import checkpoint_name, read_train_state, read_weights
 from flashtrain.log import get_logger
 from flashtrain.optim import adamw_step_on_shards, build_optimizer, local_shard
 from flashtrain.parallelize import clear_dtensor_caches, clear_function_caches, parallelize_gpt
@@ -178,13 +177,13 @@ class Strategy:
         """Load weights and optimizer from checkpoint `path`; returns its train_state."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        state = torch.load(os.path.join(path, "train_state.pt"), weights_only=True, map_location="cpu")
+        state = read_train_state(path)  # a damaged file: one error naming the checkpoint
         if state.get("optimizer") is None:
             raise ValueError(
                 f"{path} was written by parallel.strategy={state.get('strategy')}, whose optimizer state is in "
                 "DeepSpeed's own format; resume it with parallel=deepspeed (same number of processes)"
             )
-        weights = load_file(os.path.join(path, "model.safetensors"))
+        weights = read_weights(path)
         for alias, primary in self.aliases.items():  # safetensors stores a tied pair under one of its names
             weights.setdefault(alias, weights.get(primary))
             weights.setdefault(primary, weights[alias])
@@ -298,7 +297,7 @@ class DeepSpeedStrategy(Strategy):
         return None
 
     def load(self, path: str) -> dict:
-        state = torch.load(os.path.join(path, "train_state.pt"), weights_only=True, map_location="cpu")
+        state = read_train_state(path)  # a damaged file: one error naming the checkpoint
         root, tag = os.path.split(os.path.normpath(path))
         ds_dir = _deepspeed_dir(root)
         if not os.path.isdir(os.path.join(ds_dir, tag)):

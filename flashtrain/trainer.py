@@ -143,6 +143,8 @@ class Trainer:
         self.run_dir = os.path.join(tc.out_dir, tc.run_name)
         self._check_writable(self.run_dir)
         self._check_fresh_start(self.run_dir, tc.resume)
+        # before the data are built: generating a changed LRA task's data takes minutes at full size
+        self.resume_from = self._checkpoint_to_resume(tc.resume)
         torch.manual_seed(tc.seed)
         random.seed(tc.seed)
 
@@ -170,6 +172,7 @@ class Trainer:
         self.train_model, self.optimizer = self.strategy.setup(self.model)
         self.sampler = self.task.sampler
         self.step = 0
+        self.saved_step: int | None = None  # the step of the last checkpoint this run wrote
         self.skipped_in_a_row = 0
         self.history: list[float] = []  # training loss per optimizer step (what resume must reproduce)
         self.step_hooks: list = []  # callables(trainer, step) run after each step (tests use them)
@@ -266,18 +269,33 @@ class Trainer:
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
-    def _resume_if_asked(self) -> None:
-        mode = self.cfg.trainer.resume
+    def _checkpoint_to_resume(self, mode: str) -> str | None:
+        """The checkpoint this run continues from (None: it starts at step 0), checked to be of the same
+        task. Never None over existing step directories: starting over would overwrite and prune them."""
         if mode == "false":
-            return
+            return None
         path = ckpt.latest_checkpoint(self.run_dir)
+        steps = ckpt.saved_steps(self.run_dir)
+        if path is None and steps:  # only step directories without their meta.json
+            raise ValueError(
+                f"{ckpt.checkpoint_root(self.run_dir)} holds step directories but no complete checkpoint "
+                f"({', '.join(steps)}: no meta.json); remove them to start this run over, or give this run "
+                "another trainer.run_name"
+            )
         if path is None and mode == "auto":
             log.info(f"trainer.resume=auto: {self.run_dir} has no checkpoint yet, starting at step 0")
-            return
+            return None
         if path is None:
             raise ValueError(
                 f"trainer.resume=true but {self.run_dir} has no checkpoint yet; drop resume=true to start the run"
             )
+        ckpt.check_same_task(ckpt.read_meta(path)["config"].get("task"), self.cfg.task, path)
+        return path
+
+    def _resume_if_asked(self) -> None:
+        path = self.resume_from
+        if path is None:
+            return
         meta = ckpt.read_meta(path)
         ckpt.check_same_model(meta["model"], self.cfg.model, path)
         state = self.strategy.load(path)  # collective: weights and optimizer into the (sharded) model
@@ -290,7 +308,14 @@ class Trainer:
             _set_rng_state(rngs[self.rank], self.device)
         else:
             self._resume_on_other_layout(path, meta, samplers)
+        self._warn_if_global_batch_changed(meta, len(samplers))
         log.info(f"resumed from {path} at step {self.step}")
+        max_steps = self.cfg.trainer.max_steps
+        if self.step >= max_steps:
+            log.warning(
+                f"the run is already at step {self.step} >= trainer.max_steps={max_steps}: nothing is trained; "
+                "raise trainer.max_steps to continue it"
+            )
 
     def _resume_on_other_layout(self, path: str, meta: dict, samplers: list[dict]) -> None:
         """A checkpoint written by another number of processes or sequence-parallel degree (weights and
@@ -309,15 +334,20 @@ class Trainer:
         torch.manual_seed(int(seed))  # CPU and every CUDA device
         random.seed(int(seed))
         written = meta["config"]
-        old_dp = len(samplers) // written["parallel"]["sp"]
-        old_batch = written["trainer"]["batch_size"] * written["trainer"]["grad_accum"] * old_dp
-        tc = self.cfg.trainer
-        new_batch = tc.batch_size * tc.grad_accum * self.dp
         log.info(
             f"{path} was written by {len(samplers)} process(es), resumed on {self.world_size} (parallel.sp "
             f"{written['parallel']['sp']} -> {self.cfg.parallel.sp}): same data position, fresh random streams "
             "per data-parallel rank"
         )
+
+    def _warn_if_global_batch_changed(self, meta: dict, processes: int) -> None:
+        """A changed global batch (batch_size x grad_accum x dp) changes the run's optimisation: said
+        whether or not the layout changed too (the checkpoint holds one data position per process)."""
+        written = meta["config"]
+        old_dp = processes // written["parallel"]["sp"]
+        old_batch = written["trainer"]["batch_size"] * written["trainer"]["grad_accum"] * old_dp
+        tc = self.cfg.trainer
+        new_batch = tc.batch_size * tc.grad_accum * self.dp
         if old_batch != new_batch:
             log.warning(
                 f"the global batch changes from {old_batch} to {new_batch} sequences per step; to continue the "
@@ -358,6 +388,7 @@ class Trainer:
             log.info(f"checkpoint written: {path}")
         if self.world_size > 1:
             dist.barrier()
+        self.saved_step = self.step
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -552,6 +583,10 @@ class Trainer:
                 )
                 bar.update(1)  # after the postfix, so the redraw shows this step
                 last = self.step == tc.max_steps
+                # before evaluating: an evaluation that fails must not cost the step's checkpoint (the
+                # evaluation draws no random numbers, so the saved RNG state is the same either way)
+                if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
+                    self.save()
                 if tc.eval_interval and (self.step % tc.eval_interval == 0) or last:
                     evaluation = self.evaluate(final=last)
                     metrics.update(evaluation)
@@ -564,8 +599,6 @@ class Trainer:
                     log.info(
                         f"step {self.step}: loss {loss:.4f}, {1000 * dt:.1f} ms/step, {tok_s:,.0f} tok/s, MFU {shown}"
                     )
-                if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0) or last:
-                    self.save()
                 for hook in self.step_hooks:
                     hook(self, self.step)
                 if not last and self.preemption.should_stop(self.device):
@@ -578,7 +611,8 @@ class Trainer:
                             f"trainer.time_limit_s={tc.time_limit_s} reached: checkpointing at step {self.step}; "
                             "continue with trainer.resume=auto"
                         )
-                    self.save()
+                    if self.saved_step != self.step:  # a checkpoint step was saved above already
+                        self.save()
                     self.preempted = True
                     break
                 t0 = time.perf_counter() if (last or "val/loss" in metrics) else t0

@@ -23,6 +23,20 @@ def rank_zero_first(rank: int, world_size: int, fn):
     return result
 
 
+def check_val_split(num_tokens: int, seq_len: int, batch_size: int, dp: int) -> None:
+    """The validation split must hold one global batch of windows (what `val_batches` needs); said at
+    set-up, not at the first evaluation after training, when no checkpoint may have been written yet."""
+    num_windows = (num_tokens - 1) // seq_len  # as val_batches counts them
+    global_batch = batch_size * dp
+    if num_windows < global_batch:
+        raise ValueError(
+            f"the validation split has {num_tokens} tokens = {num_windows} windows of trainer.seq_len="
+            f"{seq_len}, fewer than one global batch of trainer.batch_size={batch_size} x {dp} data-parallel "
+            f"rank(s) = {global_batch}; lower trainer.batch_size or trainer.seq_len, or hold out more text "
+            "(raise data.val_fraction or data.max_documents)"
+        )
+
+
 class LMTask:
     def __init__(self, cfg, *, rank: int, world_size: int, dp_rank: int, dp: int):
         self.cfg = cfg
@@ -34,6 +48,7 @@ class LMTask:
         self.sampler = WindowSampler(
             self.data.train, tc.seq_len, tc.batch_size, seed=tc.seed, rank=dp_rank, world_size=dp
         )
+        check_val_split(len(self.data.val), tc.seq_len, tc.batch_size, dp)
 
     def build_model(self) -> GPT:
         model_cfg, tc = self.cfg.model, self.cfg.trainer
