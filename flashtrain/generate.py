@@ -10,6 +10,7 @@ on CPU.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -94,6 +95,29 @@ def generate(
     return torch.cat(out, dim=1)
 
 
+def language_model_checkpoint(run_or_checkpoint: str) -> str:
+    """The checkpoint directory of a run (its latest) or the checkpoint itself, refused unless a
+    language-model run wrote it: an LRA classifier has no language-model head to sample from."""
+    from flashtrain.checkpoint import latest_checkpoint, read_meta
+
+    path = run_or_checkpoint
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        path = latest_checkpoint(run_or_checkpoint)
+        if path is None:
+            raise ValueError(
+                f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory"
+            )
+    meta = read_meta(path)
+    kind = (meta.get("config", {}).get("task") or {}).get("kind", "lm")  # no task section: an LM run's
+    tokenizer = str(meta.get("tokenizer", ""))
+    if kind != "lm" or tokenizer.startswith("lra-"):
+        raise ValueError(
+            f"{path} was written by a task.kind={kind} run (tokenizer {tokenizer}), a sequence classifier: "
+            "generation needs a language-model run (task.kind=lm)"
+        )
+    return path
+
+
 def main(argv=None):
     from data.tokenizers import get_tokenizer
     from flashtrain.checkpoint import load_model_for_inference
@@ -117,7 +141,11 @@ def main(argv=None):
     if args.top_k < 0:
         parser.error(f"--top-k {args.top_k}: need k >= 1, or 0 for every token")
 
-    model, tokenizer_name = load_model_for_inference(args.run, device=args.device)
+    try:  # refused before a model is built from the run's config
+        path = language_model_checkpoint(args.run)
+    except ValueError as e:
+        parser.error(str(e))
+    model, tokenizer_name = load_model_for_inference(path, device=args.device)
     tokenizer = get_tokenizer(tokenizer_name)
     ids = tokenizer.encode(args.prompt)
     if not ids:

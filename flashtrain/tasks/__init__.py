@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("lm", "listops", "pathfinder")
+POOLINGS = ("mean", "cls")  # what models.classifier.SequenceClassifier implements
 
 
 @dataclass
@@ -30,7 +31,7 @@ class TaskConfig:
     cache_dir: str | None = (
         None  # generated data cache; None = $FLASHTRAIN_DATA_CACHE/lra or ~/.cache/flashtrain/lra
     )
-    pooling: str = "mean"  # classifier pooling: "mean" or "cls"
+    pooling: str = "mean"  # classifier pooling: "mean" or "cls" (a learned first token)
     positions: str = "learned"  # classifier positions: learned, sincos (fixed), sincos_init (trained), rotary
     init_from: str | None = (
         None  # run or checkpoint directory of a smaller-image model to start from (Path-X)
@@ -43,6 +44,8 @@ class TaskConfig:
 
         if self.positions not in POSITIONS:
             raise ValueError(f"task.positions={self.positions!r}; choose one of {', '.join(POSITIONS)}")
+        if self.pooling not in POOLINGS:  # checked here, not after the data are generated
+            raise ValueError(f"task.pooling={self.pooling!r}; choose one of {', '.join(POOLINGS)}")
         for name in ("n_train", "n_val", "n_test"):  # an empty split fails later, far from the setting
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"task.{name}={getattr(self, name)} must be >= 1, or null (LRA's size)")

@@ -50,6 +50,68 @@ def classifier_config(cfg, image_size: int | None = None) -> ClassifierConfig:
     )
 
 
+# Label of an evaluation row that pads the last batch: cross_entropy's ignore_index, no class's index.
+IGNORE = -100
+
+
+def init_checkpoint(cfg) -> str:
+    """The checkpoint `task.init_from` names (a run's latest, or a checkpoint directory), refused unless
+    this run can load its weights: a Pathfinder run with the same weight shapes at a multiple of its
+    resolution. Every difference is named at once, with the values on both sides."""
+    from flashtrain import checkpoint as ckpt
+
+    given, task = cfg.task.init_from, cfg.task
+    if task.kind != "pathfinder":
+        raise ValueError(
+            f"task.init_from transfers a smaller-image Pathfinder model to larger images; this run is "
+            f"task.kind={task.kind}: set task.init_from=null"
+        )
+    if not os.path.isdir(given):
+        raise ValueError(
+            f"task.init_from={given} does not exist; give a run directory or one of its checkpoint directories"
+        )
+    path = given if os.path.exists(os.path.join(given, "meta.json")) else ckpt.latest_checkpoint(given)
+    if path is None:
+        raise ValueError(
+            f"task.init_from={given} holds no checkpoint (no meta.json, no checkpoints/latest); give a run "
+            "directory that wrote one, or a checkpoint directory"
+        )
+    written = ckpt.read_meta(path).get("config", {})
+    diffs = init_from_mismatches(written, cfg)
+    if diffs:
+        lines = "; ".join(f"{key}: checkpoint {a!r}, this run {b!r}" for key, a, b in diffs)
+        resolution = " (task.resolution: a multiple of its)" if diffs[-1][0] == "task.resolution" else ""
+        raise ValueError(
+            f"task.init_from={given} ({path}) holds a model this run cannot start from: {lines}. Set these "
+            f"to the checkpoint's values{resolution}, or point task.init_from at a Pathfinder run trained "
+            "with this run's"
+        )
+    return path
+
+
+def init_from_mismatches(written: dict, cfg) -> list[tuple[str, object, object]]:
+    """(key, checkpoint's value, this run's) for each setting of a run config `written` (a checkpoint's
+    meta["config"]) that keeps this run from loading its weights: the task (which fixes the classes and
+    the input vocabulary), pooling, positions, and the encoder fields that shape a tensor."""
+    old_task = written.get("task") or {"kind": "lm"}  # a config without a task section: an LM run's
+    old_model = written.get("model", {})
+    task, model = cfg.task, cfg.model
+    pairs = [
+        ("task.kind", old_task.get("kind", "lm"), task.kind),
+        ("task.pooling", old_task.get("pooling", "mean"), task.pooling),
+        ("task.positions", old_task.get("positions", "learned"), task.positions),
+        *((f"model.{k}", old_model.get(k), getattr(model, k)) for k in ("d_model", "n_layer", "n_head")),
+        # None means n_head: compare the key/value heads the weights have
+        ("model.n_kv_head", old_model.get("n_kv_head") or old_model.get("n_head"), model.kv_heads),
+        ("model.bias", old_model.get("bias", True), model.bias),
+    ]
+    diffs = [(key, a, b) for key, a, b in pairs if a != b]
+    small = old_task.get("resolution")
+    if old_task.get("kind") == task.kind and (not isinstance(small, int) or task.resolution % small):
+        diffs.append(("task.resolution", small, task.resolution))  # the grid is duplicated k×k
+    return diffs
+
+
 # Bytes of uint8 pixels (all splits) held in memory per process: Pathfinder-32 (205 MB) and Path-64
 # (820 MB) fit; Path-X and Path-256 stay in the memory-mapped Arrow files.
 PIXELS_IN_MEMORY = 1 << 30
@@ -124,7 +186,12 @@ class ClassificationTask:
         self.cfg, self.task = cfg, cfg.task
         if cfg.parallel.sp > 1:
             raise ValueError("LRA classification runs without sequence parallelism; set parallel.sp=1")
+        # before the data: generating Path-X takes long, and a wrong init_from would only fail after it
+        self.init_checkpoint = None if self.task.init_from is None else init_checkpoint(cfg)
         splits = rank_zero_first(rank, world_size, lambda: load_lra_dataset(self.task))
+        for split, setting in (("validation", "task.n_val"), ("test", "task.n_test")):
+            if len(splits[split]) == 0:  # the evaluations would report 0.0 for an empty split
+                raise ValueError(f"the {split} split is empty; set {setting} >= 1 (or null for LRA's size)")
         self.splits = splits.with_format("numpy")
         self.column = "tokens" if self.task.kind == "listops" else "pixels"
         self.seq_len = cfg.model.max_seq_len if self.task.kind == "listops" else self.task.resolution**2
@@ -141,36 +208,21 @@ class ClassificationTask:
     def build_model(self) -> SequenceClassifier:
         if self.task.kind == "listops" and self.cfg.model.max_seq_len < 2000:
             raise ValueError("ListOps expressions reach 1999 tokens; set model.max_seq_len >= 2000")
-        if self.task.init_from is None:
+        if self.init_checkpoint is None:
             return SequenceClassifier(classifier_config(self.cfg))
-        return self._model_from_smaller_images(self.task.init_from)
+        return self._model_from_smaller_images(self.init_checkpoint)
 
     def _model_from_smaller_images(self, path: str) -> SequenceClassifier:
+        """The checked (`init_checkpoint`) smaller-image model at `path`, its positions upsampled."""
         from safetensors.torch import load_model
 
         from flashtrain import checkpoint as ckpt
 
-        if not os.path.exists(os.path.join(path, "meta.json")):
-            path = ckpt.latest_checkpoint(path) or path
-        if not os.path.exists(os.path.join(path, "meta.json")):
-            raise ValueError(f"task.init_from={self.task.init_from}: no checkpoint there")
-        written = ckpt.read_meta(path)["config"]["task"]
-        small, positions = written["resolution"], written.get("positions", "learned")
-        if positions != self.task.positions:
-            raise ValueError(
-                f"task.init_from holds a model with task.positions={positions}, this run has "
-                f"task.positions={self.task.positions}; set it to the checkpoint's"
-            )
-        factor = self.task.resolution // small
-        if self.task.kind != "pathfinder" or factor < 1 or small * factor != self.task.resolution:
-            raise ValueError(
-                f"task.init_from holds a {small}px model; Path-X/Path-256 transfer needs a resolution that is a "
-                f"multiple of it (this run: {self.task.resolution}px)"
-            )
+        small = ckpt.read_meta(path)["config"]["task"]["resolution"]
         model = SequenceClassifier(classifier_config(self.cfg, image_size=small))
         load_model(model, os.path.join(path, "model.safetensors"))
-        if factor > 1:
-            model.upsample_positions(factor)
+        if self.task.resolution > small:
+            model.upsample_positions(self.task.resolution // small)
         return model
 
     # ---- data -----------------------------------------------------------------------------------
@@ -193,14 +245,22 @@ class ClassificationTask:
         return self._batch("train", self.sampler.next_indices())
 
     def eval_batches(self, split: str, max_batches: int | None):
-        """The split in order, each rank its share; every rank yields the same number of batches."""
+        """The split in order, each rank its share of every global batch; every rank yields the same
+        number of full-size batches (a collective model needs each rank's forward), the last global
+        batch padded: padding rows are labelled IGNORE, so every example is scored exactly once."""
         bs = self.cfg.trainer.batch_size
         n = len(self.splits[split])
         per_step = bs * self.dp
-        steps = n // per_step if max_batches is None else min(max_batches, n // per_step)
+        steps = -(-n // per_step)  # ceil: the partial last global batch counts too
+        if max_batches is not None:
+            steps = min(max_batches, steps)
         for step in range(steps):
             start = step * per_step + self.dp_rank * bs
-            yield self._batch(split, np.arange(start, start + bs))
+            rows = np.arange(start, start + bs)
+            real = rows < n  # a rank past the end gets a batch of padding only
+            x, y = self._batch(split, np.where(real, rows, 0))  # padded with copies of row 0
+            # a new tensor: y may be a view of the (read-only, memory-mapped) Arrow labels
+            yield x, torch.where(torch.from_numpy(real), y, IGNORE)
 
     # ---- objective ------------------------------------------------------------------------------
 
@@ -225,14 +285,17 @@ class ClassificationTask:
             x, y = x.to(device), y.to(device)
             with autocast():
                 logits = model(x).float()
-            totals[0] += F.cross_entropy(logits, y, reduction="sum")
-            totals[1] += (logits.argmax(-1) == y).sum()
-            totals[2] += y.numel()
+            totals[0] += F.cross_entropy(logits, y, reduction="sum", ignore_index=IGNORE)
+            totals[1] += (logits.argmax(-1) == y).sum()  # a padding row's IGNORE matches no class
+            totals[2] += (y != IGNORE).sum()
         if world_size > 1:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)  # blocks
         loss_sum, correct, count = totals.tolist()  # host-device sync
+        if count == 0:  # set-up refuses empty splits; never report 0.0 for nothing scored
+            raise RuntimeError(f"no {split} example was scored")
         prefix = "val" if split == "validation" else split
-        return {f"{prefix}/loss": loss_sum / max(count, 1), f"{prefix}/accuracy": correct / max(count, 1)}
+        # averaged over examples (across ranks), not over batches: the last batch may be partial
+        return {f"{prefix}/loss": loss_sum / count, f"{prefix}/accuracy": correct / count}
 
     def tokens_per_batch(self) -> int:
         return self.cfg.trainer.batch_size * self.seq_len

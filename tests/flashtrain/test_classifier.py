@@ -250,7 +250,7 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
     big = Trainer(compose_config(big_overrides))
     assert big.model.cfg.image_size == 64
     other = "learned" if positions != "learned" else "rotary"
-    with pytest.raises(ValueError, match=f"task.positions={positions}, this run has task.positions={other}"):
+    with pytest.raises(ValueError, match=f"task.positions: checkpoint '{positions}', this run '{other}'"):
         Trainer(compose_config([*big_overrides, f"task.positions={other}"]))
     name = "rot_2d" if positions == "rotary" else "pos_2d"
     grid = getattr(small.model, name).detach()
@@ -258,7 +258,7 @@ def test_pathx_starts_from_a_path64_style_checkpoint(tmp_path, positions):
         getattr(big.model, name).detach(), grid.repeat_interleave(2, 0).repeat_interleave(2, 1)
     )
     big.fit()
-    with pytest.raises(ValueError, match="resolution 48"):
+    with pytest.raises(ValueError, match="task.resolution: checkpoint 32, this run 48"):
         Trainer(
             compose_config(
                 [
@@ -318,3 +318,170 @@ def test_epoch_sampler_order_and_resume(world_size):
     restored.load_state_dict(middle.state_dict())
     for _ in range(8):  # across the epoch boundary
         np.testing.assert_array_equal(restored.next_indices(), middle.next_indices())
+
+
+def _lm_checkpoint(run_dir, model_overrides=()):
+    """A language-model run's checkpoint, its meta as the trainer writes it."""
+    from dataclasses import asdict
+
+    from flashtrain import checkpoint as ckpt
+    from flashtrain.config import compose_config
+    from flashtrain.models.gpt import GPT
+
+    cfg = compose_config(["debug=cpu", "model.vocab_size=320", "model.attention=reference", *model_overrides])
+    meta = {"step": 1, "model": asdict(cfg.model), "tokenizer": "byte", "config": asdict(cfg)}
+    return ckpt.save_checkpoint(str(run_dir), 1, GPT(cfg.model), {}, meta)
+
+
+def _never_generate_data(monkeypatch):
+    """Checks that must come before the (for Path-X, long) data generation fail the test if they don't."""
+    from flashtrain.tasks import classification
+
+    def refuse(task_cfg):
+        raise AssertionError("the data were generated before the config was checked")
+
+    monkeypatch.setattr(classification, "load_lra_dataset", refuse)
+
+
+def test_init_from_names_every_setting_that_keeps_the_weights_from_loading(tmp_path, monkeypatch):
+    """A source run with other weight shapes, pooling or task, or an LM run, is refused at set-up with
+    one ValueError naming each differing key and both values (was a RuntimeError inside load_state_dict,
+    after the data were generated); a missing directory is named as missing."""
+    from flashtrain.config import compose_config
+    from flashtrain.trainer import Trainer
+
+    common = ["debug=lra_cpu", f"trainer.out_dir={tmp_path}", f"task.cache_dir={tmp_path}/lra"]
+    small = Trainer(compose_config(["experiment=lra/pathfinder32", "trainer.run_name=small", *common]))
+    small.fit()  # pathfinder32 at debug=lra_cpu: d_model 32, 1 layer, 2 heads, mean pooling, learned
+    _never_generate_data(monkeypatch)
+    big = ["experiment=lra/pathx", *common, "task.resolution=64", "task.positions=learned"]
+    cases = [
+        (
+            [f"task.init_from={tmp_path}/small", "model.d_model=64", "model.n_layer=2", "task.pooling=cls"],
+            [
+                "model.d_model: checkpoint 32, this run 64",
+                "model.n_layer: checkpoint 1, this run 2",
+                "task.pooling: checkpoint 'mean', this run 'cls'",
+            ],
+        ),
+        ([f"task.init_from={tmp_path}/small", "model.n_head=4"], ["model.n_head: checkpoint 2, this run 4"]),
+        (
+            [f"task.init_from={_lm_checkpoint(tmp_path / 'lm', ['model.d_model=32', 'model.n_layer=1'])}"],
+            ["task.kind: checkpoint 'lm', this run 'pathfinder'"],
+        ),
+        ([f"task.init_from={tmp_path}/nowhere"], [f"task.init_from={tmp_path}/nowhere does not exist"]),
+        ([f"task.init_from={tmp_path}/lra"], ["holds no checkpoint"]),  # a directory, not a run
+    ]
+    for overrides, wanted in cases:
+        with pytest.raises(ValueError) as err:
+            Trainer(compose_config([*big, *overrides]))
+        for text in wanted:
+            assert text in str(err.value), (text, str(err.value))
+    with pytest.raises(ValueError, match="task.kind=listops: set task.init_from=null"):
+        Trainer(compose_config(["experiment=lra/listops", *common, f"task.init_from={tmp_path}/small"]))
+
+
+def test_task_pooling_is_checked_with_the_config():
+    """task.pooling=max was refused only after the data were generated, as "model.pooling"."""
+    from flashtrain.config import compose_config
+
+    with pytest.raises(ValueError, match="task.pooling='max'; choose one of mean, cls"):
+        compose_config(["experiment=lra/pathfinder32", "debug=lra_cpu", "task.pooling=max"])
+
+
+@pytest.fixture(scope="module")
+def lra_cache(tmp_path_factory):
+    """One generated-data cache for the module (keyed by the split sizes, so sizes may differ)."""
+    return tmp_path_factory.mktemp("lra")
+
+
+def _reference_metrics(task, model, split):
+    """Loss and accuracy over every example of a split, in one batch."""
+    import numpy as np
+
+    x, y = task._batch(split, np.arange(len(task.splits[split])))
+    with torch.no_grad():
+        logits = model(x).float()
+    loss = torch.nn.functional.cross_entropy(logits, y).item()
+    return loss, (logits.argmax(-1) == y).float().mean().item()
+
+
+def test_evaluation_scores_a_split_smaller_than_a_batch(tmp_path):
+    """n_val=8 with trainer.batch_size=16 reported val/loss 0.0 and val/accuracy 0.0 (no full batch):
+    the interval and final evaluations now score all 8 examples, like a one-batch reference."""
+    from flashtrain.config import compose_config
+    from flashtrain.trainer import Trainer
+
+    overrides = ["experiment=lra/pathfinder32", "debug=lra_cpu", "trainer.batch_size=16"]
+    trainer = Trainer(
+        compose_config([*overrides, f"trainer.out_dir={tmp_path}", f"task.cache_dir={tmp_path}"])
+    )
+    interval, final = trainer.evaluate(), trainer.evaluate(final=True)
+    model = trainer.model.eval()  # evaluate() leaves it in training mode (dropout)
+    for split, prefix in (("validation", "val"), ("test", "test")):
+        loss, accuracy = _reference_metrics(trainer.task, model, split)
+        assert loss > 0.1
+        if split == "validation":
+            assert interval == pytest.approx({"val/loss": loss, "val/accuracy": accuracy}, rel=1e-5)
+        assert final[f"{prefix}/loss"] == pytest.approx(loss, rel=1e-5)
+        assert final[f"{prefix}/accuracy"] == pytest.approx(accuracy, rel=1e-5)
+
+
+@pytest.mark.parametrize("dp", [1, 2, 3])
+def test_whole_split_evaluation_counts_every_example_once(lra_cache, dp):
+    """12 validation and 5 test examples, batch 4 per rank: every example is scored exactly once across
+    the data-parallel ranks (the partial last global batch was dropped: 8 of 12 scored at dp=1, 0 of 5
+    at dp=2), every rank runs the same number of batches, and the metrics are per example."""
+    import contextlib
+
+    import numpy as np
+
+    from flashtrain.config import compose_config
+    from flashtrain.tasks.classification import ClassificationTask, classifier_config
+
+    overrides = ["experiment=lra/pathfinder32", "debug=lra_cpu", "task.n_val=12", "task.n_test=5"]
+    cfg = compose_config([*overrides, f"task.cache_dir={lra_cache}"])
+    task = ClassificationTask(cfg, rank=0, world_size=1, dp_rank=0, dp=1)
+    for split in ("validation", "test"):
+        images, labels = task.pixels[split]
+        seen, batches = [], []
+        for rank in range(dp):
+            task.dp_rank, task.dp = rank, dp
+            ys = [(x, y) for x, y in task.eval_batches(split, None)]
+            batches.append(len(ys))
+            for x, y in ys:
+                assert x.shape[0] == cfg.trainer.batch_size  # full-size batches, padding included
+                real = y >= 0  # padding rows carry a negative label (ignore_index)
+                seen += [tuple(row) for row in x[real].numpy()]
+                # each real row keeps its own label
+                rows = [int(np.flatnonzero((images == row).all(1))[0]) for row in x[real].numpy()]
+                assert y[real].tolist() == labels[rows].tolist()
+        assert len(set(batches)) == 1  # the same count on every rank: a collective model needs it
+        assert len(seen) == len(images), (split, len(seen))
+        assert sorted(seen) == sorted(tuple(row) for row in images)  # each exactly once
+    if dp == 1:  # the metrics: per example over the whole split, as one batch of all of it gives
+        model = SequenceClassifier(classifier_config(cfg)).eval()
+        metrics = task.evaluate(model, torch.device("cpu"), contextlib.nullcontext, 1, 1, final=True)
+        for split, prefix in (("validation", "val"), ("test", "test")):
+            loss, accuracy = _reference_metrics(task, model, split)
+            assert metrics[f"{prefix}/loss"] == pytest.approx(loss, rel=1e-5)
+            assert metrics[f"{prefix}/accuracy"] == pytest.approx(accuracy, rel=1e-5)
+
+
+def test_an_empty_evaluation_split_is_refused_at_setup(lra_cache, monkeypatch):
+    """A split with no rows (task.n_val >= 1 is checked with the config; a cache can still hold one)
+    would evaluate to 0.0; set-up names the setting instead."""
+    from flashtrain.config import compose_config
+    from flashtrain.tasks import classification
+
+    generated = classification.load_lra_dataset
+
+    def without_validation(task_cfg):
+        splits = generated(task_cfg)
+        splits["validation"] = splits["validation"].select([])
+        return splits
+
+    monkeypatch.setattr(classification, "load_lra_dataset", without_validation)
+    cfg = compose_config(["experiment=lra/pathfinder32", "debug=lra_cpu", f"task.cache_dir={lra_cache}"])
+    with pytest.raises(ValueError, match="the validation split is empty; set task.n_val >= 1"):
+        classification.ClassificationTask(cfg, rank=0, world_size=1, dp_rank=0, dp=1)

@@ -62,3 +62,44 @@ def test_bad_sampling_settings_fail_clearly(kwargs, match):
     args = dict(idx=torch.zeros(2, 3, dtype=torch.long), max_new_tokens=4) | kwargs
     with pytest.raises(ValueError, match=match):
         generate(model, args.pop("idx"), args.pop("max_new_tokens"), **args)
+
+
+def _checkpoint(run_dir, overrides, model, tokenizer):
+    """A checkpoint whose meta is what the trainer writes for a run of `overrides`."""
+    from dataclasses import asdict
+
+    from flashtrain import checkpoint as ckpt
+    from flashtrain.config import compose_config
+
+    cfg = compose_config(overrides)
+    meta = {"step": 1, "model": asdict(cfg.model), "tokenizer": tokenizer, "config": asdict(cfg)}
+    return ckpt.save_checkpoint(str(run_dir), 1, model, {}, meta)
+
+
+@pytest.mark.parametrize("experiment", ["pathfinder32", "listops"])
+def test_generate_refuses_a_classification_run(tmp_path, capsys, experiment):
+    """An LRA run's checkpoint failed with "model.vocab_size is unset" while building a GPT from it;
+    the command now says that generation needs a language-model run, before building anything."""
+    from flashtrain.generate import main
+    from flashtrain.models.classifier import ClassifierConfig, SequenceClassifier
+
+    overrides = [f"experiment=lra/{experiment}", "debug=lra_cpu"]
+    model = SequenceClassifier(ClassifierConfig(encoder=GPTConfig(causal=False, vocab_size=16, n_layer=1)))
+    kind = "listops" if experiment == "listops" else "pathfinder"
+    _checkpoint(tmp_path, overrides, model, f"lra-{kind}")
+    for run in (str(tmp_path), f"{tmp_path}/checkpoints/step_0000001"):  # a run, or one checkpoint
+        with pytest.raises(SystemExit):
+            main(["--run", run, "--device", "cpu"])
+        err = capsys.readouterr().err
+        assert f"task.kind={kind} run" in err and "generation needs a language-model run" in err
+
+
+def test_generate_samples_from_a_language_model_run(tmp_path, capsys):
+    from flashtrain.generate import main
+
+    cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=320, max_seq_len=32, attention="reference")
+    overrides = ["debug=cpu", "model.n_layer=1", "model.d_model=16", "model.vocab_size=320"]
+    overrides += ["model.max_seq_len=32", "model.attention=reference"]
+    _checkpoint(tmp_path, overrides, GPT(cfg), "byte")
+    main(["--run", str(tmp_path), "--prompt", "ab", "--max-new-tokens", "4", "--device", "cpu"])
+    assert capsys.readouterr().out.startswith("ab")
