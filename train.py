@@ -6,14 +6,12 @@ on the command line (`trainer.max_steps=50 model.n_layer=2`), and `-m` sweeps (`
 
 from __future__ import annotations
 
-import re
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from flashtrain.config import register_configs, to_train_config
+from flashtrain.config import register_configs, sweep_member_name, to_train_config
 
 register_configs()
 
@@ -25,9 +23,11 @@ def main(dict_cfg: DictConfig) -> float:
     cfg = to_train_config(dict_cfg)
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        # Each sweep member gets its own run directory and W&B run, stable across requeues.
-        suffix = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", hydra_cfg.job.override_dirname) or str(hydra_cfg.job.num)
-        cfg.trainer.run_name = f"{cfg.trainer.run_name}-{suffix}"
+        # Each sweep member gets its own run directory and W&B run, stable across requeues; an
+        # over-long name ends in a hash of the overrides (flashtrain/config.py: sweep_member_name).
+        cfg.trainer.run_name = sweep_member_name(
+            cfg.trainer.run_name, hydra_cfg.job.override_dirname, hydra_cfg.job.num
+        )
     trainer = Trainer(cfg)
     try:
         history = trainer.fit()

@@ -92,6 +92,17 @@ class LMDataConfig:
         unused = [k for k in ("name", "config") if getattr(self, k) is not None and self.source != "hf"]
         if unused:
             raise ValueError(f"data.{unused[0]} is only read when data.source=hf (source is {self.source!r})")
+        # split and text_field have non-null defaults, so "set" means "differs from the default".
+        if self.source != "hf" and self.split != _DEFAULT_SPLIT:
+            raise ValueError(
+                f"data.split={self.split!r} is only read when data.source=hf (source is {self.source!r}); "
+                "our train/val split is made from the documents by data.val_fraction"
+            )
+        if self.source == "stdlib" and self.text_field != _DEFAULT_TEXT_FIELD:
+            raise ValueError(
+                f"data.text_field={self.text_field!r} is not read by data.source=stdlib (one document per "
+                "file); it names the column of .jsonl/.json/.parquet files or of a data.source=hf dataset"
+            )
         if self.tokenizer not in TOKENIZER_NAMES:
             raise ValueError(
                 f"data.tokenizer={self.tokenizer!r} is unknown; choose one of {', '.join(TOKENIZER_NAMES)}"
@@ -108,6 +119,10 @@ class LMDataConfig:
             )
         if self.num_proc < 1:
             raise ValueError(f"data.num_proc={self.num_proc} must be >= 1")
+
+
+_DEFAULT_SPLIT = LMDataConfig.split  # the class attributes hold the field defaults
+_DEFAULT_TEXT_FIELD = LMDataConfig.text_field
 
 
 @dataclass
@@ -250,6 +265,12 @@ def _source(cfg: LMDataConfig) -> tuple[dict, object]:
     if cfg.source == "files":
         kind, files = resolve_files(cfg.path)
         if kind == "text":
+            # The config check validate() cannot make: only the matched files tell that there are no columns.
+            if cfg.text_field != _DEFAULT_TEXT_FIELD:
+                raise ValueError(
+                    f"data.text_field={cfg.text_field!r} is not read for .txt/.text files (one document per "
+                    f"file), which data.path={cfg.path!r} matched; remove it"
+                )
             if cfg.max_documents is not None and len(files) > cfg.max_documents:
                 _warn_cap(cfg, len(files))
                 files = files[: cfg.max_documents]

@@ -189,6 +189,10 @@ def test_empty_documents_are_dropped(tmp_path):
         ({"source": "web"}, "data.source='web' is unknown"),
         ({"path": "x.txt"}, "only read when data.source=files"),
         ({"name": "wikitext"}, "only read when data.source=hf"),
+        # split and text_field used to be dropped silently by the sources that do not read them
+        ({"split": "validation"}, "data.split='validation' is only read when data.source=hf"),
+        ({"source": "files", "path": "x.jsonl", "split": "test"}, "data.split='test' is only read when"),
+        ({"text_field": "body"}, "data.text_field='body' is not read by data.source=stdlib"),
         ({"tokenizer": "gpt4"}, "choose one of byte, gpt2"),
         ({"token_dtype": "int8"}, "choose one of uint8, uint16, uint32"),
         ({"val_fraction": 0.0}, "strictly between 0 and 1"),
@@ -198,6 +202,14 @@ def test_empty_documents_are_dropped(tmp_path):
 def test_config_errors(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         prepare_lm_data(_cfg(tmp_path, **kwargs))
+
+
+def test_text_field_is_refused_for_txt_files(tmp_path):
+    """.txt files have no columns: a text_field used to be ignored; the same setting works for .jsonl."""
+    root = _write_txt(tmp_path / "txt", _docs(3, seed=8))
+    with pytest.raises(ValueError, match="data.text_field='body' is not read for .txt/.text files"):
+        prepare_lm_data(_cfg(tmp_path, source="files", path=str(root), text_field="body"))
+    assert len(prepare_lm_data(_cfg(tmp_path, source="files", path=str(root))).train) > 0
 
 
 def test_corpus_errors(tmp_path):

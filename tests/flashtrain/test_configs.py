@@ -11,7 +11,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from flashtrain.config import compose_config
+from flashtrain.config import MAX_SWEEP_RUN_NAME, compose_config, sweep_member_name, unknown_keys
 from flashtrain.models.classifier import SequenceClassifier
 from flashtrain.models.gpt import GPT
 from flashtrain.tasks.classification import classifier_config
@@ -22,6 +22,27 @@ EXPERIMENTS = sorted(
     for p in glob.glob(f"{ROOT}/configs/experiment/**/*.yaml", recursive=True)
 )
 MODELS = sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{ROOT}/configs/model/*.yaml"))
+
+
+def _group(name: str) -> list[str]:
+    return sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{ROOT}/configs/{name}/*.yaml"))
+
+
+def _debug_for(experiment: str) -> str:
+    return "lra_cpu" if experiment.startswith("lra/") else "cpu"  # LRA tasks shrink their images too
+
+
+# Every preset a run can select: the default, each experiment alone and with its debug preset, each
+# option of the other groups, and the sweep presets. Each must pass the unknown-key and unused-setting
+# checks as well as composition.
+PRESETS = (
+    [[], ["debug=cpu"]]
+    + [[f"experiment={e}"] for e in EXPERIMENTS]
+    + [[f"experiment={e}", f"debug={_debug_for(e)}"] for e in EXPERIMENTS]
+    + [[f"data={d}"] + (["data.path=/tmp/corpus"] if d == "files" else []) for d in _group("data")]
+    + [[f"{g}={o}"] for g in ("logger", "parallel", "optim", "trainer") for o in _group(g)]
+    + [[f"+sweep={s}"] for s in _group("sweep")]
+)
 
 
 def test_there_are_experiments():
@@ -59,14 +80,15 @@ def test_model_sizes_on_meta(model):
 def test_experiment_debug_variant_trains_on_cpu(experiment, tmp_path):
     from flashtrain.trainer import Trainer
 
-    debug = "lra_cpu" if experiment.startswith("lra/") else "cpu"  # LRA tasks shrink their images too
+    debug = _debug_for(experiment)
     cfg = compose_config(
         [
             f"experiment={experiment}",
             f"debug={debug}",
             f"trainer.out_dir={tmp_path}",
             f"data.cache_dir={tmp_path}/c",
-            f"task.cache_dir={tmp_path}/lra",
+            # task.* is read only by the LRA tasks (and refused under task.kind=lm)
+            *([f"task.cache_dir={tmp_path}/lra"] if experiment.startswith("lra/") else []),
         ]
     )
     trainer = Trainer(cfg)
@@ -77,6 +99,93 @@ def test_experiment_debug_variant_trains_on_cpu(experiment, tmp_path):
 def test_unknown_key_names_the_key():
     with pytest.raises(ConfigCompositionException, match="model.n_layers"):
         compose_config(["model.n_layers=3"])
+
+
+@pytest.mark.parametrize("overrides", PRESETS, ids=lambda o: " ".join(o) or "default")
+def test_every_preset_composes(overrides):
+    """Including with Hydra's own `hydra` node, the one legitimate key outside the schema."""
+    from hydra import compose, initialize_config_dir
+
+    compose_config(overrides)
+    with initialize_config_dir(config_dir=f"{ROOT}/configs", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    assert unknown_keys(cfg) == []
+
+
+def test_added_unknown_keys_are_refused_with_the_closest_key():
+    """`+key=value` bypasses Hydra's own check; the typos used to be ignored (3 steps, byte tokenizer)."""
+    with pytest.raises(ValueError, match="unknown config keys") as err:
+        compose_config(["+trainer.max_step=10", "+data.tokenzier=gpt2", "+foo=1", "+trainer.lr=1"])
+    message = str(err.value)
+    for expected in (
+        "trainer.max_step (did you mean trainer.max_steps?)",
+        "data.tokenzier (did you mean data.tokenizer?)",
+        "foo (no similar key)",
+        "trainer.lr (did you mean optim.lr?)",
+    ):
+        assert expected in message, message
+
+
+def test_added_nested_unknown_key_is_named_once():
+    with pytest.raises(ValueError, match=r"unknown config key: model\.extra \(no similar key\)"):
+        compose_config(["+model.extra={a: 1, b: 2}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["task.init_from=/nonexistent/run"], "task.init_from='/nonexistent/run'"),
+        (["task.resolution=64", "task.pooling=cls"], "task.resolution=64, task.pooling='cls'"),
+        (["debug=lra_cpu"], "task.n_train=32"),  # the LRA debug preset on the default LM run
+    ],
+)
+def test_task_settings_are_refused_for_lm(overrides, named):
+    """Every task.* field but kind is read only by the LRA tasks; under task.kind=lm they were ignored."""
+    with pytest.raises(ValueError, match="only the LRA classification tasks") as err:
+        compose_config(overrides)
+    assert named in str(err.value)
+
+
+def test_task_settings_are_accepted_for_lra():
+    cfg = compose_config(["experiment=lra/pathx", "task.init_from=/elsewhere/run"])
+    assert cfg.task.init_from == "/elsewhere/run"
+
+
+def _override_dirname(overrides: list[str]) -> str:
+    """What Hydra names a job by (hydra.job.override_dirname), with configs/config.yaml's exclusions."""
+    from hydra import compose, initialize_config_dir
+
+    from flashtrain.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=f"{ROOT}/configs", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    return cfg.hydra.job.override_dirname
+
+
+def test_sweep_members_on_different_corpora_get_different_names():
+    """data.path used to be excluded from the name: both members ran as one run (refused or resumed)."""
+    names = {
+        sweep_member_name("default", _override_dirname(["data=files", f"data.path=/tmp/z/{d}"]), 0)
+        for d in ("tA", "tB")
+    }
+    assert names == {"default-data.path=_tmp_z_tA,data=files", "default-data.path=_tmp_z_tB,data=files"}
+    # where things go still does not name a run
+    assert _override_dirname(["trainer.out_dir=/x", "data.cache_dir=/y", "trainer.resume=auto"]) == ""
+
+
+def test_long_sweep_names_end_in_a_hash_of_the_overrides():
+    """~15 overrides used to give a name the file system refused (File name too long)."""
+    many = ",".join(f"model.block_sparse_density=0.{i},trainer.seed={i}" for i in range(8))
+    name = sweep_member_name("gpt2_small_64k_rotary", many, 3)
+    other = sweep_member_name("gpt2_small_64k_rotary", many.replace("seed=7", "seed=8"), 3)
+    assert len(name) <= MAX_SWEEP_RUN_NAME and len(other) <= MAX_SWEEP_RUN_NAME
+    assert name.startswith("gpt2_small_64k_rotary-model.block_sparse_density=0.0,trainer.seed=0")
+    assert name != other and name == sweep_member_name("gpt2_small_64k_rotary", many, 5)  # stable
+    assert sweep_member_name("r" * 200, many, 0) == sweep_member_name("r" * 200, many, 1)  # hash only
+    # short names stay readable and unchanged, so existing sweeps still resume into their runs
+    assert sweep_member_name("default", "optim.lr=0.001", 0) == "default-optim.lr=0.001"
+    assert sweep_member_name("default", "", 4) == "default-4"
 
 
 def test_wrong_type_names_the_key():
