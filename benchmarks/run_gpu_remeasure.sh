@@ -6,6 +6,7 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 3   # d128 backward against Flex, per kernel
 #   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 4   # dq beside dk/dv on a second stream
 #   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 5   # n1k: per kernel, and every tile config
+#   source .whl/install.sh && bash benchmarks/run_gpu_remeasure.sh 6   # the trainer on CUDA: train, resume
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
@@ -50,5 +51,14 @@ case "${1:?part 1 or 2}" in
     --kernel dkdv --kernel dq --kernel fwd --jobs 16 --out "$R/sweep_n1k_d128.json" > "$R/sweep_n1k_d128.log" 2>&1 \
     || echo "sweep failed"
   grep " ms " "$R/sweep_n1k_d128.log" | sed "s/'batch': 16, 'seqlen': 1024, 'nheads': 16, 'headdim': 128, //"
+  ;;
+6)  # the trainer on CUDA after the checkpoint and config changes: GPU tests, the README's default run,
+    # then a resume of it that trains further (CUDA defaults: bf16 autocast, `auto` attention)
+  timeout 120 python -m pytest -q -m gpu tests/flashtrain -rf 2>&1 | tail -n 3 | tee "$R/flashtrain_gpu_tests.log"
+  run() { timeout 150 python train.py trainer.out_dir=/tmp/gpu-runs trainer.run_name=gpu_check logger=none trainer.progress_bar=false "$@" 2>&1 \
+    | quiet | tail -n 12; }
+  run trainer.max_steps=40 trainer.checkpoint_interval=20 | tee "$R/default_run.log"
+  run trainer.max_steps=60 trainer.checkpoint_interval=20 trainer.resume=auto | tee "$R/default_resume.log"
+  ls /tmp/gpu-runs/gpu_check/checkpoints | tee -a "$R/default_resume.log"
   ;;
 esac
