@@ -559,6 +559,11 @@ BLOCK_SPARSE_SP_CASES = {
         *BLOCK_SPARSE_MODEL,
     ],
 }
+# Attention dropout keyed by global position: at sp=2 the ring's masks are those our kernel draws in one
+# process (`model.attention=triton`, through the interpreter here), so the runs match as without dropout.
+# (SDPA and the CPU reference, which `auto` picks in one process, draw masks of their own.)
+ATTN_DROPOUT = ["model.attn_dropout=0.1"]
+ATTN_DROPOUT_SP_CASES = {"sp2_ring_zigzag_attn_dropout": ["parallel=ddp", "parallel.sp=2", *ATTN_DROPOUT]}
 
 
 # ---- GPUs: NCCL and bf16 ---------------------------------------------------------------------------
@@ -639,7 +644,7 @@ def _check_gpu_runs(results: dict, ref_history: list[float]) -> None:
 def sp_runs(workdir):
     cases = [
         {"name": name, "overrides": [*_overrides(workdir), f"trainer.batch_size={NPROC * B}", *over]}
-        for name, over in {**SP_CASES, **BLOCK_SPARSE_SP_CASES}.items()
+        for name, over in {**SP_CASES, **BLOCK_SPARSE_SP_CASES, **ATTN_DROPOUT_SP_CASES}.items()
     ]
     return _launch(workdir, cases)
 
@@ -663,6 +668,30 @@ def block_sparse_reference(workdir):
 def test_sequence_parallel_training_matches_one_process(name, sp_runs, reference):
     """A few GPT steps with the sequence split over 2 ranks give the unsharded losses and weights."""
     _check_against_reference(sp_runs[name], reference, exact_resume=True)
+
+
+@pytest.fixture(scope="module")
+def attn_dropout_reference(workdir):
+    """One process with attention dropout through our kernel (the interpreter), the ring's mask source."""
+    overrides = [
+        *_overrides(workdir),
+        f"trainer.batch_size={NPROC * B}",
+        "trainer.run_name=ref_attn_dropout",
+        "model.attention=triton",
+        *ATTN_DROPOUT,
+    ]
+    trainer = Trainer(compose_config(overrides))
+    history = trainer.fit()
+    trainer.close()
+    return history, _final_weights(trainer.run_dir)
+
+
+@pytest.mark.parametrize("name", list(ATTN_DROPOUT_SP_CASES))
+def test_sequence_parallel_attention_dropout_matches_one_process(
+    name, sp_runs, attn_dropout_reference, reference
+):
+    _check_against_reference(sp_runs[name], attn_dropout_reference, exact_resume=True)
+    assert attn_dropout_reference[0] != reference[0]  # the dropout is on: it changes the losses
 
 
 @pytest.mark.parametrize("name", list(BLOCK_SPARSE_SP_CASES))
