@@ -4,6 +4,7 @@ periodic evaluation, atomic checkpoints with exact resume, tokens/s and MFU, W&B
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import math
@@ -248,6 +249,11 @@ class Trainer:
                 f.write("ok")
             os.remove(probe)
         except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:  # the run name, not the place: moving out_dir would not help
+                raise ValueError(
+                    f"the run directory {run_dir} has a name the file system refuses ({e.strerror}); give a "
+                    f"shorter trainer.run_name (this one has {len(os.path.basename(run_dir))} characters)"
+                ) from None
             raise ValueError(
                 f"cannot write to the run directory {run_dir} ({e.strerror}); set trainer.out_dir to a writable path"
             ) from None

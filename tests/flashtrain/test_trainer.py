@@ -217,6 +217,8 @@ def test_loss_falls_on_the_default_corpus(tmp_path):
         ("trainer.global_batch=5", "global_batch=5"),
         ("model.vocab_size=100", "smaller than the tokenizer's vocabulary"),
         ("trainer.out_dir=/proc/flashtrain", "cannot write to the run directory"),
+        # a name over the file system's 255 bytes was met with advice to move trainer.out_dir
+        ("trainer.run_name=" + "r" * 300, r"give a shorter trainer.run_name \(this one has 300 characters\)"),
         # each of these was taken before: a negative interval evaluated or checkpointed every step, 0
         # evaluation batches failed only at the first evaluation, and a 0 peak or decay read as unset
         ("trainer.eval_interval=-1", r"trainer.eval_interval=-1 must be >= 0"),
