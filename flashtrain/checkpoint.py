@@ -291,15 +291,20 @@ def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     return read_train_state(path)
 
 
+def checkpoint_of(run_or_checkpoint: str) -> str | None:
+    """A checkpoint directory as given, or a run directory's latest checkpoint; None when it has none."""
+    if os.path.exists(os.path.join(run_or_checkpoint, META)):
+        return run_or_checkpoint
+    return latest_checkpoint(run_or_checkpoint)
+
+
 def load_model_for_inference(run_or_checkpoint: str, device: str = "cpu") -> tuple[GPT, str]:
     """Build the model a checkpoint (or a run's latest) was trained with; returns (model, tokenizer name)."""
-    path = run_or_checkpoint
-    if not os.path.exists(os.path.join(path, META)):
-        path = latest_checkpoint(run_or_checkpoint)
-        if path is None:
-            raise ValueError(
-                f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory"
-            )
+    path = checkpoint_of(run_or_checkpoint)
+    if path is None:
+        raise ValueError(
+            f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory"
+        )
     meta = read_meta(path)
     model = GPT(GPTConfig(**meta["model"]))
     _load_weights_into(model, path)

@@ -10,7 +10,6 @@ on CPU.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -98,15 +97,13 @@ def generate(
 def language_model_checkpoint(run_or_checkpoint: str) -> str:
     """The checkpoint directory of a run (its latest) or the checkpoint itself, refused unless a
     language-model run wrote it: an LRA classifier has no language-model head to sample from."""
-    from flashtrain.checkpoint import latest_checkpoint, read_meta
+    from flashtrain.checkpoint import checkpoint_of, read_meta
 
-    path = run_or_checkpoint
-    if not os.path.exists(os.path.join(path, "meta.json")):
-        path = latest_checkpoint(run_or_checkpoint)
-        if path is None:
-            raise ValueError(
-                f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory"
-            )
+    path = checkpoint_of(run_or_checkpoint)
+    if path is None:
+        raise ValueError(
+            f"no checkpoint in {run_or_checkpoint}; pass a run directory or a checkpoint directory"
+        )
     meta = read_meta(path)
     kind = (meta.get("config", {}).get("task") or {}).get("kind", "lm")  # no task section: an LM run's
     tokenizer = str(meta.get("tokenizer", ""))

@@ -70,7 +70,7 @@ def init_checkpoint(cfg) -> str:
         raise ValueError(
             f"task.init_from={given} does not exist; give a run directory or one of its checkpoint directories"
         )
-    path = given if os.path.exists(os.path.join(given, "meta.json")) else ckpt.latest_checkpoint(given)
+    path = ckpt.checkpoint_of(given)
     if path is None:
         raise ValueError(
             f"task.init_from={given} holds no checkpoint (no meta.json, no checkpoints/latest); give a run "

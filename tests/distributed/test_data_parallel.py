@@ -99,9 +99,18 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(workdir):
     """One process, batch NPROC*B: the losses and final weights every strategy must reproduce."""
-    trainer = Trainer(
-        compose_config([*_overrides(workdir), f"trainer.batch_size={NPROC * B}", "trainer.run_name=ref"])
-    )
+    return _one_process(workdir, "ref")
+
+
+def _one_process(workdir, run_name: str, *overrides: str) -> tuple[list, dict]:
+    """(losses, final weights) of a run in this process with the whole NPROC*B batch."""
+    config = [
+        *_overrides(workdir),
+        f"trainer.batch_size={NPROC * B}",
+        f"trainer.run_name={run_name}",
+        *overrides,
+    ]
+    trainer = Trainer(compose_config(config))
     history = trainer.fit()
     trainer.close()
     return history, _final_weights(trainer.run_dir)
@@ -652,16 +661,7 @@ def sp_runs(workdir):
 @pytest.fixture(scope="module")
 def block_sparse_reference(workdir):
     """The block-sparse model in one process (its own block_sparse kernel, through the interpreter)."""
-    overrides = [
-        *_overrides(workdir),
-        f"trainer.batch_size={NPROC * B}",
-        "trainer.run_name=ref_bs",
-        *BLOCK_SPARSE_MODEL,
-    ]
-    trainer = Trainer(compose_config(overrides))
-    history = trainer.fit()
-    trainer.close()
-    return history, _final_weights(trainer.run_dir)
+    return _one_process(workdir, "ref_bs", *BLOCK_SPARSE_MODEL)
 
 
 @pytest.mark.parametrize("name", list(SP_CASES))
@@ -673,17 +673,7 @@ def test_sequence_parallel_training_matches_one_process(name, sp_runs, reference
 @pytest.fixture(scope="module")
 def attn_dropout_reference(workdir):
     """One process with attention dropout through our kernel (the interpreter), the ring's mask source."""
-    overrides = [
-        *_overrides(workdir),
-        f"trainer.batch_size={NPROC * B}",
-        "trainer.run_name=ref_attn_dropout",
-        "model.attention=triton",
-        *ATTN_DROPOUT,
-    ]
-    trainer = Trainer(compose_config(overrides))
-    history = trainer.fit()
-    trainer.close()
-    return history, _final_weights(trainer.run_dir)
+    return _one_process(workdir, "ref_attn_dropout", "model.attention=triton", *ATTN_DROPOUT)
 
 
 @pytest.mark.parametrize("name", list(ATTN_DROPOUT_SP_CASES))
