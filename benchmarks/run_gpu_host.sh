@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 20): where the dense path's host time goes, and what cutting it buys.
+#   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 1   # host time per layer of the dense path
+#   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 2   # part 1, then the bf16 GPU kernel tests
+#   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 3   # n1k/4k against Flex and SDPA flash
+# Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part 1, 2 or 3}" in
+1|2)
+  timeout 200 python benchmarks/bench_host_overhead.py --calls "${CALLS:-200}" --out "$R/host_overhead.json" \
+    2>&1 | quiet | tee "$R/host_overhead.log"
+  [ "$1" = 2 ] || exit 0
+  timeout 300 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
+  tail -n 3 "$R/kernel_gpu_tests.log"
+  ;;
+3)
+  timeout 500 python benchmarks/bench_attention.py --seqlens 1024 4096 --headdims 64 128 --causal both \
+    --impls triton flex sdpa_flash --out "$R/attention_flex_n1k_4k.json" 2>&1 | quiet \
+    | tee "$R/bench_attention.log" | tail -16
+  ;;
+esac
