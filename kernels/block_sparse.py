@@ -200,7 +200,7 @@ def _dq_tiles(
 
 @triton.jit
 def _bs_bwd_dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA,
+    Q, K, V, DO, DQ, LSE, DELTA, O,  # noqa: E741
     FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
     # strides (batch, seq, head); the gradient has its own, so strided inputs need no copy
     stride_qb, stride_qm, stride_qh,
@@ -208,6 +208,7 @@ def _bs_bwd_dq_kernel(
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
+    stride_ob, stride_om, stride_oh,  # DELTA_HERE only
     # sizes
     nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
     # dropout (read only when DROPOUT)
@@ -215,8 +216,10 @@ def _bs_bwd_dq_kernel(
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, DELTA_HERE: tl.constexpr,
 ):  # fmt: skip
+    """dq of one query tile. DELTA_HERE: computes and stores its rows' delta, which the dk/dv kernel
+    (launched after) reads: no preprocess launch (as the dense dq kernel, `_flash_bwd._bwd_dq`)."""
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
@@ -237,7 +240,13 @@ def _bs_bwd_dq_kernel(
     lse2 = tl.load(LSE + row, mask=offs_m < seqlen_q, other=float("inf")) * 1.4426950408889634
     # rows that saw no key have lse = -inf; +inf makes their p exactly 0 instead of NaN
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-    delta = tl.load(DELTA + row, mask=offs_m < seqlen_q, other=0.0)
+    if DELTA_HERE:
+        o = load_tile(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+                      offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        tl.store(DELTA + row, delta, mask=offs_m < seqlen_q)
+    else:
+        delta = tl.load(DELTA + row, mask=offs_m < seqlen_q, other=0.0)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lists = lay_h * n_row_tiles + pid_m
@@ -464,7 +473,9 @@ def _block_sparse_backward(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
-    delta = backward_delta(out, do, lse, dlse=dlse)  # the dense kernels' preprocess (natural-log lse here)
+    # the dq kernel computes delta unless lse has a gradient, which the dense kernels' preprocess folds in
+    delta_here = dlse is None
+    delta = torch.empty_like(lse) if delta_here else backward_delta(out, do, lse, dlse=dlse)
     # dense gradients whatever the inputs' strides (q/k/v may be slices of a fused QKV projection)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
@@ -477,11 +488,12 @@ def _block_sparse_backward(
     lists = layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, tile_n)
     n_rows, n_cols = lists.tile_kind.shape[1:]
     _bs_bwd_dq_kernel[(n_rows, batch * nheads)](
-        q, k, v, do, dq, lse, delta,
+        q, k, v, do, dq, lse, delta, out,
         lists.row_full_idx, lists.row_full_cnt, lists.row_part_idx, lists.row_part_cnt, *strides,
-        dq.stride(0), dq.stride(1), dq.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2), out.stride(0), out.stride(1), out.stride(2),
         nheads, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale, n_rows, n_cols,
-        dropout_p, seed, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
+        dropout_p, seed, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages,
+        DELTA_HERE=delta_here, **common,
     )  # fmt: skip
 
     tile_m, tile_n, warps, stages = _tiles(layout, "dkdv", head_dim, tiles)
