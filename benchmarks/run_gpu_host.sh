@@ -5,10 +5,11 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 3   # n1k/4k against Flex and SDPA flash
 #   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 4   # H200: GPU kernel tests, the README's n1k-8k sweep
 #   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 5   # H200: block-sparse n16k, end to end, host time
+#   source .whl/install.sh && bash benchmarks/run_gpu_host.sh 6   # H200: block-sparse n16k again, with time to finish
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 5}" in
+case "${1:?part 1 to 6}" in
 1|2)
   timeout 200 python benchmarks/bench_host_overhead.py --calls "${CALLS:-200}" --out "$R/host_overhead.json" \
     2>&1 | quiet | tee "$R/host_overhead.log"
@@ -35,5 +36,9 @@ case "${1:?part 1 to 5}" in
     --impls triton,sdpa_flash --out "$R/train_medium.json" 2>&1 | quiet | tee "$R/bench_train.log" | tail -8
   timeout 120 python benchmarks/bench_host_overhead.py --out "$R/host_overhead.json" 2>&1 | quiet \
     | grep -v "ms own     " | tee "$R/host_overhead.log" | tail -20
+  ;;
+6)  # part 5's block-sparse sweep ran out of its 150 s after four rows
+  timeout 500 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tee "$R/bench_block_sparse.log" | tail -24
   ;;
 esac
