@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import pstats
 import sys
 import time
 
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from benchmarks.common import gpu_slug, host_profile, write_results  # noqa: E402
+from benchmarks.common import gpu_slug, host_profile, profile_top, write_results  # noqa: E402
 from kernels import flash_attention  # noqa: E402
 from kernels._flash_bwd import backward_delta, flash_attn_backward  # noqa: E402
 from kernels._flash_fwd import flash_attn_forward  # noqa: E402
@@ -63,6 +62,13 @@ def _noop(X, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a1
     pass
 
 
+_NOOP_INTS = tuple(range(1, 39))  # _noop's a0..a37
+
+
+def _launch_noop(x: torch.Tensor) -> None:
+    _noop[(1,)](x, *_NOOP_INTS, C0=1, C1=2)
+
+
 def host_parts(seqlen: int, headdim: int, calls: int) -> dict[str, float]:
     """Host ms per call of each layer of the dense path, issued back to back (see the module doc)."""
     shape = (1, seqlen, 16, headdim)
@@ -71,14 +77,13 @@ def host_parts(seqlen: int, headdim: int, calls: int) -> dict[str, float]:
     opts = dict(sm_scale=scale, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
     out, lse2 = flash_attn_forward(q, k, v, **opts)
     seed = torch.tensor(0, dtype=torch.int64)
-    ints = list(range(1, 39))
     x = torch.randn(16, device="cuda", requires_grad=True)
     gx = torch.ones_like(x)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     fwd_op = torch.ops.flashtrain.flash_attn_fwd.default
     bwd_op = torch.ops.flashtrain.flash_attn_bwd.default
     parts = {
-        "triton_launch_40_args": lambda: _noop[(1,)](q, *ints, C0=1, C1=2),
+        "triton_launch_40_args": lambda: _launch_noop(q),
         "torch_empty_like_x3": lambda: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)),
         "autograd_grad_of_one_mul": lambda: torch.autograd.grad(x * 2, x, gx),
         "fwd_launcher": lambda: flash_attn_forward(q, k, v, **opts),
@@ -90,14 +95,12 @@ def host_parts(seqlen: int, headdim: int, calls: int) -> dict[str, float]:
         "api_fwd_with_graph": lambda: flash_attention(qg, kg, vg, causal=True),
         "api_fwd_bwd": lambda: torch.autograd.grad(flash_attention(qg, kg, vg, causal=True), (qg, kg, vg), do),
     }  # fmt: skip
-    parts["autograd_fn_same_arity_no_kernels"] = lambda: torch.autograd.grad(
-        _NoKernels.apply(qg, kg, vg, None, None, None, 0, 0, scale, None, 0, 0.0, False, False)[0],
-        (qg, kg, vg),
-        do,
-    )
-    parts["autograd_fn_three_launches"] = lambda: torch.autograd.grad(
-        _ThreeLaunches.apply(qg, kg, vg)[0], (qg, kg, vg), do
-    )
+    for name, launches in (("autograd_fn_same_arity_no_kernels", 0), ("autograd_fn_three_launches", 3)):
+        parts[name] = lambda launches=launches: torch.autograd.grad(
+            _AutogradOnly.apply(qg, kg, vg, None, None, None, 0, 0, scale, None, 0, 0.0, False, launches)[0],
+            (qg, kg, vg),
+            do,
+        )
 
     def fwd_bwd_one_thread():  # autograd runs the backward on this thread instead of its device thread
         with torch.autograd.set_multithreading_enabled(False):
@@ -143,7 +146,7 @@ def host_parts(seqlen: int, headdim: int, calls: int) -> dict[str, float]:
     print(
         f"  fwd+bwd {total:.4f} ms, of which inside the Function's backward {result['inside_function_backward']:.4f}"
     )
-    result["inside_backward_top"] = _top(prof, 100)
+    result["inside_backward_top"] = profile_top(prof, 100, top=16)
     result["bwd_op_top"] = host_profile(parts["bwd_op"], steps=100, top=16)
     for title, top in (
         ("inside autograd's backward", result["inside_backward_top"]),
@@ -157,47 +160,27 @@ def host_parts(seqlen: int, headdim: int, calls: int) -> dict[str, float]:
     return result
 
 
-def _top(prof, steps: int, top: int = 16) -> list[dict]:
-    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return [
-        dict(function=f"{os.path.basename(f)}:{line}({name})", calls=calls // steps,
-             own_ms=round(own * 1e3 / steps, 4), cum_ms=round(cum * 1e3 / steps, 4))
-        for (f, line, name), (_, calls, own, cum, _) in rows
-    ]  # fmt: skip
-
-
-class _ThreeLaunches(torch.autograd.Function):
-    """_NoKernels with a forward launch and three backward launches of the empty Triton kernel: whether
-    launching from autograd's device thread costs more than from the calling thread."""
+class _AutogradOnly(torch.autograd.Function):
+    """_FlashAttnFunc's arity and saved tensors without its kernels: what autograd itself costs per call.
+    launches (in lse_grad's place) > 0: one empty Triton launch in the forward and that many in the
+    backward, to see whether launching from autograd's device thread costs more than from the caller's."""
 
     @staticmethod
-    def forward(ctx, q, k, v):
-        _noop[(1,)](q, *range(1, 39), C0=1, C1=2)
-        ctx.save_for_backward(q, k, v)
-        return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v = ctx.saved_tensors
-        for _ in range(3):
-            _noop[(1,)](q, *range(1, 39), C0=1, C1=2)
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-class _NoKernels(torch.autograd.Function):
-    """_FlashAttnFunc's arity and saved tensors with no kernel: what autograd itself costs per call."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, kpm, cu_q, cu_k, max_q, max_k, scale, left, right, p, atomic, lse_grad):
+    def forward(ctx, q, k, v, kpm, cu_q, cu_k, max_q, max_k, scale, left, right, p, atomic, launches):
+        if launches:
+            _launch_noop(q)
         out, lse = torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse, torch.tensor(0), kpm, cu_q, cu_k)
         ctx.options = (max_q, max_k, scale, left, right, p)
+        ctx.launches = launches
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, *_ = ctx.saved_tensors
+        for _ in range(ctx.launches):
+            _launch_noop(q)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), *([None] * 11)
 
 

@@ -133,7 +133,6 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
     in `device_profile`): which host code keeps the launches from keeping up. cProfile slows Python
     down, so read the ranking, not the absolute milliseconds."""
     import cProfile
-    import pstats
 
     fn()
     if torch.cuda.is_available():
@@ -145,6 +144,13 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.disable()
+    return profile_top(prof, steps, top)
+
+
+def profile_top(prof, steps: int, top: int = 25) -> list[dict]:
+    """The `top` functions of a cProfile.Profile by own time, per step of `steps`, with cumulative time."""
+    import pstats
+
     # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
     stats = pstats.Stats(prof).stats
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
@@ -152,8 +158,8 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
         {
             "function": f"{os.path.basename(file)}:{line}({name})",
             "calls": calls // steps,
-            "own_ms": round(own * 1e3 / steps, 3),
-            "cum_ms": round(cum * 1e3 / steps, 3),
+            "own_ms": round(own * 1e3 / steps, 4),
+            "cum_ms": round(cum * 1e3 / steps, 4),
         }
         for (file, line, name), (_, calls, own, cum, _) in rows
     ]

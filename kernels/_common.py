@@ -299,6 +299,14 @@ def load_tile(
 
 
 @triton.jit
+def rowsum_do_o(o_ptrs, do, offs_m, offs_d, seqlen_q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta = rowsum(dO * O) in fp32 of one query tile, given its loaded dO and O's tile pointers: the
+    backward's dS = P * (dP - delta) (the preprocess kernel and the dq kernels that compute it themselves)."""
+    o = load_tile(o_ptrs, offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+
+
+@triton.jit
 def varlen_bounds(CU, off_b):
     """(start, length) of packed sequence off_b from its cu_seqlens: int64 start, int32 length."""
     start = tl.load(CU + off_b).to(tl.int64)

@@ -18,6 +18,7 @@ from ._common import (
     dropout_mode,
     load_tile,
     padded_head_dim,
+    rowsum_do_o,
     store_or_add_tile,
     token_strides,
     varlen_bounds,
@@ -48,11 +49,11 @@ def _bwd_preprocess(
     off_b64 = off_b.to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = load_tile(O + off_b64 * stride_ob + (q_start + offs_m)[:, None] * stride_om + off_h * stride_oh
-                  + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
     do = load_tile(DO + off_b64 * stride_dob + (q_start + offs_m)[:, None] * stride_dom + off_h * stride_doh
                    + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    o_ptrs = O + off_b64 * stride_ob + (q_start + offs_m)[:, None] * stride_om + off_h * stride_oh
+    o_ptrs += offs_d[None, :]
+    delta = rowsum_do_o(o_ptrs, do, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D)
     tl.store(
         DELTA + off_b64 * stride_lb + off_h * stride_lh + q_start + offs_m, delta, mask=offs_m < seqlen_q
     )
@@ -318,9 +319,9 @@ def _bwd_dq(
     lse = tl.load(LSE + rows, mask=offs_m < seqlen_q, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
     if DELTA_HERE:
-        o = load_tile(O + off_b64 * stride_ob + (q_start + offs_m)[:, None] * stride_om + off_h * stride_oh
-                      + offs_d[None, :], offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        o_ptrs = O + off_b64 * stride_ob + (q_start + offs_m)[:, None] * stride_om + off_h * stride_oh
+        o_ptrs += offs_d[None, :]
+        delta = rowsum_do_o(o_ptrs, do, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D)
         tl.store(DELTA + rows, delta, mask=offs_m < seqlen_q)
     else:
         delta = tl.load(DELTA + rows, mask=offs_m < seqlen_q, other=0.0)
@@ -397,19 +398,14 @@ def _prune_dkdv(configs, named_args, **kwargs):
 
 
 def _prune_dq(configs, named_args, **kwargs):
-    configs = prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
     args = {**named_args, **kwargs}
-    if args.get("DELTA_HERE") and args["BLOCK_D"] <= 32:
+    if args["DELTA_HERE"] and args["BLOCK_D"] <= 32:
         # Triton 3.6's bundled ptxas dies (SIGSEGV) on this one config with the delta computed in the
         # kernel at head dims <= 32 (found on CPU by check_kernel_builds.py); the autotuner would skip it
-        # on a GPU after paying for the crash, so it is left out here
-        kept = [
-            c
-            for c in configs
-            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) != (64, 64, 8, 2)
-        ]
-        configs = kept if len(kept) >= 2 else configs  # two candidates at least: see prune_configs
-    return configs
+        # on a GPU after paying for the crash, so it is left out here (prune_configs keeps two candidates)
+        shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+        configs = [c for c in configs if shape(c) != (64, 64, 8, 2)]
+    return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 
 # ACCUMULATE adds into the gradient buffers, so the autotuner's trial runs put them back (a copy made
@@ -545,17 +541,14 @@ def flash_attn_backward(
         DROPOUT=dropout_mode(dropout_p, col0=drop[3], varlen=varlen), DOT_PREC=dot_precision(q.dtype),
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
-
-    def dq_kernel():
+    # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)
+    if only != "dkdv" and not atomic_dq:
         grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
         _bwd_dq_tuned[grid_q](
             q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, out if delta_here else lse,
             *strides_qkv_do, *token_strides(dq, varlen), *(token_strides(out, varlen) if delta_here else (0, 0, 0)),
             stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here, **meta,
         )  # fmt: skip
-
-    if delta_here:
-        dq_kernel()
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)
@@ -570,7 +563,4 @@ def flash_attn_backward(
         )  # fmt: skip
     if atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
-        return dq, dk, dv
-    if not delta_here and only != "dkdv":
-        dq_kernel()
     return dq, dk, dv

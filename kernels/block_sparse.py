@@ -39,6 +39,7 @@ from kernels._common import (
     load_tile,
     padded_head_dim,
     resolve_softmax_scale,
+    rowsum_do_o,
     store_tile,
     unit_last_stride,
 )
@@ -241,9 +242,8 @@ def _bs_bwd_dq_kernel(
     # rows that saw no key have lse = -inf; +inf makes their p exactly 0 instead of NaN
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
     if DELTA_HERE:
-        o = load_tile(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                      offs_m, offs_d, seqlen_q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)  # fmt: skip
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+        delta = rowsum_do_o(o_ptrs, do, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D)
         tl.store(DELTA + row, delta, mask=offs_m < seqlen_q)
     else:
         delta = tl.load(DELTA + row, mask=offs_m < seqlen_q, other=0.0)
