@@ -106,6 +106,7 @@ def bench_one(
     host_profile_steps=0,
     gc_every=50,
     attn_dropout=0.0,
+    profile_top=12,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -157,8 +158,10 @@ def bench_one(
             elapsed = time.perf_counter() - start
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
-            p = device_profile(step, profile_steps)
-            row.update({k: p[k] for k in ("wall_ms", "busy_ms", "kernels_per_step", "top_kernels_ms")})
+            p = device_profile(step, profile_steps, top=profile_top)
+            row.update(
+                {k: p[k] for k in ("wall_ms", "busy_ms", "kernels_per_step", "kernels_ms", "top_kernels_ms")}
+            )
         if host_profile_steps:  # when the device idles: the host functions that cost the most
             row["host_top"] = host_profile(step, host_profile_steps)
     tok_s = batch * seqlen * steps / elapsed
@@ -194,6 +197,8 @@ def main():
     parser.add_argument("--loss-chunk", type=int, default=4096, help="tokens per cross-entropy chunk")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
+    parser.add_argument("--profile-top", type=int, default=12, metavar="N",
+                        help="with --profile: how many of the heaviest kernels each row lists")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
                         help="then cProfile STEPS steps: the host functions with the most own time")  # fmt: skip
     parser.add_argument(
@@ -259,6 +264,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.host_profile,
             args.gc_every,
             args.attn_dropout,
+            args.profile_top,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

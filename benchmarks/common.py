@@ -81,13 +81,14 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None = None) -> dict:
+def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None = None, top: int = 12) -> dict:
     """Run fn `steps` times under torch.profiler (after one unprofiled call, so anything lazily built
     stays out): wall and device-busy ms per step (busy: the union of kernel and copy intervals, as
     streams overlap; busy < wall means the device idled, launch- or host-bound), communication (NCCL
     kernels) and all kernels summed per step (their sum > busy means they overlapped), kernels per step,
     the top kernels by device time and torch's operator table. On CPU there is no device work: busy 0.
-    trace: a path for the Chrome trace of the profiled steps (the timeline: what overlapped what)."""
+    trace: a path for the Chrome trace of the profiled steps (the timeline: what overlapped what).
+    top: how many kernels `top_kernels_ms` lists."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -114,7 +115,7 @@ def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None =
     per_kernel: dict[str, float] = {}
     for e in kernels:
         per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
     sort_key = "cuda_time_total" if cuda else "cpu_time_total"
     return {
         "wall_ms": wall_ms,
