@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Device calls on one GPU (session 21): where a GPT-2 medium training step spends its device time.
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 1   # medium 8k/1k, ours and SDPA flash, profiled; d256 4k/16k
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 2   # GPU kernel tests; medium 8k/1k: packed QKV
+#       (this tree) against the tree before it (.carry/before, from `git archive`, carried) and SDPA flash
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1}" in
+case "${1:?part 1 or 2}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -12,5 +14,18 @@ case "${1:?part 1}" in
   timeout 150 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 256 --causal both \
     --impls triton flex sdpa_flash --out "$R/attention_d256.json" 2>&1 | quiet \
     | tee "$R/bench_attention.log" | tail -10
+  ;;
+2)
+  timeout 170 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
+  tail -n 3 "$R/kernel_gpu_tests.log"
+  for seqlen in 8192 1024; do
+    for tree in . .carry/before; do
+      timeout 100 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens $seqlen --impls triton \
+        --profile 1 --profile-top 30 --out "$R/train_medium_$seqlen$([ $tree = . ] && echo _packed || echo _before).json" \
+        2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2" || true
+    done
+  done
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 --impls sdpa_flash \
+    --out "$R/train_medium_sdpa_flash.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac

@@ -10,11 +10,12 @@ from . import layouts, reference
 from .block_sparse import block_sparse_attention
 from .cross_entropy import linear_cross_entropy
 from .decode import flash_decode
-from .flash_attention import flash_attention, flash_attention_varlen
+from .flash_attention import flash_attention, flash_attention_qkvpacked, flash_attention_varlen
 
 __all__ = [
     "block_sparse_attention",
     "flash_attention",
+    "flash_attention_qkvpacked",
     "flash_attention_varlen",
     "flash_decode",
     "layouts",

@@ -464,7 +464,7 @@ def backward_delta(
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
-    dropout_rows=None, grads_into=None, only=None, delta=None, add_dkdv=True, dlse2=None,
+    dropout_rows=None, grads_into=None, only=None, delta=None, add_dkdv=True, dlse2=None, grads_out=None,
 ):  # fmt: skip
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
@@ -481,6 +481,9 @@ def flash_attn_backward(
     delta: `backward_delta(out, do, lse, ...)` computed beforehand; None computes it here.
     dlse2: the gradient of the loss with respect to the base-2 lse (shaped like it), or None when the
         loss does not use lse; with a precomputed delta, pass it to `backward_delta` instead.
+    grads_out: (dq, dk, dv) tensors shaped like q, k, v, in their dtype, with unit last strides, that the
+        gradients are stored into (any other strides: the packed-QKV path passes three views of one
+        gradient buffer, so the projection's gradient needs no concatenation); returns them.
     """
     if only not in (None, "dkdv", "dq"):
         raise ValueError(f"only must be None, 'dkdv' or 'dq', got {only!r}")
@@ -488,6 +491,8 @@ def flash_attn_backward(
         raise ValueError(
             "only= runs half of the backward: it needs grads_into, the buffers that half adds to"
         )
+    if grads_into is not None and grads_out is not None:
+        raise ValueError("pass grads_into (add to fp32 buffers) or grads_out (store), not both")
     varlen = cu_seqlens_q is not None
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -503,6 +508,12 @@ def flash_attn_backward(
                 raise ValueError(f"grads_into {name} must be fp32 {tuple(like.shape)} with a unit last stride, "
                                  f"got {got}")  # fmt: skip
         dq, dk, dv = grads_into
+    elif grads_out is not None:
+        for name, buf, like in zip(("dq", "dk", "dv"), grads_out, (q, k, v), strict=True):
+            if buf.dtype != like.dtype or buf.shape != like.shape or buf.stride(-1) != 1:
+                raise ValueError(f"grads_out {name} must be {like.dtype} {tuple(like.shape)} with a unit last "
+                                 f"stride, got {buf.dtype} {tuple(buf.shape)} strides {buf.stride()}")  # fmt: skip
+        dq, dk, dv = grads_out
     else:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # (.., H, D) fp32 accumulator for the atomic variant
@@ -561,6 +572,8 @@ def flash_attn_backward(
             PART=part,
             **meta,
         )  # fmt: skip
-    if atomic_dq:
+    if atomic_dq and grads_out is not None:
+        dq.copy_(dq_acc * sm_scale)
+    elif atomic_dq:
         dq = (dq_acc * sm_scale).to(q.dtype)
     return dq, dk, dv

@@ -3,7 +3,7 @@
 Three layers, as in flash-attention: launchers (`_flash_fwd.flash_attn_forward`,
 `_flash_bwd.flash_attn_backward`) -> the torch operators `flashtrain::flash_attn_fwd/bwd` (which
 torch.compile keeps in one graph) and their autograd.Function -> `flash_attention` /
-`flash_attention_varlen` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
+`flash_attention_varlen` / `flash_attention_qkvpacked` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
 `_flash_bwd.py`; the pure-torch oracle in `reference.py`.
 """
 
@@ -31,7 +31,7 @@ from ._flash_bwd import flash_attn_backward
 from ._flash_fwd import flash_attn_forward
 from .reference import dropout_mask
 
-__all__ = ["flash_attention", "flash_attention_varlen", "dropout_mask"]
+__all__ = ["flash_attention", "flash_attention_qkvpacked", "flash_attention_varlen", "dropout_mask"]
 
 
 # Forward and backward are two torch operators (flashtrain::flash_attn_fwd / flash_attn_bwd) with fake
@@ -54,6 +54,18 @@ _LIB.define(
     "int max_seqlen_k, float sm_scale, int? win_left, int? win_right, float dropout_p, Tensor seed, "
     "bool atomic_dq, Tensor? dlse2=None) -> (Tensor, Tensor, Tensor)"
 )
+# The packed-QKV backward returns one gradient shaped like qkv (see flash_attention_qkvpacked)
+_LIB.define(
+    "flash_attn_bwd_qkvpacked(Tensor dout, Tensor qkv, int nheads_kv, Tensor out, Tensor lse2, "
+    "Tensor? key_padding_mask, float sm_scale, int? win_left, int? win_right, float dropout_p, Tensor seed, "
+    "bool atomic_dq, Tensor? dlse2=None) -> Tensor"
+)
+
+
+def split_qkv(qkv: torch.Tensor, nheads_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views q, k, v of a packed (batch, seqlen, nheads + 2 * nheads_kv, headdim) tensor."""
+    nheads = qkv.shape[2] - 2 * nheads_kv
+    return qkv.split([nheads, nheads_kv, nheads_kv], dim=2)
 
 
 def _fwd_impl(
@@ -84,9 +96,23 @@ def _bwd_impl(
     )  # fmt: skip
 
 
+def _bwd_qkvpacked_impl(
+    dout, qkv, nheads_kv, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed,
+    atomic_dq, dlse2=None,
+):  # fmt: skip
+    dqkv = torch.empty_like(qkv)
+    flash_attn_backward(
+        dout, *split_qkv(qkv, nheads_kv), out, lse2, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=int(seed), atomic_dq=atomic_dq,
+        dlse2=dlse2, grads_out=split_qkv(dqkv, nheads_kv),
+    )  # fmt: skip
+    return dqkv
+
+
 for _device in ("CPU", "CUDA"):  # CPU runs the kernels under the Triton interpreter
     _LIB.impl("flash_attn_fwd", _fwd_impl, _device)
     _LIB.impl("flash_attn_bwd", _bwd_impl, _device)
+    _LIB.impl("flash_attn_bwd_qkvpacked", _bwd_qkvpacked_impl, _device)
 
 
 @torch.library.register_fake("flashtrain::flash_attn_fwd", lib=_LIB)
@@ -101,6 +127,11 @@ def _(q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 @torch.library.register_fake("flashtrain::flash_attn_bwd", lib=_LIB)
 def _(dout, q, k, v, *_):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.register_fake("flashtrain::flash_attn_bwd_qkvpacked", lib=_LIB)
+def _(dout, qkv, *_):
+    return torch.empty_like(qkv)
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -135,6 +166,35 @@ class _FlashAttnFunc(torch.autograd.Function):
             dlse2 if ctx.lse_grad else None,
         )  # fmt: skip
         return dq, dk, dv, *([None] * 11)
+
+
+class _FlashAttnQKVPackedFunc(torch.autograd.Function):
+    """`_FlashAttnFunc` for a packed qkv (dense, no varlen): the forward runs on three views of it, the
+    backward returns one gradient shaped like it."""
+
+    @staticmethod
+    def forward(ctx, qkv, nheads_kv, key_padding_mask, sm_scale, win_left, win_right, dropout_p, atomic_dq,
+                lse_grad):  # fmt: skip
+        out, lse2, seed = torch.ops.flashtrain.flash_attn_fwd.default(
+            *split_qkv(qkv, nheads_kv), key_padding_mask, None, None, 0, 0, sm_scale, win_left, win_right,
+            dropout_p,
+        )  # fmt: skip
+        ctx.save_for_backward(qkv, out, lse2, seed, key_padding_mask)
+        ctx.options = (nheads_kv, sm_scale, win_left, win_right, dropout_p, atomic_dq)
+        ctx.lse_grad = lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse2)
+        return out, lse2
+
+    @staticmethod
+    def backward(ctx, dout, dlse2):
+        qkv, out, lse2, seed, key_padding_mask = ctx.saved_tensors
+        nheads_kv, sm_scale, win_left, win_right, dropout_p, atomic_dq = ctx.options
+        dqkv = torch.ops.flashtrain.flash_attn_bwd_qkvpacked.default(
+            dout, qkv, nheads_kv, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed,
+            atomic_dq, dlse2 if ctx.lse_grad else None,
+        )  # fmt: skip
+        return dqkv, *([None] * 8)
 
 
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
@@ -204,6 +264,58 @@ def flash_attention(
     out, lse2 = _FlashAttnFunc.apply(
         q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic,
         return_lse,
+    )  # fmt: skip
+    return (out, lse_to_natural(lse2)) if return_lse else out
+
+
+def flash_attention_qkvpacked(
+    qkv: torch.Tensor,
+    *,
+    nheads_kv: int | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dropout_p: float = 0.0,
+    window: tuple[int | None, int | None] | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+    deterministic: bool = True,
+):
+    """flash_attention on the output of a fused QKV projection, with the gradient in one tensor.
+
+    qkv: (batch, seqlen, nheads + 2 * nheads_kv, headdim): the query heads, then the key heads, then
+    the value heads, i.e. a `Linear(d, (nheads + 2 * nheads_kv) * headdim)` output viewed as heads
+    (GPT-2's c_attn). nheads_kv: None for multi-head attention (qkv.shape[2] = 3 * nheads); set it for
+    GQA/MQA. Options, outputs and numerics are flash_attention's on the three views of qkv; the
+    difference is the backward, which stores dq, dk, dv straight into one tensor shaped like qkv.
+    flash_attention on the views returns three gradients that autograd then concatenates into the
+    projection's gradient: one more read and write of it per layer (~2% of a GPT-2 medium step).
+    """
+    if qkv.dim() != 4:
+        raise ValueError(
+            f"qkv must be (batch, seqlen, nheads + 2 * nheads_kv, headdim), got shape {tuple(qkv.shape)}"
+        )
+    heads = qkv.shape[2]
+    if nheads_kv is None:
+        if heads % 3:
+            raise ValueError(
+                f"qkv has {heads} heads, not a multiple of 3: pass nheads_kv for grouped-query attention"
+            )
+        nheads_kv = heads // 3
+    elif isinstance(nheads_kv, bool) or not isinstance(nheads_kv, numbers.Integral) or nheads_kv < 1:
+        raise ValueError(f"nheads_kv must be a positive int or None, got {nheads_kv!r}")
+    elif heads - 2 * nheads_kv < 1:
+        raise ValueError(
+            f"qkv has {heads} heads, too few for 2 * nheads_kv = {2 * nheads_kv} key/value heads and "
+            "at least one query head"
+        )
+    q, k, v = split_qkv(qkv, int(nheads_kv))
+    dropout_p = _check_common(q, k, v, dropout_p)
+    check_key_padding_mask(key_padding_mask, qkv.shape[0], qkv.shape[1], qkv.device)
+    win_left, win_right = _window_bounds(causal, window)
+    (qkv,) = unit_last_stride(qkv)
+    scale = resolve_softmax_scale(softmax_scale, qkv.shape[-1])
+    out, lse2 = _FlashAttnQKVPackedFunc.apply(
+        qkv, int(nheads_kv), key_padding_mask, scale, win_left, win_right, dropout_p, not deterministic, return_lse
     )  # fmt: skip
     return (out, lse_to_natural(lse2)) if return_lse else out
 

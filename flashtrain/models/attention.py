@@ -5,6 +5,8 @@ Every backend has the same signature, on the model's (batch, seqlen, nheads, hea
     attn(q, k, v, *, causal, softmax_scale, dropout_p, window[, key_padding_mask]) -> out
 
 key_padding_mask (batch, seqlen_k), True = keep, is passed only when the input has padding.
+A backend may also have a packed form (`qkvpacked_backend`), called on the fused QKV projection's
+output viewed as (batch, seqlen, nheads + 2 * nheads_kv, headdim); the model uses it when it has one.
 
 - `reference`: plain torch, materialises the score matrix; the numerical oracle.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (PyTorch picks flash / cuDNN /
@@ -27,6 +29,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+
+from kernels.flash_attention import split_qkv
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -124,6 +128,24 @@ def triton_attention(
     )
 
 
+def triton_attention_qkvpacked(
+    qkv, *, nheads_kv, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+):
+    """`triton_attention` on a packed qkv: the backward writes the projection's gradient in one
+    buffer instead of three that autograd concatenates (kernels.flash_attention_qkvpacked)."""
+    from kernels import flash_attention_qkvpacked
+
+    return flash_attention_qkvpacked(
+        qkv,
+        nheads_kv=nheads_kv,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        dropout_p=dropout_p,
+        window=window,
+        key_padding_mask=key_padding_mask,
+    )
+
+
 # Shortest sequence for which `auto` picks our kernel over SDPA's on CUDA. Measured end to end on an
 # H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled blocks, one process per
 # row): at 1k SDPA flash was as fast (medium, 0.98x) or faster (small, whose step is host-bound with
@@ -165,12 +187,37 @@ def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
     )
 
 
+def auto_attention_qkvpacked(
+    qkv, *, nheads_kv, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+):
+    """`auto_attention` on a packed qkv: our packed kernel where auto picks ours, SDPA on the views otherwise."""
+    masked = window is not None or key_padding_mask is not None
+    kw = dict(causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window)
+    if key_padding_mask is not None:
+        kw["key_padding_mask"] = key_padding_mask
+    if auto_picks_triton(qkv.is_cuda, qkv.shape[1], qkv.shape[-1], dropout_p, masked):
+        return triton_attention_qkvpacked(qkv, nheads_kv=nheads_kv, **kw)
+    return sdpa_attention(*split_qkv(qkv, nheads_kv), **kw)
+
+
 BACKENDS: dict[str, AttentionFn] = {
     "auto": auto_attention,
     "reference": reference_attention,
     "sdpa": sdpa_attention,
     "triton": triton_attention,
 }
+
+
+# Backends whose packed form saves work (the others gain nothing from one: the model splits qkv for them)
+_QKVPACKED: dict[AttentionFn, AttentionFn] = {
+    auto_attention: auto_attention_qkvpacked,
+    triton_attention: triton_attention_qkvpacked,
+}
+
+
+def qkvpacked_backend(attn: AttentionFn) -> AttentionFn | None:
+    """The packed form of a backend (same options, plus nheads_kv; qkv in place of q, k, v), or None."""
+    return _QKVPACKED.get(attn)
 
 
 def get_backend(name: str) -> AttentionFn:

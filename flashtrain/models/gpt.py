@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from flashtrain.models.attention import current_override, get_backend
+from flashtrain.models.attention import current_override, get_backend, qkvpacked_backend
 from kernels import linear_cross_entropy
+from kernels.flash_attention import split_qkv
 
 
 @dataclass
@@ -120,34 +121,27 @@ class CausalSelfAttention(nn.Module):
         else:
             self.window = (cfg.window - 1, 0) if cfg.causal else (cfg.window // 2, cfg.window // 2)
         self.backend = backend
+        self.backend_qkvpacked = qkvpacked_backend(backend)
 
     def forward(self, x, rotary=None, cache=None, key_padding_mask=None):
         batch, seqlen, _ = x.shape
-        q, k, v = self.c_attn(x).split(
-            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim],
-            dim=-1,
-        )
-        q = q.view(batch, seqlen, self.n_head, self.head_dim)  # (B, T, H, D)
-        k = k.view(batch, seqlen, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
-        v = v.view(batch, seqlen, self.n_kv_head, self.head_dim)
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        qkv = self.c_attn(x).view(batch, seqlen, self.n_head + 2 * self.n_kv_head, self.head_dim)
         dropout_p = self.attn_dropout if self.training else 0.0
-        if cache is not None:
-            y = cache.attend(q, k, v, window=self.window)
+        options = dict(causal=self.causal, softmax_scale=None, dropout_p=dropout_p, window=self.window)
+        if key_padding_mask is not None:
+            options["key_padding_mask"] = key_padding_mask
+        override = current_override()
+        if self.backend_qkvpacked is not None and override is None and rotary is None and cache is None:
+            # one gradient buffer for the projection: no concatenation of dq, dk, dv in the backward
+            y = self.backend_qkvpacked(qkv, nheads_kv=self.n_kv_head, **options)
         else:
-            attn = current_override() or self.backend
-            padding = {} if key_padding_mask is None else {"key_padding_mask": key_padding_mask}
-            y = attn(
-                q,
-                k,
-                v,
-                causal=self.causal,
-                softmax_scale=None,
-                dropout_p=dropout_p,
-                window=self.window,
-                **padding,
-            )
+            q, k, v = split_qkv(qkv, self.n_kv_head)  # (B, T, H, D), (B, T, Hkv, D) x 2
+            if rotary is not None:
+                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            if cache is not None:
+                y = cache.attend(q, k, v, window=self.window)
+            else:
+                y = (override or self.backend)(q, k, v, **options)
         y = y.reshape(batch, seqlen, self.n_head * self.head_dim)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

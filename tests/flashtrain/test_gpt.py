@@ -55,6 +55,36 @@ def test_backends_give_same_loss_and_grads(pos, n_kv_head):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
 
 
+@pytest.mark.parametrize(
+    "pos,n_kv_head,packed", [("learned", None, True), ("learned", 2, True), ("rotary", 2, False)]
+)
+def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, monkeypatch):
+    """With learned positions the triton backend gets the projection's output packed (one gradient
+    buffer, kernels.flash_attention_qkvpacked); with rotary embeddings q and k are rotated copies, so
+    it gets the three tensors. Both match the reference backend."""
+    import kernels
+
+    calls = []
+    real = kernels.flash_attention_qkvpacked
+    monkeypatch.setattr(
+        kernels, "flash_attention_qkvpacked", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    torch.manual_seed(0)
+    ref = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head))
+    ours = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head, attention="triton"))
+    ours.load_state_dict(ref.state_dict())
+    idx, tgt = torch.randint(0, 97, (2, 24)), torch.randint(0, 97, (2, 24))
+    losses = []
+    for model in (ref, ours):
+        loss = model(idx, tgt)
+        loss.backward()
+        losses.append(loss)
+    assert len(calls) == (2 if packed else 0)  # one call per layer
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    for (name, a), b in zip(ref.named_parameters(), ours.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
 def test_chunked_cross_entropy_equals_full(chunk):
     hidden = torch.randn(3, 21, 16, dtype=torch.float64, requires_grad=True)
