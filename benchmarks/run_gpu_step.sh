@@ -3,10 +3,12 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 1   # medium 8k/1k, ours and SDPA flash, profiled; d256 4k/16k
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 2   # GPU kernel tests; medium 8k/1k: packed QKV
 #       (this tree) against the tree before it (.carry/before, from `git archive`, carried) and SDPA flash
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 3   # part 2's tests with time to finish (and the
+#       packed-QKV tests on CUDA); medium 8k again, the two trees in the other order, then SDPA flash
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 or 2}" in
+case "${1:?part 1 to 3}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -26,6 +28,20 @@ case "${1:?part 1 or 2}" in
     done
   done
   timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 --impls sdpa_flash \
+    --out "$R/train_medium_sdpa_flash.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  ;;
+3)  # part 2's test run ended at its 170 s limit after 20 tests, without a summary
+  timeout 240 python -m pytest -q -n 8 tests/kernels/test_qkvpacked.py tests/kernels/test_custom_ops.py \
+    -rf > "$R/qkvpacked_cuda_tests.log" 2>&1
+  tail -n 1 "$R/qkvpacked_cuda_tests.log"
+  timeout 240 python -m pytest -q -n 8 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
+  tail -n 1 "$R/kernel_gpu_tests.log"
+  for tree in .carry/before .; do
+    timeout 100 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
+      --out "$R/train_medium_8192$([ $tree = . ] && echo _packed || echo _before).json" \
+      2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2" || true
+  done
+  timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls sdpa_flash \
     --out "$R/train_medium_sdpa_flash.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac
