@@ -1,10 +1,10 @@
 """FlashAttention in Triton: forward and backward for dense and packed (varlen) sequences.
 
 Three layers, as in flash-attention: launchers (`_flash_fwd.flash_attn_forward`,
-`_flash_bwd.flash_attn_backward`) -> the torch operators `flashtrain::flash_attn_fwd/bwd` (which
-torch.compile keeps in one graph) and their autograd.Function -> `flash_attention` /
-`flash_attention_varlen` / `flash_attention_qkvpacked` (public, which check their inputs). The kernels live in `_flash_fwd.py` and
-`_flash_bwd.py`; the pure-torch oracle in `reference.py`.
+`_flash_bwd.flash_attn_backward`) -> the torch operators `flashtrain::flash_attn_fwd/bwd` and
+`flash_attn_bwd_qkvpacked` (which torch.compile keeps in one graph) and their autograd.Functions ->
+`flash_attention` / `flash_attention_varlen` / `flash_attention_qkvpacked` (public, which check their
+inputs). The kernels live in `_flash_fwd.py` and `_flash_bwd.py`; the pure-torch oracle in `reference.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ._common import (
 )
 from ._flash_bwd import flash_attn_backward
 from ._flash_fwd import flash_attn_forward
-from .reference import dropout_mask
+from .reference import dropout_mask, split_qkv
 
 __all__ = ["flash_attention", "flash_attention_qkvpacked", "flash_attention_varlen", "dropout_mask"]
 
@@ -60,12 +60,6 @@ _LIB.define(
     "Tensor? key_padding_mask, float sm_scale, int? win_left, int? win_right, float dropout_p, Tensor seed, "
     "bool atomic_dq, Tensor? dlse2=None) -> Tensor"
 )
-
-
-def split_qkv(qkv: torch.Tensor, nheads_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views q, k, v of a packed (batch, seqlen, nheads + 2 * nheads_kv, headdim) tensor."""
-    nheads = qkv.shape[2] - 2 * nheads_kv
-    return qkv.split([nheads, nheads_kv, nheads_kv], dim=2)
 
 
 def _fwd_impl(

@@ -222,6 +222,21 @@ def attention_reference(
     return out
 
 
+def split_qkv(qkv: torch.Tensor, nheads_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views q, k, v of a packed (batch, seqlen, nheads + 2 * nheads_kv, headdim) tensor: the query
+    heads, then the key heads, then the value heads (a fused QKV projection's output viewed as heads)."""
+    nheads = qkv.shape[2] - 2 * nheads_kv
+    return qkv.split([nheads, nheads_kv, nheads_kv], dim=2)
+
+
+def attention_qkvpacked_reference(qkv: torch.Tensor, *, nheads_kv: int | None = None, **options):
+    """`attention_reference` on a packed qkv (`split_qkv`; nheads_kv None: a third of the heads each).
+    Autograd gives its gradient in qkv's shape, as `flash_attention_qkvpacked` does."""
+    return attention_reference(
+        *split_qkv(qkv, qkv.shape[2] // 3 if nheads_kv is None else nheads_kv), **options
+    )
+
+
 def attention_backward_reference(
     dout: torch.Tensor,
     q: torch.Tensor,

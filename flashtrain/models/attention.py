@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from kernels.flash_attention import split_qkv
+from kernels.reference import split_qkv
 
 AttentionFn = Callable[..., torch.Tensor]
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from flashtrain.models.attention import current_override, get_backend, qkvpacked_backend
 from kernels import linear_cross_entropy
-from kernels.flash_attention import split_qkv
+from kernels.reference import split_qkv
 
 
 @dataclass

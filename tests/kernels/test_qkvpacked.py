@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from kernels import flash_attention, flash_attention_qkvpacked
-from kernels.flash_attention import split_qkv
-from kernels.reference import attention_reference
+from kernels.reference import attention_qkvpacked_reference, split_qkv
 from tests.kernels._flash_utils import check_against_reference, randn
 
 F16, F32 = torch.float16, torch.float32
@@ -34,7 +33,7 @@ def test_matches_reference(case, device):
     kw = dict(causal=causal, window=window, return_lse=True)
     check_against_reference(
         lambda qkv: flash_attention_qkvpacked(qkv, nheads_kv=hk, **kw),
-        lambda qkv: attention_reference(*split_qkv(qkv, hk), **kw),
+        lambda qkv: attention_qkvpacked_reference(qkv, nheads_kv=hk, **kw),
         [qkv],
         dtype,
         names=("qkv",),
@@ -126,7 +125,7 @@ def test_gpu_bf16():
     kw = dict(causal=True, return_lse=True)
     check_against_reference(
         lambda qkv: flash_attention_qkvpacked(qkv, nheads_kv=4, **kw),
-        lambda qkv: attention_reference(*split_qkv(qkv, 4), **kw),
+        lambda qkv: attention_qkvpacked_reference(qkv, nheads_kv=4, **kw),
         [qkv],
         torch.bfloat16,
         names=("qkv",),
