@@ -183,3 +183,8 @@ def test_fused_updates_refuse_what_they_cannot_do():
     good = tuple(torch.zeros(t.shape) for t in (q, k, v))
     with pytest.raises(ValueError, match="only must be"):
         flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_into=good, only="dk", **kw)
+    # grads_out (the packed-QKV path's store targets): the inputs' dtype and shape, and not with grads_into
+    with pytest.raises(ValueError, match="grads_out dq must be torch.float16"):
+        flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_out=good, **kw)
+    with pytest.raises(ValueError, match="not both"):
+        flash_attn_backward(torch.randn_like(out), q, k, v, out, lse2, grads_into=good, grads_out=good, **kw)
