@@ -6,8 +6,7 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 3   # part 2's tests with time to finish (and the
 #       packed-QKV tests on CUDA); medium 8k again, the two trees in the other order, then SDPA flash
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 4   # not yet run: on an H200 (the issue's GPU), the
-#       packed path end to end (medium 8k/1k, small 1k) against SDPA flash and cuDNN: the 1.15x / 50% / 55%
-#       targets there, and whether `auto` should take our kernel below 4k (AUTO_TRITON_MIN_SEQLEN)
+#       packed path end to end (GPT-2 medium 8k/1k) against SDPA flash and cuDNN: the 1.15x / 50% / 55% targets
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
@@ -47,7 +46,7 @@ case "${1:?part 1 to 4}" in
   timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls sdpa_flash \
     --out "$R/train_medium_sdpa_flash.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
-4)  # about 7 rows of ~60 s; GPU tests with 4 workers (8 ran three float64 references out of memory on an H100)
+4)  # six rows of ~55 s; GPU tests with 4 workers (8 ran three float64 references out of memory on an H100)
   timeout 240 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
   tail -n 1 "$R/kernel_gpu_tests.log"
   timeout 330 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
