@@ -36,12 +36,16 @@ MODELS = {
     "gpt2_small": dict(n_layer=12, n_head=12, d_model=768),
     "gpt2_medium": dict(n_layer=24, n_head=16, d_model=1024),
 }
-# impl -> (model attention backend, SDPA backend to pin, substring its kernels' names must contain)
+# impl -> (model attention backend, SDPA backend to pin, substring its kernels' names must contain;
+# "" records the attention kernels that ran without checking them: the unpinned rows, which show
+# what PyTorch's own SDPA choice and our `auto` backend run)
 IMPLS = {
     "eager": ("reference", None, None),
     # "pytorch_flash", not "flash": cuDNN's own kernels are named "..._sdpa_sm90_flash_...".
     "sdpa_flash": ("sdpa", "FLASH_ATTENTION", "pytorch_flash"),
     "sdpa_cudnn": ("sdpa", "CUDNN_ATTENTION", "cudnn"),
+    "sdpa_default": ("sdpa", None, ""),
+    "auto": ("auto", None, ""),
     "triton": ("triton", None, "attn"),
 }
 
@@ -145,7 +149,7 @@ def bench_one(
     with sdpa_context(sdpa_backend):
         for _ in range(warmup):
             step()
-        names = kernel_names(step) if marker else []
+        names = kernel_names(step) if marker is not None else []
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap
@@ -172,9 +176,9 @@ def bench_one(
         peak_mem_gib=peak_mem,
         params_m=model.num_params() / 1e6,
     )
-    if marker:
-        hits = [n for n in names if marker in n.lower()]
-        row["backend_verified"] = bool(hits)
+    if marker is not None:
+        if marker:
+            row["backend_verified"] = any(marker in n.lower() for n in names)
         # every attention-looking kernel that ran, so a silent fallback shows which backend it went to
         row["attention_kernels"] = [n for n in names if any(t in n.lower() for t in ATTENTION_HINTS)][:6]
     return row
@@ -221,6 +225,9 @@ def main():
     )  # fmt: skip
     parser.add_argument("--peak", type=float, default=None, help=argparse.SUPPRESS)  # set for child processes
     args = parser.parse_args()
+    unknown = sorted(set(args.impls.split(",")) - set(IMPLS))
+    if unknown:
+        parser.error(f"unknown --impls {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_train.py measures GPU training; no CUDA device is visible")
     out = args.out or f"benchmarks/results/train_{gpu_slug()}.json"
@@ -238,6 +245,7 @@ def main():
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 # rewritten after every row, so a run stopped at its time limit keeps what it measured
                 write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": args.compile,
+                                               "cudnn_version": torch.backends.cudnn.version(),
                                                "activation_checkpointing": args.activation_checkpointing,
                                                "row_per_process": not args.in_process})  # fmt: skip
     cols = ["model", "seqlen", "impl", "tokens_per_s", "mfu", "peak_mem_gib", "backend_verified", "error"]

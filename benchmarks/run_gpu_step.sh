@@ -7,10 +7,14 @@
 #       packed-QKV tests on CUDA); medium 8k again, the two trees in the other order, then SDPA flash
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 4   # not yet run: on an H200 (the issue's GPU), the
 #       packed path end to end (GPT-2 medium 8k/1k) against SDPA flash and cuDNN: the 1.15x / 50% / 55% targets
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 5   # not yet run: does the default `auto` backend
+#       pick the fastest? GPT-2 medium 8k/1k with `auto`, unpinned SDPA (which may run cuDNN: PyTorch prefers it
+#       on sm90 with cuDNN >= 9.15.1), ours and SDPA pinned to cuDNN; the JSON records the cuDNN version and
+#       the attention kernels each unpinned row ran
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 4}" in
+case "${1:?part 1 to 5}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -52,5 +56,10 @@ case "${1:?part 1 to 4}" in
   timeout 330 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash,sdpa_cudnn --out "$R/train_medium.json" 2>&1 | quiet | tee "$R/bench_train.log" \
     | grep "^|.*gpt2"
+  ;;
+5)  # eight rows of ~55 s
+  timeout 560 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
+    --impls auto,sdpa_default,triton,sdpa_cudnn --out "$R/train_medium_auto.json" 2>&1 | quiet \
+    | tee "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac
