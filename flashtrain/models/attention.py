@@ -150,7 +150,9 @@ def triton_attention_qkvpacked(
 # H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled blocks, one process per
 # row): at 1k SDPA flash was as fast (medium, 0.98x) or faster (small, whose step is host-bound with
 # our kernel); from 4k ours was 1.08-1.19x SDPA flash. Windows and key padding always take ours: SDPA
-# handles them only through a dense mask, off its flash kernel.
+# handles them only through a dense mask, off its flash kernel. Measured against SDPA pinned to flash:
+# PyTorch's unpinned choice on Hopper may be cuDNN, which trained faster than ours (README, not yet
+# checked on the GPU machine: benchmarks/run_gpu_step.sh part 5).
 AUTO_TRITON_MIN_SEQLEN = 4096
 # With attention dropout, head dims up to this stay with SDPA at every length: GPT-2 small (head dim
 # 64) with attention dropout 0.1 trained at 0.95-0.96x SDPA flash's tokens/s with ours at 4k and 8k
