@@ -183,3 +183,26 @@ def test_unknown_backend():
 )
 def test_auto_backend_picks_what_measured_faster(on_cuda, seqlen, head_dim, dropout_p, masked, ours):
     assert auto_picks_triton(on_cuda, seqlen, head_dim, dropout_p, masked) is ours
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["sdpa", "triton"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_auto_packed_form_matches_the_views(ours, padded, monkeypatch):
+    """`auto` on a packed qkv runs what it runs on the views (SDPA there, or our packed kernel where
+    auto_picks_triton says so): same outputs and the same gradient of qkv."""
+    import flashtrain.models.attention as attention
+
+    monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: ours)
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 19, 4 + 2 * 2, 16, requires_grad=True)
+    mask = None
+    if padded:
+        mask = torch.ones(2, 19, dtype=torch.bool)
+        mask[1, -5:] = False
+    kw = dict(causal=not padded, key_padding_mask=mask)
+    packed = attention.qkvpacked_backend(attention.auto_attention)(qkv, nheads_kv=2, **kw)
+    (g_packed,) = torch.autograd.grad(packed.square().sum(), qkv)
+    views = attention.auto_attention(*qkv.split([4, 2, 2], dim=2), **kw)
+    (g_views,) = torch.autograd.grad(views.square().sum(), qkv)
+    torch.testing.assert_close(packed, views)
+    torch.testing.assert_close(g_packed, g_views)
