@@ -176,10 +176,9 @@ def bench_one(
         peak_mem_gib=peak_mem,
         params_m=model.num_params() / 1e6,
     )
-    if marker is not None:
-        if marker:
-            row["backend_verified"] = any(marker in n.lower() for n in names)
-        # every attention-looking kernel that ran, so a silent fallback shows which backend it went to
+    if marker:
+        row["backend_verified"] = any(marker in n.lower() for n in names)
+    if marker is not None:  # every attention-looking kernel that ran: which backend a call went to
         row["attention_kernels"] = [n for n in names if any(t in n.lower() for t in ATTENTION_HINTS)][:6]
     return row
 

@@ -461,6 +461,21 @@ def backward_delta(
     return delta
 
 
+def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
+    """Each of a launcher's (dq, dk, dv) buffers is shaped like q, k, v, in `dtype` (None: the input's),
+    with a unit last stride; the names in `optional` may be None."""
+    for name, buf, t in zip(("dq", "dk", "dv"), bufs, like, strict=True):
+        if buf is None and name in optional:
+            continue
+        want = dtype or t.dtype
+        if buf is None or buf.dtype != want or buf.shape != t.shape or buf.stride(-1) != 1:
+            got = "None" if buf is None else f"{buf.dtype} {tuple(buf.shape)} strides {buf.stride()}"
+            want_name = "fp32" if want == torch.float32 else str(want)
+            raise ValueError(
+                f"{kind} {name} must be {want_name} {tuple(t.shape)} with a unit last stride, got {got}"
+            )
+
+
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
@@ -500,19 +515,12 @@ def flash_attn_backward(
     if accumulate:
         if varlen or atomic_dq:
             raise ValueError("grads_into takes a dense, deterministic call (no varlen, no atomic_dq)")
-        for name, buf, like in zip(("dq", "dk", "dv"), grads_into, (q, k, v), strict=True):
-            if buf is None and only == "dq" and name != "dq":
-                continue
-            if buf is None or buf.dtype != torch.float32 or buf.shape != like.shape or buf.stride(-1) != 1:
-                got = "None" if buf is None else f"{buf.dtype} {tuple(buf.shape)}"
-                raise ValueError(f"grads_into {name} must be fp32 {tuple(like.shape)} with a unit last stride, "
-                                 f"got {got}")  # fmt: skip
+        _check_grad_buffers(
+            "grads_into", grads_into, (q, k, v), torch.float32, ("dk", "dv") if only == "dq" else ()
+        )
         dq, dk, dv = grads_into
     elif grads_out is not None:
-        for name, buf, like in zip(("dq", "dk", "dv"), grads_out, (q, k, v), strict=True):
-            if buf.dtype != like.dtype or buf.shape != like.shape or buf.stride(-1) != 1:
-                raise ValueError(f"grads_out {name} must be {like.dtype} {tuple(like.shape)} with a unit last "
-                                 f"stride, got {buf.dtype} {tuple(buf.shape)} strides {buf.stride()}")  # fmt: skip
+        _check_grad_buffers("grads_out", grads_out, (q, k, v))
         dq, dk, dv = grads_out
     else:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

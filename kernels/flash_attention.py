@@ -2,7 +2,7 @@
 
 Three layers, as in flash-attention: launchers (`_flash_fwd.flash_attn_forward`,
 `_flash_bwd.flash_attn_backward`) -> the torch operators `flashtrain::flash_attn_fwd/bwd` and
-`flash_attn_bwd_qkvpacked` (which torch.compile keeps in one graph) and their autograd.Functions ->
+`flash_attn_bwd_qkvpacked` (which torch.compile keeps in one graph) and their autograd.Function ->
 `flash_attention` / `flash_attention_varlen` / `flash_attention_qkvpacked` (public, which check their
 inputs). The kernels live in `_flash_fwd.py` and `_flash_bwd.py`; the pure-torch oracle in `reference.py`.
 """
@@ -129,23 +129,27 @@ def _(dout, qkv, *_):
 
 
 class _FlashAttnFunc(torch.autograd.Function):
-    """Autograd of the two ops: the forward saves (q, k, v, out, lse, seed) and the options; the
-    backward passes them to flash_attn_bwd.
+    """Autograd of the ops: the forward saves (q, k, v, out, lse, seed) and the options; the backward
+    passes them to flash_attn_bwd.
 
     lse_grad: the caller returns lse to the user, so lse is differentiable and its gradient goes into
     the backward (d lse_i / d s_ij = p_ij: it joins dS through delta). Otherwise lse is marked
-    non-differentiable, and the backward gets no zero-filled gradient for it."""
+    non-differentiable, and the backward gets no zero-filled gradient for it.
+    nheads_kv: set for a packed call (dense only): q is then the (batch, seqlen, nheads + 2 * nheads_kv,
+    headdim) qkv, k and v are None, and the backward returns one gradient shaped like qkv
+    (flash_attn_bwd_qkvpacked)."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                sm_scale, win_left, win_right, dropout_p, atomic_dq, lse_grad):  # fmt: skip
+                sm_scale, win_left, win_right, dropout_p, atomic_dq, lse_grad, nheads_kv=None):  # fmt: skip
+        qkv = (q, k, v) if nheads_kv is None else split_qkv(q, nheads_kv)
         out, lse2, seed = torch.ops.flashtrain.flash_attn_fwd.default(
-            q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale,
+            *qkv, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale,
             win_left, win_right, dropout_p,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, lse2, seed, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
         ctx.options = (max_seqlen_q, max_seqlen_k, sm_scale, win_left, win_right, dropout_p)
-        ctx.atomic_dq, ctx.lse_grad = atomic_dq, lse_grad
+        ctx.atomic_dq, ctx.lse_grad, ctx.nheads_kv = atomic_dq, lse_grad, nheads_kv
         if not lse_grad:
             ctx.mark_non_differentiable(lse2)
         return out, lse2
@@ -154,41 +158,18 @@ class _FlashAttnFunc(torch.autograd.Function):
     def backward(ctx, dout, dlse2):
         q, k, v, out, lse2, seed, key_padding_mask, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         max_seqlen_q, max_seqlen_k, sm_scale, win_left, win_right, dropout_p = ctx.options
+        dlse2 = dlse2 if ctx.lse_grad else None
+        if ctx.nheads_kv is not None:  # q is the packed qkv
+            dqkv = torch.ops.flashtrain.flash_attn_bwd_qkvpacked.default(
+                dout, q, ctx.nheads_kv, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p,
+                seed, ctx.atomic_dq, dlse2,
+            )  # fmt: skip
+            return dqkv, *([None] * 14)
         dq, dk, dv = torch.ops.flashtrain.flash_attn_bwd.default(
             dout, q, k, v, out, lse2, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-            max_seqlen_k, sm_scale, win_left, win_right, dropout_p, seed, ctx.atomic_dq,
-            dlse2 if ctx.lse_grad else None,
+            max_seqlen_k, sm_scale, win_left, win_right, dropout_p, seed, ctx.atomic_dq, dlse2,
         )  # fmt: skip
-        return dq, dk, dv, *([None] * 11)
-
-
-class _FlashAttnQKVPackedFunc(torch.autograd.Function):
-    """`_FlashAttnFunc` for a packed qkv (dense, no varlen): the forward runs on three views of it, the
-    backward returns one gradient shaped like it."""
-
-    @staticmethod
-    def forward(ctx, qkv, nheads_kv, key_padding_mask, sm_scale, win_left, win_right, dropout_p, atomic_dq,
-                lse_grad):  # fmt: skip
-        out, lse2, seed = torch.ops.flashtrain.flash_attn_fwd.default(
-            *split_qkv(qkv, nheads_kv), key_padding_mask, None, None, 0, 0, sm_scale, win_left, win_right,
-            dropout_p,
-        )  # fmt: skip
-        ctx.save_for_backward(qkv, out, lse2, seed, key_padding_mask)
-        ctx.options = (nheads_kv, sm_scale, win_left, win_right, dropout_p, atomic_dq)
-        ctx.lse_grad = lse_grad
-        if not lse_grad:
-            ctx.mark_non_differentiable(lse2)
-        return out, lse2
-
-    @staticmethod
-    def backward(ctx, dout, dlse2):
-        qkv, out, lse2, seed, key_padding_mask = ctx.saved_tensors
-        nheads_kv, sm_scale, win_left, win_right, dropout_p, atomic_dq = ctx.options
-        dqkv = torch.ops.flashtrain.flash_attn_bwd_qkvpacked.default(
-            dout, qkv, nheads_kv, out, lse2, key_padding_mask, sm_scale, win_left, win_right, dropout_p, seed,
-            atomic_dq, dlse2 if ctx.lse_grad else None,
-        )  # fmt: skip
-        return dqkv, *([None] * 8)
+        return dq, dk, dv, *([None] * 12)
 
 
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
@@ -302,14 +283,15 @@ def flash_attention_qkvpacked(
             f"qkv has {heads} heads, too few for 2 * nheads_kv = {2 * nheads_kv} key/value heads and "
             "at least one query head"
         )
-    q, k, v = split_qkv(qkv, int(nheads_kv))
-    dropout_p = _check_common(q, k, v, dropout_p)
+    nheads_kv = int(nheads_kv)
+    dropout_p = _check_common(*split_qkv(qkv, nheads_kv), dropout_p)
     check_key_padding_mask(key_padding_mask, qkv.shape[0], qkv.shape[1], qkv.device)
     win_left, win_right = _window_bounds(causal, window)
     (qkv,) = unit_last_stride(qkv)
     scale = resolve_softmax_scale(softmax_scale, qkv.shape[-1])
-    out, lse2 = _FlashAttnQKVPackedFunc.apply(
-        qkv, int(nheads_kv), key_padding_mask, scale, win_left, win_right, dropout_p, not deterministic, return_lse
+    out, lse2 = _FlashAttnFunc.apply(
+        qkv, None, None, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p,
+        not deterministic, return_lse, nheads_kv,
     )  # fmt: skip
     return (out, lse_to_natural(lse2)) if return_lse else out
 

@@ -172,10 +172,14 @@ def auto_picks_triton(on_cuda: bool, seqlen_k: int, head_dim: int, dropout_p: fl
     return seqlen_k >= AUTO_TRITON_MIN_SEQLEN
 
 
+def _auto_takes_ours(q, seqlen_k, dropout_p, window, key_padding_mask) -> bool:
+    masked = window is not None or key_padding_mask is not None
+    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked)
+
+
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     """The faster of our kernel and SDPA for this call on CUDA (`auto_picks_triton`); SDPA on CPU."""
-    masked = window is not None or key_padding_mask is not None
-    ours = auto_picks_triton(q.is_cuda, k.shape[1], q.shape[-1], dropout_p, masked)
+    ours = _auto_takes_ours(q, k.shape[1], dropout_p, window, key_padding_mask)
     backend = triton_attention if ours else sdpa_attention
     return backend(
         q,
@@ -193,11 +197,9 @@ def auto_attention_qkvpacked(
     qkv, *, nheads_kv, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
 ):
     """`auto_attention` on a packed qkv: our packed kernel where auto picks ours, SDPA on the views otherwise."""
-    masked = window is not None or key_padding_mask is not None
-    kw = dict(causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window)
-    if key_padding_mask is not None:
-        kw["key_padding_mask"] = key_padding_mask
-    if auto_picks_triton(qkv.is_cuda, qkv.shape[1], qkv.shape[-1], dropout_p, masked):
+    kw = dict(causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window,
+              key_padding_mask=key_padding_mask)  # fmt: skip
+    if _auto_takes_ours(qkv, qkv.shape[1], dropout_p, window, key_padding_mask):
         return triton_attention_qkvpacked(qkv, nheads_kv=nheads_kv, **kw)
     return sdpa_attention(*split_qkv(qkv, nheads_kv), **kw)
 
