@@ -11,10 +11,12 @@
 #       pick the fastest? GPT-2 medium 8k/1k with `auto`, unpinned SDPA (which may run cuDNN: PyTorch prefers it
 #       on sm90 with cuDNN >= 9.15.1), ours and SDPA pinned to cuDNN; the JSON records the cuDNN version and
 #       the attention kernels each unpinned row ran
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 6   # session 22: part 5 shortened, plus which kernel
+#       unpinned SDPA picks per attention shape and its fwd+bwd time next to flash, cuDNN and ours
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 5}" in
+case "${1:?part 1 to 6}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -60,6 +62,13 @@ case "${1:?part 1 to 5}" in
 5)  # eight rows of ~55 s
   timeout 560 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls auto,sdpa_default,triton,sdpa_cudnn --out "$R/train_medium_auto.json" 2>&1 | quiet \
+    | tee "$R/bench_train.log" | grep "^|.*gpt2"
+  ;;
+6)  # ~90 s of kernels, then six training rows of ~55 s
+  timeout 150 python benchmarks/check_sdpa_choice.py --out "$R/sdpa_choice.json" 2>&1 | quiet \
+    | tee "$R/sdpa_choice.log" | cut -c1-600
+  timeout 400 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
+    --impls auto,sdpa_default,sdpa_cudnn --out "$R/train_medium_auto.json" 2>&1 | quiet \
     | tee "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac
