@@ -31,9 +31,10 @@ SHAPES = [
     (1, 16384, 16, 16, 128, False, 0.0),
     (1, 16384, 32, 8, 128, True, 0.0),
     (2, 8192, 16, 16, 64, True, 0.1),
+    (1, 16384, 16, 16, 128, True, 0.1),
     (1, 16384, 8, 8, 256, True, 0.0),
 ]
-NAMES = {int(b.value): b.name for b in SDPBackend}
+NAMES = {int(b.value): name for name, b in SDPBackend.__members__.items()}
 
 
 def fwd_bwd_ms(fn, q, k, v) -> float | dict:

@@ -13,10 +13,13 @@
 #       the attention kernels each unpinned row ran
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 6   # session 22: part 5 shortened, plus which kernel
 #       unpinned SDPA picks per attention shape and its fwd+bwd time next to flash, cuDNN and ours
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 7   # part 6 again with its probe fixed, after `auto`
+#       learned to defer to SDPA where PyTorch runs cuDNN: auto vs unpinned SDPA vs ours, GPT-2 medium and small 8k;
+#       the CUDA test of the probe and the auto tests on this torch
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 6}" in
+case "${1:?part 1 to 7}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -70,5 +73,16 @@ case "${1:?part 1 to 6}" in
   timeout 400 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls auto,sdpa_default,sdpa_cudnn --out "$R/train_medium_auto.json" 2>&1 | quiet \
     | tee "$R/bench_train.log" | grep "^|.*gpt2"
+  ;;
+7)
+  timeout 90 python -m pytest -q -p no:cacheprovider tests/flashtrain/test_gpt.py -k "auto or cudnn or sdpa_probe" -rfs \
+    > "$R/auto_tests.log" 2>&1
+  tail -n 1 "$R/auto_tests.log"
+  timeout 200 python benchmarks/check_sdpa_choice.py --out "$R/sdpa_choice.json" 2>&1 | quiet \
+    | tee "$R/sdpa_choice.log" | cut -c1-300
+  for model_impls in gpt2_medium:auto,sdpa_default,triton gpt2_small:auto,sdpa_default; do
+    timeout 200 python benchmarks/bench_train.py --models ${model_impls%%:*} --seqlens 8192 --impls ${model_impls#*:} \
+      --out "$R/train_${model_impls%%:*}_auto.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  done
   ;;
 esac

@@ -15,7 +15,8 @@ output viewed as (batch, seqlen, nheads + 2 * nheads_kv, headdim); the model use
 - `triton`: our FlashAttention kernel from `kernels/`.
 - `block_sparse`: our block-sparse kernel with a layout built from the model config.
 - `auto` (default): on CUDA our kernel for long sequences, windows and padding, SDPA for short ones
-  (the measured crossover); SDPA on CPU, where the Triton interpreter is far too slow to train with.
+  (the measured crossover) and wherever PyTorch would run cuDNN's attention, which is faster than ours
+  (Hopper with cuDNN >= 9.15.1); SDPA on CPU, where the Triton interpreter is far too slow to train with.
 
 Sequence parallelism does not add a branch here: the trainer enters `attention_override(fn)` around
 the step and every attention call in the model goes to `fn` (ring or Ulysses) instead.
@@ -24,7 +25,9 @@ the step and every attention call in the model goes to `fn` (ring or Ulysses) in
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import operator
 from collections.abc import Callable, Iterator
 
 import torch
@@ -146,13 +149,11 @@ def triton_attention_qkvpacked(
     )
 
 
-# Shortest sequence for which `auto` picks our kernel over SDPA's on CUDA. Measured end to end on an
-# H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled blocks, one process per
-# row): at 1k SDPA flash was as fast (medium, 0.98x) or faster (small, whose step is host-bound with
-# our kernel); from 4k ours was 1.08-1.19x SDPA flash. Windows and key padding always take ours: SDPA
-# handles them only through a dense mask, off its flash kernel. Measured against SDPA pinned to flash:
-# PyTorch's unpinned choice on Hopper may be cuDNN, which trained faster than ours (README, not yet
-# checked on the GPU machine: benchmarks/run_gpu_step.sh part 5).
+# Shortest sequence for which `auto` picks our kernel over SDPA's flash kernel on CUDA. Measured end to
+# end on an H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled blocks, one
+# process per row): at 1k SDPA flash was as fast (medium, 0.98x) or faster (small, whose step is
+# host-bound with our kernel); from 4k ours was 1.08-1.19x SDPA flash. Windows and key padding always
+# take ours: SDPA handles them only through a dense mask, off its fused kernels.
 AUTO_TRITON_MIN_SEQLEN = 4096
 # With attention dropout, head dims up to this stay with SDPA at every length: GPT-2 small (head dim
 # 64) with attention dropout 0.1 trained at 0.95-0.96x SDPA flash's tokens/s with ours at 4k and 8k
@@ -161,25 +162,95 @@ AUTO_TRITON_MIN_SEQLEN = 4096
 AUTO_SDPA_DROPOUT_MAX_HEADDIM = 64
 
 
-def auto_picks_triton(on_cuda: bool, seqlen_k: int, head_dim: int, dropout_p: float, masked: bool) -> bool:
-    """Whether `auto` runs our kernel (else SDPA) for a call; masked: a window or key padding."""
+def auto_picks_triton(
+    on_cuda: bool, seqlen_k: int, head_dim: int, dropout_p: float, masked: bool, sdpa_runs_cudnn: bool = False
+) -> bool:
+    """Whether `auto` runs our kernel (else SDPA) for a call; masked: a window or key padding;
+    sdpa_runs_cudnn: unpinned SDPA would run cuDNN's kernel for this call (`sdpa_runs_cudnn`)."""
     if not on_cuda:
         return False
     if masked:
         return True
+    # PyTorch runs cuDNN first on sm90/sm100 with cuDNN >= 9.15.1, and cuDNN's kernels are faster
+    # than ours: GPT-2 medium 8k trained at 118.1k tokens/s with unpinned SDPA (cuDNN 9.19) against
+    # 112.8k with ours (one H100, torch 2.11, benchmarks/results/sdpa_choice_h100/).
+    if sdpa_runs_cudnn:
+        return False
     if dropout_p > 0.0 and head_dim <= AUTO_SDPA_DROPOUT_MAX_HEADDIM:
         return False
     return seqlen_k >= AUTO_TRITON_MIN_SEQLEN
 
 
-def _auto_takes_ours(q, seqlen_k, dropout_p, window, key_padding_mask) -> bool:
+# Sequence length the probe uses for calls longer than one token: the selector's cuDNN checks read
+# the lengths only to refuse 1 (and, before cuDNN 9, lengths off a multiple of 64, a version PyTorch
+# never puts first).
+_PROBE_SEQLEN = 128
+
+
+@functools.lru_cache(maxsize=256)
+def _sdpa_choice(
+    device, dtype, nheads, nheads_kv, head_dim, one_query, one_key, causal, dropout, flags
+) -> int:
+    """torch._fused_sdp_choice (the function SDPA dispatches through) on batch-1 tensors shaped and
+    laid out like sdpa_attention's transposed views. The selector reads dropout_p only as zero or not;
+    `flags` is only part of the cache key."""
+    seqlen_q, seqlen_k = (1 if one else _PROBE_SEQLEN for one in (one_query, one_key))
+    with torch.cuda.device(device):
+        q, k, v = (
+            torch.empty(1, n, h, head_dim, device=device, dtype=dtype).transpose(1, 2)
+            for n, h in ((seqlen_q, nheads), (seqlen_k, nheads_kv), (seqlen_k, nheads_kv))
+        )
+        dropout_p = 0.1 if dropout else 0.0
+        gqa = nheads != nheads_kv
+        return int(torch._fused_sdp_choice(q, k, v, None, dropout_p, causal, scale=None, enable_gqa=gqa))
+
+
+# A trace-time constant: compiled graphs do not call it (its arguments must be plain Python values).
+@torch.compiler.assume_constant_result
+def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_key, causal, dropout) -> bool:
+    """Whether unpinned SDPA would run cuDNN's kernel for an unmasked call, as PyTorch decides it
+    (device generation, cuDNN version, dtype, head dim, dropout, the enabled backends and their
+    priority, deterministic mode). one_query / one_key: a sequence of length 1; dropout: a nonzero
+    dropout_p. Probed once per setting."""
+    if device.type != "cuda":
+        return False
+    backends = torch.backends.cuda
+    flags = (
+        tuple(torch._C._get_sdp_priority_order()),
+        backends.cudnn_sdp_enabled(),
+        backends.flash_sdp_enabled(),
+        backends.mem_efficient_sdp_enabled(),
+        backends.math_sdp_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    key = (device, dtype, nheads, nheads_kv, head_dim, one_query, one_key, causal, dropout, flags)
+    return _sdpa_choice(*key) == int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION)
+
+
+def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padding_mask) -> bool:
     masked = window is not None or key_padding_mask is not None
-    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked)
+    # causal with seqlen_q != seqlen_k reaches SDPA as a dense mask (sdpa_attention), never cuDNN's fast path
+    cudnn = not masked and not (causal and q.shape[1] != seqlen_k)
+    if cudnn:
+        # plain ints and bools, as assume_constant_result needs: operator.index makes dynamo guard on a
+        # symbolic head count / head dim; the lengths only as "is 1" (a guard dynamo keeps anyway)
+        nheads, nheads_kv, head_dim = (
+            operator.index(q.shape[2]),
+            operator.index(nheads_kv),
+            operator.index(q.shape[3]),
+        )
+        one_query = True if q.shape[1] == 1 else False  # a bool, not a SymBool, under dynamo
+        one_key = True if seqlen_k == 1 else False
+        dropout = True if dropout_p > 0.0 else False  # a float argument may be symbolic
+        cudnn = sdpa_runs_cudnn(
+            q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
+        )
+    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn)
 
 
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     """The faster of our kernel and SDPA for this call on CUDA (`auto_picks_triton`); SDPA on CPU."""
-    ours = _auto_takes_ours(q, k.shape[1], dropout_p, window, key_padding_mask)
+    ours = _auto_takes_ours(q, k.shape[2], k.shape[1], causal, dropout_p, window, key_padding_mask)
     backend = triton_attention if ours else sdpa_attention
     return backend(
         q,
@@ -199,9 +270,10 @@ def auto_attention_qkvpacked(
     """`auto_attention` on a packed qkv: our packed kernel where auto picks ours, SDPA on the views otherwise."""
     kw = dict(causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window,
               key_padding_mask=key_padding_mask)  # fmt: skip
-    if _auto_takes_ours(qkv, qkv.shape[1], dropout_p, window, key_padding_mask):
+    q, k, v = split_qkv(qkv, nheads_kv)
+    if _auto_takes_ours(q, nheads_kv, qkv.shape[1], causal, dropout_p, window, key_padding_mask):
         return triton_attention_qkvpacked(qkv, nheads_kv=nheads_kv, **kw)
-    return sdpa_attention(*split_qkv(qkv, nheads_kv), **kw)
+    return sdpa_attention(q, k, v, **kw)
 
 
 BACKENDS: dict[str, AttentionFn] = {

@@ -170,19 +170,124 @@ def test_unknown_backend():
 
 
 @pytest.mark.parametrize(
-    "on_cuda, seqlen, head_dim, dropout_p, masked, ours",
+    "on_cuda, seqlen, head_dim, dropout_p, masked, cudnn, ours",
     [
-        (False, 65536, 128, 0.0, True, False),  # CPU: SDPA always
-        (True, 1024, 64, 0.0, False, False),  # short: SDPA (as fast, less host time)
-        (True, 4096, 64, 0.0, False, True),
-        (True, 1024, 64, 0.0, True, True),  # windows / key padding: ours at any length
-        (True, 8192, 64, 0.1, False, False),  # attention dropout at head dim <= 64: SDPA measured faster
-        (True, 8192, 128, 0.1, False, True),
-        (True, 8192, 64, 0.1, True, True),
+        (False, 65536, 128, 0.0, True, False, False),  # CPU: SDPA always
+        (True, 1024, 64, 0.0, False, False, False),  # short: SDPA (as fast, less host time)
+        (True, 4096, 64, 0.0, False, False, True),
+        (True, 1024, 64, 0.0, True, False, True),  # windows / key padding: ours at any length
+        (
+            True,
+            8192,
+            64,
+            0.1,
+            False,
+            False,
+            False,
+        ),  # attention dropout at head dim <= 64: SDPA measured faster
+        (True, 8192, 128, 0.1, False, False, True),
+        (True, 8192, 64, 0.1, True, False, True),
+        (True, 8192, 64, 0.0, False, True, False),  # SDPA would run cuDNN: measured faster than ours
+        (True, 8192, 128, 0.0, True, True, True),  # ... but not with a window or padding (a dense mask)
     ],
 )
-def test_auto_backend_picks_what_measured_faster(on_cuda, seqlen, head_dim, dropout_p, masked, ours):
-    assert auto_picks_triton(on_cuda, seqlen, head_dim, dropout_p, masked) is ours
+def test_auto_backend_picks_what_measured_faster(on_cuda, seqlen, head_dim, dropout_p, masked, cudnn, ours):
+    assert auto_picks_triton(on_cuda, seqlen, head_dim, dropout_p, masked, cudnn) is ours
+
+
+@pytest.mark.parametrize(
+    "nheads, nheads_kv, seqlen_q, seqlen_k, causal, dropout_p, window, padded, probe",
+    [
+        (4, 4, 16, 16, True, 0.0, None, False, (4, 4, 8, False, False, True, False)),
+        (6, 2, 1, 16, False, 0.1, None, False, (6, 2, 8, True, False, False, True)),  # GQA, one query
+        (4, 1, 16, 1, False, 0.0, None, False, (4, 1, 8, False, True, False, False)),
+        (4, 4, 8, 16, True, 0.0, None, False, None),  # causal, seqlen_q != seqlen_k: a dense mask in SDPA
+        (4, 4, 16, 16, True, 0.0, (4, 0), False, None),  # window: a dense mask
+        (4, 4, 16, 16, False, 0.0, None, True, None),  # key padding: a dense mask
+    ],
+)
+def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
+    nheads, nheads_kv, seqlen_q, seqlen_k, causal, dropout_p, window, padded, probe, monkeypatch
+):
+    """`auto` asks `sdpa_runs_cudnn` for unmasked calls only, with the call's head counts, head dim,
+    length-1 sequences, causality and dropout, and hands the answer to `auto_picks_triton`."""
+    import flashtrain.models.attention as attention
+
+    asked, decided = [], []
+
+    def runs_cudnn(device, dtype, *args):
+        asked.append(args)
+        return True
+
+    def picks(on_cuda, seqlen_k, head_dim, dropout_p, masked, cudnn):
+        decided.append(cudnn)
+        return False
+
+    monkeypatch.setattr(attention, "sdpa_runs_cudnn", runs_cudnn)
+    monkeypatch.setattr(attention, "auto_picks_triton", picks)
+    q = torch.randn(2, seqlen_q, nheads, 8)
+    k, v = (torch.randn(2, seqlen_k, nheads_kv, 8) for _ in range(2))
+    mask = torch.ones(2, seqlen_k, dtype=torch.bool) if padded else None
+    attention.auto_attention(
+        q, k, v, causal=causal, dropout_p=dropout_p, window=window, key_padding_mask=mask
+    )
+    assert asked == ([] if probe is None else [probe])
+    assert decided == [probe is not None]
+
+
+def test_sdpa_runs_cudnn_is_false_off_cuda():
+    from flashtrain.models.attention import sdpa_runs_cudnn
+
+    assert (
+        sdpa_runs_cudnn(torch.device("cpu"), torch.bfloat16, 16, 16, 64, False, False, True, False) is False
+    )
+
+
+@pytest.mark.parametrize("dynamic", [False, True, None])
+def test_auto_compiles_without_graph_breaks(dynamic):
+    """The cuDNN probe folds to a constant under torch.compile, symbolic shapes included
+    (assume_constant_result refuses symbolic arguments; `auto` hands it plain ints and bools)."""
+    from flashtrain.models.attention import auto_attention, qkvpacked_backend
+
+    packed = torch.compile(qkvpacked_backend(auto_attention), fullgraph=True, dynamic=dynamic)
+    views = torch.compile(auto_attention, fullgraph=True, dynamic=dynamic)
+    for seqlen in (16, 24, 1):
+        qkv = torch.randn(2, seqlen, 4 + 2 * 2, 16)
+        expected = sdpa_attention(*qkv.split([4, 2, 2], dim=2), causal=True)
+        torch.testing.assert_close(packed(qkv, nheads_kv=2, causal=True), expected)
+        torch.testing.assert_close(views(*qkv.split([4, 2, 2], dim=2), causal=True), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, causal, dropout_p",
+    [
+        (2, 8192, 8192, 16, 16, 64, True, 0.0),
+        (16, 1024, 1024, 12, 12, 64, True, 0.1),
+        (1, 4096, 4096, 32, 8, 128, True, 0.0),
+        (1, 2048, 2048, 8, 8, 256, False, 0.0),
+        (1, 2048, 2048, 8, 8, 40, True, 0.0),
+        (4, 1, 4096, 16, 4, 128, False, 0.0),
+        (4, 1, 4096, 16, 4, 128, False, 0.1),
+    ],
+)
+def test_sdpa_probe_matches_pytorchs_choice_on_the_real_call(
+    batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, causal, dropout_p
+):
+    """The batch-1, short-sequence probe gives the backend PyTorch picks for the full-size call."""
+    from flashtrain.models.attention import _sdpa_choice
+
+    def views(seqlen, heads):  # (B, H, T, D) views of (B, T, H, D), as sdpa_attention passes them
+        return torch.empty(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16).transpose(
+            1, 2
+        )
+
+    q, k, v = views(seqlen_q, nheads), views(seqlen_k, nheads_kv), views(seqlen_k, nheads_kv)
+    gqa = nheads != nheads_kv
+    real = int(torch._fused_sdp_choice(q, k, v, None, dropout_p, causal, scale=None, enable_gqa=gqa))
+    probe = _sdpa_choice(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, nheads, nheads_kv,
+                         head_dim, seqlen_q == 1, seqlen_k == 1, causal, dropout_p > 0, None)  # fmt: skip
+    assert probe == real
 
 
 @pytest.mark.parametrize("ours", [False, True], ids=["sdpa", "triton"])
