@@ -99,11 +99,12 @@ def measure_shape(b, n, h, hkv, d, causal, dropout_p) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
+    p.add_argument("--shapes", type=int, nargs="+", help="indices into SHAPES (default: all)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("check_sdpa_choice.py needs a CUDA GPU")
     rows = []
-    for shape in SHAPES:
+    for shape in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
         rows.append(measure_shape(*shape))
         print(json.dumps(rows[-1]), flush=True)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None

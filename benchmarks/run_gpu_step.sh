@@ -16,10 +16,12 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 7   # part 6 again with its probe fixed, after `auto`
 #       learned to defer to SDPA where PyTorch runs cuDNN: auto vs unpinned SDPA vs ours, GPT-2 medium and small 8k;
 #       the CUDA test of the probe and the auto tests on this torch
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 8   # the two probe shapes part 7 ran out of time for
+#       (d128 with dropout, d256); GPT-2 medium 8k ours (packed) vs SDPA flash in one call; GPT-2 small 1k/4k auto vs SDPA
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 7}" in
+case "${1:?part 1 to 8}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -83,6 +85,15 @@ case "${1:?part 1 to 7}" in
   for model_impls in gpt2_medium:auto,sdpa_default,triton gpt2_small:auto,sdpa_default; do
     timeout 200 python benchmarks/bench_train.py --models ${model_impls%%:*} --seqlens 8192 --impls ${model_impls#*:} \
       --out "$R/train_${model_impls%%:*}_auto.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  done
+  ;;
+8)
+  timeout 150 python benchmarks/check_sdpa_choice.py --shapes 10 11 --out "$R/sdpa_choice_d128_dropout_d256.json" \
+    2>&1 | quiet | tee "$R/sdpa_choice.log" | cut -c1-200
+  for run in gpt2_medium:8192:triton,sdpa_flash gpt2_small:1024,4096:auto,sdpa_default; do
+    IFS=: read -r model seqlens impls <<< "$run"
+    timeout 220 python benchmarks/bench_train.py --models $model --seqlens $seqlens --impls $impls \
+      --out "$R/train_${model}_${impls//,/_}.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   done
   ;;
 esac
