@@ -18,10 +18,13 @@
 #       the CUDA test of the probe and the auto tests on this torch
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 8   # the two probe shapes part 7 ran out of time for
 #       (d128 with dropout, d256); GPT-2 medium 8k ours (packed) vs SDPA flash in one call; GPT-2 small 1k/4k auto vs SDPA
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 9   # this tree's GPU test record (bf16 kernels, the
+#       probe); the trainer on CUDA with `auto`: the offline default, and GPT-2 medium 8k (compiled, checkpointed
+#       activations) for a few steps on the stdlib corpus
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 8}" in
+case "${1:?part 1 to 9}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -95,5 +98,17 @@ case "${1:?part 1 to 8}" in
     timeout 220 python benchmarks/bench_train.py --models $model --seqlens $seqlens --impls $impls \
       --out "$R/train_${model}_${impls//,/_}.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   done
+  ;;
+9)
+  timeout 240 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
+  tail -n 1 "$R/kernel_gpu_tests.log"
+  timeout 60 python -m pytest -q -m gpu tests/flashtrain -rf > "$R/flashtrain_gpu_tests.log" 2>&1
+  tail -n 1 "$R/flashtrain_gpu_tests.log"
+  timeout 90 python train.py trainer.run_name=default_cuda logger=none > "$R/train_default.log" 2>&1
+  grep -E "step [0-9]+:" "$R/train_default.log" | tail -2
+  timeout 200 python train.py experiment=gpt2_medium_8k data=stdlib trainer.max_steps=8 trainer.grad_accum=1 \
+    trainer.eval_interval=4 trainer.eval_batches=2 trainer.checkpoint_interval=8 trainer.run_name=medium8k_cuda \
+    logger=none > "$R/train_medium8k.log" 2>&1
+  grep -E "step [0-9]+:|Error" "$R/train_medium8k.log" | tail -4
   ;;
 esac
