@@ -21,10 +21,12 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 9   # this tree's GPU test record (bf16 kernels, the
 #       probe); the trainer on CUDA with `auto`: the offline default, and GPT-2 medium 8k (compiled, checkpointed
 #       activations) for a few steps on the stdlib corpus
+#   source .whl/install.sh && bash benchmarks/run_gpu_step.sh 10  # on an H100 (part 6's card): the flashtrain GPU
+#       tests (the probe's settings test added) and GPT-2 medium 8k auto vs unpinned SDPA after the change
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-case "${1:?part 1 to 9}" in
+case "${1:?part 1 to 10}" in
 1)
   timeout 420 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 \
     --impls triton,sdpa_flash --profile 2 --profile-top 45 --out "$R/train_medium_profile.json" 2>&1 | quiet \
@@ -110,5 +112,11 @@ case "${1:?part 1 to 9}" in
     trainer.eval_interval=4 trainer.eval_batches=2 trainer.checkpoint_interval=8 trainer.run_name=medium8k_cuda \
     logger=none > "$R/train_medium8k.log" 2>&1
   grep -E "step [0-9]+:|Error" "$R/train_medium8k.log" | tail -4
+  ;;
+10)
+  timeout 60 python -m pytest -q -m gpu tests/flashtrain -rf > "$R/flashtrain_gpu_tests.log" 2>&1
+  tail -n 1 "$R/flashtrain_gpu_tests.log"
+  timeout 200 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls auto,sdpa_default \
+    --out "$R/train_medium_auto.json" 2>&1 | quiet | tee "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac

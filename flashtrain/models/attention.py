@@ -188,6 +188,10 @@ def auto_picks_triton(
 _PROBE_SEQLEN = 128
 
 
+# Private PyTorch functions (torch 2.5 to 2.13 at least); a build without them gets the rules above alone.
+_CAN_ASK_SDPA = hasattr(torch, "_fused_sdp_choice") and hasattr(torch._C, "_get_sdp_priority_order")
+
+
 @functools.lru_cache(maxsize=256)
 def _sdpa_choice(
     device, dtype, nheads, nheads_kv, head_dim, one_query, one_key, causal, dropout, flags
@@ -213,7 +217,7 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
     (device generation, cuDNN version, dtype, head dim, dropout, the enabled backends and their
     priority, deterministic mode). one_query / one_key: a sequence of length 1; dropout: a nonzero
     dropout_p. Probed once per setting."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not _CAN_ASK_SDPA:
         return False
     backends = torch.backends.cuda
     flags = (

@@ -235,12 +235,14 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
     assert decided == [probe is not None]
 
 
-def test_sdpa_runs_cudnn_is_false_off_cuda():
-    from flashtrain.models.attention import sdpa_runs_cudnn
+def test_sdpa_runs_cudnn_is_false_off_cuda_and_without_the_selector(monkeypatch):
+    import flashtrain.models.attention as attention
 
-    assert (
-        sdpa_runs_cudnn(torch.device("cpu"), torch.bfloat16, 16, 16, 64, False, False, True, False) is False
-    )
+    args = (torch.bfloat16, 16, 16, 64, False, False, True, False)
+    assert attention.sdpa_runs_cudnn(torch.device("cpu"), *args) is False
+    # a torch build without the private selector functions: no probe (which would need CUDA here)
+    monkeypatch.setattr(attention, "_CAN_ASK_SDPA", False)
+    assert attention.sdpa_runs_cudnn(torch.device("cuda", 0), *args) is False
 
 
 @pytest.mark.parametrize("dynamic", [False, True, None])
@@ -311,3 +313,35 @@ def test_auto_packed_form_matches_the_views(ours, padded, monkeypatch):
     (g_views,) = torch.autograd.grad(views.square().sum(), qkv)
     torch.testing.assert_close(packed, views)
     torch.testing.assert_close(g_packed, g_views)
+
+
+@pytest.mark.gpu
+def test_sdpa_runs_cudnn_follows_pytorchs_settings():
+    """The probe's cache is keyed by SDPA's settings: pinning another backend or deterministic mode
+    (cuDNN's attention backward is not deterministic) turns the answer off; restoring them turns it back."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashtrain.models.attention import sdpa_runs_cudnn
+
+    args = (
+        torch.device("cuda", torch.cuda.current_device()),
+        torch.bfloat16,
+        16,
+        16,
+        64,
+        False,
+        False,
+        True,
+        False,
+    )
+    q = torch.empty(2, 16, 256, 64, device="cuda", dtype=torch.bfloat16)
+    real = int(torch._fused_sdp_choice(q, q, q, None, 0.0, True)) == int(SDPBackend.CUDNN_ATTENTION)
+    assert sdpa_runs_cudnn(*args) is real
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        assert sdpa_runs_cudnn(*args) is False
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert sdpa_runs_cudnn(*args) is False
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert sdpa_runs_cudnn(*args) is real
