@@ -188,7 +188,8 @@ def auto_picks_triton(
 _PROBE_SEQLEN = 128
 
 
-# Private PyTorch functions (torch 2.5 to 2.13 at least); a build without them gets the rules above alone.
+# Private PyTorch functions (in torch 2.11 and 2.13, the versions run here); a build without them gets
+# the rules above alone.
 _CAN_ASK_SDPA = hasattr(torch, "_fused_sdp_choice") and hasattr(torch._C, "_get_sdp_priority_order")
 
 
