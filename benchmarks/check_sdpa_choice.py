@@ -15,7 +15,6 @@ import datetime
 import json
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # (batch, seqlen, nheads, nheads_kv, headdim, causal, dropout_p): GPT-2 small/medium training
@@ -55,21 +54,16 @@ def fwd_bwd_ms(fn, q, k, v) -> float | dict:
 
 
 def measure_shape(b, n, h, hkv, d, causal, dropout_p) -> dict:
+    from flashtrain.models.attention import sdpa_attention
     from kernels import flash_attention
 
-    # (B, H, T, D) views of (B, T, H, D) tensors, the layout the model hands SDPA
     q, k, v = (
         torch.randn(b, n, heads, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
         for heads in (h, hkv, hkv)
     )
-    gqa = h != hkv
 
-    def sdpa(q, k, v):
-        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, dropout_p=dropout_p, is_causal=causal, enable_gqa=gqa
-        )
-        return out.transpose(1, 2)
+    def sdpa(q, k, v):  # the model's `sdpa` backend: (B, H, T, D) views of these (B, T, H, D) tensors
+        return sdpa_attention(q, k, v, causal=causal, dropout_p=dropout_p)
 
     def pinned(backend):
         def fn(q, k, v):
@@ -82,6 +76,7 @@ def measure_shape(b, n, h, hkv, d, causal, dropout_p) -> dict:
         return flash_attention(q, k, v, causal=causal, dropout_p=dropout_p)
 
     qh, kh, vh = (t.detach().transpose(1, 2) for t in (q, k, v))
+    gqa = h != hkv
     choice = torch._fused_sdp_choice(qh, kh, vh, None, dropout_p, causal, scale=None, enable_gqa=gqa)
     flops = 4 * b * h * n * n * d * 3.5 / (2 if causal else 1)
     row = dict(batch=b, seqlen=n, nheads=h, nheads_kv=hkv, headdim=d, causal=causal, dropout_p=dropout_p,

@@ -580,8 +580,6 @@ def flash_attn_backward(
             PART=part,
             **meta,
         )  # fmt: skip
-    if atomic_dq and grads_out is not None:
+    if atomic_dq:  # into dq as allocated above (q's dtype) or passed in grads_out
         dq.copy_(dq_acc * sm_scale)
-    elif atomic_dq:
-        dq = (dq_acc * sm_scale).to(q.dtype)
     return dq, dk, dv

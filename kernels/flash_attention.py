@@ -189,6 +189,24 @@ def _check_common(q, k, v, dropout_p):
     return check_dropout(dropout_p)
 
 
+def _attend(
+    tensors, nheads_kv, seqlen_k, causal, softmax_scale, dropout_p, window, key_padding_mask, return_lse,
+    deterministic,
+):  # fmt: skip
+    """The dense call after its shape checks, shared by flash_attention (tensors (q, k, v)) and its
+    packed form (tensors (qkv,) and nheads_kv): mask and window checks, the autograd call, natural lse."""
+    check_key_padding_mask(key_padding_mask, tensors[0].shape[0], seqlen_k, tensors[0].device)
+    win_left, win_right = _window_bounds(causal, window)
+    tensors = unit_last_stride(*tensors)
+    scale = resolve_softmax_scale(softmax_scale, tensors[0].shape[-1])
+    q, k, v = tensors if nheads_kv is None else (tensors[0], None, None)
+    out, lse2 = _FlashAttnFunc.apply(
+        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic,
+        return_lse, nheads_kv,
+    )  # fmt: skip
+    return (out, lse_to_natural(lse2)) if return_lse else out
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -232,15 +250,10 @@ def flash_attention(
         raise ValueError(f"q, k, v must share the batch size, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
     if v.shape[1] != k.shape[1]:
         raise ValueError(f"k and v must have the same seqlen, got {k.shape[1]} and {v.shape[1]}")
-    check_key_padding_mask(key_padding_mask, q.shape[0], k.shape[1], q.device)
-    win_left, win_right = _window_bounds(causal, window)
-    q, k, v = unit_last_stride(q, k, v)
-    scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
-    out, lse2 = _FlashAttnFunc.apply(
-        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic,
-        return_lse,
+    return _attend(
+        (q, k, v), None, k.shape[1], causal, softmax_scale, dropout_p, window, key_padding_mask, return_lse,
+        deterministic,
     )  # fmt: skip
-    return (out, lse_to_natural(lse2)) if return_lse else out
 
 
 def flash_attention_qkvpacked(
@@ -285,15 +298,10 @@ def flash_attention_qkvpacked(
         )
     nheads_kv = int(nheads_kv)
     dropout_p = _check_common(*split_qkv(qkv, nheads_kv), dropout_p)
-    check_key_padding_mask(key_padding_mask, qkv.shape[0], qkv.shape[1], qkv.device)
-    win_left, win_right = _window_bounds(causal, window)
-    (qkv,) = unit_last_stride(qkv)
-    scale = resolve_softmax_scale(softmax_scale, qkv.shape[-1])
-    out, lse2 = _FlashAttnFunc.apply(
-        qkv, None, None, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p,
-        not deterministic, return_lse, nheads_kv,
+    return _attend(
+        (qkv,), nheads_kv, qkv.shape[1], causal, softmax_scale, dropout_p, window, key_padding_mask,
+        return_lse, deterministic,
     )  # fmt: skip
-    return (out, lse_to_natural(lse2)) if return_lse else out
 
 
 def flash_attention_varlen(

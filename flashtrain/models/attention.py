@@ -84,6 +84,11 @@ def reference_attention(
     return (probs @ vh).transpose(1, 2)  # (B, T, H, D)
 
 
+def sdpa_needs_mask(seqlen_q, seqlen_k, causal, window, key_padding_mask) -> bool:
+    """Whether `sdpa_attention` passes SDPA a dense mask for this call (which leaves its fused kernels)."""
+    return window is not None or key_padding_mask is not None or (causal and seqlen_q != seqlen_k)
+
+
 def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     from kernels.reference import attention_mask
 
@@ -92,7 +97,7 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
     # SDPA has no window or padding argument, and aligns is_causal top-left where ours is
     # bottom-right (kernels/reference.py); those cases get a boolean mask, which makes SDPA leave
     # its flash kernel for the memory-efficient or math one.
-    if window is not None or key_padding_mask is not None or (causal and q.shape[1] != k.shape[1]):
+    if sdpa_needs_mask(q.shape[1], k.shape[1], causal, window, key_padding_mask):
         mask = attention_mask(q.shape[1], k.shape[1], causal=causal, window=window, device=q.device)
         if key_padding_mask is not None:
             mask = mask & key_padding_mask[:, None, None, :]  # (B, 1, T, S)
@@ -235,8 +240,8 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 
 def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padding_mask) -> bool:
     masked = window is not None or key_padding_mask is not None
-    # causal with seqlen_q != seqlen_k reaches SDPA as a dense mask (sdpa_attention), never cuDNN's fast path
-    cudnn = not masked and not (causal and q.shape[1] != seqlen_k)
+    # a call SDPA gets with a dense mask (causal with seqlen_q != seqlen_k too) never reaches cuDNN's fast path
+    cudnn = not sdpa_needs_mask(q.shape[1], seqlen_k, causal, window, key_padding_mask)
     if cudnn:
         # plain ints and bools, as assume_constant_result needs: operator.index makes dynamo guard on a
         # symbolic head count / head dim; the lengths only as "is 1" (a guard dynamo keeps anyway)

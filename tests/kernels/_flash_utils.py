@@ -1,4 +1,4 @@
-"""Shared checks for the FlashAttention tests: the flash-attention tolerance rule.
+"""Shared checks for the FlashAttention tests: the flash-attention tolerance rule, bad-input tables.
 
 The kernel's error against a float64 reference must be at most 2x the error of PyTorch's own
 computation of the same reference in the kernel's dtype, plus a small absolute floor.
@@ -6,6 +6,7 @@ computation of the same reference in the kernel's dtype, plus a small absolute f
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 FLOOR = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
@@ -69,3 +70,15 @@ def check_against_reference(
         glp = torch.autograd.grad(reflp, inslp, dout)
     for name, g, r64, rlp in zip(names, grads, g64, glp, strict=True):
         assert_close_rule(f"d{name}", g, r64, rlp, dtype)
+
+
+def bad_input_names(table) -> list[str]:
+    """The case names of a bad-input table: table(device) -> [(name, call, match), ...]."""
+    return [name for name, _, _ in table("cpu")]
+
+
+def assert_bad_input_raises(table, name, device):
+    """The named case of a bad-input table raises ValueError with a message matching its pattern."""
+    _, call, match = next(case for case in table(device) if case[0] == name)
+    with pytest.raises(ValueError, match=match):
+        call()

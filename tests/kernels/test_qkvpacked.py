@@ -12,7 +12,12 @@ import torch
 
 from kernels import flash_attention, flash_attention_qkvpacked
 from kernels.reference import attention_qkvpacked_reference, split_qkv
-from tests.kernels._flash_utils import check_against_reference, randn
+from tests.kernels._flash_utils import (
+    assert_bad_input_raises,
+    bad_input_names,
+    check_against_reference,
+    randn,
+)
 
 F16, F32 = torch.float16, torch.float32
 
@@ -108,14 +113,9 @@ def _bad(device):
     ]  # fmt: skip
 
 
-BAD_NAMES = [name for name, _, _ in _bad("cpu")]
-
-
-@pytest.mark.parametrize("name", BAD_NAMES)
+@pytest.mark.parametrize("name", bad_input_names(_bad))
 def test_bad_inputs_raise(name, device):
-    _, call, match = _bad(device)[BAD_NAMES.index(name)]
-    with pytest.raises(ValueError, match=match):
-        call()
+    assert_bad_input_raises(_bad, name, device)
 
 
 @pytest.mark.gpu
