@@ -29,6 +29,8 @@ IMPLS = ["eager", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff", "flex", "triton", 
 # attention dropout, on request only (--impls ... triton_dropout sdpa_flash_dropout): the cost of the mask
 DROPOUT_IMPLS = ["triton_dropout", "sdpa_flash_dropout"]
 DROPOUT_P = 0.1
+# on request: ours on the GPT's packed QKV layout (per-kernel times; its timed call includes a concatenation)
+PACKED_IMPLS = ["triton_qkvpacked"]
 TOKENS = 16384
 MODEL_DIM = 2048
 
@@ -87,6 +89,14 @@ def _triton(q, k, v, causal):
     return flash_attention(q, k, v, causal=causal)
 
 
+def _triton_qkvpacked(q, k, v, causal):
+    """Ours on one (B, N, H + 2 Hkv, D) tensor, as the GPT calls it (rows strided by the packed width).
+    The concatenation runs inside the timed call: use it for per-kernel times (profile_attention.py)."""
+    from kernels import flash_attention_qkvpacked
+
+    return flash_attention_qkvpacked(torch.cat([q, k, v], dim=2), nheads_kv=k.shape[2], causal=causal)
+
+
 def _triton_atomic(q, k, v, causal):
     """Ours with deterministic=False: dq by fp32 atomics inside the dk/dv kernel."""
     from kernels import flash_attention
@@ -128,6 +138,7 @@ def make_impl(name):
         "flex": _flex,
         "triton": _triton,
         "triton_atomic": _triton_atomic,
+        "triton_qkvpacked": _triton_qkvpacked,
         "triton_dropout": _triton_dropout,
         "sdpa_flash_dropout": _sdpa(SDPBackend.FLASH_ATTENTION, DROPOUT_P),
     }[name]
@@ -282,7 +293,7 @@ def main(argv=None):
     )
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", choices=["both", "causal", "full"], default="both")
-    parser.add_argument("--impls", nargs="+", choices=IMPLS + DROPOUT_IMPLS, default=IMPLS)
+    parser.add_argument("--impls", nargs="+", choices=IMPLS + DROPOUT_IMPLS + PACKED_IMPLS, default=IMPLS)
     parser.add_argument("--eager-max", type=int, default=8192, help="skip eager above this seqlen (memory)")
     parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/attention_<gpu>.json)"

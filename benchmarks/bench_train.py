@@ -95,6 +95,19 @@ def kernel_names(step) -> list[str]:
     return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
+def chosen_attention_tiles() -> dict[str, list[str]]:
+    """The tile configs our attention kernels' autotuners chose in this process, per kernel: which
+    tiles a row's numbers ran (an autotuner can choose differently from one process to the next)."""
+    from kernels import _flash_bwd, _flash_fwd
+
+    tuners = {
+        "fwd": _flash_fwd._attn_fwd_tuned,
+        "dq": _flash_bwd._bwd_dq_tuned,
+        "dkdv": _flash_bwd._bwd_dkdv_tuned,
+    }
+    return {name: sorted({str(c) for c in t.cache.values()}) for name, t in tuners.items() if t.cache}
+
+
 def bench_one(
     model_name,
     seqlen,
@@ -176,6 +189,9 @@ def bench_one(
         peak_mem_gib=peak_mem,
         params_m=model.num_params() / 1e6,
     )
+    tiles = chosen_attention_tiles()
+    if tiles:
+        row["attention_tiles"] = tiles
     if marker:
         row["backend_verified"] = any(marker in n.lower() for n in names)
     if marker is not None:  # every attention-looking kernel that ran: which backend a call went to

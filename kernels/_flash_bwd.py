@@ -20,6 +20,9 @@ from ._common import (
     padded_head_dim,
     rowsum_do_o,
     store_or_add_tile,
+    tile_grid,
+    tile_program_ids,
+    tiles_last,
     token_strides,
     varlen_bounds,
     visible_range,
@@ -151,11 +154,10 @@ def _bwd_dkdv(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACCUMULATE: tl.constexpr, PART: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TILES_LAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pid_n = tl.program_id(0)
-    off_hk = tl.program_id(1)
-    off_b = tl.program_id(2)
+    # causal: the first key tiles are seen by the most queries, so tile order is already heaviest first
+    pid_n, _, off_hk, off_b = tile_program_ids(TILES_LAST)
     if IS_VARLEN:
         q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
         k_start, seqlen_k = varlen_bounds(CU_K, off_b)
@@ -288,17 +290,15 @@ def _bwd_dq(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, DELTA_HERE: tl.constexpr,
+    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, DELTA_HERE: tl.constexpr, TILES_LAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """dq of one query tile. DELTA_HERE: this kernel computes its rows' delta = rowsum(dO * O) and
     stores it for the dk/dv kernel, which then runs second: the preprocess kernel's launch (~35 us of
     device time at n1k, and a launch of host time) is saved; the O tile is one extra load per program."""
-    pid_m = tl.program_id(0)
-    off_h = tl.program_id(1)
-    off_b = tl.program_id(2)
-    if HAS_RIGHT:
-        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_m, n_tiles, off_h, off_b = tile_program_ids(TILES_LAST)
+    if HAS_RIGHT:  # the forward's order: the rows that see the most keys first
+        pid_m = n_tiles - 1 - pid_m
     if IS_VARLEN:
         q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
         k_start, seqlen_k = varlen_bounds(CU_K, off_b)
@@ -562,13 +562,16 @@ def flash_attn_backward(
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)
     if only != "dkdv" and not atomic_dq:
-        grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
+        last_q = tiles_last(win_right is not None, seqlen_q)
+        grid_q = lambda m: tile_grid(triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch, last_q)  # noqa: E731
         _bwd_dq_tuned[grid_q](
             q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, out if delta_here else lse,
             *strides_qkv_do, *token_strides(dq, varlen), *(token_strides(out, varlen) if delta_here else (0, 0, 0)),
-            stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here, **meta,
+            stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here,
+            TILES_LAST=last_q, **meta,
         )  # fmt: skip
-    grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
+    last_kv = tiles_last(win_right is not None, seqlen_k)
+    grid_kv = lambda m: tile_grid(triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch, last_kv)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)
     for part in () if only == "dq" else (1, 2) if block_d > SPLIT_DKDV_ABOVE else (0,):
@@ -577,7 +580,7 @@ def flash_attn_backward(
             *strides_qkv_do,
             *token_strides(dk, varlen), *token_strides(dv, varlen), *dq_strides,
             stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate and add_dkdv,
-            PART=part,
+            PART=part, TILES_LAST=last_kv,
             **meta,
         )  # fmt: skip
     if atomic_dq:  # into dq as allocated above (q's dtype) or passed in grads_out

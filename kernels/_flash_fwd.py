@@ -22,6 +22,9 @@ from ._common import (
     next_power_of_2,
     padded_head_dim,
     store_tile,
+    tile_grid,
+    tile_program_ids,
+    tiles_last,
     token_strides,
     varlen_bounds,
     visible_range,
@@ -100,16 +103,16 @@ def _attn_fwd(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, TILES_LAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """MERGE: O and LSE hold a running fp32 (out, natural-log lse) over other keys, and this call's
-    attention is merged into them through the log-sum-exp (ring attention's per-step update)."""
-    pid_m = tl.program_id(0)
-    off_h = tl.program_id(1)
-    off_b = tl.program_id(2)
+    attention is merged into them through the log-sum-exp (ring attention's per-step update).
+    TILES_LAST: the grid is `tile_grid(..., last=True)` (see `_common.tile_grid`)."""
+    pid_m, n_tiles, off_h, off_b = tile_program_ids(TILES_LAST)
     if HAS_RIGHT:
         # causal-like: the last row blocks see the most keys, so start them first to shorten the tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
+        pid_m = n_tiles - 1 - pid_m
     if IS_VARLEN:
         q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
         k_start, seqlen_k = varlen_bounds(CU_K, off_b)
@@ -346,7 +349,8 @@ def flash_attn_forward(
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     drop = dropout_row_ids(dropout_rows, stride_lb, stride_lh)
     drop_mode = dropout_mode(dropout_p, col0=drop[3], varlen=varlen)  # drop: (sb, sh, row0, col0)
-    grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
+    last = tiles_last(win_right is not None, seqlen_q)
+    grid = lambda meta: tile_grid(triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch, last)  # noqa: E731
     _attn_fwd_tuned[grid](
         q, k, v, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         *token_strides(q, varlen), *token_strides(k, varlen), *token_strides(v, varlen), *token_strides(out, varlen),
@@ -357,6 +361,6 @@ def flash_attn_forward(
         *drop, tune_bucket(seqlen_q),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
+        DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None, TILES_LAST=last,
     )  # fmt: skip
     return (out, lse) if merge_into is None else None
