@@ -17,13 +17,19 @@
 #       tests, flashtrain GPU tests; GPT-2 medium 8k ours against SDPA flash, alternating, two rounds
 #   source .whl/install.sh && bash benchmarks/run_gpu_s23.sh 6   # GPT-2 medium 1k ours and SDPA flash; the causal
 #       kernel table (d64, d128; 1k-16k) for ours, SDPA flash, FlexAttention, cuDNN, and ours from the tree before
+#   source .whl/install.sh && bash benchmarks/run_gpu_s23.sh 7   # part 6 found the tile-major order of every head
+#       slower with many short heads (L2): the chunked order instead. GPU kernel tests; per-kernel times at
+#       GPT-2 medium's layer; the causal kernel table (ours only, d64/d128, 1k-16k) for this tree, the tree
+#       before (3fcfe11) and this tree again
+#   source .whl/install.sh && bash benchmarks/run_gpu_s23.sh 8   # GPT-2 medium 8k and 1k, this tree against the
+#       tree before (alternating) and SDPA flash
 # Results: $OUT/results.tgz (gpu_call.sh packs $R when the script exits, a time-out included).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 BEFORE=${BEFORE:-.carry/before}
 SHAPES="--shape 2,8192,16,64,causal --shape 16,1024,16,64,causal --shape 1,16384,16,128,causal
   --shape 4,4096,16,128,causal --shape 2,8192,16,128"
-case "${1:?part 1 to 6}" in
+case "${1:?part 1 to 8}" in
 1)
   timeout 240 python benchmarks/results/tma_toy/bench_tma_toy.py "$R/tma_toy.json" 2>&1 | quiet \
     > "$R/tma_toy.log"
@@ -143,5 +149,46 @@ for (impl, d, n), r in sorted(now.items()):
         print(f"d{d} n{n}: ours {r['fwdbwd_ms']:.3f} ms (before {before:.3f})",
               " ".join(f"x{o} {v:.2f}" for o, v in ratios.items()))
 PY
+  ;;
+7)
+  timeout 200 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
+  tail -n 1 "$R/kernel_gpu_tests.log"
+  for tree in . "$BEFORE"; do
+    name=$([ "$tree" = . ] && echo after || echo before)
+    timeout 100 python $tree/benchmarks/profile_attention.py --shape 2,8192,16,64,causal --shape 16,1024,16,64,causal \
+      --impls triton_qkvpacked --iters 20 --out "$R/profile_packed_$name.json" 2>&1 | quiet \
+      | tee "$R/profile_packed_$name.log" | grep -v "^ *0.0"
+  done
+  i=0
+  for tree in . "$BEFORE" .; do
+    name=$([ "$tree" = . ] && echo after || echo before)
+    i=$((i + 1))
+    timeout 100 python $tree/benchmarks/bench_attention.py --seqlens 1024 4096 8192 16384 --headdims 64 128 \
+      --causal causal --impls triton --out "$R/attention_causal_${name}_$i.json" 2>&1 | quiet \
+      > "$R/bench_attention_${name}_$i.log"
+  done
+  python - "$R" <<'PY'
+import glob, json, sys
+runs = {f.split("attention_causal_")[1][:-5]: {(r["headdim"], r["seqlen"]): r["fwdbwd_ms"]
+        for r in json.load(open(f))["rows"] if "fwdbwd_ms" in r}
+        for f in sorted(glob.glob(f"{sys.argv[1]}/attention_causal_*.json"))}
+names = sorted(runs)
+print("fwd+bwd ms", " ".join(names))
+for key in sorted(runs[names[0]]):
+    print(key, " ".join(f"{runs[n].get(key, float('nan')):.3f}" for n in names))
+PY
+  ;;
+8)
+  i=0
+  for run in 8192:. 8192:$BEFORE 8192:. 8192:$BEFORE 1024:. 1024:$BEFORE; do
+    seqlen=${run%%:*}; tree=${run#*:}
+    name=$([ "$tree" = . ] && echo after || echo before)
+    i=$((i + 1))
+    timeout 100 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens $seqlen --impls triton \
+      --steps 20 --out "$R/train_medium_${seqlen}_${name}_$i.json" 2>&1 | quiet | tee -a "$R/bench_train.log" \
+      | grep "^|.*gpt2"
+  done
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192,1024 --impls sdpa_flash \
+    --steps 20 --out "$R/train_medium_sdpa_flash.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac

@@ -13,6 +13,7 @@ Nothing here knows the tile sizes or a kernel's argument list.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
@@ -328,34 +329,48 @@ def store_or_add_tile(ptrs, x, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr, A
     tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
 
 
-# Grids of the attention kernels: one program per (tile, head, batch). The GPU starts programs in grid
-# order (x fastest), so with tiles on x every head's tiles start before the next head's. Under a causal
-# mask a tile's work grows with its distance from the diagonal, and the kernels already start each head's
-# heaviest tile first; but then the last head's heaviest tiles start when little else is left to run and
-# form a tail (GPT-2 medium at 8k, batch 2 x 16 heads: a list-scheduling model puts it at 6-13% of a
-# kernel). With tiles on the grid's last axis every head's heaviest tile starts before any head's next one:
-# heaviest first over the whole grid, which leaves the light tiles for the tail.
-MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z extents
+# Program order of the attention kernels. Their grid is (tiles, heads, batch) and the GPU starts programs
+# in grid order, x fastest. Under a causal mask a tile's work grows with its distance from the diagonal,
+# and taking each head's tiles heaviest first is not enough: the last head's heaviest tiles then start when
+# little else is left and form a tail (GPT-2 medium at 8k, batch 2 x 16 heads: 6-13% of a kernel in a
+# list-scheduling model). Taking the tiles heaviest first across all heads (tile-major order) removes the
+# tail but, with many short heads, leaves one program per head in flight and the next tile of that head
+# far behind, so K/V stop being shared in L2 (measured on an H200: 9-10% slower at batch 16 x 16-32 heads
+# x 1k). So the heads go in chunks, tile-major inside a chunk: a chunk holds about four waves of programs
+# (which bounds the tail to a fraction of a wave) and at most slots/4 heads (so each has >= 4 programs in
+# flight, reading the same K/V). slots (programs resident at once) = 0 keeps the plain grid order.
+def sched_slots_for(device: torch.device, heavy_first: bool) -> int:
+    """The kernels' `sched_slots` argument: 0 (grid order) unless the call's tiles differ in work
+    (heavy_first: causal-like); then two programs per SM on a GPU, and 8 in the interpreter, where
+    only the mapping is tested (tests/kernels/test_grid_order.py)."""
+    if not heavy_first:
+        return 0
+    if device.type != "cuda":
+        return 8
+    return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def tiles_last(heavy_first: bool, seqlen: int, min_tile: int = 16) -> bool:
-    """Whether a launch puts the tile index on the grid's last axis: for causal-like calls (heavy_first),
-    unless the tiles could outnumber the axis's limit (then x, which has none that matters, keeps them)."""
-    return heavy_first and triton.cdiv(seqlen, min_tile) <= MAX_GRID_YZ
-
-
-def tile_grid(n_tiles: int, nheads: int, batch: int, last: bool) -> tuple[int, int, int]:
-    """The launch grid matching `tile_program_ids(last)`."""
-    return (nheads, batch, n_tiles) if last else (n_tiles, nheads, batch)
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit
-def tile_program_ids(TILES_LAST: tl.constexpr):
-    """(tile, number of tiles, head, batch) of this program, for a grid made by `tile_grid`."""
-    if TILES_LAST:
-        return tl.program_id(2), tl.num_programs(2), tl.program_id(0), tl.program_id(1)
-    else:
-        return tl.program_id(0), tl.num_programs(0), tl.program_id(1), tl.program_id(2)
+def tile_program_ids(sched_slots):
+    """(tile, number of tiles, head, batch) of this program in the (tiles, heads, batch) grid, in the
+    chunked tile-major order described above (the plain grid order when sched_slots is 0)."""
+    n_tiles = tl.num_programs(0)
+    nheads = tl.num_programs(1)
+    n_groups = nheads * tl.num_programs(2)
+    pid = tl.program_id(0) + n_tiles * (tl.program_id(1) + nheads * tl.program_id(2))
+    chunk = tl.minimum(tl.cdiv(4 * sched_slots, n_tiles), sched_slots // 4)  # heads per chunk
+    chunk = tl.minimum(tl.maximum(chunk, 1), n_groups)
+    first = (pid // (chunk * n_tiles)) * chunk  # first head (of batch x heads) of this program's chunk
+    in_chunk = tl.minimum(chunk, n_groups - first)  # the last chunk may be short
+    within = pid - first * n_tiles
+    tile = within // in_chunk
+    group = first + within - tile * in_chunk
+    return tile, n_tiles, group % nheads, group // nheads
 
 
 @triton.jit

@@ -19,10 +19,9 @@ from ._common import (
     load_tile,
     padded_head_dim,
     rowsum_do_o,
+    sched_slots_for,
     store_or_add_tile,
-    tile_grid,
     tile_program_ids,
-    tiles_last,
     token_strides,
     varlen_bounds,
     visible_range,
@@ -150,14 +149,15 @@ def _bwd_dkdv(
     sm_scale, qk_scale, win_left, win_right, dropout_p, seed,
     drop_sb, drop_sh, drop_row0, drop_col0,  # dropout row ids, as in the forward
     tune_seqlen,  # autotune key only
+    sched_slots,  # the program order (`_common.tile_program_ids`)
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACCUMULATE: tl.constexpr, PART: tl.constexpr,
-    TILES_LAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # causal: the first key tiles are seen by the most queries, so tile order is already heaviest first
-    pid_n, _, off_hk, off_b = tile_program_ids(TILES_LAST)
+    pid_n, _, off_hk, off_b = tile_program_ids(sched_slots)
     if IS_VARLEN:
         q_start, seqlen_q = varlen_bounds(CU_Q, off_b)
         k_start, seqlen_k = varlen_bounds(CU_K, off_b)
@@ -287,16 +287,17 @@ def _bwd_dq(
     sm_scale, qk_scale, win_left, win_right, dropout_p, seed,
     drop_sb, drop_sh, drop_row0, drop_col0,  # dropout row ids, as in the forward
     tune_seqlen,  # autotune key only
+    sched_slots,  # the program order (`_common.tile_program_ids`)
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, DELTA_HERE: tl.constexpr, TILES_LAST: tl.constexpr,
+    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, DELTA_HERE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """dq of one query tile. DELTA_HERE: this kernel computes its rows' delta = rowsum(dO * O) and
     stores it for the dk/dv kernel, which then runs second: the preprocess kernel's launch (~35 us of
     device time at n1k, and a launch of host time) is saved; the O tile is one extra load per program."""
-    pid_m, n_tiles, off_h, off_b = tile_program_ids(TILES_LAST)
+    pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
     if HAS_RIGHT:  # the forward's order: the rows that see the most keys first
         pid_m = n_tiles - 1 - pid_m
     if IS_VARLEN:
@@ -399,6 +400,11 @@ def _prune_dkdv(configs, named_args, **kwargs):
 
 def _prune_dq(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
+    if args["BLOCK_D"] <= 32:
+        # as in the forward (`_prune_fwd`): Triton 3.6's ptxas dies (SIGSEGV) building this kernel for
+        # sm_90 with 32-wide key tiles at head dims 16 and 32 (found by check_kernel_builds.py, case
+        # dense_d16, once the program order moved into `tile_program_ids`)
+        configs = [c for c in configs if c.kwargs["BLOCK_N"] > 32] or configs
     if args["DELTA_HERE"] and args["BLOCK_D"] <= 32:
         # Triton 3.6's bundled ptxas dies (SIGSEGV) on this one config with the delta computed in the
         # kernel at head dims <= 32 (found on CPU by check_kernel_builds.py); the autotuner would skip it
@@ -552,7 +558,7 @@ def flash_attn_backward(
     scalars = (
         seqlen_q, seqlen_k, nheads // nheads_kv,
         sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
-        *drop, tune_bucket(seqlen_q),
+        *drop, tune_bucket(seqlen_q), sched_slots_for(q.device, win_right is not None),
     )  # fmt: skip
     meta = dict(
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,
@@ -562,16 +568,13 @@ def flash_attn_backward(
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)
     if only != "dkdv" and not atomic_dq:
-        last_q = tiles_last(win_right is not None, seqlen_q)
-        grid_q = lambda m: tile_grid(triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch, last_q)  # noqa: E731
+        grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
         _bwd_dq_tuned[grid_q](
             q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, out if delta_here else lse,
             *strides_qkv_do, *token_strides(dq, varlen), *(token_strides(out, varlen) if delta_here else (0, 0, 0)),
-            stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here,
-            TILES_LAST=last_q, **meta,
+            stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here, **meta,
         )  # fmt: skip
-    last_kv = tiles_last(win_right is not None, seqlen_k)
-    grid_kv = lambda m: tile_grid(triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch, last_kv)  # noqa: E731
+    grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)
     for part in () if only == "dq" else (1, 2) if block_d > SPLIT_DKDV_ABOVE else (0,):
@@ -580,7 +583,7 @@ def flash_attn_backward(
             *strides_qkv_do,
             *token_strides(dk, varlen), *token_strides(dv, varlen), *dq_strides,
             stride_lb, stride_lh, *kpm_strides, *scalars, ATOMIC_DQ=atomic_dq, ACCUMULATE=accumulate and add_dkdv,
-            PART=part, TILES_LAST=last_kv,
+            PART=part,
             **meta,
         )  # fmt: skip
     if atomic_dq:  # into dq as allocated above (q's dtype) or passed in grads_out

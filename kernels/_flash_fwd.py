@@ -21,10 +21,9 @@ from ._common import (
     load_tile,
     next_power_of_2,
     padded_head_dim,
+    sched_slots_for,
     store_tile,
-    tile_grid,
     tile_program_ids,
-    tiles_last,
     token_strides,
     varlen_bounds,
     visible_range,
@@ -100,16 +99,15 @@ def _attn_fwd(
     qk_scale, win_left, win_right, dropout_p, seed,
     drop_sb, drop_sh, drop_row0, drop_col0,  # dropout row ids: b * drop_sb + h * drop_sh + drop_row0 + row
     tune_seqlen,  # autotune key only
+    sched_slots,  # the program order (`_common.tile_program_ids`)
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, TILES_LAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """MERGE: O and LSE hold a running fp32 (out, natural-log lse) over other keys, and this call's
-    attention is merged into them through the log-sum-exp (ring attention's per-step update).
-    TILES_LAST: the grid is `tile_grid(..., last=True)` (see `_common.tile_grid`)."""
-    pid_m, n_tiles, off_h, off_b = tile_program_ids(TILES_LAST)
+    attention is merged into them through the log-sum-exp (ring attention's per-step update)."""
+    pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
     if HAS_RIGHT:
         # causal-like: the last row blocks see the most keys, so start them first to shorten the tail
         pid_m = n_tiles - 1 - pid_m
@@ -349,8 +347,7 @@ def flash_attn_forward(
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     drop = dropout_row_ids(dropout_rows, stride_lb, stride_lh)
     drop_mode = dropout_mode(dropout_p, col0=drop[3], varlen=varlen)  # drop: (sb, sh, row0, col0)
-    last = tiles_last(win_right is not None, seqlen_q)
-    grid = lambda meta: tile_grid(triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch, last)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
         q, k, v, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         *token_strides(q, varlen), *token_strides(k, varlen), *token_strides(v, varlen), *token_strides(out, varlen),
@@ -358,9 +355,9 @@ def flash_attn_forward(
         kpm.stride(0) if kpm is not None else 0, kpm.stride(1) if kpm is not None else 0,
         seqlen_q, seqlen_k, nheads // k.shape[-2],
         sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
-        *drop, tune_bucket(seqlen_q),
+        *drop, tune_bucket(seqlen_q), sched_slots_for(q.device, win_right is not None),
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
-        DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None, TILES_LAST=last,
+        DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
     )  # fmt: skip
     return (out, lse) if merge_into is None else None

@@ -1,22 +1,53 @@
-"""Causal launches put the tile index on the grid's last axis (heaviest tiles of every head first,
-`kernels._common.tile_grid`): a change of program order only, so results are bit-identical to the
-tiles-first grid, and the kernels map program ids back to (tile, head, batch) the same way."""
+"""The attention kernels' program order (`kernels._common.tile_program_ids`): causal-like calls take
+the tiles heaviest first across chunks of heads instead of one head after another. A change of order
+only: every (tile, head, batch) is visited once, and results are bit-identical to the plain grid order."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import _common, _flash_bwd, _flash_fwd, flash_attention, flash_attention_varlen
 from tests.conftest import DEVICE
 
 
-def test_only_causal_like_calls_within_the_axis_limit_put_tiles_last():
-    assert _common.tiles_last(True, 8192)
-    assert not _common.tiles_last(False, 8192)
-    # CUDA caps a grid's y and z extents at 65535; more (16-row) tiles than that stay on x
-    assert _common.tiles_last(True, 16 * _common.MAX_GRID_YZ)
-    assert not _common.tiles_last(True, 16 * _common.MAX_GRID_YZ + 1)
-    assert _common.tile_grid(5, 3, 2, last=True) == (3, 2, 5)
-    assert _common.tile_grid(5, 3, 2, last=False) == (5, 3, 2)
+@triton.jit
+def _record_order(out_ptr, sched_slots):
+    tile, n_tiles, head, batch = _common.tile_program_ids(sched_slots)
+    pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    tl.store(out_ptr + pid, tile + n_tiles * (head + tl.num_programs(1) * batch))
+
+
+def _order(n_tiles, nheads, batch, slots):
+    """The (tile, head, batch) each program takes, listed in program (launch) order."""
+    out = torch.empty(n_tiles * nheads * batch, dtype=torch.int32, device=DEVICE)
+    _record_order[(n_tiles, nheads, batch)](out, slots)
+    return [(i % n_tiles, i // n_tiles % nheads, i // (n_tiles * nheads)) for i in out.tolist()]
+
+
+def test_plain_grid_order_without_slots():
+    assert _order(3, 2, 2, 0) == [(t, h, b) for b in range(2) for h in range(2) for t in range(3)]
+
+
+def test_heads_go_in_chunks_taken_tile_major():
+    # 8 slots: chunks of min(cdiv(4 * 8, 5 tiles), 8 // 4) = 2 heads; the last chunk holds one
+    expected = [(t, h, 0) for t in range(5) for h in (0, 1)] + [(t, 2, 0) for t in range(5)]
+    assert _order(5, 3, 1, 8) == expected
+
+
+@pytest.mark.parametrize("shape", [(7, 3, 2), (1, 5, 3), (4, 1, 1), (33, 16, 2)])
+@pytest.mark.parametrize("slots", [0, 4, 8, 264])
+def test_every_tile_of_every_head_runs_once(shape, slots):
+    n_tiles, nheads, batch = shape
+    order = _order(n_tiles, nheads, batch, slots)
+    assert sorted(order) == sorted(
+        (t, h, b) for t in range(n_tiles) for h in range(nheads) for b in range(batch)
+    )
+
+
+def test_slots_only_for_calls_whose_tiles_differ_in_work():
+    assert _common.sched_slots_for(torch.device("cpu"), heavy_first=False) == 0
+    assert _common.sched_slots_for(torch.device("cpu"), heavy_first=True) > 0
 
 
 def _run(fn, tensors):
@@ -26,8 +57,13 @@ def _run(fn, tensors):
     return [out.detach()] + [t.grad for t in leaves]
 
 
+def _plain_order(monkeypatch):
+    for module in (_flash_fwd, _flash_bwd):
+        monkeypatch.setattr(module, "sched_slots_for", lambda device, heavy_first: 0)
+
+
 @pytest.mark.parametrize("seqlen_q, seqlen_k, window", [(70, 70, None), (33, 90, None), (64, 64, (20, 0))])
-def test_tiles_last_grid_gives_the_tiles_first_results_bit_for_bit(monkeypatch, seqlen_q, seqlen_k, window):
+def test_chunked_order_gives_the_plain_order_results_bit_for_bit(monkeypatch, seqlen_q, seqlen_k, window):
     torch.manual_seed(0)
     q = torch.randn(2, seqlen_q, 4, 16, device=DEVICE, dtype=torch.float16)
     k, v = (torch.randn(2, seqlen_k, 2, 16, device=DEVICE, dtype=torch.float16) for _ in range(2))
@@ -35,15 +71,14 @@ def test_tiles_last_grid_gives_the_tiles_first_results_bit_for_bit(monkeypatch, 
     def call(q, k, v):
         return flash_attention(q, k, v, causal=True, window=window)
 
-    tiles_last = _run(call, (q, k, v))
-    for module in (_flash_fwd, _flash_bwd):
-        monkeypatch.setattr(module, "tiles_last", lambda heavy_first, seqlen, min_tile=16: False)
-    tiles_first = _run(call, (q, k, v))
-    for a, b in zip(tiles_last, tiles_first, strict=True):
+    chunked = _run(call, (q, k, v))
+    _plain_order(monkeypatch)
+    plain = _run(call, (q, k, v))
+    for a, b in zip(chunked, plain, strict=True):
         assert torch.equal(a, b)
 
 
-def test_varlen_tiles_last_grid_gives_the_tiles_first_results_bit_for_bit(monkeypatch):
+def test_varlen_chunked_order_gives_the_plain_order_results_bit_for_bit(monkeypatch):
     torch.manual_seed(1)
     cu = torch.tensor([0, 17, 60, 61, 100], device=DEVICE, dtype=torch.int32)
     q, k, v = (torch.randn(100, 3, 16, device=DEVICE, dtype=torch.float16) for _ in range(3))
@@ -51,9 +86,8 @@ def test_varlen_tiles_last_grid_gives_the_tiles_first_results_bit_for_bit(monkey
     def call(q, k, v):
         return flash_attention_varlen(q, k, v, cu, cu, 43, 43, causal=True)
 
-    tiles_last = _run(call, (q, k, v))
-    for module in (_flash_fwd, _flash_bwd):
-        monkeypatch.setattr(module, "tiles_last", lambda heavy_first, seqlen, min_tile=16: False)
-    tiles_first = _run(call, (q, k, v))
-    for a, b in zip(tiles_last, tiles_first, strict=True):
+    chunked = _run(call, (q, k, v))
+    _plain_order(monkeypatch)
+    plain = _run(call, (q, k, v))
+    for a, b in zip(chunked, plain, strict=True):
         assert torch.equal(a, b)
