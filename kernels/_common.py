@@ -4,10 +4,11 @@ Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_he
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
 check_dtype, check_heads, check_window, check_causal, check_dropout, check_key_padding_mask,
-check_cu_seqlens, resolve_softmax_scale, unit_last_stride. Triton side (@triton.jit): load_tile/store_tile
-(masked only where needed), varlen_bounds, visible_range (masked / fully visible tile ranges for causal
-and windows), dropout_keep (Philox keep-mask from global positions) and dropout_keep_tile (the same for a
-tile, one Philox call per eight entries).
+check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sched_slots_for (the program-order argument).
+Triton side (@triton.jit): load_tile/store_tile (masked only where needed), tile_program_ids (which tile,
+head and batch a program takes: causal calls heaviest tiles first), varlen_bounds, visible_range (masked /
+fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask from global positions)
+and dropout_keep_tile (the same for a tile, one Philox call per eight entries).
 Nothing here knows the tile sizes or a kernel's argument list.
 """
 
