@@ -27,6 +27,7 @@
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 BEFORE=${BEFORE:-.carry/before}
+tree_name() { [ "$1" = . ] && echo after || echo before; }  # this tree, or the one before it
 SHAPES="--shape 2,8192,16,64,causal --shape 16,1024,16,64,causal --shape 1,16384,16,128,causal
   --shape 4,4096,16,128,causal --shape 2,8192,16,128"
 case "${1:?part 1 to 8}" in
@@ -54,7 +55,7 @@ PY
   ;;
 2)
   for tree in . "$BEFORE"; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     timeout 150 python $tree/benchmarks/profile_attention.py $SHAPES --impls triton --iters 10 \
       --out "$R/profile_$name.json" 2>&1 | quiet > "$R/profile_$name.log"
   done
@@ -67,7 +68,7 @@ for ra, rb in zip(a["rows"], b["rows"]):
     print(shape, {k: f"{kb.get(k, 0):.3f}->{v:.3f}" for k, v in ka.items() if v > 0.01})
 PY
   for tree in . "$BEFORE"; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     timeout 110 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
       --out "$R/train_medium8k_$name.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   done
@@ -76,16 +77,17 @@ PY
   ;;
 3)
   for tree in . "$BEFORE"; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     timeout 100 python $tree/benchmarks/profile_attention.py --shape 2,8192,16,64,causal \
       --impls triton_qkvpacked triton --iters 10 --out "$R/profile_packed_$name.json" 2>&1 | quiet \
       | tee "$R/profile_packed_$name.log" | grep -v "^ *0.0"
   done
   i=0
   for tree in "$BEFORE" . "$BEFORE" .; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
+    i=$((i + 1))  # not inside the pipeline below, a subshell (the call on record wrote every row to _1)
     timeout 110 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
-      --steps 20 --profile 1 --profile-top 6 --out "$R/train_medium8k_${name}_$((++i)).json" 2>&1 | quiet \
+      --steps 20 --profile 1 --profile-top 6 --out "$R/train_medium8k_${name}_$i.json" 2>&1 | quiet \
       | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   done
   ;;
@@ -93,7 +95,7 @@ PY
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader \
     -lms 500 > "$R/clocks.log" &
   for tree in . "$BEFORE"; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     echo "$(date +%T) profile $name" >> "$R/phases.log"
     timeout 100 python $tree/benchmarks/profile_attention.py --shape 2,8192,16,64,causal \
       --impls triton_qkvpacked --iters 30 --out "$R/profile_packed_$name.json" 2>&1 | quiet \
@@ -101,7 +103,7 @@ PY
   done
   i=0
   for tree in "$BEFORE" . "$BEFORE" .; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     i=$((i + 1))
     echo "$(date +%T) train $name $i" >> "$R/phases.log"
     timeout 110 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
@@ -154,14 +156,14 @@ PY
   timeout 200 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
   tail -n 1 "$R/kernel_gpu_tests.log"
   for tree in . "$BEFORE"; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     timeout 100 python $tree/benchmarks/profile_attention.py --shape 2,8192,16,64,causal --shape 16,1024,16,64,causal \
       --impls triton_qkvpacked --iters 20 --out "$R/profile_packed_$name.json" 2>&1 | quiet \
       | tee "$R/profile_packed_$name.log" | grep -v "^ *0.0"
   done
   i=0
   for tree in . "$BEFORE" .; do
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     i=$((i + 1))
     timeout 100 python $tree/benchmarks/bench_attention.py --seqlens 1024 4096 8192 16384 --headdims 64 128 \
       --causal causal --impls triton --out "$R/attention_causal_${name}_$i.json" 2>&1 | quiet \
@@ -182,7 +184,7 @@ PY
   i=0
   for run in 8192:. 8192:$BEFORE 8192:. 8192:$BEFORE 1024:. 1024:$BEFORE; do
     seqlen=${run%%:*}; tree=${run#*:}
-    name=$([ "$tree" = . ] && echo after || echo before)
+    name=$(tree_name "$tree")
     i=$((i + 1))
     timeout 100 python $tree/benchmarks/bench_train.py --models gpt2_medium --seqlens $seqlen --impls triton \
       --steps 20 --out "$R/train_medium_${seqlen}_${name}_$i.json" 2>&1 | quiet | tee -a "$R/bench_train.log" \

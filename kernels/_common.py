@@ -4,7 +4,7 @@ Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_he
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
 check_dtype, check_heads, check_window, check_causal, check_dropout, check_key_padding_mask,
-check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sched_slots_for (the program-order argument).
+check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sm_count, sched_slots_for (the program-order argument).
 Triton side (@triton.jit): load_tile/store_tile (masked only where needed), tile_program_ids (which tile,
 head and batch a program takes: causal calls heaviest tiles first), varlen_bounds, visible_range (masked /
 fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask from global positions)
@@ -342,17 +342,24 @@ def store_or_add_tile(ptrs, x, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr, A
 # flight, reading the same K/V). slots (programs resident at once) = 0 keeps the plain grid order.
 def sched_slots_for(device: torch.device, heavy_first: bool) -> int:
     """The kernels' `sched_slots` argument: 0 (grid order) unless the call's tiles differ in work
-    (heavy_first: causal-like); then two programs per SM on a GPU, and 8 in the interpreter, where
-    only the mapping is tested (tests/kernels/test_grid_order.py)."""
-    if not heavy_first:
-        return 0
+    (heavy_first: causal-like); then two programs per SM (`sm_count`: in the interpreter, where only
+    the mapping is tested, tests/kernels/test_grid_order.py, 8 slots)."""
+    return 2 * sm_count(device) if heavy_first else 0
+
+
+# What the interpreter (CPU tensors) counts as SMs, so that launch arithmetic sized by SMs runs there too.
+INTERPRETER_SMS = 4
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device's GPU (INTERPRETER_SMS for a CPU tensor)."""
     if device.type != "cuda":
-        return 8
-    return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache
-def _sm_count(index: int) -> int:
+def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 

@@ -26,7 +26,7 @@ from ._common import (
     varlen_bounds,
     visible_range,
 )
-from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket
+from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket, without_narrow_key_tiles
 
 
 @triton.jit
@@ -400,11 +400,7 @@ def _prune_dkdv(configs, named_args, **kwargs):
 
 def _prune_dq(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
-    if args["BLOCK_D"] <= 32:
-        # as in the forward (`_prune_fwd`): Triton 3.6's ptxas dies (SIGSEGV) building this kernel for
-        # sm_90 with 32-wide key tiles at head dims 16 and 32 (found by check_kernel_builds.py, case
-        # dense_d16, once the program order moved into `tile_program_ids`)
-        configs = [c for c in configs if c.kwargs["BLOCK_N"] > 32] or configs
+    configs = without_narrow_key_tiles(configs, args["BLOCK_D"])
     if args["DELTA_HERE"] and args["BLOCK_D"] <= 32:
         # Triton 3.6's bundled ptxas dies (SIGSEGV) on this one config with the delta computed in the
         # kernel at head dims <= 32 (found on CPU by check_kernel_builds.py); the autotuner would skip it

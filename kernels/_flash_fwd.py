@@ -253,13 +253,19 @@ def prune_configs(configs, named_args, rows_key, cols_key, acc_rows_key, n_acc, 
     return kept + spare[: max(0, 2 - len(kept))]
 
 
+def without_narrow_key_tiles(configs, block_d: int):
+    """Triton 3.6's ptxas (CUDA 13) dies with SIGSEGV building the forward and the dq kernel for sm_90
+    with 32-wide key tiles at head dims 16 and 32 (`check_kernel_builds.py`, cases dense_d16 / dense_d32;
+    dq since the program order moved into `tile_program_ids`); with keys of <= 32 both surviving forward
+    candidates were such tiles, so the call failed. Drops those tiles at such head dims (the
+    interpreter's one config stays)."""
+    if block_d > 32:
+        return configs
+    return [c for c in configs if c.kwargs["BLOCK_N"] > 32] or configs
+
+
 def _prune_fwd(configs, named_args, **kwargs):
-    if {**named_args, **kwargs}["BLOCK_D"] <= 32:
-        # Triton 3.6's ptxas (CUDA 13) dies with SIGSEGV building this kernel for sm_90 with 32-wide key
-        # tiles at head dims 16 and 32 (`check_kernel_builds.py`, cases dense_d16 / dense_d32); with keys
-        # of <= 32 both surviving candidates were such tiles, so the call failed. The interpreter's one
-        # config stays.
-        configs = [c for c in configs if c.kwargs["BLOCK_N"] > 32] or configs
+    configs = without_narrow_key_tiles(configs, {**named_args, **kwargs}["BLOCK_D"])
     return prune_configs(configs, named_args, "seqlen_q", "seqlen_k", "BLOCK_M", 1, **kwargs)
 
 

@@ -25,6 +25,7 @@ from ._common import (
     next_power_of_2,
     padded_head_dim,
     resolve_softmax_scale,
+    sm_count,
     visible_range,
 )
 from ._flash_fwd import _fwd_inner
@@ -157,14 +158,10 @@ SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 
 
-def _default_num_splits(work_items: int, max_len: int, block_n: int) -> int:
+def _default_num_splits(work_items: int, max_len: int, block_n: int, device: torch.device) -> int:
     """Enough programs for about SPLITS_PER_SM (few work items: SPLITS_PER_SM_SMALL_WORK) waves of the
     GPU, but no split shorter than a few tiles."""
-    sms = (
-        4
-        if INTERPRET
-        else torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    )
+    sms = sm_count(device)
     per_sm = SPLITS_PER_SM_SMALL_WORK if work_items <= SMALL_WORK else SPLITS_PER_SM
     want = triton.cdiv(per_sm * sms, max(work_items, 1))
     return max(1, min(want, triton.cdiv(max_len, 4 * block_n), 128))
@@ -224,7 +221,7 @@ def flash_decode(
     block_n = 32 if INTERPRET else 64
     m_blocks = triton.cdiv(n_rows, block_m)
     if num_splits is None:
-        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, max_len, block_n)
+        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, max_len, block_n, q.device)
     chunk = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), block_n) * block_n
     block_d = padded_head_dim(headdim)
     with torch.no_grad():

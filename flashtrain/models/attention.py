@@ -240,9 +240,9 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 
 def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padding_mask) -> bool:
     masked = window is not None or key_padding_mask is not None
+    cudnn = False
     # a call SDPA gets with a dense mask (causal with seqlen_q != seqlen_k too) never reaches cuDNN's fast path
-    cudnn = not sdpa_needs_mask(q.shape[1], seqlen_k, causal, window, key_padding_mask)
-    if cudnn:
+    if not sdpa_needs_mask(q.shape[1], seqlen_k, causal, window, key_padding_mask):
         # plain ints and bools, as assume_constant_result needs: operator.index makes dynamo guard on a
         # symbolic head count / head dim; the lengths only as "is 1" (a guard dynamo keeps anyway)
         nheads, nheads_kv, head_dim = (

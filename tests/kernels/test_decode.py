@@ -105,8 +105,9 @@ def test_default_split_count_follows_the_work():
     1 on an H200), many get fewer; no split is shorter than four key tiles."""
     from kernels import decode
 
-    sms = 4  # what the interpreter reports
-    assert decode._default_num_splits(1, 1 << 20, 64) == decode.SPLITS_PER_SM_SMALL_WORK * sms
+    sms = 4  # what the interpreter reports (kernels._common.INTERPRETER_SMS)
+    cpu = torch.device("cpu")
+    assert decode._default_num_splits(1, 1 << 20, 64, cpu) == decode.SPLITS_PER_SM_SMALL_WORK * sms
     many = decode.SMALL_WORK + 1
-    assert decode._default_num_splits(many, 1 << 20, 64) == -(-decode.SPLITS_PER_SM * sms // many)
-    assert decode._default_num_splits(1, 512, 64) == 2  # 512 keys: two splits of four 64-key tiles
+    assert decode._default_num_splits(many, 1 << 20, 64, cpu) == -(-decode.SPLITS_PER_SM * sms // many)
+    assert decode._default_num_splits(1, 512, 64, cpu) == 2  # 512 keys: two splits of four 64-key tiles

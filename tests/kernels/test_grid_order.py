@@ -57,37 +57,34 @@ def _run(fn, tensors):
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def _plain_order(monkeypatch):
-    for module in (_flash_fwd, _flash_bwd):
-        monkeypatch.setattr(module, "sched_slots_for", lambda device, heavy_first: 0)
-
-
-@pytest.mark.parametrize("seqlen_q, seqlen_k, window", [(70, 70, None), (33, 90, None), (64, 64, (20, 0))])
-def test_chunked_order_gives_the_plain_order_results_bit_for_bit(monkeypatch, seqlen_q, seqlen_k, window):
-    torch.manual_seed(0)
+def _dense_call(seqlen_q, seqlen_k, window):
     q = torch.randn(2, seqlen_q, 4, 16, device=DEVICE, dtype=torch.float16)
     k, v = (torch.randn(2, seqlen_k, 2, 16, device=DEVICE, dtype=torch.float16) for _ in range(2))
-
-    def call(q, k, v):
-        return flash_attention(q, k, v, causal=True, window=window)
-
-    chunked = _run(call, (q, k, v))
-    _plain_order(monkeypatch)
-    plain = _run(call, (q, k, v))
-    for a, b in zip(chunked, plain, strict=True):
-        assert torch.equal(a, b)
+    return (lambda q, k, v: flash_attention(q, k, v, causal=True, window=window)), (q, k, v)
 
 
-def test_varlen_chunked_order_gives_the_plain_order_results_bit_for_bit(monkeypatch):
-    torch.manual_seed(1)
+def _varlen_call():
     cu = torch.tensor([0, 17, 60, 61, 100], device=DEVICE, dtype=torch.int32)
     q, k, v = (torch.randn(100, 3, 16, device=DEVICE, dtype=torch.float16) for _ in range(3))
+    return (lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, 43, 43, causal=True)), (q, k, v)
 
-    def call(q, k, v):
-        return flash_attention_varlen(q, k, v, cu, cu, 43, 43, causal=True)
 
-    chunked = _run(call, (q, k, v))
-    _plain_order(monkeypatch)
-    plain = _run(call, (q, k, v))
+@pytest.mark.parametrize(
+    "make_call",
+    [
+        lambda: _dense_call(70, 70, None),
+        lambda: _dense_call(33, 90, None),
+        lambda: _dense_call(64, 64, (20, 0)),
+        _varlen_call,
+    ],
+    ids=["square", "bottom_right", "window", "varlen"],
+)
+def test_chunked_order_gives_the_plain_order_results_bit_for_bit(monkeypatch, make_call):
+    torch.manual_seed(0)
+    call, tensors = make_call()
+    chunked = _run(call, tensors)
+    for module in (_flash_fwd, _flash_bwd):
+        monkeypatch.setattr(module, "sched_slots_for", lambda device, heavy_first: 0)
+    plain = _run(call, tensors)
     for a, b in zip(chunked, plain, strict=True):
         assert torch.equal(a, b)
