@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _flash_fwd_hopper
 from ._common import (
     INTERPRET,
     autotune,
@@ -325,6 +326,11 @@ def flash_attn_forward(
         in place (ring attention's step update, without materializing the step's out) and None returned.
     """
     varlen = cu_seqlens_q is not None
+    if _flash_fwd_hopper.supports(
+        q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, varlen=varlen, merge=merge_into is not None,
+    ):  # fmt: skip
+        return _flash_fwd_hopper.flash_attn_forward_hopper(q, k, v, sm_scale=sm_scale, causal=win_right == 0)
     if merge_into is not None:
         out_acc, lse_acc = merge_into
         if varlen or out_acc.dtype != torch.float32 or lse_acc.dtype != torch.float32:

@@ -1,0 +1,440 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon: warp-specialised, TMA-fed, wgmma pipelined.
+
+The portable forward (`_flash_fwd._attn_fwd`) leaves the tensor cores idle while each tile's softmax
+runs, and Triton 3.6 does not build its own warp-specialised pipeline for that loop
+(benchmarks/NOTES_attention.md, "Warp specialisation"). This kernel writes the FlashAttention-3 schedule
+by hand in Gluon (Triton's lower-level language, shipped with Triton 3.6):
+
+- one producer warp streams K and V tiles into a ring of shared-memory stages with TMA bulk copies
+  (mbarriers say when a stage is full, and when every consumer is done with it);
+- NUM_CONSUMERS warpgroups each own BLOCK_M query rows of the program's tile and share the K/V stages;
+  while one warpgroup runs its softmax, the other's matrix products keep the tensor cores busy;
+- inside a warpgroup the scores of the next key tile are issued (asynchronous wgmma) before the softmax
+  of the current one, and P @ V of the current one runs alongside that softmax (intra-warpgroup overlap).
+
+Scope: dense (batch, seqlen, nheads, headdim) inputs in bf16/fp16, head dims 64 and 128, full or causal
+(bottom-right aligned), GQA; no dropout, window, key padding or varlen (those take the portable kernel).
+Same outputs as the portable forward: out in q's dtype and the base-2 lse (B, H, Sq).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._common import INTERPRET, LOG2E, sched_slots_for
+
+
+@gluon.jit
+def _program_ids(sched_slots):
+    """(query tile, number of tiles, head, batch) of this program: the portable kernels' chunked,
+    heaviest-tile-first order (`_common.tile_program_ids`), for causal calls; the grid order otherwise."""
+    n_tiles = gl.num_programs(0)
+    nheads = gl.num_programs(1)
+    n_groups = nheads * gl.num_programs(2)
+    pid = gl.program_id(0) + n_tiles * (gl.program_id(1) + nheads * gl.program_id(2))
+    chunk = gl.minimum(gl.cdiv(4 * sched_slots, n_tiles), sched_slots // 4)
+    chunk = gl.minimum(gl.maximum(chunk, 1), n_groups)
+    first = (pid // (chunk * n_tiles)) * chunk
+    in_chunk = gl.minimum(chunk, n_groups - first)
+    within = pid - first * n_tiles
+    tile = within // in_chunk
+    group = first + within - tile * in_chunk
+    return tile, n_tiles, group % nheads, group // nheads
+
+
+@gluon.jit
+def _producer(
+    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+    off_b, off_h, off_hk, m0, n_kv,
+):  # fmt: skip
+    """One warp: each consumer's Q rows once, then K and V tiles n_kv - 1 .. 0 into the stage ring."""
+    NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(c), q_smem.index(c)
+        )
+    for i in range(n_kv):
+        stage = i % STAGES
+        # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
+        mbarrier.wait(kv_empty.index(stage), ((i // STAGES) & 1) ^ 1)
+        start_n = (n_kv - 1 - i) * BLOCK_N
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            k_desc, [off_b, off_hk, start_n, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            v_desc, [off_b, off_hk, start_n, 0], v_ready.index(stage), v_smem.index(stage)
+        )
+
+
+@gluon.jit
+def _masked_scores(s, start_n, rows, seqlen_k, diag, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """Scores of keys past the sequence (or, causal, right of each row's diagonal) set to -inf."""
+    BLOCK_N: gl.constexpr = s.shape[1]
+    cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    if CAUSAL:
+        keep = (cols[None, :] < seqlen_k) & (cols[None, :] <= rows[:, None] + diag)
+    else:
+        keep = (cols[None, :] < seqlen_k) & (rows[:, None] >= 0)  # (the full tile's shape)
+    return gl.where(keep, s, float("-inf"))
+
+
+@gluon.jit
+def _softmax_update(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
+    """Online softmax of one tile of raw scores (base 2, the scale folded into the exp2's FMA):
+    returns (p, the rescale factor of the running sums, new max, new sum)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    if MASKED:  # a row that has seen no key keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    p = gl.exp2(s * qk_scale - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _consumer_steps(
+    acc, p, m_i, l_i, lo, hi, n_kv, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
+    qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr,
+):  # fmt: skip
+    """Steps i in [lo, hi): scores of tile i issued, then P @ V of tile i - 1 (whose p we hold) beside
+    tile i's softmax; tile i - 1's stage is released once its product is done."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    for i in range(lo, hi):
+        stage = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(k_ready.index(stage), (i // STAGES) & 1)
+        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+        v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        s, p_op = warpgroup_mma_wait(1, deps=(s, p_op))  # the scores are in; P @ V may still run
+        if MASKED:
+            s = _masked_scores(s, (n_kv - 1 - i) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+        p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, MASKED)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
+        mbarrier.arrive(kv_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, p, m_i, l_i
+
+
+@gluon.jit
+def _consumer(
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
+    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh,
+    WG: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: query rows m0 + WG * BLOCK_M .. + BLOCK_M against key tiles n_kv - 1 .. 0."""
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    first_row = m0 + WG * BLOCK_M
+    rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
+    diag = seqlen_k - seqlen_q
+    # tiles 0 .. n_full - 1 are in bounds and visible to every row of this group; the rest need masks.
+    # Steps run from tile n_kv - 1 down, so the masked tiles come first.
+    n_full = seqlen_k // BLOCK_N
+    if CAUSAL:
+        n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
+    n_masked = gl.maximum(n_kv - n_full, 1)  # step 0 is always masked (and is the only step of n_kv = 1)
+
+    mbarrier.wait(q_ready.index(WG), 0)
+    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(k_ready.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(
+        q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True
+    )
+    s = warpgroup_mma_wait(0, deps=(s,))
+    s = _masked_scores(s, (n_kv - 1) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, True)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    acc, p, m_i, l_i = _consumer_steps(
+        acc, p, m_i, l_i, 1, n_masked, n_kv, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k,
+        diag, qk_scale, CAUSAL, True, s_layout, o_layout,
+    )  # fmt: skip
+    acc, p, m_i, l_i = _consumer_steps(
+        acc, p, m_i, l_i, n_masked, n_kv, n_kv, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k,
+        diag, qk_scale, CAUSAL, False, s_layout, o_layout,
+    )  # fmt: skip
+    # the last tile's P @ V
+    last = (n_kv - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
+    p_op = gl.convert_layout(p.to(q.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+    gl.thread_barrier()
+    mbarrier.arrive(kv_empty.index(last), count=1)
+
+    # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    lse = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+    lse_ptrs = LSE + off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
+    gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
+    # out through this group's Q stage (no product reads it any more) and a TMA store, which clips the
+    # rows past the sequence
+    o_smem = q_smem.index(WG)
+    o_smem.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(q.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, first_row, 0], o_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer_0(
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
+    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    _consumer(
+        q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h, m0, n_kv,
+        seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _consumer_1(
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
+    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    _consumer(
+        q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h, m0, n_kv,
+        seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _consumer_2(
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
+    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    _consumer(
+        q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h, m0, n_kv,
+        seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 2, CAUSAL,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _attn_fwd_hopper(
+    q_desc, k_desc, v_desc, o_desc, LSE,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sched_slots,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
+    HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    if CAUSAL:
+        pid_m, n_tiles, off_h, off_b = _program_ids(sched_slots)
+        pid_m = n_tiles - 1 - pid_m  # the rows that see the most keys first
+    else:
+        pid_m = gl.program_id(0)
+        off_h = gl.program_id(1)
+        off_b = gl.program_id(2)
+    off_hk = off_h // group
+    m0 = pid_m * (BLOCK_M * NUM_CONSUMERS)
+    n_kv = gl.cdiv(seqlen_k, BLOCK_N)
+    if CAUSAL:  # keys past the last row's diagonal are never seen
+        last_key = gl.minimum(m0 + BLOCK_M * NUM_CONSUMERS + seqlen_k - seqlen_q, seqlen_k)
+        n_kv = gl.cdiv(gl.maximum(last_key, 1), BLOCK_N)  # >= 1: fully masked rows still get out = 0
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(q_ready.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+
+    # (Gluon takes no starred arguments, and a tuple held in a variable turns its constexprs into
+    # run-time values: each partition's tuple is written out in the call)
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_consumer_0, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
+                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
+                (_consumer_1, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
+                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+                             off_b, off_h, off_hk, m0, n_kv)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.static_assert(NUM_CONSUMERS == 3, "NUM_CONSUMERS: 2 or 3 warpgroups")
+        gl.warp_specialize(
+            [
+                (_consumer_0, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
+                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
+                (_consumer_1, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
+                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
+                (_consumer_2, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
+                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+                             off_b, off_h, off_hk, m0, n_kv)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# configs and launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HopperFwdConfig:
+    """One launch shape of `_attn_fwd_hopper`."""
+
+    block_m: int  # query rows per consumer warpgroup (wgmma's M: 64)
+    block_n: int  # keys per K/V tile
+    consumers: int  # consumer warpgroups per program (2 or 3)
+    stages: int  # K/V tiles in flight (shared memory: 2 * stages * block_n * headdim * 2 bytes)
+    consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
+    producer_regs: int = 24  # of the producer's warpgroup
+
+
+# Per head dim. Register budget: consumers * 128 * consumer_regs + 128 * producer_regs <= 65536.
+CONFIGS = {
+    64: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
+    128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+}
+
+# FLASHTRAIN_HOPPER_FWD=0 sends every call to the portable forward (A/B measurements, a safety valve)
+ENABLED = os.environ.get("FLASHTRAIN_HOPPER_FWD", "1") != "0"
+
+
+def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
+    """Where this kernel beat the portable one, forward alone on one H200 (bf16, batch x seqlen = 16k
+    tokens, benchmarks/NOTES_attention.md "Gluon forward"): head dim 128 at every length measured
+    (1k-16k, causal and full: 1.13-1.28x); head dim 64 only causal from 4k queries (1.01-1.03x; full
+    0.99-1.00x, 1k 0.82-0.92x). Shorter calls keep the portable kernel, which was not measured against
+    this one there."""
+    if headdim == 128:
+        return seqlen_q >= 1024
+    return headdim == 64 and causal and seqlen_q >= 4096
+
+
+def eligible(
+    *, capability, dtype, headdim, seqlen_q, seqlen_k, win_left, win_right, key_padding, dropout_p, varlen,
+    merge,
+) -> bool:  # fmt: skip
+    """Whether a forward call takes this kernel: a dense bf16/fp16 call on an sm_90 GPU, full or causal
+    (window (None, 0)), without dropout, key padding or a merge, where `faster_here` says it pays."""
+    if capability != (9, 0) or dtype not in (torch.bfloat16, torch.float16) or headdim not in CONFIGS:
+        return False
+    if varlen or merge or key_padding or dropout_p != 0.0:
+        return False
+    if win_left is not None or win_right not in (None, 0):  # other windows: the portable kernel
+        return False
+    return seqlen_q > 0 and seqlen_k > 0 and faster_here(headdim, seqlen_q, win_right == 0)
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """TMA reads a tensor through a descriptor: 16-byte aligned base and strides (unit last stride)."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
+
+
+def supports(q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varlen, merge) -> bool:
+    """`eligible` for these tensors (dense (batch, seqlen, heads, headdim) CUDA tensors that TMA can read);
+    everything else takes the portable kernel."""
+    if not ENABLED or INTERPRET or q.device.type != "cuda" or varlen:
+        return False
+    ok = eligible(
+        capability=torch.cuda.get_device_capability(q.device), dtype=q.dtype, headdim=q.shape[-1],
+        seqlen_q=q.shape[1], seqlen_k=k.shape[1], win_left=win_left, win_right=win_right,
+        key_padding=key_padding_mask is not None, dropout_p=dropout_p, varlen=varlen, merge=merge,
+    )  # fmt: skip
+    return ok and all(_tma_ready(t) for t in (q, k, v))
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A (batch, heads, seqlen, headdim) TMA view of t (batch, seqlen, heads, headdim), read in blocks
+    of `rows` tokens of one head: the descriptor's bounds give each head its own zero-filled tail (and
+    clip a store's rows past the sequence)."""
+    batch, seqlen, heads, headdim = t.shape
+    strides = [t.stride(0), t.stride(2), t.stride(1), 1]
+    layout = _smem_layout(rows, headdim, t.dtype)
+    return TensorDescriptor(t, [batch, heads, seqlen, headdim], strides, [1, 1, rows, headdim], layout)
+
+
+@functools.cache
+def _smem_layout(rows: int, headdim: int, dtype: torch.dtype):
+    # cached: building the layout took 7 of the 10 us a descriptor cost on the host
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, headdim], _GL_DTYPES[dtype])
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def flash_attn_forward_hopper(
+    q, k, v, *, sm_scale: float, causal: bool, config: HopperFwdConfig | None = None
+):
+    """(out, base-2 lse (B, H, Sq)) as `_flash_fwd.flash_attn_forward` returns them; the caller checked
+    `supports`. config: None takes CONFIGS[headdim]."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    cfg = config or CONFIGS[headdim]
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # (B, Sq, H, D), contiguous
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    rows = cfg.block_m * cfg.consumers
+    grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
+    _attn_fwd_hopper[grid](
+        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
+        descriptor(out, cfg.block_m), lse, lse.stride(0), lse.stride(1),
+        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sched_slots_for(q.device, causal),
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4,
+    )  # fmt: skip
+    return out, lse

@@ -1,0 +1,204 @@
+"""The Gluon Hopper forward (`kernels._flash_fwd_hopper`): which calls take it, that it builds, and (on
+an H100/H200) that it matches the float64 reference.
+
+It never runs under Triton's interpreter (Gluon kernels do not), so on CPU its configs are built for
+sm_90 with Triton's compiler (`benchmarks/check_hopper_builds.py`) and its dispatch rule is checked;
+the GPU-marked tests run it in bf16 and fp16 on shapes that reach every edge of its schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels import _flash_fwd_hopper as hopper
+from kernels import flash_attention, flash_attention_qkvpacked
+from kernels._common import lse_to_natural
+from kernels.reference import attention_qkvpacked_reference, attention_reference
+from tests.kernels._flash_utils import assert_close_rule, check_against_reference, randn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "benchmarks", "check_hopper_builds.py")
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+def run_build_tool(tmp_path, *args) -> tuple[int, list[dict]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiles for the GPU
+    out = tmp_path / "builds.json"
+    proc = subprocess.run(
+        [sys.executable, TOOL, "--out", str(out), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.returncode, json.loads(out.read_text())["results"]
+
+
+@pytest.mark.slow
+def test_every_config_builds_for_sm90_without_spills(tmp_path):
+    rc, results = run_build_tool(tmp_path)
+    bad = [r for r in results if r["status"] != "ok"]
+    assert not bad, "\n".join(f"d{r['headdim']} {r['config']} causal={r['causal']}: {r}" for r in bad)
+    assert rc == 0
+    assert {r["headdim"] for r in results} == set(hopper.CONFIGS)
+    assert {(r["causal"], r["dtype"]) for r in results} == {
+        (c, d) for c in (True, False) for d in ("bfloat16", "float16")
+    }
+    assert all(0 < r["shared"] <= 232448 and r["stack"] == 0 for r in results)
+
+
+@pytest.mark.slow
+def test_build_check_reports_a_config_that_spills(tmp_path):
+    """Three consumer warpgroups at 160 registers each spill at head dim 64: the check must say so."""
+    rc, results = run_build_tool(tmp_path, "--config", "64:64,128,3,3,160")
+    assert rc == 1
+    assert {r["status"] for r in results} == {"spills"}
+    assert all(r["stack"] > 0 for r in results)
+
+
+PLAIN = dict(
+    capability=(9, 0), dtype=BF16, headdim=128, seqlen_q=4096, seqlen_k=4096, win_left=None, win_right=None,
+    key_padding=False, dropout_p=0.0, varlen=False, merge=False,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, takes",
+    [
+        ({}, True),
+        (dict(win_right=0), True),  # causal
+        (dict(dtype=F16), True),
+        (dict(seqlen_q=1024, seqlen_k=77), True),
+        (dict(seqlen_q=1000), False),  # shorter than measured
+        (dict(headdim=64), False),  # d64 full: not faster
+        (dict(headdim=64, win_right=0), True),  # d64 causal from 4k
+        (dict(headdim=64, win_right=0, seqlen_q=2048), False),
+        (dict(headdim=96), False),  # no config
+        (dict(headdim=256), False),
+        (dict(capability=(8, 0)), False),
+        (dict(capability=(10, 0)), False),
+        (dict(dtype=torch.float32), False),
+        (dict(win_right=5), False),  # windows, padding, dropout, varlen and merges: the portable kernel
+        (dict(win_left=100, win_right=0), False),
+        (dict(key_padding=True), False),
+        (dict(dropout_p=0.1), False),
+        (dict(varlen=True), False),
+        (dict(merge=True), False),
+        (dict(seqlen_k=0), False),
+    ],
+)
+def test_which_calls_take_the_hopper_forward(change, takes):
+    assert hopper.eligible(**{**PLAIN, **change}) is takes
+
+
+def test_cpu_tensors_never_take_it():
+    q = torch.randn(1, 4096, 2, 128, dtype=BF16)
+    kw = dict(win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, varlen=False, merge=False)
+    assert not hopper.supports(q, q, q, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU (sm_90): the kernel itself on every edge of its schedule, and the public API taking it
+# ---------------------------------------------------------------------------------------------------
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal): one key; lengths that are no multiple of any
+# tile; GQA and MQA; causal with seqlen_q != seqlen_k both ways (rows that see no key: out 0, lse -inf);
+# a single query against many keys; the steady-state loop at 4k.
+EDGES = [
+    (2, 128, 128, 4, 4, False), (2, 128, 128, 4, 4, True), (1, 1, 1, 2, 2, False), (1, 1, 300, 2, 1, True),
+    (1, 17, 17, 2, 2, True), (2, 127, 129, 4, 2, False), (2, 129, 127, 4, 2, True), (1, 300, 300, 3, 1, True),
+    (1, 129, 1000, 2, 2, True), (1, 1000, 129, 2, 2, True), (2, 1000, 1000, 4, 4, False),
+    (1, 4096, 4096, 4, 2, True),
+]  # fmt: skip
+
+
+def _hopper_gpu():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(
+    not _hopper_gpu(), reason="the Gluon forward is built for sm_90 (H100/H200)"
+)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("headdim", sorted(hopper.CONFIGS))
+@pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c)))
+def test_gpu_kernel_matches_reference(case, headdim, dtype):
+    b, sq, sk, h, hk, causal = case
+    torch.manual_seed(sq + sk + headdim)
+    q = randn(b, sq, h, headdim, dtype=dtype, device="cuda", requires_grad=False)
+    k, v = (randn(b, sk, hk, headdim, dtype=dtype, device="cuda", requires_grad=False) for _ in range(2))
+    scale = headdim**-0.5
+    out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=scale, causal=causal)
+    ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref64, ref_lp, dtype)
+    assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), dtype)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, h, hk, d, causal",
+    [(1, 4096, 4, 2, 64, True), (2, 1024, 4, 4, 128, False), (1, 2048, 8, 1, 128, True)],
+)
+def test_gpu_public_api_takes_it_and_matches(monkeypatch, b, sq, h, hk, d, causal):
+    """flash_attention sends these calls to the Hopper forward (the backward stays the portable one)
+    and its outputs, lse and gradients pass the tolerance rule."""
+    calls = []
+    real = hopper.flash_attn_forward_hopper
+    monkeypatch.setattr(
+        hopper, "flash_attn_forward_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    torch.manual_seed(sq + d)
+    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
+    k, v = (randn(b, sq, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    kw = dict(causal=causal, return_lse=True)
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, **kw),
+        lambda q, k, v: attention_reference(q, k, v, **kw),
+        [q, k, v],
+        BF16,
+    )
+    assert calls
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_packed_qkv_takes_it(monkeypatch):
+    """GPT-2's layout (q, k, v views of one projection output) at GPT-2 medium's head dim."""
+    calls = []
+    real = hopper.flash_attn_forward_hopper
+    monkeypatch.setattr(
+        hopper, "flash_attn_forward_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    torch.manual_seed(3)
+    qkv = randn(1, 4096, 3 * 4, 64, dtype=BF16, device="cuda")
+    check_against_reference(
+        lambda qkv: flash_attention_qkvpacked(qkv, causal=True, return_lse=True),
+        lambda qkv: attention_qkvpacked_reference(qkv, causal=True, return_lse=True),
+        [qkv],
+        BF16,
+        names=("qkv",),
+    )
+    assert calls
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_other_calls_keep_the_portable_kernel(monkeypatch):
+    monkeypatch.setattr(
+        hopper, "flash_attn_forward_hopper", lambda *a, **kw: pytest.fail("took the Hopper path")
+    )
+    q = torch.randn(1, 4096, 2, 64, device="cuda", dtype=BF16)
+    flash_attention(q, q, q)  # d64 full
+    flash_attention(q, q, q, causal=True, window=(256, 0))
+    flash_attention(q, q, q, causal=True, dropout_p=0.1)
+    flash_attention(q[:, :1000], q[:, :1000], q[:, :1000], causal=True)  # shorter than 4k at d64
