@@ -9,7 +9,10 @@
 #       Gluon forward next to FlexAttention, SDPA flash and cuDNN (B); the GPU kernel tests
 #   source .whl/install.sh && bash benchmarks/run_gpu_s24.sh 6   # GPT-2 medium 8k: ours with and without the
 #       Gluon forward, SDPA flash, ours again
-#   bash benchmarks/run_gpu_s24.sh 7   # the GPU record of the final tree: kernel tests, flashtrain GPU tests
+#   source .whl/install.sh && bash benchmarks/run_gpu_s24.sh 7   # the GPU record of the final tree: kernel
+#       tests, flashtrain GPU tests
+#   bash benchmarks/run_gpu_s24.sh 8   # n16k, d64/d128: ours with the portable forward, then with the Gluon
+#       forward next to FlexAttention, SDPA flash and cuDNN
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -17,7 +20,7 @@ train() {  # train NAME ENV_VALUE IMPL
   FLASHTRAIN_HOPPER_FWD=$2 timeout 170 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 \
     --impls "$3" --steps 20 --out "$OUT/train_medium8k_$1.json" 2>&1 | grep "^|.*gpt2\|rror"
 }
-case "${1:?part 1, 2, 5, 6 or 7}" in
+case "${1:?part 1, 2, 5, 6, 7 or 8}" in
 1)
   HANG_S=230 timeout 280 python benchmarks/check_hopper_fwd.py --out "$OUT/hopper_fwd_call1.json" 2>&1 \
     | tee "$OUT/check_call1.log" | grep -v "^ok"
@@ -45,5 +48,11 @@ case "${1:?part 1, 2, 5, 6 or 7}" in
   tail -n 3 "$OUT/kernel_gpu_tests.log"
   timeout 90 python -m pytest -q -m gpu tests/flashtrain -rf > "$OUT/flashtrain_gpu_tests.log" 2>&1
   tail -n 3 "$OUT/flashtrain_gpu_tests.log"
+  ;;
+8)
+  FLASHTRAIN_HOPPER_FWD=0 timeout 120 python benchmarks/bench_attention.py --headdims 64 128 --seqlens 16384 \
+    --impls triton --out "$OUT/attention_n16k_portable_fwd.json" 2>&1 | grep "^d="
+  timeout 300 python benchmarks/bench_attention.py --headdims 64 128 --seqlens 16384 \
+    --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_n16k_hopper_fwd.json" 2>&1 | grep "^d="
   ;;
 esac
