@@ -8,7 +8,8 @@ by hand in Gluon (Triton's lower-level language, shipped with Triton 3.6):
 - one producer warp streams K and V tiles into a ring of shared-memory stages with TMA bulk copies
   (mbarriers say when a stage is full, and when every consumer is done with it);
 - NUM_CONSUMERS warpgroups each own BLOCK_M query rows of the program's tile and share the K/V stages;
-  while one warpgroup runs its softmax, the other's matrix products keep the tensor cores busy;
+  while one warpgroup runs its softmax, the other's matrix products can keep the tensor cores busy (the
+  warp schedulers interleave them; there is no explicit ping-pong barrier between the two);
 - inside a warpgroup the scores of the next key tile are issued (asynchronous wgmma) before the softmax
   of the current one, and P @ V of the current one runs alongside that softmax (intra-warpgroup overlap).
 
@@ -36,25 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import INTERPRET, LOG2E, sched_slots_for
-
-
-@gluon.jit
-def _program_ids(sched_slots):
-    """(query tile, number of tiles, head, batch) of this program: the portable kernels' chunked,
-    heaviest-tile-first order (`_common.tile_program_ids`), for causal calls; the grid order otherwise."""
-    n_tiles = gl.num_programs(0)
-    nheads = gl.num_programs(1)
-    n_groups = nheads * gl.num_programs(2)
-    pid = gl.program_id(0) + n_tiles * (gl.program_id(1) + nheads * gl.program_id(2))
-    chunk = gl.minimum(gl.cdiv(4 * sched_slots, n_tiles), sched_slots // 4)
-    chunk = gl.minimum(gl.maximum(chunk, 1), n_groups)
-    first = (pid // (chunk * n_tiles)) * chunk
-    in_chunk = gl.minimum(chunk, n_groups - first)
-    within = pid - first * n_tiles
-    tile = within // in_chunk
-    group = first + within - tile * in_chunk
-    return tile, n_tiles, group % nheads, group // nheads
+from ._common import INTERPRET, LOG2E, sched_slots_for, tile_program_ids
 
 
 @gluon.jit
@@ -222,39 +205,6 @@ def _consumer(
 
 
 @gluon.jit
-def _consumer_0(
-    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
-    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL: gl.constexpr,
-):  # fmt: skip
-    _consumer(
-        q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h, m0, n_kv,
-        seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _consumer_1(
-    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
-    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL: gl.constexpr,
-):  # fmt: skip
-    _consumer(
-        q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h, m0, n_kv,
-        seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _consumer_2(
-    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
-    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL: gl.constexpr,
-):  # fmt: skip
-    _consumer(
-        q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h, m0, n_kv,
-        seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 2, CAUSAL,
-    )  # fmt: skip
-
-
-@gluon.jit
 def _attn_fwd_hopper(
     q_desc, k_desc, v_desc, o_desc, LSE,
     stride_lb, stride_lh,
@@ -267,7 +217,7 @@ def _attn_fwd_hopper(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if CAUSAL:
-        pid_m, n_tiles, off_h, off_b = _program_ids(sched_slots)
+        pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
         pid_m = n_tiles - 1 - pid_m  # the rows that see the most keys first
     else:
         pid_m = gl.program_id(0)
@@ -294,37 +244,21 @@ def _attn_fwd_hopper(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
 
-    # (Gluon takes no starred arguments, and a tuple held in a variable turns its constexprs into
-    # run-time values: each partition's tuple is written out in the call)
-    if NUM_CONSUMERS == 2:
-        gl.warp_specialize(
-            [
-                (_consumer_0, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
-                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
-                (_consumer_1, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
-                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
-                             off_b, off_h, off_hk, m0, n_kv)),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-    else:
-        gl.static_assert(NUM_CONSUMERS == 3, "NUM_CONSUMERS: 2 or 3 warpgroups")
-        gl.warp_specialize(
-            [
-                (_consumer_0, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
-                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
-                (_consumer_1, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
-                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
-                (_consumer_2, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b,
-                               off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, CAUSAL)),
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
-                             off_b, off_h, off_hk, m0, n_kv)),
-            ],
-            [4, 4, 1],
-            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
+    # (Gluon takes no starred arguments, and a tuple held in a variable turns its constexprs (the
+    # warpgroup index WG, CAUSAL) into run-time values: each partition's tuple is written out in the call)
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups (a third does not fit the registers)")
+    gl.warp_specialize(
+        [
+            (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
+                         m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL)),
+            (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
+                         m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+                         off_b, off_h, off_hk, m0, n_kv)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -338,7 +272,7 @@ class HopperFwdConfig:
 
     block_m: int  # query rows per consumer warpgroup (wgmma's M: 64)
     block_n: int  # keys per K/V tile
-    consumers: int  # consumer warpgroups per program (2 or 3)
+    consumers: int  # consumer warpgroups per program (2: three at d64 spill even at 160 registers each)
     stages: int  # K/V tiles in flight (shared memory: 2 * stages * block_n * headdim * 2 bytes)
     consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
     producer_regs: int = 24  # of the producer's warpgroup

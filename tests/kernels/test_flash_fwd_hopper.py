@@ -53,8 +53,8 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
 
 @pytest.mark.slow
 def test_build_check_reports_a_config_that_spills(tmp_path):
-    """Three consumer warpgroups at 160 registers each spill at head dim 64: the check must say so."""
-    rc, results = run_build_tool(tmp_path, "--config", "64:64,128,3,3,160")
+    """Consumer warpgroups held to 160 registers spill at head dim 128: the check must say so."""
+    rc, results = run_build_tool(tmp_path, "--config", "128:64,128,2,2,160")
     assert rc == 1
     assert {r["status"] for r in results} == {"spills"}
     assert all(r["stack"] > 0 for r in results)
