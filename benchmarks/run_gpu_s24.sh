@@ -11,6 +11,8 @@
 #       Gluon forward, SDPA flash, ours again
 #   source .whl/install.sh && bash benchmarks/run_gpu_s24.sh 7   # the GPU record of the final tree: kernel
 #       tests, flashtrain GPU tests
+#   bash benchmarks/run_gpu_s24.sh 9   # the final tree (after review mends): GPU kernel tests; the configs in use
+#       checked and timed against the portable forward again
 #   bash benchmarks/run_gpu_s24.sh 8   # n16k, d64/d128: ours with the portable forward, then with the Gluon
 #       forward next to FlexAttention, SDPA flash and cuDNN
 set -uo pipefail
@@ -20,7 +22,7 @@ train() {  # train NAME ENV_VALUE IMPL
   FLASHTRAIN_HOPPER_FWD=$2 timeout 170 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 \
     --impls "$3" --steps 20 --out "$OUT/train_medium8k_$1.json" 2>&1 | grep "^|.*gpt2\|rror"
 }
-case "${1:?part 1, 2, 5, 6, 7 or 8}" in
+case "${1:?part 1, 2, 5, 6, 7, 8 or 9}" in
 1)
   HANG_S=230 timeout 280 python benchmarks/check_hopper_fwd.py --out "$OUT/hopper_fwd_call1.json" 2>&1 \
     | tee "$OUT/check_call1.log" | grep -v "^ok"
@@ -54,5 +56,11 @@ case "${1:?part 1, 2, 5, 6, 7 or 8}" in
     --impls triton --out "$OUT/attention_n16k_portable_fwd.json" 2>&1 | grep "^d="
   timeout 300 python benchmarks/bench_attention.py --headdims 64 128 --seqlens 16384 \
     --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_n16k_hopper_fwd.json" 2>&1 | grep "^d="
+  ;;
+9)
+  timeout 260 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests_final.log" 2>&1
+  tail -n 3 "$OUT/kernel_gpu_tests_final.log"
+  HANG_S=280 timeout 290 python benchmarks/check_hopper_fwd.py --quick --check-quick \
+    --out "$OUT/hopper_fwd_final.json" 2>&1 | tee "$OUT/check_final.log" | grep -v "^ok"
   ;;
 esac
