@@ -27,24 +27,6 @@ sys.path.insert(0, ROOT)
 SMEM_LIMIT = 232448  # bytes a block may use on an H100/H200
 
 
-def compile_for_sm90(jit, args: list, meta: dict):
-    """`jit` specialised on example arguments (CPU tensors, host descriptors) and compiled for sm_90."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(jit.signature, jit.params, backend)
-    bound, specialization, options = binder(*args, **meta)
-    options, signature, constexprs, attrs = jit._pack_args(backend, meta, bound, specialization, options)
-    return triton.compile(
-        GluonASTSource(jit, signature, constexprs, attrs), target=target, options=options.__dict__
-    )
-
-
 def stack_bytes(cubin: bytes) -> int | None:
     """Per-thread stack (spilled registers and the like) of the cubin's kernel, from cuobjdump."""
     import triton
@@ -63,6 +45,7 @@ def stack_bytes(cubin: bytes) -> int | None:
 def build(headdim: int, cfg, causal: bool, dtype) -> dict:
     import torch
 
+    from benchmarks.check_kernel_builds import compile_kernel
     from kernels import _flash_fwd_hopper as hopper
 
     result = dict(headdim=headdim, config=str(cfg), causal=causal, dtype=str(dtype).removeprefix("torch."))
@@ -79,7 +62,7 @@ def build(headdim: int, cfg, causal: bool, dtype) -> dict:
             CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             PRODUCER_REGS=cfg.producer_regs, num_warps=4,
         )  # fmt: skip
-        compiled = compile_for_sm90(hopper._attn_fwd_hopper, args, meta)
+        compiled = compile_kernel(hopper._attn_fwd_hopper, args, meta)
         shared, stack = compiled.metadata.shared, stack_bytes(compiled.asm["cubin"])
         if shared > SMEM_LIMIT:
             status = "over shared memory"

@@ -29,6 +29,7 @@ from benchmarks.common import time_ms, write_results  # noqa: E402
 from kernels import _flash_fwd, _flash_fwd_hopper  # noqa: E402
 from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
+from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402  (the GPU tests' edge shapes)
 
 LOG2E = 1.4426950408889634
 
@@ -37,29 +38,13 @@ CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CO
     128: [Cfg(64, 64, 2, 4, 240), Cfg(64, 128, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
 }
 
-# (batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal)
-EDGE_SHAPES = [
-    (2, 128, 128, 4, 4, False), (2, 128, 128, 4, 4, True), (1, 1, 1, 2, 2, False), (1, 1, 300, 2, 1, True),
-    (1, 17, 17, 2, 2, True), (2, 127, 129, 4, 2, False), (2, 129, 127, 4, 2, True), (1, 300, 300, 3, 1, True),
-    (1, 129, 1000, 2, 2, True), (1, 1000, 129, 2, 2, True), (2, 1000, 1000, 4, 4, False), (1, 4096, 4096, 4, 2, True),
-]  # fmt: skip
-
 
 def reference(q, k, v, causal, scale):
-    """fp32 out and base-2 lse, (B, S, H, D) layout; GQA by repeating K/V."""
-    group = q.shape[2] // k.shape[2]
-    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
-    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
-    s = qf @ kf.transpose(-1, -2) * scale
-    if causal:
-        nq, nk = q.shape[1], k.shape[1]
-        keep = (
-            torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + nk - nq
-        )
-        s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return (p @ vf).transpose(1, 2), lse * LOG2E
+    """fp32 out and base-2 lse (`kernels.reference.attention_reference` on fp32 copies)."""
+    out, lse = attention_reference(
+        q.float(), k.float(), v.float(), causal=causal, softmax_scale=scale, return_lse=True
+    )
+    return out, lse * LOG2E
 
 
 def portable(q, k, v, causal, scale):
@@ -182,9 +167,7 @@ def main():
     for d, cfgs in candidates.items():
         for cfg in cfgs[:1] if args.check_quick else cfgs:
             for dtype in (torch.bfloat16, torch.float16):
-                ok, rows = check_config(
-                    cfg, d, dtype, EDGE_SHAPES if dtype == torch.bfloat16 else EDGE_SHAPES[:6]
-                )
+                ok, rows = check_config(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
                 all_ok &= ok
                 checks.append(dict(config=str(cfg), rows=rows))
             if d == 64:

@@ -226,6 +226,24 @@ def _configs_to_build(launch, all_configs: bool, tries=()):
     return out
 
 
+def compile_kernel(jit, args: list, meta: dict, arch: int = 90):
+    """`jit` (a Triton or Gluon kernel) specialised on example arguments (CPU tensors, host TMA
+    descriptors, scalars) and compiled for sm_`arch` with Triton's own compiler, as a launch would."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(jit.signature, jit.params, backend)
+    bound, specialization, options = binder(*args, **meta)
+    options, signature, constexprs, attrs = jit._pack_args(backend, meta, bound, specialization, options)
+    source = GluonASTSource if getattr(jit, "is_gluon", lambda: False)() else ASTSource
+    return triton.compile(source(jit, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
 def build(job) -> dict:
     """Compile one (launch, config) for the target; never raises."""
     launch, label, meta, arch = job
@@ -238,21 +256,11 @@ def build(job) -> dict:
     try:
         import importlib
 
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource, make_backend
-        from triton.runtime.jit import JITFunction, create_function_from_signature
+        from triton.runtime.jit import JITFunction
 
         fn = getattr(importlib.import_module(module_name), kernel_name)
         jit = fn if isinstance(fn, JITFunction) else JITFunction(fn.fn if hasattr(fn, "fn") else fn)
-        target = GPUTarget("cuda", arch, 32)
-        backend = make_backend(target)
-        binder = create_function_from_signature(jit.signature, jit.params, backend)
-        bound, specialization, options = binder(*[_rebuild(a) for a in args], **meta)
-        options, signature, constexprs, attrs = jit._pack_args(backend, meta, bound, specialization, options)
-        compiled = triton.compile(
-            ASTSource(jit, signature, constexprs, attrs), target=target, options=options.__dict__
-        )
+        compiled = compile_kernel(jit, [_rebuild(a) for a in args], meta, arch)
         shared = compiled.metadata.shared
         over = shared > SMEM_LIMIT.get(arch, 101376)
         result.update(status="over shared memory" if over else "ok", shared=shared)

@@ -4,7 +4,7 @@ Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_he
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
 check_dtype, check_heads, check_window, check_causal, check_dropout, check_key_padding_mask,
-check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sm_count, sched_slots_for (the program-order argument).
+check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sm_count, compute_capability, sched_slots_for (the program-order argument).
 Triton side (@triton.jit): load_tile/store_tile (masked only where needed), tile_program_ids (which tile,
 head and batch a program takes: causal calls heaviest tiles first), varlen_bounds, visible_range (masked /
 fully visible tile ranges for causal and windows), dropout_keep (Philox keep-mask from global positions)
@@ -361,6 +361,17 @@ def sm_count(device: torch.device) -> int:
 @functools.cache
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def compute_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, read once per device (every forward call
+    asks, to choose its kernel)."""
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 @triton.jit

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import INTERPRET, LOG2E, sched_slots_for, tile_program_ids
+from ._common import INTERPRET, LOG2E, compute_capability, sched_slots_for, tile_program_ids
 
 
 @gluon.jit
@@ -323,10 +323,10 @@ def _tma_ready(t: torch.Tensor) -> bool:
 def supports(q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varlen, merge) -> bool:
     """`eligible` for these tensors (dense (batch, seqlen, heads, headdim) CUDA tensors that TMA can read);
     everything else takes the portable kernel."""
-    if not ENABLED or INTERPRET or q.device.type != "cuda" or varlen:
+    if not ENABLED or INTERPRET or q.device.type != "cuda" or varlen:  # varlen q is (total, heads, headdim)
         return False
     ok = eligible(
-        capability=torch.cuda.get_device_capability(q.device), dtype=q.dtype, headdim=q.shape[-1],
+        capability=compute_capability(q.device), dtype=q.dtype, headdim=q.shape[-1],
         seqlen_q=q.shape[1], seqlen_k=k.shape[1], win_left=win_left, win_right=win_right,
         key_padding=key_padding_mask is not None, dropout_p=dropout_p, varlen=varlen, merge=merge,
     )  # fmt: skip
