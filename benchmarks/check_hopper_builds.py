@@ -1,13 +1,14 @@
-"""Build the Gluon Hopper forward (`kernels._flash_fwd_hopper`) for sm_90 on a machine without a GPU.
+"""Build the Gluon Hopper kernels (`kernels._flash_fwd_hopper`, `kernels._flash_dq_hopper`) for sm_90 on
+a machine without a GPU.
 
-The kernel never runs under Triton's interpreter, so this is what CI can check of it: every config in
-`CONFIGS` (and any given with --config) compiles for sm_90 with Triton's own compiler and bundled ptxas,
+They never run under Triton's interpreter, so this is what CI can check of them: every config in each
+module's `CONFIGS` (and any given with --config) compiles for sm_90 with Triton's own compiler and bundled ptxas,
 causal and full, bf16 and fp16, within the shared memory an H100/H200 block may use, and without
 register spills (read from the cubin's resource usage with the bundled cuobjdump: the consumer
 warpgroups run at a fixed register budget, and a spill there costs far more than it saves).
 
     python benchmarks/check_hopper_builds.py --out builds.json
-    python benchmarks/check_hopper_builds.py --config 128:64,128,2,2,240   # a candidate
+    python benchmarks/check_hopper_builds.py --config fwd:128:64,128,2,2,240   # a candidate (fwd or dq)
 Exit status 1 when a build fails, overflows shared memory or spills.
 """
 
@@ -42,27 +43,33 @@ def stack_bytes(cubin: bytes) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def build(headdim: int, cfg, causal: bool, dtype) -> dict:
+def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
+    """Compile one config of `kernel` ("fwd" or "dq") for sm_90; never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
+    from kernels import _flash_dq_hopper as dq_hopper
     from kernels import _flash_fwd_hopper as hopper
 
-    result = dict(headdim=headdim, config=str(cfg), causal=causal, dtype=str(dtype).removeprefix("torch."))
+    result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
+                  dtype=str(dtype).removeprefix("torch."))  # fmt: skip
     start = time.time()
     try:
         q = torch.randn(2, 1000, 4, headdim, dtype=dtype)  # a length that is no multiple of any tile
         lse = torch.empty(2, 4, 1000)
-        args = [
-            hopper.descriptor(q, cfg.block_m), hopper.descriptor(q, cfg.block_n),
-            hopper.descriptor(q, cfg.block_n), hopper.descriptor(q, cfg.block_m),
-            lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264,
-        ]  # fmt: skip
+        rows, keys = hopper.descriptor(q, cfg.block_m), hopper.descriptor(q, cfg.block_n)
+        if kernel == "fwd":
+            jit = hopper._attn_fwd_hopper
+            args = [rows, keys, keys, rows, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264]
+        else:
+            jit = dq_hopper._attn_bwd_dq_hopper
+            args = [rows, rows, keys, keys, rows, q, lse, lse, q.stride(0), q.stride(1), q.stride(2),
+                    lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 0.125, 264]  # fmt: skip
         meta = dict(
             CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             PRODUCER_REGS=cfg.producer_regs, num_warps=4,
         )  # fmt: skip
-        compiled = compile_kernel(hopper._attn_fwd_hopper, args, meta)
+        compiled = compile_kernel(jit, args, meta)
         shared, stack = compiled.metadata.shared, stack_bytes(compiled.asm["cubin"])
         if shared > SMEM_LIMIT:
             status = "over shared memory"
@@ -79,10 +86,13 @@ def build(headdim: int, cfg, causal: bool, dtype) -> dict:
 
 
 def parse_config(text: str):
+    """KERNEL:HEADDIM:fields -> (kernel, headdim, config)."""
+    from kernels._flash_dq_hopper import HopperDqConfig
     from kernels._flash_fwd_hopper import HopperFwdConfig
 
-    headdim, fields = text.split(":")
-    return int(headdim), HopperFwdConfig(*(int(x) for x in fields.split(",")))
+    kernel, headdim, fields = text.split(":")
+    cls = {"fwd": HopperFwdConfig, "dq": HopperDqConfig}[kernel]
+    return kernel, int(headdim), cls(*(int(x) for x in fields.split(",")))
 
 
 def main():
@@ -90,23 +100,28 @@ def main():
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument(
         "--config", action="append", default=[],
-        help="HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs] instead of CONFIGS",
+        help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs] (KERNEL fwd or dq) "
+        "instead of the CONFIGS",
     )  # fmt: skip
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run without TRITON_INTERPRET=1: this process compiles for the GPU")
     import torch
 
-    from kernels._flash_fwd_hopper import CONFIGS
+    from kernels import _flash_dq_hopper, _flash_fwd_hopper
 
-    configs = [parse_config(c) for c in args.config] or sorted(CONFIGS.items())
+    configs = [parse_config(c) for c in args.config] or [
+        (kernel, d, cfg)
+        for kernel, module in (("fwd", _flash_fwd_hopper), ("dq", _flash_dq_hopper))
+        for d, cfg in sorted(module.CONFIGS.items())
+    ]
     results = []
-    for headdim, cfg in configs:
+    for kernel, headdim, cfg in configs:
         for causal in (True, False):
             for dtype in (torch.bfloat16, torch.float16):
-                results.append(build(headdim, cfg, causal, dtype))
+                results.append(build(kernel, headdim, cfg, causal, dtype))
                 r = results[-1]
-                print(f"{r['status']:>18}  d{headdim} {cfg} causal={causal} {r['dtype']}: "
+                print(f"{r['status']:>18}  {kernel} d{headdim} {cfg} causal={causal} {r['dtype']}: "
                       f"{r.get('shared', '-')} B shared, stack {r.get('stack', '-')}, {r['seconds']} s"
                       + (f"  {r['error']}" if "error" in r else ""), flush=True)  # fmt: skip
     if args.out:

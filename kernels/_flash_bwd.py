@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _flash_dq_hopper
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -563,7 +564,14 @@ def flash_attn_backward(
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)
-    if only != "dkdv" and not atomic_dq:
+    if delta_here and not accumulate and _flash_dq_hopper.supports(
+        q, k, v, do, out, dq, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, varlen=varlen,
+    ):  # fmt: skip
+        # Hopper: the warp-specialised dq kernel (it writes delta too)
+        _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,
+                                              causal=win_right == 0)  # fmt: skip
+    elif only != "dkdv" and not atomic_dq:
         grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
         _bwd_dq_tuned[grid_q](
             q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, out if delta_here else lse,

@@ -48,13 +48,20 @@ def _producer(
     """One warp: each consumer's Q rows once, then K and V tiles n_kv - 1 .. 0 into the stage ring."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[3]
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(c), q_smem.index(c)
         )
+    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv)
+
+
+@gluon.jit
+def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv):
+    """K and V tiles n_kv - 1 .. 0 of one key head into the ring of stages (the producer's loop; the
+    Hopper dq kernel streams K and V the same way)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
     for i in range(n_kv):
         stage = i % STAGES
         # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
@@ -71,7 +78,7 @@ def _producer(
 
 
 @gluon.jit
-def _masked_scores(s, start_n, rows, seqlen_k, diag, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+def masked_scores(s, start_n, rows, seqlen_k, diag, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
     """Scores of keys past the sequence (or, causal, right of each row's diagonal) set to -inf."""
     BLOCK_N: gl.constexpr = s.shape[1]
     cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -121,7 +128,7 @@ def _consumer_steps(
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         s, p_op = warpgroup_mma_wait(1, deps=(s, p_op))  # the scores are in; P @ V may still run
         if MASKED:
-            s = _masked_scores(s, (n_kv - 1 - i) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+            s = masked_scores(s, (n_kv - 1 - i) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
         p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, MASKED)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
@@ -166,7 +173,7 @@ def _consumer(
         q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True
     )
     s = warpgroup_mma_wait(0, deps=(s,))
-    s = _masked_scores(s, (n_kv - 1) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+    s = masked_scores(s, (n_kv - 1) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, True)
@@ -301,36 +308,47 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
 
 def eligible(
     *, capability, dtype, headdim, seqlen_q, seqlen_k, win_left, win_right, key_padding, dropout_p, varlen,
-    merge,
+    merge, rule=faster_here,
 ) -> bool:  # fmt: skip
     """Whether a forward call takes this kernel: a dense bf16/fp16 call on an sm_90 GPU, full or causal
-    (window (None, 0)), without dropout, key padding or a merge, where `faster_here` says it pays."""
+    (window (None, 0)), without dropout, key padding or a merge, where `rule(headdim, seqlen_q, causal)`
+    says it pays (the Hopper dq kernel passes its own)."""
     if capability != (9, 0) or dtype not in (torch.bfloat16, torch.float16) or headdim not in CONFIGS:
         return False
     if varlen or merge or key_padding or dropout_p != 0.0:
         return False
     if win_left is not None or win_right not in (None, 0):  # other windows: the portable kernel
         return False
-    return seqlen_q > 0 and seqlen_k > 0 and faster_here(headdim, seqlen_q, win_right == 0)
+    return seqlen_q > 0 and seqlen_k > 0 and rule(headdim, seqlen_q, win_right == 0)
 
 
-def _tma_ready(t: torch.Tensor) -> bool:
+def tma_ready(t: torch.Tensor) -> bool:
     """TMA reads a tensor through a descriptor: 16-byte aligned base and strides (unit last stride)."""
     size = t.element_size()
     return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
 
 
 def supports(q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varlen, merge) -> bool:
+    """Whether this forward call takes this kernel (FLASHTRAIN_HOPPER_FWD not 0, and `usable`)."""
+    return ENABLED and usable(
+        q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, varlen=varlen, merge=merge,
+    )  # fmt: skip
+
+
+def usable(
+    q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varlen, merge, rule=faster_here
+) -> bool:
     """`eligible` for these tensors (dense (batch, seqlen, heads, headdim) CUDA tensors that TMA can read);
-    everything else takes the portable kernel."""
-    if not ENABLED or INTERPRET or q.device.type != "cuda" or varlen:  # varlen q is (total, heads, headdim)
+    everything else takes the portable kernel. rule: as `eligible`'s (the Hopper dq kernel's own)."""
+    if INTERPRET or q.device.type != "cuda" or varlen:  # varlen q is (total, heads, headdim)
         return False
     ok = eligible(
         capability=compute_capability(q.device), dtype=q.dtype, headdim=q.shape[-1],
         seqlen_q=q.shape[1], seqlen_k=k.shape[1], win_left=win_left, win_right=win_right,
-        key_padding=key_padding_mask is not None, dropout_p=dropout_p, varlen=varlen, merge=merge,
+        key_padding=key_padding_mask is not None, dropout_p=dropout_p, varlen=varlen, merge=merge, rule=rule,
     )  # fmt: skip
-    return ok and all(_tma_ready(t) for t in (q, k, v))
+    return ok and all(tma_ready(t) for t in (q, k, v))
 
 
 def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:

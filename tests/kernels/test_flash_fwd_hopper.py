@@ -1,5 +1,6 @@
-"""The Gluon Hopper forward (`kernels._flash_fwd_hopper`): which calls take it, that it builds, and (on
-an H100/H200) that it matches the float64 reference.
+"""The Gluon Hopper forward (`kernels._flash_fwd_hopper`): which calls take it, that it builds (the
+Hopper dq kernel's builds are checked here too), and (on an H100/H200) that it matches the float64
+reference.
 
 It never runs under Triton's interpreter (Gluon kernels do not), so on CPU its configs are built for
 sm_90 with Triton's compiler (`benchmarks/check_hopper_builds.py`) and its dispatch rule is checked;
@@ -16,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from kernels import _flash_dq_hopper as dq_hopper
 from kernels import _flash_fwd_hopper as hopper
 from kernels import flash_attention, flash_attention_qkvpacked
 from kernels._common import lse_to_natural
@@ -44,7 +46,8 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
     bad = [r for r in results if r["status"] != "ok"]
     assert not bad, "\n".join(f"d{r['headdim']} {r['config']} causal={r['causal']}: {r}" for r in bad)
     assert rc == 0
-    assert {r["headdim"] for r in results} == set(hopper.CONFIGS)
+    built = {(r["kernel"], r["headdim"]) for r in results}
+    assert built == {("fwd", d) for d in hopper.CONFIGS} | {("dq", d) for d in dq_hopper.CONFIGS}
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
     }
@@ -54,7 +57,7 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
 @pytest.mark.slow
 def test_build_check_reports_a_config_that_spills(tmp_path):
     """Consumer warpgroups held to 160 registers spill at head dim 128: the check must say so."""
-    rc, results = run_build_tool(tmp_path, "--config", "128:64,128,2,2,160")
+    rc, results = run_build_tool(tmp_path, "--config", "fwd:128:64,128,2,2,160")
     assert rc == 1
     assert {r["status"] for r in results} == {"spills"}
     assert all(r["stack"] > 0 for r in results)

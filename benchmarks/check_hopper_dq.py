@@ -1,0 +1,164 @@
+"""The Gluon Hopper dq kernel (`kernels._flash_dq_hopper`) against the portable one, config by config.
+
+1. Correctness: each candidate config on the Hopper forward's edge shapes (tests/kernels/
+   test_flash_fwd_hopper.py's EDGES: lengths 1-4k, GQA/MQA, causal both ways, rows that see no key),
+   bf16 and fp16: dq against an fp32 autograd reference with the tests' rule (max error within 2x that
+   of torch's computation in the input dtype + a floor), delta = rowsum(dO * O) against fp32, no NaN.
+2. Speed: the whole backward (`_flash_bwd.flash_attn_backward`: dq kernel, then the portable dK/dV
+   kernel) with each config's dq kernel and with the portable one, at the benchmark's shapes (batch x
+   seqlen = 16k tokens, nheads x headdim = 2048) and GPT-2 medium's layer (packed QKV, b2 n8k h16 d64
+   causal); and the Gluon dq kernel alone.
+
+    python benchmarks/check_hopper_dq.py --out results.json [--quick]
+Exit status 1 when a config fails a correctness check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.check_hopper_fwd import max_err  # noqa: E402
+from benchmarks.common import time_ms, write_results  # noqa: E402
+from kernels import _flash_bwd, _flash_dq_hopper, _flash_fwd  # noqa: E402
+from kernels._flash_dq_hopper import HopperDqConfig as Cfg  # noqa: E402
+from kernels.reference import attention_reference  # noqa: E402
+from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402
+
+CANDIDATES = {  # the first of each list is the one in use (_flash_dq_hopper.CONFIGS)
+    64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 64, 2, 4, 240), Cfg(64, 128, 2, 2, 240)],
+    128: [Cfg(64, 64, 2, 4, 240), Cfg(64, 64, 2, 3, 240), Cfg(64, 128, 2, 2, 240)],
+}
+
+
+def forward(q, k, v, causal, scale):
+    return _flash_fwd.flash_attn_forward(
+        q, k, v, sm_scale=scale, win_left=None, win_right=0 if causal else None, key_padding_mask=None,
+        dropout_p=0.0, seed=0,
+    )  # fmt: skip
+
+
+def backward(do, q, k, v, out, lse, causal, scale, hopper_dq):
+    _flash_dq_hopper.ENABLED = hopper_dq
+    try:
+        return _flash_bwd.flash_attn_backward(
+            do, q, k, v, out, lse, sm_scale=scale, win_left=None, win_right=0 if causal else None,
+            key_padding_mask=None, dropout_p=0.0, seed=0,
+        )  # fmt: skip
+    finally:
+        _flash_dq_hopper.ENABLED = True
+
+
+def reference_dq(q, k, v, do, causal, scale):
+    """dq of `attention_reference` by autograd, on copies of q, k, v (in their dtype)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
+    (dq,) = torch.autograd.grad(out, q, do.to(out.dtype))
+    return dq
+
+
+def check_config(cfg, d, dtype, shapes):
+    rows, ok = [], True
+    for b, nq, nk, h, hkv, causal in shapes:
+        torch.manual_seed(nq + nk + d)
+        q = torch.randn(b, nq, h, d, device="cuda", dtype=dtype)
+        (
+            k,
+            v,
+        ) = (torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+        do = torch.randn_like(q)
+        scale = 1 / math.sqrt(d)
+        out, lse = forward(q, k, v, causal, scale)
+        dq, delta = torch.empty_like(q), torch.empty_like(lse)
+        _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=scale, causal=causal,
+                                              config=cfg)  # fmt: skip
+        torch.cuda.synchronize()
+        ref = reference_dq(q.float(), k.float(), v.float(), do.float(), causal, scale)
+        lp_err = max_err(reference_dq(q, k, v, do, causal, scale), ref)
+        ref_delta = (do.float() * out.float()).sum(-1).transpose(1, 2)
+        e_dq, e_delta = max_err(dq, ref), max_err(delta, ref_delta)
+        good = not torch.isnan(dq).any() and e_dq <= 2 * lp_err + 2e-3 and e_delta <= 1e-3 * (1 + d**0.5)
+        ok &= bool(good)
+        rows.append(dict(shape=[b, nq, nk, h, hkv, d], causal=causal, dtype=str(dtype)[6:], err_dq=e_dq,
+                         rounding_err_dq=lp_err, err_delta=e_delta, ok=bool(good)))  # fmt: skip
+        if not good:
+            print("FAIL", cfg, rows[-1], flush=True)
+    print(f"{'ok  ' if ok else 'FAIL'} {cfg} d{d} {dtype}: {len(rows)} shapes", flush=True)
+    return ok, rows
+
+
+def speed(d, causal, seqlen, cfgs, packed=False):
+    if packed:
+        b, h = 2, 16
+        qkv = torch.randn(b, seqlen, 3 * h, d, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv.split(h, dim=2)
+    else:
+        b, h = 16384 // seqlen, 2048 // d
+        q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    scale = 1 / math.sqrt(d)
+    out, lse = forward(q, k, v, causal, scale)
+    flops = 2.5 * 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)  # the backward's
+    row = dict(batch=b, seqlen=seqlen, nheads=h, headdim=d, causal=causal, packed=packed)
+    row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False))
+    in_use = _flash_dq_hopper.CONFIGS[d]
+    for cfg in cfgs:
+        key = f"{cfg.block_m}x{cfg.block_n}_s{cfg.stages}_r{cfg.consumer_regs}"
+        _flash_dq_hopper.CONFIGS[d] = cfg
+        try:
+            row[f"bwd_gluon_{key}_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True))
+            bufs = torch.empty_like(q), torch.empty_like(lse)
+            row[f"dq_gluon_{key}_ms"] = time_ms(
+                lambda cfg=cfg, bufs=bufs: _flash_dq_hopper.flash_attn_dq_hopper(
+                    q, k, v, do, out, lse, bufs[1], bufs[0], sm_scale=scale, causal=causal, config=cfg
+                )
+            )
+        except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
+            row[f"gluon_{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            _flash_dq_hopper.CONFIGS[d] = in_use
+    for key in [k for k in row if k.startswith("bwd") and k.endswith("_ms")]:
+        row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+    best = min((v, k) for k, v in row.items() if k.startswith("bwd_gluon") and k.endswith("_ms"))
+    print(f"d{d} n{seqlen} causal={causal} packed={packed}: backward portable {row['bwd_portable_tflops']:.0f} "
+          f"TFLOP/s, with the gluon dq {flops / best[0] / 1e9:.0f} ({best[1]}; "
+          f"{row['bwd_portable_ms'] / best[0]:.3f}x)", flush=True)  # fmt: skip
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    parser.add_argument("--skip-speed", action="store_true")
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
+    candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
+    all_ok, checks = True, []
+    for d, cfgs in candidates.items():
+        for cfg in cfgs:
+            for dtype in (torch.bfloat16, torch.float16):
+                ok, rows = check_config(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
+                all_ok &= ok
+                checks.append(dict(config=str(cfg), rows=rows))
+    rows = []
+    if not args.skip_speed:
+        for d in (64, 128):
+            for causal in (True, False):
+                for seqlen in (1024, 4096, 16384):
+                    rows.append(speed(d, causal, seqlen, candidates[d]))
+        rows.append(speed(64, True, 8192, candidates[64], packed=True))
+    write_results(args.out, rows, dict(checks=checks, all_ok=all_ok))
+    print("all configs correct" if all_ok else "SOME CONFIG FAILED", flush=True)
+    sys.exit(0 if all_ok else 1)
+
+
+if __name__ == "__main__":
+    main()

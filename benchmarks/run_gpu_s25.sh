@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 25: the Gluon Hopper dq kernel). Each part is what one call ran; the
+# outputs are in benchmarks/results/hopper_dq_h200/.
+#   bash benchmarks/run_gpu_s25.sh 1   # every dq config checked against an fp32 reference and timed inside
+#       the backward against the portable dq kernel; the Hopper kernels' GPU tests
+set -uo pipefail
+export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
+mkdir -p "$OUT"
+case "${1:?part 1}" in
+1)
+  timeout 150 python -m pytest -q -n 4 -m gpu tests/kernels/test_flash_dq_hopper.py tests/kernels/test_flash_fwd_hopper.py \
+    -rf -x > "$OUT/hopper_gpu_tests_call1.log" 2>&1
+  tail -n 15 "$OUT/hopper_gpu_tests_call1.log"
+  HANG_S=380 timeout 400 python benchmarks/check_hopper_dq.py --out "$OUT/hopper_dq_call1.json" 2>&1 \
+    | tee "$OUT/check_call1.log" | grep -v "^ok"
+  ;;
+esac

@@ -1,0 +1,305 @@
+"""The backward's dq kernel for Hopper (sm_90) in Gluon: warp-specialised, TMA-fed, wgmma pipelined.
+
+The portable dq kernel (`_flash_bwd._bwd_dq`) is a forward-shaped loop: a tile of query rows against
+every key tile it sees, three products per key tile, dq summed in registers (deterministic, no atomics).
+This kernel runs that loop on the Hopper forward's schedule (`_flash_fwd_hopper`): one producer warp
+loads each consumer's Q and dO rows, then streams K and V tiles into a ring of shared-memory stages
+with TMA; two consumer warpgroups of BLOCK_M query rows share the stages. Per key tile a consumer
+issues, all asynchronous,
+
+    S = Q K^T,  dP = dO V^T,  and the previous tile's dq += dS K,
+
+so the tensor cores work through the elementwise part that follows (P = exp2(S * scale - lse) once S
+is in, dS = P * (dP - delta) once dP is in), and hands the previous tile's stage back once its dq
+product is done.
+
+Like the portable kernel with DELTA_HERE it also computes its rows' delta = rowsum(dO * O) and stores it
+for the dK/dV kernel, which runs after it. Scope as the Hopper forward: dense bf16/fp16, head dims 64 and
+128, full or causal (bottom-right), GQA; no dropout, window, key padding, varlen, lse gradient or
+accumulation into fp32 buffers (the ring's steps): those take the portable kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from . import _flash_fwd_hopper as fwd_hopper
+from ._common import LOG2E, sched_slots_for, tile_program_ids
+from ._flash_fwd_hopper import descriptor, masked_scores, stream_kv
+
+
+@gluon.jit
+def _producer(
+    q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty,
+    off_b, off_h, off_hk, m0, n_kv,
+):  # fmt: skip
+    """One warp: each consumer's Q and dO rows once, then K and V tiles n_kv - 1 .. 0 into the ring."""
+    NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    for c in gl.static_range(NUM_CONSUMERS):
+        bar = qdo_ready.index(c)
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
+        tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(c))
+        tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(c))
+    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv)
+
+
+@gluon.jit
+def _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, stage, phase, s_layout: gl.constexpr):
+    """S = Q K^T and dP = dO V^T of the tile in `stage`, both asynchronous."""
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    BLOCK_M: gl.constexpr = q.shape[0]
+    zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(k_ready.index(stage), phase)
+    k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(q, k_t, zeros, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(stage), phase)
+    v_t = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    dp = warpgroup_mma(do, v_t, zeros, use_acc=False, is_async=True)
+    return s, dp
+
+
+@gluon.jit
+def _steps(
+    dq, ds_op, lo, hi, n_kv, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
+    seqlen_k, diag, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr,
+    op_layout: gl.constexpr,
+):  # fmt: skip
+    """Steps i in [lo, hi) (key tile n_kv - 1 - i): its S and dP issued, then tile i - 1's dq product
+    (whose dS we hold in ds_op) beside its P and dS; tile i - 1's stage is released once that is done."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    for i in range(lo, hi):
+        stage = i % STAGES
+        prev = (i - 1) % STAGES
+        s, dp = _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, stage, (i // STAGES) & 1, s_layout)
+        dq = warpgroup_mma(ds_op, k_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
+        s = warpgroup_mma_wait(2, deps=(s,))  # S is in; dP and the dq product may still run
+        if MASKED:
+            s = masked_scores(s, (n_kv - 1 - i) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        dp = warpgroup_mma_wait(1, deps=(dp,))
+        ds = p * (dp - delta[:, None])
+        dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+        gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
+        mbarrier.arrive(kv_empty.index(prev), count=1)
+        ds_op = gl.convert_layout(ds.to(q.dtype), op_layout)
+    return dq, ds_op
+
+
+@gluon.jit
+def _consumer(
+    q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE, DELTA,  # noqa: E741
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    WG: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: dq of query rows m0 + WG * BLOCK_M .. + BLOCK_M against key tiles n_kv - 1 .. 0."""
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    tile_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte row pieces
+    first_row = m0 + WG * BLOCK_M
+    rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
+    diag = seqlen_k - seqlen_q
+    n_full = seqlen_k // BLOCK_N  # as in the forward: the masked tiles come first, from tile n_kv - 1 down
+    if CAUSAL:
+        n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
+    n_masked = gl.maximum(n_kv - n_full, 1)
+
+    lse_rows = off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
+    lse = gl.load(LSE + lse_rows, mask=rows < seqlen_q, other=0.0)
+    lse = gl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
+    # delta = rowsum(dO * O) of this group's rows (rows past the sequence: dO and O are 0)
+    mbarrier.wait(qdo_ready.index(WG), 0)
+    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    do = do_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    o_rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, tile_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, tile_layout))
+    o_ptrs = (
+        O + off_b.to(gl.int64) * stride_ob + off_h * stride_oh + o_rows[:, None] * stride_om + o_cols[None, :]
+    )
+    o = gl.load(o_ptrs, mask=(o_rows < seqlen_q)[:, None], other=0.0)
+    delta = gl.sum(o.to(gl.float32) * do.load(tile_layout).to(gl.float32), axis=1)
+    delta = gl.convert_layout(delta, row_s)
+    gl.store(DELTA + lse_rows, delta, mask=rows < seqlen_q)
+
+    # step 0 (tile n_kv - 1, always masked: the only step of n_kv = 1)
+    s, dp = _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, 0, 0, s_layout)
+    s = warpgroup_mma_wait(1, deps=(s,))
+    s = masked_scores(s, (n_kv - 1) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+    p = gl.exp2(s * qk_scale - lse[:, None])
+    dp = warpgroup_mma_wait(0, deps=(dp,))
+    ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q.dtype), op_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    dq, ds_op = _steps(
+        dq, ds_op, 1, n_masked, n_kv, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
+        seqlen_k, diag, qk_scale, CAUSAL, True, s_layout, op_layout,
+    )  # fmt: skip
+    dq, ds_op = _steps(
+        dq, ds_op, n_masked, n_kv, n_kv, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
+        seqlen_k, diag, qk_scale, CAUSAL, False, s_layout, op_layout,
+    )  # fmt: skip
+    # the last tile's dq product
+    last = (n_kv - 1) % STAGES
+    dq = warpgroup_mma(ds_op, k_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
+    dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+    gl.thread_barrier()
+    mbarrier.arrive(kv_empty.index(last), count=1)
+    # dq through this group's Q stage (no product reads it any more) and a TMA store, which clips the
+    # rows past the sequence
+    dq_smem = q_smem.index(WG)
+    dq_smem.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(q.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dq_desc, [off_b, off_h, first_row, 0], dq_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_dq_hopper(
+    q_desc, do_desc, k_desc, v_desc, dq_desc, O, LSE, DELTA,  # noqa: E741
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Descriptors as in `_attn_fwd_hopper` (4-D (batch, heads, seqlen, headdim) views; q's, do's and
+    dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
+    output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq))."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    if CAUSAL:
+        pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
+        pid_m = n_tiles - 1 - pid_m  # the rows that see the most keys first
+    else:
+        pid_m = gl.program_id(0)
+        off_h = gl.program_id(1)
+        off_b = gl.program_id(2)
+    off_hk = off_h // group
+    m0 = pid_m * (BLOCK_M * NUM_CONSUMERS)
+    n_kv = gl.cdiv(seqlen_k, BLOCK_N)
+    if CAUSAL:  # keys past the last row's diagonal are never seen
+        last_key = gl.minimum(m0 + BLOCK_M * NUM_CONSUMERS + seqlen_k - seqlen_q, seqlen_k)
+        n_kv = gl.cdiv(gl.maximum(last_key, 1), BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(
+        do_desc.dtype, [NUM_CONSUMERS] + do_desc.block_type.shape, do_desc.layout
+    )
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(qdo_ready.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+
+    # (partition tuples written out in the call: see _attn_fwd_hopper)
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
+    gl.warp_specialize(
+        [
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE,
+                         DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
+                         seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE,
+                         DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
+                         seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready,
+                         v_ready, kv_empty, off_b, off_h, off_hk, m0, n_kv)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# configs and launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HopperDqConfig:
+    """One launch shape of `_attn_bwd_dq_hopper` (fields as `HopperFwdConfig`)."""
+
+    block_m: int  # query rows per consumer warpgroup (wgmma's M: 64)
+    block_n: int  # keys per K/V tile
+    consumers: int  # consumer warpgroups per program
+    stages: int  # K/V tiles in flight
+    consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
+    producer_regs: int = 24
+
+
+CONFIGS = {
+    64: HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
+    128: HopperDqConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+}
+
+
+# FLASHTRAIN_HOPPER_DQ=0 sends every backward to the portable dq kernel (A/B measurements, a safety valve)
+ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DQ", "1") != "0"
+
+
+def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
+    """Where this kernel beat the portable dq kernel (to be measured)."""
+    return headdim in CONFIGS
+
+
+def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:
+    """Whether this backward call's dq takes this kernel: what the Hopper forward takes (dense bf16/fp16
+    on sm_90, full or causal, no dropout or key padding), with do, out and dq TMA/pointer-readable and
+    where `faster_here` says it pays."""
+    if not ENABLED or not fwd_hopper.usable(
+        q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here,
+    ):  # fmt: skip
+        return False
+    return all(fwd_hopper.tma_ready(t) for t in (do, dq)) and out.stride(-1) == 1
+
+
+def flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, *, sm_scale: float, causal: bool, config=None):
+    """dq (stored into `dq`, q's shape and dtype, any TMA-readable strides) and delta = rowsum(dO * O)
+    (stored into `delta`, laid out like lse) of one dense backward call; the caller checked `supports`.
+    config: None takes CONFIGS[headdim]."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    cfg = config or CONFIGS[headdim]
+    rows = cfg.block_m * cfg.consumers
+    grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
+    _attn_bwd_dq_hopper[grid](
+        descriptor(q, cfg.block_m), descriptor(do, cfg.block_m), descriptor(k, cfg.block_n),
+        descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale, sched_slots_for(q.device, causal),
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4,
+    )  # fmt: skip
+    return dq, delta
