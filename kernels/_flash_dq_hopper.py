@@ -14,8 +14,8 @@ is in, dS = P * (dP - delta) once dP is in), and hands the previous tile's stage
 product is done.
 
 Like the portable kernel with DELTA_HERE it also computes its rows' delta = rowsum(dO * O) and stores it
-for the dK/dV kernel, which runs after it. Scope as the Hopper forward: dense bf16/fp16, head dims 64 and
-128, full or causal (bottom-right), GQA; no dropout, window, key padding, varlen, lse gradient or
+for the dK/dV kernel, which runs after it. Scope as the Hopper forward: dense bf16/fp16, head dim 128 (see
+CONFIGS), full or causal (bottom-right), GQA; no dropout, window, key padding, varlen, lse gradient or
 accumulation into fp32 buffers (the ring's steps): those take the portable kernel.
 """
 
@@ -258,19 +258,22 @@ class HopperDqConfig:
     producer_regs: int = 24
 
 
+# Head dim 64 is left to the portable kernel: there the three products of a 64 x 128 tile are no longer
+# than its exp2 and elementwise work, and this kernel measured 0.94-1.00x inside the backward
+# (benchmarks/NOTES_attention.md, "Gluon dq"); its best config there was 64, 128, 2, 3, 240.
 CONFIGS = {
-    64: HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
     128: HopperDqConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
 }
-
 
 # FLASHTRAIN_HOPPER_DQ=0 sends every backward to the portable dq kernel (A/B measurements, a safety valve)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DQ", "1") != "0"
 
 
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
-    """Where this kernel beat the portable dq kernel (to be measured)."""
-    return headdim in CONFIGS
+    """Where this kernel beat the portable dq kernel inside the backward, on one H200 (bf16, batch x
+    seqlen = 16k tokens): head dim 128 at 1k-16k, causal and full, 1.03-1.08x the whole backward.
+    Shorter calls were not measured and keep the portable kernel, as in the forward."""
+    return headdim == 128 and seqlen_q >= 1024
 
 
 def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

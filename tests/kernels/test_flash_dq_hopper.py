@@ -33,8 +33,8 @@ def test_cpu_tensors_never_take_it():
 
 @pytest.mark.parametrize(
     "headdim, seqlen_q, causal, takes",
-    [(128, 4096, True, True), (128, 1024, False, True), (64, 4096, True, True), (96, 4096, True, False),
-     (256, 4096, False, False)],
+    [(128, 4096, True, True), (128, 1024, False, True), (128, 1000, True, False), (64, 4096, True, False),
+     (64, 16384, False, False), (96, 4096, True, False), (256, 4096, False, False)],
 )  # fmt: skip
 def test_where_it_is_faster(headdim, seqlen_q, causal, takes):
     assert dq_hopper.faster_here(headdim, seqlen_q, causal) is takes
@@ -90,7 +90,7 @@ def test_gpu_kernel_matches_reference(case, headdim, dtype):
 @needs_hopper
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, d, causal",
-    [(1, 4096, 4096, 4, 2, 64, True), (2, 1024, 1024, 4, 4, 128, False), (1, 2048, 1500, 8, 1, 128, True)],
+    [(1, 4096, 4096, 4, 2, 128, True), (2, 1024, 1024, 4, 4, 128, False), (1, 2048, 1500, 8, 1, 128, True)],
 )
 def test_gpu_backward_takes_it_and_matches(dq_calls, b, sq, sk, h, hk, d, causal):
     """flash_attention's backward sends these calls' dq to the Hopper kernel (the portable dK/dV kernel
@@ -98,24 +98,31 @@ def test_gpu_backward_takes_it_and_matches(dq_calls, b, sq, sk, h, hk, d, causal
     torch.manual_seed(sq + d)
     q = randn(b, sq, h, d, dtype=BF16, device="cuda")
     k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
-    kw = dict(causal=causal, return_lse=True)
     check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
+        lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal),
+        lambda q, k, v: attention_reference(q, k, v, causal=causal, return_lse=True),
         [q, k, v],
         BF16,
     )
     assert dq_calls
 
 
+def _out_and_lse(fn, *inputs, **kw):
+    """(out, lse) with out from a call without lse: a loss that uses lse has its gradient folded into a
+    precomputed delta, which the portable dq kernel takes (as the last test checks)."""
+    with torch.no_grad():
+        _, lse = fn(*(t.detach() for t in inputs), return_lse=True, **kw)
+    return fn(*inputs, **kw), lse
+
+
 @pytest.mark.gpu
 @needs_hopper
 def test_gpu_packed_qkv_takes_it(dq_calls):
-    """GPT-2's layout: dq is stored into a view of the packed gradient."""
+    """GPT-2's layout (at head dim 128): dq is stored into a view of the packed gradient."""
     torch.manual_seed(3)
-    qkv = randn(1, 4096, 3 * 4, 64, dtype=BF16, device="cuda")
+    qkv = randn(1, 4096, 3 * 4, 128, dtype=BF16, device="cuda")
     check_against_reference(
-        lambda qkv: flash_attention_qkvpacked(qkv, causal=True, return_lse=True),
+        lambda qkv: _out_and_lse(flash_attention_qkvpacked, qkv, causal=True),
         lambda qkv: attention_qkvpacked_reference(qkv, causal=True, return_lse=True),
         [qkv],
         BF16,
@@ -128,7 +135,7 @@ def test_gpu_packed_qkv_takes_it(dq_calls):
 @needs_hopper
 def test_gpu_other_backwards_keep_the_portable_kernel(monkeypatch):
     monkeypatch.setattr(dq_hopper, "flash_attn_dq_hopper", lambda *a, **kw: pytest.fail("took the Hopper dq"))
-    q = torch.randn(1, 2048, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
+    q = torch.randn(1, 2048, 2, 128, device="cuda", dtype=BF16, requires_grad=True)
     for kw in (dict(causal=True, window=(256, 0)), dict(causal=True, dropout_p=0.1), dict(return_lse=True)):
         out = flash_attention(q, q, q, **kw)
         if kw.get("return_lse"):  # a loss that uses lse: its gradient is folded into delta beforehand
@@ -136,5 +143,9 @@ def test_gpu_other_backwards_keep_the_portable_kernel(monkeypatch):
             (out.sum() + lse.sum()).backward()
         else:
             out.sum().backward()
-    q32 = torch.randn(1, 2048, 2, 64, device="cuda", requires_grad=True)
+    q32 = torch.randn(1, 2048, 2, 128, device="cuda", requires_grad=True)
     flash_attention(q32, q32, q32).sum().backward()  # fp32
+    q64 = torch.randn(1, 4096, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
+    flash_attention(q64, q64, q64, causal=True).sum().backward()  # head dim 64
+    short = q[:, :1000].detach().requires_grad_()
+    flash_attention(short, short, short).sum().backward()  # shorter than measured
