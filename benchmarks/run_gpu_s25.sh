@@ -3,15 +3,28 @@
 # outputs are in benchmarks/results/hopper_dq_h200/.
 #   bash benchmarks/run_gpu_s25.sh 1   # every dq config checked against an fp32 reference and timed inside
 #       the backward against the portable dq kernel; the Hopper kernels' GPU tests
+#   bash benchmarks/run_gpu_s25.sh 2   # the GPU kernel tests (bf16, every kernel) with the dq kernel dispatched
+#   bash benchmarks/run_gpu_s25.sh 3   # d128 fwd+bwd, 1k-16k: ours with the portable dq kernel (A), then ours
+#       with the Gluon dq kernel next to FlexAttention, SDPA flash and cuDNN (B)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
-case "${1:?part 1}" in
+case "${1:?part 1, 2 or 3}" in
 1)
   timeout 150 python -m pytest -q -n 4 -m gpu tests/kernels/test_flash_dq_hopper.py tests/kernels/test_flash_fwd_hopper.py \
     -rf -x > "$OUT/hopper_gpu_tests_call1.log" 2>&1
   tail -n 15 "$OUT/hopper_gpu_tests_call1.log"
   HANG_S=380 timeout 400 python benchmarks/check_hopper_dq.py --out "$OUT/hopper_dq_call1.json" 2>&1 \
     | tee "$OUT/check_call1.log" | grep -v "^ok"
+  ;;
+2)
+  timeout 420 python -m pytest -q -n 4 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests_call2.log" 2>&1
+  tail -n 5 "$OUT/kernel_gpu_tests_call2.log"
+  ;;
+3)
+  FLASHTRAIN_HOPPER_DQ=0 timeout 170 python benchmarks/bench_attention.py --headdims 128 \
+    --seqlens 1024 4096 8192 16384 --impls triton --out "$OUT/attention_d128_portable_dq.json" 2>&1 | grep "^d="
+  timeout 400 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 4096 8192 16384 \
+    --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_d128_hopper_dq.json" 2>&1 | grep "^d="
   ;;
 esac
