@@ -23,7 +23,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import error_note, gpu_slug, markdown_table, peak_memory_mib, time_ms, write_results  # noqa: E402
+from benchmarks.common import (
+    error_note,
+    gpu_slug,
+    graph_time_ms,
+    markdown_table,
+    peak_memory_mib,
+    time_ms,
+    write_results,
+)  # noqa: E402
 
 IMPLS = ["eager", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_eff", "flex", "triton", "triton_atomic"]
 # attention dropout, on request only (--impls ... triton_dropout sdpa_flash_dropout): the cost of the mask
@@ -144,7 +152,7 @@ def make_impl(name):
     }[name]
 
 
-def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max):
+def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max, graphs=False):
     row = dict(impl=impl, batch=batch, seqlen=seqlen, nheads=nheads, headdim=headdim, causal=causal,
                dtype=str(dtype).replace("torch.", ""))  # fmt: skip
     if impl == "eager" and seqlen > eager_max:
@@ -180,6 +188,14 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max):
         row["peak_mem_mib"] = peak_memory_mib(fwdbwd)
         if impl.startswith("triton"):
             row["configs"] = _triton_configs(impl)
+        if graphs:  # device time alone: one eager call of a short problem can be bound by the host
+            try:
+                row["fwd_graph_ms"] = graph_time_ms(fwd)
+                row["fwdbwd_graph_ms"] = graph_time_ms(fwdbwd)
+                row["fwd_graph_tflops"] = fwd_flops / row["fwd_graph_ms"] / 1e9
+                row["fwdbwd_graph_tflops"] = 3.5 * fwd_flops / row["fwdbwd_graph_ms"] / 1e9
+            except Exception as exc:  # noqa: BLE001  (a backend that cannot be captured keeps its eager row)
+                row["graph_error"] = error_note(exc)
     except Exception as exc:  # one failing backend must not end the sweep: record it in its row
         row["error"] = error_note(exc)
     finally:
@@ -294,6 +310,9 @@ def main(argv=None):
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", choices=["both", "causal", "full"], default="both")
     parser.add_argument("--impls", nargs="+", choices=IMPLS + DROPOUT_IMPLS + PACKED_IMPLS, default=IMPLS)
+    parser.add_argument(
+        "--graphs", action="store_true", help="also time CUDA-graph replays (device time without the host)"
+    )
     parser.add_argument("--eager-max", type=int, default=8192, help="skip eager above this seqlen (memory)")
     parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/attention_<gpu>.json)"
@@ -315,7 +334,9 @@ def main(argv=None):
             for n in args.seqlens:
                 batch, nheads = max(1, TOKENS // n), MODEL_DIM // d
                 for impl in args.impls:
-                    row = bench_one(impl, batch, n, nheads, d, causal, torch.bfloat16, args.eager_max)
+                    row = bench_one(
+                        impl, batch, n, nheads, d, causal, torch.bfloat16, args.eager_max, args.graphs
+                    )
                     rows.append(row)
                     msg = (
                         row.get("error")
@@ -323,6 +344,11 @@ def main(argv=None):
                         or (
                             f"fwd {row['fwd_tflops']:.0f} fwd+bwd {row['fwdbwd_tflops']:.0f} TFLOP/s, "
                             f"{row['peak_mem_mib']:.0f} MiB {row.get('configs', '')}"
+                            + (
+                                f" graphs: fwd {row['fwd_graph_tflops']:.0f} fwd+bwd {row['fwdbwd_graph_tflops']:.0f}"
+                                if "fwdbwd_graph_ms" in row
+                                else row.get("graph_error", "")
+                            )
                         )
                     )
                     print(f"d={d} causal={causal} n={n} {impl}: {msg}", flush=True)

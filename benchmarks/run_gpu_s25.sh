@@ -6,10 +6,12 @@
 #   bash benchmarks/run_gpu_s25.sh 2   # the GPU kernel tests (bf16, every kernel) with the dq kernel dispatched
 #   bash benchmarks/run_gpu_s25.sh 3   # d128 fwd+bwd, 1k-16k: ours with the portable dq kernel (A), then ours
 #       with the Gluon dq kernel next to FlexAttention, SDPA flash and cuDNN (B)
+#   bash benchmarks/run_gpu_s25.sh 2; bash benchmarks/run_gpu_s25.sh 4   # (one call) part 2, then d128 at 1k
+#       and 2k timed eagerly and as CUDA-graph replays (device time): part 3's causal 1k row was host-bound
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
-case "${1:?part 1, 2 or 3}" in
+case "${1:?part 1, 2, 3 or 4}" in
 1)
   timeout 150 python -m pytest -q -n 4 -m gpu tests/kernels/test_flash_dq_hopper.py tests/kernels/test_flash_fwd_hopper.py \
     -rf -x > "$OUT/hopper_gpu_tests_call1.log" 2>&1
@@ -26,5 +28,11 @@ case "${1:?part 1, 2 or 3}" in
     --seqlens 1024 4096 8192 16384 --impls triton --out "$OUT/attention_d128_portable_dq.json" 2>&1 | grep "^d="
   timeout 400 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 4096 8192 16384 \
     --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_d128_hopper_dq.json" 2>&1 | grep "^d="
+  ;;
+4)
+  FLASHTRAIN_HOPPER_DQ=0 timeout 100 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 2048 \
+    --impls triton --graphs --out "$OUT/attention_d128_short_portable_dq.json" 2>&1 | grep "^d="
+  timeout 200 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 2048 --graphs \
+    --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_d128_short_hopper_dq.json" 2>&1 | grep "^d="
   ;;
 esac
