@@ -48,6 +48,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
+    from kernels import _flash_dkdv_hopper as dkdv_hopper
     from kernels import _flash_dq_hopper as dq_hopper
     from kernels import _flash_fwd_hopper as hopper
 
@@ -61,6 +62,10 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
         if kernel == "fwd":
             jit = hopper._attn_fwd_hopper
             args = [rows, keys, keys, rows, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264]
+        elif kernel == "dkdv":
+            jit = dkdv_hopper._attn_bwd_dkdv_hopper
+            args = [rows, keys, keys, rows, keys, keys, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2,
+                    0.18, 0.125, 264]  # fmt: skip
         else:
             jit = dq_hopper._attn_bwd_dq_hopper
             args = [rows, rows, keys, keys, rows, q, lse, lse, q.stride(0), q.stride(1), q.stride(2),
@@ -87,11 +92,12 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
 
 def parse_config(text: str):
     """KERNEL:HEADDIM:fields -> (kernel, headdim, config)."""
+    from kernels._flash_dkdv_hopper import HopperDkdvConfig
     from kernels._flash_dq_hopper import HopperDqConfig
     from kernels._flash_fwd_hopper import HopperFwdConfig
 
     kernel, headdim, fields = text.split(":")
-    cls = {"fwd": HopperFwdConfig, "dq": HopperDqConfig}[kernel]
+    cls = {"fwd": HopperFwdConfig, "dq": HopperDqConfig, "dkdv": HopperDkdvConfig}[kernel]
     return kernel, int(headdim), cls(*(int(x) for x in fields.split(",")))
 
 
@@ -108,11 +114,15 @@ def main():
         raise SystemExit("run without TRITON_INTERPRET=1: this process compiles for the GPU")
     import torch
 
-    from kernels import _flash_dq_hopper, _flash_fwd_hopper
+    from kernels import _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd_hopper
 
     configs = [parse_config(c) for c in args.config] or [
         (kernel, d, cfg)
-        for kernel, module in (("fwd", _flash_fwd_hopper), ("dq", _flash_dq_hopper))
+        for kernel, module in (
+            ("fwd", _flash_fwd_hopper),
+            ("dq", _flash_dq_hopper),
+            ("dkdv", _flash_dkdv_hopper),
+        )
         for d, cfg in sorted(module.CONFIGS.items())
     ]
     results = []

@@ -8,10 +8,12 @@
 #       with the Gluon dq kernel next to FlexAttention, SDPA flash and cuDNN (B)
 #   bash benchmarks/run_gpu_s25.sh 2; bash benchmarks/run_gpu_s25.sh 4   # (one call) part 2, then d128 at 1k
 #       and 2k timed eagerly and as CUDA-graph replays (device time): part 3's causal 1k row was host-bound
+#   bash benchmarks/run_gpu_s25.sh 5   # the Gluon dK/dV kernel: configs checked and timed inside the backward;
+#       then the GPU kernel tests with both Hopper backward kernels dispatched
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
-case "${1:?part 1, 2, 3 or 4}" in
+case "${1:?part 1-5}" in
 1)
   timeout 150 python -m pytest -q -n 4 -m gpu tests/kernels/test_flash_dq_hopper.py tests/kernels/test_flash_fwd_hopper.py \
     -rf -x > "$OUT/hopper_gpu_tests_call1.log" 2>&1
@@ -34,5 +36,11 @@ case "${1:?part 1, 2, 3 or 4}" in
     --impls triton --graphs --out "$OUT/attention_d128_short_portable_dq.json" 2>&1 | grep "^d="
   timeout 200 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 2048 --graphs \
     --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_d128_short_hopper_dq.json" 2>&1 | grep "^d="
+  ;;
+5)
+  HANG_S=200 timeout 220 python benchmarks/check_hopper_dkdv.py --out "$OUT/hopper_dkdv_call5.json" 2>&1 \
+    | tee "$OUT/check_dkdv_call5.log" | grep -v "^ok"
+  timeout 330 python -m pytest -q -n 8 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests_call5.log" 2>&1
+  tail -n 8 "$OUT/kernel_gpu_tests_call5.log"
   ;;
 esac

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _flash_dq_hopper
+from . import _flash_dkdv_hopper, _flash_dq_hopper
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -578,6 +578,20 @@ def flash_attn_backward(
             *strides_qkv_do, *token_strides(dq, varlen), *(token_strides(out, varlen) if delta_here else (0, 0, 0)),
             stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here, **meta,
         )  # fmt: skip
+    if (
+        only is None
+        and not accumulate
+        and not atomic_dq
+        and _flash_dkdv_hopper.supports(
+            q, k, v, do, dk, dv, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+            dropout_p=dropout_p, varlen=varlen,
+        )
+    ):  # fmt: skip
+        # Hopper: the warp-specialised dK/dV kernel (reads the delta the dq kernel wrote)
+        _flash_dkdv_hopper.flash_attn_dkdv_hopper(
+            q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=win_right == 0
+        )
+        return dq, dk, dv
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)

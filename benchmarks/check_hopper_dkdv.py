@@ -1,0 +1,141 @@
+"""The Gluon Hopper dK/dV kernel (`kernels._flash_dkdv_hopper`) against the portable one, config by config.
+
+1. Correctness: each candidate config on the Hopper forward's edge shapes (tests/kernels/
+   test_flash_fwd_hopper.py's EDGES), bf16 and fp16: dK and dV against an fp32 autograd reference with
+   the tests' rule (max error within 2x that of torch's computation in the input dtype + a floor), no NaN.
+2. Speed: the whole backward (`_flash_bwd.flash_attn_backward`) with the portable kernels, with the
+   Hopper dq kernel, and with the Hopper dq and each dK/dV config, at the benchmark's shapes (batch x
+   seqlen = 16k tokens, nheads x headdim = 2048, head dim 128).
+
+    python benchmarks/check_hopper_dkdv.py --out results.json [--quick]
+Exit status 1 when a config fails a correctness check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.check_hopper_dq import forward  # noqa: E402
+from benchmarks.check_hopper_fwd import max_err  # noqa: E402
+from benchmarks.common import time_ms, write_results  # noqa: E402
+from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E402
+from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
+from kernels.reference import attention_reference  # noqa: E402
+from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402
+
+CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS)
+    128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
+}
+
+
+def backward(do, q, k, v, out, lse, causal, scale, hopper_dq, hopper_dkdv):
+    _flash_dq_hopper.ENABLED, _flash_dkdv_hopper.ENABLED = hopper_dq, hopper_dkdv
+    try:
+        return _flash_bwd.flash_attn_backward(
+            do, q, k, v, out, lse, sm_scale=scale, win_left=None, win_right=0 if causal else None,
+            key_padding_mask=None, dropout_p=0.0, seed=0,
+        )  # fmt: skip
+    finally:
+        _flash_dq_hopper.ENABLED = _flash_dkdv_hopper.ENABLED = True
+
+
+def reference_dkdv(q, k, v, do, causal, scale):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
+    return torch.autograd.grad(out, (k, v), do.to(out.dtype))
+
+
+def check_config(cfg, d, dtype, shapes):
+    rows, ok = [], True
+    for b, nq, nk, h, hkv, causal in shapes:
+        torch.manual_seed(nq + nk + d)
+        q = torch.randn(b, nq, h, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+        do = torch.randn_like(q)
+        scale = 1 / math.sqrt(d)
+        out, lse = forward(q, k, v, causal, scale)
+        delta = _flash_bwd.backward_delta(out, do, lse)
+        dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        _flash_dkdv_hopper.flash_attn_dkdv_hopper(
+            q, k, v, do, dk, dv, lse, delta, sm_scale=scale, causal=causal, config=cfg
+        )
+        torch.cuda.synchronize()
+        ref = reference_dkdv(q.float(), k.float(), v.float(), do.float(), causal, scale)
+        low = reference_dkdv(q, k, v, do, causal, scale)
+        row = dict(shape=[b, nq, nk, h, hkv, d], causal=causal, dtype=str(dtype)[6:])
+        good = True
+        for name, got, r, lp in zip(("dk", "dv"), (dk, dv), ref, low, strict=True):
+            e, lp_err = max_err(got, r), max_err(lp, r)
+            row[f"err_{name}"], row[f"rounding_err_{name}"] = e, lp_err
+            good &= not torch.isnan(got).any() and e <= 2 * lp_err + 2e-3
+        row["ok"] = bool(good)
+        ok &= bool(good)
+        rows.append(row)
+        if not good:
+            print("FAIL", cfg, row, flush=True)
+    print(f"{'ok  ' if ok else 'FAIL'} {cfg} d{d} {dtype}: {len(rows)} shapes", flush=True)
+    return ok, rows
+
+
+def speed(d, causal, seqlen, cfgs):
+    b, h = 16384 // seqlen, 2048 // d
+    q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    scale = 1 / math.sqrt(d)
+    out, lse = forward(q, k, v, causal, scale)
+    flops = 2.5 * 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)  # the backward's
+    row = dict(batch=b, seqlen=seqlen, nheads=h, headdim=d, causal=causal)
+    row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False, False))
+    row["bwd_hopper_dq_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, False))
+    in_use = _flash_dkdv_hopper.CONFIGS[d]
+    for cfg in cfgs:
+        key = f"bwd_hopper_dq_dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
+        _flash_dkdv_hopper.CONFIGS[d] = cfg
+        try:
+            row[key + "_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, True))
+        except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
+            row[key + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            _flash_dkdv_hopper.CONFIGS[d] = in_use
+    for key in [k for k in row if k.endswith("_ms")]:
+        row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+    print(f"d{d} n{seqlen} causal={causal}: backward TFLOP/s " + ", ".join(
+        f"{k[4:-7]} {v:.0f}" for k, v in row.items() if k.endswith("_tflops")), flush=True)  # fmt: skip
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
+    candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
+    all_ok, checks = True, []
+    for d, cfgs in candidates.items():
+        for cfg in cfgs:
+            for dtype in (torch.bfloat16, torch.float16):
+                ok, rows = check_config(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
+                all_ok &= ok
+                checks.append(dict(config=str(cfg), rows=rows))
+    rows = []
+    if all_ok:
+        for d in candidates:
+            for causal in (True, False):
+                for seqlen in (1024, 4096, 16384):
+                    rows.append(speed(d, causal, seqlen, candidates[d]))
+    write_results(args.out, rows, dict(checks=checks, all_ok=all_ok))
+    print("all configs correct" if all_ok else "SOME CONFIG FAILED", flush=True)
+    sys.exit(0 if all_ok else 1)
+
+
+if __name__ == "__main__":
+    main()

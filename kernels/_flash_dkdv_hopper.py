@@ -1,0 +1,316 @@
+"""The backward's dK/dV kernel for Hopper (sm_90) in Gluon: warp-specialised, TMA-fed, wgmma pipelined.
+
+Like the portable `_flash_bwd._bwd_dkdv` it owns a tile of keys and loops over the query tiles that see
+it, so dK and dV are summed in registers (deterministic, no atomics); the dq kernel, which writes delta =
+rowsum(dO * O), runs before it. One producer warp loads each consumer's K and V rows once, then streams
+Q and dO tiles (of every query head of the GQA group) through a ring of shared-memory stages with TMA;
+two consumer warpgroups of BLOCK_N keys share the stages. Per query tile a consumer issues
+
+    S^T = K Q^T and dP^T = V dO^T      (both asynchronous; P^T = exp2(S^T * scale - lse) beside dP^T)
+    dV += P^T dO                       (asynchronous; dS^T = P^T * (dP^T - delta) beside it)
+    dK += dS^T Q
+
+and hands the stage back once dK's product is done; the other warpgroup's products fill the tensor
+cores meanwhile. Nothing is carried from one step to the next: at head dim 128 dK and dV alone hold 128
+registers a thread, and a 64-query tile then leaves no room for a second step's scores.
+
+Scope as the Hopper dq kernel (`_flash_dq_hopper`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from . import _flash_fwd_hopper as fwd_hopper
+from ._common import LOG2E, sched_slots_for, tile_program_ids
+from ._flash_fwd_hopper import descriptor
+
+
+@gluon.jit
+def _producer(
+    q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty,
+    off_b, off_hk, n0, group, lo, hi, seqlen_q, seqlen_k, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """One warp: each consumer's K and V rows once, then the Q and dO tiles lo .. hi - 1 of every query
+    head of the group into the stage ring, section by section."""
+    NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        coord = [off_b, off_hk, n0 + c * BLOCK_N, 0]
+        tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
+        tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
+    it = 0
+    for section in gl.static_range(3):  # the consumers' order (see `sections`)
+        start, count = sections(
+            n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, NUM_CONSUMERS * BLOCK_N
+        )
+        for j in range(group * count):
+            stage = it % STAGES
+            # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
+            mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
+            coord = [off_b, off_hk * group + j // count, (start + j % count) * BLOCK_M, 0]
+            bar = qdo_ready.index(stage)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(stage))
+            tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(stage))
+            it += 1
+
+
+@gluon.jit
+def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.constexpr,
+             BLOCK_M: gl.constexpr, KEYS: gl.constexpr):  # fmt: skip
+    """(first query tile, number of tiles) of a program's section: 0 the tiles that meet its keys on the
+    causal diagonal (masked), 1 the tiles that see all its keys, 2 the partial last tile (masked). Each
+    section runs over every query head of the group before the next one starts: the masks' loop
+    invariants then live through their own loop only (around a loop over heads they spilled)."""
+    full_hi = gl.maximum(seqlen_q // BLOCK_M, lo)
+    # query i sees key j iff i >= j - (seqlen_k - seqlen_q): all the program's keys from its last one's row
+    if CAUSAL:
+        full_lo = gl.cdiv(gl.maximum(n0 + KEYS - 1 - (seqlen_k - seqlen_q), 0), BLOCK_M)
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), full_hi)
+    else:
+        full_lo = lo
+    if section == 0:
+        return lo, full_lo - lo
+    elif section == 1:
+        return full_lo, full_hi - full_lo
+    else:
+        return full_hi, hi - full_hi
+
+
+@gluon.jit
+def _steps(
+    dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+    start, count, group, off_hk, seqlen_q, diag, qk_scale,
+    CAUSAL: gl.constexpr, SECTION: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+):  # fmt: skip
+    """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
+    of `sections`; `it` counts the steps taken (the stage ring's position)."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    BLOCK_N: gl.constexpr = k.shape[0]
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    for j in range(group * count):
+        t = start + j % count
+        stage = it % STAGES
+        row0 = lse_row0 + (off_hk * group + j // count) * stride_lh
+        rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)  # this tile's queries (columns here)
+        if SECTION == 2:  # the partial last tile
+            lse = gl.load(LSE + row0 + rows, mask=rows < seqlen_q, other=0.0)
+            delta = gl.load(DELTA + row0 + rows, mask=rows < seqlen_q, other=0.0)
+        else:
+            lse = gl.load(LSE + row0 + rows)
+            delta = gl.load(DELTA + row0 + rows)
+        # a query that saw no key has lse = -inf; its scores are all masked, so any finite lse gives 0
+        lse = gl.where(lse == float("-inf"), 0.0, lse)
+        mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
+        q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        # the products start from -lse / scale and -delta instead of 0, so neither column is held in
+        # registers through the step: S^T * scale - lse and dP^T - delta come out of the tensor cores
+        zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        s_t = warpgroup_mma(k, q.permute((1, 0)), zeros - (lse / qk_scale)[None, :], is_async=True)
+        dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros - delta[None, :], is_async=True)
+        s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
+        # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
+        # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
+        if CAUSAL and SECTION != 1:
+            s_t = gl.where(keys[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
+        p_t = gl.exp2(s_t * qk_scale)
+        p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
+        dv = warpgroup_mma(p_op, do, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T - delta is in; dV may still run
+        ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
+        dk = warpgroup_mma(ds_op, q, dk, is_async=True)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
+        mbarrier.arrive(qdo_empty.index(stage), count=1)
+        it += 1
+    return dk, dv, it
+
+
+@gluon.jit
+def _consumer(
+    k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc, LSE, DELTA,
+    stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    WG: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
+    head of the group; then dK (times the softmax scale) and dV through TMA stores."""
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    first_key = n0 + WG * BLOCK_N
+    keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    diag = seqlen_k - seqlen_q
+    KEYS: gl.constexpr = 2 * BLOCK_N
+    mbarrier.wait(kv_ready.index(WG), 0)
+    k = k_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
+    v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    lse_row0 = off_b.to(gl.int64) * stride_lb
+    it = 0
+    start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 0, CAUSAL, BLOCK_M, KEYS)
+    dk, dv, it = _steps(
+        dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+        start, count, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 0, st_layout, acc_layout,
+    )  # fmt: skip
+    start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 1, CAUSAL, BLOCK_M, KEYS)
+    dk, dv, it = _steps(
+        dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+        start, count, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, st_layout, acc_layout,
+    )  # fmt: skip
+    start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 2, CAUSAL, BLOCK_M, KEYS)
+    dk, dv, it = _steps(
+        dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+        start, count, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 2, st_layout, acc_layout,
+    )  # fmt: skip
+    # dK and dV through this group's K and V buffers (no product reads them any more); the TMA store
+    # clips the rows past the sequence
+    k_out = k_smem.index(WG)
+    v_out = v_smem.index(WG)
+    k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k.dtype))
+    v_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k.dtype))
+    fence_async_shared()
+    coord = [off_b, off_hk, first_key, 0]
+    tma.async_copy_shared_to_global(dk_desc, coord, k_out)
+    tma.async_copy_shared_to_global(dv_desc, coord, v_out)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_dkdv_hopper(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
+    HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
+    keys of one key head. LSE (base 2) and DELTA are (B, H, Sq) fp32."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    # the first key tiles are seen by the most queries (causal), so the order is already heaviest first
+    pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
+    n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
+    hi = gl.cdiv(seqlen_q, BLOCK_M)
+    if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
+        lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
+    else:
+        lo = 0
+
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(kv_ready.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
+
+    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
+    gl.warp_specialize(
+        [
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
+                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, seqlen_q,
+                         seqlen_k, qk_scale, sm_scale, 0, CAUSAL)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
+                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, seqlen_q,
+                         seqlen_k, qk_scale, sm_scale, 1, CAUSAL)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready,
+                         qdo_ready, qdo_empty, off_b, off_hk, n0, group, lo, hi, seqlen_q, seqlen_k, CAUSAL)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# configs and launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HopperDkdvConfig:
+    """One launch shape of `_attn_bwd_dkdv_hopper` (fields as `HopperFwdConfig`, the roles of the two
+    tiles swapped: block_n keys per consumer warpgroup, block_m queries per streamed tile)."""
+
+    block_m: int  # queries per Q/dO tile
+    block_n: int  # keys per consumer warpgroup (wgmma's M: 64)
+    consumers: int
+    stages: int  # Q/dO tiles in flight
+    consumer_regs: int
+    producer_regs: int = 24
+
+
+CONFIGS = {
+    128: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
+}
+
+# FLASHTRAIN_HOPPER_DKDV=0 sends every backward to the portable dK/dV kernel (A/B measurements)
+ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
+
+
+def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
+    """Where this kernel beat the portable dK/dV kernel (to be measured)."""
+    return headdim in CONFIGS
+
+
+def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:
+    """Whether this backward call's dK/dV take this kernel: what the Hopper forward takes (dense
+    bf16/fp16 on sm_90, full or causal, no dropout or key padding), with do, dk and dv TMA-readable and
+    where `faster_here` says it pays."""
+    if not ENABLED or not fwd_hopper.usable(
+        q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here,
+    ):  # fmt: skip
+        return False
+    return all(fwd_hopper.tma_ready(t) for t in (do, dk, dv))
+
+
+def flash_attn_dkdv_hopper(q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float, causal: bool, config=None):
+    """dK, dV into dk, dv (shaped like k, v; TMA-ready) given delta from the dq kernel. The caller
+    checked `_flash_dq_hopper.supports` for the call, and dk, dv."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    cfg = config or CONFIGS[headdim]
+    grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
+    _attn_bwd_dkdv_hopper[grid](
+        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
+        descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n), lse2, delta,
+        lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
+        sched_slots_for(q.device, causal),
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4,
+    )  # fmt: skip
+    return dk, dv
