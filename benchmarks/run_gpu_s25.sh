@@ -10,6 +10,10 @@
 #       and 2k timed eagerly and as CUDA-graph replays (device time): part 3's causal 1k row was host-bound
 #   bash benchmarks/run_gpu_s25.sh 5   # the Gluon dK/dV kernel: configs checked and timed inside the backward;
 #       then the GPU kernel tests with both Hopper backward kernels dispatched
+#   bash benchmarks/run_gpu_s25.sh 6   # the GPU kernel tests of the final tree (dq and dK/dV kernels dispatched)
+#   bash benchmarks/run_gpu_s25.sh 7   # d128 fwd+bwd 1k-16k: ours (Hopper forward, dq and dK/dV) next to
+#       FlexAttention, SDPA flash and cuDNN; then the dK/dV configs timed inside the backward (full d128,
+#       causal d64)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -42,5 +46,15 @@ case "${1:?part 1-5}" in
     | tee "$OUT/check_dkdv_call5.log" | grep -v "^ok"
   timeout 330 python -m pytest -q -n 8 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests_call5.log" 2>&1
   tail -n 8 "$OUT/kernel_gpu_tests_call5.log"
+  ;;
+6)
+  timeout 570 python -m pytest -q -n 8 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests_call6.log" 2>&1
+  tail -n 8 "$OUT/kernel_gpu_tests_call6.log"
+  ;;
+7)
+  timeout 390 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 4096 8192 16384 \
+    --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_d128_hopper_bwd.json" 2>&1 | grep "^d="
+  HANG_S=170 timeout 180 python benchmarks/check_hopper_dkdv.py --quick --speed 128:full 64:causal \
+    --out "$OUT/hopper_dkdv_call7.json" 2>&1 | tee "$OUT/check_dkdv_call7.log" | grep -v "^ok"
   ;;
 esac

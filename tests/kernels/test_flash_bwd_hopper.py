@@ -1,0 +1,192 @@
+"""The Gluon Hopper backward kernels (`kernels._flash_dq_hopper`, `kernels._flash_dkdv_hopper`): which
+backward calls take them, and (on an H100/H200) that dq and delta, dK and dV match the float64 reference
+on every edge of their schedules.
+
+Their sm_90 builds (and the spill check) are in test_flash_fwd_hopper.py with the forward's, through
+`benchmarks/check_hopper_builds.py`, which builds every Hopper kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import _flash_dkdv_hopper as dkdv_hopper
+from kernels import _flash_dq_hopper as dq_hopper
+from kernels import flash_attention, flash_attention_qkvpacked
+from kernels._common import lse_to_natural
+from kernels._flash_bwd import backward_delta
+from kernels._flash_fwd import flash_attn_forward
+from kernels.reference import attention_qkvpacked_reference, attention_reference
+from tests.kernels._flash_utils import assert_close_rule, check_against_reference, randn
+from tests.kernels.test_flash_fwd_hopper import EDGES, needs_hopper
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+def _supports_kw(**change):
+    kw = dict(win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, varlen=False)
+    return {**kw, **change}
+
+
+@pytest.mark.parametrize("module", [dq_hopper, dkdv_hopper], ids=["dq", "dkdv"])
+def test_cpu_tensors_never_take_them(module):
+    q = torch.randn(1, 4096, 2, 128, dtype=BF16)
+    assert not module.supports(q, q, q, q, q, q, **_supports_kw())
+
+
+@pytest.mark.parametrize("module", [dq_hopper, dkdv_hopper], ids=["dq", "dkdv"])
+@pytest.mark.parametrize(
+    "headdim, seqlen_q, causal, takes",
+    [(128, 4096, True, True), (128, 1024, False, True), (128, 1000, True, False), (64, 4096, True, False),
+     (64, 16384, False, False), (96, 4096, True, False), (256, 4096, False, False)],
+)  # fmt: skip
+def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
+    assert module.faster_here(headdim, seqlen_q, causal) is takes
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU (sm_90)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bwd_calls(monkeypatch) -> list:
+    """Records each call of the Hopper dq and dK/dV kernels by name (they still run)."""
+    calls = []
+    for module, name in ((dq_hopper, "flash_attn_dq_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _r=real, **kw: calls.append(_n) or _r(*a, **kw))
+    return calls
+
+
+def _forward(q, k, v, causal):
+    return flash_attn_forward(
+        q, k, v, sm_scale=q.shape[-1] ** -0.5, win_left=None, win_right=0 if causal else None,
+        key_padding_mask=None, dropout_p=0.0, seed=0,
+    )  # fmt: skip
+
+
+def _ref_grads(q, k, v, do, causal):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(attention_reference(q, k, v, causal=causal), (q, k, v), do.to(q.dtype))
+
+
+def _edge_inputs(case, headdim, dtype):
+    b, sq, sk, h, hk, causal = case
+    torch.manual_seed(sq + sk + headdim)
+    q = randn(b, sq, h, headdim, dtype=dtype, device="cuda", requires_grad=False)
+    k, v = (randn(b, sk, hk, headdim, dtype=dtype, device="cuda", requires_grad=False) for _ in range(2))
+    return q, k, v, torch.randn_like(q), causal
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("headdim", sorted(dq_hopper.CONFIGS))
+@pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c)))
+def test_gpu_dq_kernel_matches_reference(case, headdim, dtype):
+    """dq and delta of the dq kernel alone, given the forward's out and lse."""
+    q, k, v, do, causal = _edge_inputs(case, headdim, dtype)
+    out, lse2 = _forward(q, k, v, causal)
+    dq, delta = torch.full_like(q, float("nan")), torch.full_like(lse2, float("nan"))
+    dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse2, delta, dq, sm_scale=headdim**-0.5, causal=causal)
+    ref64, ref_lp = (
+        _ref_grads(q.double(), k.double(), v.double(), do, causal),
+        _ref_grads(q, k, v, do, causal),
+    )
+    assert_close_rule("dq", dq, ref64[0], ref_lp[0], dtype)
+    torch.testing.assert_close(
+        delta, (do.float() * out.float()).sum(-1).transpose(1, 2), rtol=1e-4, atol=1e-4
+    )
+    assert torch.isfinite(lse_to_natural(lse2)).any()  # (the forward ran)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("headdim", sorted(dkdv_hopper.CONFIGS))
+@pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c)))
+def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
+    """dK and dV of the dK/dV kernel alone, given the forward's lse and delta."""
+    q, k, v, do, causal = _edge_inputs(case, headdim, dtype)
+    out, lse2 = _forward(q, k, v, causal)
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    delta = backward_delta(out, do, lse2)
+    dkdv_hopper.flash_attn_dkdv_hopper(
+        q, k, v, do, dk, dv, lse2, delta, sm_scale=headdim**-0.5, causal=causal
+    )
+    ref64, ref_lp = (
+        _ref_grads(q.double(), k.double(), v.double(), do, causal),
+        _ref_grads(q, k, v, do, causal),
+    )
+    assert_close_rule("dk", dk, ref64[1], ref_lp[1], dtype)
+    assert_close_rule("dv", dv, ref64[2], ref_lp[2], dtype)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, d, causal",
+    [(1, 4096, 4096, 4, 2, 128, True), (2, 1024, 1024, 4, 4, 128, False), (1, 2048, 1500, 8, 1, 128, True)],
+)
+def test_gpu_backward_takes_them_and_matches(bwd_calls, b, sq, sk, h, hk, d, causal):
+    """flash_attention's backward sends these calls to the Hopper dq kernel, then the Hopper dK/dV
+    kernel (which reads the delta the first one writes); all three gradients pass the tolerance rule."""
+    torch.manual_seed(sq + d)
+    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
+    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    check_against_reference(
+        lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal),
+        lambda q, k, v: attention_reference(q, k, v, causal=causal, return_lse=True),
+        [q, k, v],
+        BF16,
+    )
+    assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+def _out_and_lse(fn, *inputs, **kw):
+    """(out, lse) with out from a call without lse: a loss that uses lse has its gradient folded into a
+    precomputed delta, which the portable dq kernel takes (as the last test checks)."""
+    with torch.no_grad():
+        _, lse = fn(*(t.detach() for t in inputs), return_lse=True, **kw)
+    return fn(*inputs, **kw), lse
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_packed_qkv_takes_them(bwd_calls):
+    """GPT-2's layout (at head dim 128): dq, dk and dv are stored into views of the packed gradient."""
+    torch.manual_seed(3)
+    qkv = randn(1, 4096, 3 * 4, 128, dtype=BF16, device="cuda")
+    check_against_reference(
+        lambda qkv: _out_and_lse(flash_attention_qkvpacked, qkv, causal=True),
+        lambda qkv: attention_qkvpacked_reference(qkv, causal=True, return_lse=True),
+        [qkv],
+        BF16,
+        names=("qkv",),
+    )
+    assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_other_backwards_keep_the_portable_kernels(monkeypatch):
+    monkeypatch.setattr(dq_hopper, "flash_attn_dq_hopper", lambda *a, **kw: pytest.fail("took the Hopper dq"))
+    monkeypatch.setattr(
+        dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: pytest.fail("took Hopper dK/dV")
+    )
+    q = torch.randn(1, 2048, 2, 128, device="cuda", dtype=BF16, requires_grad=True)
+    for kw in (dict(causal=True, window=(256, 0)), dict(causal=True, dropout_p=0.1), dict(return_lse=True)):
+        out = flash_attention(q, q, q, **kw)
+        if kw.get("return_lse"):  # a loss that uses lse: its gradient is folded into delta beforehand
+            out, lse = out
+            (out.sum() + lse.sum()).backward()
+        else:
+            out.sum().backward()
+    q32 = torch.randn(1, 2048, 2, 128, device="cuda", requires_grad=True)
+    flash_attention(q32, q32, q32).sum().backward()  # fp32
+    q64 = torch.randn(1, 4096, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
+    flash_attention(q64, q64, q64, causal=True).sum().backward()  # head dim 64
+    short = q[:, :1000].detach().requires_grad_()
+    flash_attention(short, short, short).sum().backward()  # shorter than measured
