@@ -14,6 +14,9 @@
 #   bash benchmarks/run_gpu_s25.sh 7   # d128 fwd+bwd 1k-16k: ours (Hopper forward, dq and dK/dV) next to
 #       FlexAttention, SDPA flash and cuDNN; then the dK/dV configs timed inside the backward (full d128,
 #       causal d64)
+#   source .whl/install.sh && bash benchmarks/run_gpu_s25.sh 8   # after part 6's one failure (a test that
+#       expected a loss on lse to keep both portable kernels; dK/dV rightly takes the Hopper kernel): the
+#       Hopper backward tests again, and the flashtrain GPU tests
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -56,5 +59,11 @@ case "${1:?part 1-5}" in
     --impls triton flex sdpa_flash sdpa_cudnn --out "$OUT/attention_d128_hopper_bwd.json" 2>&1 | grep "^d="
   HANG_S=170 timeout 180 python benchmarks/check_hopper_dkdv.py --quick --speed 128:full 64:causal \
     --out "$OUT/hopper_dkdv_call7.json" 2>&1 | tee "$OUT/check_dkdv_call7.log" | grep -v "^ok"
+  ;;
+8)
+  timeout 200 python -m pytest -q -n 4 -m gpu tests/kernels/test_flash_bwd_hopper.py -rf > "$OUT/hopper_bwd_gpu_tests_call8.log" 2>&1
+  tail -n 3 "$OUT/hopper_bwd_gpu_tests_call8.log"
+  timeout 200 python -m pytest -q -m gpu tests/flashtrain -rf > "$OUT/flashtrain_gpu_tests_call8.log" 2>&1
+  tail -n 3 "$OUT/flashtrain_gpu_tests_call8.log"
   ;;
 esac
