@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device calls on one GPU (session 25: the Gluon Hopper dq kernel). Each part is what one call ran; the
-# outputs are in benchmarks/results/hopper_dq_h200/.
+# outputs are in benchmarks/results/hopper_bwd_h200/.
 #   bash benchmarks/run_gpu_s25.sh 1   # every dq config checked against an fp32 reference and timed inside
 #       the backward against the portable dq kernel; the Hopper kernels' GPU tests
 #   bash benchmarks/run_gpu_s25.sh 2   # the GPU kernel tests (bf16, every kernel) with the dq kernel dispatched
