@@ -18,6 +18,11 @@
 #       expected a loss on lse to keep both portable kernels; dK/dV rightly takes the Hopper kernel): the
 #       Hopper backward tests again, and the flashtrain GPU tests
 #   bash benchmarks/run_gpu_s25.sh 9   # the Hopper backward tests with more time (part 8 cut them at 200 s)
+#   source .whl/install.sh && bash benchmarks/run_gpu_s25.sh 10   # trial of the dK/dV kernel at d64 causal,
+#       run on a tree where _flash_dkdv_hopper had CONFIGS[64] = (64, 64, 2, 3, 240) and dispatched causal
+#       d64 from 1k (not committed; check_hopper_dkdv's d64 list had 64x64 s3 and s4): its configs timed
+#       inside the backward, then GPT-2 medium 1k and 8k training with it (FLASHTRAIN_HOPPER_DKDV=1) and
+#       without (0). The session's device time ran out during it (results/hopper_bwd_h200/call10_d64_trial/)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -71,5 +76,15 @@ case "${1:?part 1-5}" in
   timeout 430 python -m pytest -q -n 6 -m gpu tests/kernels/test_flash_bwd_hopper.py -rf --durations=8 \
     > "$OUT/hopper_bwd_gpu_tests_call9.log" 2>&1
   tail -n 14 "$OUT/hopper_bwd_gpu_tests_call9.log"
+  ;;
+10)
+  HANG_S=150 timeout 160 python benchmarks/check_hopper_dkdv.py --quick --speed 64:causal \
+    --out "$OUT/hopper_dkdv_d64_call10.json" 2>&1 | tee "$OUT/check_dkdv_d64_call10.log" | grep -v "^ok"
+  for run in 1 0; do
+    for n in 1024 8192; do
+      FLASHTRAIN_HOPPER_DKDV=${run:0:1} timeout 100 python benchmarks/bench_train.py --models gpt2_medium \
+        --seqlens $n --impls triton --steps 15 --out "$OUT/train_medium${n}_dkdv_$run.json" 2>&1 | grep "^|.*gpt2\|rror"
+    done
+  done
   ;;
 esac
