@@ -23,13 +23,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_hopper_dq import forward  # noqa: E402
+from benchmarks.check_hopper_dq import check_all, forward  # noqa: E402
 from benchmarks.check_hopper_fwd import max_err  # noqa: E402
 from benchmarks.common import time_ms, write_results  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
-from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS; none at d64)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
@@ -129,13 +128,7 @@ def main():
     args = parser.parse_args()
     faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
     candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
-    all_ok, checks = True, []
-    for d, cfgs in candidates.items():
-        for cfg in cfgs:
-            for dtype in (torch.bfloat16, torch.float16):
-                ok, rows = check_config(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
-                all_ok &= ok
-                checks.append(dict(config=str(cfg), rows=rows))
+    all_ok, checks = check_all(candidates, check_config)
     rows = []
     if all_ok:
         for case in args.speed:

@@ -94,6 +94,19 @@ def check_config(cfg, d, dtype, shapes):
     return ok, rows
 
 
+def check_all(candidates, check):
+    """check(cfg, headdim, dtype, shapes) -> (ok, rows) for every candidate config, on the edge shapes in
+    bf16 and their first six in fp16; returns (all ok, the records)."""
+    all_ok, checks = True, []
+    for d, cfgs in candidates.items():
+        for cfg in cfgs:
+            for dtype in (torch.bfloat16, torch.float16):
+                ok, rows = check(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
+                all_ok &= ok
+                checks.append(dict(config=str(cfg), rows=rows))
+    return all_ok, checks
+
+
 def speed(d, causal, seqlen, cfgs, packed=False):
     if packed:
         b, h = 2, 16
@@ -146,13 +159,7 @@ def main():
     args = parser.parse_args()
     faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
     candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
-    all_ok, checks = True, []
-    for d, cfgs in candidates.items():
-        for cfg in cfgs:
-            for dtype in (torch.bfloat16, torch.float16):
-                ok, rows = check_config(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
-                all_ok &= ok
-                checks.append(dict(config=str(cfg), rows=rows))
+    all_ok, checks = check_all(candidates, check_config)
     rows = []
     if not args.skip_speed:
         for d in (64, 128):
