@@ -12,7 +12,9 @@ two consumer warpgroups of BLOCK_N keys share the stages. Per query tile a consu
 
 and hands the stage back once dK's product is done; the other warpgroup's products fill the tensor
 cores meanwhile. Nothing is carried from one step to the next: at head dim 128 dK and dV alone hold 128
-registers a thread, and a 64-query tile then leaves no room for a second step's scores.
+registers a thread, and a 64-query tile then leaves no room for a second step's scores. Even one step
+fits the 240 registers only because S^T and dP^T start from -lse / scale and -delta (see `_steps`) and
+the query tiles run in `sections`.
 
 Scope as the Hopper dq kernel (`_flash_dq_hopper`).
 """
@@ -284,9 +286,11 @@ ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 
 
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
-    """Where this kernel beat the portable dK/dV kernel inside the backward (after the Hopper dq kernel),
-    on one H200 (bf16, batch x seqlen = 16k tokens): head dim 128 at 1k-16k. Shorter calls were not
-    measured and keep the portable kernel, as with the forward and dq."""
+    """Where this kernel beat the portable dK/dV kernel, on one H200 (bf16, batch x seqlen = 16k tokens;
+    benchmarks/NOTES_attention.md "Gluon backward"): head dim 128 at 1k-16k, the causal backward 1.05-1.09x
+    the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498 TFLOP/s (two
+    calls). Shorter calls were not measured and keep the portable kernel, as with the forward and dq;
+    head dim 64 was tried end to end only (GPT-2 medium 1k: no gain)."""
     return headdim == 128 and seqlen_q >= 1024
 
 
