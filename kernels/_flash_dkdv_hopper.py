@@ -298,12 +298,10 @@ def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, drop
     """Whether this backward call's dK/dV take this kernel: what the Hopper forward takes (dense
     bf16/fp16 on sm_90, full or causal, no dropout or key padding), with do, dk and dv TMA-readable and
     where `faster_here` says it pays."""
-    if not ENABLED or not fwd_hopper.usable(
+    return ENABLED and fwd_hopper.usable(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here,
-    ):  # fmt: skip
-        return False
-    return all(fwd_hopper.tma_ready(t) for t in (do, dk, dv))
+        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here, also=(do, dk, dv),
+    )  # fmt: skip
 
 
 def flash_attn_dkdv_hopper(q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float, causal: bool, config=None):

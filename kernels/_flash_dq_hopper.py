@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import _flash_fwd_hopper as fwd_hopper
-from ._common import LOG2E, sched_slots_for, tile_program_ids
-from ._flash_fwd_hopper import descriptor, masked_scores, stream_kv
+from ._common import LOG2E, sched_slots_for
+from ._flash_fwd_hopper import descriptor, masked_scores, row_program, stream_kv
 
 
 @gluon.jit
@@ -192,19 +192,9 @@ def _attn_bwd_dq_hopper(
     output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq))."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    if CAUSAL:
-        pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
-        pid_m = n_tiles - 1 - pid_m  # the rows that see the most keys first
-    else:
-        pid_m = gl.program_id(0)
-        off_h = gl.program_id(1)
-        off_b = gl.program_id(2)
-    off_hk = off_h // group
-    m0 = pid_m * (BLOCK_M * NUM_CONSUMERS)
-    n_kv = gl.cdiv(seqlen_k, BLOCK_N)
-    if CAUSAL:  # keys past the last row's diagonal are never seen
-        last_key = gl.minimum(m0 + BLOCK_M * NUM_CONSUMERS + seqlen_k - seqlen_q, seqlen_k)
-        n_kv = gl.cdiv(gl.maximum(last_key, 1), BLOCK_N)
+    m0, off_h, off_hk, off_b, n_kv = row_program(
+        sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
+    )
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(
@@ -280,12 +270,11 @@ def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dro
     """Whether this backward call's dq takes this kernel: what the Hopper forward takes (dense bf16/fp16
     on sm_90, full or causal, no dropout or key padding), with do, out and dq TMA/pointer-readable and
     where `faster_here` says it pays."""
-    if not ENABLED or not fwd_hopper.usable(
+    tensors_ok = out.stride(-1) == 1  # (out is read by pointer, the rest through TMA)
+    return ENABLED and tensors_ok and fwd_hopper.usable(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here,
-    ):  # fmt: skip
-        return False
-    return all(fwd_hopper.tma_ready(t) for t in (do, dq)) and out.stride(-1) == 1
+        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here, also=(do, dq),
+    )  # fmt: skip
 
 
 def flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, *, sm_scale: float, causal: bool, config=None):

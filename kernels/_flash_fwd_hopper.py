@@ -212,6 +212,29 @@ def _consumer(
 
 
 @gluon.jit
+def row_program(
+    sched_slots, seqlen_q, seqlen_k, group, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr
+):
+    """(first query row, head, key head, batch, number of key tiles it sees) of a program over ROWS query
+    rows in the (row tiles, heads, batch) grid; causal calls take the rows that see the most keys first,
+    in the chunked order of `tile_program_ids`. The forward and the Hopper dq kernel share it."""
+    if CAUSAL:
+        pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
+        pid_m = n_tiles - 1 - pid_m  # the rows that see the most keys first
+    else:
+        pid_m = gl.program_id(0)
+        off_h = gl.program_id(1)
+        off_b = gl.program_id(2)
+    off_hk = off_h // group  # (computed here, before m0: the dq kernel's build then matches its tested one)
+    m0 = pid_m * ROWS
+    n_kv = gl.cdiv(seqlen_k, BLOCK_N)
+    if CAUSAL:  # keys past the last row's diagonal are never seen
+        last_key = gl.minimum(m0 + ROWS + seqlen_k - seqlen_q, seqlen_k)
+        n_kv = gl.cdiv(gl.maximum(last_key, 1), BLOCK_N)  # >= 1: fully masked rows still get out = 0
+    return m0, off_h, off_hk, off_b, n_kv
+
+
+@gluon.jit
 def _attn_fwd_hopper(
     q_desc, k_desc, v_desc, o_desc, LSE,
     stride_lb, stride_lh,
@@ -223,19 +246,9 @@ def _attn_fwd_hopper(
     HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    if CAUSAL:
-        pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
-        pid_m = n_tiles - 1 - pid_m  # the rows that see the most keys first
-    else:
-        pid_m = gl.program_id(0)
-        off_h = gl.program_id(1)
-        off_b = gl.program_id(2)
-    off_hk = off_h // group
-    m0 = pid_m * (BLOCK_M * NUM_CONSUMERS)
-    n_kv = gl.cdiv(seqlen_k, BLOCK_N)
-    if CAUSAL:  # keys past the last row's diagonal are never seen
-        last_key = gl.minimum(m0 + BLOCK_M * NUM_CONSUMERS + seqlen_k - seqlen_q, seqlen_k)
-        n_kv = gl.cdiv(gl.maximum(last_key, 1), BLOCK_N)  # >= 1: fully masked rows still get out = 0
+    m0, off_h, off_hk, off_b, n_kv = row_program(
+        sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
+    )
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -337,10 +350,11 @@ def supports(q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varle
 
 
 def usable(
-    q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varlen, merge, rule=faster_here
+    q, k, v, *, win_left, win_right, key_padding_mask, dropout_p, varlen, merge, rule=faster_here, also=()
 ) -> bool:
     """`eligible` for these tensors (dense (batch, seqlen, heads, headdim) CUDA tensors that TMA can read);
-    everything else takes the portable kernel. rule: as `eligible`'s (the Hopper dq kernel's own)."""
+    everything else takes the portable kernel. rule: as `eligible`'s (the backward kernels pass their
+    own); also: more tensors TMA must read or write (the backward's dO and gradients)."""
     if INTERPRET or q.device.type != "cuda" or varlen:  # varlen q is (total, heads, headdim)
         return False
     ok = eligible(
@@ -348,7 +362,7 @@ def usable(
         seqlen_q=q.shape[1], seqlen_k=k.shape[1], win_left=win_left, win_right=win_right,
         key_padding=key_padding_mask is not None, dropout_p=dropout_p, varlen=varlen, merge=merge, rule=rule,
     )  # fmt: skip
-    return ok and all(tma_ready(t) for t in (q, k, v))
+    return ok and all(tma_ready(t) for t in (q, k, v, *also))
 
 
 def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
