@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_hopper_dq import check_all, forward  # noqa: E402
+from benchmarks.check_hopper_dq import backward_inputs, check_all, dispatching, forward  # noqa: E402
 from benchmarks.check_hopper_fwd import max_err  # noqa: E402
 from benchmarks.common import time_ms, write_results  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E402
@@ -86,30 +86,17 @@ def check_config(cfg, d, dtype, shapes):
 
 
 def speed(d, causal, seqlen, cfgs):
-    b, h = 16384 // seqlen, 2048 // d
-    q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    do = torch.randn_like(q)
-    scale = 1 / math.sqrt(d)
-    out, lse = forward(q, k, v, causal, scale)
-    flops = 2.5 * 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)  # the backward's
-    row = dict(batch=b, seqlen=seqlen, nheads=h, headdim=d, causal=causal)
+    row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen)
+    del row["packed"]
     row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False, False))
     row["bwd_hopper_dq_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, False))
-    in_use = _flash_dkdv_hopper.CONFIGS.get(d)
-    rule = _flash_dkdv_hopper.faster_here
-    _flash_dkdv_hopper.faster_here = lambda *a: True  # every candidate is dispatched while it is timed
     for cfg in cfgs:
         key = f"bwd_hopper_dq_dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
-        _flash_dkdv_hopper.CONFIGS[d] = cfg
         try:
-            row[key + "_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, True))
+            with dispatching(_flash_dkdv_hopper, d, cfg):
+                row[key + "_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, True))
         except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
             row[key + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        finally:
-            _flash_dkdv_hopper.CONFIGS[d] = in_use
-    _flash_dkdv_hopper.faster_here = rule
-    if in_use is None:
-        del _flash_dkdv_hopper.CONFIGS[d]
     for key in [k for k in row if k.endswith("_ms")]:
         row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
     print(f"d{d} n{seqlen} causal={causal}: backward TFLOP/s " + ", ".join(

@@ -16,6 +16,7 @@ Exit status 1 when a config fails a correctness check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import math
 import os
@@ -25,12 +26,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_hopper_fwd import max_err  # noqa: E402
+from benchmarks.check_hopper_fwd import check_all, max_err  # noqa: E402
 from benchmarks.common import time_ms, write_results  # noqa: E402
 from kernels import _flash_bwd, _flash_dq_hopper, _flash_fwd  # noqa: E402
 from kernels._flash_dq_hopper import HopperDqConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
-from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_dq_hopper.CONFIGS; none at d64)
     64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 64, 2, 4, 240), Cfg(64, 128, 2, 2, 240)],
@@ -94,20 +94,9 @@ def check_config(cfg, d, dtype, shapes):
     return ok, rows
 
 
-def check_all(candidates, check):
-    """check(cfg, headdim, dtype, shapes) -> (ok, rows) for every candidate config, on the edge shapes in
-    bf16 and their first six in fp16; returns (all ok, the records)."""
-    all_ok, checks = True, []
-    for d, cfgs in candidates.items():
-        for cfg in cfgs:
-            for dtype in (torch.bfloat16, torch.float16):
-                ok, rows = check(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
-                all_ok &= ok
-                checks.append(dict(config=str(cfg), rows=rows))
-    return all_ok, checks
-
-
-def speed(d, causal, seqlen, cfgs, packed=False):
+def backward_inputs(d, causal, seqlen, packed=False):
+    """(row, q, k, v, do, out, lse, scale, backward flops) at the benchmark's shapes (batch x seqlen = 16k
+    tokens, nheads x headdim = 2048) or, packed, GPT-2 medium's layer (q, k, v views of one projection)."""
     if packed:
         b, h = 2, 16
         qkv = torch.randn(b, seqlen, 3 * h, d, device="cuda", dtype=torch.bfloat16)
@@ -120,15 +109,35 @@ def speed(d, causal, seqlen, cfgs, packed=False):
     out, lse = forward(q, k, v, causal, scale)
     flops = 2.5 * 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)  # the backward's
     row = dict(batch=b, seqlen=seqlen, nheads=h, headdim=d, causal=causal, packed=packed)
+    return row, q, k, v, do, out, lse, scale, flops
+
+
+@contextlib.contextmanager
+def dispatching(module, headdim, cfg):
+    """`module` (a Hopper kernel module) takes every call at headdim with cfg while inside: its
+    CONFIGS[headdim] and its faster_here rule are put back afterwards."""
+    in_use, rule = module.CONFIGS.get(headdim), module.faster_here
+    module.CONFIGS[headdim], module.faster_here = cfg, lambda *a: True
+    try:
+        yield
+    finally:
+        module.faster_here = rule
+        if in_use is None:
+            del module.CONFIGS[headdim]
+        else:
+            module.CONFIGS[headdim] = in_use
+
+
+def speed(d, causal, seqlen, cfgs, packed=False):
+    row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen, packed)
     row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False))
-    in_use = _flash_dq_hopper.CONFIGS.get(d)
-    rule = _flash_dq_hopper.faster_here
-    _flash_dq_hopper.faster_here = lambda *a: True  # every candidate is dispatched while it is timed
     for cfg in cfgs:
         key = f"{cfg.block_m}x{cfg.block_n}_s{cfg.stages}_r{cfg.consumer_regs}"
-        _flash_dq_hopper.CONFIGS[d] = cfg
         try:
-            row[f"bwd_gluon_{key}_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True))
+            with dispatching(_flash_dq_hopper, d, cfg):
+                row[f"bwd_gluon_{key}_ms"] = time_ms(
+                    lambda: backward(do, q, k, v, out, lse, causal, scale, True)
+                )
             bufs = torch.empty_like(q), torch.empty_like(lse)
             row[f"dq_gluon_{key}_ms"] = time_ms(
                 lambda cfg=cfg, bufs=bufs: _flash_dq_hopper.flash_attn_dq_hopper(
@@ -137,11 +146,6 @@ def speed(d, causal, seqlen, cfgs, packed=False):
             )
         except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
             row[f"gluon_{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        finally:
-            _flash_dq_hopper.CONFIGS[d] = in_use
-    _flash_dq_hopper.faster_here = rule
-    if in_use is None:
-        del _flash_dq_hopper.CONFIGS[d]
     for key in [k for k in row if k.startswith("bwd") and k.endswith("_ms")]:
         row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
     best = min((v, k) for k, v in row.items() if k.startswith("bwd_gluon") and k.endswith("_ms"))

@@ -108,6 +108,19 @@ def packed_check(cfg):
     return e <= 2 * lp + 2e-3, dict(shape="packed b2 n1000 h4 d64 causal", err_out=e, rounding_err_out=lp)
 
 
+def check_all(candidates, check):
+    """check(cfg, headdim, dtype, shapes) -> (ok, rows) for every candidate config, on the edge shapes in
+    bf16 and their first six in fp16; returns (all ok, the records)."""
+    all_ok, checks = True, []
+    for d, cfgs in candidates.items():
+        for cfg in cfgs:
+            for dtype in (torch.bfloat16, torch.float16):
+                ok, rows = check(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
+                all_ok &= ok
+                checks.append(dict(config=str(cfg), rows=rows))
+    return all_ok, checks
+
+
 def sdpa_ms(q, k, v, causal, backend):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -163,17 +176,12 @@ def main():
     args = parser.parse_args()
     faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
     candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
-    all_ok, checks = True, []
-    for d, cfgs in candidates.items():
-        for cfg in cfgs[:1] if args.check_quick else cfgs:
-            for dtype in (torch.bfloat16, torch.float16):
-                ok, rows = check_config(cfg, d, dtype, EDGES if dtype == torch.bfloat16 else EDGES[:6])
-                all_ok &= ok
-                checks.append(dict(config=str(cfg), rows=rows))
-            if d == 64:
-                ok, row = packed_check(cfg)
-                all_ok &= ok
-                checks.append(dict(config=str(cfg), rows=[row]))
+    checked = {d: c[:1] if args.check_quick else c for d, c in candidates.items()}
+    all_ok, checks = check_all(checked, check_config)
+    for cfg in checked.get(64, []):
+        ok, row = packed_check(cfg)
+        all_ok &= ok
+        checks.append(dict(config=str(cfg), rows=[row]))
     rows = []
     if not args.skip_speed:
         for d in (64, 128):
