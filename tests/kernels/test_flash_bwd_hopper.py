@@ -19,7 +19,7 @@ from kernels._flash_bwd import backward_delta
 from kernels._flash_fwd import flash_attn_forward
 from kernels.reference import attention_qkvpacked_reference, attention_reference
 from tests.kernels._flash_utils import assert_close_rule, check_against_reference, randn
-from tests.kernels.test_flash_fwd_hopper import EDGES, needs_hopper
+from tests.kernels.test_flash_fwd_hopper import edge_inputs, needs_hopper, over_edges, record_calls
 
 BF16, F16 = torch.bfloat16, torch.float16
 
@@ -52,12 +52,10 @@ def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
 
 @pytest.fixture
 def bwd_calls(monkeypatch) -> list:
-    """Records each call of the Hopper dq and dK/dV kernels by name (they still run)."""
-    calls = []
-    for module, name in ((dq_hopper, "flash_attn_dq_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _n=name, _r=real, **kw: calls.append(_n) or _r(*a, **kw))
-    return calls
+    """Records each call of the Hopper dq and dK/dV kernels by name."""
+    return record_calls(
+        monkeypatch, (dq_hopper, "flash_attn_dq_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")
+    )
 
 
 def _forward(q, k, v, causal):
@@ -68,33 +66,23 @@ def _forward(q, k, v, causal):
 
 
 def _ref_grads(q, k, v, do, causal):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    return torch.autograd.grad(attention_reference(q, k, v, causal=causal), (q, k, v), do.to(q.dtype))
+    """(dq, dk, dv) of the reference in float64 and in the inputs' dtype, by autograd."""
+
+    def grads(q, k, v):
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        return torch.autograd.grad(attention_reference(q, k, v, causal=causal), (q, k, v), do.to(q.dtype))
+
+    return grads(q.double(), k.double(), v.double()), grads(q, k, v)
 
 
-def _edge_inputs(case, headdim, dtype):
-    b, sq, sk, h, hk, causal = case
-    torch.manual_seed(sq + sk + headdim)
-    q = randn(b, sq, h, headdim, dtype=dtype, device="cuda", requires_grad=False)
-    k, v = (randn(b, sk, hk, headdim, dtype=dtype, device="cuda", requires_grad=False) for _ in range(2))
-    return q, k, v, torch.randn_like(q), causal
-
-
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("headdim", sorted(dq_hopper.CONFIGS))
-@pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c)))
+@over_edges(dq_hopper.CONFIGS)
 def test_gpu_dq_kernel_matches_reference(case, headdim, dtype):
     """dq and delta of the dq kernel alone, given the forward's out and lse."""
-    q, k, v, do, causal = _edge_inputs(case, headdim, dtype)
+    q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     out, lse2 = _forward(q, k, v, causal)
     dq, delta = torch.full_like(q, float("nan")), torch.full_like(lse2, float("nan"))
     dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse2, delta, dq, sm_scale=headdim**-0.5, causal=causal)
-    ref64, ref_lp = (
-        _ref_grads(q.double(), k.double(), v.double(), do, causal),
-        _ref_grads(q, k, v, do, causal),
-    )
+    ref64, ref_lp = _ref_grads(q, k, v, do, causal)
     assert_close_rule("dq", dq, ref64[0], ref_lp[0], dtype)
     torch.testing.assert_close(
         delta, (do.float() * out.float()).sum(-1).transpose(1, 2), rtol=1e-4, atol=1e-4
@@ -102,24 +90,17 @@ def test_gpu_dq_kernel_matches_reference(case, headdim, dtype):
     assert torch.isfinite(lse_to_natural(lse2)).any()  # (the forward ran)
 
 
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("headdim", sorted(dkdv_hopper.CONFIGS))
-@pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c)))
+@over_edges(dkdv_hopper.CONFIGS)
 def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
     """dK and dV of the dK/dV kernel alone, given the forward's lse and delta."""
-    q, k, v, do, causal = _edge_inputs(case, headdim, dtype)
+    q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     out, lse2 = _forward(q, k, v, causal)
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     delta = backward_delta(out, do, lse2)
     dkdv_hopper.flash_attn_dkdv_hopper(
         q, k, v, do, dk, dv, lse2, delta, sm_scale=headdim**-0.5, causal=causal
     )
-    ref64, ref_lp = (
-        _ref_grads(q.double(), k.double(), v.double(), do, causal),
-        _ref_grads(q, k, v, do, causal),
-    )
+    ref64, ref_lp = _ref_grads(q, k, v, do, causal)
     assert_close_rule("dk", dk, ref64[1], ref_lp[1], dtype)
     assert_close_rule("dv", dv, ref64[2], ref_lp[2], dtype)
 

@@ -132,27 +132,52 @@ needs_hopper = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def hopper_calls(monkeypatch) -> list:
-    """Records each call of the Hopper forward (which still runs)."""
+def record_calls(monkeypatch, *targets) -> list:
+    """Wraps each (module, function name) so that its calls append the name to the returned list (the
+    functions still run)."""
     calls = []
-    real = hopper.flash_attn_forward_hopper
-    monkeypatch.setattr(
-        hopper, "flash_attn_forward_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
+    for module, name in targets:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _r=real, **kw: calls.append(_n) or _r(*a, **kw))
     return calls
 
 
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("headdim", sorted(hopper.CONFIGS))
-@pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c)))
-def test_gpu_kernel_matches_reference(case, headdim, dtype):
+@pytest.fixture
+def hopper_calls(monkeypatch) -> list:
+    """Records each call of the Hopper forward."""
+    return record_calls(monkeypatch, (hopper, "flash_attn_forward_hopper"))
+
+
+def over_edges(configs):
+    """The GPU tests' grid for a Hopper kernel: every EDGES case, each head dim of `configs`, bf16 and
+    fp16; skipped off sm_90."""
+
+    def grid(test):
+        for mark in (
+            pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c))),
+            pytest.mark.parametrize("headdim", sorted(configs)),
+            pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"]),
+            needs_hopper,
+            pytest.mark.gpu,
+        ):
+            test = mark(test)
+        return test
+
+    return grid
+
+
+def edge_inputs(case, headdim, dtype):
+    """(q, k, v, do, causal) of one EDGES case on the GPU, seeded by the case."""
     b, sq, sk, h, hk, causal = case
     torch.manual_seed(sq + sk + headdim)
     q = randn(b, sq, h, headdim, dtype=dtype, device="cuda", requires_grad=False)
     k, v = (randn(b, sk, hk, headdim, dtype=dtype, device="cuda", requires_grad=False) for _ in range(2))
+    return q, k, v, torch.randn_like(q), causal
+
+
+@over_edges(hopper.CONFIGS)
+def test_gpu_kernel_matches_reference(case, headdim, dtype):
+    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
     scale = headdim**-0.5
     out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=scale, causal=causal)
     ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
