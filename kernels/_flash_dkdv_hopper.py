@@ -170,7 +170,7 @@ def _consumer(
     first_key = n0 + WG * BLOCK_N
     keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     diag = seqlen_k - seqlen_q
-    KEYS: gl.constexpr = 2 * BLOCK_N
+    KEYS: gl.constexpr = k_smem.shape[0] * BLOCK_N  # the program's keys (one BLOCK_N per consumer)
     mbarrier.wait(kv_ready.index(WG), 0)
     k = k_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
