@@ -10,6 +10,8 @@ through `create_block_mask`, and the ideal `our dense fwd+bwd x density`.
     python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 --tune
 
 --tune first times a few tile configs of each pass at n=16k and uses the fastest for the sweep.
+--portable also times our portable Triton kernels where the Hopper (Gluon) path takes the call
+(`kernels._block_sparse_hopper`), as impl "ours_bs_portable", in the same run.
 Writes benchmarks/results/block_sparse_<gpu>.json (and .md, .png) unless --out names another path.
 """
 
@@ -31,7 +33,7 @@ from benchmarks.common import (  # noqa: E402
     time_ms,
     write_results,
 )
-from kernels import block_sparse  # noqa: E402
+from kernels import _block_sparse_hopper, block_sparse  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 from kernels.layouts import BlockLayout, butterfly_layout  # noqa: E402
 
@@ -142,7 +144,9 @@ def tune(headdim: int, nheads: int) -> dict:
     return {"best": {p: list(c) for p, c in best.items()}, "trials": log}
 
 
-def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict], graphs: bool = False) -> None:
+def bench_shape(
+    seqlen: int, headdim: int, nheads: int, rows: list[dict], graphs: bool = False, portable: bool = False
+) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
@@ -156,8 +160,9 @@ def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict], graphs
     qh, kh, vh = (x.requires_grad_() for x in (qh, kh, vh))
     base = dict(seqlen=seqlen, headdim=headdim, nheads=nheads, batch=1, block=BLOCK)
 
-    def record(impl, density, cfg, fn, args):
+    def record(impl, density, cfg, fn, args, hopper=True):
         row = dict(base, impl=impl, density=density, layout=cfg)
+        _block_sparse_hopper.ENABLED = hopper  # (read at each call, forward and backward)
         try:
             row["fwd_ms"], row["fwdbwd_ms"] = timed(fn, *args)
         except Exception as exc:  # one failing impl must not end the sweep: record it in its row
@@ -167,6 +172,7 @@ def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict], graphs
                 row["fwdbwd_graph_ms"] = graph_timed(fn, *args)
             except Exception as exc:  # not capturable: the eager figures stand alone
                 row["graph_error"] = error_note(exc)
+        _block_sparse_hopper.ENABLED = True
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in base})
         return row
@@ -185,13 +191,10 @@ def bench_shape(seqlen: int, headdim: int, nheads: int, rows: list[dict], graphs
     for cfg, layout in butterfly_points(seqlen):
         layout = layout.cuda()
         density = layout.density
-        record(
-            "ours_bs",
-            density,
-            cfg,
-            lambda q, k, v, lay=layout: block_sparse_attention(q, k, v, lay),
-            (q, k, v, do),
-        )
+        ours = lambda q, k, v, lay=layout: block_sparse_attention(q, k, v, lay)  # noqa: E731
+        record("ours_bs", density, cfg, ours, (q, k, v, do))
+        if portable and _block_sparse_hopper.usable_forward(q, k, v, layout, 0.0):
+            record("ours_bs_portable", density, cfg, ours, (q, k, v, do), hopper=False)
         block_mask = flex_block_mask(layout, seqlen)
         record(
             "flex",
@@ -221,6 +224,10 @@ def summarize(rows: list[dict]) -> list[dict]:
             if "fwdbwd_graph_ms" in r and "fwdbwd_graph_ms" in f:
                 s.update(ours_fwdbwd_graph_ms=r["fwdbwd_graph_ms"], flex_fwdbwd_graph_ms=f["fwdbwd_graph_ms"],
                          speedup_vs_flex_fwdbwd_graph=f["fwdbwd_graph_ms"] / r["fwdbwd_graph_ms"])  # fmt: skip
+        p = next((x for x in rows if x["impl"] == "ours_bs_portable" and x["seqlen"] == r["seqlen"]
+                  and x["headdim"] == r["headdim"] and x["layout"] == r["layout"] and "fwdbwd_ms" in x), None)  # fmt: skip
+        if p:
+            s.update(portable_fwd_ms=p["fwd_ms"], portable_fwdbwd_ms=p["fwdbwd_ms"])
         if d:
             ideal = d["fwdbwd_ms"] * r["density"]
             s.update(ideal_fwdbwd_ms=ideal, ours_over_ideal=r["fwdbwd_ms"] / ideal)
@@ -268,6 +275,9 @@ def main():
     parser.add_argument("--nheads", type=int, default=16)
     parser.add_argument("--tune", action="store_true", help="pick tile configs at n=16k first")
     parser.add_argument(
+        "--portable", action="store_true", help="also time the portable kernels where the Hopper path runs"
+    )
+    parser.add_argument(
         "--graph-upto", type=int, default=16384,
         help="also time fwd+bwd replayed from a CUDA graph (no launch work) up to this length; 0 = never",
     )  # fmt: skip
@@ -281,14 +291,15 @@ def main():
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
-            bench_shape(n, d, args.nheads, rows, graphs=n <= args.graph_upto)
+            bench_shape(n, d, args.nheads, rows, graphs=n <= args.graph_upto, portable=args.portable)
             # rewritten after every shape, so a run cut short still leaves its numbers
             summary = summarize(rows)
             extra = dict(
                 dtype="bfloat16", tile_configs=block_sparse._GPU_CONFIGS, tuning=tuning, summary=summary
             )
             write_results(out, rows, extra)
-    cols = ["seqlen", "headdim", "density_pct", "ours_fwd_ms", "flex_fwd_ms", "ours_fwdbwd_ms", "flex_fwdbwd_ms",
+    cols = ["seqlen", "headdim", "density_pct", "ours_fwd_ms", "flex_fwd_ms", "portable_fwd_ms", "ours_fwdbwd_ms",
+            "flex_fwdbwd_ms", "portable_fwdbwd_ms",
             "speedup_vs_flex_fwdbwd", "ideal_fwdbwd_ms", "ours_over_ideal", "ours_fwdbwd_graph_ms",
             "flex_fwdbwd_graph_ms", "speedup_vs_flex_fwdbwd_graph"]  # fmt: skip
     table = markdown_table(summary, cols, floatfmt="{:.3g}")

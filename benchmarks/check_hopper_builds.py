@@ -67,8 +67,9 @@ def spills_in_loops(cubin: bytes) -> int | None:
     return sum(any(lo <= a <= hi for lo, hi in loops) for a in spills)
 
 
-def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
-    """Compile one config of `kernel` ("fwd", "dq" or "dkdv") for sm_90; never raises."""
+def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False) -> dict:
+    """Compile one config of `kernel` ("fwd", "dq" or "dkdv") for sm_90, dense or block-sparse (walking
+    tile lists, `kernels._block_sparse_hopper`); never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
@@ -77,7 +78,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
     from kernels import _flash_fwd_hopper as hopper
 
     result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
-                  dtype=str(dtype).removeprefix("torch."))  # fmt: skip
+                  dtype=str(dtype).removeprefix("torch."), sparse=sparse)  # fmt: skip
     start = time.time()
     try:
         q = torch.randn(2, 1000, 4, headdim, dtype=dtype)  # a length that is no multiple of any tile
@@ -94,8 +95,13 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype) -> dict:
             jit = dq_hopper._attn_bwd_dq_hopper
             args = [rows, rows, keys, keys, rows, q, lse, lse, q.stride(0), q.stride(1), q.stride(2),
                     lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 0.125, 264]  # fmt: skip
+        if sparse:  # tile lists (layout heads, list rows, list length) and their counts
+            tiles, counts = torch.zeros(1, 8, 16, dtype=torch.int32), torch.ones(1, 8, 2, dtype=torch.int32)
+            args += [tiles, counts, 4, 8, 16]
+        else:
+            args += [lse, lse, 1, 1, 1]
         meta = dict(
-            CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+            SPARSE=sparse, CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             PRODUCER_REGS=cfg.producer_regs, num_warps=4,
         )  # fmt: skip
         compiled = compile_kernel(jit, args, meta)
@@ -142,6 +148,7 @@ def main():
     import torch
 
     from kernels import _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd_hopper
+    from kernels._block_sparse_hopper import HEAD_DIMS as SPARSE_HEAD_DIMS
 
     configs = [parse_config(c) for c in args.config] or [
         (kernel, d, cfg)
@@ -154,14 +161,17 @@ def main():
     ]
     results = []
     for kernel, headdim, cfg in configs:
-        for causal in (True, False):
-            for dtype in (torch.bfloat16, torch.float16):
-                results.append(build(kernel, headdim, cfg, causal, dtype))
-                r = results[-1]
-                print(f"{r['status']:>18}  {kernel} d{headdim} {cfg} causal={causal} {r['dtype']}: "
-                      f"{r.get('shared', '-')} B shared, stack {r.get('stack', '-')} "
-                      f"({r.get('spills_in_loops', '-')} spill instructions in loops), {r['seconds']} s"
-                      + (f"  {r['error']}" if "error" in r else ""), flush=True)  # fmt: skip
+        # the block-sparse builds: the head dims kernels._block_sparse_hopper takes
+        for sparse in (False, True) if headdim in SPARSE_HEAD_DIMS else (False,):
+            for causal in (True, False):
+                for dtype in (torch.bfloat16, torch.float16):
+                    results.append(build(kernel, headdim, cfg, causal, dtype, sparse))
+                    r = results[-1]
+                    print(f"{r['status']:>18}  {kernel} d{headdim} {cfg} {'sparse' if sparse else 'dense'} "
+                          f"causal={causal} {r['dtype']}: "
+                          f"{r.get('shared', '-')} B shared, stack {r.get('stack', '-')} "
+                          f"({r.get('spills_in_loops', '-')} spill instructions in loops), {r['seconds']} s"
+                          + (f"  {r['error']}" if "error" in r else ""), flush=True)  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"arch": "sm_90", "results": results}, f, indent=1)

@@ -43,34 +43,62 @@ from ._flash_fwd_hopper import descriptor
 @gluon.jit
 def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty,
-    off_b, off_hk, n0, group, lo, hi, seqlen_q, seqlen_k, CAUSAL: gl.constexpr,
+    off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once, then the Q and dO tiles lo .. hi - 1 of every query
-    head of the group into the stage ring, section by section."""
+    head of the group into the stage ring, section by section (block-sparse: the hi tiles listed)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         coord = [off_b, off_hk, n0 + c * BLOCK_N, 0]
         tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
         tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
-    it = 0
-    for section in gl.static_range(3):  # the consumers' order (see `sections`)
-        start, count = sections(
-            n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, NUM_CONSUMERS * BLOCK_N
-        )
-        for j in range(group * count):
-            stage = it % STAGES
-            # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
-            mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
-            coord = [off_b, off_hk * group + j // count, (start + j % count) * BLOCK_M, 0]
-            bar = qdo_ready.index(stage)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(stage))
-            tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(stage))
-            it += 1
+    it = 0  # (a variable: a literal 0 would be passed as a constant, and the loop changes it)
+    if SPARSE:
+        _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it, 0, hi,
+                    tiles, SPARSE)  # fmt: skip
+    else:
+        for section in gl.static_range(3):  # the consumers' order (see `sections`)
+            start, count = sections(
+                n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, NUM_CONSUMERS * BLOCK_N
+            )
+            it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it,
+                             start, count, tiles, SPARSE)  # fmt: skip
+
+
+@gluon.jit
+def _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it, start, count,
+                tiles, SPARSE: gl.constexpr):  # fmt: skip
+    """The Q and dO tiles of one section's steps (`_query_tile`) into the stage ring, from ring position it;
+    returns the position after them."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    for j in range(count if SPARSE else group * count):
+        stage = it % STAGES
+        t, g = _query_tile(tiles, j, start, count, SPARSE)
+        # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
+        mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
+        coord = [off_b, off_hk * group + g, t * BLOCK_M, 0]
+        bar = qdo_ready.index(stage)
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(stage))
+        tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(stage))
+        it += 1
+    return it
+
+
+@gluon.jit
+def _query_tile(tiles, j, start, count, SPARSE: gl.constexpr):
+    """(query tile, query head within the group) of a section's step j: dense, the section's tiles
+    start .. start + count - 1 of each head in turn; block-sparse, entry start + j of the program's list
+    (`kernels._block_sparse_hopper.col_lists`: head << 16 | tile)."""
+    if SPARSE:
+        entry = gl.load(tiles + start + j)
+        return entry & 0xFFFF, entry >> 16
+    else:
+        return start + j % count, j // count
 
 
 @gluon.jit
@@ -98,28 +126,32 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
 @gluon.jit
 def _steps(
     dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-    start, count, group, off_hk, seqlen_q, diag, qk_scale,
-    CAUSAL: gl.constexpr, SECTION: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+    start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale,
+    CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, st_layout: gl.constexpr,
+    acc_layout: gl.constexpr,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
-    of `sections`; `it` counts the steps taken (the stage ring's position)."""
+    of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
+    tiles, are masked as sections 0 and 2 both); `it` counts the steps taken (the stage ring's position)."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k.shape[0]
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    for j in range(group * count):
-        t = start + j % count
+    for j in range(count if SPARSE else group * count):
+        t, g = _query_tile(tiles, j, start, count, SPARSE)
         stage = it % STAGES
-        row0 = lse_row0 + (off_hk * group + j // count) * stride_lh
+        row0 = lse_row0 + (off_hk * group + g) * stride_lh
         rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)  # this tile's queries (columns here)
-        if SECTION == 2:  # the partial last tile
+        if SECTION >= 2:  # the partial last tile (or a listed partial one)
             lse = gl.load(LSE + row0 + rows, mask=rows < seqlen_q, other=0.0)
             delta = gl.load(DELTA + row0 + rows, mask=rows < seqlen_q, other=0.0)
         else:
             lse = gl.load(LSE + row0 + rows)
             delta = gl.load(DELTA + row0 + rows)
+        if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
+            lse = lse * 1.4426950408889634  # log2(e)
         if CAUSAL and SECTION != 1:
             # a query that saw no key has lse = -inf (only under a causal mask, in a masked tile); its
             # scores are all masked, so any finite lse gives 0
@@ -153,11 +185,12 @@ def _steps(
 @gluon.jit
 def _consumer(
     k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc, LSE, DELTA,
-    stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, seqlen_q, seqlen_k, qk_scale, sm_scale,
-    WG: gl.constexpr, CAUSAL: gl.constexpr,
+    stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
-    head of the group; then dK (times the softmax scale) and dV through TMA stores."""
+    head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
+    (times the softmax scale) and dV through TMA stores."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -178,21 +211,34 @@ def _consumer(
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     lse_row0 = off_b.to(gl.int64) * stride_lb
     it = 0
-    start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 0, CAUSAL, BLOCK_M, KEYS)
-    dk, dv, it = _steps(
-        dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-        start, count, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 0, st_layout, acc_layout,
-    )  # fmt: skip
-    start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 1, CAUSAL, BLOCK_M, KEYS)
-    dk, dv, it = _steps(
-        dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-        start, count, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, st_layout, acc_layout,
-    )  # fmt: skip
-    start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 2, CAUSAL, BLOCK_M, KEYS)
-    dk, dv, it = _steps(
-        dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-        start, count, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 2, st_layout, acc_layout,
-    )  # fmt: skip
+    if SPARSE:  # the partial tiles, then the full ones
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+            0, lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 3, SPARSE, st_layout, acc_layout,
+        )  # fmt: skip
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+            lo, hi - lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, st_layout, acc_layout,
+        )  # fmt: skip
+    else:
+        start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 0, CAUSAL, BLOCK_M, KEYS)
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+            start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 0, SPARSE, st_layout,
+            acc_layout,
+        )  # fmt: skip
+        start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 1, CAUSAL, BLOCK_M, KEYS)
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+            start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, st_layout,
+            acc_layout,
+        )  # fmt: skip
+        start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 2, CAUSAL, BLOCK_M, KEYS)
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+            start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 2, SPARSE, st_layout,
+            acc_layout,
+        )  # fmt: skip
     # dK and dV through this group's K and V buffers (no product reads them any more); the TMA store
     # clips the rows past the sequence
     k_out = k_smem.index(WG)
@@ -210,23 +256,38 @@ def _consumer(
 def _attn_bwd_dkdv_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
-    keys of one key head. LSE (base 2) and DELTA are (B, H, Sq) fp32."""
+    keys of one key head. LSE (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose
+    query tiles come from TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2:
+    tiles listed, partial ones among them), as `kernels._block_sparse_hopper.col_lists` builds them,
+    and whose LSE is in natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    # the first key tiles are seen by the most queries (causal), so the order is already heaviest first
-    pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
-    n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
-    hi = gl.cdiv(seqlen_q, BLOCK_M)
-    if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
-        lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
+    if SPARSE:  # grid order; lo, hi: the partial tiles at the head of the list, the tiles listed
+        pid_n = gl.program_id(0)
+        off_hk = gl.program_id(1)
+        off_b = gl.program_id(2)
+        row = (off_hk % lay_heads) * n_list_rows + pid_n
+        hi = gl.load(COUNTS + row * 2)
+        lo = gl.load(COUNTS + row * 2 + 1)
+        tiles = TILES + row.to(gl.int64) * list_len
     else:
-        lo = 0
+        # the first key tiles are seen by the most queries (causal), so the order is already heaviest first
+        pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
+        hi = gl.cdiv(seqlen_q, BLOCK_M)
+        if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
+            lo = gl.minimum(
+                gl.maximum(pid_n * (BLOCK_N * NUM_CONSUMERS) - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi
+            )
+        else:
+            lo = 0
+        tiles = TILES
+    n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
@@ -246,13 +307,14 @@ def _attn_bwd_dkdv_hopper(
     gl.warp_specialize(
         [
             (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
-                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, seqlen_q,
-                         seqlen_k, qk_scale, sm_scale, 0, CAUSAL)),
+                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q,
+                         seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE)),
             (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
-                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, seqlen_q,
-                         seqlen_k, qk_scale, sm_scale, 1, CAUSAL)),
+                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q,
+                         seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready,
-                         qdo_ready, qdo_empty, off_b, off_hk, n0, group, lo, hi, seqlen_q, seqlen_k, CAUSAL)),
+                         qdo_ready, qdo_empty, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, CAUSAL,
+                         SPARSE)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -315,8 +377,8 @@ def flash_attn_dkdv_hopper(q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float,
         descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
         descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n), lse2, delta,
         lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
-        sched_slots_for(q.device, causal),
+        sched_slots_for(q.device, causal), lse2, lse2, 1, 1, 1,  # (no tile lists)
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, num_warps=4,
     )  # fmt: skip
     return dk, dv

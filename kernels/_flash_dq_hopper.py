@@ -37,15 +37,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E, sched_slots_for
-from ._flash_fwd_hopper import descriptor, masked_scores, row_program, stream_kv
+from ._flash_fwd_hopper import descriptor, key_tile, listed_row_program, masked_scores, row_program, stream_kv
 
 
 @gluon.jit
 def _producer(
     q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty,
-    off_b, off_h, off_hk, m0, n_kv,
+    off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """One warp: each consumer's Q and dO rows once, then K and V tiles n_kv - 1 .. 0 into the ring."""
+    """One warp: each consumer's Q and dO rows once, then the key tiles' K and V into the ring."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     for c in gl.static_range(NUM_CONSUMERS):
@@ -54,7 +54,7 @@ def _producer(
         coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
         tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(c))
         tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(c))
-    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv)
+    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, SPARSE)
 
 
 @gluon.jit
@@ -75,11 +75,11 @@ def _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, stage, phase, s_layou
 
 @gluon.jit
 def _steps(
-    dq, ds_op, lo, hi, n_kv, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
-    seqlen_k, diag, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr,
-    op_layout: gl.constexpr,
+    dq, ds_op, lo, hi, n_kv, tiles, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
+    seqlen_k, diag, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
+    s_layout: gl.constexpr, op_layout: gl.constexpr,
 ):  # fmt: skip
-    """Steps i in [lo, hi) (key tile n_kv - 1 - i): its S and dP issued, then tile i - 1's dq product
+    """Steps i in [lo, hi) (key tile `key_tile(i)`): its S and dP issued, then tile i - 1's dq product
     (whose dS we hold in ds_op) beside its P and dS; tile i - 1's stage is released once that is done."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -91,7 +91,8 @@ def _steps(
         dq = warpgroup_mma(ds_op, k_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
         s = warpgroup_mma_wait(2, deps=(s,))  # S is in; dP and the dq product may still run
         if MASKED:
-            s = masked_scores(s, (n_kv - 1 - i) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+            start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N
+            s = masked_scores(s, start_n, rows, seqlen_k, diag, CAUSAL, s_layout)
         p = gl.exp2(s * qk_scale - lse[:, None])
         dp = warpgroup_mma_wait(1, deps=(dp,))
         ds = p * (dp - delta[:, None])
@@ -106,10 +107,11 @@ def _steps(
 def _consumer(
     q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE, DELTA,  # noqa: E741
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
-    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, sm_scale,
-    WG: gl.constexpr, CAUSAL: gl.constexpr,
+    off_b, off_h, m0, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup: dq of query rows m0 + WG * BLOCK_M .. + BLOCK_M against key tiles n_kv - 1 .. 0."""
+    """One warpgroup: dq of query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
+    n_kv - 1 (`key_tile`; block-sparse, the first n_listed_masked need the element mask)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -126,13 +128,20 @@ def _consumer(
     first_row = m0 + WG * BLOCK_M
     rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
     diag = seqlen_k - seqlen_q
-    n_full = seqlen_k // BLOCK_N  # as in the forward: the masked tiles come first, from tile n_kv - 1 down
-    if CAUSAL:
-        n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
-    n_masked = gl.maximum(n_kv - n_full, 1)
+    if SPARSE:
+        n_masked = n_listed_masked
+    else:
+        n_full = (
+            seqlen_k // BLOCK_N
+        )  # as in the forward: the masked tiles come first, from tile n_kv - 1 down
+        if CAUSAL:
+            n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
+        n_masked = gl.maximum(n_kv - n_full, 1)
 
     lse_rows = off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
     lse = gl.load(LSE + lse_rows, mask=rows < seqlen_q, other=0.0)
+    if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
+        lse = lse * 1.4426950408889634  # log2(e)
     lse = gl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
     # delta = rowsum(dO * O) of this group's rows (rows past the sequence: dO and O are 0)
     mbarrier.wait(qdo_ready.index(WG), 0)
@@ -148,21 +157,21 @@ def _consumer(
     delta = gl.convert_layout(delta, row_s)
     gl.store(DELTA + lse_rows, delta, mask=rows < seqlen_q)
 
-    # step 0 (tile n_kv - 1, always masked: the only step of n_kv = 1)
+    # step 0 (always masked: the only step of n_kv = 1)
     s, dp = _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, 0, 0, s_layout)
     s = warpgroup_mma_wait(1, deps=(s,))
-    s = masked_scores(s, (n_kv - 1) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+    s = masked_scores(s, key_tile(tiles, 0, n_kv, SPARSE) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
     p = gl.exp2(s * qk_scale - lse[:, None])
     dp = warpgroup_mma_wait(0, deps=(dp,))
     ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q.dtype), op_layout)
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
     dq, ds_op = _steps(
-        dq, ds_op, 1, n_masked, n_kv, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
-        seqlen_k, diag, qk_scale, CAUSAL, True, s_layout, op_layout,
+        dq, ds_op, 1, n_masked, n_kv, tiles, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse,
+        delta, seqlen_k, diag, qk_scale, CAUSAL, True, SPARSE, s_layout, op_layout,
     )  # fmt: skip
     dq, ds_op = _steps(
-        dq, ds_op, n_masked, n_kv, n_kv, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
-        seqlen_k, diag, qk_scale, CAUSAL, False, s_layout, op_layout,
+        dq, ds_op, n_masked, n_kv, n_kv, tiles, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse,
+        delta, seqlen_k, diag, qk_scale, CAUSAL, False, SPARSE, s_layout, op_layout,
     )  # fmt: skip
     # the last tile's dq product
     last = (n_kv - 1) % STAGES
@@ -183,18 +192,26 @@ def _consumer(
 def _attn_bwd_dq_hopper(
     q_desc, do_desc, k_desc, v_desc, dq_desc, O, LSE, DELTA,  # noqa: E741
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """Descriptors as in `_attn_fwd_hopper` (4-D (batch, heads, seqlen, headdim) views; q's, do's and
     dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
-    output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq))."""
+    output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq)).
+    SPARSE: a block-sparse call (tile lists and natural-log lse, as in `_attn_fwd_hopper`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    m0, off_h, off_hk, off_b, n_kv = row_program(
-        sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
-    )
+    if SPARSE:
+        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = listed_row_program(
+            TILES, COUNTS, lay_heads, n_list_rows, list_len, group, BLOCK_M * NUM_CONSUMERS
+        )
+    else:
+        m0, off_h, off_hk, off_b, n_kv = row_program(
+            sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
+        )
+        n_masked = 0  # (the consumers work it out)
+        tiles = TILES
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(
@@ -219,12 +236,12 @@ def _attn_bwd_dq_hopper(
         [
             (_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE,
                          DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
-                         seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL)),
+                         tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE,
                          DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
-                         seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL)),
+                         tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready,
-                         v_ready, kv_empty, off_b, off_h, off_hk, m0, n_kv)),
+                         v_ready, kv_empty, off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -291,7 +308,8 @@ def flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, *, sm_scale: float, c
         descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale, sched_slots_for(q.device, causal),
+        lse, lse, 1, 1, 1,  # (no tile lists)
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, num_warps=4,
     )  # fmt: skip
     return dq, delta

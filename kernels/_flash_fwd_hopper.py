@@ -43,9 +43,9 @@ from ._common import INTERPRET, LOG2E, compute_capability, sched_slots_for, tile
 @gluon.jit
 def _producer(
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
-    off_b, off_h, off_hk, m0, n_kv,
+    off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """One warp: each consumer's Q rows once, then K and V tiles n_kv - 1 .. 0 into the stage ring."""
+    """One warp: each consumer's Q rows once, then the key tiles' K and V into the stage ring."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     for c in gl.static_range(NUM_CONSUMERS):
@@ -53,20 +53,31 @@ def _producer(
         tma.async_copy_global_to_shared(
             q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(c), q_smem.index(c)
         )
-    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv)
+    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, SPARSE)
 
 
 @gluon.jit
-def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv):
-    """K and V tiles n_kv - 1 .. 0 of one key head into the ring of stages (the producer's loop; the
-    Hopper dq kernel streams K and V the same way)."""
+def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
+    """The key tile of step i: dense, n_kv - 1 - i (the last tile first, where the masks are);
+    block-sparse (`kernels._block_sparse_hopper`), entry i of the program's tile list."""
+    if SPARSE:
+        return gl.load(tiles + i)
+    else:
+        return n_kv - 1 - i
+
+
+@gluon.jit
+def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles,
+              SPARSE: gl.constexpr):  # fmt: skip
+    """The K and V tiles of steps 0 .. n_kv - 1 (`key_tile`) of one key head into the ring of stages
+    (the producer's loop; the Hopper dq kernel streams K and V the same way)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     for i in range(n_kv):
         stage = i % STAGES
+        start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N  # (a listed tile's load overlaps the wait)
         # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
         mbarrier.wait(kv_empty.index(stage), ((i // STAGES) & 1) ^ 1)
-        start_n = (n_kv - 1 - i) * BLOCK_N
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             k_desc, [off_b, off_hk, start_n, 0], k_ready.index(stage), k_smem.index(stage)
@@ -106,8 +117,8 @@ def _softmax_update(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
 
 @gluon.jit
 def _consumer_steps(
-    acc, p, m_i, l_i, lo, hi, n_kv, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
-    qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+    acc, p, m_i, l_i, lo, hi, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
+    qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
     s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     """Steps i in [lo, hi): scores of tile i issued, then P @ V of tile i - 1 (whose p we hold) beside
@@ -128,7 +139,8 @@ def _consumer_steps(
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         s, p_op = warpgroup_mma_wait(1, deps=(s, p_op))  # the scores are in; P @ V may still run
         if MASKED:
-            s = masked_scores(s, (n_kv - 1 - i) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+            start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N
+            s = masked_scores(s, start_n, rows, seqlen_k, diag, CAUSAL, s_layout)
         p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, MASKED)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
@@ -140,10 +152,11 @@ def _consumer_steps(
 @gluon.jit
 def _consumer(
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
-    off_b, off_h, m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh,
-    WG: gl.constexpr, CAUSAL: gl.constexpr,
+    off_b, off_h, m0, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup: query rows m0 + WG * BLOCK_M .. + BLOCK_M against key tiles n_kv - 1 .. 0."""
+    """One warpgroup: query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
+    n_kv - 1 (`key_tile`); block-sparse, the first n_listed_masked of them need the element mask."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -158,12 +171,15 @@ def _consumer(
     first_row = m0 + WG * BLOCK_M
     rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
     diag = seqlen_k - seqlen_q
-    # tiles 0 .. n_full - 1 are in bounds and visible to every row of this group; the rest need masks.
-    # Steps run from tile n_kv - 1 down, so the masked tiles come first.
-    n_full = seqlen_k // BLOCK_N
-    if CAUSAL:
-        n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
-    n_masked = gl.maximum(n_kv - n_full, 1)  # step 0 is always masked (and is the only step of n_kv = 1)
+    if SPARSE:  # the lists put the partial tiles first
+        n_masked = n_listed_masked
+    else:
+        # tiles 0 .. n_full - 1 are in bounds and visible to every row of this group; the rest need
+        # masks. Steps run from tile n_kv - 1 down, so the masked tiles come first.
+        n_full = seqlen_k // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
+        n_masked = gl.maximum(n_kv - n_full, 1)  # step 0 is always masked (the only step of n_kv = 1)
 
     mbarrier.wait(q_ready.index(WG), 0)
     q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
@@ -173,18 +189,18 @@ def _consumer(
         q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True
     )
     s = warpgroup_mma_wait(0, deps=(s,))
-    s = masked_scores(s, (n_kv - 1) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
+    s = masked_scores(s, key_tile(tiles, 0, n_kv, SPARSE) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, True)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     acc, p, m_i, l_i = _consumer_steps(
-        acc, p, m_i, l_i, 1, n_masked, n_kv, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k,
-        diag, qk_scale, CAUSAL, True, s_layout, o_layout,
+        acc, p, m_i, l_i, 1, n_masked, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
+        seqlen_k, diag, qk_scale, CAUSAL, True, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     acc, p, m_i, l_i = _consumer_steps(
-        acc, p, m_i, l_i, n_masked, n_kv, n_kv, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k,
-        diag, qk_scale, CAUSAL, False, s_layout, o_layout,
+        acc, p, m_i, l_i, n_masked, n_kv, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
+        seqlen_k, diag, qk_scale, CAUSAL, False, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     # the last tile's P @ V
     last = (n_kv - 1) % STAGES
@@ -200,6 +216,8 @@ def _consumer(
     l_safe = gl.where(seen, l_i, 1.0)
     acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
     lse = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+    if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
+        lse = lse * 0.6931471805599453  # ln(2)
     lse_ptrs = LSE + off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
     gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
     # out through this group's Q stage (no product reads it any more) and a TMA store, which clips the
@@ -235,20 +253,45 @@ def row_program(
 
 
 @gluon.jit
+def listed_row_program(TILES, COUNTS, lay_heads, n_list_rows, list_len, group, ROWS: gl.constexpr):
+    """`row_program` of a block-sparse call (grid order): (first query row, head, key head, batch,
+    number of listed key tiles, how many of them come first and need the element mask, the program's
+    tile list). TILES (layout heads, n_list_rows, list_len) and COUNTS (layout heads, n_list_rows, 2)
+    as `kernels._block_sparse_hopper.row_lists` builds them; lay_heads is 1 (shared) or nheads."""
+    pid_m = gl.program_id(0)
+    off_h = gl.program_id(1)
+    off_b = gl.program_id(2)
+    off_hk = off_h // group
+    row = (off_h % lay_heads) * n_list_rows + pid_m
+    n_kv = gl.load(COUNTS + row * 2)
+    n_masked = gl.load(COUNTS + row * 2 + 1)
+    return pid_m * ROWS, off_h, off_hk, off_b, n_kv, n_masked, TILES + row.to(gl.int64) * list_len
+
+
+@gluon.jit
 def _attn_fwd_hopper(
     q_desc, k_desc, v_desc, o_desc, LSE,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sched_slots,
+    seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
-    HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows."""
+    HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows.
+    SPARSE: a block-sparse call, whose key tiles come from TILES and COUNTS (`listed_row_program`) and
+    whose lse is stored in natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    m0, off_h, off_hk, off_b, n_kv = row_program(
-        sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
-    )
+    if SPARSE:
+        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = listed_row_program(
+            TILES, COUNTS, lay_heads, n_list_rows, list_len, group, BLOCK_M * NUM_CONSUMERS
+        )
+    else:
+        m0, off_h, off_hk, off_b, n_kv = row_program(
+            sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
+        )
+        n_masked = 0  # (the consumers work it out)
+        tiles = TILES
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -270,11 +313,13 @@ def _attn_fwd_hopper(
     gl.warp_specialize(
         [
             (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
-                         m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL)),
+                         m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL,
+                         SPARSE)),
             (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
-                         m0, n_kv, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL)),
+                         m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL,
+                         SPARSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
-                         off_b, off_h, off_hk, m0, n_kv)),
+                         off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -400,7 +445,8 @@ def flash_attn_forward_hopper(
         descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
         descriptor(out, cfg.block_m), lse, lse.stride(0), lse.stride(1),
         seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sched_slots_for(q.device, causal),
+        lse, lse, 1, 1, 1,  # (no tile lists)
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, num_warps=4,
     )  # fmt: skip
     return out, lse

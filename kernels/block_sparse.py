@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import _block_sparse_hopper
 from kernels._common import (
     INTERPRET,
     LOG2E,
@@ -438,6 +439,8 @@ def _block_sparse_forward(
     q, k, v, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int, tiles=None
 ):
     """Launcher: returns out (like q) and lse (batch, nheads, seqlen_q) float32, natural log."""
+    if tiles is None and _block_sparse_hopper.usable_forward(q, k, v, layout, dropout_p):
+        return _block_sparse_hopper.block_sparse_forward_hopper(q, k, v, layout, causal, sm_scale)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
@@ -473,6 +476,12 @@ def _block_sparse_backward(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
+    if tiles is None and _block_sparse_hopper.usable_backward(
+        q, k, v, do, out, layout, dropout_p, lse_grad=dlse is not None
+    ):
+        return _block_sparse_hopper.block_sparse_backward_hopper(
+            do, q, k, v, out, lse, layout, causal, sm_scale
+        )
     # the dq kernel computes delta unless lse has a gradient, which the dense kernels' preprocess folds in
     delta_here = dlse is None
     delta = torch.empty_like(lse) if delta_here else backward_delta(out, do, lse, dlse=dlse)

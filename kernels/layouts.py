@@ -102,6 +102,7 @@ class BlockLayout:
         self.block_m = block_m
         self.block_n = block_n
         self._lists: dict[tuple, BlockLists] = {}
+        self._derived: dict[tuple, object] = {}
 
     @property
     def nheads(self) -> int:
@@ -168,6 +169,13 @@ class BlockLayout:
         if key not in self._lists:
             self._lists[key] = self._build_lists(seqlen_q, seqlen_k, bool(causal), tile_m, tile_n)
         return self._lists[key]
+
+    def derived(self, key: tuple, build):
+        """build(), cached on this layout under key: what a kernel derives from `block_lists` (the Hopper
+        kernels' tile lists, `kernels._block_sparse_hopper`) is built once per layout and shape."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     def _build_lists(
         self, seqlen_q: int, seqlen_k: int, causal: bool, tile_m: int, tile_n: int

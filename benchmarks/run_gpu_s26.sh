@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 26: block-sparse attention through the Gluon Hopper kernels). Each
+# part is what one call ran; the outputs are in benchmarks/results/block_sparse_hopper_h200/.
+#   bash benchmarks/run_gpu_s26.sh 1   # one block-sparse call each way (a hang shows here first), the
+#       GPU tests of the block-sparse and Hopper kernels, then n16k d128 against FlexAttention and the
+#       portable kernels
+set -uo pipefail
+export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
+mkdir -p "$OUT"
+smoke() {
+  timeout 90 python - <<'PY'
+import torch
+from kernels import block_sparse_attention
+from kernels.layouts import butterfly_layout
+from kernels.reference import block_sparse_reference
+torch.manual_seed(0)
+for causal in (False, True):
+    q, k, v = (torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    lay = butterfly_layout(1000, 128).cuda()
+    out = block_sparse_attention(q, k, v, lay, causal=causal)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    ref = block_sparse_reference(q.double(), k.double(), v.double(), lay.mask, 128, 128, causal=causal)
+    print("smoke causal", causal, "out err", (out.double() - ref).abs().max().item(), "dq finite",
+          torch.isfinite(q.grad).all().item(), flush=True)
+PY
+}
+case "${1:?part 1}" in
+1)
+  smoke
+  timeout 270 python -m pytest -q -n 8 -m gpu tests/kernels/test_block_sparse_hopper.py tests/kernels/test_block_sparse.py \
+    tests/kernels/test_flash_fwd_hopper.py tests/kernels/test_flash_bwd_hopper.py -rf > "$OUT/gpu_tests_call1.log" 2>&1
+  tail -n 25 "$OUT/gpu_tests_call1.log"
+  timeout 220 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 --portable --graph-upto 0 \
+    --out "$OUT/block_sparse_n16k_d128.json" 2>&1 | grep -v "^{'impl': 'flex'" | tail -n 30
+  ;;
+esac

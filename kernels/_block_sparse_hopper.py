@@ -1,0 +1,176 @@
+"""Block-sparse attention on Hopper (sm_90): the dense path's Gluon kernels walking tile lists.
+
+The forward (`_flash_fwd_hopper`), dq (`_flash_dq_hopper`) and dK/dV (`_flash_dkdv_hopper`) kernels take
+a SPARSE flag: their producer warp then TMA-loads the tiles a list names instead of a contiguous range,
+and their consumers apply the element mask (causal diagonal, sequence tail) to the list's partial
+tiles only. The lists are compiled here from `BlockLayout.block_lists` once per layout and shape:
+
+- `row_lists` (forward and dq): per 128-row query tile (the two consumer warpgroups' 64 rows each), the
+  key tiles it sees, partial ones first. A tile that sees no key gets one tile past the sequence: TMA
+  reads zeros there and the mask drops every key, so its rows get out = 0 and lse = -inf as the
+  portable kernel gives them, without a branch in the kernel.
+- `col_lists` (dK/dV): per 128-key tile of a key head, the (query head of the GQA group, 64-row query
+  tile) pairs that see it, partial ones first, packed as head << 16 | tile; summed in registers, as the
+  dense kernel sums a group's heads (no atomics).
+
+Scope as the dense Hopper kernels (bf16/fp16, head dim 128, no dropout) plus layouts whose blocks the
+128-row programs can tile (block_m and block_n multiples of 128); other calls take the portable
+block-sparse kernels (`kernels.block_sparse`), which give the same results.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from . import _flash_dkdv_hopper as dkdv_hopper
+from . import _flash_dq_hopper as dq_hopper
+from . import _flash_fwd_hopper as fwd_hopper
+from ._common import INTERPRET, LOG2E, compute_capability
+from ._flash_fwd_hopper import descriptor
+from .layouts import FULL, PARTIAL, BlockLayout, BlockLists
+
+# FLASHTRAIN_HOPPER_BLOCK_SPARSE=0 sends every block-sparse call to the portable kernels (A/B, safety valve)
+ENABLED = os.environ.get("FLASHTRAIN_HOPPER_BLOCK_SPARSE", "1") != "0"
+
+HEAD_DIMS = (128,)  # where the dense Hopper backward kernels have configs
+PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
+MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
+
+
+def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query tile, its key tiles, partial first: tiles (H, R, C) int32 and counts (H, R, 2) int32
+    (tiles listed, how many of them come first and are masked). A query tile with no key tile lists
+    tile C (past the sequence) once; the first step is always masked, so that count is at least 1."""
+    kind = lists.tile_kind.long()
+    n_cols = kind.shape[2]
+    tiles = _partial_first(kind).to(torch.int32)
+    count = (kind == PARTIAL).sum(-1) + (kind == FULL).sum(-1)
+    empty = count == 0
+    tiles[..., 0] = torch.where(empty, n_cols, tiles[..., 0])
+    n_masked = torch.maximum((kind == PARTIAL).sum(-1), torch.ones_like(count))
+    counts = torch.stack([torch.maximum(count, torch.ones_like(count)), n_masked], dim=-1)
+    return tiles.contiguous(), counts.to(torch.int32).contiguous()
+
+
+def col_lists(lists: BlockLists, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per key tile of a key head, the (query head in its GQA group, query tile) pairs that see it,
+    partial first, packed head << 16 | tile: tiles (Hk, C, group * R) int32 and counts (Hk, C, 2)
+    int32 (pairs listed, partial ones among them). Hk is 1 for a layout shared by every head, else the
+    number of key heads (the layout's heads // group)."""
+    kind = lists.tile_kind.long()  # (H, R, C)
+    heads, n_rows, n_cols = kind.shape
+    if heads == 1:
+        kind = kind.expand(group, n_rows, n_cols)  # every head of the group sees the same tiles
+    kind = kind.reshape(-1, group, n_rows, n_cols).permute(0, 3, 1, 2).reshape(-1, n_cols, group * n_rows)
+    order = _partial_first(kind)  # indices g * R + r
+    tiles = (order // n_rows) << 16 | (order % n_rows)
+    counts = torch.stack([(kind == PARTIAL).sum(-1) + (kind == FULL).sum(-1), (kind == PARTIAL).sum(-1)], -1)
+    return tiles.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+
+
+def _partial_first(kind: torch.Tensor) -> torch.Tensor:
+    """Indices along the last dim: the PARTIAL entries, then the FULL ones, then the skipped (each in
+    ascending order)."""
+    rank = torch.where(kind == PARTIAL, 0, torch.where(kind == FULL, 1, 2))
+    return torch.sort(rank, dim=-1, stable=True).indices
+
+
+def _usable(layout: BlockLayout, dropout_p: float, *tensors: torch.Tensor) -> bool:
+    q = tensors[0]
+    if not ENABLED or INTERPRET or q.device.type != "cuda" or compute_capability(q.device) != (9, 0):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in HEAD_DIMS or dropout_p != 0.0:
+        return False
+    if layout.block_m % PROGRAM_ROWS or layout.block_n % PROGRAM_ROWS:
+        return False
+    if triton.cdiv(q.shape[1], dkdv_hopper.CONFIGS[q.shape[-1]].block_m) > MAX_LIST_TILE:
+        return False
+    return all(fwd_hopper.tma_ready(t) for t in tensors)
+
+
+def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
+    """Whether a block-sparse forward takes the Hopper kernel (else the portable one)."""
+    return _usable(layout, dropout_p, q, k, v)
+
+
+def usable_backward(q, k, v, do, out, layout: BlockLayout, dropout_p: float, lse_grad: bool) -> bool:
+    """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, and no
+    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it)."""
+    return not lse_grad and _usable(layout, dropout_p, q, k, v, do) and out.stride(-1) == 1
+
+
+def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
+    """`row_lists` for 128-row query tiles and tile_n-key tiles, cached on the layout."""
+
+    def build():
+        return row_lists(layout.block_lists(seqlen_q, seqlen_k, causal, PROGRAM_ROWS, tile_n))
+
+    return layout.derived(("hopper_rows", seqlen_q, seqlen_k, causal, tile_n), build)
+
+
+def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group):
+    """`col_lists` for tile_m-row query tiles and 128-key tiles, cached on the layout."""
+
+    def build():
+        return col_lists(layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS), group)
+
+    return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group), build)
+
+
+def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_scale: float):
+    """(out, natural-log lse (B, H, Sq)) as `kernels.block_sparse._block_sparse_forward` returns them;
+    the caller checked `usable_forward`."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    cfg = fwd_hopper.CONFIGS[headdim]
+    assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
+    tiles, counts = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)
+    fwd_hopper._attn_fwd_hopper[grid](
+        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
+        descriptor(out, cfg.block_m), lse, lse.stride(0), lse.stride(1),
+        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, 0, tiles, counts, *tiles.shape,
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
+    )  # fmt: skip
+    return out, lse
+
+
+def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, causal: bool, sm_scale: float):
+    """dq, dk, dv (shaped like q, k, v; dk and dv summed over each key head's group) of a block-sparse
+    call; the caller checked `usable_backward`."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    group = nheads // nheads_kv
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    delta = torch.empty_like(lse)
+
+    cfg = dq_hopper.CONFIGS[headdim]
+    assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
+    tiles, counts = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
+    dq_hopper._attn_bwd_dq_hopper[(triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)](
+        descriptor(q, cfg.block_m), descriptor(do, cfg.block_m), descriptor(k, cfg.block_n),
+        descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        seqlen_q, seqlen_k, group, sm_scale * LOG2E, sm_scale, 0, tiles, counts, *tiles.shape,
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
+    )  # fmt: skip
+
+    cfg = dkdv_hopper.CONFIGS[headdim]
+    assert cfg.block_n * cfg.consumers == PROGRAM_ROWS
+    tiles, counts = _col_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_m, group)
+    dkdv_hopper._attn_bwd_dkdv_hopper[(triton.cdiv(seqlen_k, PROGRAM_ROWS), nheads_kv, batch)](
+        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
+        descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n), lse, delta,
+        lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, group, sm_scale * LOG2E, sm_scale, 0,
+        tiles, counts, *tiles.shape,
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
+    )  # fmt: skip
+    return dq, dk, dv

@@ -1,0 +1,181 @@
+"""Block-sparse attention on Hopper (`kernels._block_sparse_hopper`): the tile lists the Gluon kernels
+walk (on any machine), which calls take those kernels, and (on an H100/H200) that out, lse and the
+gradients match the float64 reference on butterfly, local, global, random per-head and empty-row
+layouts, causal and not, odd lengths and GQA, with the tolerance rule of test_block_sparse.py.
+
+The kernels' sm_90 builds with SPARSE=True are checked (for spills too) by
+`benchmarks/check_hopper_builds.py`, through test_flash_fwd_hopper.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import _block_sparse_hopper as bs_hopper
+from kernels import block_sparse_attention
+from kernels.layouts import FULL, PARTIAL, SKIP, BlockLayout, butterfly_layout, local_layout, random_layout
+from kernels.reference import block_sparse_reference
+from tests.kernels.test_block_sparse import _err, _inputs, _run, check_against_reference
+from tests.kernels.test_flash_fwd_hopper import needs_hopper, record_calls
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+def _random_layout_cases():
+    """(layout, seqlen_q, seqlen_k, causal) with odd lengths, per-head and shared layouts, and a query
+    block and a key block that nothing sees."""
+    cases = []
+    for seed, (sq, sk, heads) in enumerate([(113, 113, 1), (77, 131, 4), (131, 77, 4), (64, 64, 2)]):
+        layout = random_layout(max(sq, sk), 16, 0.4, nheads=heads, seed=seed)
+        mask = layout.mask.clone()
+        mask[:, 1] = False
+        mask[:, :, 2] = False
+        for causal in (False, True):
+            cases.append((BlockLayout(mask, 16), sq, sk, causal))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("tile_n", [16, 8])
+def test_row_lists_name_each_query_tiles_key_tiles_partial_first(case, tile_n):
+    layout, sq, sk, causal = _random_layout_cases()[case]
+    lists = layout.block_lists(sq, sk, causal, 16, 16 if tile_n == 16 else 8)
+    kind = lists.tile_kind
+    tiles, counts = bs_hopper.row_lists(lists)
+    heads, rows, cols = kind.shape
+    assert tiles.shape == (heads, rows, cols) and counts.shape == (heads, rows, 2)
+    assert tiles.dtype == counts.dtype == torch.int32
+    for h in range(heads):
+        for r in range(rows):
+            partial = [c for c in range(cols) if kind[h, r, c] == PARTIAL]
+            full = [c for c in range(cols) if kind[h, r, c] == FULL]
+            listed, n_masked = counts[h, r].tolist()
+            if partial or full:
+                assert tiles[h, r, :listed].tolist() == partial + full
+                assert n_masked == max(len(partial), 1)
+            else:  # one tile past the sequence: masked away entirely in the kernel
+                assert (listed, n_masked, tiles[h, r, 0].item()) == (1, 1, cols)
+
+
+@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("group", [1, 2])
+def test_col_lists_name_each_key_tiles_head_and_query_tiles_partial_first(case, group):
+    layout, sq, sk, causal = _random_layout_cases()[case]
+    lists = layout.block_lists(sq, sk, causal, 16, 16)
+    kind = lists.tile_kind  # (H, R, C)
+    tiles, counts = bs_hopper.col_lists(lists, group)
+    heads, rows, cols = kind.shape
+    key_heads = 1 if heads == 1 else heads // group
+    assert tiles.shape == (key_heads, cols, group * rows) and counts.shape == (key_heads, cols, 2)
+    for hk in range(key_heads):
+        for c in range(cols):
+
+            def pairs(want, hk=hk, c=c):
+                return [(g, r) for g in range(group) for r in range(rows)
+                        if kind[0 if heads == 1 else hk * group + g, r, c] == want]  # fmt: skip
+
+            listed, n_partial = counts[hk, c].tolist()
+            got = [(e >> 16, e & 0xFFFF) for e in tiles[hk, c, :listed].tolist()]
+            assert got == pairs(PARTIAL) + pairs(FULL)
+            assert n_partial == len(pairs(PARTIAL))
+            assert listed + len(pairs(SKIP)) == group * rows
+
+
+def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
+    q = torch.randn(1, 1024, 2, 128, dtype=BF16)
+    layout = butterfly_layout(1024, 128)
+    assert not bs_hopper.usable_forward(q, q, q, layout, 0.0)  # CPU tensors
+    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, lse_grad=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# on an H100/H200
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hopper_calls(monkeypatch) -> list:
+    """Records each call of the Hopper block-sparse forward and backward."""
+    return record_calls(
+        monkeypatch,
+        (bs_hopper, "block_sparse_forward_hopper"),
+        (bs_hopper, "block_sparse_backward_hopper"),
+    )
+
+
+def _gpu_layout(kind: str, seqlen: int, causal: bool, nheads: int) -> BlockLayout:
+    if kind == "butterfly":
+        return butterfly_layout(seqlen, 128, causal=causal)
+    if kind == "butterfly_global_local":
+        return butterfly_layout(seqlen, 128, n_factors=2, global_blocks=1, local_blocks=1, causal=causal)
+    if kind == "local":
+        return local_layout(seqlen, 256, local_blocks=1)  # 256-blocks: two 128-row programs per block
+    if kind == "random_per_head":
+        return random_layout(seqlen, 128, 0.3, nheads=nheads, seed=3)
+    mask = butterfly_layout(seqlen, 128).mask.clone()  # "empty": a query block and a key block unseen
+    mask[:, 1] = False
+    mask[:, :, 3] = False
+    return BlockLayout(mask, 128)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("kind", ["butterfly", "butterfly_global_local", "local", "random_per_head", "empty"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k", [(1000, 1000), (2048 + 77, 2048 + 77), (700, 1500), (1500, 700)]
+)
+def test_gpu_hopper_path_matches_reference(kind, causal, dtype, seqlen_q, seqlen_k, hopper_calls):
+    torch.manual_seed(seqlen_q + seqlen_k)
+    nheads, nheads_kv = 4, 2
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, nheads, nheads_kv, 128, dtype, "cuda")
+    layout = _gpu_layout(kind, max(seqlen_q, seqlen_k), causal, nheads).cuda()
+    out, lse, *_ = check_against_reference(q, k, v, layout, causal)
+    assert hopper_calls == ["block_sparse_forward_hopper", "block_sparse_backward_hopper"]
+    if kind == "empty":  # query block 1 sees no key: out 0, lse -inf
+        assert (out[:, 128:256] == 0).all() and (lse[:, :, 128:256] == float("-inf")).all()
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_dropped_tiles_are_never_read(hopper_calls):
+    # NaN in the rows only dropped tiles touch: a kernel that read them would spread it (0 * NaN)
+    torch.manual_seed(4)
+    mask = local_layout(1024, 128, local_blocks=0).mask.clone()  # block diagonal
+    mask[0, 3, 3] = False
+    layout = BlockLayout(mask, 128).cuda()
+    q, k, v = _inputs(1, 1024, 1024, 2, 2, 128, BF16, "cuda")
+    clean = [x.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x[:, 384:512] = float("nan")
+    do = torch.randn_like(q)
+    got = _run(lambda q, k, v: block_sparse_attention(q, k, v, layout, return_lse=True), q, k, v, do)
+    ref = _run(lambda q, k, v: block_sparse_reference(q, k, v, mask.cuda(), 128, 128, return_lse=True),
+               *(x.double() for x in clean), do.double())  # fmt: skip
+    assert hopper_calls == ["block_sparse_forward_hopper", "block_sparse_backward_hopper"]
+    rows = torch.cat([torch.arange(0, 384), torch.arange(512, 1024)])
+    for g, t in zip(got, ref, strict=True):
+        sel, want = (g[:, :, rows], t[:, :, rows]) if g.dim() == 3 else (g[:, rows], t[:, rows])
+        assert torch.isfinite(sel).all()
+        assert _err(sel, want) < 0.05
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "headdim, block, dropout_p, lse_grad, takes",
+    [
+        (128, 128, 0.0, True, ["block_sparse_forward_hopper"]),  # lse's gradient: the portable backward
+        (64, 128, 0.0, False, []),  # no Hopper backward config at head dim 64
+        (128, 64, 0.0, False, []),  # 64-blocks: a 128-row program would straddle two layout rows
+        (128, 128, 0.1, False, []),  # dropout: the portable kernels
+    ],
+)
+def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, lse_grad, takes, hopper_calls):
+    torch.manual_seed(9)
+    q, k, v = _inputs(1, 1024 + 33, 1024 + 33, 4, 2, headdim, BF16, "cuda")
+    layout = butterfly_layout(1024 + 33, block, causal=True).cuda()
+    check_against_reference(q, k, v, layout, True, dropout_p=dropout_p, lse_grad=lse_grad)
+    assert hopper_calls == takes
