@@ -532,11 +532,16 @@ class BlockSparseAttnFunc(torch.autograd.Function):
         ctx.dropout_p, ctx.seed, ctx.lse_grad = dropout_p, seed, lse_grad
         if not lse_grad:
             ctx.mark_non_differentiable(lse)
+        # an output the loss does not use gets None, not zeros: a returned lse that the loss ignores then
+        # leaves the backward free to compute delta itself (and to take the Hopper kernels)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        if do is None:  # only lse reaches the loss
+            do = torch.zeros_like(out)
         dlse = dlse if ctx.lse_grad else None
         dq, dk, dv = _block_sparse_backward(
             do, q, k, v, out, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p, ctx.seed,
