@@ -11,6 +11,8 @@
 #       whose materialised zero gradient sent the backward to the portable kernels; now an unused lse
 #       gets none) the Hopper block-sparse tests, then n16k d128 against FlexAttention and the portable
 #       kernels
+#   bash benchmarks/run_gpu_s26.sh 4   # with the backward's tile-count rule (BACKWARD_MIN_TILES): the Hopper
+#       block-sparse tests, then d128 at n 4k, 16k and 64k against FlexAttention and the portable kernels
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -55,5 +57,12 @@ case "${1:?part 1}" in
   tail -n 15 "$OUT/gpu_tests_call3.log"
   timeout 290 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 --portable --graph-upto 0 \
     --out "$OUT/block_sparse_n16k_d128.json" 2>&1 | grep -v "^{'impl': 'flex'" | grep -v "Warning\|create_block_mask(" | tail -n 30
+  ;;
+4)
+  timeout -s INT 120 python -m pytest -q -n 8 -m gpu tests/kernels/test_block_sparse_hopper.py -rf \
+    > "$OUT/gpu_tests_call4.log" 2>&1
+  tail -n 5 "$OUT/gpu_tests_call4.log"
+  timeout 420 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 65536 --headdims 128 --portable \
+    --graph-upto 0 --out "$OUT/block_sparse_d128.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 30
   ;;
 esac

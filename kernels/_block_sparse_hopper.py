@@ -39,6 +39,14 @@ HEAD_DIMS = (128,)  # where the dense Hopper backward kernels have configs
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
+# The backward takes the Hopper kernels only where a dq program walks at least this many key tiles on
+# average. Each program holds a whole SM (its shared memory), so its fixed cost (barriers, the first
+# loads, the stores) is paid once per 128 rows, not hidden behind other programs: on one H200 at n 16k
+# d128 (results/block_sparse_hopper_h200/block_sparse_n16k_d128.*), butterfly layouts with 3 blocks per
+# row (6 tiles) ran the Hopper backward slower than the portable one (fwd+bwd 0.90 vs 0.76 ms), 6 blocks
+# (12 tiles) level (1.11 vs 1.16), 8 and more (16 tiles) 1.18-1.26x faster. The forward pays everywhere.
+BACKWARD_MIN_TILES = 10
+
 
 def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query tile, its key tiles, partial first: tiles (H, R, C) int32 and counts (H, R, 2) int32
@@ -96,17 +104,26 @@ def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
     return _usable(layout, dropout_p, q, k, v)
 
 
-def usable_backward(q, k, v, do, out, layout: BlockLayout, dropout_p: float, lse_grad: bool) -> bool:
-    """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, and no
-    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it)."""
-    return not lse_grad and _usable(layout, dropout_p, q, k, v, do) and out.stride(-1) == 1
+def usable_backward(
+    q, k, v, do, out, layout: BlockLayout, causal: bool, dropout_p: float, lse_grad: bool
+) -> bool:
+    """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, no
+    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it), and enough tiles per
+    program (`BACKWARD_MIN_TILES`)."""
+    if lse_grad or out.stride(-1) != 1 or not _usable(layout, dropout_p, q, k, v, do):
+        return False
+    block_n = dq_hopper.CONFIGS[q.shape[-1]].block_n
+    *_, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, block_n)
+    return mean_tiles >= BACKWARD_MIN_TILES
 
 
 def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
-    """`row_lists` for 128-row query tiles and tile_n-key tiles, cached on the layout."""
+    """`row_lists` for 128-row query tiles and tile_n-key tiles, and the mean number of tiles listed,
+    cached on the layout (the mean syncs with the GPU once, when the lists are built)."""
 
     def build():
-        return row_lists(layout.block_lists(seqlen_q, seqlen_k, causal, PROGRAM_ROWS, tile_n))
+        tiles, counts = row_lists(layout.block_lists(seqlen_q, seqlen_k, causal, PROGRAM_ROWS, tile_n))
+        return tiles, counts, counts[..., 0].float().mean().item()
 
     return layout.derived(("hopper_rows", seqlen_q, seqlen_k, causal, tile_n), build)
 
@@ -127,7 +144,7 @@ def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_s
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = fwd_hopper.CONFIGS[headdim]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
-    tiles, counts = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
+    tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)
@@ -152,7 +169,7 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
 
     cfg = dq_hopper.CONFIGS[headdim]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
-    tiles, counts = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
+    tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
     dq_hopper._attn_bwd_dq_hopper[(triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)](
         descriptor(q, cfg.block_m), descriptor(do, cfg.block_m), descriptor(k, cfg.block_n),
         descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,

@@ -86,7 +86,7 @@ def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
     q = torch.randn(1, 1024, 2, 128, dtype=BF16)
     layout = butterfly_layout(1024, 128)
     assert not bs_hopper.usable_forward(q, q, q, layout, 0.0)  # CPU tensors
-    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, lse_grad=False)
+    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, False, 0.0, lse_grad=False)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -96,7 +96,9 @@ def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
 
 @pytest.fixture
 def hopper_calls(monkeypatch) -> list:
-    """Records each call of the Hopper block-sparse forward and backward."""
+    """Records each call of the Hopper block-sparse forward and backward; the backward takes the Hopper
+    kernels however few tiles a program walks (the test layouts are small)."""
+    monkeypatch.setattr(bs_hopper, "BACKWARD_MIN_TILES", 0)
     return record_calls(
         monkeypatch,
         (bs_hopper, "block_sparse_forward_hopper"),
@@ -174,8 +176,25 @@ def test_gpu_dropped_tiles_are_never_read(hopper_calls):
     ],
 )
 def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, lse_grad, takes, hopper_calls):
+    """(hopper_calls lets the backward take the Hopper kernels at any tile count: these stay portable
+    for their other reasons)"""
     torch.manual_seed(9)
     q, k, v = _inputs(1, 1024 + 33, 1024 + 33, 4, 2, headdim, BF16, "cuda")
     layout = butterfly_layout(1024 + 33, block, causal=True).cuda()
     check_against_reference(q, k, v, layout, True, dropout_p=dropout_p, lse_grad=lse_grad)
     assert hopper_calls == takes
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("local_blocks, takes_backward", [(0, False), (8, True)])
+def test_gpu_backward_takes_the_hopper_kernels_from_enough_tiles_per_program(
+    local_blocks, takes_backward, monkeypatch
+):
+    # a block diagonal lists 2 key tiles per 128-row program, a band of 8 blocks each side ~17
+    calls = record_calls(monkeypatch, (bs_hopper, "block_sparse_backward_hopper"))
+    q, k, v = (torch.randn(1, 4096, 2, 128, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
+    block_sparse_attention(
+        q, k, v, local_layout(4096, 128, local_blocks=local_blocks).cuda()
+    ).sum().backward()
+    assert calls == (["block_sparse_backward_hopper"] if takes_backward else [])
