@@ -13,6 +13,8 @@
 #       kernels
 #   bash benchmarks/run_gpu_s26.sh 4   # with the backward's tile-count rule (BACKWARD_MIN_TILES): the Hopper
 #       block-sparse tests, then d128 at n 4k, 16k and 64k against FlexAttention and the portable kernels
+#   bash benchmarks/run_gpu_s26.sh 5   # n 4k and 16k d128 again, also replayed from CUDA graphs (no launch
+#       work): the low densities and n 4k were host-bound in part 4
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -64,5 +66,9 @@ case "${1:?part 1}" in
   tail -n 5 "$OUT/gpu_tests_call4.log"
   timeout 420 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 65536 --headdims 128 --portable \
     --graph-upto 0 --out "$OUT/block_sparse_d128.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 30
+  ;;
+5)
+  timeout 400 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 128 --portable \
+    --graph-upto 16384 --out "$OUT/block_sparse_d128_graphs.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 30
   ;;
 esac
