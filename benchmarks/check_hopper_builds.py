@@ -147,10 +147,16 @@ def main():
         raise SystemExit("run without TRITON_INTERPRET=1: this process compiles for the GPU")
     import torch
 
-    from kernels import _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd_hopper
-    from kernels._block_sparse_hopper import HEAD_DIMS as SPARSE_HEAD_DIMS
+    from kernels import _block_sparse_hopper, _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd_hopper
 
-    configs = [parse_config(c) for c in args.config] or [
+    # (kernel, head dim, config, build it dense, build it block-sparse): the dense modules' CONFIGS and
+    # the block-sparse path's (`kernels._block_sparse_hopper.CONFIGS`, which shares some of them)
+    sparse_configs = {
+        (kernel, d, cfg)
+        for d, cfgs in _block_sparse_hopper.CONFIGS.items()
+        for kernel, cfg in zip(("fwd", "dq", "dkdv"), cfgs, strict=True)
+    }
+    dense_configs = [parse_config(c) for c in args.config] or [
         (kernel, d, cfg)
         for kernel, module in (
             ("fwd", _flash_fwd_hopper),
@@ -159,10 +165,12 @@ def main():
         )
         for d, cfg in sorted(module.CONFIGS.items())
     ]
+    configs = [(*c, True, c in sparse_configs) for c in dense_configs]
+    if not args.config:
+        configs += [(*c, False, True) for c in sorted(sparse_configs, key=str) if c not in dense_configs]
     results = []
-    for kernel, headdim, cfg in configs:
-        # the block-sparse builds: the head dims kernels._block_sparse_hopper takes
-        for sparse in (False, True) if headdim in SPARSE_HEAD_DIMS else (False,):
+    for kernel, headdim, cfg, dense, listed in configs:
+        for sparse in [s for s, wanted in ((False, dense), (True, listed)) if wanted]:
             for causal in (True, False):
                 for dtype in (torch.bfloat16, torch.float16):
                     results.append(build(kernel, headdim, cfg, causal, dtype, sparse))

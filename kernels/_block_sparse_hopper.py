@@ -32,10 +32,23 @@ from ._common import INTERPRET, LOG2E, compute_capability
 from ._flash_fwd_hopper import descriptor
 from .layouts import FULL, PARTIAL, BlockLayout, BlockLists
 
-# FLASHTRAIN_HOPPER_BLOCK_SPARSE=0 sends every block-sparse call to the portable kernels (A/B, safety valve)
-ENABLED = os.environ.get("FLASHTRAIN_HOPPER_BLOCK_SPARSE", "1") != "0"
+# FLASHTRAIN_HOPPER_BLOCK_SPARSE=0 sends every block-sparse call to the portable kernels, =fwd only the
+# backward (A/B measurements, a safety valve)
+_SETTING = os.environ.get("FLASHTRAIN_HOPPER_BLOCK_SPARSE", "1")
+ENABLED = _SETTING != "0"
+BACKWARD_ENABLED = _SETTING != "fwd"
 
-HEAD_DIMS = (128,)  # where the dense Hopper backward kernels have configs
+# Per head dim, the (forward, dq, dK/dV) kernel configs; d128's are the dense path's. A 128-row program
+# (two consumer warpgroups of 64) walks each list.
+CONFIGS = {
+    64: (
+        fwd_hopper.CONFIGS[64],
+        dq_hopper.HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
+        dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=3, consumer_regs=240),
+    ),
+    128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
+}
+HEAD_DIMS = tuple(CONFIGS)
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
@@ -94,7 +107,7 @@ def _usable(layout: BlockLayout, dropout_p: float, *tensors: torch.Tensor) -> bo
         return False
     if layout.block_m % PROGRAM_ROWS or layout.block_n % PROGRAM_ROWS:
         return False
-    if triton.cdiv(q.shape[1], dkdv_hopper.CONFIGS[q.shape[-1]].block_m) > MAX_LIST_TILE:
+    if triton.cdiv(q.shape[1], CONFIGS[q.shape[-1]][2].block_m) > MAX_LIST_TILE:
         return False
     return all(fwd_hopper.tma_ready(t) for t in tensors)
 
@@ -110,9 +123,9 @@ def usable_backward(
     """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, no
     gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it), and enough tiles per
     program (`BACKWARD_MIN_TILES`)."""
-    if lse_grad or out.stride(-1) != 1 or not _usable(layout, dropout_p, q, k, v, do):
+    if not BACKWARD_ENABLED or lse_grad or out.stride(-1) != 1 or not _usable(layout, dropout_p, q, k, v, do):
         return False
-    block_n = dq_hopper.CONFIGS[q.shape[-1]].block_n
+    block_n = CONFIGS[q.shape[-1]][1].block_n
     *_, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, block_n)
     return mean_tiles >= BACKWARD_MIN_TILES
 
@@ -142,7 +155,7 @@ def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_s
     the caller checked `usable_forward`."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    cfg = fwd_hopper.CONFIGS[headdim]
+    cfg = CONFIGS[headdim][0]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
     tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -167,7 +180,7 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     delta = torch.empty_like(lse)
 
-    cfg = dq_hopper.CONFIGS[headdim]
+    cfg = CONFIGS[headdim][1]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
     tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
     dq_hopper._attn_bwd_dq_hopper[(triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)](
@@ -179,7 +192,7 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
         PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
     )  # fmt: skip
 
-    cfg = dkdv_hopper.CONFIGS[headdim]
+    cfg = CONFIGS[headdim][2]
     assert cfg.block_n * cfg.consumers == PROGRAM_ROWS
     tiles, counts = _col_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_m, group)
     dkdv_hopper._attn_bwd_dkdv_hopper[(triton.cdiv(seqlen_k, PROGRAM_ROWS), nheads_kv, batch)](
