@@ -14,7 +14,9 @@
 #   bash benchmarks/run_gpu_s26.sh 4   # with the backward's tile-count rule (BACKWARD_MIN_TILES): the Hopper
 #       block-sparse tests, then d128 at n 4k, 16k and 64k against FlexAttention and the portable kernels
 #   bash benchmarks/run_gpu_s26.sh 5   # n 4k and 16k d128 again, also replayed from CUDA graphs (no launch
-#       work): the low densities and n 4k were host-bound in part 4
+#       work): the low densities and n 4k were host-bound in part 4; head dim 64 through the Hopper
+#       kernels (configs of kernels._block_sparse_hopper.CONFIGS[64], tested here first) at n 16k, against
+#       FlexAttention and the portable kernels, and with the Hopper forward alone
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -68,7 +70,14 @@ case "${1:?part 1}" in
     --graph-upto 0 --out "$OUT/block_sparse_d128.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 30
   ;;
 5)
-  timeout 400 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 128 --portable \
+  timeout -s INT 150 python -m pytest -q -n 8 -m gpu tests/kernels/test_block_sparse_hopper.py -rf \
+    > "$OUT/gpu_tests_call5.log" 2>&1
+  tail -n 5 "$OUT/gpu_tests_call5.log"
+  timeout 120 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 --portable \
+    --graph-upto 0 --out "$OUT/block_sparse_d64_n16k.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 12
+  FLASHTRAIN_HOPPER_BLOCK_SPARSE=fwd timeout 120 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 \
+    --graph-upto 0 --out "$OUT/block_sparse_d64_n16k_hopper_fwd_only.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 12
+  timeout 250 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 128 --portable \
     --graph-upto 16384 --out "$OUT/block_sparse_d128_graphs.json" 2>&1 | grep -v "^{'impl'" | grep -v "Warning\|create_block_mask(" | tail -n 30
   ;;
 esac
