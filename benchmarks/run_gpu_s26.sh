@@ -16,7 +16,11 @@
 #   bash benchmarks/run_gpu_s26.sh 5   # n 4k and 16k d128 again, also replayed from CUDA graphs (no launch
 #       work): the low densities and n 4k were host-bound in part 4; head dim 64 through the Hopper
 #       kernels (configs of kernels._block_sparse_hopper.CONFIGS[64], tested here first) at n 16k, against
-#       FlexAttention and the portable kernels, and with the Hopper forward alone
+#       FlexAttention and the portable kernels, and with the Hopper forward alone (the d64 runs ran past
+#       their 120 s on a machine that had just started, and left nothing)
+#   timeout 230 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 --portable \
+#       --graph-upto 0 --out "$OUT/block_sparse_d64_n16k.json"   # (call 6: part 5's d64 run alone; every
+#       point was timed, the session's device time ran out while it wrote its plot)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"

@@ -13,9 +13,14 @@ tiles only. The lists are compiled here from `BlockLayout.block_lists` once per 
   tile) pairs that see it, partial ones first, packed as head << 16 | tile; summed in registers, as the
   dense kernel sums a group's heads (no atomics).
 
-Scope as the dense Hopper kernels (bf16/fp16, head dim 128, no dropout) plus layouts whose blocks the
-128-row programs can tile (block_m and block_n multiples of 128); other calls take the portable
-block-sparse kernels (`kernels.block_sparse`), which give the same results.
+Scope: bf16/fp16 on sm_90, head dims 64 and 128 (`CONFIGS`), no dropout, layouts whose blocks the
+128-row programs can tile (block_m and block_n multiples of 128); the backward also needs no gradient on
+lse and enough tiles per program (`BACKWARD_MIN_TILES`). Other calls take the portable block-sparse
+kernels (`kernels.block_sparse`), which give the same results (tests/kernels/test_block_sparse_hopper.py).
+
+Measured on one H200 (bf16, butterfly on 128-blocks, 16 heads, batch 1; results/block_sparse_hopper_h200/,
+benchmarks/NOTES_attention.md "Block-sparse through the Gluon kernels"): fwd+bwd against the portable
+kernels 1.21-1.32x at d128 (n16k at densities 4.7-45%, n64k at 1-44%), 1.03-1.07x at d64 n16k (10-45%).
 """
 
 from __future__ import annotations
@@ -38,8 +43,11 @@ _SETTING = os.environ.get("FLASHTRAIN_HOPPER_BLOCK_SPARSE", "1")
 ENABLED = _SETTING != "0"
 BACKWARD_ENABLED = _SETTING != "fwd"
 
-# Per head dim, the (forward, dq, dK/dV) kernel configs; d128's are the dense path's. A 128-row program
-# (two consumer warpgroups of 64) walks each list.
+# Per head dim, the (forward, dq, dK/dV) kernel configs; a 128-row program (two consumer warpgroups of
+# 64) walks each list. d128's are the dense path's. At d64 the forward's is the dense path's and the dq
+# and dK/dV ones were the best of session 25's dense trials (there the dense d64 backward kept the
+# portable kernels: 0.94-1.00x); walking lists, fwd+bwd measured 1.03-1.07x the portable kernels at n16k
+# for densities 10-45% (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*).
 CONFIGS = {
     64: (
         fwd_hopper.CONFIGS[64],
@@ -55,9 +63,11 @@ MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 # The backward takes the Hopper kernels only where a dq program walks at least this many key tiles on
 # average. Each program holds a whole SM (its shared memory), so its fixed cost (barriers, the first
 # loads, the stores) is paid once per 128 rows, not hidden behind other programs: on one H200 at n 16k
-# d128 (results/block_sparse_hopper_h200/block_sparse_n16k_d128.*), butterfly layouts with 3 blocks per
-# row (6 tiles) ran the Hopper backward slower than the portable one (fwd+bwd 0.90 vs 0.76 ms), 6 blocks
-# (12 tiles) level (1.11 vs 1.16), 8 and more (16 tiles) 1.18-1.26x faster. The forward pays everywhere.
+# d128 (results/block_sparse_hopper_h200/block_sparse_n16k_d128.*; 64-key tiles), butterfly layouts with
+# 3 blocks per row (6 tiles) ran the Hopper backward slower than the portable one (fwd+bwd 0.90 vs 0.76
+# ms), 6 blocks (12 tiles) level (1.11 vs 1.16), 8 and more (16 tiles) 1.18-1.26x faster. At d64 (128-key
+# tiles) the same rule keeps 8 blocks per row (6.25%) portable and takes 13 and more (10%+), where the
+# Hopper path measured faster. The forward pays from 6% density on (below, lone calls are host-bound).
 BACKWARD_MIN_TILES = 10
 
 

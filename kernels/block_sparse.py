@@ -13,6 +13,9 @@ Dropout follows the dense kernel: `_common.dropout_keep` draws the keep-mask fro
 key), so the forward, both backward kernels and the dense kernel agree element for element whatever
 their tiles; it sits behind a DROPOUT constexpr, so the no-dropout kernels compile as without it.
 
+On an H100/H200 (sm_90) bf16/fp16 calls at head dims 64 and 128 take the Gluon kernels of the dense
+path instead, walking the same lists (`kernels._block_sparse_hopper`: 1.2-1.3x these kernels at d128).
+
 Layout of the op: kernels -> launchers (`_block_sparse_forward`, `_block_sparse_backward`) ->
 `BlockSparseAttnFunc` -> `block_sparse_attention`. The torch reference is
 `kernels.reference.block_sparse_reference`.
