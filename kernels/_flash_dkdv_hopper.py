@@ -221,24 +221,13 @@ def _consumer(
             lo, hi - lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, st_layout, acc_layout,
         )  # fmt: skip
     else:
-        start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 0, CAUSAL, BLOCK_M, KEYS)
-        dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 0, SPARSE, st_layout,
-            acc_layout,
-        )  # fmt: skip
-        start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 1, CAUSAL, BLOCK_M, KEYS)
-        dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, st_layout,
-            acc_layout,
-        )  # fmt: skip
-        start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, 2, CAUSAL, BLOCK_M, KEYS)
-        dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 2, SPARSE, st_layout,
-            acc_layout,
-        )  # fmt: skip
+        for section in gl.static_range(3):  # (unrolled: three loops, each with its own masks)
+            start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, KEYS)
+            dk, dv, it = _steps(
+                dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
+                start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, section, SPARSE, st_layout,
+                acc_layout,
+            )  # fmt: skip
     # dK and dV through this group's K and V buffers (no product reads them any more); the TMA store
     # clips the rows past the sequence
     k_out = k_smem.index(WG)

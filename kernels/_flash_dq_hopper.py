@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E, sched_slots_for
-from ._flash_fwd_hopper import descriptor, key_tile, listed_row_program, masked_scores, row_program, stream_kv
+from ._flash_fwd_hopper import descriptor, key_tile, masked_scores, program_rows, stream_kv
 
 
 @gluon.jit
@@ -202,16 +202,10 @@ def _attn_bwd_dq_hopper(
     SPARSE: a block-sparse call (tile lists and natural-log lse, as in `_attn_fwd_hopper`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    if SPARSE:
-        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = listed_row_program(
-            TILES, COUNTS, lay_heads, n_list_rows, list_len, group, BLOCK_M * NUM_CONSUMERS
-        )
-    else:
-        m0, off_h, off_hk, off_b, n_kv = row_program(
-            sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
-        )
-        n_masked = 0  # (the consumers work it out)
-        tiles = TILES
+    m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = program_rows(
+        sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+        BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+    )  # fmt: skip
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(

@@ -269,6 +269,23 @@ def listed_row_program(TILES, COUNTS, lay_heads, n_list_rows, list_len, group, R
 
 
 @gluon.jit
+def program_rows(
+    sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """(first query row, head, key head, batch, steps, masked steps, tile list) of a forward or dq
+    program: `listed_row_program` for a block-sparse call, else `row_program` (its masked steps are
+    left to the consumers: 0, and the tile list is TILES, never read)."""
+    if SPARSE:
+        return listed_row_program(TILES, COUNTS, lay_heads, n_list_rows, list_len, group, ROWS)
+    else:
+        m0, off_h, off_hk, off_b, n_kv = row_program(
+            sched_slots, seqlen_q, seqlen_k, group, ROWS, BLOCK_N, CAUSAL
+        )
+        return m0, off_h, off_hk, off_b, n_kv, 0, TILES
+
+
+@gluon.jit
 def _attn_fwd_hopper(
     q_desc, k_desc, v_desc, o_desc, LSE,
     stride_lb, stride_lh,
@@ -282,16 +299,10 @@ def _attn_fwd_hopper(
     whose lse is stored in natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    if SPARSE:
-        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = listed_row_program(
-            TILES, COUNTS, lay_heads, n_list_rows, list_len, group, BLOCK_M * NUM_CONSUMERS
-        )
-    else:
-        m0, off_h, off_hk, off_b, n_kv = row_program(
-            sched_slots, seqlen_q, seqlen_k, group, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL
-        )
-        n_masked = 0  # (the consumers work it out)
-        tiles = TILES
+    m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = program_rows(
+        sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+        BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+    )  # fmt: skip
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
