@@ -65,9 +65,11 @@ MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 # loads, the stores) is paid once per 128 rows, not hidden behind other programs: on one H200 at n 16k
 # d128 (results/block_sparse_hopper_h200/block_sparse_n16k_d128.*; 64-key tiles), butterfly layouts with
 # 3 blocks per row (6 tiles) ran the Hopper backward slower than the portable one (fwd+bwd 0.90 vs 0.76
-# ms), 6 blocks (12 tiles) level (1.11 vs 1.16), 8 and more (16 tiles) 1.18-1.26x faster. At d64 (128-key
+# ms), 6 blocks (12 tiles) level (1.11 vs 1.16), 8 and more (16 tiles) 1.22-1.26x faster. At d64 (128-key
 # tiles) the same rule keeps 8 blocks per row (6.25%) portable and takes 13 and more (10%+), where the
-# Hopper path measured faster. The forward pays from 6% density on (below, lone calls are host-bound).
+# Hopper path measured faster. The forward has no such rule: at d128 it was faster from 2.3% density on;
+# below that, and at d64 below 10%, lone calls are host-bound and either path's eager time scattered
+# between 0.07 and 0.30 ms from run to run.
 BACKWARD_MIN_TILES = 10
 
 
