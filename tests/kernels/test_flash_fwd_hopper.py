@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from kernels import _block_sparse_hopper as bs_hopper
 from kernels import _flash_dkdv_hopper as dkdv_hopper
 from kernels import _flash_dq_hopper as dq_hopper
 from kernels import _flash_fwd_hopper as hopper
@@ -47,9 +48,16 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
     bad = [r for r in results if r["status"] != "ok"]
     assert not bad, "\n".join(f"d{r['headdim']} {r['config']} causal={r['causal']}: {r}" for r in bad)
     assert rc == 0
-    built = {(r["kernel"], r["headdim"]) for r in results}
     modules = {"fwd": hopper, "dq": dq_hopper, "dkdv": dkdv_hopper}
-    assert built == {(name, d) for name, module in modules.items() for d in module.CONFIGS}
+    dense = {(r["kernel"], r["headdim"]) for r in results if not r["sparse"]}
+    assert dense == {(name, d) for name, module in modules.items() for d in module.CONFIGS}
+    # the block-sparse builds (SPARSE=True: tile lists) of the configs kernels._block_sparse_hopper uses
+    sparse = {(r["kernel"], r["headdim"], r["config"]) for r in results if r["sparse"]}
+    assert sparse == {
+        (name, d, str(cfg))
+        for d, cfgs in bs_hopper.CONFIGS.items()
+        for name, cfg in zip(("fwd", "dq", "dkdv"), cfgs, strict=True)
+    }
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
     }
