@@ -155,6 +155,35 @@ def test_lse_gradient_matches_reference(causal, dropout_p, device):
     check_against_reference(q, k, v, layout, causal, dropout_p=dropout_p, lse_grad=True)
 
 
+@pytest.mark.parametrize("loss_on", ["out", "lse"])
+def test_a_returned_output_the_loss_ignores_gets_no_gradient(loss_on, device, monkeypatch):
+    """With return_lse, a loss on out alone sends no lse gradient back (the backward then computes
+    delta itself, and may take the Hopper kernels); a loss on lse alone sends no out gradient (the
+    backward takes zeros). Both match the reference's gradients."""
+    from kernels import block_sparse
+
+    seen = []
+    real = block_sparse._block_sparse_backward
+    monkeypatch.setattr(block_sparse, "_block_sparse_backward", lambda *a: seen.append(a[-1]) or real(*a))
+    torch.manual_seed(22)
+    q, k, v = _inputs(1, 70, 70, 2, 2, 16, torch.float32, device)
+    layout = butterfly_layout(70, 16).to(device)
+    grads = []
+    for fn, args in (
+        (lambda *a: block_sparse_attention(*a, layout, causal=True, return_lse=True), (q, k, v)),
+        (lambda *a: block_sparse_reference(*a, layout.mask, 16, 16, causal=True, return_lse=True),
+         (q.double(), k.double(), v.double())),
+    ):  # fmt: skip
+        args = [x.detach().clone().requires_grad_() for x in args]
+        out, lse = fn(*args)
+        loss = out.square().sum() if loss_on == "out" else lse[lse.isfinite()].sum()
+        loss.backward()
+        grads.append([torch.zeros_like(x) if x.grad is None else x.grad for x in args])  # (lse has no dv)
+    assert len(seen) == 1 and (seen[0] is None) == (loss_on == "out")  # (dlse, the last argument)
+    for got, want in zip(*grads, strict=True):
+        assert _err(got, want) < 1e-4
+
+
 def test_dropped_tiles_are_never_read(device):
     # NaN in every key/value/query row that only dropped tiles touch: a kernel that read them would
     # spread the NaN (0 * NaN = NaN), so finite, correct results show the tiles are skipped
