@@ -16,7 +16,8 @@ registers a thread, and a 64-query tile then leaves no room for a second step's 
 fits the 240 registers only because S^T and dP^T start from -lse / scale and -delta (see `_steps`) and
 the query tiles run in `sections`.
 
-Scope as the Hopper dq kernel (`_flash_dq_hopper`).
+Scope as the Hopper dq kernel (`_flash_dq_hopper`). With SPARSE=True both walk a block-sparse layout's
+tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_hopper`).
 """
 
 from __future__ import annotations
