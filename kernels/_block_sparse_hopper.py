@@ -33,8 +33,7 @@ import triton
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_dq_hopper as dq_hopper
 from . import _flash_fwd_hopper as fwd_hopper
-from ._common import INTERPRET, LOG2E, compute_capability
-from ._flash_fwd_hopper import descriptor
+from ._common import INTERPRET, compute_capability
 from .layouts import FULL, PARTIAL, BlockLayout, BlockLists
 
 # FLASHTRAIN_HOPPER_BLOCK_SPARSE=0 sends every block-sparse call to the portable kernels, =fwd only the
@@ -165,54 +164,39 @@ def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group):
 def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_scale: float):
     """(out, natural-log lse (B, H, Sq)) as `kernels.block_sparse._block_sparse_forward` returns them;
     the caller checked `usable_forward`."""
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    cfg = CONFIGS[headdim][0]
+    cfg = CONFIGS[q.shape[-1]][0]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
-    tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
-    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)
-    fwd_hopper._attn_fwd_hopper[grid](
-        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
-        descriptor(out, cfg.block_m), lse, lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, 0, tiles, counts, *tiles.shape,
-        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
-    )  # fmt: skip
-    return out, lse
+    tiles, counts, _ = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
+    return fwd_hopper.flash_attn_forward_hopper(
+        q, k, v, sm_scale=sm_scale, causal=causal, config=cfg, lists=(tiles, counts)
+    )
 
 
 def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, causal: bool, sm_scale: float):
     """dq, dk, dv (shaped like q, k, v; dk and dv summed over each key head's group) of a block-sparse
     call; the caller checked `usable_backward`."""
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    group = nheads // nheads_kv
+    seqlen_q, seqlen_k, headdim = q.shape[1], k.shape[1], q.shape[-1]
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     delta = torch.empty_like(lse)
-
-    cfg = CONFIGS[headdim][1]
-    assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
-    tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_n)
-    dq_hopper._attn_bwd_dq_hopper[(triton.cdiv(seqlen_q, PROGRAM_ROWS), nheads, batch)](
-        descriptor(q, cfg.block_m), descriptor(do, cfg.block_m), descriptor(k, cfg.block_n),
-        descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, group, sm_scale * LOG2E, sm_scale, 0, tiles, counts, *tiles.shape,
-        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
-    )  # fmt: skip
-
-    cfg = CONFIGS[headdim][2]
-    assert cfg.block_n * cfg.consumers == PROGRAM_ROWS
-    tiles, counts = _col_lists(layout, seqlen_q, seqlen_k, causal, cfg.block_m, group)
-    dkdv_hopper._attn_bwd_dkdv_hopper[(triton.cdiv(seqlen_k, PROGRAM_ROWS), nheads_kv, batch)](
-        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
-        descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n), lse, delta,
-        lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, group, sm_scale * LOG2E, sm_scale, 0,
-        tiles, counts, *tiles.shape,
-        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=True, num_warps=4,
-    )  # fmt: skip
+    dq_cfg, dkdv_cfg = CONFIGS[headdim][1:]
+    assert dq_cfg.block_m * dq_cfg.consumers == PROGRAM_ROWS == dkdv_cfg.block_n * dkdv_cfg.consumers
+    tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
+    dq_hopper.flash_attn_dq_hopper(
+        q,
+        k,
+        v,
+        do,
+        out,
+        lse,
+        delta,
+        dq,
+        sm_scale=sm_scale,
+        causal=causal,
+        config=dq_cfg,
+        lists=(tiles, counts),
+    )  # (writes delta for the dK/dV kernel)
+    lists = _col_lists(layout, seqlen_q, seqlen_k, causal, dkdv_cfg.block_m, q.shape[2] // k.shape[2])
+    dkdv_hopper.flash_attn_dkdv_hopper(
+        q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=causal, config=dkdv_cfg, lists=lists
+    )
     return dq, dk, dv

@@ -37,8 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import _flash_fwd_hopper as fwd_hopper
-from ._common import LOG2E, sched_slots_for, tile_program_ids
-from ._flash_fwd_hopper import descriptor
+from ._common import LOG2E, tile_program_ids
+from ._flash_fwd_hopper import descriptor, list_args
 
 
 @gluon.jit
@@ -356,9 +356,12 @@ def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, drop
     )  # fmt: skip
 
 
-def flash_attn_dkdv_hopper(q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float, causal: bool, config=None):
+def flash_attn_dkdv_hopper(
+    q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float, causal: bool, config=None, lists=None
+):
     """dK, dV into dk, dv (shaped like k, v; TMA-ready) given delta from the dq kernel. The caller
-    checked `_flash_dq_hopper.supports` for the call, and dk, dv."""
+    checked `_flash_dq_hopper.supports` for the call, and dk, dv. lists: a block-sparse call's (tiles,
+    counts) (`kernels._block_sparse_hopper.col_lists`), whose lse (passed as lse2) is in natural log."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
@@ -367,8 +370,8 @@ def flash_attn_dkdv_hopper(q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float,
         descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
         descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n), lse2, delta,
         lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
-        sched_slots_for(q.device, causal), lse2, lse2, 1, 1, 1,  # (no tile lists)
+        *list_args(lists, lse2, q.device, causal),
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     return dk, dv

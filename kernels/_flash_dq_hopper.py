@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import _flash_fwd_hopper as fwd_hopper
-from ._common import LOG2E, sched_slots_for
-from ._flash_fwd_hopper import descriptor, key_tile, masked_scores, program_rows, stream_kv
+from ._common import LOG2E
+from ._flash_fwd_hopper import descriptor, key_tile, list_args, masked_scores, program_rows, stream_kv
 
 
 @gluon.jit
@@ -288,10 +288,13 @@ def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dro
     )  # fmt: skip
 
 
-def flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, *, sm_scale: float, causal: bool, config=None):
+def flash_attn_dq_hopper(
+    q, k, v, do, out, lse, delta, dq, *, sm_scale: float, causal: bool, config=None, lists=None
+):
     """dq (stored into `dq`, q's shape and dtype, any TMA-readable strides) and delta = rowsum(dO * O)
     (stored into `delta`, laid out like lse) of one dense backward call; the caller checked `supports`.
-    config: None takes CONFIGS[headdim]."""
+    config: None takes CONFIGS[headdim]. lists: a block-sparse call's (tiles, counts)
+    (`kernels._block_sparse_hopper.row_lists`), whose lse is in natural log."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
@@ -301,9 +304,9 @@ def flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, *, sm_scale: float, c
         descriptor(q, cfg.block_m), descriptor(do, cfg.block_m), descriptor(k, cfg.block_n),
         descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale, sched_slots_for(q.device, causal),
-        lse, lse, 1, 1, 1,  # (no tile lists)
+        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
+        *list_args(lists, lse, q.device, causal),
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     return dq, delta

@@ -443,10 +443,12 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def flash_attn_forward_hopper(
-    q, k, v, *, sm_scale: float, causal: bool, config: HopperFwdConfig | None = None
+    q, k, v, *, sm_scale: float, causal: bool, config: HopperFwdConfig | None = None, lists=None
 ):
     """(out, base-2 lse (B, H, Sq)) as `_flash_fwd.flash_attn_forward` returns them; the caller checked
-    `supports`. config: None takes CONFIGS[headdim]."""
+    `supports`. config: None takes CONFIGS[headdim]. lists: a block-sparse call's (tiles, counts)
+    (`kernels._block_sparse_hopper.row_lists`, for this config's rows and key tiles); lse is then in
+    natural log."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
@@ -457,9 +459,18 @@ def flash_attn_forward_hopper(
     _attn_fwd_hopper[grid](
         descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
         descriptor(out, cfg.block_m), lse, lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sched_slots_for(q.device, causal),
-        lse, lse, 1, 1, 1,  # (no tile lists)
+        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, *list_args(lists, lse, q.device, causal),
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     return out, lse
+
+
+def list_args(lists, placeholder: torch.Tensor, device, causal: bool) -> tuple:
+    """The Hopper kernels' (sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len) arguments:
+    a block-sparse call's (tiles, counts) in grid order, or a dense call's program order and
+    `placeholder` for the lists, which its build never reads."""
+    if lists is None:
+        return sched_slots_for(device, causal), placeholder, placeholder, 1, 1, 1
+    tiles, counts = lists
+    return 0, tiles, counts, *tiles.shape
