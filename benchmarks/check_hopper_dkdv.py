@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_hopper_dq import backward_inputs, check_all, dispatching, forward  # noqa: E402
-from benchmarks.check_hopper_fwd import max_err  # noqa: E402
-from benchmarks.common import time_ms, write_results  # noqa: E402
-from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E402
+from benchmarks.check_hopper_dq import backward, backward_inputs, check_all, dispatching, forward  # noqa: E402
+from benchmarks.check_hopper_fwd import add_tflops, finish, max_err  # noqa: E402
+from benchmarks.common import time_ms  # noqa: E402
+from kernels import _flash_bwd, _flash_dkdv_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
 
@@ -34,17 +34,6 @@ CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.C
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     64: [Cfg(64, 64, 2, 3, 240)],
 }
-
-
-def backward(do, q, k, v, out, lse, causal, scale, hopper_dq, hopper_dkdv):
-    _flash_dq_hopper.ENABLED, _flash_dkdv_hopper.ENABLED = hopper_dq, hopper_dkdv
-    try:
-        return _flash_bwd.flash_attn_backward(
-            do, q, k, v, out, lse, sm_scale=scale, win_left=None, win_right=0 if causal else None,
-            key_padding_mask=None, dropout_p=0.0, seed=0,
-        )  # fmt: skip
-    finally:
-        _flash_dq_hopper.ENABLED = _flash_dkdv_hopper.ENABLED = True
 
 
 def reference_dkdv(q, k, v, do, causal, scale):
@@ -97,8 +86,7 @@ def speed(d, causal, seqlen, cfgs):
                 row[key + "_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, True))
         except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
             row[key + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    for key in [k for k in row if k.endswith("_ms")]:
-        row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+    add_tflops(row, flops)
     print(f"d{d} n{seqlen} causal={causal}: backward TFLOP/s " + ", ".join(
         f"{k[4:-7]} {v:.0f}" for k, v in row.items() if k.endswith("_tflops")), flush=True)  # fmt: skip
     return row
@@ -122,9 +110,7 @@ def main():
             d, mask = case.split(":")
             for seqlen in (1024, 4096, 16384):
                 rows.append(speed(int(d), mask == "causal", seqlen, candidates[int(d)]))
-    write_results(args.out, rows, dict(checks=checks, all_ok=all_ok))
-    print("all configs correct" if all_ok else "SOME CONFIG FAILED", flush=True)
-    sys.exit(0 if all_ok else 1)
+    finish(args.out, rows, checks, all_ok)
 
 
 if __name__ == "__main__":

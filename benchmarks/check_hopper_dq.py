@@ -26,9 +26,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_hopper_fwd import check_all, max_err  # noqa: E402
-from benchmarks.common import time_ms, write_results  # noqa: E402
-from kernels import _flash_bwd, _flash_dq_hopper, _flash_fwd  # noqa: E402
+from benchmarks.check_hopper_fwd import add_tflops, check_all, finish, max_err, speed_inputs, sweep  # noqa: E402
+from benchmarks.common import time_ms  # noqa: E402
+from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd  # noqa: E402
 from kernels._flash_dq_hopper import HopperDqConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
 
@@ -45,15 +45,19 @@ def forward(q, k, v, causal, scale):
     )  # fmt: skip
 
 
-def backward(do, q, k, v, out, lse, causal, scale, hopper_dq):
+def backward(do, q, k, v, out, lse, causal, scale, hopper_dq, hopper_dkdv=None):
+    """The whole backward with the Hopper dq kernel on or off, and the dK/dV one too (None: as set)."""
+    dkdv_was = _flash_dkdv_hopper.ENABLED
     _flash_dq_hopper.ENABLED = hopper_dq
+    if hopper_dkdv is not None:
+        _flash_dkdv_hopper.ENABLED = hopper_dkdv
     try:
         return _flash_bwd.flash_attn_backward(
             do, q, k, v, out, lse, sm_scale=scale, win_left=None, win_right=0 if causal else None,
             key_padding_mask=None, dropout_p=0.0, seed=0,
         )  # fmt: skip
     finally:
-        _flash_dq_hopper.ENABLED = True
+        _flash_dq_hopper.ENABLED, _flash_dkdv_hopper.ENABLED = True, dkdv_was
 
 
 def reference_dq(q, k, v, do, causal, scale):
@@ -97,19 +101,10 @@ def check_config(cfg, d, dtype, shapes):
 def backward_inputs(d, causal, seqlen, packed=False):
     """(row, q, k, v, do, out, lse, scale, backward flops) at the benchmark's shapes (batch x seqlen = 16k
     tokens, nheads x headdim = 2048) or, packed, GPT-2 medium's layer (q, k, v views of one projection)."""
-    if packed:
-        b, h = 2, 16
-        qkv = torch.randn(b, seqlen, 3 * h, d, device="cuda", dtype=torch.bfloat16)
-        q, k, v = qkv.split(h, dim=2)
-    else:
-        b, h = 16384 // seqlen, 2048 // d
-        q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    row, q, k, v, scale, fwd_flops = speed_inputs(d, causal, seqlen, packed)
     do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
-    scale = 1 / math.sqrt(d)
     out, lse = forward(q, k, v, causal, scale)
-    flops = 2.5 * 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)  # the backward's
-    row = dict(batch=b, seqlen=seqlen, nheads=h, headdim=d, causal=causal, packed=packed)
-    return row, q, k, v, do, out, lse, scale, flops
+    return row, q, k, v, do, out, lse, scale, 2.5 * fwd_flops  # (the backward's flops)
 
 
 @contextlib.contextmanager
@@ -146,8 +141,7 @@ def speed(d, causal, seqlen, cfgs, packed=False):
             )
         except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
             row[f"gluon_{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    for key in [k for k in row if k.startswith("bwd") and k.endswith("_ms")]:
-        row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+    add_tflops(row, flops, prefix="bwd")
     best = min((v, k) for k, v in row.items() if k.startswith("bwd_gluon") and k.endswith("_ms"))
     print(f"d{d} n{seqlen} causal={causal} packed={packed}: backward portable {row['bwd_portable_tflops']:.0f} "
           f"TFLOP/s, with the gluon dq {flops / best[0] / 1e9:.0f} ({best[1]}; "
@@ -164,16 +158,7 @@ def main():
     faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
     candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
     all_ok, checks = check_all(candidates, check_config)
-    rows = []
-    if not args.skip_speed:
-        for d in (64, 128):
-            for causal in (True, False):
-                for seqlen in (1024, 4096, 16384):
-                    rows.append(speed(d, causal, seqlen, candidates[d]))
-        rows.append(speed(64, True, 8192, candidates[64], packed=True))
-    write_results(args.out, rows, dict(checks=checks, all_ok=all_ok))
-    print("all configs correct" if all_ok else "SOME CONFIG FAILED", flush=True)
-    sys.exit(0 if all_ok else 1)
+    finish(args.out, [] if args.skip_speed else sweep(speed, candidates), checks, all_ok)
 
 
 if __name__ == "__main__":

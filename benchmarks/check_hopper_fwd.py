@@ -129,7 +129,9 @@ def sdpa_ms(q, k, v, causal, backend):
         return time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
 
 
-def speed(d, causal, seqlen, cfgs, packed=False):
+def speed_inputs(d, causal, seqlen, packed=False):
+    """(row, q, k, v, scale, forward flops) at the benchmark's shapes (batch x seqlen = 16k tokens,
+    nheads x headdim = 2048) or, packed, GPT-2 medium's layer (q, k, v views of one projection)."""
     if packed:
         b, h = 2, 16
         qkv = torch.randn(b, seqlen, 3 * h, d, device="cuda", dtype=torch.bfloat16)
@@ -137,9 +139,38 @@ def speed(d, causal, seqlen, cfgs, packed=False):
     else:
         b, h = 16384 // seqlen, 2048 // d
         q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    scale = 1 / math.sqrt(d)
     flops = 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)
     row = dict(batch=b, seqlen=seqlen, nheads=h, headdim=d, causal=causal, packed=packed)
+    return row, q, k, v, 1 / math.sqrt(d), flops
+
+
+def add_tflops(row, flops, prefix=""):
+    """A `*_tflops` entry beside each `<prefix>*_ms` one of row."""
+    for key in [k for k in row if k.startswith(prefix) and k.endswith("_ms")]:
+        row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+
+
+def sweep(speed, candidates):
+    """speed(headdim, causal, seqlen, configs[, packed]) rows: d64 and d128, causal and full, 1k-16k, and
+    GPT-2 medium's packed layer (b2 n8k h16 d64 causal)."""
+    rows = [
+        speed(d, causal, seqlen, candidates[d])
+        for d in (64, 128)
+        for causal in (True, False)
+        for seqlen in (1024, 4096, 16384)
+    ]
+    return rows + [speed(64, True, 8192, candidates[64], packed=True)]
+
+
+def finish(out, rows, checks, all_ok):
+    """Writes the results and exits: status 1 when a config failed a correctness check."""
+    write_results(out, rows, dict(checks=checks, all_ok=all_ok))
+    print("all configs correct" if all_ok else "SOME CONFIG FAILED", flush=True)
+    sys.exit(0 if all_ok else 1)
+
+
+def speed(d, causal, seqlen, cfgs, packed=False):
+    row, q, k, v, scale, flops = speed_inputs(d, causal, seqlen, packed)
     row["portable_ms"] = time_ms(lambda: portable(q, k, v, causal, scale))
     for cfg in cfgs:
         key = f"gluon_{cfg.block_m}x{cfg.block_n}_c{cfg.consumers}_s{cfg.stages}_r{cfg.consumer_regs}"
@@ -156,8 +187,7 @@ def speed(d, causal, seqlen, cfgs, packed=False):
             row[backend.split("_")[0].lower() + "_ms"] = sdpa_ms(q, k, v, causal, backend)
         except Exception as e:  # noqa: BLE001
             row[backend.lower() + "_error"] = str(e)[:200]
-    for key in [k for k in row if k.endswith("_ms")]:
-        row[key.replace("_ms", "_tflops")] = flops / row[key] / 1e9
+    add_tflops(row, flops)
     best = min((v, k) for k, v in row.items() if k.startswith("gluon") and k.endswith("_ms"))
     print(f"d{d} n{seqlen} causal={causal} packed={packed}: portable {row['portable_tflops']:.0f} TFLOP/s, "
           f"best gluon {flops / best[0] / 1e9:.0f} ({best[1]}), cudnn {row.get('cudnn_tflops', 0):.0f}, "
@@ -182,16 +212,7 @@ def main():
         ok, row = packed_check(cfg)
         all_ok &= ok
         checks.append(dict(config=str(cfg), rows=[row]))
-    rows = []
-    if not args.skip_speed:
-        for d in (64, 128):
-            for causal in (True, False):
-                for seqlen in (1024, 4096, 16384):
-                    rows.append(speed(d, causal, seqlen, candidates[d]))
-        rows.append(speed(64, True, 8192, candidates[64], packed=True))
-    write_results(args.out, rows, dict(checks=checks, all_ok=all_ok))
-    print("all configs correct" if all_ok else "SOME CONFIG FAILED", flush=True)
-    sys.exit(0 if all_ok else 1)
+    finish(args.out, [] if args.skip_speed else sweep(speed, candidates), checks, all_ok)
 
 
 if __name__ == "__main__":
