@@ -72,6 +72,21 @@ def check_against_reference(
         assert_close_rule(f"d{name}", g, r64, rlp, dtype)
 
 
+def check_public_api(inputs, dtype, lse_grad=False, **kw):
+    """`check_against_reference` of `kernels.flash_attention(q, k, v, return_lse=True, **kw)` against
+    `kernels.reference.attention_reference` with the same arguments."""
+    from kernels import flash_attention
+    from kernels.reference import attention_reference
+
+    check_against_reference(
+        lambda q, k, v: flash_attention(q, k, v, return_lse=True, **kw),
+        lambda q, k, v: attention_reference(q, k, v, return_lse=True, **kw),
+        inputs,
+        dtype,
+        lse_grad=lse_grad,
+    )
+
+
 def bad_input_names(table) -> list[str]:
     """The case names of a bad-input table: table(device) -> [(name, call, match), ...]."""
     return [name for name, _, _ in table("cpu")]

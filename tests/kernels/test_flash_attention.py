@@ -17,6 +17,7 @@ from tests.kernels._flash_utils import (
     assert_close_rule,
     bad_input_names,
     check_against_reference,
+    check_public_api,
     randn,
 )
 
@@ -131,13 +132,7 @@ def test_key_padding_mask(dtype, device):
     )
     kpm = torch.rand(b, sk, device=device) > 0.4
     kpm[1] = False  # a sequence with no key at all: every row gives out 0, lse -inf
-    kw = dict(key_padding_mask=kpm, return_lse=True, causal=dtype == F32)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        dtype,
-    )
+    check_public_api([q, k, v], dtype, key_padding_mask=kpm, causal=dtype == F32)
 
 
 def test_fully_masked_rows_are_zero_with_finite_grads(device):
@@ -262,11 +257,5 @@ def test_gpu_key_padding_and_fp16():
     torch.manual_seed(5)
     q, k, v = (randn(2, 1500, 8, 64, dtype=F16, device="cuda") for _ in range(3))
     kpm = torch.rand(2, 1500, device="cuda") > 0.3
-    kw = dict(key_padding_mask=kpm, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        F16,
-    )
+    check_public_api([q, k, v], F16, key_padding_mask=kpm)
     assert FLOOR[F16] > 0

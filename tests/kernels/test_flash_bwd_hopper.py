@@ -18,7 +18,7 @@ from kernels._common import lse_to_natural
 from kernels._flash_bwd import backward_delta
 from kernels._flash_fwd import flash_attn_forward
 from kernels.reference import attention_qkvpacked_reference, attention_reference
-from tests.kernels._flash_utils import assert_close_rule, check_against_reference, randn
+from tests.kernels._flash_utils import assert_close_rule, check_against_reference, check_public_api, randn
 from tests.kernels.test_flash_fwd_hopper import edge_inputs, needs_hopper, over_edges, record_calls
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -177,12 +177,5 @@ def test_gpu_loss_on_lse_keeps_the_portable_dq_only(bwd_calls, causal):
     torch.manual_seed(7)
     q = randn(1, 1024, 4, 128, dtype=BF16, device="cuda")
     k, v = (randn(1, 1024, 2, 128, dtype=BF16, device="cuda") for _ in range(2))
-    kw = dict(causal=causal, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        BF16,
-        lse_grad=True,
-    )
+    check_public_api([q, k, v], BF16, lse_grad=True, causal=causal)
     assert bwd_calls == ["flash_attn_dkdv_hopper"]

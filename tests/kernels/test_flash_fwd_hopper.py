@@ -24,7 +24,7 @@ from kernels import _flash_fwd_hopper as hopper
 from kernels import flash_attention, flash_attention_qkvpacked
 from kernels._common import lse_to_natural
 from kernels.reference import attention_qkvpacked_reference, attention_reference
-from tests.kernels._flash_utils import assert_close_rule, check_against_reference, randn
+from tests.kernels._flash_utils import assert_close_rule, check_against_reference, check_public_api, randn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "benchmarks", "check_hopper_builds.py")
@@ -206,13 +206,7 @@ def test_gpu_public_api_takes_it_and_matches(hopper_calls, b, sq, h, hk, d, caus
     torch.manual_seed(sq + d)
     q = randn(b, sq, h, d, dtype=BF16, device="cuda")
     k, v = (randn(b, sq, hk, d, dtype=BF16, device="cuda") for _ in range(2))
-    kw = dict(causal=causal, return_lse=True)
-    check_against_reference(
-        lambda q, k, v: flash_attention(q, k, v, **kw),
-        lambda q, k, v: attention_reference(q, k, v, **kw),
-        [q, k, v],
-        BF16,
-    )
+    check_public_api([q, k, v], BF16, causal=causal)
     assert hopper_calls
 
 
