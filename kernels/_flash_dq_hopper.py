@@ -28,7 +28,6 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -179,13 +178,10 @@ def _consumer(
     dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
     gl.thread_barrier()
     mbarrier.arrive(kv_empty.index(last), count=1)
-    # dq through this group's Q stage (no product reads it any more) and a TMA store, which clips the
-    # rows past the sequence
-    dq_smem = q_smem.index(WG)
-    dq_smem.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(q.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dq_desc, [off_b, off_h, first_row, 0], dq_smem)
-    tma.store_wait(0)
+    # dq through this group's Q stage (no product reads it any more)
+    fwd_hopper.store_rows(
+        (dq * sm_scale).to(q.dtype), q_smem.index(WG), dq_desc, [off_b, off_h, first_row, 0]
+    )
 
 
 @gluon.jit
@@ -211,18 +207,10 @@ def _attn_bwd_dq_hopper(
     do_smem = gl.allocate_shared_memory(
         do_desc.dtype, [NUM_CONSUMERS] + do_desc.block_type.shape, do_desc.layout
     )
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     qdo_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(qdo_ready.index(c), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = fwd_hopper.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")

@@ -59,6 +59,22 @@ def _producer(
 
 
 @gluon.jit
+def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """The K/V stage ring `stream_kv` fills: (k_smem, v_smem, k_ready, v_ready, kv_empty), each
+    stage's barriers initialised (kv_empty waits for every consumer)."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+    return k_smem, v_smem, k_ready, v_ready, kv_empty
+
+
+@gluon.jit
 def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
     """The key tile of step i: dense, n_kv - 1 - i (the last tile first, where the masks are);
     block-sparse (`kernels._block_sparse_hopper`), entry i of the program's tile list."""
@@ -222,12 +238,18 @@ def _consumer(
         lse = lse * 0.6931471805599453  # ln(2)
     lse_ptrs = LSE + off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
     gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
-    # out through this group's Q stage (no product reads it any more) and a TMA store, which clips the
-    # rows past the sequence
-    o_smem = q_smem.index(WG)
-    o_smem.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(q.dtype))
+    # out through this group's Q stage (no product reads it any more)
+    store_rows(acc.to(q.dtype), q_smem.index(WG), o_desc, [off_b, off_h, first_row, 0])
+
+
+@gluon.jit
+def store_rows(value, smem, desc, coord):
+    """value (BLOCK_M, HEAD_DIM) to global memory at coord through smem (a free (1, 1, BLOCK_M,
+    HEAD_DIM) buffer) and a TMA store, which clips the rows past the sequence (the forward's out, the dq
+    kernel's dq)."""
+    smem.reshape(value.shape).store(value)
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [off_b, off_h, first_row, 0], o_smem)
+    tma.async_copy_shared_to_global(desc, coord, smem)
     tma.store_wait(0)
 
 
@@ -307,18 +329,10 @@ def _attn_fwd_hopper(
     )  # fmt: skip
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready.index(c), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
     # (Gluon takes no starred arguments, and a tuple held in a variable turns its constexprs (the
     # warpgroup index WG, CAUSAL) into run-time values: each partition's tuple is written out in the call)
