@@ -23,7 +23,6 @@ tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import triton
 from triton.experimental import gluon
@@ -316,17 +315,10 @@ def _attn_bwd_dkdv_hopper(
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class HopperDkdvConfig:
-    """One launch shape of `_attn_bwd_dkdv_hopper` (fields as `HopperFwdConfig`, the roles of the two
-    tiles swapped: block_n keys per consumer warpgroup, block_m queries per streamed tile)."""
-
-    block_m: int  # queries per Q/dO tile
-    block_n: int  # keys per consumer warpgroup (wgmma's M: 64)
-    consumers: int
-    stages: int  # Q/dO tiles in flight
-    consumer_regs: int
-    producer_regs: int = 24
+class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
+    """One launch shape of `_attn_bwd_dkdv_hopper`: the forward's fields with the roles of the two tiles
+    swapped (block_n keys per consumer warpgroup, wgmma's M: 64; block_m queries per streamed Q/dO
+    tile; stages: Q/dO tiles in flight)."""
 
 
 CONFIGS = {

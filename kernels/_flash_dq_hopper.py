@@ -22,7 +22,6 @@ accumulation into fp32 buffers (the ring's steps): those take the portable kerne
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import triton
 from triton.experimental import gluon
@@ -235,16 +234,8 @@ def _attn_bwd_dq_hopper(
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class HopperDqConfig:
-    """One launch shape of `_attn_bwd_dq_hopper` (fields as `HopperFwdConfig`)."""
-
-    block_m: int  # query rows per consumer warpgroup (wgmma's M: 64)
-    block_n: int  # keys per K/V tile
-    consumers: int  # consumer warpgroups per program
-    stages: int  # K/V tiles in flight
-    consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
-    producer_regs: int = 24
+class HopperDqConfig(fwd_hopper.HopperFwdConfig):
+    """One launch shape of `_attn_bwd_dq_hopper`: the forward's fields, the same roles."""
 
 
 # Head dim 64 is left to the portable kernel: there the three products of a 64 x 128 tile are no longer
