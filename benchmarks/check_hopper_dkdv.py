@@ -13,8 +13,6 @@ Exit status 1 when a config fails a correctness check.
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import math
 import os
 import sys
@@ -24,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.check_hopper_dq import backward, backward_inputs, check_all, dispatching, forward  # noqa: E402
-from benchmarks.check_hopper_fwd import add_tflops, finish, max_err  # noqa: E402
+from benchmarks.check_hopper_fwd import add_tflops, finish, max_err, parser_for, start  # noqa: E402
 from benchmarks.common import time_ms  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
@@ -93,16 +91,12 @@ def speed(d, causal, seqlen, cfgs):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    parser = parser_for(__doc__)
     parser.add_argument(
         "--speed", nargs="*", default=["128:causal", "128:full", "64:causal"],
         help="HEADDIM:causal|full cases to time (1k, 4k, 16k each)",
     )  # fmt: skip
-    args = parser.parse_args()
-    faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
-    candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
+    args, candidates = start(parser, CANDIDATES)
     all_ok, checks = check_all(candidates, check_config)
     rows = []
     if all_ok:

@@ -15,9 +15,7 @@ Exit status 1 when a config fails a correctness check.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import faulthandler
 import math
 import os
 import sys
@@ -26,7 +24,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_hopper_fwd import add_tflops, check_all, finish, max_err, speed_inputs, sweep  # noqa: E402
+from benchmarks.check_hopper_fwd import (  # noqa: E402
+    add_tflops,
+    check_all,
+    finish,
+    max_err,
+    parser_for,
+    speed_inputs,
+    start,
+    sweep,
+)
 from benchmarks.common import time_ms  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd  # noqa: E402
 from kernels._flash_dq_hopper import HopperDqConfig as Cfg  # noqa: E402
@@ -150,13 +157,9 @@ def speed(d, causal, seqlen, cfgs, packed=False):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    parser = parser_for(__doc__)
     parser.add_argument("--skip-speed", action="store_true")
-    args = parser.parse_args()
-    faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
-    candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
+    args, candidates = start(parser, CANDIDATES)
     all_ok, checks = check_all(candidates, check_config)
     finish(args.out, [] if args.skip_speed else sweep(speed, candidates), checks, all_ok)
 

@@ -162,6 +162,23 @@ def sweep(speed, candidates):
     return rows + [speed(64, True, 8192, candidates[64], packed=True)]
 
 
+def parser_for(doc):
+    """The check scripts' command line: --out (the results JSON) and --quick (the first config per head
+    dim only); each script adds its own options."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    return parser
+
+
+def start(parser, candidates):
+    """(arguments, the candidate configs to run): parses the command line and arms the hang guard
+    (a traceback and exit after HANG_S seconds, 240 by default)."""
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
+    return args, {d: c[:1] if args.quick else c for d, c in candidates.items()}
+
+
 def finish(out, rows, checks, all_ok):
     """Writes the results and exits: status 1 when a config failed a correctness check."""
     write_results(out, rows, dict(checks=checks, all_ok=all_ok))
@@ -196,16 +213,12 @@ def speed(d, causal, seqlen, cfgs, packed=False):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    parser = parser_for(__doc__)
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument(
         "--check-quick", action="store_true", help="correctness of the first config per head dim"
     )
-    args = parser.parse_args()
-    faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
-    candidates = {d: c[:1] if args.quick else c for d, c in CANDIDATES.items()}
+    args, candidates = start(parser, CANDIDATES)
     checked = {d: c[:1] if args.check_quick else c for d, c in candidates.items()}
     all_ok, checks = check_all(checked, check_config)
     for cfg in checked.get(64, []):
