@@ -160,9 +160,10 @@ def bench_shape(
     qh, kh, vh = (x.requires_grad_() for x in (qh, kh, vh))
     base = dict(seqlen=seqlen, headdim=headdim, nheads=nheads, batch=1, block=BLOCK)
 
-    def record(impl, density, cfg, fn, args, hopper=True):
+    def record(impl, density, cfg, fn, args, portable=False):
         row = dict(base, impl=impl, density=density, layout=cfg)
-        _block_sparse_hopper.ENABLED = hopper  # (read at each call, forward and backward)
+        enabled = _block_sparse_hopper.ENABLED  # (read at each call, forward and backward)
+        _block_sparse_hopper.ENABLED = enabled and not portable
         try:
             row["fwd_ms"], row["fwdbwd_ms"] = timed(fn, *args)
         except Exception as exc:  # one failing impl must not end the sweep: record it in its row
@@ -172,7 +173,7 @@ def bench_shape(
                 row["fwdbwd_graph_ms"] = graph_timed(fn, *args)
             except Exception as exc:  # not capturable: the eager figures stand alone
                 row["graph_error"] = error_note(exc)
-        _block_sparse_hopper.ENABLED = True
+        _block_sparse_hopper.ENABLED = enabled
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in base})
         return row
@@ -194,7 +195,7 @@ def bench_shape(
         ours = lambda q, k, v, lay=layout: block_sparse_attention(q, k, v, lay)  # noqa: E731
         record("ours_bs", density, cfg, ours, (q, k, v, do))
         if portable and _block_sparse_hopper.usable_forward(q, k, v, layout, 0.0):
-            record("ours_bs_portable", density, cfg, ours, (q, k, v, do), hopper=False)
+            record("ours_bs_portable", density, cfg, ours, (q, k, v, do), portable=True)
         block_mask = flex_block_mask(layout, seqlen)
         record(
             "flex",

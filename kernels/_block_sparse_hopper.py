@@ -55,7 +55,6 @@ CONFIGS = {
     ),
     128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
 }
-HEAD_DIMS = tuple(CONFIGS)
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
@@ -79,11 +78,10 @@ def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
     kind = lists.tile_kind.long()
     n_cols = kind.shape[2]
     tiles = _partial_first(kind).to(torch.int32)
-    count = (kind == PARTIAL).sum(-1) + (kind == FULL).sum(-1)
-    empty = count == 0
-    tiles[..., 0] = torch.where(empty, n_cols, tiles[..., 0])
-    n_masked = torch.maximum((kind == PARTIAL).sum(-1), torch.ones_like(count))
-    counts = torch.stack([torch.maximum(count, torch.ones_like(count)), n_masked], dim=-1)
+    n_partial = (kind == PARTIAL).sum(-1)
+    count = n_partial + (kind == FULL).sum(-1)
+    tiles[..., 0] = torch.where(count == 0, n_cols, tiles[..., 0])
+    counts = torch.stack([count.clamp(min=1), n_partial.clamp(min=1)], dim=-1)
     return tiles.contiguous(), counts.to(torch.int32).contiguous()
 
 
@@ -99,7 +97,8 @@ def col_lists(lists: BlockLists, group: int) -> tuple[torch.Tensor, torch.Tensor
     kind = kind.reshape(-1, group, n_rows, n_cols).permute(0, 3, 1, 2).reshape(-1, n_cols, group * n_rows)
     order = _partial_first(kind)  # indices g * R + r
     tiles = (order // n_rows) << 16 | (order % n_rows)
-    counts = torch.stack([(kind == PARTIAL).sum(-1) + (kind == FULL).sum(-1), (kind == PARTIAL).sum(-1)], -1)
+    n_partial = (kind == PARTIAL).sum(-1)
+    counts = torch.stack([n_partial + (kind == FULL).sum(-1), n_partial], dim=-1)
     return tiles.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
 
 
@@ -114,7 +113,7 @@ def _usable(layout: BlockLayout, dropout_p: float, *tensors: torch.Tensor) -> bo
     q = tensors[0]
     if not ENABLED or INTERPRET or q.device.type != "cuda" or compute_capability(q.device) != (9, 0):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in HEAD_DIMS or dropout_p != 0.0:
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in CONFIGS or dropout_p != 0.0:
         return False
     if layout.block_m % PROGRAM_ROWS or layout.block_n % PROGRAM_ROWS:
         return False
