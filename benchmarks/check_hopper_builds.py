@@ -18,6 +18,7 @@ Exit status 1 when a build fails, overflows shared memory or spills inside a loo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -67,9 +68,10 @@ def spills_in_loops(cubin: bytes) -> int | None:
     return sum(any(lo <= a <= hi for lo, hi in loops) for a in spills)
 
 
-def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False) -> dict:
+def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
     """Compile one config of `kernel` ("fwd", "dq" or "dkdv") for sm_90, dense or block-sparse (walking
-    tile lists, `kernels._block_sparse_hopper`); never raises."""
+    tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass (`_flash_dkdv_hopper.passes`);
+    never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
@@ -78,7 +80,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     from kernels import _flash_fwd_hopper as hopper
 
     result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
-                  dtype=str(dtype).removeprefix("torch."), sparse=sparse)  # fmt: skip
+                  dtype=str(dtype).removeprefix("torch."), sparse=sparse, part=part)  # fmt: skip
     start = time.time()
     try:
         q = torch.randn(2, 1000, 4, headdim, dtype=dtype)  # a length that is no multiple of any tile
@@ -104,6 +106,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             SPARSE=sparse, CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             PRODUCER_REGS=cfg.producer_regs, num_warps=4,
         )  # fmt: skip
+        if kernel == "dkdv":
+            meta["PART"] = part
         compiled = compile_kernel(jit, args, meta)
         cubin = compiled.asm["cubin"]
         shared, stack = compiled.metadata.shared, stack_bytes(cubin)
@@ -171,15 +175,18 @@ def main():
     results = []
     for kernel, headdim, cfg, dense, listed in configs:
         for sparse in [s for s, wanted in ((False, dense), (True, listed)) if wanted]:
-            for causal in (True, False):
-                for dtype in (torch.bfloat16, torch.float16):
-                    results.append(build(kernel, headdim, cfg, causal, dtype, sparse))
-                    r = results[-1]
-                    print(f"{r['status']:>18}  {kernel} d{headdim} {cfg} {'sparse' if sparse else 'dense'} "
-                          f"causal={causal} {r['dtype']}: "
-                          f"{r.get('shared', '-')} B shared, stack {r.get('stack', '-')} "
-                          f"({r.get('spills_in_loops', '-')} spill instructions in loops), {r['seconds']} s"
-                          + (f"  {r['error']}" if "error" in r else ""), flush=True)  # fmt: skip
+            parts = _flash_dkdv_hopper.passes(headdim) if kernel == "dkdv" else (0,)
+            for part, causal, dtype in itertools.product(
+                parts, (True, False), (torch.bfloat16, torch.float16)
+            ):
+                results.append(build(kernel, headdim, cfg, causal, dtype, sparse, part))
+                r = results[-1]
+                print(f"{r['status']:>18}  {kernel}{f' pass {part}' if part else ''} d{headdim} {cfg} "
+                      f"{'sparse' if sparse else 'dense'} "
+                      f"causal={causal} {r['dtype']}: "
+                      f"{r.get('shared', '-')} B shared, stack {r.get('stack', '-')} "
+                      f"({r.get('spills_in_loops', '-')} spill instructions in loops), {r['seconds']} s"
+                      + (f"  {r['error']}" if "error" in r else ""), flush=True)  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"arch": "sm_90", "results": results}, f, indent=1)

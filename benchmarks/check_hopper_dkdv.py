@@ -24,13 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.check_hopper_dq import backward, backward_inputs, check_all, dispatching, forward  # noqa: E402
 from benchmarks.check_hopper_fwd import add_tflops, finish, max_err, parser_for, start  # noqa: E402
 from benchmarks.common import time_ms  # noqa: E402
-from kernels import _flash_bwd, _flash_dkdv_hopper  # noqa: E402
+from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS; none at d64)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     64: [Cfg(64, 64, 2, 3, 240)],
+    256: [Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 3, 240)],
 }
 
 
@@ -76,14 +77,18 @@ def speed(d, causal, seqlen, cfgs):
     row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen)
     del row["packed"]
     row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False, False))
-    row["bwd_hopper_dq_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, False))
-    for cfg in cfgs:
-        key = f"bwd_hopper_dq_dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
-        try:
-            with dispatching(_flash_dkdv_hopper, d, cfg):
-                row[key + "_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, True))
-        except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
-            row[key + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    # the Hopper dq kernel with its config in use, whatever its faster_here says at this head dim
+    with dispatching(_flash_dq_hopper, d, _flash_dq_hopper.CONFIGS[d]):
+        row["bwd_hopper_dq_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, False))
+        for cfg in cfgs:
+            key = f"bwd_hopper_dq_dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
+            try:
+                with dispatching(_flash_dkdv_hopper, d, cfg):
+                    row[key + "_ms"] = time_ms(
+                        lambda: backward(do, q, k, v, out, lse, causal, scale, True, True)
+                    )
+            except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
+                row[key + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     add_tflops(row, flops)
     print(f"d{d} n{seqlen} causal={causal}: backward TFLOP/s " + ", ".join(
         f"{k[4:-7]} {v:.0f}" for k, v in row.items() if k.endswith("_tflops")), flush=True)  # fmt: skip

@@ -42,6 +42,7 @@ from kernels.reference import attention_reference  # noqa: E402
 CANDIDATES = {  # the first of each list is the one in use (_flash_dq_hopper.CONFIGS; none at d64)
     64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 64, 2, 4, 240), Cfg(64, 128, 2, 2, 240)],
     128: [Cfg(64, 64, 2, 4, 240), Cfg(64, 64, 2, 3, 240), Cfg(64, 128, 2, 2, 240)],
+    256: [Cfg(64, 32, 2, 3, 240), Cfg(64, 32, 2, 2, 240)],
 }
 
 

@@ -36,6 +36,7 @@ LOG2E = 1.4426950408889634
 CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CONFIGS)
     64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 128, 2, 4, 240), Cfg(64, 64, 2, 4, 240)],
     128: [Cfg(64, 64, 2, 4, 240), Cfg(64, 128, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
+    256: [Cfg(64, 64, 2, 2, 240), Cfg(64, 32, 2, 2, 240), Cfg(64, 32, 2, 3, 240), Cfg(64, 32, 2, 4, 240)],
 }
 
 
@@ -151,23 +152,25 @@ def add_tflops(row, flops, prefix=""):
 
 
 def sweep(speed, candidates):
-    """speed(headdim, causal, seqlen, configs[, packed]) rows: d64 and d128, causal and full, 1k-16k, and
-    GPT-2 medium's packed layer (b2 n8k h16 d64 causal)."""
+    """speed(headdim, causal, seqlen, configs[, packed]) rows: each head dim of candidates, causal and full,
+    1k-16k, and (with d64) GPT-2 medium's packed layer (b2 n8k h16 d64 causal)."""
     rows = [
         speed(d, causal, seqlen, candidates[d])
-        for d in (64, 128)
+        for d in sorted(candidates)
         for causal in (True, False)
         for seqlen in (1024, 4096, 16384)
     ]
-    return rows + [speed(64, True, 8192, candidates[64], packed=True)]
+    return rows + ([speed(64, True, 8192, candidates[64], packed=True)] if 64 in candidates else [])
 
 
 def parser_for(doc):
-    """The check scripts' command line: --out (the results JSON) and --quick (the first config per head
-    dim only); each script adds its own options."""
+    """The check scripts' command line: --out (the results JSON), --quick (the first config per head
+    dim only) and --headdims (those of the candidates to run; all by default); each script adds its own
+    options."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="first config per head dim only")
+    parser.add_argument("--headdims", type=int, nargs="+", help="these head dims' candidates only")
     return parser
 
 
@@ -176,7 +179,14 @@ def start(parser, candidates):
     (a traceback and exit after HANG_S seconds, 240 by default)."""
     args = parser.parse_args()
     faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "240")), exit=True)
-    return args, {d: c[:1] if args.quick else c for d, c in candidates.items()}
+    unknown = set(args.headdims or ()) - set(candidates)
+    if unknown:
+        parser.error(f"no candidate configs for head dims {sorted(unknown)}; have {sorted(candidates)}")
+    return args, {
+        d: c[:1] if args.quick else c
+        for d, c in candidates.items()
+        if not args.headdims or d in args.headdims
+    }
 
 
 def finish(out, rows, checks, all_ok):

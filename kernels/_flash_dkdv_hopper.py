@@ -44,17 +44,23 @@ from ._flash_fwd_hopper import descriptor, list_args
 def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty,
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    PART: gl.constexpr,
 ):  # fmt: skip
-    """One warp: each consumer's K and V rows once, then the Q and dO tiles lo .. hi - 1 of every query
-    head of the group into the stage ring, section by section (block-sparse: the hi tiles listed)."""
+    """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
+    lo .. hi - 1 of every query head of the group into the stage ring, section by section (block-sparse:
+    the hi tiles listed)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     for c in gl.static_range(NUM_CONSUMERS):
-        mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         coord = [off_b, off_hk, n0 + c * BLOCK_N, 0]
-        tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
-        tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
+        if PART == 1:  # dV = P^T dO needs no V
+            mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
+        else:
+            mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
     it = 0  # (a variable: a literal 0 would be passed as a constant, and the loop changes it)
     if SPARSE:
         _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it, 0, hi,
@@ -127,12 +133,13 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
 def _steps(
     dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
     start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale,
-    CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, st_layout: gl.constexpr,
-    acc_layout: gl.constexpr,
+    CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
+    st_layout: gl.constexpr, acc_layout: gl.constexpr,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
-    tiles, are masked as sections 0 and 2 both); `it` counts the steps taken (the stage ring's position)."""
+    tiles, are masked as sections 0 and 2 both); `it` counts the steps taken (the stage ring's position).
+    PART 0 sums dK and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched)."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -146,10 +153,12 @@ def _steps(
         rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)  # this tile's queries (columns here)
         if SECTION >= 2:  # the partial last tile (or a listed partial one)
             lse = gl.load(LSE + row0 + rows, mask=rows < seqlen_q, other=0.0)
-            delta = gl.load(DELTA + row0 + rows, mask=rows < seqlen_q, other=0.0)
+            if PART != 1:  # (the dV pass needs no delta)
+                delta = gl.load(DELTA + row0 + rows, mask=rows < seqlen_q, other=0.0)
         else:
             lse = gl.load(LSE + row0 + rows)
-            delta = gl.load(DELTA + row0 + rows)
+            if PART != 1:
+                delta = gl.load(DELTA + row0 + rows)
         if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
             lse = lse * 1.4426950408889634  # log2(e)
         if CAUSAL and SECTION != 1:
@@ -163,19 +172,32 @@ def _steps(
         # registers through the step: S^T * scale - lse and dP^T - delta come out of the tensor cores
         zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         s_t = warpgroup_mma(k, q.permute((1, 0)), zeros - (lse / qk_scale)[None, :], is_async=True)
-        dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros - delta[None, :], is_async=True)
-        s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
+        if PART == 1:
+            s_t = warpgroup_mma_wait(0, deps=(s_t,))
+        else:
+            dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros - delta[None, :], is_async=True)
+            s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
         if CAUSAL and SECTION != 1:
             s_t = gl.where(keys[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
         p_t = gl.exp2(s_t * qk_scale)
-        p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
-        dv = warpgroup_mma(p_op, do, dv, is_async=True)
-        dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T - delta is in; dV may still run
-        ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
-        dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        if PART == 0:
+            p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
+            dv = warpgroup_mma(p_op, do, dv, is_async=True)
+            dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T - delta is in; dV may still run
+            ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
+            dk = warpgroup_mma(ds_op, q, dk, is_async=True)
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+        elif PART == 1:
+            p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
+            dv = warpgroup_mma(p_op, do, dv, is_async=True)
+            dv, p_op = warpgroup_mma_wait(0, deps=(dv, p_op))
+        else:
+            dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
+            ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
+            dk = warpgroup_mma(ds_op, q, dk, is_async=True)
+            dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         it += 1
@@ -186,11 +208,11 @@ def _steps(
 def _consumer(
     k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc, LSE, DELTA,
     stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
-    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
-    (times the softmax scale) and dV through TMA stores."""
+    (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -206,38 +228,55 @@ def _consumer(
     KEYS: gl.constexpr = k_smem.shape[0] * BLOCK_N  # the program's keys (one BLOCK_N per consumer)
     mbarrier.wait(kv_ready.index(WG), 0)
     k = k_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
-    v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])  # (the dV pass's v_smem is k_smem, never read)
+    # a pass's other accumulator is a scalar it passes through: no registers held
+    if PART == 1:
+        dk = 0.0
+    else:
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    if PART == 2:
+        dv = 0.0
+    else:
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     lse_row0 = off_b.to(gl.int64) * stride_lb
     it = 0
     if SPARSE:  # the partial tiles, then the full ones
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            0, lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 3, SPARSE, st_layout, acc_layout,
+            0, lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            lo, hi - lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, st_layout, acc_layout,
+            lo, hi - lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout,
+            acc_layout,
         )  # fmt: skip
     else:
         for section in gl.static_range(3):  # (unrolled: three loops, each with its own masks)
             start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, KEYS)
             dk, dv, it = _steps(
                 dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-                start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, section, SPARSE, st_layout,
-                acc_layout,
+                start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, section, SPARSE, PART,
+                st_layout, acc_layout,
             )  # fmt: skip
     # dK and dV through this group's K and V buffers (no product reads them any more); the TMA store
     # clips the rows past the sequence
     k_out = k_smem.index(WG)
-    v_out = v_smem.index(WG)
-    k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k.dtype))
-    v_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k.dtype))
-    fence_async_shared()
     coord = [off_b, off_hk, first_key, 0]
-    tma.async_copy_shared_to_global(dk_desc, coord, k_out)
-    tma.async_copy_shared_to_global(dv_desc, coord, v_out)
+    if PART == 0:
+        v_out = v_smem.index(WG)
+        k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k.dtype))
+        v_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, coord, k_out)
+        tma.async_copy_shared_to_global(dv_desc, coord, v_out)
+    elif PART == 1:
+        k_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dv_desc, coord, k_out)
+    else:
+        k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, coord, k_out)
     tma.store_wait(0)
 
 
@@ -247,11 +286,12 @@ def _attn_bwd_dkdv_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
-    keys of one key head. LSE (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose
+    keys of one key head. PART 0 computes dK and dV; wide heads run the kernel twice, PART 1 (dV alone,
+    no V loaded) then PART 2 (dK alone), so each pass holds one fp32 accumulator in registers. LSE (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose
     query tiles come from TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2:
     tiles listed, partial ones among them), as `kernels._block_sparse_hopper.col_lists` builds them,
     and whose LSE is in natural log; dense calls pass any pointer there (never read)."""
@@ -279,7 +319,12 @@ def _attn_bwd_dkdv_hopper(
     n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
+    if PART == 1:  # the dV pass reads no V
+        v_smem = k_smem
+    else:
+        v_smem = gl.allocate_shared_memory(
+            v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout
+        )
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -297,13 +342,13 @@ def _attn_bwd_dkdv_hopper(
         [
             (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
                          LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q,
-                         seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE)),
+                         seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE, PART)),
             (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
                          LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q,
-                         seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE)),
+                         seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE, PART)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready,
                          qdo_ready, qdo_empty, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, CAUSAL,
-                         SPARSE)),
+                         SPARSE, PART)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -323,6 +368,8 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
 
 CONFIGS = {
     128: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
+    # two passes (`passes`); the dK pass holds K and V (128 KB), so 32-query Q/dO tiles (64 spill)
+    256: HopperDkdvConfig(block_m=32, block_n=64, consumers=2, stages=2, consumer_regs=240),
 }
 
 # FLASHTRAIN_HOPPER_DKDV=0 sends every backward to the portable dK/dV kernel (A/B measurements)
@@ -358,12 +405,25 @@ def flash_attn_dkdv_hopper(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
     grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
-    _attn_bwd_dkdv_hopper[grid](
+    descriptors = (
         descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
-        descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n), lse2, delta,
-        lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
-        *list_args(lists, lse2, q.device, causal),
-        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
+        descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n),
     )  # fmt: skip
+    for part in passes(headdim):
+        _attn_bwd_dkdv_hopper[grid](
+            *descriptors, lse2, delta,
+            lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
+            *list_args(lists, lse2, q.device, causal),
+            CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+            PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4,
+        )  # fmt: skip
     return dk, dv
+
+
+def passes(headdim: int) -> tuple[int, ...]:
+    """The kernel's PART per launch: one pass for both gradients up to head dim 128; above it dK and dV
+    of 64 keys would hold 256 fp32 registers a thread, so dV (1), then dK (2), each with one."""
+    return (0,) if headdim <= SPLIT_ABOVE else (1, 2)
+
+
+SPLIT_ABOVE = 128

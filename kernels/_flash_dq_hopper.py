@@ -243,6 +243,8 @@ class HopperDqConfig(fwd_hopper.HopperFwdConfig):
 # (benchmarks/NOTES_attention.md, "Gluon dq"); its best config there was 64, 128, 2, 3, 240.
 CONFIGS = {
     128: HopperDqConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+    # Q and dO of both consumers take 128 KB: 32-key tiles, three stages (64-key ones overflow shared memory)
+    256: HopperDqConfig(block_m=64, block_n=32, consumers=2, stages=3, consumer_regs=240),
 }
 
 # FLASHTRAIN_HOPPER_DQ=0 sends every backward to the portable dq kernel (A/B measurements, a safety valve)

@@ -374,6 +374,8 @@ class HopperFwdConfig:
 CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
     128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+    # 64 x 256 fp32 output rows take 128 registers a thread; Q (64 KB) and two K/V stages fill 197 KB
+    256: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
 }
 
 # FLASHTRAIN_HOPPER_FWD=0 sends every call to the portable forward (A/B measurements, a safety valve)

@@ -152,11 +152,16 @@ class _FlashAttnFunc(torch.autograd.Function):
         ctx.atomic_dq, ctx.lse_grad, ctx.nheads_kv = atomic_dq, lse_grad, nheads_kv
         if not lse_grad:
             ctx.mark_non_differentiable(lse2)
+        # an output the loss does not use gets None, not zeros: a returned lse that the loss ignores then
+        # keeps the backward on its plain route (delta inside the dq kernel, the Hopper kernels)
+        ctx.set_materialize_grads(False)
         return out, lse2
 
     @staticmethod
     def backward(ctx, dout, dlse2):
         q, k, v, out, lse2, seed, key_padding_mask, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        if dout is None:  # only lse reaches the loss
+            dout = torch.zeros_like(out)
         max_seqlen_q, max_seqlen_k, sm_scale, win_left, win_right, dropout_p = ctx.options
         dlse2 = dlse2 if ctx.lse_grad else None
         if ctx.nheads_kv is not None:  # q is the packed qkv

@@ -6,6 +6,8 @@ the same checks in bf16 at realistic sizes.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -103,6 +105,28 @@ def test_loss_on_lse_alone(device):
     for name, got, want in zip("qk", (q, k), ins64[:2], strict=True):
         torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-4, msg=name)
     assert ins64[2].grad is None and torch.all(v.grad == 0)  # lse does not depend on v
+
+
+def test_a_returned_lse_the_loss_ignores_sends_no_gradient(device, monkeypatch):
+    """return_lse with a loss on out alone: the backward gets no lse gradient (so it computes delta
+    itself, and may take the Hopper kernels, instead of the lse-gradient route a zero-filled one would
+    force), and the gradients match the reference's."""
+    fa = importlib.import_module("kernels.flash_attention")  # (the package's name is the function)
+    seen = []
+    real = fa.flash_attn_backward
+    monkeypatch.setattr(
+        fa, "flash_attn_backward", lambda *a, **kw: seen.append(kw["dlse2"]) or real(*a, **kw)
+    )
+    torch.manual_seed(5)
+    q, k, v = (randn(1, n, 2, 32, dtype=F32, device=device) for n in (33, 45, 45))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out64 = attention_reference(*ins64, causal=True)
+    out.square().sum().backward()
+    out64.square().sum().backward()
+    assert seen == [None]
+    for name, got, want in zip("qkv", (q, k, v), ins64, strict=True):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize(
