@@ -4,6 +4,9 @@
 #   bash benchmarks/run_gpu_s27.sh 1   # the Hopper kernel tests (now with d256 edges, the dK/dV kernel
 #       in two passes there), then each d256 candidate config of the forward, dq and dK/dV kernels:
 #       correctness on the edge shapes and speed against the portable kernels and SDPA
+#   bash benchmarks/run_gpu_s27.sh 2   # with d256 dispatched to the three Hopper kernels (forward 64x32 s3,
+#       dq 64x32 s3, dK/dV 32x64 s2, from part 1): d256 against the anchors, then the Hopper kernel tests
+#       whole (part 1's ran out of its time after 179 passed)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -20,5 +23,13 @@ case "${1:?part 1}" in
     | tee "$OUT/check_dq_d256.log" | grep -v "^ok"
   timeout 110 python benchmarks/check_hopper_dkdv.py --headdims 256 --speed 256:causal 256:full \
     --out "$OUT/check_dkdv_d256.json" 2>&1 | tee "$OUT/check_dkdv_d256.log" | grep -v "^ok"
+  ;;
+2)
+  timeout 320 python benchmarks/bench_attention.py --headdims 256 --seqlens 1024 2048 4096 8192 16384 \
+    --impls sdpa_flash sdpa_cudnn flex triton --out "$OUT/attention_d256_hopper.json" 2>&1 \
+    | grep -v "^{'impl'" | grep -v "Warning" | tail -n 30
+  timeout -s INT 250 python -m pytest -q -n 12 -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_flash_bwd_hopper.py -rf > "$OUT/gpu_tests_call2.log" 2>&1
+  tail -n 8 "$OUT/gpu_tests_call2.log"
   ;;
 esac

@@ -380,9 +380,10 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     """Where this kernel beat the portable dK/dV kernel, on one H200 (bf16, batch x seqlen = 16k tokens;
     benchmarks/NOTES_attention.md "Gluon backward"): head dim 128 at 1k-16k, the causal backward 1.05-1.09x
     the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498 TFLOP/s (two
-    calls). Shorter calls were not measured and keep the portable kernel, as with the forward and dq;
-    head dim 64 was tried end to end only (GPT-2 medium 1k: no gain)."""
-    return headdim == 128 and seqlen_q >= 1024
+    calls); head dim 256 (two passes) 1.11-1.20x the backward with the Hopper dq kernel alone, 1.23-1.32x
+    the portable one (one call). Shorter calls were not measured and keep the portable kernel, as with
+    the forward and dq; head dim 64 was tried end to end only (GPT-2 medium 1k: no gain)."""
+    return headdim in (128, 256) and seqlen_q >= 1024
 
 
 def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

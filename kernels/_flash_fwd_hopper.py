@@ -374,8 +374,10 @@ class HopperFwdConfig:
 CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
     128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
-    # 64 x 256 fp32 output rows take 128 registers a thread; Q (64 KB) and two K/V stages fill 197 KB
-    256: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
+    # 64 x 256 fp32 output rows take 128 registers a thread; Q (64 KB) and three stages of 32-key K/V
+    # tiles fill 164 KB (one H200: within 2% of the best of four configs at every shape, 64x64 s2 lost
+    # 8% at n16k full; benchmarks/NOTES_attention.md "Head dim 256")
+    256: HopperFwdConfig(block_m=64, block_n=32, consumers=2, stages=3, consumer_regs=240),
 }
 
 # FLASHTRAIN_HOPPER_FWD=0 sends every call to the portable forward (A/B measurements, a safety valve)
@@ -384,11 +386,11 @@ ENABLED = os.environ.get("FLASHTRAIN_HOPPER_FWD", "1") != "0"
 
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     """Where this kernel beat the portable one, forward alone on one H200 (bf16, batch x seqlen = 16k
-    tokens, benchmarks/NOTES_attention.md "Gluon forward"): head dim 128 at every length measured
-    (1k-16k, causal and full: 1.13-1.28x); head dim 64 only causal from 4k queries (1.01-1.03x; full
-    0.99-1.00x, 1k 0.82-0.92x). Shorter calls keep the portable kernel, which was not measured against
-    this one there."""
-    if headdim == 128:
+    tokens, benchmarks/NOTES_attention.md "Gluon forward", "Head dim 256"): head dims 128 and 256 at
+    every length measured (1k-16k, causal and full: 1.13-1.28x and 1.26-1.31x); head dim 64 only causal
+    from 4k queries (1.01-1.03x; full 0.99-1.00x, 1k 0.82-0.92x). Shorter calls keep the portable
+    kernel, which was not measured against this one there."""
+    if headdim in (128, 256):
         return seqlen_q >= 1024
     return headdim == 64 and causal and seqlen_q >= 4096
 

@@ -39,7 +39,7 @@ def test_cpu_tensors_never_take_them(module):
 @pytest.mark.parametrize(
     "headdim, seqlen_q, causal, takes",
     [(128, 4096, True, True), (128, 1024, False, True), (128, 1000, True, False), (64, 4096, True, False),
-     (64, 16384, False, False), (96, 4096, True, False), (256, 4096, False, False)],
+     (64, 16384, False, False), (96, 4096, True, False), (256, 4096, False, True), (256, 1000, True, False)],
 )  # fmt: skip
 def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
     assert module.faster_here(headdim, seqlen_q, causal) is takes
@@ -109,8 +109,9 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 @needs_hopper
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, d, causal",
-    [(1, 4096, 4096, 4, 2, 128, True), (2, 1024, 1024, 4, 4, 128, False), (1, 2048, 1500, 8, 1, 128, True)],
-)
+    [(1, 4096, 4096, 4, 2, 128, True), (2, 1024, 1024, 4, 4, 128, False), (1, 2048, 1500, 8, 1, 128, True),
+     (1, 2048, 2048, 4, 2, 256, True), (1, 1024, 1500, 2, 2, 256, False)],
+)  # fmt: skip
 def test_gpu_backward_takes_them_and_matches(bwd_calls, b, sq, sk, h, hk, d, causal):
     """flash_attention's backward sends these calls to the Hopper dq kernel, then the Hopper dK/dV
     kernel (which reads the delta the first one writes); all three gradients pass the tolerance rule."""
@@ -123,6 +124,17 @@ def test_gpu_backward_takes_them_and_matches(bwd_calls, b, sq, sk, h, hk, d, cau
         [q, k, v],
         BF16,
     )
+    assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_a_returned_lse_the_loss_ignores_keeps_them(bwd_calls):
+    """return_lse with a loss on out alone: no zero lse gradient reaches the backward, so it takes the
+    Hopper kernels as a call without lse does."""
+    q = torch.randn(1, 2048, 2, 128, device="cuda", dtype=BF16, requires_grad=True)
+    out, _ = flash_attention(q, q, q, causal=True, return_lse=True)
+    out.sum().backward()
     assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
 
 

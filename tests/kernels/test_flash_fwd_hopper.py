@@ -91,7 +91,8 @@ PLAIN = dict(
         (dict(headdim=64, win_right=0), True),  # d64 causal from 4k
         (dict(headdim=64, win_right=0, seqlen_q=2048), False),
         (dict(headdim=96), False),  # no config
-        (dict(headdim=256), False),
+        (dict(headdim=256), True),
+        (dict(headdim=256, win_right=0, seqlen_q=1000), False),
         (dict(capability=(8, 0)), False),
         (dict(capability=(10, 0)), False),
         (dict(dtype=torch.float32), False),
@@ -198,7 +199,12 @@ def test_gpu_kernel_matches_reference(case, headdim, dtype):
 @needs_hopper
 @pytest.mark.parametrize(
     "b, sq, h, hk, d, causal",
-    [(1, 4096, 4, 2, 64, True), (2, 1024, 4, 4, 128, False), (1, 2048, 8, 1, 128, True)],
+    [
+        (1, 4096, 4, 2, 64, True),
+        (2, 1024, 4, 4, 128, False),
+        (1, 2048, 8, 1, 128, True),
+        (1, 2048, 4, 2, 256, True),
+    ],
 )
 def test_gpu_public_api_takes_it_and_matches(hopper_calls, b, sq, h, hk, d, causal):
     """flash_attention sends these calls to the Hopper forward (the backward stays the portable one)
