@@ -82,6 +82,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
                   dtype=str(dtype).removeprefix("torch."), sparse=sparse, part=part)  # fmt: skip
     start = time.time()
+    if kernel == "dkdv":  # (the dV pass may stream larger query tiles)
+        cfg = cfg.for_pass(part)
     try:
         q = torch.randn(2, 1000, 4, headdim, dtype=dtype)  # a length that is no multiple of any tile
         lse = torch.empty(2, 4, 1000)
@@ -143,7 +145,8 @@ def main():
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument(
         "--config", action="append", default=[],
-        help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs] (KERNEL fwd or dq) "
+        help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs[,dv_block_m,dv_stages]] "
+        "(KERNEL fwd, dq or dkdv; the last two: the dK/dV kernel's dV pass) "
         "instead of the CONFIGS",
     )  # fmt: skip
     args = parser.parse_args()

@@ -31,7 +31,8 @@ from kernels.reference import attention_reference  # noqa: E402
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS; none at d64)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     64: [Cfg(64, 64, 2, 3, 240)],
-    256: [Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 3, 240)],
+    # (the last two fields: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
+    256: [Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 2, 240, 24, 64, 2), Cfg(32, 64, 2, 2, 240, 24, 64, 1)],
 }
 
 
@@ -82,6 +83,8 @@ def speed(d, causal, seqlen, cfgs):
         row["bwd_hopper_dq_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, False))
         for cfg in cfgs:
             key = f"bwd_hopper_dq_dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
+            if cfg.dv_block_m or cfg.dv_stages:
+                key += f"_dv{cfg.for_pass(1).block_m}s{cfg.for_pass(1).stages}"
             try:
                 with dispatching(_flash_dkdv_hopper, d, cfg):
                     row[key + "_ms"] = time_ms(

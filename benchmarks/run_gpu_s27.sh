@@ -7,6 +7,9 @@
 #   bash benchmarks/run_gpu_s27.sh 2   # with d256 dispatched to the three Hopper kernels (forward 64x32 s3,
 #       dq 64x32 s3, dK/dV 32x64 s2, from part 1): d256 against the anchors, then the Hopper kernel tests
 #       whole (part 1's ran out of its time after 179 passed)
+#   bash benchmarks/run_gpu_s27.sh 3   # (part 2: d256 causal 1k at 1.28x SDPA flash, the rest 1.38-1.44x; the
+#       tests ran out of time again, 182 passed) the dK/dV kernel's dV pass with 64-query tiles, the
+#       Hopper kernel tests with more time, then block-sparse d64 at n64k against FlexAttention
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -31,5 +34,15 @@ case "${1:?part 1}" in
   timeout -s INT 250 python -m pytest -q -n 12 -m gpu tests/kernels/test_flash_fwd_hopper.py \
     tests/kernels/test_flash_bwd_hopper.py -rf > "$OUT/gpu_tests_call2.log" 2>&1
   tail -n 8 "$OUT/gpu_tests_call2.log"
+  ;;
+3)
+  timeout 120 python benchmarks/check_hopper_dkdv.py --headdims 256 --speed 256:causal 256:full \
+    --out "$OUT/check_dkdv_d256_dv_tiles.json" 2>&1 | tee "$OUT/check_dkdv_d256_dv_tiles.log" | grep -v "^ok"
+  timeout -s INT 280 python -m pytest -q -n 16 -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_flash_bwd_hopper.py -rf --durations=8 > "$OUT/gpu_tests_call3.log" 2>&1
+  tail -n 20 "$OUT/gpu_tests_call3.log"
+  timeout 180 python benchmarks/bench_block_sparse.py --seqlens 65536 --headdims 64 --portable \
+    --graph-upto 0 --out "$OUT/block_sparse_d64_n64k.json" 2>&1 | grep -v "^{'impl'" \
+    | grep -v "Warning\|create_block_mask(" | tail -n 14
   ;;
 esac

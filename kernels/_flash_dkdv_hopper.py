@@ -23,6 +23,7 @@ tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 
 import triton
 from triton.experimental import gluon
@@ -360,10 +361,21 @@ def _attn_bwd_dkdv_hopper(
 # ---------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
 class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
     """One launch shape of `_attn_bwd_dkdv_hopper`: the forward's fields with the roles of the two tiles
     swapped (block_n keys per consumer warpgroup, wgmma's M: 64; block_m queries per streamed Q/dO
-    tile; stages: Q/dO tiles in flight)."""
+    tile; stages: Q/dO tiles in flight). dv_block_m, dv_stages: the dV pass's own (`passes`: it holds
+    no V, so larger Q/dO tiles fit there); None takes block_m, stages."""
+
+    dv_block_m: int | None = None
+    dv_stages: int | None = None
+
+    def for_pass(self, part: int) -> HopperDkdvConfig:
+        """The launch shape of pass `part` (0 both gradients, 1 dV, 2 dK)."""
+        if part != 1:
+            return self
+        return replace(self, block_m=self.dv_block_m or self.block_m, stages=self.dv_stages or self.stages)
 
 
 CONFIGS = {
@@ -404,15 +416,13 @@ def flash_attn_dkdv_hopper(
     counts) (`kernels._block_sparse_hopper.col_lists`), whose lse (passed as lse2) is in natural log."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    cfg = config or CONFIGS[headdim]
-    grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
-    descriptors = (
-        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
-        descriptor(do, cfg.block_m), descriptor(dk, cfg.block_n), descriptor(dv, cfg.block_n),
-    )  # fmt: skip
+    config = config or CONFIGS[headdim]
+    grid = (triton.cdiv(seqlen_k, config.consumers * config.block_n), nheads_kv, batch)
+    keys = tuple(descriptor(t, config.block_n) for t in (k, v, dk, dv))  # (the passes differ in block_m only)
     for part in passes(headdim):
+        cfg = config.for_pass(part)
         _attn_bwd_dkdv_hopper[grid](
-            *descriptors, lse2, delta,
+            descriptor(q, cfg.block_m), keys[0], keys[1], descriptor(do, cfg.block_m), keys[2], keys[3], lse2, delta,
             lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
             *list_args(lists, lse2, q.device, causal),
             CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
