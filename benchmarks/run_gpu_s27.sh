@@ -10,6 +10,9 @@
 #   bash benchmarks/run_gpu_s27.sh 3   # (part 2: d256 causal 1k at 1.28x SDPA flash, the rest 1.38-1.44x; the
 #       tests ran out of time again, 182 passed) the dK/dV kernel's dV pass with 64-query tiles, the
 #       Hopper kernel tests with more time, then block-sparse d64 at n64k against FlexAttention
+#   bash benchmarks/run_gpu_s27.sh 4   # (part 3's dV-tile check ran out of its 120 s while compiling) the
+#       dV-tile check again, then d256 against SDPA flash with the dK/dV config in use and with the dV
+#       pass on 64-query tiles, in one process each
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -44,5 +47,24 @@ case "${1:?part 1}" in
   timeout 180 python benchmarks/bench_block_sparse.py --seqlens 65536 --headdims 64 --portable \
     --graph-upto 0 --out "$OUT/block_sparse_d64_n64k.json" 2>&1 | grep -v "^{'impl'" \
     | grep -v "Warning\|create_block_mask(" | tail -n 14
+  ;;
+4)
+  timeout 250 python benchmarks/check_hopper_dkdv.py --headdims 256 --speed 256:causal 256:full \
+    --out "$OUT/check_dkdv_d256_dv_tiles.json" 2>&1 | tee "$OUT/check_dkdv_d256_dv_tiles.log" | grep -v "^ok"
+  for dv in "" "64, 2"; do
+    timeout 150 python - "$dv" <<'PY' 2>&1 | grep "^|" | tee -a "$OUT/attention_d256_dv_tiles.log"
+import dataclasses, os, sys
+from benchmarks.bench_attention import main
+from kernels import _flash_dkdv_hopper as dkdv
+tag = "dv_default"
+if sys.argv[1]:
+    block_m, stages = (int(x) for x in sys.argv[1].split(","))
+    dkdv.CONFIGS[256] = dataclasses.replace(dkdv.CONFIGS[256], dv_block_m=block_m, dv_stages=stages)
+    tag = f"dv{block_m}s{stages}"
+print("| config", dkdv.CONFIGS[256], "|", flush=True)
+main(["--headdims", "256", "--seqlens", "1024", "2048", "4096", "16384", "--impls", "sdpa_flash", "triton",
+      "--out", os.path.join(os.environ["OUT"], f"attention_d256_{tag}.json")])
+PY
+  done
   ;;
 esac
