@@ -32,7 +32,7 @@ CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.C
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     64: [Cfg(64, 64, 2, 3, 240)],
     # (the last two fields: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
-    256: [Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 2, 240, 24, 64, 2), Cfg(32, 64, 2, 2, 240, 24, 64, 1)],
+    256: [Cfg(32, 64, 2, 2, 240, 24, 64, 2), Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 2, 240, 24, 64, 1)],
 }
 
 

@@ -13,6 +13,8 @@
 #   bash benchmarks/run_gpu_s27.sh 4   # (part 3's dV-tile check ran out of its 120 s while compiling) the
 #       dV-tile check again, then d256 against SDPA flash with the dK/dV config in use and with the dV
 #       pass on 64-query tiles, in one process each
+#   bash benchmarks/run_gpu_s27.sh 5   # with the dV pass on 64-query tiles (part 4: 1.02-1.07x the backward):
+#       d256 against all anchors, then the Hopper kernel tests
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -66,5 +68,13 @@ main(["--headdims", "256", "--seqlens", "1024", "2048", "4096", "16384", "--impl
       "--out", os.path.join(os.environ["OUT"], f"attention_d256_{tag}.json")])
 PY
   done
+  ;;
+5)
+  timeout 200 python benchmarks/bench_attention.py --headdims 256 --seqlens 1024 2048 4096 8192 16384 \
+    --impls sdpa_flash sdpa_cudnn flex triton --out "$OUT/attention_d256_hopper.json" 2>&1 \
+    | grep "^|"
+  timeout -s INT 300 python -m pytest -q -n 16 -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_flash_bwd_hopper.py -rf > "$OUT/gpu_tests_call5.log" 2>&1
+  tail -n 4 "$OUT/gpu_tests_call5.log"
   ;;
 esac
