@@ -15,6 +15,9 @@
 #       pass on 64-query tiles, in one process each
 #   bash benchmarks/run_gpu_s27.sh 5   # with the dV pass on 64-query tiles (part 4: 1.02-1.07x the backward):
 #       d256 against all anchors, then the Hopper kernel tests
+#   bash benchmarks/run_gpu_s27.sh 6   # host time of one eager fwd+bwd at d128 (dense and block-sparse,
+#       both on the Gluon kernels) with cProfile's top functions: the low-density block-sparse rows are
+#       host-bound
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -76,5 +79,9 @@ PY
   timeout -s INT 300 python -m pytest -q -n 16 -m gpu tests/kernels/test_flash_fwd_hopper.py \
     tests/kernels/test_flash_bwd_hopper.py -rf > "$OUT/gpu_tests_call5.log" 2>&1
   tail -n 4 "$OUT/gpu_tests_call5.log"
+  ;;
+6)
+  timeout 200 python benchmarks/bench_host_overhead.py --headdim 128 --seqlen 4096 \
+    --out "$OUT/host_overhead_d128.json" 2>&1 | tail -n 60
   ;;
 esac
