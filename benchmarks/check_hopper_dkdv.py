@@ -13,6 +13,7 @@ Exit status 1 when a config fails a correctness check.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -30,7 +31,7 @@ from kernels.reference import attention_reference  # noqa: E402
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS; none at d64)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
-    64: [Cfg(64, 64, 2, 3, 240)],
+    64: [Cfg(64, 64, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 4, 240)],
     # (the last two fields: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
     256: [Cfg(32, 64, 2, 2, 240, 24, 64, 2), Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 2, 240, 24, 64, 1)],
 }
@@ -74,26 +75,31 @@ def check_config(cfg, d, dtype, shapes):
     return ok, rows
 
 
-def speed(d, causal, seqlen, cfgs):
-    row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen)
-    del row["packed"]
+def speed(d, causal, seqlen, cfgs, packed=False):
+    row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen, packed)
     row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False, False))
-    # the Hopper dq kernel with its config in use, whatever its faster_here says at this head dim
-    with dispatching(_flash_dq_hopper, d, _flash_dq_hopper.CONFIGS[d]):
-        row["bwd_hopper_dq_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, True, False))
+    # the Hopper dq kernel with its config in use, whatever its faster_here says at this head dim; where
+    # it has none (d64) the portable dq kernel, which writes the delta too
+    dq_cfg = _flash_dq_hopper.CONFIGS.get(d)
+    hopper_dq = dq_cfg is not None
+    with dispatching(_flash_dq_hopper, d, dq_cfg) if hopper_dq else contextlib.nullcontext():
+        if hopper_dq:
+            row["bwd_hopper_dq_ms"] = time_ms(
+                lambda: backward(do, q, k, v, out, lse, causal, scale, True, False)
+            )
         for cfg in cfgs:
-            key = f"bwd_hopper_dq_dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
+            key = f"bwd_{'hopper_dq_' if hopper_dq else ''}dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
             if cfg.dv_block_m or cfg.dv_stages:
                 key += f"_dv{cfg.for_pass(1).block_m}s{cfg.for_pass(1).stages}"
             try:
                 with dispatching(_flash_dkdv_hopper, d, cfg):
                     row[key + "_ms"] = time_ms(
-                        lambda: backward(do, q, k, v, out, lse, causal, scale, True, True)
+                        lambda: backward(do, q, k, v, out, lse, causal, scale, hopper_dq, True)
                     )
             except Exception as e:  # noqa: BLE001  (a config that does not fit is reported, not fatal)
                 row[key + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     add_tflops(row, flops)
-    print(f"d{d} n{seqlen} causal={causal}: backward TFLOP/s " + ", ".join(
+    print(f"d{d} n{seqlen} causal={causal} packed={packed}: backward TFLOP/s " + ", ".join(
         f"{k[4:-7]} {v:.0f}" for k, v in row.items() if k.endswith("_tflops")), flush=True)  # fmt: skip
     return row
 
@@ -102,7 +108,8 @@ def main():
     parser = parser_for(__doc__)
     parser.add_argument(
         "--speed", nargs="*", default=["128:causal", "128:full", "64:causal"],
-        help="HEADDIM:causal|full cases to time (1k, 4k, 16k each)",
+        help="HEADDIM:causal|full cases to time (1k, 4k, 16k each), or HEADDIM:packed (GPT-2 medium's "
+        "layer: packed QKV, b2 n8k h16, causal)",
     )  # fmt: skip
     args, candidates = start(parser, CANDIDATES)
     all_ok, checks = check_all(candidates, check_config)
@@ -110,6 +117,9 @@ def main():
     if all_ok:
         for case in args.speed:
             d, mask = case.split(":")
+            if mask == "packed":
+                rows.append(speed(int(d), True, 8192, candidates[int(d)], packed=True))
+                continue
             for seqlen in (1024, 4096, 16384):
                 rows.append(speed(int(d), mask == "causal", seqlen, candidates[int(d)]))
     finish(args.out, rows, checks, all_ok)

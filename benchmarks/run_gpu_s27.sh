@@ -18,6 +18,9 @@
 #   bash benchmarks/run_gpu_s27.sh 6   # host time of one eager fwd+bwd at d128 (dense and block-sparse,
 #       both on the Gluon kernels) with cProfile's top functions: the low-density block-sparse rows are
 #       host-bound
+#   bash benchmarks/run_gpu_s27.sh 7   # the Gluon dK/dV kernel at head dim 64 (GPT-2's), never timed alone:
+#       three stage counts against the portable backward, 1k-16k causal and full and GPT-2 medium's
+#       packed layer
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -83,5 +86,9 @@ PY
 6)
   timeout 200 python benchmarks/bench_host_overhead.py --headdim 128 --seqlen 4096 \
     --out "$OUT/host_overhead_d128.json" 2>&1 | tail -n 60
+  ;;
+7)
+  timeout 300 python benchmarks/check_hopper_dkdv.py --headdims 64 --speed 64:causal 64:full 64:packed \
+    --out "$OUT/check_dkdv_d64.json" 2>&1 | tee "$OUT/check_dkdv_d64.log" | grep -v "^ok"
   ;;
 esac
