@@ -21,6 +21,10 @@
 #   bash benchmarks/run_gpu_s27.sh 7   # the Gluon dK/dV kernel at head dim 64 (GPT-2's), never timed alone:
 #       three stage counts against the portable backward, 1k-16k causal and full and GPT-2 medium's
 #       packed layer
+#   source .whl/install.sh && bash benchmarks/run_gpu_s27.sh 8   # (part 7: 0.93-1.03x on contiguous
+#       layouts, 1.05-1.08x on the packed layer) d64 causal interleaved calls from 8k take the Gluon
+#       dK/dV kernel (64x64 s4): GPT-2 medium 8k training with it and without (FLASHTRAIN_HOPPER_DKDV=0),
+#       alternating, then the Hopper backward tests of the dK/dV kernel and the packed layouts
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -90,5 +94,17 @@ PY
 7)
   timeout 300 python benchmarks/check_hopper_dkdv.py --headdims 64 --speed 64:causal 64:full 64:packed \
     --out "$OUT/check_dkdv_d64.json" 2>&1 | tee "$OUT/check_dkdv_d64.log" | grep -v "^ok"
+  ;;
+8)
+  for run in 1 2; do
+    for dkdv in 1 0; do
+      FLASHTRAIN_HOPPER_DKDV=$dkdv timeout 105 python benchmarks/bench_train.py --models gpt2_medium \
+        --seqlens 8192 --impls triton --out "$OUT/train_medium8k_hopper_dkdv${dkdv}_$run.json" 2>&1 \
+        | grep "^|.*gpt2" | sed "s/^/dkdv=$dkdv run $run /" | tee -a "$OUT/train_medium8k.log"
+    done
+  done
+  timeout -s INT 150 python -m pytest -q -n 12 -m gpu tests/kernels/test_flash_bwd_hopper.py -k "dkdv or packed" \
+    -rf > "$OUT/gpu_tests_call8.log" 2>&1
+  tail -n 4 "$OUT/gpu_tests_call8.log"
   ;;
 esac
