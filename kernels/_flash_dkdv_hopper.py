@@ -22,7 +22,6 @@ tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -380,9 +379,6 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
 
 
 CONFIGS = {
-    64: HopperDkdvConfig(
-        block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240
-    ),  # (128 queries spill)
     128: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
     # two passes (`passes`): the dK pass holds K and V (128 KB), so 32-query Q/dO tiles (64 spill); the dV
     # pass holds K alone and streams 64-query tiles (one H200: its backward 1.02-1.07x the one with 32)
@@ -395,18 +391,15 @@ CONFIGS = {
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 
 
-def faster_here(headdim: int, seqlen_q: int, causal: bool, interleaved: bool = False) -> bool:
+def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     """Where this kernel beat the portable dK/dV kernel, on one H200 (bf16, batch x seqlen = 16k tokens;
     benchmarks/NOTES_attention.md "Gluon backward"): head dim 128 at 1k-16k, the causal backward 1.05-1.09x
     the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498 TFLOP/s (two
     calls); head dim 256 (two passes) 1.11-1.20x the backward with the Hopper dq kernel alone, 1.23-1.32x
     the portable one (one call). Shorter calls were not measured and keep the portable kernel, as with
-    the forward and dq. Head dim 64 (one call, `benchmarks/NOTES_attention.md` "Head dim 256"): 0.93-1.03x
-    the portable backward on contiguous q, k, v at 1k-16k, but 1.08x on GPT-2 medium's layer at 8k, whose
-    q, k, v are interleaved views of one QKV projection (`interleaved`: the portable kernel's pointer
-    loads lose 6% there, the TMA loads nothing); so d64 takes it for causal interleaved calls from 8k."""
-    if headdim == 64:
-        return causal and interleaved and seqlen_q >= 8192
+    the forward and dq. Head dim 64 stays on the portable kernel: alone 0.93-1.03x at 1k-16k and 1.05-1.08x
+    on GPT-2 medium's packed layer at 8k, but GPT-2 medium 8k trained at the same rate with it (+0.1%,
+    two runs each way; `benchmarks/NOTES_attention.md` "Head dim 256")."""
     return headdim in (128, 256) and seqlen_q >= 1024
 
 
@@ -414,17 +407,10 @@ def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, drop
     """Whether this backward call's dK/dV take this kernel: what the Hopper forward takes (dense
     bf16/fp16 on sm_90, full or causal, no dropout or key padding), with do, dk and dv TMA-readable and
     where `faster_here` says it pays."""
-    rule = functools.partial(faster_here, interleaved=interleaved(q))
     return ENABLED and fwd_hopper.usable(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, varlen=varlen, merge=False, rule=rule, also=(do, dk, dv),
+        dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here, also=(do, dk, dv),
     )  # fmt: skip
-
-
-def interleaved(q) -> bool:
-    """q (batch, seqlen, heads, headdim) is a view into a wider row (packed QKV): tokens lie further apart
-    than its own heads span."""
-    return q.dim() == 4 and q.stride(1) > q.shape[2] * q.shape[3]
 
 
 def flash_attn_dkdv_hopper(

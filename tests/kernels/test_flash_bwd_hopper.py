@@ -45,23 +45,6 @@ def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
     assert module.faster_here(headdim, seqlen_q, causal) is takes
 
 
-@pytest.mark.parametrize(
-    "headdim, seqlen_q, causal, takes",
-    [(64, 8192, True, True), (64, 16384, True, True), (64, 4096, True, False), (64, 8192, False, False),
-     (128, 4096, True, True)],
-)  # fmt: skip
-def test_dkdv_takes_interleaved_head_dim_64_from_8k(headdim, seqlen_q, causal, takes):
-    """GPT-2's packed QKV views: there the Gluon dK/dV kernel measured faster at head dim 64."""
-    assert dkdv_hopper.faster_here(headdim, seqlen_q, causal, interleaved=True) is takes
-
-
-def test_interleaved_means_a_view_into_wider_rows():
-    qkv = torch.empty(2, 16, 3 * 4, 64)
-    assert dkdv_hopper.interleaved(qkv[:, :, :4])
-    assert not dkdv_hopper.interleaved(torch.empty(2, 16, 4, 64))
-    assert not dkdv_hopper.interleaved(torch.empty(2, 4, 16, 64).transpose(1, 2))  # head-major
-
-
 # ---------------------------------------------------------------------------------------------------
 # GPU (sm_90)
 # ---------------------------------------------------------------------------------------------------
@@ -177,23 +160,6 @@ def test_gpu_packed_qkv_takes_them(bwd_calls):
         names=("qkv",),
     )
     assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
-
-
-@pytest.mark.gpu
-@needs_hopper
-def test_gpu_packed_qkv_at_head_dim_64_takes_the_dkdv_kernel(bwd_calls):
-    """GPT-2 medium's layer at 8k (packed QKV, causal, head dim 64): the Hopper dK/dV kernel beside the
-    portable dq kernel; all gradients pass the tolerance rule."""
-    torch.manual_seed(5)
-    qkv = randn(1, 8192, 3 * 2, 64, dtype=BF16, device="cuda")
-    check_against_reference(
-        lambda qkv: _out_and_lse(flash_attention_qkvpacked, qkv, causal=True),
-        lambda qkv: attention_qkvpacked_reference(qkv, causal=True, return_lse=True),
-        [qkv],
-        BF16,
-        names=("qkv",),
-    )
-    assert bwd_calls == ["flash_attn_dkdv_hopper"]
 
 
 @pytest.mark.gpu
