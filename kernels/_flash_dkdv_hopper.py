@@ -15,6 +15,8 @@ cores meanwhile. Nothing is carried from one step to the next: at head dim 128 d
 registers a thread, and a 64-query tile then leaves no room for a second step's scores. Even one step
 fits the 240 registers only because S^T and dP^T start from -lse / scale and -delta (see `_steps`) and
 the query tiles run in `sections`.
+At head dim 256 dK and dV would hold 256 registers, so the kernel runs twice (`passes`): dV alone
+(which needs no V, so its Q/dO tiles may be larger), then dK alone.
 
 Scope as the Hopper dq kernel (`_flash_dq_hopper`). With SPARSE=True both walk a block-sparse layout's
 tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_hopper`).
@@ -292,10 +294,11 @@ def _attn_bwd_dkdv_hopper(
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
     keys of one key head. PART 0 computes dK and dV; wide heads run the kernel twice, PART 1 (dV alone,
-    no V loaded) then PART 2 (dK alone), so each pass holds one fp32 accumulator in registers. LSE (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose
-    query tiles come from TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2:
-    tiles listed, partial ones among them), as `kernels._block_sparse_hopper.col_lists` builds them,
-    and whose LSE is in natural log; dense calls pass any pointer there (never read)."""
+    no V loaded) then PART 2 (dK alone), so each pass holds one fp32 accumulator in registers. LSE
+    (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose query tiles come from
+    TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2: tiles listed, partial
+    ones among them), as `kernels._block_sparse_hopper.col_lists` builds them, and whose LSE is in
+    natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     if SPARSE:  # grid order; lo, hi: the partial tiles at the head of the list, the tiles listed
