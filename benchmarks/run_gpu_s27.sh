@@ -25,6 +25,8 @@
 #       layouts, 1.05-1.08x on the packed layer) d64 causal interleaved calls from 8k take the Gluon
 #       dK/dV kernel (64x64 s4): GPT-2 medium 8k training with it and without (FLASHTRAIN_HOPPER_DKDV=0),
 #       alternating, then the Hopper backward tests of the dK/dV kernel and the packed layouts
+#   source .whl/install.sh && bash benchmarks/run_gpu_s27.sh 9   # (part 8: no gain end to end; the d64
+#       dispatch was backed out) the session's final tree: every GPU kernel test and the flashtrain GPU tests
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -106,5 +108,11 @@ PY
   timeout -s INT 150 python -m pytest -q -n 12 -m gpu tests/kernels/test_flash_bwd_hopper.py -k "dkdv or packed" \
     -rf > "$OUT/gpu_tests_call8.log" 2>&1
   tail -n 4 "$OUT/gpu_tests_call8.log"
+  ;;
+9)
+  timeout -s INT 420 python -m pytest -q -n 12 -m gpu tests/kernels -rf > "$OUT/kernel_gpu_tests_call9.log" 2>&1
+  tail -n 12 "$OUT/kernel_gpu_tests_call9.log"
+  timeout -s INT 90 python -m pytest -q -m gpu tests/flashtrain -rf > "$OUT/flashtrain_gpu_tests_call9.log" 2>&1
+  tail -n 4 "$OUT/flashtrain_gpu_tests_call9.log"
   ;;
 esac
