@@ -14,9 +14,9 @@ is in, dS = P * (dP - delta) once dP is in), and hands the previous tile's stage
 product is done.
 
 Like the portable kernel with DELTA_HERE it also computes its rows' delta = rowsum(dO * O) and stores it
-for the dK/dV kernel, which runs after it. Scope as the Hopper forward: dense bf16/fp16, head dim 128 (see
-CONFIGS), full or causal (bottom-right), GQA; no dropout, window, key padding, varlen, lse gradient or
-accumulation into fp32 buffers (the ring's steps): those take the portable kernel.
+for the dK/dV kernel, which runs after it. Scope as the Hopper forward: dense bf16/fp16, head dims 128
+and 256 (see CONFIGS), full or causal (bottom-right), GQA; no dropout, window, key padding, varlen, lse
+gradient or accumulation into fp32 buffers (the ring's steps): those take the portable kernel.
 """
 
 from __future__ import annotations

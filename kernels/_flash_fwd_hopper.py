@@ -13,8 +13,9 @@ by hand in Gluon (Triton's lower-level language, shipped with Triton 3.6):
 - inside a warpgroup the scores of the next key tile are issued (asynchronous wgmma) before the softmax
   of the current one, and P @ V of the current one runs alongside that softmax (intra-warpgroup overlap).
 
-Scope: dense (batch, seqlen, nheads, headdim) inputs in bf16/fp16, head dims 64 and 128, full or causal
-(bottom-right aligned), GQA; no dropout, window, key padding or varlen (those take the portable kernel).
+Scope: dense (batch, seqlen, nheads, headdim) inputs in bf16/fp16, head dims 64, 128 and 256 (`CONFIGS`),
+full or causal (bottom-right aligned), GQA; no dropout, window, key padding or varlen (those take the
+portable kernel).
 Same outputs as the portable forward: out in q's dtype and the base-2 lse (B, H, Sq).
 With SPARSE=True the same kernel walks a block-sparse layout's tile lists instead of a range of key
 tiles, and stores lse in natural log (`kernels._block_sparse_hopper` builds the lists and launches it).
