@@ -27,6 +27,8 @@
 #       alternating, then the Hopper backward tests of the dK/dV kernel and the packed layouts
 #   source .whl/install.sh && bash benchmarks/run_gpu_s27.sh 9   # (part 8: no gain end to end; the d64
 #       dispatch was backed out) the session's final tree: every GPU kernel test and the flashtrain GPU tests
+#   bash benchmarks/run_gpu_s27.sh 10   # d256 causal at 1k and 2k, where eager calls varied between calls
+#       (1.28-1.48x SDPA flash): eager and CUDA-graph replays (device time alone), twice
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out} HANG_S=200
 mkdir -p "$OUT"
@@ -114,5 +116,11 @@ PY
   tail -n 12 "$OUT/kernel_gpu_tests_call9.log"
   timeout -s INT 90 python -m pytest -q -m gpu tests/flashtrain -rf > "$OUT/flashtrain_gpu_tests_call9.log" 2>&1
   tail -n 4 "$OUT/flashtrain_gpu_tests_call9.log"
+  ;;
+10)
+  for run in 1 2; do
+    timeout 120 python benchmarks/bench_attention.py --headdims 256 --seqlens 1024 2048 --causal causal \
+      --impls sdpa_flash triton --graphs --out "$OUT/attention_d256_short_graphs_$run.json" 2>&1 | grep "graphs\|^|"
+  done
   ;;
 esac
