@@ -180,6 +180,7 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     dq_cfg, dkdv_cfg = CONFIGS[headdim][1:]
     assert dq_cfg.block_m * dq_cfg.consumers == PROGRAM_ROWS == dkdv_cfg.block_n * dkdv_cfg.consumers
     tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
+    # (the dq kernel writes delta for the dK/dV kernel)
     dq_hopper.flash_attn_dq_hopper(
         q,
         k,
@@ -193,7 +194,7 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
         causal=causal,
         config=dq_cfg,
         lists=(tiles, counts),
-    )  # (writes delta for the dK/dV kernel)
+    )
     lists = _col_lists(layout, seqlen_q, seqlen_k, causal, dkdv_cfg.block_m, q.shape[2] // k.shape[2])
     dkdv_hopper.flash_attn_dkdv_hopper(
         q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=causal, config=dkdv_cfg, lists=lists

@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E, tile_program_ids
-from ._flash_fwd_hopper import descriptor, list_args
+from ._flash_fwd_hopper import descriptor, list_args, listed_row_program
 
 
 @gluon.jit
@@ -301,26 +301,21 @@ def _attn_bwd_dkdv_hopper(
     natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    if SPARSE:  # grid order; lo, hi: the partial tiles at the head of the list, the tiles listed
-        pid_n = gl.program_id(0)
-        off_hk = gl.program_id(1)
-        off_b = gl.program_id(2)
-        row = (off_hk % lay_heads) * n_list_rows + pid_n
-        hi = gl.load(COUNTS + row * 2)
-        lo = gl.load(COUNTS + row * 2 + 1)
-        tiles = TILES + row.to(gl.int64) * list_len
+    # block-sparse: grid order, key heads (group 1); lo, hi: the partial tiles first, the tiles listed
+    if SPARSE:
+        n0, off_hk, _, off_b, hi, lo, tiles = listed_row_program(
+            TILES, COUNTS, lay_heads, n_list_rows, list_len, 1, BLOCK_N * NUM_CONSUMERS
+        )
     else:
         # the first key tiles are seen by the most queries (causal), so the order is already heaviest first
         pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
+        n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
         hi = gl.cdiv(seqlen_q, BLOCK_M)
         if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
-            lo = gl.minimum(
-                gl.maximum(pid_n * (BLOCK_N * NUM_CONSUMERS) - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi
-            )
+            lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
         else:
             lo = 0
         tiles = TILES
-    n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
     if PART == 1:  # the dV pass reads no V

@@ -35,7 +35,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E
-from ._flash_fwd_hopper import descriptor, key_tile, list_args, masked_scores, program_rows, stream_kv
+from ._flash_fwd_hopper import (
+    descriptor,
+    key_tile,
+    list_args,
+    masked_scores,
+    masked_steps,
+    program_rows,
+    stream_kv,
+)
 
 
 @gluon.jit
@@ -126,15 +134,7 @@ def _consumer(
     first_row = m0 + WG * BLOCK_M
     rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
     diag = seqlen_k - seqlen_q
-    if SPARSE:
-        n_masked = n_listed_masked
-    else:
-        n_full = (
-            seqlen_k // BLOCK_N
-        )  # as in the forward: the masked tiles come first, from tile n_kv - 1 down
-        if CAUSAL:
-            n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
-        n_masked = gl.maximum(n_kv - n_full, 1)
+    n_masked = masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N, CAUSAL, SPARSE)
 
     lse_rows = off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
     lse = gl.load(LSE + lse_rows, mask=rows < seqlen_q, other=0.0)

@@ -135,6 +135,23 @@ def _softmax_update(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                 SPARSE: gl.constexpr):  # fmt: skip
+    """How many of a warpgroup's first steps need the element mask (the forward's and the dq kernel's):
+    block-sparse, the count its list gives (the lists put the partial tiles first); dense, the tiles
+    past n_full - 1, which come first as steps run from tile n_kv - 1 down (tiles 0 .. n_full - 1 are
+    in bounds and visible to every row from first_row on). Step 0 is always masked (the only step of
+    n_kv = 1)."""
+    if SPARSE:
+        return n_listed_masked
+    else:
+        n_full = seqlen_k // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
+        return gl.maximum(n_kv - n_full, 1)
+
+
+@gluon.jit
 def _consumer_steps(
     acc, p, m_i, l_i, lo, hi, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
     qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
@@ -190,15 +207,7 @@ def _consumer(
     first_row = m0 + WG * BLOCK_M
     rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
     diag = seqlen_k - seqlen_q
-    if SPARSE:  # the lists put the partial tiles first
-        n_masked = n_listed_masked
-    else:
-        # tiles 0 .. n_full - 1 are in bounds and visible to every row of this group; the rest need
-        # masks. Steps run from tile n_kv - 1 down, so the masked tiles come first.
-        n_full = seqlen_k // BLOCK_N
-        if CAUSAL:
-            n_full = gl.minimum(n_full, gl.maximum(first_row + diag + 1, 0) // BLOCK_N)
-        n_masked = gl.maximum(n_kv - n_full, 1)  # step 0 is always masked (the only step of n_kv = 1)
+    n_masked = masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N, CAUSAL, SPARSE)
 
     mbarrier.wait(q_ready.index(WG), 0)
     q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
@@ -282,7 +291,8 @@ def listed_row_program(TILES, COUNTS, lay_heads, n_list_rows, list_len, group, R
     """`row_program` of a block-sparse call (grid order): (first query row, head, key head, batch,
     number of listed key tiles, how many of them come first and need the element mask, the program's
     tile list). TILES (layout heads, n_list_rows, list_len) and COUNTS (layout heads, n_list_rows, 2)
-    as `kernels._block_sparse_hopper.row_lists` builds them; lay_heads is 1 (shared) or nheads."""
+    as `kernels._block_sparse_hopper.row_lists` builds them; lay_heads is 1 (shared) or nheads. The
+    dK/dV kernel's key programs read `col_lists` the same way (rows of keys, key heads, group 1)."""
     pid_m = gl.program_id(0)
     off_h = gl.program_id(1)
     off_b = gl.program_id(2)
