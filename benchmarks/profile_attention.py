@@ -6,6 +6,8 @@ bench_attention.py), from torch.profiler: which kernel of the backward loses whe
 
 A shape is batch,seqlen,nheads,headdim[,causal] (bf16). Each impl runs a few untimed fwd+bwd (autotune,
 compile), then --iters profiled ones; a kernel's time is its device total over the iterations / iters.
+Block-sparse impls name a butterfly layout on 128-blocks (`kernels.layouts.butterfly_layout`):
+`bs:F:L` is ours with n_factors=F and local_blocks=L, `flexbs:F:L` FlexAttention with that block mask.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ def kernel_times(impl: str, shape: dict, iters: int) -> dict[str, float]:
     """Mean device ms per fwd+bwd of each CUDA kernel the impl launches."""
     b, n, h, d = shape["batch"], shape["seqlen"], shape["nheads"], shape["headdim"]
     # (B, H, N, d) for torch's backends, (B, N, H, d) for ours: the layout each is benchmarked in
-    layout = (b, n, h, d) if impl.startswith("triton") else (b, h, n, d)
+    layout = (b, n, h, d) if impl.startswith(("triton", "bs:")) else (b, h, n, d)
     q, k, v = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(layout, device="cuda", dtype=torch.bfloat16)
-    fn = make_impl(impl)
+    fn = block_sparse_impl(impl, n, shape["causal"]) if ":" in impl else make_impl(impl)
 
     def step():
         out = fn(q, k, v, shape["causal"])
@@ -49,6 +51,24 @@ def kernel_times(impl: str, shape: dict, iters: int) -> dict[str, float]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name[:90]] += event.device_time / 1000 / iters  # us -> ms per iteration
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def block_sparse_impl(impl: str, seqlen: int, causal: bool):
+    """fn(q, k, v, causal) for `bs:F:L` (ours) or `flexbs:F:L` (FlexAttention, same block mask)."""
+    from benchmarks.bench_block_sparse import BLOCK, flex_block_mask, flex_fn
+    from kernels import block_sparse_attention
+    from kernels.layouts import butterfly_layout
+
+    kind, n_factors, local = impl.split(":")
+    if kind not in ("bs", "flexbs"):
+        raise ValueError(f"block-sparse impl {impl!r}: write bs:F:L or flexbs:F:L")
+    layout = butterfly_layout(seqlen, BLOCK, n_factors=int(n_factors), local_blocks=int(local), causal=causal)
+    print(f"{impl}: density {layout.density:.4f}")
+    if kind == "bs":
+        layout = layout.cuda()
+        return lambda q, k, v, causal: block_sparse_attention(q, k, v, layout, causal=causal)
+    block_mask, flex = flex_block_mask(layout, seqlen), flex_fn()
+    return lambda q, k, v, causal: flex(q, k, v, block_mask=block_mask)
 
 
 def main() -> None:

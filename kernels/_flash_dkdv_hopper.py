@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E, tile_program_ids
 from ._flash_fwd_hopper import descriptor, list_args, listed_row_program
+from ._launch import CompiledLaunch
 
 
 @gluon.jit
@@ -421,17 +422,24 @@ def flash_attn_dkdv_hopper(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     config = config or CONFIGS[headdim]
     grid = (triton.cdiv(seqlen_k, config.consumers * config.block_n), nheads_kv, batch)
-    keys = tuple(descriptor(t, config.block_n) for t in (k, v, dk, dv))  # (the passes differ in block_m only)
+    args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv,
+            sm_scale * LOG2E, sm_scale, *list_args(lists, lse2, q.device, causal))  # fmt: skip
+    views = {}  # (the passes read the same tensors in other tiles)
     for part in passes(headdim):
         cfg = config.for_pass(part)
-        _attn_bwd_dkdv_hopper[grid](
-            descriptor(q, cfg.block_m), keys[0], keys[1], descriptor(do, cfg.block_m), keys[2], keys[3], lse2, delta,
-            lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
-            *list_args(lists, lse2, q.device, causal),
-            CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-            PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4,
+        _launch_dkdv(
+            grid,
+            ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
+             (dv, cfg.block_n)),
+            args,
+            dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4),
+            views,
         )  # fmt: skip
     return dk, dv
+
+
+_launch_dkdv = CompiledLaunch(_attn_bwd_dkdv_hopper, descriptor)
 
 
 def passes(headdim: int) -> tuple[int, ...]:

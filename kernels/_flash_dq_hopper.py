@@ -44,6 +44,7 @@ from ._flash_fwd_hopper import (
     program_rows,
     stream_kv,
 )
+from ._launch import CompiledLaunch
 
 
 @gluon.jit
@@ -282,13 +283,16 @@ def flash_attn_dq_hopper(
     cfg = config or CONFIGS[headdim]
     rows = cfg.block_m * cfg.consumers
     grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
-    _attn_bwd_dq_hopper[grid](
-        descriptor(q, cfg.block_m), descriptor(do, cfg.block_m), descriptor(k, cfg.block_n),
-        descriptor(v, cfg.block_n), descriptor(dq, cfg.block_m), out, lse, delta,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
-        *list_args(lists, lse, q.device, causal),
-        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
+    _launch_dq(
+        grid,
+        ((q, cfg.block_m), (do, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dq, cfg.block_m)),
+        (out, lse, delta, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+         seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
+         *list_args(lists, lse, q.device, causal)),
+        dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+             PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4),
     )  # fmt: skip
     return dq, delta
+
+
+_launch_dq = CompiledLaunch(_attn_bwd_dq_hopper, descriptor)

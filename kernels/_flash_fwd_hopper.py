@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import INTERPRET, LOG2E, compute_capability, sched_slots_for, tile_program_ids
+from ._launch import CompiledLaunch
 
 
 @gluon.jit
@@ -485,14 +486,18 @@ def flash_attn_forward_hopper(
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     rows = cfg.block_m * cfg.consumers
     grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
-    _attn_fwd_hopper[grid](
-        descriptor(q, cfg.block_m), descriptor(k, cfg.block_n), descriptor(v, cfg.block_n),
-        descriptor(out, cfg.block_m), lse, lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, *list_args(lists, lse, q.device, causal),
-        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
+    _launch_fwd(
+        grid,
+        ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)),
+        (lse, lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
+         *list_args(lists, lse, q.device, causal)),
+        dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+             PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4),
     )  # fmt: skip
     return out, lse
+
+
+_launch_fwd = CompiledLaunch(_attn_fwd_hopper, descriptor)
 
 
 def list_args(lists, placeholder: torch.Tensor, device, causal: bool) -> tuple:

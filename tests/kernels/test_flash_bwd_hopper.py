@@ -13,7 +13,8 @@ import torch
 
 from kernels import _flash_dkdv_hopper as dkdv_hopper
 from kernels import _flash_dq_hopper as dq_hopper
-from kernels import flash_attention, flash_attention_qkvpacked
+from kernels import _flash_fwd_hopper as fwd_hopper
+from kernels import _launch, flash_attention, flash_attention_qkvpacked
 from kernels._common import lse_to_natural
 from kernels._flash_bwd import backward_delta
 from kernels._flash_fwd import flash_attn_forward
@@ -125,6 +126,44 @@ def test_gpu_backward_takes_them_and_matches(bwd_calls, b, sq, sk, h, hk, d, cau
         BF16,
     )
     assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+def fwd_bwd_results(fn, inputs, do) -> tuple:
+    """(out, lse, *input gradients) of fn(*inputs) -> (out, lse) with the loss <out, do>."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out, lse = fn(*leaves)
+    out.backward(do)
+    return out.detach(), lse.detach(), *(x.grad for x in leaves)
+
+
+def assert_compiled_launches_match_jit_ones(monkeypatch, launchers, run) -> None:
+    """run() once through Triton's JIT launches, then twice more with kernels/_launch.py's compiled
+    launches on: every launcher took its compiled path, and every result is bit-identical."""
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    expected = run()
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    before = [launcher.fast_launches for launcher in launchers]
+    for _ in range(2):
+        got = run()
+    assert all(launcher.fast_launches > n for launcher, n in zip(launchers, before, strict=True))
+    for name, want, have in zip(("out", "lse", "dq", "dk", "dv"), expected, got, strict=True):
+        assert torch.equal(want, have), name
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("d, causal", [(128, True), (256, False)])
+def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, bwd_calls, d, causal):
+    torch.manual_seed(d)
+    q = randn(1, 2048, 4, d, dtype=BF16, device="cuda")
+    k, v = (randn(1, 1500, 2, d, dtype=BF16, device="cuda") for _ in range(2))
+    do = torch.randn_like(q)
+    fn = lambda q, k, v: flash_attention(q, k, v, causal=causal, return_lse=True)  # noqa: E731
+    launchers = (fwd_hopper._launch_fwd, dq_hopper._launch_dq, dkdv_hopper._launch_dkdv)
+    assert_compiled_launches_match_jit_ones(
+        monkeypatch, launchers, lambda: fwd_bwd_results(fn, (q, k, v), do)
+    )
+    assert bwd_calls[-2:] == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
 
 
 @pytest.mark.gpu

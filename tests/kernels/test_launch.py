@@ -1,0 +1,157 @@
+"""CompiledLaunch (kernels/_launch.py): which launches take Triton's JIT path and which the compiled
+kernel's launcher, and what the latter is given. A fake kernel stands in for the Gluon ones (which need
+an sm_90 GPU; tests/kernels/test_flash_*_hopper.py run them through this path on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton import knobs
+
+from kernels import _launch
+from kernels._launch import CompiledLaunch, TmaView, tma_view
+
+
+class FakeCompiled:
+    function = "function-handle"
+    packed_metadata = "packed-metadata"
+
+    def __init__(self):
+        self.launches = []
+
+    def run(self, *args):
+        self.launches.append(args)
+
+
+class FakeKernel:
+    __name__ = "fake_kernel"
+
+    def __init__(self, arg_names=("a_desc", "b_desc", "X", "n", "scale", "FLAG", "STAGES")):
+        self.arg_names = list(arg_names)
+        self.jit_launches = []
+        self.compiled = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            self.compiled.append(FakeCompiled())
+            return self.compiled[-1]
+
+        return launch
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+
+
+def _descriptor(t, rows):
+    return ("gluon-descriptor", t, rows)
+
+
+def _call(launch, a, b, x, n, flag=True, views=None):
+    launch((3, 2, 1), ((a, 64), (b, 32)), (x, n, 0.5), dict(FLAG=flag, STAGES=2, num_warps=4), views)
+
+
+def _tensors(seqlen=64):
+    a, b = (torch.randn(2, seqlen, 4, 16) for _ in range(2))
+    return a, b, torch.zeros(32)
+
+
+def test_first_launch_is_jit_then_the_compiled_launcher_gets_views_and_every_parameter():
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    assert len(kernel.jit_launches) == 1 and launch.fast_launches == 0
+    grid, args, kwargs = kernel.jit_launches[0]
+    assert grid == (3, 2, 1)
+    assert args[:2] == (("gluon-descriptor", a, 64), ("gluon-descriptor", b, 32)) and args[2:] == (x, 32, 0.5)
+    assert kwargs == dict(FLAG=True, STAGES=2, num_warps=4)
+
+    a2, b2, x2 = _tensors(seqlen=80)  # new tensors, same specialization (80 and 48 divisible by 16)
+    _call(launch, a2, b2, x2, 48)
+    assert len(kernel.jit_launches) == 1 and launch.fast_launches == 1
+    (run_args,) = kernel.compiled[0].launches
+    assert run_args[:9] == (3, 2, 1, 1234, "function-handle", "packed-metadata", None, None, None)
+    view_a, view_b = run_args[9:11]
+    assert view_a.base is a2 and view_b.base is b2 and view_a.shape == [2, 4, 80, 16]
+    assert run_args[11:] == (x2, 48, 0.5, True, 2)  # the constexprs in parameter order, num_warps not
+
+
+def test_tma_view_is_the_batch_heads_seqlen_headdim_view():
+    t = torch.empty(2, 5, 3, 8)  # (batch, seqlen, heads, headdim)
+    view = tma_view(t)
+    assert isinstance(view, TmaView) and view.base is t and view.padding == "zero"
+    assert view.shape == [2, 3, 5, 8] and view.strides == [120, 8, 24, 1]
+    packed = torch.empty(2, 5, 7, 8)[:, :, 2:5]  # heads sliced out of a packed tensor: strides kept
+    assert tma_view(packed).strides == [280, 8, 56, 1] and tma_view(packed).shape == [2, 3, 5, 8]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["int_not_divisible_by_16", "int_equal_to_one", "misaligned_pointer", "other_dtype", "other_constexpr"],
+)
+def test_a_launch_triton_would_specialize_differently_takes_the_jit_path(change):
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    n, flag = 32, True
+    if change == "int_not_divisible_by_16":
+        n = 33
+    elif change == "int_equal_to_one":
+        n = 1
+    elif change == "misaligned_pointer":
+        x = x[1:]  # 4 bytes past a 16-byte boundary
+    elif change == "other_dtype":
+        a, b = a.half(), b.half()
+    else:
+        flag = False
+    _call(launch, a, b, x, n, flag)
+    assert len(kernel.jit_launches) == 2 and launch.fast_launches == 0
+    _call(launch, a, b, x, n, flag)  # and that specialization is kept in turn
+    assert len(kernel.jit_launches) == 2 and launch.fast_launches == 1
+
+
+def test_views_are_shared_between_launches_of_one_call():
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    views = {}
+    _call(launch, a, b, x, 32, views=views)
+    _call(launch, a, b, x, 32, views=views)
+    first, second = kernel.compiled[0].launches
+    assert first[9] is second[9] and first[10] is second[10]
+    assert set(views) == {id(a), id(b)}
+
+
+def test_a_launch_hook_or_the_switch_sends_every_launch_to_the_jit_path(monkeypatch):
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    _call(launch, a, b, x, 32)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    chain = knobs.HookChain()
+    chain.add(lambda metadata: None)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", chain)  # (as proton adds its hooks)
+    _call(launch, a, b, x, 32)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", knobs.HookChain())  # empty: Triton's default
+    _call(launch, a, b, x, 32)
+    assert len(kernel.jit_launches) == 3 and launch.fast_launches == 1
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    _call(launch, a, b, x, 32)
+    assert len(kernel.jit_launches) == 4 and launch.fast_launches == 1
+
+
+def test_a_kernel_whose_constexprs_are_not_last_is_refused():
+    kernel = FakeKernel(arg_names=("a_desc", "b_desc", "FLAG", "X", "n", "scale", "STAGES"))
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    with pytest.raises(TypeError, match="descriptors, arguments, constexprs"):
+        _call(launch, a, b, x, 32)
