@@ -17,6 +17,10 @@
 #       45% density the profiler's device times give ours 1.32x Flex while session 26's bench gave 1.21x;
 #       the n16k bench ran out of its 200 s) block-sparse d128 at n4k and n16k against Flex with the
 #       compiled launches (eager and graphs), then the 45% profile over 60 iterations each (sustained)
+#   bash benchmarks/run_gpu_s28.sh 5   # (part 4: n16k 1.23-1.25x Flex at 4.7-45%; 60 profiled iterations of
+#       ours at 45% took 6.96 ms against 6.42-6.50 over 10: sustained work runs slower) the short calls
+#       (n1k, d128 and d256, causal and full) against all anchors with the compiled launches, eager and
+#       graphs
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -73,5 +77,11 @@ case "${1:?part 1}" in
     --out "$R/block_sparse_d128.json" 2>&1 | grep "^|"
   timeout 130 python benchmarks/profile_attention.py --shape 1,16384,16,128 --impls bs:7:32 flexbs:7:32 \
     --iters 60 --out "$R/profile_bs45_d128_n16k_60iters.json" 2>&1 | quiet | tail -n 12
+  ;;
+5)
+  source benchmarks/gpu_call.sh
+  machine_info
+  timeout 500 python benchmarks/bench_attention.py --headdims 128 256 --seqlens 1024 \
+    --impls sdpa_flash sdpa_cudnn flex triton --graphs --out "$R/attention_n1k.json" 2>&1 | grep "^|"
   ;;
 esac
