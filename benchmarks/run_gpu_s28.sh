@@ -21,6 +21,9 @@
 #       ours at 45% took 6.96 ms against 6.42-6.50 over 10: sustained work runs slower) the short calls
 #       (n1k, d128 and d256, causal and full) against all anchors with the compiled launches, eager and
 #       graphs
+#   source .whl/install.sh && bash benchmarks/run_gpu_s28.sh 6   # (part 5: n1k eager 1.45-1.61x SDPA
+#       flash, 1.05-2.15x Flex) the session's final tree: every GPU kernel test, the flashtrain GPU tests and
+#       the ring's local routes on CUDA
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -83,5 +86,13 @@ case "${1:?part 1}" in
   machine_info
   timeout 500 python benchmarks/bench_attention.py --headdims 128 256 --seqlens 1024 \
     --impls sdpa_flash sdpa_cudnn flex triton --graphs --out "$R/attention_n1k.json" 2>&1 | grep "^|"
+  ;;
+6)
+  source benchmarks/gpu_call.sh
+  machine_info
+  timeout -s INT 470 python -m pytest -q -n 12 -m gpu tests/kernels -rf > "$R/kernel_gpu_tests.log" 2>&1
+  tail -n 4 "$R/kernel_gpu_tests.log"
+  timeout -s INT 60 python -m pytest -q -m gpu tests/flashtrain -rf > "$R/flashtrain_gpu_tests.log" 2>&1
+  tail -n 2 "$R/flashtrain_gpu_tests.log"
   ;;
 esac
