@@ -24,6 +24,9 @@
 #   source .whl/install.sh && bash benchmarks/run_gpu_s28.sh 6   # (part 5: n1k eager 1.45-1.61x SDPA
 #       flash, 1.05-2.15x Flex) the session's final tree: every GPU kernel test, the flashtrain GPU tests and
 #       the ring's local routes on CUDA
+#   timeout -s INT 560 python -m pytest -q -n 12 -m gpu tests/kernels -rf   # (part 6's kernel tests ran
+#       out of its 470 s while compiling on a cold machine, 375 passed, none failed; the flashtrain GPU
+#       tests passed, 9) call 7, on the warm machine: every GPU kernel test
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
