@@ -1,11 +1,11 @@
 """Launching the Gluon (Hopper) kernels with less host work than `kernel[grid](...)`.
 
 A short attention call is host-bound: one eager d128 fwd+bwd at 4k tokens needs ~0.13 ms of GPU time
-and ~0.8 ms of host time. Per Gluon forward launch on an H200 host (benchmarks/check_launch_path.py,
-results/s28_h200/): 60 us through `kernel[grid](...)`, of which Triton's argument binding (every
-argument specialized in Python, the descriptors' layouts mangled into strings) took 23 us and the four
-validated `TensorDescriptor`s 25 us; the compiled kernel's own launcher, given plain descriptor records,
-33 us in all.
+and ~0.8-1.2 ms of host time. Per Gluon forward launch, on the host of an H200 machine
+(benchmarks/check_launch_path.py; two machines, results/s28_h200/call1 and call2): 53-60 us through
+`kernel[grid](...)`, of which Triton's argument binding (every argument specialized in Python, the
+descriptors' layouts mangled into strings) took 13-23 us and the four validated `TensorDescriptor`s
+15-25 us; the compiled kernel's own launcher, given plain descriptor records, 19-33 us in all.
 
 `CompiledLaunch` keeps that cheaper path and stays exactly as specialized as Triton:
 
@@ -76,22 +76,23 @@ class CompiledLaunch:
     def __init__(self, kernel, make_descriptor):
         self.kernel = kernel
         self.make_descriptor = make_descriptor  # (tensor, rows) -> Gluon TensorDescriptor
-        self._compiled = {}  # key -> (compiled kernel, constexpr values in parameter order)
+        self._compiled = {}  # key -> (compiled kernel, its constexprs' values in parameter order)
         self.fast_launches = 0  # (tests count them)
 
-    def __call__(self, grid, descriptors, args, constexprs: dict, views: dict | None = None):
-        """kernel[grid](*descriptors, *args, **constexprs). descriptors: (tensor, block rows) pairs;
-        views: TmaViews by id of their tensor, shared between the launches of one call."""
+    def __call__(self, grid, descriptors, args, kwargs: dict, views: dict | None = None):
+        """kernel[grid](*descriptors, *args, **kwargs). descriptors: (tensor, block rows) pairs; kwargs:
+        the constexprs, then launch options (num_warps); views: TmaViews by id of their tensor, shared
+        between the launches of one call."""
         device = _current_device()
         key = (
             device,
-            *constexprs.items(),
+            *kwargs.items(),
             *((t.dtype, rows) for t, rows in descriptors),
             *map(_specialization, args),
         )
         entry = self._compiled.get(key)
         if entry is None or not ENABLED or _launch_hooks_set():
-            self._first_launch(key, grid, descriptors, args, constexprs)
+            self._jit_launch(key, grid, descriptors, args, kwargs)
             return
         compiled, constexpr_values = entry
         if views is None:
@@ -108,16 +109,16 @@ class CompiledLaunch:
         )  # fmt: skip
         self.fast_launches += 1
 
-    def _first_launch(self, key, grid, descriptors, args, constexprs):
-        gluon_descs = [self.make_descriptor(t, rows) for t, rows in descriptors]
-        options = {name: value for name, value in constexprs.items() if name.startswith("num_")}
-        values = {name: value for name, value in constexprs.items() if name not in options}
-        compiled = self.kernel[grid](*gluon_descs, *args, **values, **options)
+    def _jit_launch(self, key, grid, descriptors, args, kwargs):
+        """Triton's own launch, with Gluon descriptors; keeps the compiled kernel under key."""
         names = self.kernel.arg_names
-        tail = names[len(descriptors) + len(args) :]
-        if list(tail) != list(values):
+        constexprs = names[len(descriptors) + len(args) :]
+        if sorted(constexprs) != sorted(name for name in kwargs if name in names):
             raise TypeError(
                 f"{self.kernel.__name__}: CompiledLaunch needs the parameters ordered descriptors, arguments, "
-                f"constexprs {list(values)}; the kernel's trailing ones are {list(tail)}"
+                f"constexprs; after {len(descriptors)} + {len(args)} come {constexprs}, the keyword arguments "
+                f"are {list(kwargs)}"
             )
-        self._compiled[key] = (compiled, tuple(values.values()))
+        gluon_descs = [self.make_descriptor(t, rows) for t, rows in descriptors]
+        compiled = self.kernel[grid](*gluon_descs, *args, **kwargs)
+        self._compiled[key] = (compiled, tuple(kwargs[name] for name in constexprs))

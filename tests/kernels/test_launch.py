@@ -81,6 +81,16 @@ def test_first_launch_is_jit_then_the_compiled_launcher_gets_views_and_every_par
     assert run_args[11:] == (x2, 48, 0.5, True, 2)  # the constexprs in parameter order, num_warps not
 
 
+def test_constexprs_reach_the_launcher_in_parameter_order_whatever_the_keyword_order():
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    for _ in range(2):
+        launch((1, 1, 1), ((a, 64), (b, 32)), (x, 32, 0.5), dict(num_warps=4, STAGES=3, FLAG=False))
+    (run_args,) = kernel.compiled[0].launches
+    assert run_args[-2:] == (False, 3)
+
+
 def test_tma_view_is_the_batch_heads_seqlen_headdim_view():
     t = torch.empty(2, 5, 3, 8)  # (batch, seqlen, heads, headdim)
     view = tma_view(t)
