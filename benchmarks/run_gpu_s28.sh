@@ -27,6 +27,8 @@
 #   timeout -s INT 560 python -m pytest -q -n 12 -m gpu tests/kernels -rf   # (part 6's kernel tests ran
 #       out of its 470 s while compiling on a cold machine, 375 passed, none failed; the flashtrain GPU
 #       tests passed, 9) call 7, on the warm machine: every GPU kernel test
+#   bash benchmarks/run_gpu_s28.sh 8   # after the review mends of kernels/_launch.py: its GPU tests, then the
+#       host time of one d128 fwd+bwd with the compiled launches off and on, three times each, alternating
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -97,5 +99,19 @@ case "${1:?part 1}" in
   tail -n 4 "$R/kernel_gpu_tests.log"
   timeout -s INT 60 python -m pytest -q -m gpu tests/flashtrain -rf > "$R/flashtrain_gpu_tests.log" 2>&1
   tail -n 2 "$R/flashtrain_gpu_tests.log"
+  ;;
+8)
+  source benchmarks/gpu_call.sh
+  machine_info
+  timeout -s INT 200 python -m pytest -q -n 3 -m gpu -k compiled tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py -rA 2>&1 | grep -e PASS -e FAIL -e passed -e failed \
+    | tee "$R/gpu_tests_compiled.log"
+  for run in 1 2 3; do
+    for on in 0 1; do
+      FLASHTRAIN_COMPILED_LAUNCH=$on timeout 100 python benchmarks/bench_host_overhead.py --headdim 128 \
+        --seqlen 4096 --calls 200 --out "$R/host_overhead_compiled_${on}_run$run.json" 2>&1 \
+        | grep fwdbwd_host | cut -c1-150 | sed "s/^/launch=$on run=$run /"
+    done
+  done
   ;;
 esac
