@@ -29,6 +29,8 @@
 #       tests passed, 9) call 7, on the warm machine: every GPU kernel test
 #   bash benchmarks/run_gpu_s28.sh 8   # after the review mends of kernels/_launch.py: its GPU tests, then the
 #       host time of one d128 fwd+bwd with the compiled launches off and on, three times each, alternating
+#   bash benchmarks/run_gpu_s28.sh 9   # (part 8: block-sparse host time 0.43-0.56 ms per fwd+bwd) block-sparse
+#       d128 at n4k against Flex again, eager and graphs
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -113,5 +115,11 @@ case "${1:?part 1}" in
         | grep fwdbwd_host | cut -c1-150 | sed "s/^/launch=$on run=$run /"
     done
   done
+  ;;
+9)
+  source benchmarks/gpu_call.sh
+  machine_info
+  timeout 400 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 \
+    --out "$R/block_sparse_d128_n4k.json" 2>&1 | grep "^|"
   ;;
 esac
