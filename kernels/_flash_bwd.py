@@ -548,6 +548,27 @@ def flash_attn_backward(
     elif dlse2 is not None:
         raise ValueError("with a precomputed delta, pass dlse2 to backward_delta, which folds it into delta")
 
+    hopper_kw = dict(
+        win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+        varlen=varlen,
+    )  # fmt: skip
+    # Hopper: the warp-specialised dq kernel (which writes delta too), then the dK/dV kernel reading it
+    hopper_dq = delta_here and not accumulate and _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
+    hopper_dkdv = (
+        only is None
+        and not accumulate
+        and not atomic_dq
+        and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
+    )
+    if hopper_dq:
+        _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,
+                                              causal=win_right == 0)  # fmt: skip
+        if hopper_dkdv:  # (before the portable kernels' argument set-up: this route is host-bound when short)
+            _flash_dkdv_hopper.flash_attn_dkdv_hopper(
+                q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=win_right == 0
+            )
+            return dq, dk, dv
+
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     kpm_args = (kpm if kpm is not None else lse,)
     kpm_strides = (kpm.stride(0), kpm.stride(1)) if kpm is not None else (0, 0)
@@ -564,30 +585,14 @@ def flash_attn_backward(
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)
-    if delta_here and not accumulate and _flash_dq_hopper.supports(
-        q, k, v, do, out, dq, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, varlen=varlen,
-    ):  # fmt: skip
-        # Hopper: the warp-specialised dq kernel (it writes delta too)
-        _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,
-                                              causal=win_right == 0)  # fmt: skip
-    elif only != "dkdv" and not atomic_dq:
+    if not hopper_dq and only != "dkdv" and not atomic_dq:
         grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
         _bwd_dq_tuned[grid_q](
             q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, out if delta_here else lse,
             *strides_qkv_do, *token_strides(dq, varlen), *(token_strides(out, varlen) if delta_here else (0, 0, 0)),
             stride_lb, stride_lh, *kpm_strides, *scalars, ACCUMULATE=accumulate, DELTA_HERE=delta_here, **meta,
         )  # fmt: skip
-    if (
-        only is None
-        and not accumulate
-        and not atomic_dq
-        and _flash_dkdv_hopper.supports(
-            q, k, v, do, dk, dv, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
-            dropout_p=dropout_p, varlen=varlen,
-        )
-    ):  # fmt: skip
-        # Hopper: the warp-specialised dK/dV kernel (reads the delta the dq kernel wrote)
+    if hopper_dkdv:  # (after the portable dq kernel, whose delta it reads)
         _flash_dkdv_hopper.flash_attn_dkdv_hopper(
             q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=win_right == 0
         )
