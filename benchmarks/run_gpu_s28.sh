@@ -31,6 +31,8 @@
 #       host time of one d128 fwd+bwd with the compiled launches off and on, three times each, alternating
 #   bash benchmarks/run_gpu_s28.sh 9   # (part 8: block-sparse host time 0.43-0.56 ms per fwd+bwd) block-sparse
 #       d128 at n4k against Flex again, eager and graphs
+#   bash benchmarks/run_gpu_s28.sh 10   # after the all-Hopper backward route returns before the portable
+#       set-up: the Hopper backward, packed-QKV and custom-op GPU tests, then host time (three runs)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
@@ -121,5 +123,16 @@ case "${1:?part 1}" in
   machine_info
   timeout 400 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 \
     --out "$R/block_sparse_d128_n4k.json" 2>&1 | grep "^|"
+  ;;
+10)
+  source benchmarks/gpu_call.sh
+  machine_info
+  timeout -s INT 330 python -m pytest -q -n 12 -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_qkvpacked.py tests/kernels/test_custom_ops.py -rf > "$R/gpu_tests_call10.log" 2>&1
+  grep -v -e Warning -e warner "$R/gpu_tests_call10.log" | tail -n 4
+  for run in 1 2 3; do
+    timeout 100 python benchmarks/bench_host_overhead.py --headdim 128 --seqlen 4096 --calls 200 \
+      --out "$R/host_overhead_run$run.json" 2>&1 | grep fwdbwd_host | cut -c1-150
+  done
   ;;
 esac
