@@ -33,6 +33,10 @@
 #       d128 at n4k against Flex again, eager and graphs
 #   bash benchmarks/run_gpu_s28.sh 10   # after the all-Hopper backward route returns before the portable
 #       set-up: the Hopper backward, packed-QKV and custom-op GPU tests, then host time (three runs)
+#   timeout -s INT 300 python -m pytest -q -n 12 -m gpu tests/kernels/test_flash_bwd_hopper.py \
+#       tests/kernels/test_qkvpacked.py tests/kernels/test_custom_ops.py tests/kernels/test_flash_attention.py
+#       # (part 10's tests ran out of 330 s while compiling on a cold machine, 108 passed, none failed)
+#       call 11, on the warm machine
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/flashtrain-out}
 mkdir -p "$OUT"
