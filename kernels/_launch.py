@@ -65,7 +65,8 @@ def _launch_hooks_set() -> bool:
 
 
 def _specialization(arg) -> tuple:
-    # Triton's own per-argument specialization (jit.py's binder calls the same function per argument)
+    # Triton's own per-argument specialization: jit.py's binder calls the same function per argument,
+    # with the CUDA backend, which in Triton 3.6 keeps BaseBackend's specialization hooks
     return native_specialize_impl(BaseBackend, arg, False, True, True)
 
 
