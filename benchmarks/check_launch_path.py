@@ -9,7 +9,9 @@ On a problem too small for the GPU to set the pace ((1, 256, 16, 128) bf16), per
 - `compiled_run`: the compiled kernel's own launcher (`CompiledKernel.run`) with the bound arguments,
   skipping `JITFunction.run` (binding, cache key, hooks);
 - `gluon_descriptors_x4` / `plain_descriptors_x4`: building the four descriptors as Gluon's validated
-  `TensorDescriptor`, and as a plain record with the fields the launcher reads.
+  `TensorDescriptor`, and as the plain record `kernels._launch.tma_view` makes (the fields the
+  launcher reads). The runs in results/s28_h200/call1 and call2 built a record that also carried the
+  block shape and the cached shared-memory layout.
 
     python benchmarks/check_launch_path.py --out launch_path.json
 """
@@ -20,7 +22,6 @@ import argparse
 import os
 import sys
 import time
-from typing import NamedTuple
 
 import torch
 
@@ -30,15 +31,7 @@ import triton  # noqa: E402
 
 from benchmarks.common import gpu_slug, write_results  # noqa: E402
 from kernels import _flash_fwd_hopper as fh  # noqa: E402
-
-
-class PlainDescriptor(NamedTuple):  # the fields Triton's launcher reads from a host descriptor
-    base: torch.Tensor
-    shape: list
-    strides: list
-    block_shape: list
-    layout: object
-    padding: str = "zero"
+from kernels._launch import tma_view  # noqa: E402
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -72,11 +65,8 @@ def main() -> None:
     def descriptors(make=fh.descriptor):
         return make(q, cfg.block_m), make(k, cfg.block_n), make(v, cfg.block_n), make(out, cfg.block_m)
 
-    def plain(t, rows):
-        batch, seqlen, heads, headdim = t.shape
-        layout = fh._smem_layout(rows, headdim, t.dtype)
-        strides = [t.stride(0), t.stride(2), t.stride(1), 1]
-        return PlainDescriptor(t, [batch, heads, seqlen, headdim], strides, [1, 1, rows, headdim], layout)
+    def plain(t, rows):  # the record kernels/_launch.py passes (its block shape comes from the kernel)
+        return tma_view(t)
 
     def runtime_args(descs):
         sched = fh.list_args(None, lse, q.device, True)

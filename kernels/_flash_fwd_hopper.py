@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import INTERPRET, LOG2E, compute_capability, sched_slots_for, tile_program_ids
-from ._launch import CompiledLaunch
+from ._launch import CompiledLaunch, tma_view
 
 
 @gluon.jit
@@ -457,10 +457,10 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A (batch, heads, seqlen, headdim) TMA view of t (batch, seqlen, heads, headdim), read in blocks
     of `rows` tokens of one head: the descriptor's bounds give each head its own zero-filled tail (and
     clip a store's rows past the sequence)."""
-    batch, seqlen, heads, headdim = t.shape
-    strides = [t.stride(0), t.stride(2), t.stride(1), 1]
+    view = tma_view(t)  # (the same view the compiled launches pass: kernels/_launch.py)
+    headdim = t.shape[-1]
     layout = _smem_layout(rows, headdim, t.dtype)
-    return TensorDescriptor(t, [batch, heads, seqlen, headdim], strides, [1, 1, rows, headdim], layout)
+    return TensorDescriptor(t, view.shape, view.strides, [1, 1, rows, headdim], layout)
 
 
 @functools.cache

@@ -136,9 +136,12 @@ def fwd_bwd_results(fn, inputs, do) -> tuple:
     return out.detach(), lse.detach(), *(x.grad for x in leaves)
 
 
-def assert_compiled_launches_match_jit_ones(monkeypatch, launchers, run) -> None:
-    """run() once through Triton's JIT launches, then twice more with kernels/_launch.py's compiled
-    launches on: every launcher took its compiled path, and every result is bit-identical."""
+def assert_compiled_launches_match_jit_ones(monkeypatch, fn, inputs, do) -> None:
+    """fn(*inputs) -> (out, lse) with the loss <out, do>, once through Triton's JIT launches, then twice
+    more with kernels/_launch.py's compiled launches on: each Gluon kernel (forward, dq, dK/dV) took its
+    compiled path, and out, lse and every gradient are bit-identical."""
+    launchers = (fwd_hopper._launch_fwd, dq_hopper._launch_dq, dkdv_hopper._launch_dkdv)
+    run = lambda: fwd_bwd_results(fn, inputs, do)  # noqa: E731
     monkeypatch.setattr(_launch, "ENABLED", False)
     expected = run()
     monkeypatch.setattr(_launch, "ENABLED", True)
@@ -159,10 +162,7 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, bwd_ca
     k, v = (randn(1, 1500, 2, d, dtype=BF16, device="cuda") for _ in range(2))
     do = torch.randn_like(q)
     fn = lambda q, k, v: flash_attention(q, k, v, causal=causal, return_lse=True)  # noqa: E731
-    launchers = (fwd_hopper._launch_fwd, dq_hopper._launch_dq, dkdv_hopper._launch_dkdv)
-    assert_compiled_launches_match_jit_ones(
-        monkeypatch, launchers, lambda: fwd_bwd_results(fn, (q, k, v), do)
-    )
+    assert_compiled_launches_match_jit_ones(monkeypatch, fn, (q, k, v), do)
     assert bwd_calls[-2:] == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
 
 
