@@ -26,7 +26,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_profile, gpu_slug, host_profile, is_oom, markdown_table, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    device_gaps,
+    device_profile,
+    gpu_slug,
+    host_profile,
+    is_oom,
+    markdown_table,
+    write_results,
+)
 from flashtrain.gc_schedule import scheduled_gc  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
@@ -124,6 +132,7 @@ def bench_one(
     gc_every=50,
     attn_dropout=0.0,
     profile_top=12,
+    gap_steps=0,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -179,6 +188,8 @@ def bench_one(
             row.update(
                 {k: p[k] for k in ("wall_ms", "busy_ms", "kernels_per_step", "kernels_ms", "top_kernels_ms")}
             )
+        if gap_steps:  # where in the step the device idles (the host fell behind)
+            row["gaps"] = device_gaps(step, gap_steps)
         if host_profile_steps:  # when the device idles: the host functions that cost the most
             row["host_top"] = host_profile(step, host_profile_steps)
     tok_s = batch * seqlen * steps / elapsed
@@ -218,6 +229,8 @@ def main():
                         help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
     parser.add_argument("--profile-top", type=int, default=12, metavar="N",
                         help="with --profile: how many of the heaviest kernels each row lists")  # fmt: skip
+    parser.add_argument("--gaps", type=int, default=0, metavar="STEPS",
+                        help="then find where the device idles over STEPS steps (CUDA-only profiler)")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
                         help="then cProfile STEPS steps: the host functions with the most own time")  # fmt: skip
     parser.add_argument(
@@ -288,6 +301,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.gc_every,
             args.attn_dropout,
             args.profile_top,
+            args.gaps,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

@@ -104,6 +104,9 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             args += [tiles, counts, 4, 8, 16]
         else:
             args += [lse, lse, 1, 1, 1]
+        if getattr(cfg, "persistent", False):  # the forward's persistent variant: the grid it walks
+            jit = hopper._attn_fwd_hopper_persistent
+            args += [8, 4, 2]
         meta = dict(
             SPARSE=sparse, CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
             PRODUCER_REGS=cfg.producer_regs, num_warps=4,

@@ -34,8 +34,16 @@ from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402  (the GPU te
 LOG2E = 1.4426950408889634
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CONFIGS)
-    64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 128, 2, 4, 240), Cfg(64, 64, 2, 4, 240)],
-    128: [Cfg(64, 64, 2, 4, 240), Cfg(64, 128, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
+    64: [
+        Cfg(64, 128, 2, 3, 240),
+        Cfg(64, 128, 2, 3, 240, persistent=True),
+        Cfg(64, 64, 2, 4, 240, persistent=True),
+    ],
+    128: [
+        Cfg(64, 64, 2, 4, 240),
+        Cfg(64, 64, 2, 4, 240, persistent=True),
+        Cfg(64, 64, 2, 3, 240, persistent=True),
+    ],
     256: [Cfg(64, 32, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 32, 2, 4, 240), Cfg(64, 32, 2, 2, 240)],
 }
 
@@ -201,6 +209,7 @@ def speed(d, causal, seqlen, cfgs, packed=False):
     row["portable_ms"] = time_ms(lambda: portable(q, k, v, causal, scale))
     for cfg in cfgs:
         key = f"gluon_{cfg.block_m}x{cfg.block_n}_c{cfg.consumers}_s{cfg.stages}_r{cfg.consumer_regs}"
+        key += "_persistent" if cfg.persistent else ""
         try:
             row[key + "_ms"] = time_ms(
                 lambda cfg=cfg: _flash_fwd_hopper.flash_attn_forward_hopper(

@@ -128,6 +128,51 @@ def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None =
     }
 
 
+def device_gaps(fn: Callable[[], object], steps: int = 3, top: int = 15, min_us: float = 3.0) -> dict:
+    """Where the device idles inside fn: run it `steps` times under a CUDA-only profiler (no CPU events,
+    so the host runs at nearly its own speed), then walk the kernels in start order. A gap is time
+    between the end of all earlier work and the next kernel's start (>= min_us); it is charged to the
+    pair (kernel before, kernel after), the place in the step where the host fell behind. Returns the
+    wall and idle ms per step and the `top` pairs by idle ms per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    pairs: dict[str, list[float]] = {}
+    idle, end, before = 0.0, None, "(start)"
+    for e in kernels:
+        start, stop = e.time_range.start, e.time_range.end
+        if end is not None and start - end >= min_us:
+            key = f"{before[:60]} -> {e.name[:60]}"
+            pairs.setdefault(key, [0.0, 0])
+            pairs[key][0] += start - end
+            pairs[key][1] += 1
+            idle += start - end
+        if end is None or stop > end:
+            end, before = stop, e.name
+    ranked = sorted(pairs.items(), key=lambda kv: -kv[1][0])[:top]
+    first, last = kernels[0].time_range.start, max(e.time_range.end for e in kernels)
+    return {
+        "wall_ms": wall_ms,
+        "span_ms": (last - first) / 1e3 / steps,
+        "idle_ms": idle / 1e3 / steps,
+        "gaps_top": [
+            {"between": key, "idle_ms": round(us / 1e3 / steps, 3), "gaps_per_step": n / steps}
+            for key, (us, n) in ranked
+        ],
+    }
+
+
 def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> list[dict]:
     """cProfile of fn over `steps` calls (after one unprofiled call): the `top` Python functions by
     own time, per call of fn, with their cumulative time. For a step whose device idles (busy < wall

@@ -382,6 +382,14 @@ def tile_program_ids(sched_slots):
     nheads = tl.num_programs(1)
     n_groups = nheads * tl.num_programs(2)
     pid = tl.program_id(0) + n_tiles * (tl.program_id(1) + nheads * tl.program_id(2))
+    return tile_ids(pid, n_tiles, nheads, n_groups, sched_slots)
+
+
+@triton.jit
+def tile_ids(pid, n_tiles, nheads, n_groups, sched_slots):
+    """`tile_program_ids` of work item pid (0 .. n_tiles * n_groups - 1, in launch order) of n_tiles
+    tiles of each of n_groups (batch x nheads) heads: what a persistent program, which walks several
+    items, asks for each of them."""
     chunk = tl.minimum(tl.cdiv(4 * sched_slots, n_tiles), sched_slots // 4)  # heads per chunk
     chunk = tl.minimum(tl.maximum(chunk, 1), n_groups)
     first = (pid // (chunk * n_tiles)) * chunk  # first head (of batch x heads) of this program's chunk

@@ -61,7 +61,9 @@ def _producer(
         coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
         tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(c))
         tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(c))
-    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, SPARSE)
+    stream_kv(
+        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, 0, SPARSE
+    )
 
 
 @gluon.jit

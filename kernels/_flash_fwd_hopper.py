@@ -40,7 +40,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import INTERPRET, LOG2E, compute_capability, sched_slots_for, tile_program_ids
+from ._common import (
+    INTERPRET,
+    LOG2E,
+    compute_capability,
+    sched_slots_for,
+    sm_count,
+    tile_ids,
+    tile_program_ids,
+)
 from ._launch import CompiledLaunch, tma_view
 
 
@@ -57,7 +65,9 @@ def _producer(
         tma.async_copy_global_to_shared(
             q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(c), q_smem.index(c)
         )
-    stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, SPARSE)
+    stream_kv(
+        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, 0, SPARSE
+    )
 
 
 @gluon.jit
@@ -87,17 +97,19 @@ def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
 
 
 @gluon.jit
-def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles,
+def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0,
               SPARSE: gl.constexpr):  # fmt: skip
     """The K and V tiles of steps 0 .. n_kv - 1 (`key_tile`) of one key head into the ring of stages
-    (the producer's loop; the Hopper dq kernel streams K and V the same way)."""
+    (the producer's loop; the Hopper dq kernel streams K and V the same way). ring0: the ring position
+    of step 0 (0 for a program's only rows; a persistent program's later rows go on where the last
+    ones ended, so every stage's barrier phases stay in step)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     for i in range(n_kv):
-        stage = i % STAGES
+        stage = (ring0 + i) % STAGES
         start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N  # (a listed tile's load overlaps the wait)
         # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
-        mbarrier.wait(kv_empty.index(stage), ((i // STAGES) & 1) ^ 1)
+        mbarrier.wait(kv_empty.index(stage), (((ring0 + i) // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             k_desc, [off_b, off_hk, start_n, 0], k_ready.index(stage), k_smem.index(stage)
@@ -155,22 +167,22 @@ def masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N: gl.c
 @gluon.jit
 def _consumer_steps(
     acc, p, m_i, l_i, lo, hi, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
-    qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
+    qk_scale, ring0, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
     s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     """Steps i in [lo, hi): scores of tile i issued, then P @ V of tile i - 1 (whose p we hold) beside
-    tile i's softmax; tile i - 1's stage is released once its product is done."""
+    tile i's softmax; tile i - 1's stage is released once its product is done. ring0: as `stream_kv`'s."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     for i in range(lo, hi):
-        stage = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(k_ready.index(stage), (i // STAGES) & 1)
+        stage = (ring0 + i) % STAGES
+        prev = (ring0 + i - 1) % STAGES
+        mbarrier.wait(k_ready.index(stage), ((ring0 + i) // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // STAGES) & 1)
         p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
@@ -195,7 +207,28 @@ def _consumer(
     """One warpgroup: query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
     n_kv - 1 (`key_tile`); block-sparse, the first n_listed_masked of them need the element mask."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
-    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    first_row = m0 + WG * BLOCK_M
+    acc, m_i, l_i, rows = _attend_rows(
+        q_smem.index(WG), q_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv,
+        tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, CAUSAL, SPARSE,
+    )  # fmt: skip
+    out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
+    # out through this group's Q stage (no product reads it any more)
+    store_rows(out.to(q_smem.dtype), q_smem.index(WG), o_desc, [off_b, off_h, first_row, 0])
+
+
+@gluon.jit
+def _attend_rows(
+    q_buf, q_bar, q_phase, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv, tiles, n_listed_masked,
+    seqlen_q, seqlen_k, qk_scale, ring0, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """A warpgroup's BLOCK_M query rows from first_row (in shared memory q_buf (1, 1, BLOCK_M, HEAD_DIM)
+    once q_bar completes phase q_phase) against the key tiles of steps 0 .. n_kv - 1, whose stages start
+    at ring position ring0 (`stream_kv`): (acc, m_i, l_i, rows), the unnormalised output rows, their
+    running max and sum (base 2), and the rows' indices. Every stage of these steps has been handed back,
+    and every product that read q is done, when it returns."""
+    BLOCK_M: gl.constexpr = q_buf.shape[2]
+    HEAD_DIM: gl.constexpr = q_buf.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     STAGES: gl.constexpr = k_smem.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -205,15 +238,15 @@ def _consumer(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    first_row = m0 + WG * BLOCK_M
     rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
     diag = seqlen_k - seqlen_q
     n_masked = masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N, CAUSAL, SPARSE)
 
-    mbarrier.wait(q_ready.index(WG), 0)
-    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
-    mbarrier.wait(k_ready.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    mbarrier.wait(q_bar, q_phase)
+    q = q_buf.reshape([BLOCK_M, HEAD_DIM])
+    first = ring0 % STAGES
+    mbarrier.wait(k_ready.index(first), (ring0 // STAGES) & 1)
+    k_t = k_smem.index(first).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(
         q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True
     )
@@ -225,32 +258,43 @@ def _consumer(
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, 1, n_masked, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
-        seqlen_k, diag, qk_scale, CAUSAL, True, SPARSE, s_layout, o_layout,
+        seqlen_k, diag, qk_scale, ring0, CAUSAL, True, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, n_masked, n_kv, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
-        seqlen_k, diag, qk_scale, CAUSAL, False, SPARSE, s_layout, o_layout,
+        seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     # the last tile's P @ V
-    last = (n_kv - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
+    last = (ring0 + n_kv - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((ring0 + n_kv - 1) // STAGES) & 1)
     p_op = gl.convert_layout(p.to(q.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     gl.thread_barrier()
     mbarrier.arrive(kv_empty.index(last), count=1)
+    return acc, m_i, l_i, rows
 
-    # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0
+
+@gluon.jit
+def _finish_rows(
+    acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE: gl.constexpr
+):
+    """Stores the rows' lse and returns their output (acc / l, float32). Rows that saw no key: out = 0
+    (acc is 0) and lse = -inf, never 0/0."""
+    HEAD_DIM: gl.constexpr = acc.shape[1]
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
-    acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    acc = acc / gl.convert_layout(l_safe, o_rows)[:, None]
     lse = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
     if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
         lse = lse * 0.6931471805599453  # ln(2)
     lse_ptrs = LSE + off_b.to(gl.int64) * stride_lb + off_h * stride_lh + rows
     gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
-    # out through this group's Q stage (no product reads it any more)
-    store_rows(acc.to(q.dtype), q_smem.index(WG), o_desc, [off_b, off_h, first_row, 0])
+    return acc
 
 
 @gluon.jit
@@ -278,6 +322,13 @@ def row_program(
         pid_m = gl.program_id(0)
         off_h = gl.program_id(1)
         off_b = gl.program_id(2)
+    return _rows_at(pid_m, off_h, off_b, seqlen_q, seqlen_k, group, ROWS, BLOCK_N, CAUSAL)
+
+
+@gluon.jit
+def _rows_at(pid_m, off_h, off_b, seqlen_q, seqlen_k, group, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+             CAUSAL: gl.constexpr):  # fmt: skip
+    """`row_program` of query tile pid_m of head off_h of batch off_b."""
     off_hk = off_h // group  # (computed here, before m0: the dq kernel's build then matches its tested one)
     m0 = pid_m * ROWS
     n_kv = gl.cdiv(seqlen_k, BLOCK_N)
@@ -294,9 +345,17 @@ def listed_row_program(TILES, COUNTS, lay_heads, n_list_rows, list_len, group, R
     tile list). TILES (layout heads, n_list_rows, list_len) and COUNTS (layout heads, n_list_rows, 2)
     as `kernels._block_sparse_hopper.row_lists` builds them; lay_heads is 1 (shared) or nheads. The
     dK/dV kernel's key programs read `col_lists` the same way (rows of keys, key heads, group 1)."""
-    pid_m = gl.program_id(0)
-    off_h = gl.program_id(1)
-    off_b = gl.program_id(2)
+    return _listed_rows_at(
+        gl.program_id(0), gl.program_id(1), gl.program_id(2), TILES, COUNTS, lay_heads, n_list_rows, list_len,
+        group, ROWS,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _listed_rows_at(
+    pid_m, off_h, off_b, TILES, COUNTS, lay_heads, n_list_rows, list_len, group, ROWS: gl.constexpr
+):
+    """`listed_row_program` of query tile pid_m of head off_h of batch off_b."""
     off_hk = off_h // group
     row = (off_h % lay_heads) * n_list_rows + pid_m
     n_kv = gl.load(COUNTS + row * 2)
@@ -366,6 +425,161 @@ def _attn_fwd_hopper(
 
 
 # ---------------------------------------------------------------------------------------------------
+# persistent variant: one program per SM walks several row tiles
+# ---------------------------------------------------------------------------------------------------
+# A program of `_attn_fwd_hopper` holds a whole SM, so its fixed costs (the first Q and K loads, the
+# pipeline's fill and drain, the output's store) are paid in full by every 128-row tile; with few key
+# tiles per row tile (short causal sequences, sparse lists) they are a large share of the time. Here
+# each program walks the work items pid, pid + programs, ... of the same (row tiles, heads, batch) grid:
+# the producer loads the next item's Q (two buffers per consumer) and K/V tiles (the ring goes on)
+# while the consumers finish the current one, and the output leaves through its own buffer by a TMA
+# store that is waited for only when the next item's output needs that buffer.
+
+
+@gluon.jit
+def work_rows(
+    w, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
+    n_list_rows, list_len, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """`program_rows` of work item w: the program of the (n_row_tiles, nheads, n_batch) grid that would
+    have launched w-th (causal dense calls: in `tile_ids`' order)."""
+    if SPARSE:
+        pid_m = w % n_row_tiles
+        rest = w // n_row_tiles
+        return _listed_rows_at(
+            pid_m, rest % nheads, rest // nheads, TILES, COUNTS, lay_heads, n_list_rows, list_len, group, ROWS
+        )  # fmt: skip
+    else:
+        if CAUSAL:
+            tile, n_tiles, off_h, off_b = tile_ids(w, n_row_tiles, nheads, nheads * n_batch, sched_slots)
+            pid_m = n_tiles - 1 - tile  # the rows that see the most keys first
+        else:
+            pid_m = w % n_row_tiles
+            rest = w // n_row_tiles
+            off_h = rest % nheads
+            off_b = rest // nheads
+        m0, off_h, off_hk, off_b, n_kv = _rows_at(
+            pid_m, off_h, off_b, seqlen_q, seqlen_k, group, ROWS, BLOCK_N, CAUSAL
+        )
+        return m0, off_h, off_hk, off_b, n_kv, 0, TILES
+
+
+@gluon.jit
+def _persistent_producer(
+    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+    seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """One warp: per work item, each consumer's Q rows into the item's Q buffers (once the item two
+    before has let them go), then its K/V tiles into the ring, which goes on from the last item's."""
+    NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    n_items = n_row_tiles * nheads * n_batch
+    ring0 = 0
+    j = 0
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = work_rows(
+            w, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
+            n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+        )  # fmt: skip
+        for c in gl.static_range(NUM_CONSUMERS):
+            buf = (j % 2) * NUM_CONSUMERS + c
+            mbarrier.wait(q_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
+            mbarrier.expect(q_ready.index(buf), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(buf), q_smem.index(buf)
+            )
+        stream_kv(
+            k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
+        )  # fmt: skip
+        ring0 += n_kv
+        j += 1
+
+
+@gluon.jit
+def _persistent_consumer(
+    q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, o_desc, LSE, stride_lb,
+    stride_lh, seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows,
+    list_len, n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
+    work, item after item)."""
+    NUM_CONSUMERS: gl.constexpr = o_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    n_items = n_row_tiles * nheads * n_batch
+    ring0 = 0
+    j = 0
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = work_rows(
+            w, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
+            n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+        )  # fmt: skip
+        first_row = m0 + WG * BLOCK_M
+        buf = (j % 2) * NUM_CONSUMERS + WG
+        acc, m_i, l_i, rows = _attend_rows(
+            q_smem.index(buf), q_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready, v_ready, kv_empty,
+            first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, ring0, CAUSAL, SPARSE,
+        )  # fmt: skip
+        mbarrier.arrive(q_empty.index(buf), count=1)  # (_attend_rows' products that read Q are done)
+        out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
+        tma.store_wait(0)  # the last item's out has left this group's output buffer
+        gl.thread_barrier()
+        o_buf = o_smem.index(WG)
+        o_buf.reshape(out.shape).store(out.to(o_smem.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, first_row, 0], o_buf)
+        ring0 += n_kv
+        j += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_fwd_hopper_persistent(
+    q_desc, k_desc, v_desc, o_desc, LSE,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking the work items of
+    the (n_row_tiles, nheads, n_batch) grid from its program id on, a grid's size apart."""
+    q_smem = gl.allocate_shared_memory(
+        q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout
+    )
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2 * NUM_CONSUMERS):
+        mbarrier.init(q_ready.index(c), count=1)
+        mbarrier.init(q_empty.index(c), count=1)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
+
+    # (partition tuples written out in the call: see _attn_fwd_hopper)
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups (a third does not fit the registers)")
+    gl.warp_specialize(
+        [
+            (_persistent_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                                    o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
+                                    sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
+                                    nheads, n_batch, 0, CAUSAL, SPARSE)),
+            (_persistent_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                                    o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
+                                    sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
+                                    nheads, n_batch, 1, CAUSAL, SPARSE)),
+            (_persistent_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                    v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
+                                    lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL,
+                                    SPARSE)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
 # configs and launcher
 # ---------------------------------------------------------------------------------------------------
 
@@ -380,6 +594,7 @@ class HopperFwdConfig:
     stages: int  # K/V tiles in flight (shared memory: 2 * stages * block_n * headdim * 2 bytes)
     consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
     producer_regs: int = 24  # of the producer's warpgroup
+    persistent: bool = False  # `_attn_fwd_hopper_persistent`: one program per SM walks several row tiles
 
 
 # Per head dim. Register budget: consumers * 128 * consumer_regs + 128 * producer_regs <= 65536.
@@ -484,20 +699,24 @@ def flash_attn_forward_hopper(
     cfg = config or CONFIGS[headdim]
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # (B, Sq, H, D), contiguous
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    rows = cfg.block_m * cfg.consumers
-    grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
-    _launch_fwd(
-        grid,
-        ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)),
-        (lse, lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-         *list_args(lists, lse, q.device, causal)),
-        dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4),
+    grid = (triton.cdiv(seqlen_q, cfg.block_m * cfg.consumers), nheads, batch)
+    descriptors = ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m))
+    args = (lse, lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
+            *list_args(lists, lse, q.device, causal))  # fmt: skip
+    constexprs = dict(
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
+    if cfg.persistent:
+        items = grid[0] * grid[1] * grid[2]
+        _launch_fwd_persistent((min(items, sm_count(q.device)),), descriptors, (*args, *grid), constexprs)
+    else:
+        _launch_fwd(grid, descriptors, args, constexprs)
     return out, lse
 
 
 _launch_fwd = CompiledLaunch(_attn_fwd_hopper, descriptor)
+_launch_fwd_persistent = CompiledLaunch(_attn_fwd_hopper_persistent, descriptor)
 
 
 def list_args(lists, placeholder: torch.Tensor, device, causal: bool) -> tuple:

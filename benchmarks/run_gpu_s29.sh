@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 29). Each part is what one call ran; the outputs are in
+# benchmarks/results/s29_h200/.
+#   bash benchmarks/run_gpu_s29.sh 1   # where GPT-2 medium 1k's step goes with our attention against SDPA
+#       cuDNN (device busy against wall, the top kernels), the layer's attention kernels alone (ours,
+#       cuDNN, SDPA flash: b16 n1k h16 d64 causal), and the host functions of our step
+#   bash benchmarks/run_gpu_s29.sh 2   # (part 1, on an H100: ours and cuDNN 177.5k tokens/s, ours busy 89.6 of
+#       92.3 ms per step) where in the step the device idles (benchmarks.common.device_gaps), medium 1k and
+#       8k, ours and cuDNN
+#   bash benchmarks/run_gpu_s29.sh 3   # (part 2: at 1k ours idles 2.5 of 94 ms per profiled step, so the step
+#       is the device's) the forward's persistent variant: correctness on the edge shapes and speed against
+#       the row-tile kernel, the portable one and SDPA (dense, d64 and d128), then on block-sparse butterfly
+#       layouts at n16k against Flex (forward alone)
+source benchmarks/gpu_call.sh
+machine_info
+case "${1:?part 1}" in
+1)
+  for impl in triton sdpa_cudnn; do
+    timeout 200 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls $impl \
+      --profile 3 --profile-top 40 --out "$R/train_medium1k_profile_$impl.json" 2>&1 | quiet \
+      | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  done
+  timeout 120 python benchmarks/profile_attention.py --shape 16,1024,16,64,causal \
+    --impls triton sdpa_cudnn sdpa_flash --iters 20 --out "$R/profile_medium1k_layer.json" 2>&1 | quiet | tail -n 24
+  timeout 200 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton \
+    --host-profile 3 --out "$R/train_medium1k_host_profile.json" 2>&1 | quiet \
+    | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  ;;
+2)
+  for impl in triton sdpa_cudnn; do
+    for n in 1024 8192; do
+      timeout 200 python benchmarks/bench_train.py --models gpt2_medium --seqlens $n --impls $impl \
+        --gaps 3 --out "$R/train_medium${n}_gaps_$impl.json" 2>&1 | quiet \
+        | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+    done
+  done
+  ;;
+3)
+  HANG_S=420 timeout 450 python benchmarks/check_hopper_fwd.py --headdims 64 128 --out "$R/check_fwd_persistent.json" \
+    2>&1 | quiet | tee "$R/check_fwd_persistent.log" | grep -v "^ok" | tail -n 40
+  for d in 128 64; do
+    timeout 150 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim $d \
+      --out "$R/persistent_bs_d${d}_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
+  done
+  ;;
+esac
