@@ -91,6 +91,17 @@ def test_constexprs_reach_the_launcher_in_parameter_order_whatever_the_keyword_o
     assert run_args[-2:] == (False, 3)
 
 
+def test_a_shorter_grid_reaches_the_launcher_as_three_counts():
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    for _ in range(2):
+        launch((7,), ((a, 64), (b, 32)), (x, 32, 0.5), dict(FLAG=True, STAGES=2, num_warps=4))
+    assert kernel.jit_launches[0][0] == (7, 1, 1)
+    (run_args,) = kernel.compiled[0].launches
+    assert run_args[:3] == (7, 1, 1)
+
+
 def test_tma_view_is_the_batch_heads_seqlen_headdim_view():
     t = torch.empty(2, 5, 3, 8)  # (batch, seqlen, heads, headdim)
     view = tma_view(t)
