@@ -210,7 +210,7 @@ def _consumer(
     first_row = m0 + WG * BLOCK_M
     acc, m_i, l_i, rows = _attend_rows(
         q_smem.index(WG), q_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv,
-        tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, CAUSAL, SPARSE,
+        tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, q_ready.index(WG), False, CAUSAL, SPARSE, False,
     )  # fmt: skip
     out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
     # out through this group's Q stage (no product reads it any more)
@@ -220,13 +220,17 @@ def _consumer(
 @gluon.jit
 def _attend_rows(
     q_buf, q_bar, q_phase, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv, tiles, n_listed_masked,
-    seqlen_q, seqlen_k, qk_scale, ring0, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    seqlen_q, seqlen_k, qk_scale, ring0, prev_q_empty, release_prev, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    RELEASE: gl.constexpr,
 ):  # fmt: skip
     """A warpgroup's BLOCK_M query rows from first_row (in shared memory q_buf (1, 1, BLOCK_M, HEAD_DIM)
     once q_bar completes phase q_phase) against the key tiles of steps 0 .. n_kv - 1, whose stages start
     at ring position ring0 (`stream_kv`): (acc, m_i, l_i, rows), the unnormalised output rows, their
     running max and sum (base 2), and the rows' indices. Every stage of these steps has been handed back,
-    and every product that read q is done, when it returns."""
+    and every product that read q is done, when it returns.
+    RELEASE (the persistent kernel): once the first product is issued, wait for this warpgroup's last
+    TMA store (the previous item's out, stored through its Q buffer) and, if release_prev, hand that
+    buffer back on prev_q_empty; the store had the Q and K waits to finish in."""
     BLOCK_M: gl.constexpr = q_buf.shape[2]
     HEAD_DIM: gl.constexpr = q_buf.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -250,6 +254,11 @@ def _attend_rows(
     s = warpgroup_mma(
         q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True
     )
+    if RELEASE:
+        tma.store_wait(0)
+        gl.thread_barrier()
+        if release_prev:
+            mbarrier.arrive(prev_q_empty, count=1)
     s = warpgroup_mma_wait(0, deps=(s,))
     s = masked_scores(s, key_tile(tiles, 0, n_kv, SPARSE) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
@@ -429,11 +438,29 @@ def _attn_fwd_hopper(
 # ---------------------------------------------------------------------------------------------------
 # A program of `_attn_fwd_hopper` holds a whole SM, so its fixed costs (the first Q and K loads, the
 # pipeline's fill and drain, the output's store) are paid in full by every 128-row tile; with few key
-# tiles per row tile (short causal sequences, sparse lists) they are a large share of the time. Here
-# each program walks the work items pid, pid + programs, ... of the same (row tiles, heads, batch) grid:
-# the producer loads the next item's Q (two buffers per consumer) and K/V tiles (the ring goes on)
-# while the consumers finish the current one, and the output leaves through its own buffer by a TMA
-# store that is waited for only when the next item's output needs that buffer.
+# tiles per row tile (short sequences, sparse lists) they are a large share of the time. Here each
+# program walks several work items of the same (row tiles, heads, batch) grid (`my_items`): the producer
+# loads the next item's Q (two buffers per consumer) and K/V tiles (the ring goes on) while the consumers
+# finish the current one, and each item's out leaves through its Q buffer by a TMA store that the
+# consumer waits for only after issuing the next item's first product.
+
+
+@gluon.jit
+def my_items(n_items):
+    """(items, programs, program id): this program's share of n_items work items. Program p takes
+    item j * programs + p in even rounds j and j * programs + (programs - 1 - p) in odd ones: causal items
+    come heaviest first, so plain round-robin would give program 0 the heaviest of every round."""
+    programs = gl.num_programs(0)
+    pid = gl.program_id(0)
+    rounds = n_items // programs
+    last_slot = gl.where(rounds % 2 == 0, pid, programs - 1 - pid)
+    return rounds + (last_slot < n_items % programs).to(gl.int32), programs, pid
+
+
+@gluon.jit
+def item_of(j, programs, pid):
+    """The work item of this program's j-th turn (`my_items`)."""
+    return j * programs + gl.where(j % 2 == 0, pid, programs - 1 - pid)
 
 
 @gluon.jit
@@ -470,17 +497,17 @@ def _persistent_producer(
     seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """One warp: per work item, each consumer's Q rows into the item's Q buffers (once the item two
-    before has let them go), then its K/V tiles into the ring, which goes on from the last item's."""
+    """One warp: per work item, each consumer's Q rows into the item's Q buffers (once the consumers
+    have let the item two before go), then its K/V tiles into the ring, which goes on from the last
+    item's."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_items = n_row_tiles * nheads * n_batch
+    n_mine, programs, pid = my_items(n_row_tiles * nheads * n_batch)
     ring0 = 0
-    j = 0
-    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    for j in range(n_mine):
         m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = work_rows(
-            w, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
+            item_of(j, programs, pid), n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
             n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
         )  # fmt: skip
         for c in gl.static_range(NUM_CONSUMERS):
@@ -494,44 +521,40 @@ def _persistent_producer(
             k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
         )  # fmt: skip
         ring0 += n_kv
-        j += 1
 
 
 @gluon.jit
 def _persistent_consumer(
-    q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, o_desc, LSE, stride_lb,
-    stride_lh, seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows,
-    list_len, n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, o_desc, LSE, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
-    work, item after item)."""
-    NUM_CONSUMERS: gl.constexpr = o_smem.shape[0]
+    work, item after item); out through the item's Q buffer, which the next item hands back."""
+    NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_items = n_row_tiles * nheads * n_batch
+    n_mine, programs, pid = my_items(n_row_tiles * nheads * n_batch)
     ring0 = 0
-    j = 0
-    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    for j in range(n_mine):
         m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = work_rows(
-            w, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
-            n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+            item_of(j, programs, pid), n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group,
+            TILES, COUNTS, lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
         )  # fmt: skip
         first_row = m0 + WG * BLOCK_M
         buf = (j % 2) * NUM_CONSUMERS + WG
+        prev = ((j + 1) % 2) * NUM_CONSUMERS + WG
         acc, m_i, l_i, rows = _attend_rows(
             q_smem.index(buf), q_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready, v_ready, kv_empty,
-            first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, ring0, CAUSAL, SPARSE,
+            first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, ring0, q_empty.index(prev),
+            j > 0, CAUSAL, SPARSE, True,
         )  # fmt: skip
-        mbarrier.arrive(q_empty.index(buf), count=1)  # (_attend_rows' products that read Q are done)
         out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
-        tma.store_wait(0)  # the last item's out has left this group's output buffer
-        gl.thread_barrier()
-        o_buf = o_smem.index(WG)
-        o_buf.reshape(out.shape).store(out.to(o_smem.dtype))
+        q_buf = q_smem.index(buf)  # (every product that read these Q rows is done)
+        q_buf.reshape(out.shape).store(out.to(q_smem.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, first_row, 0], o_buf)
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, first_row, 0], q_buf)
         ring0 += n_kv
-        j += 1
     tma.store_wait(0)
 
 
@@ -544,12 +567,11 @@ def _attn_fwd_hopper_persistent(
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking the work items of
-    the (n_row_tiles, nheads, n_batch) grid from its program id on, a grid's size apart."""
+    """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
+    work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
     q_smem = gl.allocate_shared_memory(
         q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout
     )
-    o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(2 * NUM_CONSUMERS):
@@ -561,11 +583,11 @@ def _attn_fwd_hopper_persistent(
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups (a third does not fit the registers)")
     gl.warp_specialize(
         [
-            (_persistent_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+            (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
                                     nheads, n_batch, 0, CAUSAL, SPARSE)),
-            (_persistent_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+            (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
                                     nheads, n_batch, 1, CAUSAL, SPARSE)),
