@@ -11,6 +11,9 @@
 #       is the device's) the forward's persistent variant: correctness on the edge shapes and speed against
 #       the row-tile kernel, the portable one and SDPA (dense, d64 and d128), then on block-sparse butterfly
 #       layouts at n16k against Flex (forward alone)
+#   bash benchmarks/run_gpu_s29.sh 4   # (part 3, on an H100: d64 and d128 with 3 stages correct, d128 with 4
+#       stages wrong (its separate output buffers took 230 KB); long causal calls slower than the row-tile
+#       kernel) out through the Q buffers (d128 with 4 stages fits), items in snake order; part 3 again
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -40,6 +43,14 @@ case "${1:?part 1}" in
     2>&1 | quiet | tee "$R/check_fwd_persistent.log" | grep -v "^ok" | tail -n 40
   for d in 128 64; do
     timeout 150 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim $d \
+      --out "$R/persistent_bs_d${d}_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
+  done
+  ;;
+4)
+  HANG_S=330 timeout 340 python benchmarks/check_hopper_fwd.py --headdims 64 128 --out "$R/check_fwd_persistent.json" \
+    2>&1 | quiet | tee "$R/check_fwd_persistent.log" | grep -v "^FAIL.*shape" | tail -n 40
+  for d in 128 64; do
+    timeout 110 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim $d \
       --out "$R/persistent_bs_d${d}_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
   done
   ;;
