@@ -14,6 +14,9 @@
 #   bash benchmarks/run_gpu_s29.sh 4   # (part 3, on an H100: d64 and d128 with 3 stages correct, d128 with 4
 #       stages wrong (its separate output buffers took 230 KB); long causal calls slower than the row-tile
 #       kernel) out through the Q buffers (d128 with 4 stages fits), items in snake order; part 3 again
+#   bash benchmarks/run_gpu_s29.sh 5   # (part 4: every config correct; the block-sparse part ran out of its
+#       time) with the persistent variant dispatched (full calls, causal up to 4k): the forward's GPU
+#       tests, then block-sparse d128 n16k forward, persistent against row-tile and Flex
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -53,5 +56,11 @@ case "${1:?part 1}" in
     timeout 110 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim $d \
       --out "$R/persistent_bs_d${d}_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
   done
+  ;;
+5)
+  timeout -s INT 260 python -m pytest -q -n 8 -m gpu tests/kernels/test_flash_fwd_hopper.py -rf \
+    > "$R/gpu_tests_fwd.log" 2>&1; tail -n 5 "$R/gpu_tests_fwd.log"
+  timeout 230 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim 128 \
+    --out "$R/persistent_bs_d128_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
   ;;
 esac

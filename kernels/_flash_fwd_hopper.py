@@ -23,6 +23,7 @@ tiles, and stores lse in natural log (`kernels._block_sparse_hopper` builds the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -629,19 +630,38 @@ CONFIGS = {
     256: HopperFwdConfig(block_m=64, block_n=32, consumers=2, stages=3, consumer_regs=240),
 }
 
+# The persistent variant's configs: the row-tile kernel's tiles and stages (at d128 its four stages fit
+# because each item's out leaves through its Q buffer). Forward alone on one H100 (bf16, batch x seqlen =
+# 16k tokens, TFLOP/s persistent / row-tile / portable; benchmarks/NOTES_attention.md "Persistent
+# forward"): d64 causal 316 / 236 / 288 at 1k, 405 / 394 / 403 at 4k, 430 / 447 / 465 at 16k; d64 full
+# 418 / 347 / 374 (1k), 451 / 422 / 424 (4k), 465 / 454 / 444 (16k); d128 causal 409 / 334 (1k),
+# 527 / 499 (4k), 546 / 551 (16k); d128 full 550 / 490 (1k), 571 / 560 (4k), 580 / 537 (16k).
+PERSISTENT_CONFIGS = {d: dataclasses.replace(CONFIGS[d], persistent=True) for d in (64, 128)}
+
+
+def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
+    """The persistent variant for full calls and for causal calls of up to 4k queries, where it measured
+    faster; longer causal calls take the row-tile kernel, which spreads their uneven tiles better."""
+    if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):
+        return PERSISTENT_CONFIGS[headdim]
+    return CONFIGS[headdim]
+
+
 # FLASHTRAIN_HOPPER_FWD=0 sends every call to the portable forward (A/B measurements, a safety valve)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_FWD", "1") != "0"
 
 
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
-    """Where this kernel beat the portable one, forward alone on one H200 (bf16, batch x seqlen = 16k
-    tokens, benchmarks/NOTES_attention.md "Gluon forward", "Head dim 256"): head dims 128 and 256 at
-    every length measured (1k-16k, causal and full: 1.13-1.28x and 1.26-1.31x); head dim 64 only causal
-    from 4k queries (1.01-1.03x; full 0.99-1.00x, 1k 0.82-0.92x). Shorter calls keep the portable
-    kernel, which was not measured against this one there."""
-    if headdim in (128, 256):
+    """Where these kernels (`config_for`'s choice) beat the portable one, forward alone (bf16, batch x
+    seqlen = 16k tokens, benchmarks/NOTES_attention.md "Gluon forward", "Head dim 256", "Persistent
+    forward"): head dims 128 and 256 at every length measured (1k-16k, causal and full: 1.13-1.28x and
+    1.26-1.31x on an H200); head dim 64 from 1k (the row-tile kernel had lost there, 0.82-0.92x, and
+    with full attention everywhere; the persistent variant: 1.06-1.12x full, 1.10x causal at 1k, level
+    at 4k on an H100; the row-tile kernel causal from 8k, 1.01-1.03x on an H200). Shorter calls keep
+    the portable kernel, which was not measured against these there."""
+    if headdim in (64, 128, 256):
         return seqlen_q >= 1024
-    return headdim == 64 and causal and seqlen_q >= 4096
+    return False
 
 
 def eligible(
@@ -713,12 +733,12 @@ def flash_attn_forward_hopper(
     q, k, v, *, sm_scale: float, causal: bool, config: HopperFwdConfig | None = None, lists=None
 ):
     """(out, base-2 lse (B, H, Sq)) as `_flash_fwd.flash_attn_forward` returns them; the caller checked
-    `supports`. config: None takes CONFIGS[headdim]. lists: a block-sparse call's (tiles, counts)
+    `supports`. config: None takes `config_for`'s. lists: a block-sparse call's (tiles, counts)
     (`kernels._block_sparse_hopper.row_lists`, for this config's rows and key tiles); lse is then in
     natural log."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    cfg = config or CONFIGS[headdim]
+    cfg = config or config_for(headdim, seqlen_q, causal)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # (B, Sq, H, D), contiguous
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(seqlen_q, cfg.block_m * cfg.consumers), nheads, batch)

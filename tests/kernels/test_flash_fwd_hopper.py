@@ -9,6 +9,7 @@ the GPU-marked tests run it in bf16 and fp16 on shapes that reach every edge of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -87,9 +88,10 @@ PLAIN = dict(
         (dict(dtype=F16), True),
         (dict(seqlen_q=1024, seqlen_k=77), True),
         (dict(seqlen_q=1000), False),  # shorter than measured
-        (dict(headdim=64), False),  # d64 full: not faster
-        (dict(headdim=64, win_right=0), True),  # d64 causal from 4k
-        (dict(headdim=64, win_right=0, seqlen_q=2048), False),
+        (dict(headdim=64), True),  # d64 from 1k (the persistent variant up to 4k causal)
+        (dict(headdim=64, win_right=0), True),
+        (dict(headdim=64, win_right=0, seqlen_q=1024), True),
+        (dict(headdim=64, seqlen_q=1000), False),
         (dict(headdim=96), False),  # no config
         (dict(headdim=256), True),
         (dict(headdim=256, win_right=0, seqlen_q=1000), False),
@@ -107,6 +109,25 @@ PLAIN = dict(
 )
 def test_which_calls_take_the_hopper_forward(change, takes):
     assert hopper.eligible(**{**PLAIN, **change}) is takes
+
+
+@pytest.mark.parametrize(
+    "headdim, seqlen_q, causal, persistent",
+    [
+        (64, 1024, True, True),
+        (64, 4096, True, True),
+        (64, 8192, True, False),  # long causal calls: the row-tile kernel
+        (64, 16384, False, True),
+        (128, 1024, True, True),
+        (128, 16384, True, False),
+        (128, 16384, False, True),
+        (256, 1024, False, False),  # no persistent config at d256
+    ],
+)
+def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, persistent):
+    cfg = hopper.config_for(headdim, seqlen_q, causal)
+    assert cfg.persistent is persistent
+    assert dataclasses.replace(cfg, persistent=False) == hopper.CONFIGS[headdim]  # same tiles and stages
 
 
 def test_cpu_tensors_never_take_it():
@@ -195,6 +216,34 @@ def test_gpu_kernel_matches_reference(case, headdim, dtype):
     assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), dtype)
 
 
+@over_edges(hopper.PERSISTENT_CONFIGS)
+def test_gpu_persistent_variant_matches_reference(case, headdim, dtype):
+    """Each program walks several work items here whenever the grid has more than one program per SM
+    (the 4k case), and fewer items than SMs elsewhere."""
+    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
+    cfg = hopper.PERSISTENT_CONFIGS[headdim]
+    out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=headdim**-0.5, causal=causal, config=cfg)
+    ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref64, ref_lp, dtype)
+    assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), dtype)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_persistent_variant_walks_many_items_per_program():
+    """256 heads of 1k queries: 2048 row tiles for ~132 programs, causal (snake order) and full."""
+    torch.manual_seed(11)
+    for causal in (True, False):
+        q, k, v = (randn(2, 1024, 128, 64, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3))
+        cfg = hopper.PERSISTENT_CONFIGS[64]
+        out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=0.125, causal=causal, config=cfg)
+        ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+        ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
+        assert_close_rule("out", out, ref64, ref_lp, BF16)
+        assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), BF16)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
@@ -239,7 +288,6 @@ def test_gpu_other_calls_keep_the_portable_kernel(monkeypatch):
         hopper, "flash_attn_forward_hopper", lambda *a, **kw: pytest.fail("took the Hopper path")
     )
     q = torch.randn(1, 4096, 2, 64, device="cuda", dtype=BF16)
-    flash_attention(q, q, q)  # d64 full
     flash_attention(q, q, q, causal=True, window=(256, 0))
     flash_attention(q, q, q, causal=True, dropout_p=0.1)
-    flash_attention(q[:, :1000], q[:, :1000], q[:, :1000], causal=True)  # shorter than 4k at d64
+    flash_attention(q[:, :1000], q[:, :1000], q[:, :1000], causal=True)  # shorter than 1k
