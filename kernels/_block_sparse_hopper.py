@@ -46,14 +46,18 @@ BACKWARD_ENABLED = _SETTING != "fwd"
 # 64) walks each list. d128's are the dense path's. At d64 the forward's is the dense path's and the dq
 # and dK/dV ones were the best of session 25's dense trials (there the dense d64 backward kept the
 # portable kernels: 0.94-1.00x); walking lists, fwd+bwd measured 1.03-1.07x the portable kernels at n16k
-# for densities 10-45% (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*).
+# for densities 10-45% (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). At d128 the forward
+# is the persistent variant, whose programs each walk several query tiles' lists: forward alone at n16k
+# on one H200, replayed from CUDA graphs, 0.080 against 0.099 ms at 0.8% density and 0.124 against
+# 0.150 at 2.3%, within +-5% of the row-tile kernel from 4.7% to 45%, outputs bitwise equal
+# (results/s29_h200/call6/persistent_bs_d128_n16k.json).
 CONFIGS = {
     64: (
         fwd_hopper.CONFIGS[64],
         dq_hopper.HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=3, consumer_regs=240),
     ),
-    128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
+    128: (fwd_hopper.PERSISTENT_CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
 }
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
