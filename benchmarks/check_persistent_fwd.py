@@ -35,8 +35,8 @@ def main() -> None:
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     configs = _block_sparse_hopper.CONFIGS[d]
     variants = {
-        "rowtile": configs,
-        "persistent": (dataclasses.replace(configs[0], persistent=True), *configs[1:]),
+        name: (dataclasses.replace(configs[0], persistent=persistent), *configs[1:])
+        for name, persistent in (("rowtile", False), ("persistent", True))
     }
     rows = []
     for cfg, layout in butterfly_points(n):

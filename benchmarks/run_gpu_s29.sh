@@ -17,6 +17,10 @@
 #   bash benchmarks/run_gpu_s29.sh 5   # (part 4: every config correct; the block-sparse part ran out of its
 #       time) with the persistent variant dispatched (full calls, causal up to 4k): the forward's GPU
 #       tests, then block-sparse d128 n16k forward, persistent against row-tile and Flex
+#   bash benchmarks/run_gpu_s29.sh 6   # (part 5, one H200: 127 forward GPU tests passed; block-sparse d128
+#       forward 0.80-0.83x the row-tile time at 0.8-2.3% density) with the block-sparse d128 forward on the
+#       persistent variant: the block-sparse GPU tests, GPT-2 medium 1k (ours now with the persistent d64
+#       forward, and SDPA cuDNN), block-sparse d64 n16k forward
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -62,5 +66,13 @@ case "${1:?part 1}" in
     > "$R/gpu_tests_fwd.log" 2>&1; tail -n 5 "$R/gpu_tests_fwd.log"
   timeout 230 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim 128 \
     --out "$R/persistent_bs_d128_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
+  ;;
+6)
+  timeout -s INT 200 python -m pytest -q -n 8 -m gpu tests/kernels/test_block_sparse_hopper.py -rf \
+    > "$R/gpu_tests_block_sparse.log" 2>&1; tail -n 5 "$R/gpu_tests_block_sparse.log"
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton,sdpa_cudnn \
+    --out "$R/train_medium1k.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  timeout 200 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim 64 \
+    --out "$R/persistent_bs_d64_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
   ;;
 esac
