@@ -21,6 +21,10 @@
 #       forward 0.80-0.83x the row-tile time at 0.8-2.3% density) with the block-sparse d128 forward on the
 #       persistent variant: the block-sparse GPU tests, GPT-2 medium 1k (ours now with the persistent d64
 #       forward, and SDPA cuDNN), block-sparse d64 n16k forward
+#   bash benchmarks/run_gpu_s29.sh 7   # (part 6: block-sparse GPU tests 167 passed, 1 failed (the compiled-launch
+#       test counted the row-tile forward's launches only); GPT-2 medium 1k ours 183.8k tokens/s against
+#       cuDNN's 195.4k, below session 23's 189k) GPT-2 medium 1k with the Hopper forward off (portable, as
+#       before this session at d64 1k) and on, twice, alternating, with the step's top kernels
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -74,5 +78,16 @@ case "${1:?part 1}" in
     --out "$R/train_medium1k.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   timeout 200 python benchmarks/check_persistent_fwd.py --seqlen 16384 --headdim 64 \
     --out "$R/persistent_bs_d64_n16k.json" 2>&1 | quiet | tee -a "$R/persistent_bs.log" | grep "^n"
+  ;;
+7)
+  for run in 1 2; do
+    for hopper in 0 1; do
+      FLASHTRAIN_HOPPER_FWD=$hopper timeout 130 python benchmarks/bench_train.py --models gpt2_medium \
+        --seqlens 1024 --impls triton --profile 2 --profile-top 12 --out "$R/train_medium1k_hopper_fwd_${hopper}_run$run.json" \
+        2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+    done
+  done
+  timeout -s INT 100 python -m pytest -q -n 4 -m gpu tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_flash_bwd_hopper.py -k compiled_launches -rf 2>&1 | tail -n 3
   ;;
 esac
