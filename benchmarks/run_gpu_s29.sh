@@ -25,6 +25,8 @@
 #       test counted the row-tile forward's launches only); GPT-2 medium 1k ours 183.8k tokens/s against
 #       cuDNN's 195.4k, below session 23's 189k) GPT-2 medium 1k with the Hopper forward off (portable, as
 #       before this session at d64 1k) and on, twice, alternating, with the step's top kernels
+#   bash benchmarks/run_gpu_s29.sh 8   # (part 7: 192.5k/192.7k tokens/s off, 194.9k/192.7k on; the compiled-
+#       launch tests passed) fwd and fwd+bwd at d64 and d128, 1k and 4k, against the anchors
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -89,5 +91,9 @@ case "${1:?part 1}" in
   done
   timeout -s INT 100 python -m pytest -q -n 4 -m gpu tests/kernels/test_block_sparse_hopper.py \
     tests/kernels/test_flash_bwd_hopper.py -k compiled_launches -rf 2>&1 | tail -n 3
+  ;;
+8)
+  timeout 330 python benchmarks/bench_attention.py --headdims 64 128 --seqlens 1024 4096 \
+    --impls sdpa_flash sdpa_cudnn flex triton --out "$R/attention_n1k_n4k.json" 2>&1 | quiet | tail -n 40
   ;;
 esac
