@@ -27,6 +27,8 @@
 #       before this session at d64 1k) and on, twice, alternating, with the step's top kernels
 #   bash benchmarks/run_gpu_s29.sh 8   # (part 7: 192.5k/192.7k tokens/s off, 194.9k/192.7k on; the compiled-
 #       launch tests passed) fwd and fwd+bwd at d64 and d128, 1k and 4k, against the anchors
+#   bash benchmarks/run_gpu_s29.sh 9   # (part 8: d128 n1k causal fwd+bwd 209 TFLOP/s eager, 0.82x Flex, where
+#       session 28 had 272) that row again, twice, eager and replayed from CUDA graphs
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -95,5 +97,11 @@ case "${1:?part 1}" in
 8)
   timeout 330 python benchmarks/bench_attention.py --headdims 64 128 --seqlens 1024 4096 \
     --impls sdpa_flash sdpa_cudnn flex triton --out "$R/attention_n1k_n4k.json" 2>&1 | quiet | tail -n 40
+  ;;
+9)
+  for run in 1 2; do
+    timeout 130 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 --causal causal --graphs \
+      --impls sdpa_flash flex triton --out "$R/attention_d128_n1k_causal_run$run.json" 2>&1 | quiet | tail -n 4
+  done
   ;;
 esac
