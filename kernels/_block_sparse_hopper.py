@@ -50,7 +50,7 @@ BACKWARD_ENABLED = _SETTING != "fwd"
 # is the persistent variant, whose programs each walk several query tiles' lists: forward alone at n16k
 # on one H200, replayed from CUDA graphs, 0.080 against 0.099 ms at 0.8% density and 0.124 against
 # 0.150 at 2.3%, within +-5% of the row-tile kernel from 4.7% to 45%, outputs bitwise equal
-# (results/s29_h200/call6/persistent_bs_d128_n16k.json).
+# (results/s29/call6/persistent_bs_d128_n16k.json).
 CONFIGS = {
     64: (
         fwd_hopper.CONFIGS[64],
