@@ -459,18 +459,15 @@ def my_items(n_items):
 
 
 @gluon.jit
-def item_of(j, programs, pid):
-    """The work item of this program's j-th turn (`my_items`)."""
-    return j * programs + gl.where(j % 2 == 0, pid, programs - 1 - pid)
-
-
-@gluon.jit
 def work_rows(
-    w, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
-    n_list_rows, list_len, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
+    lay_heads, n_list_rows, list_len, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+    SPARSE: gl.constexpr,
 ):  # fmt: skip
-    """`program_rows` of work item w: the program of the (n_row_tiles, nheads, n_batch) grid that would
-    have launched w-th (causal dense calls: in `tile_ids`' order)."""
+    """`program_rows` of this program's j-th work item (`my_items`' order; producer and consumers walk
+    the same items through it): item w is the program of the (n_row_tiles, nheads, n_batch) grid that
+    would have launched w-th (causal dense calls: in `tile_ids`' order)."""
+    w = j * programs + gl.where(j % 2 == 0, pid, programs - 1 - pid)
     if SPARSE:
         pid_m = w % n_row_tiles
         rest = w // n_row_tiles
@@ -508,8 +505,8 @@ def _persistent_producer(
     ring0 = 0
     for j in range(n_mine):
         m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = work_rows(
-            item_of(j, programs, pid), n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS, lay_heads,
-            n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+            j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
+            lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
         )  # fmt: skip
         for c in gl.static_range(NUM_CONSUMERS):
             buf = (j % 2) * NUM_CONSUMERS + c
@@ -539,8 +536,8 @@ def _persistent_consumer(
     ring0 = 0
     for j in range(n_mine):
         m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = work_rows(
-            item_of(j, programs, pid), n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group,
-            TILES, COUNTS, lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+            j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
+            lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
         )  # fmt: skip
         first_row = m0 + WG * BLOCK_M
         buf = (j % 2) * NUM_CONSUMERS + WG

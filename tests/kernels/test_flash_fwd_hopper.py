@@ -205,15 +205,22 @@ def edge_inputs(case, headdim, dtype):
     return q, k, v, torch.randn_like(q), causal
 
 
+def assert_forward_matches(q, k, v, causal, config=None):
+    """The Hopper forward with config (None: `config_for`'s) against the float64 reference, out and lse,
+    by the tolerance rule."""
+    out, lse2 = hopper.flash_attn_forward_hopper(
+        q, k, v, sm_scale=q.shape[-1] ** -0.5, causal=causal, config=config
+    )
+    ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref64, ref_lp, q.dtype)
+    assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), q.dtype)
+
+
 @over_edges(hopper.CONFIGS)
 def test_gpu_kernel_matches_reference(case, headdim, dtype):
     q, k, v, _, causal = edge_inputs(case, headdim, dtype)
-    scale = headdim**-0.5
-    out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=scale, causal=causal)
-    ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
-    ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
-    assert_close_rule("out", out, ref64, ref_lp, dtype)
-    assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), dtype)
+    assert_forward_matches(q, k, v, causal, hopper.CONFIGS[headdim])
 
 
 @over_edges(hopper.PERSISTENT_CONFIGS)
@@ -221,12 +228,7 @@ def test_gpu_persistent_variant_matches_reference(case, headdim, dtype):
     """Each program walks several work items here whenever the grid has more than one program per SM
     (the 4k case), and fewer items than SMs elsewhere."""
     q, k, v, _, causal = edge_inputs(case, headdim, dtype)
-    cfg = hopper.PERSISTENT_CONFIGS[headdim]
-    out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=headdim**-0.5, causal=causal, config=cfg)
-    ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
-    ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
-    assert_close_rule("out", out, ref64, ref_lp, dtype)
-    assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), dtype)
+    assert_forward_matches(q, k, v, causal, hopper.PERSISTENT_CONFIGS[headdim])
 
 
 @pytest.mark.gpu
@@ -236,12 +238,7 @@ def test_gpu_persistent_variant_walks_many_items_per_program():
     torch.manual_seed(11)
     for causal in (True, False):
         q, k, v = (randn(2, 1024, 128, 64, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3))
-        cfg = hopper.PERSISTENT_CONFIGS[64]
-        out, lse2 = hopper.flash_attn_forward_hopper(q, k, v, sm_scale=0.125, causal=causal, config=cfg)
-        ref64, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
-        ref_lp, lse_lp = attention_reference(q, k, v, causal=causal, return_lse=True)
-        assert_close_rule("out", out, ref64, ref_lp, BF16)
-        assert_close_rule("lse", lse_to_natural(lse2), lse64, lse_lp.float(), BF16)
+        assert_forward_matches(q, k, v, causal, hopper.PERSISTENT_CONFIGS[64])
 
 
 @pytest.mark.gpu
