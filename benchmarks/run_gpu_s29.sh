@@ -30,6 +30,8 @@
 #       launch tests passed) fwd and fwd+bwd at d64 and d128, 1k and 4k, against the anchors
 #   bash benchmarks/run_gpu_s29.sh 9   # (part 8: d128 n1k causal fwd+bwd 209 TFLOP/s eager, 0.82x Flex, where
 #       session 28 had 272) that row again, twice, eager and replayed from CUDA graphs
+#   bash benchmarks/run_gpu_s29.sh 10   # the session's final tree: the Hopper forward, backward and
+#       block-sparse GPU tests
 source benchmarks/gpu_call.sh
 machine_info
 case "${1:?part 1}" in
@@ -104,5 +106,10 @@ case "${1:?part 1}" in
     timeout 130 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 --causal causal --graphs \
       --impls sdpa_flash flex triton --out "$R/attention_d128_n1k_causal_run$run.json" 2>&1 | quiet | tail -n 4
   done
+  ;;
+10)
+  timeout -s INT 400 python -m pytest -q -n 8 -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_flash_bwd_hopper.py tests/kernels/test_block_sparse_hopper.py -rf \
+    > "$R/gpu_tests_hopper_final.log" 2>&1; tail -n 5 "$R/gpu_tests_hopper_final.log"
   ;;
 esac
