@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls on one GPU (session 29). Each part is what one call ran; the outputs are in
 # benchmarks/results/s29/callN/ (call1-call5 on an H100: parts 1, 2, 3, 3 again, 4; call6-call10 on an
-# H200: parts 5 to 9; each call's machine.txt names its GPU).
+# H200: parts 5 to 9; call11 on an H100: part 10; each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s29.sh 1   # where GPT-2 medium 1k's step goes with our attention against SDPA
 #       cuDNN (device busy against wall, the top kernels), the layer's attention kernels alone (ours,
 #       cuDNN, SDPA flash: b16 n1k h16 d64 causal), and the host functions of our step
