@@ -144,24 +144,14 @@ def device_gaps(fn: Callable[[], object], steps: int = 3, top: int = 15, min_us:
             fn()
         torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-        key=lambda e: e.time_range.start,
-    )
-    pairs: dict[str, list[float]] = {}
-    idle, end, before = 0.0, None, "(start)"
-    for e in kernels:
-        start, stop = e.time_range.start, e.time_range.end
-        if end is not None and start - end >= min_us:
-            key = f"{before[:60]} -> {e.name[:60]}"
-            pairs.setdefault(key, [0.0, 0])
-            pairs[key][0] += start - end
-            pairs[key][1] += 1
-            idle += start - end
-        if end is None or stop > end:
-            end, before = stop, e.name
+    kernels = [
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    idle, pairs = idle_gaps(kernels, min_us)
     ranked = sorted(pairs.items(), key=lambda kv: -kv[1][0])[:top]
-    first, last = kernels[0].time_range.start, max(e.time_range.end for e in kernels)
+    first, last = min(k[1] for k in kernels), max(k[2] for k in kernels)
     return {
         "wall_ms": wall_ms,
         "span_ms": (last - first) / 1e3 / steps,
@@ -171,6 +161,24 @@ def device_gaps(fn: Callable[[], object], steps: int = 3, top: int = 15, min_us:
             for key, (us, n) in ranked
         ],
     }
+
+
+def idle_gaps(kernels: list[tuple[str, float, float]], min_us: float = 3.0) -> tuple[float, dict]:
+    """(idle us, {"before -> after": [idle us, gaps]}) of (name, start us, end us) intervals on any
+    streams: a gap is time between the end of all earlier work and the next start (>= min_us), charged
+    to the kernel that ended last before it and the one that starts it."""
+    pairs: dict[str, list[float]] = {}
+    idle, end, before = 0.0, None, "(start)"
+    for name, start, stop in sorted(kernels, key=lambda k: k[1]):
+        if end is not None and start - end >= min_us:
+            key = f"{before[:60]} -> {name[:60]}"
+            pairs.setdefault(key, [0.0, 0])
+            pairs[key][0] += start - end
+            pairs[key][1] += 1
+            idle += start - end
+        if end is None or stop > end:
+            end, before = stop, name
+    return idle, pairs
 
 
 def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> list[dict]:
