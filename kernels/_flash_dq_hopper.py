@@ -182,7 +182,7 @@ def _consumer(
     mbarrier.arrive(kv_empty.index(last), count=1)
     # dq through this group's Q stage (no product reads it any more)
     fwd_hopper.store_rows(
-        (dq * sm_scale).to(q.dtype), q_smem.index(WG), dq_desc, [off_b, off_h, first_row, 0]
+        (dq * sm_scale).to(q.dtype), q_smem.index(WG), dq_desc, [off_b, off_h, first_row, 0], True
     )
 
 

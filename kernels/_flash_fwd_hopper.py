@@ -215,7 +215,7 @@ def _consumer(
     )  # fmt: skip
     out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
     # out through this group's Q stage (no product reads it any more)
-    store_rows(out.to(q_smem.dtype), q_smem.index(WG), o_desc, [off_b, off_h, first_row, 0])
+    store_rows(out.to(q_smem.dtype), q_smem.index(WG), o_desc, [off_b, off_h, first_row, 0], True)
 
 
 @gluon.jit
@@ -308,14 +308,16 @@ def _finish_rows(
 
 
 @gluon.jit
-def store_rows(value, smem, desc, coord):
+def store_rows(value, smem, desc, coord, WAIT: gl.constexpr):
     """value (BLOCK_M, HEAD_DIM) to global memory at coord through smem (a free (1, 1, BLOCK_M,
     HEAD_DIM) buffer) and a TMA store, which clips the rows past the sequence (the forward's out, the dq
-    kernel's dq)."""
+    kernel's dq). WAIT: return once the store has read smem (else the caller waits before reusing it,
+    as the persistent forward does)."""
     smem.reshape(value.shape).store(value)
     fence_async_shared()
     tma.async_copy_shared_to_global(desc, coord, smem)
-    tma.store_wait(0)
+    if WAIT:
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -454,8 +456,14 @@ def my_items(n_items):
     programs = gl.num_programs(0)
     pid = gl.program_id(0)
     rounds = n_items // programs
-    last_slot = gl.where(rounds % 2 == 0, pid, programs - 1 - pid)
+    last_slot = _snake_slot(rounds, programs, pid)
     return rounds + (last_slot < n_items % programs).to(gl.int32), programs, pid
+
+
+@gluon.jit
+def _snake_slot(j, programs, pid):
+    """This program's place in round j of `my_items`' order."""
+    return gl.where(j % 2 == 0, pid, programs - 1 - pid)
 
 
 @gluon.jit
@@ -467,22 +475,20 @@ def work_rows(
     """`program_rows` of this program's j-th work item (`my_items`' order; producer and consumers walk
     the same items through it): item w is the program of the (n_row_tiles, nheads, n_batch) grid that
     would have launched w-th (causal dense calls: in `tile_ids`' order)."""
-    w = j * programs + gl.where(j % 2 == 0, pid, programs - 1 - pid)
-    if SPARSE:
+    w = j * programs + _snake_slot(j, programs, pid)
+    if CAUSAL and not SPARSE:
+        tile, n_tiles, off_h, off_b = tile_ids(w, n_row_tiles, nheads, nheads * n_batch, sched_slots)
+        pid_m = n_tiles - 1 - tile  # the rows that see the most keys first
+    else:  # grid order
         pid_m = w % n_row_tiles
         rest = w // n_row_tiles
+        off_h = rest % nheads
+        off_b = rest // nheads
+    if SPARSE:
         return _listed_rows_at(
-            pid_m, rest % nheads, rest // nheads, TILES, COUNTS, lay_heads, n_list_rows, list_len, group, ROWS
-        )  # fmt: skip
+            pid_m, off_h, off_b, TILES, COUNTS, lay_heads, n_list_rows, list_len, group, ROWS
+        )
     else:
-        if CAUSAL:
-            tile, n_tiles, off_h, off_b = tile_ids(w, n_row_tiles, nheads, nheads * n_batch, sched_slots)
-            pid_m = n_tiles - 1 - tile  # the rows that see the most keys first
-        else:
-            pid_m = w % n_row_tiles
-            rest = w // n_row_tiles
-            off_h = rest % nheads
-            off_b = rest // nheads
         m0, off_h, off_hk, off_b, n_kv = _rows_at(
             pid_m, off_h, off_b, seqlen_q, seqlen_k, group, ROWS, BLOCK_N, CAUSAL
         )
@@ -548,10 +554,9 @@ def _persistent_consumer(
             j > 0, CAUSAL, SPARSE, True,
         )  # fmt: skip
         out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
-        q_buf = q_smem.index(buf)  # (every product that read these Q rows is done)
-        q_buf.reshape(out.shape).store(out.to(q_smem.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, first_row, 0], q_buf)
+        # out through the item's Q buffer (every product that read these Q rows is done); the next
+        # item's _attend_rows waits for the store
+        store_rows(out.to(q_smem.dtype), q_smem.index(buf), o_desc, [off_b, off_h, first_row, 0], False)
         ring0 += n_kv
     tma.store_wait(0)
 
@@ -656,9 +661,7 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     with full attention everywhere; the persistent variant: 1.06-1.12x full, 1.10x causal at 1k, level
     at 4k on an H100; the row-tile kernel causal from 8k, 1.01-1.03x on an H200). Shorter calls keep
     the portable kernel, which was not measured against these there."""
-    if headdim in (64, 128, 256):
-        return seqlen_q >= 1024
-    return False
+    return headdim in CONFIGS and seqlen_q >= 1024
 
 
 def eligible(
