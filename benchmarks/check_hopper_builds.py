@@ -8,8 +8,9 @@ without register spills inside a loop: the consumer warpgroups run at a fixed re
 spill in their loops costs far more than it saves. The cubin's stack (cuobjdump's resource usage) says
 whether anything spilled; its SASS says where: a local load or store (LDL/STL) between a conditional
 backward branch and its target is inside a loop (a persistent kernel's loop over work items, which
-holds the key-tile loops, does not count: a spill there costs once per item). A spill outside every loop (the dK/dV kernel's causal
-build at head dim 128 keeps one register there, 8 bytes of stack) is reported, not failed.
+holds the key-tile loops, does not count: a spill there costs once per item). A spill outside every
+loop (the dK/dV kernel's causal build at head dim 128 keeps one register there, 8 bytes of stack) is
+reported, not failed.
 
     python benchmarks/check_hopper_builds.py --out builds.json
     python benchmarks/check_hopper_builds.py --config fwd:128:64,128,2,2,240   # a candidate (fwd, dq, dkdv)
@@ -114,7 +115,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             args += [tiles, counts, 4, 8, 16]
         else:
             args += [lse, lse, 1, 1, 1]
-        if getattr(cfg, "persistent", False):  # the forward's persistent variant: the grid it walks
+        if kernel == "fwd" and cfg.persistent:  # the forward's persistent variant: the grid it walks
             jit = hopper._attn_fwd_hopper_persistent
             args += [8, 4, 2]
         meta = dict(

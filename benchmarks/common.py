@@ -89,29 +89,16 @@ def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None =
     the top kernels by device time and torch's operator table. On CPU there is no device work: busy 0.
     trace: a path for the Chrome trace of the profiled steps (the timeline: what overlapped what).
     top: how many kernels `top_kernels_ms` lists."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     cuda = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
-        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    prof, wall_ms = _profiled(fn, steps, [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
     if trace is not None:
         prof.export_chrome_trace(trace)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, end = 0.0, float("-inf")
-    for start, stop in spans:  # union of kernel intervals (streams overlap)
-        if stop > end:
-            busy += stop - max(start, end)
-            end = stop
+    spans = [(e.name, e.time_range.start, e.time_range.end) for e in kernels]
+    # the union of kernel intervals (streams overlap): their span less every gap between them
+    busy = max(k[2] for k in spans) - min(k[1] for k in spans) - idle_gaps(spans, 0.0)[0] if spans else 0.0
     per_kernel: dict[str, float] = {}
     for e in kernels:
         per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
@@ -134,16 +121,9 @@ def device_gaps(fn: Callable[[], object], steps: int = 3, top: int = 15, min_us:
     between the end of all earlier work and the next kernel's start (>= min_us); it is charged to the
     pair (kernel before, kernel after), the place in the step where the host fell behind. Returns the
     wall and idle ms per step and the `top` pairs by idle ms per step."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
-        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    prof, wall_ms = _profiled(fn, steps, [ProfilerActivity.CUDA])
     kernels = [
         (e.name, e.time_range.start, e.time_range.end)
         for e in prof.events()
@@ -161,6 +141,25 @@ def device_gaps(fn: Callable[[], object], steps: int = 3, top: int = 15, min_us:
             for key, (us, n) in ranked
         ],
     }
+
+
+def _profiled(fn: Callable[[], object], steps: int, activities: list):
+    """(profiler, wall ms per call) of fn run `steps` times under torch.profiler with these activities,
+    after one unprofiled call (so anything lazily built stays out)."""
+    from torch.profiler import profile
+
+    cuda = torch.cuda.is_available()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    return prof, wall_ms
 
 
 def idle_gaps(kernels: list[tuple[str, float, float]], min_us: float = 3.0) -> tuple[float, dict]:
