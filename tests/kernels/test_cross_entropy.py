@@ -29,16 +29,38 @@ def _targets(rows, vocab, device, ignore_every=3):
 def test_rows_loss_and_gradient(rows, vocab, dtype, use_triton, device):
     logits = torch.randn(rows, vocab, device=device, dtype=dtype) * 4
     targets = _targets(rows, vocab, device)
+    grad = logits.clone()
+    losses = cross_entropy_rows_(grad, targets, use_triton=use_triton)
+    assert_rows_match_reference(losses, grad, logits, targets)
+
+
+@pytest.mark.parametrize(
+    "tiling",
+    [dict(BLOCK_V=64, GROUP=1), dict(BLOCK_V=32, GROUP=8), dict(BLOCK_V=16, GROUP=16)],
+    ids=["per-logit", "group8", "one-group"],
+)
+def test_rows_kernel_tilings(tiling, device):
+    """Every grouping of the running max gives the same softmax: one running max per logit, groups of
+    8, and one group per block; a vocabulary that ends inside a group and inside a block."""
+    rows, vocab = 6, 75
+    logits = (torch.randn(rows, vocab, device=device) * 4).half()
+    logits[0] -= 30000.0  # a row far below zero: the first pass's max must move down from its start
+    targets = _targets(rows, vocab, device)
+    grad = logits.clone()
+    losses = cross_entropy_rows_(grad, targets, use_triton=True, tiling=dict(**tiling, num_warps=1))
+    assert_rows_match_reference(losses, grad, logits, targets)
+
+
+def assert_rows_match_reference(losses, grad, logits, targets):
+    """Per-row losses and the overwritten logits against float64 autograd, under the tolerance rule
+    (PyTorch's own fp32 softmax of the same low-precision logits sets the scale)."""
+    dtype = logits.dtype
     ref = logits.double().requires_grad_()
     ref_losses = F.cross_entropy(ref, targets, reduction="none")
     (ref_grad,) = torch.autograd.grad(ref_losses.sum(), ref)
-    lp = logits.float().requires_grad_()  # PyTorch's own fp32 softmax of the same low-precision logits
+    lp = logits.float().requires_grad_()
     lp_losses = F.cross_entropy(lp, targets, reduction="none")
     (lp_grad,) = torch.autograd.grad(lp_losses.sum(), lp)
-
-    grad = logits.clone()
-    losses = cross_entropy_rows_(grad, targets, use_triton=use_triton)
-
     assert losses.dtype == torch.float32 and grad.dtype == dtype
     assert_close_rule("losses", losses, ref_losses, lp_losses, torch.float32)
     assert_close_rule("dlogits", grad, ref_grad, lp_grad.to(dtype), dtype)
@@ -63,7 +85,12 @@ def test_linear_cross_entropy_matches_autograd(chunk, dtype, device):
     g64 = torch.autograd.grad(ref64 * 0.5, ins64)
     glp = torch.autograd.grad(reflp * 0.5, inslp)
     assert loss.dtype == torch.float32 and dh.dtype == dtype and dw.dtype == dtype
-    assert_close_rule("loss", loss, ref64, reflp, dtype)
+    if dtype == torch.float32:
+        # one fp32 sum over the rows: its rounding is a single sample, which the reference's own
+        # rounding can undercut by luck (it did, 1 run in 30), so bound it relative to the sum
+        torch.testing.assert_close(loss.double(), ref64.detach(), rtol=2e-6, atol=1e-5)
+    else:
+        assert_close_rule("loss", loss, ref64, reflp, dtype)
     assert_close_rule("dhidden", dh, g64[0], glp[0], dtype)
     assert_close_rule("dweight", dw, g64[1], glp[1], dtype)
 
@@ -92,7 +119,8 @@ def test_without_grad_and_frozen_weight(device):
     targets = _targets(10, 30, device)
     ref = linear_cross_entropy_reference(hidden.double(), weight.double(), targets)
     with torch.no_grad():
-        torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets, chunk=4).double(), ref)
+        # fp32 against float64: fp32's tolerance (float64's own would fail on rounding alone)
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets, chunk=4), ref.float())
     loss = linear_cross_entropy(hidden, weight, targets, chunk=4)
     (dh,) = torch.autograd.grad(loss, hidden)
     (rh,) = torch.autograd.grad(linear_cross_entropy_reference(hidden, weight, targets), hidden)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 30). Each part is what one call ran; the outputs are in
+# benchmarks/results/s30/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s30.sh 1   # the language-model loss: its GPU tests, the per-row kernel's tilings,
+#       the fp32 weight gradient written by cuBLAS against the rounded-then-added one, the whole op per
+#       chunk size; then GPT-2 medium 1k with the loss before this session (a copy of it in ab_base/,
+#       carried) and after, with the step's top kernels
+#   bash benchmarks/run_gpu_s30.sh 2   # (part 1, on an H100: the per-row kernel moves 2.9-3.0 TB/s whatever its
+#       tiling, so bytes bound it, not exp2; the fp32 epilogue 0.37 ms faster at chunk 4096 and 430x more
+#       accurate; the whole loss 9.5 ms at chunk 4096, 8.8 at 16384; GPT-2 medium 1k 180.8k -> 182.0k tokens/s,
+#       a copy of dw before each addmm cost 0.4 ms) addmm in place, one chunk of logits alive at a time, L2
+#       eviction hints and few-program tilings for the per-row kernel; GPT-2 medium 1k before, and after at
+#       loss chunks 4096, 8192 and 16384, and compiled as one model
+source benchmarks/gpu_call.sh
+machine_info
+# GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
+medium1k() {
+  local tree=$1 name=$2; shift 2
+  (cd "$tree" && timeout 130 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton \
+    --steps 30 --profile 2 --profile-top 60 --out "$R/train_medium1k_$name.json" "$@") 2>&1 | quiet \
+    | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+}
+base_tree() {  # this tree with the loss as it was before this session
+  rm -rf /tmp/base && cp -r . /tmp/base && cp ab_base/cross_entropy.py /tmp/base/kernels/cross_entropy.py
+}
+case "${1:?part 1}" in
+1)
+  timeout -s INT 150 python -m pytest -q -m gpu tests/kernels/test_cross_entropy.py -rf \
+    > "$R/gpu_tests_cross_entropy.log" 2>&1; tail -n 3 "$R/gpu_tests_cross_entropy.log"
+  timeout 150 python benchmarks/check_cross_entropy.py --out "$R/check_cross_entropy.json" 2>&1 | quiet \
+    | tee "$R/check_cross_entropy.log" | tail -n 30
+  base_tree
+  medium1k /tmp/base base_run1
+  medium1k . new_run1
+  ;;
+2)
+  timeout 150 python benchmarks/check_cross_entropy.py --out "$R/check_cross_entropy.json" 2>&1 | quiet \
+    | tee "$R/check_cross_entropy.log" | grep -v rows_kernel | tail -n 30
+  python - "$R/check_cross_entropy.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    if r["part"] == "rows_kernel":
+        print(r["tokens"], r["BLOCK_V"], r["GROUP"], r["num_warps"], f"{r['ms']:.3f} ms {r['gb_per_s']:.0f} GB/s")
+PY
+  base_tree
+  medium1k /tmp/base base_chunk4096 --loss-chunk 4096
+  medium1k . new_chunk4096 --loss-chunk 4096
+  medium1k . new_chunk8192 --loss-chunk 8192
+  medium1k . new_chunk16384 --loss-chunk 16384
+  medium1k . new_chunk8192_model --loss-chunk 8192 --compile model
+  ;;
+esac
