@@ -126,7 +126,7 @@ def bench_one(
     compile_scope,
     peak,
     checkpointing=False,
-    loss_chunk=4096,
+    loss_chunk=None,
     profile_steps=0,
     host_profile_steps=0,
     gc_every=50,
@@ -136,13 +136,14 @@ def bench_one(
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
+    chunk = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)  # None: the model's default
     cfg = GPTConfig(
         **MODELS[model_name],
         vocab_size=50304,
         max_seq_len=seqlen,
         attention=backend,
-        loss_chunk=loss_chunk,
         attn_dropout=attn_dropout,
+        **chunk,
     )
     torch.manual_seed(0)
     model = GPT(cfg).cuda()
@@ -165,7 +166,7 @@ def bench_one(
         return loss
 
     row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
-               activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=loss_chunk,
+               activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=cfg.loss_chunk,
                attn_dropout=attn_dropout,
                gc_every=gc_every)  # fmt: skip
     with sdpa_context(sdpa_backend):
@@ -224,7 +225,8 @@ def main():
         "--compile", choices=("blocks", "model", "none"), default="blocks",
         help="torch.compile each block (as trainer.compile=true), the whole model, or nothing",
     )  # fmt: skip
-    parser.add_argument("--loss-chunk", type=int, default=4096, help="tokens per cross-entropy chunk")
+    parser.add_argument("--loss-chunk", type=int, default=None,
+                        help="tokens per cross-entropy chunk (default: the model's, model.loss_chunk)")  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
     parser.add_argument("--profile-top", type=int, default=12, metavar="N",

@@ -11,6 +11,11 @@
 #       a copy of dw before each addmm cost 0.4 ms) addmm in place, one chunk of logits alive at a time, L2
 #       eviction hints and few-program tilings for the per-row kernel; GPT-2 medium 1k before, and after at
 #       loss chunks 4096, 8192 and 16384, and compiled as one model
+#   bash benchmarks/run_gpu_s30.sh 3   # (part 2, on an H100: 32 warps over 8192 logits take the per-row kernel
+#       from 1.68 to 1.26 ms at 16k rows (its second pass reads L2); in-place addmm 0.62 ms faster than
+#       rounded-then-added at chunk 4096; GPT-2 medium 1k runs 168k-181k tokens/s with ~86 ms of device
+#       time each: the host's stalls swamp a 1 ms change) the shipped tiling and the model's new default
+#       chunk (16384): the loss's GPU tests and checks, then GPT-2 medium 1k before and after, alternating
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -48,5 +53,16 @@ PY
   medium1k . new_chunk8192 --loss-chunk 8192
   medium1k . new_chunk16384 --loss-chunk 16384
   medium1k . new_chunk8192_model --loss-chunk 8192 --compile model
+  ;;
+3)
+  timeout -s INT 100 python -m pytest -q -m gpu tests/kernels/test_cross_entropy.py -rf \
+    > "$R/gpu_tests_cross_entropy.log" 2>&1; tail -n 1 "$R/gpu_tests_cross_entropy.log"
+  timeout 150 python benchmarks/check_cross_entropy.py --out "$R/check_cross_entropy.json" 2>&1 | quiet \
+    | tee "$R/check_cross_entropy.log" | grep -e whole_loss -e "'GROUP': 8, 'num_warps': 32"
+  base_tree
+  for run in 1 2; do
+    medium1k /tmp/base base_run$run --steps 40 --loss-chunk 4096  # the bench's chunk before
+    medium1k . new_run$run --steps 40
+  done
   ;;
 esac
