@@ -133,6 +133,7 @@ def bench_one(
     attn_dropout=0.0,
     profile_top=12,
     gap_steps=0,
+    compile_mode=None,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -150,14 +151,17 @@ def bench_one(
     if checkpointing:  # as the trainer does: each block's forward compiled inside its checkpoint
         apply_ac(model, compile_blocks=compile_scope == "blocks")
     elif compile_scope == "blocks":
-        apply_compile(model)
+        apply_compile(model, mode=compile_mode)
     if compile_scope == "model":  # embeddings, blocks and loss in one compiled program
-        model.compile()
+        model.compile(mode=compile_mode)
+    graphs = compile_mode == "reduce-overhead"
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, fused=True))
     x = torch.randint(0, 50257, (batch, seqlen), device="cuda")
     y = torch.randint(0, 50257, (batch, seqlen), device="cuda")
 
     def step():
+        if graphs:  # the previous step's graph outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(x, y)
         loss.backward()
@@ -166,7 +170,7 @@ def bench_one(
         return loss
 
     row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
-               activation_checkpointing=checkpointing, compile=compile_scope, loss_chunk=cfg.loss_chunk,
+               activation_checkpointing=checkpointing, compile=compile_scope, compile_mode=compile_mode, loss_chunk=cfg.loss_chunk,
                attn_dropout=attn_dropout,
                gc_every=gc_every)  # fmt: skip
     with sdpa_context(sdpa_backend):
@@ -201,6 +205,10 @@ def bench_one(
         peak_mem_gib=peak_mem,
         params_m=model.num_params() / 1e6,
     )
+    if graphs:  # Inductor falls back to plain launches, with a reason, where it cannot use graphs
+        from torch._dynamo.utils import counters
+
+        row["cudagraph_skips"] = dict(counters["inductor"]).get("cudagraph_skips", 0)
     tiles = chosen_attention_tiles()
     if tiles:
         row["attention_tiles"] = tiles
@@ -225,6 +233,8 @@ def main():
         "--compile", choices=("blocks", "model", "none"), default="blocks",
         help="torch.compile each block (as trainer.compile=true), the whole model, or nothing",
     )  # fmt: skip
+    parser.add_argument("--compile-mode", default=None, choices=("reduce-overhead", "max-autotune-no-cudagraphs"),
+                        help="torch.compile's mode (default: its default)")  # fmt: skip
     parser.add_argument("--loss-chunk", type=int, default=None,
                         help="tokens per cross-entropy chunk (default: the model's, model.loss_chunk)")  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -304,6 +314,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.attn_dropout,
             args.profile_top,
             args.gaps,
+            args.compile_mode,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

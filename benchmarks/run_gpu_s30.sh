@@ -16,6 +16,10 @@
 #       rounded-then-added at chunk 4096; GPT-2 medium 1k runs 168k-181k tokens/s with ~86 ms of device
 #       time each: the host's stalls swamp a 1 ms change) the shipped tiling and the model's new default
 #       chunk (16384): the loss's GPU tests and checks, then GPT-2 medium 1k before and after, alternating
+#   bash benchmarks/run_gpu_s30.sh 4   # (part 3, on an H100: the loss's kernels 1.4 ms less device time per
+#       step (15.0 -> 13.6 ms), yet 180.1k/179.4k tokens/s before and 181.6k/177.2k after; device busy 85-88
+#       ms of a 90-92 ms step: the host falls behind) each block's kernels replayed from CUDA graphs
+#       (torch.compile mode reduce-overhead), ours and SDPA cuDNN, against the default mode
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -64,5 +68,12 @@ PY
     medium1k /tmp/base base_run$run --steps 40 --loss-chunk 4096  # the bench's chunk before
     medium1k . new_run$run --steps 40
   done
+  ;;
+4)
+  for impl in triton sdpa_cudnn; do
+    TORCH_LOGS=perf_hints medium1k . ${impl}_graphs --steps 40 --impls $impl --compile-mode reduce-overhead
+    medium1k . ${impl}_default --steps 40 --impls $impl
+  done
+  grep -i -m 5 "skipping cudagraphs" "$R/bench_train.log"
   ;;
 esac

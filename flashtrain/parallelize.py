@@ -157,11 +157,12 @@ def apply_ac(model: nn.Module, compile_blocks: bool = False) -> None:
         block.forward = checkpointed
 
 
-def apply_compile(model: nn.Module) -> None:
+def apply_compile(model: nn.Module, mode: str | None = None) -> None:
     """Compile each block in place (`Module.compile` keeps parameter names); identical blocks share
-    one compiled graph."""
+    one compiled graph. mode: torch.compile's (None = its default; "reduce-overhead" replays each
+    block's kernels from CUDA graphs)."""
     for block in model.blocks:
-        block.compile()
+        block.compile(mode=mode)
 
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
