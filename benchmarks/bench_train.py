@@ -318,6 +318,9 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):
+            import traceback
+
+            traceback.print_exc()  # a bare assertion's message says nothing of where it came from
             print(f"{model_name} {seqlen} {impl}: {type(e).__name__}: {e}", flush=True)
         row = dict(model=model_name, impl=impl, seqlen=seqlen, error="OOM" if is_oom(e) else repr(e)[:300])
     torch._dynamo.reset()

@@ -20,6 +20,9 @@
 #       step (15.0 -> 13.6 ms), yet 180.1k/179.4k tokens/s before and 181.6k/177.2k after; device busy 85-88
 #       ms of a 90-92 ms step: the host falls behind) each block's kernels replayed from CUDA graphs
 #       (torch.compile mode reduce-overhead), ours and SDPA cuDNN, against the default mode
+#   bash benchmarks/run_gpu_s30.sh 5   # (part 4, on an H100: ours 183.1k tokens/s, cuDNN 181.2k, cuDNN from
+#       graphs 182.8k with 2.4 ms idle per step; ours from graphs failed with a bare AssertionError(tuple))
+#       ours from graphs again, with the traceback
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -75,5 +78,9 @@ PY
     medium1k . ${impl}_default --steps 40 --impls $impl
   done
   grep -i -m 5 "skipping cudagraphs" "$R/bench_train.log"
+  ;;
+5)
+  TORCH_LOGS=perf_hints medium1k . triton_graphs --steps 40 --compile-mode reduce-overhead
+  grep -v "^{" "$R/bench_train.log" | grep -B 30 -m 1 "AssertionError" | cut -c1-300
   ;;
 esac
