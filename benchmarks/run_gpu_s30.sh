@@ -23,13 +23,16 @@
 #   bash benchmarks/run_gpu_s30.sh 5   # (part 4, on an H100: ours 183.1k tokens/s, cuDNN 181.2k, cuDNN from
 #       graphs 182.8k with 2.4 ms idle per step; ours from graphs failed with a bare AssertionError(tuple))
 #       ours from graphs again, with the traceback
+#   bash benchmarks/run_gpu_s30.sh 6   # (part 5: the forward op's CPU seed output; torch 2.11's graph partition
+#       around it returned a tuple) without dropout the seed is an empty tensor on q's device: the ops' GPU
+#       tests, then GPT-2 medium 1k from graphs, ours and cuDNN, and ours in the default mode
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
 medium1k() {
   local tree=$1 name=$2; shift 2
   (cd "$tree" && timeout 130 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton \
-    --steps 30 --profile 2 --profile-top 60 --out "$R/train_medium1k_$name.json" "$@") 2>&1 | quiet \
+    --steps 30 --profile 2 --profile-top 60 --in-process --out "$R/train_medium1k_$name.json" "$@") 2>&1 | quiet \
     | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
 }
 base_tree() {  # this tree with the loss as it was before this session
@@ -80,7 +83,17 @@ PY
   grep -i -m 5 "skipping cudagraphs" "$R/bench_train.log"
   ;;
 5)
+  TORCH_LOGS=perf_hints timeout 200 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 \
+    --impls triton --steps 40 --compile-mode reduce-overhead --in-process --out "$R/train_medium1k_triton_graphs.json" \
+    > "$R/bench_train_graphs.log" 2>&1
+  grep -B 40 -m 1 "AssertionError" "$R/bench_train_graphs.log" | cut -c1-300
+  ;;
+6)
+  timeout -s INT 120 python -m pytest -q -m gpu tests/kernels/test_custom_ops.py tests/kernels/test_qkvpacked.py -rf \
+    > "$R/gpu_tests_ops.log" 2>&1; tail -n 1 "$R/gpu_tests_ops.log"
   TORCH_LOGS=perf_hints medium1k . triton_graphs --steps 40 --compile-mode reduce-overhead
-  grep -v "^{" "$R/bench_train.log" | grep -B 30 -m 1 "AssertionError" | cut -c1-300
+  medium1k . triton_default --steps 40
+  medium1k . sdpa_cudnn_graphs --steps 40 --impls sdpa_cudnn --compile-mode reduce-overhead
+  grep -i -m 5 -e "skipping cudagraphs" -e "Error" "$R/bench_train.log" | cut -c1-300
   ;;
 esac

@@ -68,14 +68,27 @@ def _fwd_impl(
 ):  # fmt: skip
     """out, base-2 lse, and the dropout seed (a CPU int64 scalar the backward regenerates the mask
     from; drawn here from torch's CPU generator, whose state activation checkpointing restores for the
-    recompute)."""
+    recompute). Without dropout there is no seed: an empty tensor on q's device (no kernel, nothing to
+    read). A CPU output would make torch.compile cut its CUDA graphs there, and torch 2.11's graph
+    partitions fail on it (`bench_train.py --compile-mode reduce-overhead`)."""
     seed = draw_seed() if dropout_p > 0 else 0
     out, lse2 = flash_attn_forward(
         q, k, v, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
         key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
-    return out, lse2, torch.tensor(seed, dtype=torch.int64)
+    return out, lse2, _seed_tensor(seed, dropout_p, q.device)
+
+
+def _seed_tensor(seed: int, dropout_p: float, device: torch.device) -> torch.Tensor:
+    """With dropout, the seed as a CPU int64 scalar; without, an empty int64 tensor on `device`."""
+    if dropout_p > 0:
+        return torch.tensor(seed, dtype=torch.int64)
+    return torch.empty(0, dtype=torch.int64, device=device)
+
+
+def _seed_value(seed: torch.Tensor, dropout_p: float) -> int:
+    return int(seed) if dropout_p > 0 else 0
 
 
 def _bwd_impl(
@@ -84,7 +97,7 @@ def _bwd_impl(
 ):  # fmt: skip
     return flash_attn_backward(
         dout, q, k, v, out, lse2, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
-        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=int(seed), atomic_dq=atomic_dq,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=_seed_value(seed, dropout_p), atomic_dq=atomic_dq,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k, dlse2=dlse2,
     )  # fmt: skip
@@ -97,7 +110,7 @@ def _bwd_qkvpacked_impl(
     dqkv = torch.empty_like(qkv)
     flash_attn_backward(
         dout, *split_qkv(qkv, nheads_kv), out, lse2, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
-        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=int(seed), atomic_dq=atomic_dq,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=_seed_value(seed, dropout_p), atomic_dq=atomic_dq,
         dlse2=dlse2, grads_out=split_qkv(dqkv, nheads_kv),
     )  # fmt: skip
     return dqkv
@@ -110,12 +123,15 @@ for _device in ("CPU", "CUDA"):  # CPU runs the kernels under the Triton interpr
 
 
 @torch.library.register_fake("flashtrain::flash_attn_fwd", lib=_LIB)
-def _(q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *_):
+def _(q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
+      win_right, dropout_p):  # fmt: skip
     if cu_seqlens_q is None:  # dense (B, H, Sq)
         lse2 = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     else:  # varlen (H, Tq)
         lse2 = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    return torch.empty_like(q), lse2, torch.empty((), dtype=torch.int64, device="cpu")
+    if dropout_p > 0:
+        return torch.empty_like(q), lse2, torch.empty((), dtype=torch.int64, device="cpu")
+    return torch.empty_like(q), lse2, torch.empty(0, dtype=torch.int64, device=q.device)
 
 
 @torch.library.register_fake("flashtrain::flash_attn_bwd", lib=_LIB)

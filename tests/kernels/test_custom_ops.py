@@ -121,3 +121,18 @@ def test_opcheck_qkvpacked_backward_op(device):
     bwd = torch.ops.flashtrain.flash_attn_bwd_qkvpacked.default
     torch.library.opcheck(bwd, args)
     torch.library.opcheck(bwd, (*args, torch.randn_like(lse2)))
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_forward_seed_output_stays_off_the_host_without_dropout(dropout_p, device):
+    """The forward's seed output: a CPU scalar the backward reads with dropout; without dropout an
+    empty tensor on q's device, so a compiled block has no CPU output to cut its CUDA graphs at."""
+    q, k, v = (t.detach() for t in _inputs(device, seqlen=9))
+    args = (q, k, v, None, None, None, 0, 0, 0.25, None, 0, dropout_p)
+    fwd = torch.ops.flashtrain.flash_attn_fwd.default
+    torch.library.opcheck(fwd, args, test_utils=("test_schema", "test_faketensor"))
+    _, _, seed = fwd(*args)
+    if dropout_p:
+        assert seed.device.type == "cpu" and seed.shape == ()
+    else:
+        assert seed.device == q.device and seed.numel() == 0
