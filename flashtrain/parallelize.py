@@ -301,17 +301,19 @@ def parallelize_gpt(
     device: torch.device,
     activation_checkpointing: bool,
     compile: bool,
+    compile_mode: str | None = None,
     param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Apply the transforms the config asks for; returns the module to train (maybe a wrapper).
 
     parallel_dims: a `flashtrain.distributed.ParallelDims` whose mesh is built (None for one process).
     param_dtype: FSDP's compute dtype for weights (bf16 runs); ignored by the other strategies.
+    compile_mode: torch.compile's mode for the blocks (None = its default; "reduce-overhead": CUDA graphs).
     """
     if activation_checkpointing:
         apply_ac(model, compile_blocks=compile)
     elif compile:
-        apply_compile(model)
+        apply_compile(model, mode=compile_mode)
     if cfg.strategy == "ddp":
         return apply_ddp(model, device)
     if cfg.strategy == "fsdp":

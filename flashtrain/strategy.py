@@ -84,6 +84,7 @@ class Strategy:
             device=self.device,
             activation_checkpointing=tc.activation_checkpointing,
             compile=tc.compile,
+            compile_mode="reduce-overhead" if tc.cuda_graphs else None,
             param_dtype=self.autocast_dtype,
         )
         self.optimizer = build_optimizer(self.model, self.cfg.optim)
@@ -254,6 +255,7 @@ class DeepSpeedStrategy(Strategy):
             device=self.device,
             activation_checkpointing=tc.activation_checkpointing,
             compile=tc.compile,
+            compile_mode="reduce-overhead" if tc.cuda_graphs else None,
         )
         self.engine = apply_deepspeed(model, self.cfg, self.dims.world_size, self.autocast_dtype)
         self.train_model, self.optimizer = self.engine, self.engine.optimizer

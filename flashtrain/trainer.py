@@ -140,6 +140,7 @@ class Trainer:
         self.dp = self.world_size // cfg.parallel.sp
         self._check_global_batch()
         self.device = self._pick_device(tc.device)
+        self._check_cuda_graphs()
         self.autocast_dtype = self._pick_precision(tc.precision)
         self.run_dir = os.path.join(tc.out_dir, tc.run_name)
         self._check_writable(self.run_dir)
@@ -202,6 +203,26 @@ class Trainer:
             backend = "nccl" if torch.cuda.is_available() and self.cfg.trainer.device != "cpu" else "gloo"
             dist.init_process_group(backend)
         return (dist.get_rank(), world_size) if world_size > 1 else (0, 1)
+
+    def _check_cuda_graphs(self) -> None:
+        cfg = self.cfg
+        if not cfg.trainer.cuda_graphs:
+            return
+        if self.device.type != "cuda":
+            raise ValueError(
+                f"trainer.cuda_graphs=true needs a CUDA device, not {self.device}; set it to false"
+            )
+        if self.world_size > 1 or cfg.parallel.strategy == "deepspeed":
+            raise ValueError(
+                "trainer.cuda_graphs=true runs on one GPU without DeepSpeed (the gradient collectives of "
+                f"{self.world_size} processes with parallel.strategy={cfg.parallel.strategy} run between the "
+                "blocks' graphs); set trainer.cuda_graphs=false"
+            )
+        if cfg.model.attn_dropout > 0:
+            # the attention's dropout seed is a CPU tensor, where torch 2.11's graph partitions fail
+            raise ValueError(
+                f"trainer.cuda_graphs=true with model.attn_dropout={cfg.model.attn_dropout}: set one of them off"
+            )
 
     def _check_global_batch(self) -> None:
         tc = self.cfg.trainer
@@ -442,6 +463,8 @@ class Trainer:
         return global_block_mask(self.cfg.model, seqlen, device)
 
     def _micro_batch_loss(self, x, y):
+        if self.cfg.trainer.cuda_graphs:  # the last micro-batch's graph outputs may be overwritten now
+            torch.compiler.cudagraph_mark_step_begin()
         with self._autocast():
             return self.task.loss(self.train_model, x, y)
 
@@ -525,6 +548,8 @@ class Trainer:
     def evaluate(self, final: bool = False) -> dict:
         """The task's validation metrics (collective); at the end of a run, over the whole held-out splits."""
         self.train_model.eval()
+        if self.cfg.trainer.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with self._sp_context():
             metrics = self.task.evaluate(
                 self.train_model,

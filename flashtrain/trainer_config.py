@@ -28,6 +28,11 @@ class TrainerConfig:
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"
     compile: bool = False  # torch.compile each block
+    # with compile: replay each compiled block's kernels from CUDA graphs (torch.compile's
+    # "reduce-overhead" mode), so the host launches one graph per block instead of each kernel. One GPU,
+    # no activation checkpointing, no attention dropout. GPT-2 medium 1k on an H100: 182.8k tokens/s
+    # against 171.5k-183.1k without (benchmarks/NOTES_attention.md, session 30).
+    cuda_graphs: bool = False
     activation_checkpointing: bool = False  # recompute block activations in the backward
     nan_policy: str = "stop"  # non-finite loss: "stop" the run, or "skip" the step
     max_skipped_steps: int = 10  # with nan_policy=skip: stop after this many consecutive skips
@@ -75,6 +80,15 @@ class TrainerConfig:
         if self.gc_every < 0:
             raise ValueError(
                 f"trainer.gc_every={self.gc_every} must be >= 0 (0 = Python's automatic collection)"
+            )
+        if self.cuda_graphs and not self.compile:
+            raise ValueError(
+                "trainer.cuda_graphs=true replays the compiled blocks: set trainer.compile=true too"
+            )
+        if self.cuda_graphs and self.activation_checkpointing:
+            raise ValueError(
+                "trainer.cuda_graphs=true cannot replay blocks recomputed by activation checkpointing; "
+                "set one of trainer.cuda_graphs and trainer.activation_checkpointing to false"
             )
         if self.nan_policy not in ("stop", "skip"):
             raise ValueError(f"trainer.nan_policy={self.nan_policy!r}; choose stop or skip")

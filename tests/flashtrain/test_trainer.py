@@ -236,6 +236,34 @@ def test_bad_settings_fail_clearly(tmp_path, override, match):
         Trainer(small_config(tmp_path, override))
 
 
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["trainer.cuda_graphs=true"], "set trainer.compile=true too"),
+        (["trainer.cuda_graphs=true", "trainer.compile=true", "trainer.activation_checkpointing=true"],
+         "cannot replay blocks recomputed by activation checkpointing"),
+        (["trainer.cuda_graphs=true", "trainer.compile=true"], "needs a CUDA device, not cpu"),
+    ],
+)  # fmt: skip
+def test_cuda_graph_settings_fail_clearly(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        Trainer(small_config(tmp_path, *overrides))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graphs_train_as_plain_compiled_blocks(tmp_path):
+    """Blocks replayed from CUDA graphs (trainer.cuda_graphs) give the losses of the same compiled blocks
+    launched kernel by kernel: gradient accumulation, an evaluation and the optimizer in between."""
+    common = [
+        "trainer.device=cuda", "trainer.compile=true", "model.dropout=0.0", "model.attention=triton",
+        "trainer.max_steps=4", "trainer.eval_interval=2", "trainer.checkpoint_interval=0",
+    ]  # fmt: skip
+    plain, _ = run(small_config(tmp_path / "plain", *common))
+    graphs, _ = run(small_config(tmp_path / "graphs", *common, "trainer.cuda_graphs=true"))
+    assert len(graphs) == len(plain) == 4
+    torch.testing.assert_close(torch.tensor(graphs), torch.tensor(plain), rtol=1e-3, atol=1e-3)
+
+
 HYBRID = ["parallel=ddp", "parallel.sp=4", "parallel.sp_mode=hybrid", "parallel.ulysses=2"]
 
 
