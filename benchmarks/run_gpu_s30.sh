@@ -29,6 +29,10 @@
 #   bash benchmarks/run_gpu_s30.sh 7   # (part 6, on an H100: from graphs ours 182.8k tokens/s, 1.9 ms idle per
 #       step, cuDNN 180.3k; ours without 171.5k, 9 ms idle) the trainer's cuda_graphs option against plain
 #       compiled blocks (GPU test; carry .whl), then GPT-2 medium 1k from graphs and not, ours and cuDNN
+#   bash benchmarks/run_gpu_s30.sh 8   # (part 7, on an H100: from graphs ours 181.8k, cuDNN 179.4k; without,
+#       179.9k / 177.9k; the trainer's test failed: with gradient accumulation the first micro-batch's
+#       gradients stayed in the graphs' memory) gradients of their own under accumulation: the trainer's,
+#       the loss's and the ops' GPU tests, then GPT-2 medium 1k from graphs, ours and cuDNN, twice
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -107,6 +111,16 @@ PY
   done
   for impl in triton sdpa_cudnn; do
     medium1k . ${impl}_default --steps 40 --impls $impl
+  done
+  ;;
+8)
+  (source .whl/install.sh && timeout -s INT 240 python -m pytest -q -m gpu tests/flashtrain/test_trainer.py \
+    tests/kernels/test_cross_entropy.py tests/kernels/test_custom_ops.py -rf > "$R/gpu_tests.log" 2>&1)
+  tail -n 3 "$R/gpu_tests.log"
+  for run in 1 2; do
+    for impl in triton sdpa_cudnn; do
+      medium1k . ${impl}_graphs_run$run --steps 40 --impls $impl --compile-mode reduce-overhead
+    done
   done
   ;;
 esac

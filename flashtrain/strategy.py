@@ -88,6 +88,7 @@ class Strategy:
             param_dtype=self.autocast_dtype,
         )
         self.optimizer = build_optimizer(self.model, self.cfg.optim)
+        self.clear_grads()
         return self.train_model, self.optimizer
 
     def grad_sync(self, last: bool):
@@ -139,12 +140,29 @@ class Strategy:
     def step(self) -> float | None:
         """Apply the update and clear the gradients; returns the grad norm if only known now."""
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.clear_grads()
         return None
 
     def skip_step(self) -> None:
         """Drop this step's gradients (non-finite loss with nan_policy=skip)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.clear_grads()
+
+    def clear_grads(self) -> None:
+        """Gradients to None, or, for blocks replayed from CUDA graphs under gradient accumulation, to
+        zero-filled tensors of their own. A replayed backward returns each gradient in its graph's
+        memory, which the next micro-batch's replay overwrites; autograd would keep the first
+        micro-batch's gradient there and add the next one to it ("accessing tensor output of
+        CUDAGraphs that has been overwritten"). Gradients that exist are added to in place instead."""
+        tc = self.cfg.trainer
+        if not (tc.cuda_graphs and tc.grad_accum > 1):
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        for p in self.model.parameters():
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                else:
+                    p.grad.zero_()
 
     # ---- checkpoints (every method here is collective: every rank must call it) -------------------
 

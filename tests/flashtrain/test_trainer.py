@@ -251,12 +251,15 @@ def test_cuda_graph_settings_fail_clearly(tmp_path, overrides, match):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graphs_train_as_plain_compiled_blocks(tmp_path):
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_gpu_cuda_graphs_train_as_plain_compiled_blocks(tmp_path, grad_accum):
     """Blocks replayed from CUDA graphs (trainer.cuda_graphs) give the losses of the same compiled blocks
-    launched kernel by kernel: gradient accumulation, an evaluation and the optimizer in between."""
+    launched kernel by kernel, with and without gradient accumulation (whose gradients must not stay
+    in the graphs' memory), an evaluation and the optimizer in between."""
     common = [
         "trainer.device=cuda", "trainer.compile=true", "model.dropout=0.0", "model.attention=triton",
         "trainer.max_steps=4", "trainer.eval_interval=2", "trainer.checkpoint_interval=0",
+        f"trainer.grad_accum={grad_accum}",
     ]  # fmt: skip
     plain, _ = run(small_config(tmp_path / "plain", *common))
     graphs, _ = run(small_config(tmp_path / "graphs", *common, "trainer.cuda_graphs=true"))
