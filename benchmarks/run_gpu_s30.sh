@@ -33,6 +33,8 @@
 #       179.9k / 177.9k; the trainer's test failed: with gradient accumulation the first micro-batch's
 #       gradients stayed in the graphs' memory) gradients of their own under accumulation: the trainer's,
 #       the loss's and the ops' GPU tests, then GPT-2 medium 1k from graphs, ours and cuDNN, twice
+#   bash benchmarks/run_gpu_s30.sh 9   # (part 8, on an H100: 4 GPU tests passed; from graphs ours 183.0k twice,
+#       cuDNN 180.1k / 180.0k) GPT-2 medium 8k, ours and SDPA flash, from graphs and not
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -120,6 +122,16 @@ PY
   for run in 1 2; do
     for impl in triton sdpa_cudnn; do
       medium1k . ${impl}_graphs_run$run --steps 40 --impls $impl --compile-mode reduce-overhead
+    done
+  done
+  ;;
+9)
+  for mode in reduce-overhead default; do
+    for impl in triton sdpa_flash; do
+      args=(); [ $mode = reduce-overhead ] && args=(--compile-mode reduce-overhead)
+      timeout 140 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls $impl --steps 20 \
+        --in-process --out "$R/train_medium8k_${impl}_$mode.json" "${args[@]}" 2>&1 | quiet \
+        | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
     done
   done
   ;;
