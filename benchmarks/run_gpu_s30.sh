@@ -35,6 +35,9 @@
 #       the loss's and the ops' GPU tests, then GPT-2 medium 1k from graphs, ours and cuDNN, twice
 #   bash benchmarks/run_gpu_s30.sh 9   # (part 8, on an H100: 4 GPU tests passed; from graphs ours 183.0k twice,
 #       cuDNN 180.1k / 180.0k) GPT-2 medium 8k, ours and SDPA flash, from graphs and not
+#   bash benchmarks/run_gpu_s30.sh 10   # (part 9, on an H100: 8k from graphs ours 115.2k, SDPA flash 97.9k;
+#       without, 114.9k / 97.8k) the session's final tree: the dense kernels' and dropout's GPU tests and
+#       flashtrain's (carry .whl)
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -134,5 +137,11 @@ PY
         | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
     done
   done
+  ;;
+10)
+  timeout -s INT 330 python -m pytest -q -n 8 -m gpu tests/kernels/test_flash_attention.py tests/kernels/test_dropout.py \
+    tests/kernels/test_qkvpacked.py -rf > "$R/gpu_tests_kernels.log" 2>&1; tail -n 3 "$R/gpu_tests_kernels.log"
+  (source .whl/install.sh && timeout -s INT 200 python -m pytest -q -n 4 -m gpu tests/flashtrain -rf \
+    > "$R/gpu_tests_flashtrain.log" 2>&1); tail -n 3 "$R/gpu_tests_flashtrain.log"
   ;;
 esac
