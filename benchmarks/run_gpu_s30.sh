@@ -38,6 +38,8 @@
 #   bash benchmarks/run_gpu_s30.sh 10   # (part 9, on an H100: 8k from graphs ours 115.2k, SDPA flash 97.9k;
 #       without, 114.9k / 97.8k) the session's final tree: the dense kernels' and dropout's GPU tests and
 #       flashtrain's (carry .whl)
+#   bash benchmarks/run_gpu_s30.sh 11   # (part 10: flashtrain's GPU tests 11 passed; of the kernels' 13, 6 ran out
+#       of the H100's memory beside 7 other workers (float64 references at n4k)) the kernels' again, 2 workers
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -143,5 +145,9 @@ PY
     tests/kernels/test_qkvpacked.py -rf > "$R/gpu_tests_kernels.log" 2>&1; tail -n 3 "$R/gpu_tests_kernels.log"
   (source .whl/install.sh && timeout -s INT 200 python -m pytest -q -n 4 -m gpu tests/flashtrain -rf \
     > "$R/gpu_tests_flashtrain.log" 2>&1); tail -n 3 "$R/gpu_tests_flashtrain.log"
+  ;;
+11)
+  timeout -s INT 400 python -m pytest -q -n 2 -m gpu tests/kernels/test_flash_attention.py tests/kernels/test_dropout.py \
+    tests/kernels/test_qkvpacked.py -rf > "$R/gpu_tests_kernels.log" 2>&1; tail -n 3 "$R/gpu_tests_kernels.log"
   ;;
 esac
