@@ -30,8 +30,8 @@ class TrainerConfig:
     compile: bool = False  # torch.compile each block
     # with compile: replay each compiled block's kernels from CUDA graphs (torch.compile's
     # "reduce-overhead" mode), so the host launches one graph per block instead of each kernel. One GPU,
-    # no activation checkpointing, no attention dropout. GPT-2 medium 1k on an H100: 182.8k tokens/s
-    # against 171.5k-183.1k without (benchmarks/NOTES_attention.md, session 30).
+    # no activation checkpointing, no attention dropout. GPT-2 medium 1k on an H100: 183.0k tokens/s
+    # twice, against 168k-183k without (benchmarks/NOTES_attention.md, session 30).
     cuda_graphs: bool = False
     activation_checkpointing: bool = False  # recompute block activations in the backward
     nan_policy: str = "stop"  # non-finite loss: "stop" the run, or "skip" the step

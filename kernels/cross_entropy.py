@@ -81,8 +81,8 @@ def rows_tiling(vocab: int, dtype: torch.dtype) -> dict:
 
     GROUP is one 16-byte load, so each group's max is taken inside one thread. Few wide programs per
     SM (32 warps over 8192 logits) keep the rows in flight small enough for L2, so the second pass
-    reads the row from there: at GPT-2's vocabulary on an H100 that took 16k rows from 1.68 ms (8
-    warps over 4096) to 1.26 (`benchmarks/check_cross_entropy.py`; bytes bound it, not exp2)."""
+    reads the row from there: at GPT-2's vocabulary on an H100 that took 16k rows from 1.61-1.68 ms
+    (8 warps over 4096) to 1.26 (`benchmarks/check_cross_entropy.py`; bytes bound it, not exp2)."""
     if INTERPRET:
         block = min(next_power_of_2(vocab), 64)
         return dict(BLOCK_V=block, GROUP=min(block, 4), num_warps=1)
