@@ -40,6 +40,8 @@
 #       flashtrain's (carry .whl)
 #   bash benchmarks/run_gpu_s30.sh 11   # (part 10: flashtrain's GPU tests 11 passed; of the kernels' 13, 6 ran out
 #       of the H100's memory beside 7 other workers (float64 references at n4k)) the kernels' again, 2 workers
+#   bash benchmarks/run_gpu_s30.sh 12   # (part 11: 13 passed) GPT-2 medium 1k from graphs, ours and cuDNN, and
+#       ours launched kernel by kernel, on whatever GPU the call gets (the issue's 55% is an H200 figure)
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -149,5 +151,12 @@ PY
 11)
   timeout -s INT 400 python -m pytest -q -n 2 -m gpu tests/kernels/test_flash_attention.py tests/kernels/test_dropout.py \
     tests/kernels/test_qkvpacked.py -rf > "$R/gpu_tests_kernels.log" 2>&1; tail -n 3 "$R/gpu_tests_kernels.log"
+  ;;
+12)
+  head -n 2 "$R/machine.txt"
+  for impl in triton sdpa_cudnn; do
+    medium1k . ${impl}_graphs --steps 40 --impls $impl --compile-mode reduce-overhead
+  done
+  medium1k . triton_default --steps 40
   ;;
 esac
