@@ -273,7 +273,6 @@ class DeepSpeedStrategy(Strategy):
             device=self.device,
             activation_checkpointing=tc.activation_checkpointing,
             compile=tc.compile,
-            compile_mode="reduce-overhead" if tc.cuda_graphs else None,
         )
         self.engine = apply_deepspeed(model, self.cfg, self.dims.world_size, self.autocast_dtype)
         self.train_model, self.optimizer = self.engine, self.engine.optimizer

@@ -212,11 +212,15 @@ class Trainer:
             raise ValueError(
                 f"trainer.cuda_graphs=true needs a CUDA device, not {self.device}; set it to false"
             )
-        if self.world_size > 1 or cfg.parallel.strategy == "deepspeed":
+        if self.world_size > 1:
             raise ValueError(
-                "trainer.cuda_graphs=true runs on one GPU without DeepSpeed (the gradient collectives of "
-                f"{self.world_size} processes with parallel.strategy={cfg.parallel.strategy} run between the "
-                "blocks' graphs); set trainer.cuda_graphs=false"
+                f"trainer.cuda_graphs=true runs on one GPU, not {self.world_size} processes (their gradient "
+                "collectives run between the blocks' graphs); set trainer.cuda_graphs=false"
+            )
+        if cfg.parallel.strategy == "deepspeed":
+            raise ValueError(
+                "trainer.cuda_graphs=true does not run under DeepSpeed's engine; set trainer.cuda_graphs=false "
+                "or choose another parallel.strategy"
             )
         if cfg.model.attn_dropout > 0:
             # the attention's dropout seed is a CPU tensor, where torch 2.11's graph partitions fail

@@ -48,8 +48,8 @@ class GPTConfig:
     block_sparse_stride: int = 8  # strided: every stride-th block diagonal is kept
     block_sparse_density: float = 0.1  # random: fraction of tiles kept
     # tokens per chunk of the cross-entropy: one chunk's bf16 logits exist at a time (16384 x GPT-2's
-    # vocabulary: 1.6 GB); fewer chunks are faster (GPT-2 medium's loss on an H100: 9.2 ms at 4096, 8.9
-    # at 16384, fwd+bwd of 16k tokens)
+    # vocabulary: 1.6 GB); fewer chunks are faster (GPT-2 medium's loss on an H100, fwd+bwd of 16k
+    # tokens: 9.0 ms at 4096, 8.8 at 16384)
     loss_chunk: int = 16384
     init_std: float = 0.02  # GPT-2 initialisation
 

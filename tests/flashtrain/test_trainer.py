@@ -250,6 +250,21 @@ def test_cuda_graph_settings_fail_clearly(tmp_path, overrides, match):
         Trainer(small_config(tmp_path, *overrides))
 
 
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("parallel.strategy=deepspeed", "does not run under DeepSpeed's engine"),
+        ("model.attn_dropout=0.1", r"model.attn_dropout=0.1: set one of them off"),
+    ],
+)
+def test_cuda_graph_settings_a_gpu_run_refuses(tmp_path, monkeypatch, override, match):
+    """Checked as soon as the device is known, so a CPU stands in for the GPU here."""
+    monkeypatch.setattr(Trainer, "_pick_device", lambda self, name: torch.device("cuda"))
+    cfg = small_config(tmp_path, "trainer.compile=true", "trainer.cuda_graphs=true", override)
+    with pytest.raises(ValueError, match=match):
+        Trainer(cfg)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_gpu_cuda_graphs_train_as_plain_compiled_blocks(tmp_path, grad_accum):
