@@ -42,6 +42,8 @@
 #       of the H100's memory beside 7 other workers (float64 references at n4k)) the kernels' again, 2 workers
 #   bash benchmarks/run_gpu_s30.sh 12   # (part 11: 13 passed) GPT-2 medium 1k from graphs, ours and cuDNN, and
 #       ours launched kernel by kernel, on whatever GPU the call gets (the 55% is an H200 figure)
+#   bash benchmarks/run_gpu_s30.sh 13   # (part 12, on an H100: from graphs ours 183.4k, cuDNN 180.7k; ours
+#       without 182.3k) GPT-2 medium 1k and 8k from graphs, ours and the SDPA anchor, on whatever GPU comes
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium 1k with our attention, from the tree in $1, as $R/train_medium1k_$2.json; more options after
@@ -158,5 +160,16 @@ PY
     medium1k . ${impl}_graphs --steps 40 --impls $impl --compile-mode reduce-overhead
   done
   medium1k . triton_default --steps 40
+  ;;
+13)
+  head -n 2 "$R/machine.txt"
+  for impl in triton sdpa_cudnn; do
+    medium1k . ${impl}_graphs --steps 40 --impls $impl --compile-mode reduce-overhead
+  done
+  for impl in triton sdpa_flash; do
+    timeout 140 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls $impl --steps 20 \
+      --in-process --compile-mode reduce-overhead --out "$R/train_medium8k_${impl}_graphs.json" 2>&1 | quiet \
+      | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  done
   ;;
 esac
