@@ -53,6 +53,7 @@ medium1k() {
     --steps 30 --profile 2 --profile-top 60 --in-process --out "$R/train_medium1k_$name.json" "$@") 2>&1 | quiet \
     | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
 }
+# ab_base/cross_entropy.py (git-ignored, carried): `git show 6aec45b:kernels/cross_entropy.py`, the loss before
 base_tree() {  # this tree with the loss as it was before this session
   rm -rf /tmp/base && cp -r . /tmp/base && cp ab_base/cross_entropy.py /tmp/base/kernels/cross_entropy.py
 }
