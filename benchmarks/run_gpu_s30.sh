@@ -17,7 +17,7 @@
 #       time each: the host's stalls swamp a 1 ms change) the shipped tiling and the model's new default
 #       chunk (16384): the loss's GPU tests and checks, then GPT-2 medium 1k before and after, alternating
 #   bash benchmarks/run_gpu_s30.sh 4   # (part 3, on an H100: the loss's kernels 1.4 ms less device time per
-#       step (15.0 -> 13.6 ms), yet 180.1k/179.4k tokens/s before and 181.6k/177.2k after; device busy 85-88
+#       step (15.0-15.2 -> 13.6-14.2 ms), yet 180.1k/179.4k tokens/s before and 181.6k/177.2k after; device busy 85-88
 #       ms of a 90-92 ms step: the host falls behind) each block's kernels replayed from CUDA graphs
 #       (torch.compile mode reduce-overhead), ours and SDPA cuDNN, against the default mode
 #   bash benchmarks/run_gpu_s30.sh 5   # (part 4, on an H100: ours 183.1k tokens/s, cuDNN 181.2k, cuDNN from
