@@ -51,7 +51,8 @@ def rows_kernel(tokens: int, vocab: int) -> list[dict]:
     ref_losses = F.cross_entropy(ref, targets, reduction="none")
     (ref_grad,) = torch.autograd.grad(ref_losses.sum(), ref)
     rows = []
-    for tiling in [rows_tiling(vocab, logits.dtype), *TILINGS]:
+    shipped = rows_tiling(vocab, logits.dtype)
+    for tiling in [shipped, *(t for t in TILINGS if t != shipped)]:
         work = logits.clone()
         losses = cross_entropy_rows_(work, targets, tiling=tiling)
         ms = time_ms(lambda t=tiling: cross_entropy_rows_(logits.clone(), targets, tiling=t)) - time_ms(

@@ -154,15 +154,13 @@ class Strategy:
         micro-batch's gradient there and add the next one to it ("accessing tensor output of
         CUDAGraphs that has been overwritten"). Gradients that exist are added to in place instead."""
         tc = self.cfg.trainer
-        if not (tc.cuda_graphs and tc.grad_accum > 1):
-            self.optimizer.zero_grad(set_to_none=True)
-            return
-        for p in self.model.parameters():
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                else:
-                    p.grad.zero_()
+        keep = tc.cuda_graphs and tc.grad_accum > 1
+        self.optimizer.zero_grad(set_to_none=not keep)  # one foreach kernel zeroes those that exist
+        if keep:
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:  # the first call: none exists yet
+                        p.grad = torch.zeros_like(p)
 
     # ---- checkpoints (every method here is collective: every rank must call it) -------------------
 

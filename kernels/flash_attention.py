@@ -129,9 +129,7 @@ def _(q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         lse2 = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     else:  # varlen (H, Tq)
         lse2 = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    if dropout_p > 0:
-        return torch.empty_like(q), lse2, torch.empty((), dtype=torch.int64, device="cpu")
-    return torch.empty_like(q), lse2, torch.empty(0, dtype=torch.int64, device=q.device)
+    return torch.empty_like(q), lse2, _seed_tensor(0, dropout_p, q.device)
 
 
 @torch.library.register_fake("flashtrain::flash_attn_bwd", lib=_LIB)
