@@ -173,4 +173,8 @@ PY
       | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   done
   ;;
+14)
+  (source .whl/install.sh && timeout -s INT 240 python -m pytest -q -m gpu tests/flashtrain/test_trainer.py \
+    tests/kernels/test_custom_ops.py -rf > "$R/gpu_tests.log" 2>&1); tail -n 3 "$R/gpu_tests.log"
+  ;;
 esac
