@@ -134,6 +134,7 @@ def bench_one(
     profile_top=12,
     gap_steps=0,
     compile_mode=None,
+    profile_ops=0,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -189,10 +190,9 @@ def bench_one(
             elapsed = time.perf_counter() - start
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
-            p = device_profile(step, profile_steps, top=profile_top)
-            row.update(
-                {k: p[k] for k in ("wall_ms", "busy_ms", "kernels_per_step", "kernels_ms", "top_kernels_ms")}
-            )
+            p = device_profile(step, profile_steps, top=profile_top, ops=profile_ops)
+            keys = ("wall_ms", "busy_ms", "kernels_per_step", "kernels_ms", "top_kernels_ms", "top_ops")
+            row.update({k: p[k] for k in keys if k in p})
         if gap_steps:  # where in the step the device idles (the host fell behind)
             row["gaps"] = device_gaps(step, gap_steps)
         if host_profile_steps:  # when the device idles: the host functions that cost the most
@@ -241,6 +241,8 @@ def main():
                         help="then profile STEPS steps: device busy time and the top kernels per row")  # fmt: skip
     parser.add_argument("--profile-top", type=int, default=12, metavar="N",
                         help="with --profile: how many of the heaviest kernels each row lists")  # fmt: skip
+    parser.add_argument("--profile-ops", type=int, default=0, metavar="N",
+                        help="with --profile: also the N operators with the most own device time, by input shapes")  # fmt: skip
     parser.add_argument("--gaps", type=int, default=0, metavar="STEPS",
                         help="then find where the device idles over STEPS steps (CUDA-only profiler)")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
@@ -315,6 +317,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.profile_top,
             args.gaps,
             args.compile_mode,
+            args.profile_ops,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

@@ -81,18 +81,23 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None = None, top: int = 12) -> dict:
+def device_profile(
+    fn: Callable[[], object], steps: int = 3, trace: str | None = None, top: int = 12, ops: int = 0
+) -> dict:
     """Run fn `steps` times under torch.profiler (after one unprofiled call, so anything lazily built
     stays out): wall and device-busy ms per step (busy: the union of kernel and copy intervals, as
     streams overlap; busy < wall means the device idled, launch- or host-bound), communication (NCCL
     kernels) and all kernels summed per step (their sum > busy means they overlapped), kernels per step,
     the top kernels by device time and torch's operator table. On CPU there is no device work: busy 0.
     trace: a path for the Chrome trace of the profiled steps (the timeline: what overlapped what).
-    top: how many kernels `top_kernels_ms` lists."""
+    top: how many kernels `top_kernels_ms` lists.
+    ops: list that many operators by their own device time, per input shapes (`top_ops`): which eager
+    op (and tensor) launched a kernel whose name alone does not say."""
     from torch.profiler import ProfilerActivity
 
     cuda = torch.cuda.is_available()
-    prof, wall_ms = _profiled(fn, steps, [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof, wall_ms = _profiled(fn, steps, activities, record_shapes=ops > 0)
     if trace is not None:
         prof.export_chrome_trace(trace)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -104,7 +109,9 @@ def device_profile(fn: Callable[[], object], steps: int = 3, trace: str | None =
         per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
     sort_key = "cuda_time_total" if cuda else "cpu_time_total"
+    extra = {"top_ops": _top_ops(prof, steps, ops)} if ops else {}
     return {
+        **extra,
         "wall_ms": wall_ms,
         "busy_ms": busy / 1e3 / steps,
         "comm_ms": sum(us for name, us in per_kernel.items() if "nccl" in name.lower()) / 1e3 / steps,
@@ -143,7 +150,7 @@ def device_gaps(fn: Callable[[], object], steps: int = 3, top: int = 15, min_us:
     }
 
 
-def _profiled(fn: Callable[[], object], steps: int, activities: list):
+def _profiled(fn: Callable[[], object], steps: int, activities: list, record_shapes: bool = False):
     """(profiler, wall ms per call) of fn run `steps` times under torch.profiler with these activities,
     after one unprofiled call (so anything lazily built stays out)."""
     from torch.profiler import profile
@@ -152,7 +159,7 @@ def _profiled(fn: Callable[[], object], steps: int, activities: list):
     fn()
     if cuda:
         torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=record_shapes) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             fn()
@@ -160,6 +167,17 @@ def _profiled(fn: Callable[[], object], steps: int, activities: list):
             torch.cuda.synchronize()  # host-device sync: the wall time covers the queued work
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
     return prof, wall_ms
+
+
+def _top_ops(prof, steps: int, n: int) -> list[dict]:
+    """The n operators with the most own device time per step, grouped by their input shapes."""
+    events = prof.key_averages(group_by_input_shape=True)
+    events = sorted(events, key=lambda e: -e.self_device_time_total)[:n]
+    return [
+        dict(op=e.key, shapes=str(e.input_shapes)[:200], calls=e.count / steps,
+             self_device_ms=round(e.self_device_time_total / 1e3 / steps, 3))
+        for e in events
+    ]  # fmt: skip
 
 
 def idle_gaps(kernels: list[tuple[str, float, float]], min_us: float = 3.0) -> tuple[float, dict]:

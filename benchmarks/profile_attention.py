@@ -26,8 +26,8 @@ from benchmarks.common import write_results  # noqa: E402
 from benchmarks.sweep_tiles import parse_shape  # noqa: E402
 
 
-def kernel_times(impl: str, shape: dict, iters: int) -> dict[str, float]:
-    """Mean device ms per fwd+bwd of each CUDA kernel the impl launches."""
+def kernel_times(impl: str, shape: dict, iters: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean device ms per fwd+bwd of each CUDA kernel the impl launches, and its launches per fwd+bwd."""
     b, n, h, d = shape["batch"], shape["seqlen"], shape["nheads"], shape["headdim"]
     # (B, H, N, d) for torch's backends, (B, N, H, d) for ours: the layout each is benchmarked in
     layout = (b, n, h, d) if impl.startswith(("triton", "bs:")) else (b, h, n, d)
@@ -47,10 +47,13 @@ def kernel_times(impl: str, shape: dict, iters: int) -> dict[str, float]:
             step()
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
+    launches: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name[:90]] += event.device_time / 1000 / iters  # us -> ms per iteration
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+            launches[event.name[:90]] += 1 / iters
+    totals = dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+    return totals, {name: launches[name] for name in totals}
 
 
 def block_sparse_impl(impl: str, seqlen: int, causal: bool):
@@ -86,11 +89,19 @@ def main() -> None:
     for text in args.shape:
         shape = parse_shape(text)
         for impl in args.impls:
-            times = kernel_times(impl, shape, args.iters)
-            rows.append({**shape, "impl": impl, "total_ms": sum(times.values()), "kernels_ms": times})
-            print(f"{text} {impl}: {sum(times.values()):.3f} ms")
-            for name, ms in list(times.items())[:6]:
-                print(f"    {ms:8.3f}  {name}")
+            times, launches = kernel_times(impl, shape, args.iters)
+            rows.append(
+                {
+                    **shape,
+                    "impl": impl,
+                    "total_ms": sum(times.values()),
+                    "kernels_ms": times,
+                    "launches": launches,
+                }
+            )
+            print(f"{text} {impl}: {sum(times.values()):.3f} ms in {sum(launches.values()):.0f} launches")
+            for name, ms in list(times.items())[:8]:
+                print(f"    {ms:8.3f} x{launches[name]:.0f}  {name}")
             write_results(args.out, rows, {"iters": args.iters})
 
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 31). Each part is what one call ran; the outputs are in
+# benchmarks/results/s31/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s31.sh 1   # where the short block-sparse calls spend device time (ours and Flex,
+#       per kernel: d128 at n16k 0.8% / 2.3% and n4k 3.1% / 6.3%); GPT-2 medium 1k from CUDA graphs, ours and
+#       cuDNN, with the step's operators by input shape (which op launches the float reduce_kernel); 8k from
+#       graphs, ours and SDPA flash
+source benchmarks/gpu_call.sh
+machine_info
+# GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
+medium() {
+  local seqlen=$1 impl=$2 tag=$3; shift 3
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens "$seqlen" --impls "$impl" \
+    --compile-mode reduce-overhead --in-process --out "$R/train_medium${seqlen}_$impl$tag.json" "$@" 2>&1 | quiet \
+    | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+}
+# per-kernel device ms of short block-sparse fwd+bwd calls (d128), ours (bs:F:L) and Flex on the same mask
+bs_profile() {  # bs_profile SEQLEN NAME F:L...
+  local n=$1 name=$2; shift 2
+  local impls=(); for fl in "$@"; do impls+=("bs:$fl" "flexbs:$fl"); done
+  timeout 120 python benchmarks/profile_attention.py --shape "1,$n,16,128" --impls "${impls[@]}" --iters 20 \
+    --out "$R/profile_bs_$name.json" 2>&1 | quiet | tail -n 40
+}
+case "${1:?part 1}" in
+1)
+  head -n 2 "$R/machine.txt"
+  bs_profile 16384 d128_n16k_low 0:0 0:1
+  bs_profile 4096 d128_n4k_low 0:0 1:0
+  medium 1024 triton "" --steps 40 --profile 2 --profile-top 40 --profile-ops 40
+  medium 1024 sdpa_cudnn "" --steps 40
+  medium 8192 triton "" --steps 20
+  medium 8192 sdpa_flash "" --steps 20
+  ;;
+esac
