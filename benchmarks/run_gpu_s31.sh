@@ -5,6 +5,10 @@
 #       per kernel: d128 at n16k 0.8% / 2.3% and n4k 3.1% / 6.3%); GPT-2 medium 1k from CUDA graphs, ours and
 #       cuDNN, with the step's operators by input shape (which op launches the float reduce_kernel); 8k from
 #       graphs, ours and SDPA flash
+#   bash benchmarks/run_gpu_s31.sh 2   # (part 1, on an H200: 1k from graphs ours 192.8k tokens/s, 55.5% MFU,
+#       cuDNN 191.5k; 8k ours 120.1k, 50.4%, SDPA flash 102.2k; the float reduce_kernel is 96 launches per step,
+#       four per layer, from the compiled blocks) the same rows again, twice in alternation, and ours at 1k launched
+#       kernel by kernel
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -30,5 +34,16 @@ case "${1:?part 1}" in
   medium 1024 sdpa_cudnn "" --steps 40
   medium 8192 triton "" --steps 20
   medium 8192 sdpa_flash "" --steps 20
+  ;;
+2)
+  head -n 2 "$R/machine.txt"
+  for run in 1 2; do
+    medium 1024 triton _run$run --steps 40
+    medium 1024 sdpa_cudnn _run$run --steps 40
+    medium 8192 triton _run$run --steps 20
+    medium 8192 sdpa_flash _run$run --steps 20
+  done
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton --steps 40 \
+    --in-process --out "$R/train_medium1024_triton_default.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
   ;;
 esac
