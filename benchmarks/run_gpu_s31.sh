@@ -9,6 +9,10 @@
 #       cuDNN 191.5k; 8k ours 120.1k, 50.4%, SDPA flash 102.2k; the float reduce_kernel is 96 launches per step,
 #       four per layer, from the compiled blocks) the same rows again, twice in alternation, and ours at 1k launched
 #       kernel by kernel
+#   bash benchmarks/run_gpu_s31.sh 3   # (part 2, on an H200: 1k from graphs ours 193.1k / 192.7k (55.2% / 54.9%),
+#       cuDNN 191.3k / 190.9k; 8k ours 119.7k / 119.8k (50.3% / 50.2%), SDPA flash 102.6k / 102.6k; ours at 1k
+#       without graphs 192.0k) the block-sparse backward in one launch: its GPU tests, then its device time per
+#       tile config against the two kernels and the Hopper ones (check_bs_fused_bwd.py)
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -45,5 +49,12 @@ case "${1:?part 1}" in
   done
   timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton --steps 40 \
     --in-process --out "$R/train_medium1024_triton_default.json" 2>&1 | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  ;;
+3)
+  timeout -s INT 260 python -m pytest -q -n 4 -m gpu tests/kernels/test_block_sparse.py \
+    tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_block_sparse.log" 2>&1
+  tail -n 3 "$R/gpu_tests_block_sparse.log"
+  timeout 300 python benchmarks/check_bs_fused_bwd.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
+    | tee "$R/check_bs_fused_bwd.log" | tail -n 130
   ;;
 esac
