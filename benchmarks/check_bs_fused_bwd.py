@@ -62,7 +62,7 @@ def hopper_fits(q, k, v, do, out, layout) -> bool:
     saved = _block_sparse_hopper.BACKWARD_MIN_TILES
     _block_sparse_hopper.BACKWARD_MIN_TILES = 0
     try:
-        return _block_sparse_hopper.usable_backward(q, k, v, do, out, layout, False, 0.0)
+        return _block_sparse_hopper.usable_backward(q, k, v, do, out, layout, False, 0.0, lse_grad=False)
     finally:
         _block_sparse_hopper.BACKWARD_MIN_TILES = saved
 

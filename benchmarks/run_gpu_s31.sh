@@ -13,6 +13,8 @@
 #       cuDNN 191.3k / 190.9k; 8k ours 119.7k / 119.8k (50.3% / 50.2%), SDPA flash 102.6k / 102.6k; ours at 1k
 #       without graphs 192.0k) the block-sparse backward in one launch: its GPU tests, then its device time per
 #       tile config against the two kernels and the Hopper ones (check_bs_fused_bwd.py)
+#   bash benchmarks/run_gpu_s31.sh 4   # (part 3: GPU tests 174 passed; the check stopped on its own bad call of
+#       usable_backward) the check alone
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -55,6 +57,10 @@ case "${1:?part 1}" in
     tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_block_sparse.log" 2>&1
   tail -n 3 "$R/gpu_tests_block_sparse.log"
   timeout 300 python benchmarks/check_bs_fused_bwd.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
+    | tee "$R/check_bs_fused_bwd.log" | tail -n 130
+  ;;
+4)
+  timeout 400 python benchmarks/check_bs_fused_bwd.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
     | tee "$R/check_bs_fused_bwd.log" | tail -n 130
   ;;
 esac
