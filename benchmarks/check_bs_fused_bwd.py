@@ -72,8 +72,13 @@ def main() -> None:
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--nheads", type=int, default=16)
+    parser.add_argument("--layouts", nargs="+", default=None, metavar="F:L",
+                        help="butterfly n_factors:local_blocks pairs (default: LAYOUTS)")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    layouts = (
+        LAYOUTS if args.layouts is None else [tuple(int(x) for x in fl.split(":")) for fl in args.layouts]
+    )
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
@@ -81,7 +86,10 @@ def main() -> None:
                 torch.randn(1, n, args.nheads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)
             )
             scale = d**-0.5
-            for n_factors, local in LAYOUTS:
+            levels = (-(-n // BLOCK) - 1).bit_length()
+            for n_factors, local in layouts:
+                if n_factors > levels:
+                    continue
                 layout = butterfly_layout(n, BLOCK, n_factors=n_factors, local_blocks=local).cuda()
                 lists = layout.block_lists(n, n)
                 blocks = (lists.row_full_cnt + lists.row_part_cnt).float().mean().item()

@@ -15,6 +15,9 @@
 #       tile config against the two kernels and the Hopper ones (check_bs_fused_bwd.py)
 #   bash benchmarks/run_gpu_s31.sh 4   # (part 3: GPU tests 174 passed; the check stopped on its own bad call of
 #       usable_backward) the check alone
+#   bash benchmarks/run_gpu_s31.sh 5   # (part 4, d64 n4k before it stopped at a butterfly too deep for 32 blocks:
+#       the fused backward slower than the two kernels at every config and 1-6 blocks per row, best 0.0625 against
+#       0.0571 ms at one block) d128 at n4k and n16k, 1-6 blocks per row
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -62,5 +65,9 @@ case "${1:?part 1}" in
 4)
   timeout 400 python benchmarks/check_bs_fused_bwd.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
     | tee "$R/check_bs_fused_bwd.log" | tail -n 130
+  ;;
+5)
+  timeout 300 python benchmarks/check_bs_fused_bwd.py --headdims 128 --layouts 0:0 1:0 0:1 5:0 \
+    --out "$R/check_bs_fused_bwd_d128.json" 2>&1 | quiet | tee "$R/check_bs_fused_bwd_d128.log" | tail -n 80
   ;;
 esac
