@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device calls on one GPU (session 31). Each part is what one call ran; the outputs are in
 # benchmarks/results/s31/callN/ (each call's machine.txt names its GPU).
+# Parts 3-5 ran check_bs_bwd_routes.py as it was at 731c30e (then check_bs_fused_bwd.py, with the one-launch
+# backward since removed); the lines below run today's script.
 #   bash benchmarks/run_gpu_s31.sh 1   # where the short block-sparse calls spend device time (ours and Flex,
 #       per kernel: d128 at n16k 0.8% / 2.3% and n4k 3.1% / 6.3%); GPT-2 medium 1k from CUDA graphs, ours and
 #       cuDNN, with the step's operators by input shape (which op launches the float reduce_kernel); 8k from
@@ -18,6 +20,10 @@
 #   bash benchmarks/run_gpu_s31.sh 5   # (part 4, d64 n4k before it stopped at a butterfly too deep for 32 blocks:
 #       the fused backward slower than the two kernels at every config and 1-6 blocks per row, best 0.0625 against
 #       0.0571 ms at one block) d128 at n4k and n16k, 1-6 blocks per row
+#   bash benchmarks/run_gpu_s31.sh 6   # (part 5, on an H200: at d128 the Hopper backward beat the portable kernels at
+#       every list length, 1-6 blocks per row, which BACKWARD_MIN_TILES had kept portable; the one-launch backward
+#       lost everywhere and was removed) BACKWARD_MIN_TILES per head dim (d128 any, d64 from 6): the Hopper
+#       block-sparse GPU tests, then block-sparse d128 at n4k and n16k against Flex, eager and from graphs
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -59,15 +65,21 @@ case "${1:?part 1}" in
   timeout -s INT 260 python -m pytest -q -n 4 -m gpu tests/kernels/test_block_sparse.py \
     tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_block_sparse.log" 2>&1
   tail -n 3 "$R/gpu_tests_block_sparse.log"
-  timeout 300 python benchmarks/check_bs_fused_bwd.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
+  timeout 300 python benchmarks/check_bs_bwd_routes.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
     | tee "$R/check_bs_fused_bwd.log" | tail -n 130
   ;;
 4)
-  timeout 400 python benchmarks/check_bs_fused_bwd.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
+  timeout 400 python benchmarks/check_bs_bwd_routes.py --out "$R/check_bs_fused_bwd.json" 2>&1 | quiet \
     | tee "$R/check_bs_fused_bwd.log" | tail -n 130
   ;;
 5)
-  timeout 300 python benchmarks/check_bs_fused_bwd.py --headdims 128 --layouts 0:0 1:0 0:1 5:0 \
+  timeout 300 python benchmarks/check_bs_bwd_routes.py --headdims 128 --layouts 0:0 1:0 0:1 5:0 \
     --out "$R/check_bs_fused_bwd_d128.json" 2>&1 | quiet | tee "$R/check_bs_fused_bwd_d128.log" | tail -n 80
+  ;;
+6)
+  timeout -s INT 200 python -m pytest -q -n 4 -m gpu tests/kernels/test_block_sparse_hopper.py -rf \
+    > "$R/gpu_tests_block_sparse_hopper.log" 2>&1; tail -n 3 "$R/gpu_tests_block_sparse_hopper.log"
+  timeout 380 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 128 \
+    --out "$R/block_sparse_d128.json" 2>&1 | quiet | tail -n 20
   ;;
 esac

@@ -15,7 +15,7 @@ tiles only. The lists are compiled here from `BlockLayout.block_lists` once per 
 
 Scope: bf16/fp16 on sm_90, head dims 64 and 128 (`CONFIGS`), no dropout, layouts whose blocks the
 128-row programs can tile (block_m and block_n multiples of 128); the backward also needs no gradient on
-lse and enough tiles per program (`BACKWARD_MIN_TILES`). Other calls take the portable block-sparse
+lse and, at d64, enough tiles per program (`BACKWARD_MIN_TILES`). Other calls take the portable block-sparse
 kernels (`kernels.block_sparse`), which give the same results (tests/kernels/test_block_sparse_hopper.py).
 
 Measured on one H200 (bf16, butterfly on 128-blocks, 16 heads, batch 1; results/block_sparse_hopper_h200/,
@@ -62,17 +62,16 @@ CONFIGS = {
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
-# The backward takes the Hopper kernels only where a dq program walks at least this many key tiles on
-# average. Each program holds a whole SM (its shared memory), so its fixed cost (barriers, the first
-# loads, the stores) is paid once per 128 rows, not hidden behind other programs: on one H200 at n 16k
-# d128 (results/block_sparse_hopper_h200/block_sparse_n16k_d128.*; 64-key tiles), butterfly layouts with
-# 3 blocks per row (6 tiles) ran the Hopper backward slower than the portable one (fwd+bwd 0.90 vs 0.76
-# ms), 6 blocks (12 tiles) level (1.11 vs 1.16), 8 and more (16 tiles) 1.22-1.26x faster. At d64 (128-key
-# tiles) the same rule keeps 8 blocks per row (6.25%) portable and takes 13 and more (10%+), where the
-# Hopper path measured faster. The forward has no such rule: at d128 it was faster from 2.3% density on;
-# below that, and at d64 below 10%, lone calls are host-bound and either path's eager time scattered
-# between 0.07 and 0.30 ms from run to run.
-BACKWARD_MIN_TILES = 10
+# The backward takes the Hopper kernels where a dq program walks at least this many key tiles on average
+# (per head dim; d128 programs walk 64-key tiles, d64 ones 128-key tiles). Device time of the backward
+# alone, replayed from CUDA graphs on one H200 (butterfly on 128-blocks, 16 heads, batch 1; check_bs_bwd_routes.py,
+# results/s31/call4-5/), Hopper against portable:
+#   d128: faster at every list length tried, 1-6 blocks per row (2-12 tiles): n4k 0.089 / 0.101 ms at
+#         one block per row, 0.181 / 0.230 at six; n16k 0.290 / 0.363 at one, 0.638 / 0.847 at six.
+#   d64: slower at 1-3 tiles (0.062 / 0.057 ms at one), level at 4, faster at 6 (0.130 / 0.133).
+# (Session 26 had kept d128 lists under 10 tiles portable from eager fwd+bwd timings, taken before the
+# Gluon kernels' compiled launches, when the host's launch work decided short calls.)
+BACKWARD_MIN_TILES = {64: 6, 128: 0}
 
 
 def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +140,7 @@ def usable_backward(
         return False
     block_n = CONFIGS[q.shape[-1]][1].block_n
     *_, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, block_n)
-    return mean_tiles >= BACKWARD_MIN_TILES
+    return mean_tiles >= BACKWARD_MIN_TILES[q.shape[-1]]
 
 
 def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):

@@ -203,28 +203,30 @@ def _dq_tiles(
     return dq
 
 
-# how a backward program gets delta = rowsum(dO * O) of its query rows
-DELTA_LOAD = tl.constexpr(0)  # read it from DELTA (computed beforehand)
-DELTA_STORE = tl.constexpr(1)  # compute it from O and store it for the dk/dv kernel launched after
-DELTA_LOCAL = tl.constexpr(2)  # compute it from O for its own use (the fused backward: nothing shared)
-
-
 @triton.jit
-def _dq_program(
-    pid_m, off_bh, Q, K, V, DO, DQ, LSE, DELTA, O,  # noqa: E741
+def _bs_bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, O,  # noqa: E741
     FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
+    # strides (batch, seq, head); the gradient has its own, so strided inputs need no copy
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
-    stride_ob, stride_om, stride_oh,
-    nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles, dropout_p, seed,
+    stride_ob, stride_om, stride_oh,  # DELTA_HERE only
+    # sizes
+    nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
+    # dropout (read only when DROPOUT)
+    dropout_p, seed,
+    # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, DELTA_MODE: tl.constexpr,
+    DOT_PREC: tl.constexpr, DELTA_HERE: tl.constexpr,
 ):  # fmt: skip
-    """dq of query tile pid_m of (batch, head) off_bh."""
+    """dq of one query tile. DELTA_HERE: computes and stores its rows' delta, which the dk/dv kernel
+    (launched after) reads: no preprocess launch (as the dense dq kernel, `_flash_bwd._bwd_dq`)."""
+    pid_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
     off_h = off_bh % nheads
     off_hk = off_h // GROUP
@@ -243,13 +245,12 @@ def _dq_program(
     lse2 = tl.load(LSE + row, mask=offs_m < seqlen_q, other=float("inf")) * 1.4426950408889634
     # rows that saw no key have lse = -inf; +inf makes their p exactly 0 instead of NaN
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-    if DELTA_MODE == DELTA_LOAD:
-        delta = tl.load(DELTA + row, mask=offs_m < seqlen_q, other=0.0)
-    else:
+    if DELTA_HERE:
         o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
         delta = rowsum_do_o(o_ptrs, do, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D)
-        if DELTA_MODE == DELTA_STORE:
-            tl.store(DELTA + row, delta, mask=offs_m < seqlen_q)
+        tl.store(DELTA + row, delta, mask=offs_m < seqlen_q)
+    else:
+        delta = tl.load(DELTA + row, mask=offs_m < seqlen_q, other=0.0)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lists = lay_h * n_row_tiles + pid_m
@@ -268,44 +269,12 @@ def _dq_program(
 
 
 @triton.jit
-def _bs_bwd_dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA, O,  # noqa: E741
-    FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
-    # strides (batch, seq, head); the gradient has its own, so strided inputs need no copy
-    stride_qb, stride_qm, stride_qh,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_dob, stride_dom, stride_doh,
-    stride_dqb, stride_dqm, stride_dqh,
-    stride_ob, stride_om, stride_oh,  # DELTA_STORE only
-    # sizes
-    nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
-    # dropout (read only when DROPOUT)
-    dropout_p, seed,
-    # meta-parameters
-    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, DELTA_MODE: tl.constexpr,
-):  # fmt: skip
-    """dq of one query tile. DELTA_STORE: computes and stores its rows' delta, which the dk/dv kernel
-    (launched after) reads: no preprocess launch (as the dense dq kernel, `_flash_bwd._bwd_dq`)."""
-    _dq_program(
-        tl.program_id(0), tl.program_id(1), Q, K, V, DO, DQ, LSE, DELTA, O,
-        FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
-        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-        stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_ob, stride_om, stride_oh,
-        nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles, dropout_p, seed,
-        GROUP, LAYOUT_PER_HEAD, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, DOT_PREC, DELTA_MODE,
-    )  # fmt: skip
-
-
-@triton.jit
 def _dkdv_tiles(
-    dk, dv, k, v, Q, DO, O, LSE, DELTA, IDX, count, row0, key0,  # noqa: E741
-    offs_n, offs_d, stride_qm, stride_dom, stride_om, seqlen_q, seqlen_k, shift, qk_scale, dropout_p, seed,
+    dk, dv, k, v, Q, DO, LSE, DELTA, IDX, count, row0, key0,
+    offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale, dropout_p, seed,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr, DELTA_MODE: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     offs_m0 = tl.arange(0, BLOCK_M)
     for t in range(0, count):
@@ -319,15 +288,10 @@ def _dkdv_tiles(
             # rows past the sequence get lse = +inf so p = 0; rows that saw no key (lse -inf) too
             lse2 = tl.load(LSE + offs_m, mask=offs_m < seqlen_q, other=float("inf")) * 1.4426950408889634
             lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-            if DELTA_MODE == DELTA_LOAD:
-                delta = tl.load(DELTA + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            delta = tl.load(DELTA + offs_m, mask=offs_m < seqlen_q, other=0.0)
         else:
             lse2 = tl.load(LSE + offs_m) * 1.4426950408889634  # a full tile: every row saw a key
-            if DELTA_MODE == DELTA_LOAD:
-                delta = tl.load(DELTA + offs_m)
-        if DELTA_MODE == DELTA_LOCAL:  # one more tile read per visit: pays where lists are short
-            o_ptrs = O + offs_m[:, None] * stride_om + offs_d[None, :]
-            delta = rowsum_do_o(o_ptrs, do, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D)
+            delta = tl.load(DELTA + offs_m)
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
         if MASKED:
             keep_t = offs_n[:, None] < seqlen_k
@@ -354,66 +318,6 @@ def _dkdv_tiles(
 
 
 @triton.jit
-def _dkdv_program(
-    pid_n, off_bhk, Q, K, V, DO, DK, DV, LSE, DELTA, O,  # noqa: E741
-    FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
-    stride_qb, stride_qm, stride_qh,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_dob, stride_dom, stride_doh,
-    stride_dkb, stride_dkn, stride_dkh,
-    stride_dvb, stride_dvn, stride_dvh,
-    stride_ob, stride_om, stride_oh,
-    nheads, nheads_kv, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
-    dropout_p, seed,
-    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, DELTA_MODE: tl.constexpr,
-):  # fmt: skip
-    """dk and dv of key tile pid_n of (batch, kv head) off_bhk."""
-    off_b = (off_bhk // nheads_kv).to(tl.int64)
-    off_hk = off_bhk % nheads_kv
-
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    k_off = off_b * stride_kb + off_hk * stride_kh
-    v_off = off_b * stride_vb + off_hk * stride_vh
-    k = load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
-                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
-    v = load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
-                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    # the query heads of this kv head each have their own tile lists; summing them here avoids atomics
-    for g in range(0, GROUP):
-        off_h = off_hk * GROUP + g
-        lay_h = off_h if LAYOUT_PER_HEAD else 0
-        Qh = Q + off_b * stride_qb + off_h * stride_qh
-        DOh = DO + off_b * stride_dob + off_h * stride_doh
-        Oh = O + off_b * stride_ob + off_h * stride_oh
-        row0 = (off_b * nheads + off_h) * seqlen_q
-        lists = lay_h * n_col_tiles + pid_n
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, Qh, DOh, Oh, LSE + row0, DELTA + row0,
-            FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists), row0, pid_n * BLOCK_N,
-            offs_n, offs_d, stride_qm, stride_dom, stride_om, seqlen_q, seqlen_k, shift, qk_scale,
-            dropout_p, seed, BLOCK_M, False, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC, DELTA_MODE,
-        )  # fmt: skip
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, Qh, DOh, Oh, LSE + row0, DELTA + row0,
-            PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists), row0, pid_n * BLOCK_N,
-            offs_n, offs_d, stride_qm, stride_dom, stride_om, seqlen_q, seqlen_k, shift, qk_scale,
-            dropout_p, seed, BLOCK_M, True, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC, DELTA_MODE,
-        )  # fmt: skip
-    DK += off_b * stride_dkb + off_hk * stride_dkh
-    DV += off_b * stride_dvb + off_hk * stride_dvh
-    store_tile(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
-               offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
-    store_tile(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), offs_n, offs_d,
-               seqlen_k, HEAD_DIM)  # fmt: skip
-
-
-@triton.jit
 def _bs_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA,
     FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
@@ -433,66 +337,47 @@ def _bs_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """dk and dv of one key tile, reading the delta the dq kernel stored (O is not read: DELTA_LOAD)."""
-    _dkdv_program(
-        tl.program_id(0), tl.program_id(1), Q, K, V, DO, DK, DV, LSE, DELTA, DELTA,
-        FULL_IDX, FULL_CNT, PART_IDX, PART_CNT,
-        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-        stride_dob, stride_dom, stride_doh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-        0, 0, 0,
-        nheads, nheads_kv, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, n_row_tiles, n_col_tiles,
-        dropout_p, seed,
-        GROUP, LAYOUT_PER_HEAD, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, DOT_PREC, DELTA_LOAD,
-    )  # fmt: skip
+    pid_n = tl.program_id(0)
+    off_bhk = tl.program_id(1)
+    off_b = (off_bhk // nheads_kv).to(tl.int64)
+    off_hk = off_bhk % nheads_kv
 
-
-@triton.jit
-def _bs_bwd_fused_kernel(
-    Q, K, V, DO, DQ, DK, DV, LSE, O,  # noqa: E741
-    ROW_FULL_IDX, ROW_FULL_CNT, ROW_PART_IDX, ROW_PART_CNT,
-    COL_FULL_IDX, COL_FULL_CNT, COL_PART_IDX, COL_PART_CNT,
-    stride_qb, stride_qm, stride_qh,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_dob, stride_dom, stride_doh,
-    stride_dqb, stride_dqm, stride_dqh,
-    stride_dkb, stride_dkn, stride_dkh,
-    stride_dvb, stride_dvn, stride_dvh,
-    stride_ob, stride_om, stride_oh,
-    nheads, nheads_kv, seqlen_q, seqlen_k, shift, qk_scale, sm_scale,
-    dq_row_tiles, dq_col_tiles, kv_row_tiles, kv_col_tiles, n_kv_programs, dropout_p, seed,
-    GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr, KV_BLOCK_M: tl.constexpr, KV_BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """The whole backward in one launch, for short tile lists: the first programs compute dk/dv of one
-    key tile each, the rest dq of one query tile each, side by side. Two launches in a row each leave
-    the GPU part-empty while their few-tile programs wait on memory, and the second waits for the
-    first's delta; here every program computes delta from O itself, so nothing orders them."""
-    pid = tl.program_id(0)
-    if pid < n_kv_programs:  # dk/dv first: their programs visit more tiles (each head of the GQA group)
-        _dkdv_program(
-            pid % kv_col_tiles, pid // kv_col_tiles, Q, K, V, DO, DK, DV, LSE, LSE, O,
-            COL_FULL_IDX, COL_FULL_CNT, COL_PART_IDX, COL_PART_CNT,
-            stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-            stride_dob, stride_dom, stride_doh, stride_dkb, stride_dkn, stride_dkh,
-            stride_dvb, stride_dvn, stride_dvh, stride_ob, stride_om, stride_oh,
-            nheads, nheads_kv, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, kv_row_tiles, kv_col_tiles,
-            dropout_p, seed,
-            GROUP, LAYOUT_PER_HEAD, HEAD_DIM, BLOCK_D, KV_BLOCK_M, KV_BLOCK_N, CAUSAL, DROPOUT, DOT_PREC,
-            DELTA_LOCAL,
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_off = off_b * stride_kb + off_hk * stride_kh
+    v_off = off_b * stride_vb + off_hk * stride_vh
+    k = load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    v = load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k, HEAD_DIM,
+                  True, BLOCK_D != HEAD_DIM)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # the query heads of this kv head each have their own tile lists; summing them here avoids atomics
+    for g in range(0, GROUP):
+        off_h = off_hk * GROUP + g
+        lay_h = off_h if LAYOUT_PER_HEAD else 0
+        Qh = Q + off_b * stride_qb + off_h * stride_qh
+        DOh = DO + off_b * stride_dob + off_h * stride_doh
+        row0 = (off_b * nheads + off_h) * seqlen_q
+        lists = lay_h * n_col_tiles + pid_n
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
+            FULL_IDX + lists * n_row_tiles, tl.load(FULL_CNT + lists), row0, pid_n * BLOCK_N,
+            offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale,
+            dropout_p, seed, BLOCK_M, False, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
-    else:
-        pid -= n_kv_programs
-        _dq_program(
-            pid % dq_row_tiles, pid // dq_row_tiles, Q, K, V, DO, DQ, LSE, LSE, O,
-            ROW_FULL_IDX, ROW_FULL_CNT, ROW_PART_IDX, ROW_PART_CNT,
-            stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-            stride_dob, stride_dom, stride_doh, stride_dqb, stride_dqm, stride_dqh, stride_ob, stride_om, stride_oh,
-            nheads, seqlen_q, seqlen_k, shift, qk_scale, sm_scale, dq_row_tiles, dq_col_tiles, dropout_p, seed,
-            GROUP, LAYOUT_PER_HEAD, HEAD_DIM, BLOCK_D, DQ_BLOCK_M, DQ_BLOCK_N, CAUSAL, DROPOUT, DOT_PREC,
-            DELTA_LOCAL,
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, Qh, DOh, LSE + row0, DELTA + row0,
+            PART_IDX + lists * n_row_tiles, tl.load(PART_CNT + lists), row0, pid_n * BLOCK_N,
+            offs_n, offs_d, stride_qm, stride_dom, seqlen_q, seqlen_k, shift, qk_scale,
+            dropout_p, seed, BLOCK_M, True, CAUSAL, HEAD_DIM, BLOCK_D, DROPOUT, DOT_PREC,
         )  # fmt: skip
+    DK += off_b * stride_dkb + off_hk * stride_dkh
+    DV += off_b * stride_dvb + off_hk * stride_dvh
+    store_tile(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
+               offs_n, offs_d, seqlen_k, HEAD_DIM)  # fmt: skip
+    store_tile(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), offs_n, offs_d,
+               seqlen_k, HEAD_DIM)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,12 +393,6 @@ _GPU_CONFIGS = {
     "dq": {64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)},
     "dkdv": {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (32, 64, 8, 2)},
 }
-# The fused backward's (dq tile_m, dq tile_n, dk/dv tile_m, dk/dv tile_n, num_warps, num_stages): one
-# launch, so both roles share warps and stages.
-_FUSED_CONFIGS = {64: (128, 64, 64, 64, 8, 2), 128: (64, 64, 64, 64, 4, 2), 256: (64, 32, 32, 64, 8, 2)}
-# The fused backward takes layouts whose block rows keep at most this many blocks on average: each of
-# its dk/dv visits reads O once more (for delta), which short lists repay by filling the GPU.
-FUSED_MAX_BLOCKS = 10
 
 
 def _tiles(layout: BlockLayout, pass_name: str, head_dim: int, override=None) -> tuple[int, int, int, int]:
@@ -526,29 +405,6 @@ def _tiles(layout: BlockLayout, pass_name: str, head_dim: int, override=None) ->
     table = _GPU_CONFIGS[pass_name]
     tile_m, tile_n, warps, stages = table[min(d for d in table if d >= head_dim)]
     return min(tile_m, layout.block_m), min(tile_n, layout.block_n), warps, stages
-
-
-def _fused_tiles(layout: BlockLayout, head_dim: int, override=None) -> tuple[int, int, int, int, int, int]:
-    """The fused backward's tiles: `_FUSED_CONFIGS` on the GPU, capped at the layout's block; the
-    layout's block (or the override) for both roles in the interpreter."""
-    if override is not None:
-        return (*override, *override, 4, 2)
-    if INTERPRET:
-        return layout.block_m, layout.block_n, layout.block_m, layout.block_n, 4, 2
-    dq_m, dq_n, kv_m, kv_n, warps, stages = _FUSED_CONFIGS[min(d for d in _FUSED_CONFIGS if d >= head_dim)]
-    bm, bn = layout.block_m, layout.block_n
-    return min(dq_m, bm), min(dq_n, bn), min(kv_m, bm), min(kv_n, bn), warps, stages
-
-
-def _fused_backward_pays(layout, seqlen_q, seqlen_k, causal) -> bool:
-    """Whether the layout's block rows keep at most FUSED_MAX_BLOCKS blocks on average over this shape
-    (cached on the layout, so the mean syncs with the device once per layout and shape)."""
-
-    def mean_blocks():
-        lists = layout.block_lists(seqlen_q, seqlen_k, causal)
-        return (lists.row_full_cnt + lists.row_part_cnt).float().mean().item()
-
-    return layout.derived(("mean_row_blocks", seqlen_q, seqlen_k, causal), mean_blocks) <= FUSED_MAX_BLOCKS
 
 
 def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
@@ -629,10 +485,6 @@ def _block_sparse_backward(
         return _block_sparse_hopper.block_sparse_backward_hopper(
             do, q, k, v, out, lse, layout, causal, sm_scale
         )
-    if dlse is None and _fused_backward_pays(layout, seqlen_q, seqlen_k, causal):
-        return _block_sparse_backward_fused(
-            do, q, k, v, out, lse, layout, causal, sm_scale, dropout_p, seed, tiles
-        )
     # the dq kernel computes delta unless lse has a gradient, which the dense kernels' preprocess folds in
     delta_here = dlse is None
     delta = torch.empty_like(lse) if delta_here else backward_delta(out, do, lse, dlse=dlse)
@@ -653,7 +505,7 @@ def _block_sparse_backward(
         dq.stride(0), dq.stride(1), dq.stride(2), out.stride(0), out.stride(1), out.stride(2),
         nheads, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale, n_rows, n_cols,
         dropout_p, seed, BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages,
-        DELTA_MODE=DELTA_STORE if delta_here else DELTA_LOAD, **common,
+        DELTA_HERE=delta_here, **common,
     )  # fmt: skip
 
     tile_m, tile_n, warps, stages = _tiles(layout, "dkdv", head_dim, tiles)
@@ -666,36 +518,6 @@ def _block_sparse_backward(
         nheads, nheads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale,
         n_rows, n_cols, dropout_p, seed,
         BLOCK_M=tile_m, BLOCK_N=tile_n, num_warps=warps, num_stages=stages, **common,
-    )  # fmt: skip
-    return dq, dk, dv
-
-
-def _block_sparse_backward_fused(do, q, k, v, out, lse, layout, causal, sm_scale, dropout_p, seed, tiles):
-    """`_block_sparse_backward` in one launch (`_bs_bwd_fused_kernel`); no gradient on lse."""
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    head_dim = padded_head_dim(headdim)
-    dq_m, dq_n, kv_m, kv_n, warps, stages = _fused_tiles(layout, head_dim, tiles)
-    rows = layout.block_lists(seqlen_q, seqlen_k, causal, dq_m, dq_n)
-    cols = layout.block_lists(seqlen_q, seqlen_k, causal, kv_m, kv_n)
-    dq_rows, dq_cols = rows.tile_kind.shape[1:]
-    kv_rows, kv_cols = cols.tile_kind.shape[1:]
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    n_kv_programs = kv_cols * batch * nheads_kv
-    grid = (n_kv_programs + dq_rows * batch * nheads,)
-    _bs_bwd_fused_kernel[grid](
-        q, k, v, do, dq, dk, dv, lse, out,
-        rows.row_full_idx, rows.row_full_cnt, rows.row_part_idx, rows.row_part_cnt,
-        cols.col_full_idx, cols.col_full_cnt, cols.col_part_idx, cols.col_part_cnt,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        nheads, nheads_kv, seqlen_q, seqlen_k, seqlen_k - seqlen_q, sm_scale * LOG2E, sm_scale,
-        dq_rows, dq_cols, kv_rows, kv_cols, n_kv_programs, dropout_p, seed,
-        GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim, BLOCK_D=head_dim,
-        DQ_BLOCK_M=dq_m, DQ_BLOCK_N=dq_n, KV_BLOCK_M=kv_m, KV_BLOCK_N=kv_n, CAUSAL=causal,
-        DROPOUT=dropout_mode(dropout_p), DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dq, dk, dv
 

@@ -99,7 +99,7 @@ def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
 def hopper_calls(monkeypatch) -> list:
     """Records each call of the Hopper block-sparse forward and backward; the backward takes the Hopper
     kernels however few tiles a program walks (the test layouts are small)."""
-    monkeypatch.setattr(bs_hopper, "BACKWARD_MIN_TILES", 0)
+    monkeypatch.setattr(bs_hopper, "BACKWARD_MIN_TILES", dict.fromkeys(bs_hopper.BACKWARD_MIN_TILES, 0))
     return record_calls(
         monkeypatch,
         (bs_hopper, "block_sparse_forward_hopper"),
@@ -202,13 +202,18 @@ def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, ls
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("local_blocks, takes_backward", [(0, False), (8, True)])
-def test_gpu_backward_takes_the_hopper_kernels_from_enough_tiles_per_program(
-    local_blocks, takes_backward, monkeypatch
+@pytest.mark.parametrize(
+    "headdim, local_blocks, takes_backward", [(128, 0, True), (64, 0, False), (64, 8, True)]
+)
+def test_gpu_backward_takes_the_hopper_kernels_from_the_head_dims_tile_count(
+    headdim, local_blocks, takes_backward, monkeypatch
 ):
-    # a block diagonal lists 2 key tiles per 128-row program, a band of 8 blocks each side ~17
+    # BACKWARD_MIN_TILES: d128 at any count; d64 from 6 tiles of 128 keys per program. A block diagonal
+    # lists 1 such tile per 128-row program, a band of 8 blocks each side ~15.
     calls = record_calls(monkeypatch, (bs_hopper, "block_sparse_backward_hopper"))
-    q, k, v = (torch.randn(1, 4096, 2, 128, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(1, 4096, 2, headdim, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3)
+    )
     block_sparse_attention(
         q, k, v, local_layout(4096, 128, local_blocks=local_blocks).cuda()
     ).sum().backward()
