@@ -190,6 +190,10 @@ def main():
     parser.add_argument("--headdim", type=int, default=64)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--parts-seqlen", type=int, default=256, help="problem size of the `parts` breakdown")
+    parser.add_argument("--butterfly", default=None, metavar="F:L",
+                        help="the block-sparse layout: butterfly n_factors:local_blocks on 128-blocks (default: all "
+                        "factors); also times FlexAttention on the same block mask")  # fmt: skip
+    parser.add_argument("--no-parts", action="store_true", help="skip the dense path's `parts` breakdown")
     parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/host_overhead_<gpu>.json)"
     )
@@ -200,17 +204,28 @@ def main():
     shape = (1, args.seqlen, 16, args.headdim)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    layout = butterfly_layout(args.seqlen, 128).cuda()
+    butterfly = {}
+    if args.butterfly:
+        n_factors, local = (int(x) for x in args.butterfly.split(":"))
+        butterfly = dict(n_factors=n_factors, local_blocks=local)
+    layout = butterfly_layout(args.seqlen, 128, **butterfly).cuda()
     paths = {
         "block_sparse": lambda: block_sparse_attention(q, k, v, layout),
         "dense": lambda: flash_attention(q, k, v),
     }
+    if args.butterfly:  # FlexAttention's host path on the same block mask, (B, H, N, d) views of the inputs
+        from benchmarks.bench_block_sparse import flex_block_mask, flex_fn
+
+        block_mask, flex = flex_block_mask(layout, args.seqlen), flex_fn()
+        paths["flex_block_sparse"] = lambda: flex(
+            *(x.transpose(1, 2) for x in (q, k, v)), block_mask=block_mask
+        ).transpose(1, 2)
     rows = []
     for name, forward in paths.items():
         fwdbwd = lambda forward=forward: torch.autograd.grad(forward(), (q, k, v), do)  # noqa: E731
         for _ in range(10):  # compile, autotune, warm up
             fwdbwd()
-        row = dict(path=name, seqlen=args.seqlen, headdim=args.headdim, nheads=16, batch=1)
+        row = dict(path=name, seqlen=args.seqlen, headdim=args.headdim, nheads=16, batch=1, **butterfly)
         row["fwdbwd_host_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=False)
         row["fwdbwd_synced_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=True)
         with torch.no_grad():
@@ -220,7 +235,7 @@ def main():
         print({key: val for key, val in row.items() if key != "host_top"}, flush=True)
         for entry in row["host_top"]:
             print(f"  {entry['own_ms']:8.3f} ms own  {entry['cum_ms']:8.3f} ms cum  {entry['function']}")
-    parts = host_parts(args.parts_seqlen, args.headdim, args.calls)
+    parts = None if args.no_parts else host_parts(args.parts_seqlen, args.headdim, args.calls)
     write_results(out, rows, extra=dict(dtype="bfloat16", parts_seqlen=args.parts_seqlen, parts=parts))
 
 

@@ -24,6 +24,9 @@
 #       every list length, 1-6 blocks per row, which BACKWARD_MIN_TILES had kept portable; the one-launch backward
 #       lost everywhere and was removed) BACKWARD_MIN_TILES per head dim (d128 any, d64 from 6): the Hopper
 #       block-sparse GPU tests, then block-sparse d128 at n4k and n16k against Flex, eager and from graphs
+#   bash benchmarks/run_gpu_s31.sh 7   # (part 6, on an H200: 169 passed; d128 from graphs 1.07-1.30x Flex at n4k and
+#       1.19-1.30x at n16k; eager n4k 0.72-0.93x, host-bound) host time of one eager block-sparse fwd+bwd at n4k
+#       d128, ours and Flex on the same mask, with cProfile's top functions, at 1 and 3 blocks per row
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -81,5 +84,11 @@ case "${1:?part 1}" in
     > "$R/gpu_tests_block_sparse_hopper.log" 2>&1; tail -n 3 "$R/gpu_tests_block_sparse_hopper.log"
   timeout 380 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 128 \
     --out "$R/block_sparse_d128.json" 2>&1 | quiet | tail -n 20
+  ;;
+7)
+  for fl in 0:0 2:0; do
+    timeout 150 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly $fl --no-parts \
+      --out "$R/host_overhead_bs_d128_n4k_${fl/:/_}.json" 2>&1 | quiet | tee -a "$R/host_overhead.log" | tail -n 80
+  done
   ;;
 esac
