@@ -135,6 +135,7 @@ def bench_one(
     gap_steps=0,
     compile_mode=None,
     profile_ops=0,
+    kernel_callers=None,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -190,8 +191,11 @@ def bench_one(
             elapsed = time.perf_counter() - start
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
-            p = device_profile(step, profile_steps, top=profile_top, ops=profile_ops)
-            keys = ("wall_ms", "busy_ms", "kernels_per_step", "kernels_ms", "top_kernels_ms", "top_ops")
+            p = device_profile(
+                step, profile_steps, top=profile_top, ops=profile_ops, callers_of=kernel_callers
+            )
+            keys = ("wall_ms", "busy_ms", "kernels_per_step", "kernels_ms", "top_kernels_ms", "top_ops",
+                    "kernel_callers")  # fmt: skip
             row.update({k: p[k] for k in keys if k in p})
         if gap_steps:  # where in the step the device idles (the host fell behind)
             row["gaps"] = device_gaps(step, gap_steps)
@@ -243,6 +247,8 @@ def main():
                         help="with --profile: how many of the heaviest kernels each row lists")  # fmt: skip
     parser.add_argument("--profile-ops", type=int, default=0, metavar="N",
                         help="with --profile: also the N operators with the most own device time, by input shapes")  # fmt: skip
+    parser.add_argument("--kernel-callers", default=None, metavar="NAME",
+                        help="with --profile: the operators that launched kernels whose names contain NAME")  # fmt: skip
     parser.add_argument("--gaps", type=int, default=0, metavar="STEPS",
                         help="then find where the device idles over STEPS steps (CUDA-only profiler)")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
@@ -318,6 +324,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.gaps,
             args.compile_mode,
             args.profile_ops,
+            args.kernel_callers,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

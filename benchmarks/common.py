@@ -82,7 +82,12 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
 
 
 def device_profile(
-    fn: Callable[[], object], steps: int = 3, trace: str | None = None, top: int = 12, ops: int = 0
+    fn: Callable[[], object],
+    steps: int = 3,
+    trace: str | None = None,
+    top: int = 12,
+    ops: int = 0,
+    callers_of: str | None = None,
 ) -> dict:
     """Run fn `steps` times under torch.profiler (after one unprofiled call, so anything lazily built
     stays out): wall and device-busy ms per step (busy: the union of kernel and copy intervals, as
@@ -92,12 +97,14 @@ def device_profile(
     trace: a path for the Chrome trace of the profiled steps (the timeline: what overlapped what).
     top: how many kernels `top_kernels_ms` lists.
     ops: list that many operators by their own device time, per input shapes (`top_ops`): which eager
-    op (and tensor) launched a kernel whose name alone does not say."""
+    op (and tensor) launched a kernel whose name alone does not say.
+    callers_of: a kernel-name substring: the operators that launched such kernels, with their input
+    shapes and the ranges around them (`kernel_callers`)."""
     from torch.profiler import ProfilerActivity
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    prof, wall_ms = _profiled(fn, steps, activities, record_shapes=ops > 0)
+    prof, wall_ms = _profiled(fn, steps, activities, record_shapes=ops > 0 or callers_of is not None)
     if trace is not None:
         prof.export_chrome_trace(trace)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -110,6 +117,8 @@ def device_profile(
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
     sort_key = "cuda_time_total" if cuda else "cpu_time_total"
     extra = {"top_ops": _top_ops(prof, steps, ops)} if ops else {}
+    if callers_of is not None:
+        extra["kernel_callers"] = _kernel_callers(prof, steps, callers_of)
     return {
         **extra,
         "wall_ms": wall_ms,
@@ -178,6 +187,27 @@ def _top_ops(prof, steps: int, n: int) -> list[dict]:
              self_device_ms=round(e.self_device_time_total / 1e3 / steps, 3))
         for e in events
     ]  # fmt: skip
+
+
+def _kernel_callers(prof, steps: int, pattern: str) -> list[dict]:
+    """The CPU operators whose launched kernels' names contain pattern: name, input shapes and the chain
+    of enclosing operators, with launches and device ms per step, heaviest first."""
+    found: dict[tuple, list] = {}
+    for e in prof.events():
+        hits = [k for k in e.kernels if pattern in k.name]
+        if e.device_type != torch.autograd.DeviceType.CPU or not hits:
+            continue
+        chain, parent = [], e.cpu_parent
+        while parent is not None and len(chain) < 6:
+            chain.append(parent.name[:80])
+            parent = parent.cpu_parent
+        key = (e.name, str(e.input_shapes)[:200], " < ".join(chain))
+        entry = found.setdefault(key, [0, 0.0])
+        entry[0] += len(hits)
+        entry[1] += sum(k.duration for k in hits)
+    rows = [dict(op=op, shapes=shapes, inside=chain, launches=n / steps, device_ms=round(us / 1e3 / steps, 3))
+            for (op, shapes, chain), (n, us) in found.items()]  # fmt: skip
+    return sorted(rows, key=lambda r: -r["device_ms"])
 
 
 def idle_gaps(kernels: list[tuple[str, float, float]], min_us: float = 3.0) -> tuple[float, dict]:

@@ -27,6 +27,10 @@
 #   bash benchmarks/run_gpu_s31.sh 7   # (part 6, on an H200: 169 passed; d128 from graphs 1.07-1.30x Flex at n4k and
 #       1.19-1.30x at n16k; eager n4k 0.72-0.93x, host-bound) host time of one eager block-sparse fwd+bwd at n4k
 #       d128, ours and Flex on the same mask, with cProfile's top functions, at 1 and 3 blocks per row
+#   bash benchmarks/run_gpu_s31.sh 8   # (part 7, on an H200: host time per eager fwd+bwd, ours 0.82 / 0.86 ms, Flex
+#       0.77 / 0.79; with a sync after each, ours 0.76 / 0.79, Flex 0.91 / 0.97) which operators launch GPT-2 medium
+#       1k's float reduce_kernel (kernel by kernel, so the launching ops are seen); block-sparse d64 at n4k and
+#       n16k against Flex with d64's new backward rule
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -90,5 +94,17 @@ case "${1:?part 1}" in
     timeout 150 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly $fl --no-parts \
       --out "$R/host_overhead_bs_d128_n4k_${fl/:/_}.json" 2>&1 | quiet | tee -a "$R/host_overhead.log" | tail -n 80
   done
+  ;;
+8)
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 --impls triton --steps 20 \
+    --profile 2 --kernel-callers reduce_kernel --in-process --out "$R/train_medium1024_reduce_callers.json" 2>&1 \
+    | quiet | tee -a "$R/bench_train.log" | grep "^|.*gpt2"
+  python - "$R/train_medium1024_reduce_callers.json" <<'PY'
+import json, sys
+for c in json.load(open(sys.argv[1]))["rows"][0].get("kernel_callers", []):
+    print(c)
+PY
+  timeout 330 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 64 \
+    --out "$R/block_sparse_d64.json" 2>&1 | quiet | tail -n 16
   ;;
 esac
