@@ -223,6 +223,22 @@ def bench_one(
     return row
 
 
+def set_inductor_config(parser, setting: str) -> None:
+    """KEY=VALUE -> torch._inductor.config.KEY = VALUE (a Python literal), refusing unknown keys."""
+    import ast
+
+    import torch._inductor.config as inductor_config
+
+    key, sep, text = setting.partition("=")
+    *path, name = key.split(".")
+    target = inductor_config
+    for part in path:
+        target = getattr(target, part, None)
+    if not sep or target is None or not hasattr(target, name):
+        parser.error(f"--inductor {setting!r}: write KEY=VALUE with KEY a torch._inductor.config setting")
+    setattr(target, name, ast.literal_eval(text))
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -249,6 +265,8 @@ def main():
                         help="with --profile: also the N operators with the most own device time, by input shapes")  # fmt: skip
     parser.add_argument("--kernel-callers", default=None, metavar="NAME",
                         help="with --profile: the operators that launched kernels whose names contain NAME")  # fmt: skip
+    parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                        help="set torch._inductor.config.KEY (e.g. triton.mix_order_reduction_split_size=64); repeatable")  # fmt: skip
     parser.add_argument("--gaps", type=int, default=0, metavar="STEPS",
                         help="then find where the device idles over STEPS steps (CUDA-only profiler)")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
@@ -278,6 +296,8 @@ def main():
         parser.error(f"unknown --impls {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_train.py measures GPU training; no CUDA device is visible")
+    for setting in args.inductor:
+        set_inductor_config(parser, setting)
     out = args.out or f"benchmarks/results/train_{gpu_slug()}.json"
     peak = args.peak or matmul_peak_tflops()
     print(f"measured bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
@@ -292,7 +312,7 @@ def main():
                 rows.append(row)
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 # rewritten after every row, so a run stopped at its time limit keeps what it measured
-                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": args.compile,
+                write_results(out, rows, extra={"matmul_peak_tflops": peak, "compile": args.compile, "inductor": args.inductor,
                                                "cudnn_version": torch.backends.cudnn.version(),
                                                "activation_checkpointing": args.activation_checkpointing,
                                                "row_per_process": not args.in_process})  # fmt: skip

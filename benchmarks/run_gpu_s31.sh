@@ -31,6 +31,10 @@
 #       0.77 / 0.79; with a sync after each, ours 0.76 / 0.79, Flex 0.91 / 0.97) which operators launch GPT-2 medium
 #       1k's float reduce_kernel (kernel by kernel, so the launching ops are seen); block-sparse d64 at n4k and
 #       n16k against Flex with d64's new backward rule
+#   bash benchmarks/run_gpu_s31.sh 9   # (part 8, on an H200: the float reduce_kernel is aten::sum of (1024, 1024) fp32,
+#       96 per step, 0.82 ms: Inductor's mix-order reduction of the LayerNorms' weight and bias gradients ends in
+#       ws.view(nsplit, C).sum(0), with nsplit = 16384 rows / split 16; block-sparse d64 from graphs 1.11-1.33x Flex)
+#       GPT-2 medium 1k from graphs at mix-order split sizes 16 (the default here), 64 and 128, and without it
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -106,5 +110,21 @@ for c in json.load(open(sys.argv[1]))["rows"][0].get("kernel_callers", []):
 PY
   timeout 330 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 64 \
     --out "$R/block_sparse_d64.json" 2>&1 | quiet | tail -n 16
+  ;;
+9)
+  medium 1024 triton _split_default --steps 40 --profile 2 --profile-top 30
+  for split in 64 128; do
+    medium 1024 triton _split$split --steps 40 --profile 2 --profile-top 30 \
+      --inductor triton.mix_order_reduction_split_size=$split
+  done
+  medium 1024 triton _no_mix_order --steps 40 --profile 2 --profile-top 30 --inductor triton.mix_order_reduction=False
+  python - "$R" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/train_medium1024_triton_*.json")):
+    r = json.load(open(f))["rows"][0]
+    ln = sum(v for k, v in r["top_kernels_ms"].items() if "layer_norm" in k or "reduce_kernel" in k)
+    print(f.split("/")[-1], round(r["tokens_per_s"]), round(r["mfu"] * 100, 2), "busy", round(r["busy_ms"], 2),
+          "layernorm+reduce kernels", round(ln, 3))
+PY
   ;;
 esac
