@@ -104,19 +104,22 @@ class Strategy:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def clip_grad_norm(self, max_norm: float) -> float | None:
-        """Clip and return the global gradient norm (the same on every rank), or None when the engine
-        clips inside `step` (DeepSpeed); non-finite means the step must be skipped."""
-        grads, norm = self._grads_and_norm()
-        value = norm.item()  # host-device sync
-        # A non-finite norm skips the step, so the gradients are left as they are for its report.
+    def grad_norm(self) -> tuple[list[torch.Tensor], torch.Tensor] | None:
+        """The gradients `clip_grads` scales and their global 2-norm, still on the device (no sync), or
+        None when the engine clips inside `step` (DeepSpeed)."""
+        return self._grads_and_norm()
+
+    def clip_grads(
+        self, grads: list[torch.Tensor], norm: torch.Tensor, value: float, max_norm: float
+    ) -> None:
+        """Scale grads by min(1, max_norm / norm), as torch.nn.utils.clip_grads_with_norm_; value is the
+        norm read on the host. A non-finite norm skips the step, so the gradients are left as they are
+        for its report."""
         if grads and max_norm > 0 and math.isfinite(value):
-            # as torch.nn.utils.clip_grads_with_norm_: scale by min(1, max_norm / norm)
             torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return value
 
     def _grads_and_norm(self) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The gradient tensors `clip_grad_norm` scales, and the global 2-norm of all gradients."""
+        """The gradient tensors `clip_grads` scales, and the global 2-norm of all gradients."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         return grads, torch.nn.utils.get_total_norm(grads)
 
@@ -284,7 +287,7 @@ class DeepSpeedStrategy(Strategy):
         if not last:
             self.engine.step()  # not a boundary: only advances the engine's micro-step counter
 
-    def clip_grad_norm(self, max_norm: float) -> float | None:
+    def grad_norm(self) -> None:
         return None  # the engine clips inside step (gradient_clipping)
 
     def step(self) -> float | None:

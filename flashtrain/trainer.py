@@ -511,10 +511,16 @@ class Trainer:
                 self._fetch_ahead()
         if self.world_size > 1:
             dist.all_reduce(total, op=dist.ReduceOp.AVG)  # blocks: the logged loss is the global mean
-        loss_value = total.item()  # host-device sync: once per step, needed for the NaN check and logging
         # Both values are global (the loss all-reduced, the norm over all shards), so every rank takes
         # the same branch: all skip or none.
-        grad_norm = self.strategy.clip_grad_norm(self.cfg.optim.grad_clip)  # None: the engine clips in step
+        found = self.strategy.grad_norm()  # None: the engine clips in step
+        if found is None:
+            loss_value, grad_norm = total.item(), None  # host-device sync: once per step
+        else:
+            grads, norm = found
+            # one host-device sync per step for both values the branch below reads
+            loss_value, grad_norm = torch.stack([total, norm.to(total.dtype)]).tolist()
+            self.strategy.clip_grads(grads, norm, grad_norm, self.cfg.optim.grad_clip)
         if not math.isfinite(loss_value) or (grad_norm is not None and not math.isfinite(grad_norm)):
             self._handle_non_finite(loss_value, grad_norm)
             self.strategy.skip_step()

@@ -1,7 +1,9 @@
 """The trainer: exact resume after a kill, atomic checkpoints, NaN handling, clear errors."""
 
 import json
+import math
 import os
+import sys
 
 import pytest
 import torch
@@ -176,10 +178,33 @@ def test_gradients_are_clipped_to_the_global_norm(tmp_path, scale, clipped):
     for i, p in enumerate(params):
         p.grad = torch.full_like(p, scale * (1 + i % 3))
     before = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])).item()
-    returned = trainer.strategy.clip_grad_norm(1.0)
+    grads, norm = trainer.strategy.grad_norm()
+    returned = norm.item()
+    trainer.strategy.clip_grads(grads, norm, returned, 1.0)
     after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])).item()
     assert returned == pytest.approx(before, rel=1e-5)  # the norm before clipping is what is logged
     assert after == pytest.approx(1.0 if clipped else before, rel=1e-4)
+
+
+def test_a_step_reads_the_device_once(tmp_path, monkeypatch):
+    """The loss and the gradient norm come to the host together: one sync per step, not one each."""
+    trainer = Trainer(small_config(tmp_path, "trainer.run_name=one_sync", "optim.grad_clip=1.0"))
+    trainer.train_step()  # first step: lazy set-up may read what it likes
+    reads = []
+
+    def counted(real, name):
+        def read(t):
+            caller = sys._getframe(1).f_code.co_filename  # torch's CPU optimizer reads its step count too
+            if os.sep + "flashtrain" + os.sep in caller:
+                reads.append(name)
+            return real(t)
+
+        return read
+
+    for name in ("item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name), name))
+    loss = trainer.train_step()
+    assert reads == ["tolist"] and math.isfinite(loss) and trainer.last_grad_norm > 0
 
 
 def test_nan_loss_skip_policy_skips_then_gives_up(tmp_path):
