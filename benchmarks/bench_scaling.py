@@ -70,14 +70,16 @@ def _overrides(a) -> list[str]:
 
 def _phase_times(trainer, steps: int, sync: bool) -> dict:
     """Milliseconds per step that rank 0's host spends in each phase of `Trainer.train_step`: forward
-    (the loss), backward (FSDP's and DDP's hooks included), clip (the global gradient norm) and
-    optimizer, and the rest (mostly the wait for the device at the step's `loss.item()`). Without sync
+    (the loss), backward (FSDP's and DDP's hooks included), clip (the global gradient norm, and the
+    scaling by it) and optimizer, and the rest (mostly the wait for the device at the step's one read of
+    the loss and the norm). Without sync
     a phase's time is the host work of launching it; with sync (a device sync before and after every
     phase) it is that phase's host and device time together, with nothing overlapped."""
     phases = {
         "forward": (trainer, "_micro_batch_loss"),
         "backward": (trainer.strategy, "backward"),
-        "clip": (trainer.strategy, "clip_grad_norm"),
+        "clip": (trainer.strategy, "grad_norm"),
+        "clip_scale": (trainer.strategy, "clip_grads"),
         "optimizer": (trainer.strategy, "step"),
     }
     spent = dict.fromkeys(phases, 0.0)
@@ -105,6 +107,7 @@ def _phase_times(trainer, steps: int, sync: bool) -> dict:
     finally:
         for obj, attr in phases.values():
             delattr(obj, attr)
+    spent["clip"] += spent.pop("clip_scale")
     ms = {name: t / steps * 1e3 for name, t in spent.items()}
     return {**ms, "rest": total / steps * 1e3 - sum(ms.values()), "step": total / steps * 1e3}
 
