@@ -35,6 +35,9 @@
 #       96 per step, 0.82 ms: Inductor's mix-order reduction of the LayerNorms' weight and bias gradients ends in
 #       ws.view(nsplit, C).sum(0), with nsplit = 16384 rows / split 16; block-sparse d64 from graphs 1.11-1.33x Flex)
 #       GPT-2 medium 1k from graphs at mix-order split sizes 16 (the default here), 64 and 128, and without it
+#   bash benchmarks/run_gpu_s31.sh 10  # (part 9, on an H200: mix-order split 16 / 64 / 128 / off 190.7k / 191.3k /
+#       190.9k / 188.5k tokens/s, within spread) the trainer reading the loss and the norm in one sync: flashtrain's
+#       GPU tests (carry .whl)
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -126,5 +129,9 @@ for f in sorted(glob.glob(sys.argv[1] + "/train_medium1024_triton_*.json")):
     print(f.split("/")[-1], round(r["tokens_per_s"]), round(r["mfu"] * 100, 2), "busy", round(r["busy_ms"], 2),
           "layernorm+reduce kernels", round(ln, 3))
 PY
+  ;;
+10)
+  (source .whl/install.sh && timeout -s INT 400 python -m pytest -q -n 4 -m gpu tests/flashtrain -rf \
+    > "$R/gpu_tests_flashtrain.log" 2>&1); tail -n 3 "$R/gpu_tests_flashtrain.log"
   ;;
 esac
