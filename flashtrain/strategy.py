@@ -104,11 +104,6 @@ class Strategy:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def grad_norm(self) -> tuple[list[torch.Tensor], torch.Tensor] | None:
-        """The gradients `clip_grads` scales and their global 2-norm, still on the device (no sync), or
-        None when the engine clips inside `step` (DeepSpeed)."""
-        return self._grads_and_norm()
-
     def clip_grads(
         self, grads: list[torch.Tensor], norm: torch.Tensor, value: float, max_norm: float
     ) -> None:
@@ -118,8 +113,9 @@ class Strategy:
         if grads and max_norm > 0 and math.isfinite(value):
             torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
 
-    def _grads_and_norm(self) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The gradient tensors `clip_grads` scales, and the global 2-norm of all gradients."""
+    def grad_norm(self) -> tuple[list[torch.Tensor], torch.Tensor] | None:
+        """The gradients `clip_grads` scales and their global 2-norm, still on the device (no sync), or
+        None when the engine clips inside `step` (DeepSpeed)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         return grads, torch.nn.utils.get_total_norm(grads)
 
@@ -234,7 +230,7 @@ class FSDPStrategy(Strategy):
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def _grads_and_norm(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def grad_norm(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         """This rank's gradient shards, and the global norm as one all-reduce of their squared norm over
         the data-parallel mesh: every parameter is sharded along dim 0 of that 1-D mesh (`apply_fsdp`),
         so each element lives on exactly one rank. DTensor's own norm and scaling dispatch per gradient,
