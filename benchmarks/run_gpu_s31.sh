@@ -38,6 +38,8 @@
 #   bash benchmarks/run_gpu_s31.sh 10  # (part 9, on an H200: mix-order split 16 / 64 / 128 / off 190.7k / 191.3k /
 #       190.9k / 188.5k tokens/s, within spread) the trainer reading the loss and the norm in one sync: flashtrain's
 #       GPU tests (carry .whl)
+#   bash benchmarks/run_gpu_s31.sh 11  # (part 10, on an H200: 11 passed) GPT-2 medium 1k from graphs with Inductor's
+#       programmatic dependent launch (triton.enable_pdl) and without, alternating, twice
 source benchmarks/gpu_call.sh
 machine_info
 # GPT-2 medium at $1 tokens with impl $2, compiled blocks replayed from CUDA graphs, as $R/train_medium$1_$2$3.json
@@ -133,5 +135,11 @@ PY
 10)
   (source .whl/install.sh && timeout -s INT 400 python -m pytest -q -n 4 -m gpu tests/flashtrain -rf \
     > "$R/gpu_tests_flashtrain.log" 2>&1); tail -n 3 "$R/gpu_tests_flashtrain.log"
+  ;;
+11)
+  for run in 1 2; do
+    medium 1024 triton _default_run$run --steps 40
+    medium 1024 triton _pdl_run$run --steps 40 --inductor triton.enable_pdl=True
+  done
   ;;
 esac
