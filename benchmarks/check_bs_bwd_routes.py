@@ -12,6 +12,7 @@ a one-launch portable backward, since removed: slower than the two kernels at ev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -28,29 +29,30 @@ from kernels.layouts import butterfly_layout  # noqa: E402
 LAYOUTS = [(0, 0), (1, 0), (0, 1), (2, 0), (3, 0), (5, 0), (7, 0), (7, 4)]
 
 
-def backward_fn(route, q, k, v, do, out, lse, layout, scale):
-    """The backward through `route` ("portable" or "hopper") whatever the tiles per program."""
+@contextlib.contextmanager
+def forced_route(route: str):
+    """Block-sparse backwards inside go to `route` ("portable" or "hopper") whatever the tiles per program."""
+    saved = _block_sparse_hopper.BACKWARD_ENABLED, _block_sparse_hopper.BACKWARD_MIN_TILES
+    _block_sparse_hopper.BACKWARD_ENABLED = route == "hopper"
+    _block_sparse_hopper.BACKWARD_MIN_TILES = dict.fromkeys(saved[1], 0)
+    try:
+        yield
+    finally:
+        _block_sparse_hopper.BACKWARD_ENABLED, _block_sparse_hopper.BACKWARD_MIN_TILES = saved
 
+
+def backward_fn(route, q, k, v, do, out, lse, layout, scale):
     def run():
-        saved = _block_sparse_hopper.BACKWARD_ENABLED, _block_sparse_hopper.BACKWARD_MIN_TILES
-        _block_sparse_hopper.BACKWARD_ENABLED = route == "hopper"
-        _block_sparse_hopper.BACKWARD_MIN_TILES = dict.fromkeys(saved[1], 0)
-        try:
+        with forced_route(route):
             return block_sparse._block_sparse_backward(do, q, k, v, out, lse, layout, False, scale, 0.0, 0)
-        finally:
-            _block_sparse_hopper.BACKWARD_ENABLED, _block_sparse_hopper.BACKWARD_MIN_TILES = saved
 
     return run
 
 
 def hopper_fits(q, k, v, do, out, layout) -> bool:
     """Whether the Hopper backward takes this call whatever its tiles per program."""
-    saved = _block_sparse_hopper.BACKWARD_MIN_TILES
-    _block_sparse_hopper.BACKWARD_MIN_TILES = dict.fromkeys(saved, 0)
-    try:
+    with forced_route("hopper"):
         return _block_sparse_hopper.usable_backward(q, k, v, do, out, layout, False, 0.0, lse_grad=False)
-    finally:
-        _block_sparse_hopper.BACKWARD_MIN_TILES = saved
 
 
 def main() -> None:

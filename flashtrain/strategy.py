@@ -69,6 +69,11 @@ class Strategy:
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.distributed = parallel_dims is not None
+        # blocks replayed from CUDA graphs return each gradient in their graph's memory, which the next
+        # micro-batch's replay overwrites; under accumulation the gradients are tensors of their own,
+        # zero-filled once and added to in place ("accessing tensor output of CUDAGraphs that has been
+        # overwritten" otherwise)
+        self.keep_grads = cfg.trainer.cuda_graphs and cfg.trainer.grad_accum > 1
 
     # ---- set-up and the step --------------------------------------------------------------------
 
@@ -88,7 +93,9 @@ class Strategy:
             param_dtype=self.autocast_dtype,
         )
         self.optimizer = build_optimizer(self.model, self.cfg.optim)
-        self.clear_grads()
+        if self.keep_grads:
+            for p in self.model.parameters():
+                p.grad = torch.zeros_like(p)
         return self.train_model, self.optimizer
 
     def grad_sync(self, last: bool):
@@ -147,19 +154,8 @@ class Strategy:
         self.clear_grads()
 
     def clear_grads(self) -> None:
-        """Gradients to None, or, for blocks replayed from CUDA graphs under gradient accumulation, to
-        zero-filled tensors of their own. A replayed backward returns each gradient in its graph's
-        memory, which the next micro-batch's replay overwrites; autograd would keep the first
-        micro-batch's gradient there and add the next one to it ("accessing tensor output of
-        CUDAGraphs that has been overwritten"). Gradients that exist are added to in place instead."""
-        tc = self.cfg.trainer
-        keep = tc.cuda_graphs and tc.grad_accum > 1
-        self.optimizer.zero_grad(set_to_none=not keep)  # one foreach kernel zeroes those that exist
-        if keep:
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:  # the first call: none exists yet
-                        p.grad = torch.zeros_like(p)
+        """Gradients to None, or to zero in place where they are kept (`keep_grads`): one foreach kernel."""
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
 
     # ---- checkpoints (every method here is collective: every rank must call it) -------------------
 

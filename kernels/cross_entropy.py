@@ -86,7 +86,7 @@ def rows_tiling(vocab: int, dtype: torch.dtype) -> dict:
     if INTERPRET:
         block = min(next_power_of_2(vocab), 64)
         return dict(BLOCK_V=block, GROUP=min(block, 4), num_warps=1)
-    group = 16 // torch.empty((), dtype=dtype).element_size()
+    group = 16 // dtype.itemsize
     block = min(max(next_power_of_2(vocab), group), 8192)
     return dict(BLOCK_V=block, GROUP=group, num_warps=max(1, min(32, block // 256)))
 
