@@ -32,8 +32,12 @@ from kernels.reference import attention_reference  # noqa: E402
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS; none at d64)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     64: [Cfg(64, 64, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 4, 240)],
-    # (the last two fields: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
-    256: [Cfg(32, 64, 2, 2, 240, 24, 64, 2), Cfg(32, 64, 2, 2, 240), Cfg(32, 64, 2, 2, 240, 24, 64, 1)],
+    # (dv_block_m, dv_stages: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
+    256: [
+        Cfg(32, 64, 2, 2, 240, producer_regs=32, dv_block_m=64, dv_stages=2),
+        Cfg(32, 64, 2, 2, 240, producer_regs=32),
+        Cfg(32, 64, 2, 2, 240, producer_regs=32, dv_block_m=64, dv_stages=1),
+    ],
 }
 
 

@@ -46,13 +46,13 @@ from ._launch import CompiledLaunch
 
 @gluon.jit
 def _producer(
-    q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty,
-    off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
-    PART: gl.constexpr,
+    q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
+    qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
+    qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
-    lo .. hi - 1 of every query head of the group into the stage ring, section by section (block-sparse:
-    the hi tiles listed)."""
+    lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
+    section by section (block-sparse: the hi tiles listed)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -65,29 +65,46 @@ def _producer(
             mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
             tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
+    stats = (LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale)
     it = 0  # (a variable: a literal 0 would be passed as a constant, and the loop changes it)
     if SPARSE:
-        _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it, 0, hi,
-                    tiles, SPARSE)  # fmt: skip
+        _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
+                    off_hk, group, it, 0, hi, tiles, SPARSE, PART)  # fmt: skip
     else:
         for section in gl.static_range(3):  # the consumers' order (see `sections`)
             start, count = sections(
                 n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, NUM_CONSUMERS * BLOCK_N
             )
-            it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it,
-                             start, count, tiles, SPARSE)  # fmt: skip
+            it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats,
+                             off_b, off_hk, group, it, start, count, tiles, SPARSE, PART)  # fmt: skip
 
 
 @gluon.jit
-def _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, off_hk, group, it, start, count,
-                tiles, SPARSE: gl.constexpr):  # fmt: skip
-    """The Q and dO tiles of one section's steps (`_query_tile`) into the stage ring, from ring position it;
-    returns the position after them."""
+def _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b, off_hk,
+                group, it, start, count, tiles, SPARSE: gl.constexpr, PART: gl.constexpr):  # fmt: skip
+    """The Q and dO tiles of one section's steps (`_query_tile`) into the stage ring, from ring position it,
+    and their rows' -lse / scale (base 2) and -delta, which the consumers' score products start from (see
+    `_steps`); returns the position after them. A stage is ready when its TMA bytes have landed and this
+    warp has arrived once more, after storing those rows."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
+    LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale = stats
+    row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         t, g = _query_tile(tiles, j, start, count, SPARSE)
+        # the rows' statistics, read while the stage may still be in use (registers, not shared memory)
+        rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        row0 = lse_row0 + (off_hk * group + g) * stride_lh
+        in_seq = rows < seqlen_q  # (queries past the sequence: lse and delta 0, see `_steps`)
+        lse = gl.load(LSE + row0 + rows, mask=in_seq, other=0.0)
+        if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
+            lse = lse * 1.4426950408889634  # log2(e)
+        # a query that saw no key has lse = -inf (only in a masked tile, where its scores are all
+        # masked): any finite lse gives it P = 0
+        lse = gl.where(lse == float("-inf"), 0.0, lse)
+        if PART != 1:  # (the dV pass needs no delta)
+            delta = gl.load(DELTA + row0 + rows, mask=in_seq, other=0.0)
         # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
         mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
         coord = [off_b, off_hk * group + g, t * BLOCK_M, 0]
@@ -95,6 +112,11 @@ def _stream_qdo(q_desc, do_desc, q_smem, do_smem, qdo_ready, qdo_empty, off_b, o
         mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(stage))
         tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(stage))
+        lse_smem.index(stage).store(0.0 - lse / qk_scale)
+        if PART != 1:
+            delta_smem.index(stage).store(0.0 - delta)
+        gl.thread_barrier()  # every lane's rows are stored before the (one-thread) arrive releases them
+        mbarrier.arrive(bar, count=1)
         it += 1
     return it
 
@@ -135,9 +157,8 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
 
 @gluon.jit
 def _steps(
-    dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-    start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale,
-    CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
+    dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count, tiles,
+    group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
@@ -148,42 +169,33 @@ def _steps(
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k.shape[0]
+    MASKED: gl.constexpr = CAUSAL and SECTION != 1
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     for j in range(count if SPARSE else group * count):
-        t, g = _query_tile(tiles, j, start, count, SPARSE)
         stage = it % STAGES
-        row0 = lse_row0 + (off_hk * group + g) * stride_lh
-        rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)  # this tile's queries (columns here)
-        if SECTION >= 2:  # the partial last tile (or a listed partial one)
-            lse = gl.load(LSE + row0 + rows, mask=rows < seqlen_q, other=0.0)
-            if PART != 1:  # (the dV pass needs no delta)
-                delta = gl.load(DELTA + row0 + rows, mask=rows < seqlen_q, other=0.0)
-        else:
-            lse = gl.load(LSE + row0 + rows)
-            if PART != 1:
-                delta = gl.load(DELTA + row0 + rows)
-        if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
-            lse = lse * 1.4426950408889634  # log2(e)
-        if CAUSAL and SECTION != 1:
-            # a query that saw no key has lse = -inf (only under a causal mask, in a masked tile); its
-            # scores are all masked, so any finite lse gives 0
-            lse = gl.where(lse == float("-inf"), 0.0, lse)
+        if MASKED:  # this tile's queries (columns here), for the causal mask
+            t, g = _query_tile(tiles, j, start, count, SPARSE)
+            rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
         mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
         q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         # the products start from -lse / scale and -delta instead of 0, so neither column is held in
-        # registers through the step: S^T * scale - lse and dP^T - delta come out of the tensor cores
+        # registers through the step: S^T * scale - lse and dP^T - delta come out of the tensor cores.
+        # The producer staged both columns with the tile: a load from global memory here would stall
+        # each step for its latency
         zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        s_t = warpgroup_mma(k, q.permute((1, 0)), zeros - (lse / qk_scale)[None, :], is_async=True)
+        s_t = warpgroup_mma(k, q.permute((1, 0)), zeros + lse_smem.index(stage).load(col_layout)[None, :],
+                            is_async=True)  # fmt: skip
         if PART == 1:
             s_t = warpgroup_mma_wait(0, deps=(s_t,))
         else:
-            dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros - delta[None, :], is_async=True)
+            neg_delta = delta_smem.index(stage).load(col_layout)
+            dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
-        if CAUSAL and SECTION != 1:
+        if MASKED:
             s_t = gl.where(keys[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
         p_t = gl.exp2(s_t * qk_scale)
         if PART == 0:
@@ -210,9 +222,8 @@ def _steps(
 
 @gluon.jit
 def _consumer(
-    k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc, LSE, DELTA,
-    stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
-    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
+    off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -242,25 +253,22 @@ def _consumer(
         dv = 0.0
     else:
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-    lse_row0 = off_b.to(gl.int64) * stride_lb
     it = 0
     if SPARSE:  # the partial tiles, then the full ones
         dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            0, lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout,
+            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, 0, lo, tiles,
+            group, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
         dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-            lo, hi - lo, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout,
-            acc_layout,
+            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, lo, hi - lo, tiles,
+            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
     else:
         for section in gl.static_range(3):  # (unrolled: three loops, each with its own masks)
             start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, KEYS)
             dk, dv, it = _steps(
-                dk, dv, it, k, v, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, lse_row0, stride_lh, keys,
-                start, count, tiles, group, off_hk, seqlen_q, diag, qk_scale, CAUSAL, section, SPARSE, PART,
-                st_layout, acc_layout,
+                dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count,
+                tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout,
             )  # fmt: skip
     # dK and dV through this group's K and V buffers (no product reads them any more); the TMA store
     # clips the rows past the sequence
@@ -327,28 +335,35 @@ def _attn_bwd_dkdv_hopper(
         )
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    # per stage, its query rows' -lse / scale and -delta (the producer's loads, the consumers' reads)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # (indexed by stage: 1-D)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
+    delta_smem = (
+        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout) if PART != 1 else lse_smem
+    )
     kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(kv_ready.index(c), count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(qdo_ready.index(i), count=1)
+        mbarrier.init(qdo_ready.index(i), count=2)  # the TMA loads' arrival and the producer's
         mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
     gl.warp_specialize(
         [
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
-                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q,
-                         seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE, PART)),
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
-                         LSE, DELTA, stride_lb, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q,
-                         seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE, PART)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready,
-                         qdo_ready, qdo_empty, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, CAUSAL,
-                         SPARSE, PART)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
+                         dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
+                         sm_scale, 0, CAUSAL, SPARSE, PART)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
+                         dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
+                         sm_scale, 1, CAUSAL, SPARSE, PART)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                         kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
+                         off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
+                         PART)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -381,8 +396,16 @@ CONFIGS = {
     128: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
     # two passes (`passes`): the dK pass holds K and V (128 KB), so 32-query Q/dO tiles (64 spill); the dV
     # pass holds K alone and streams 64-query tiles (one H200: its backward 1.02-1.07x the one with 32)
+    # (a producer of 32 registers: at 24 its loads of the rows' lse and delta spilled in the dK pass)
     256: HopperDkdvConfig(
-        block_m=32, block_n=64, consumers=2, stages=2, consumer_regs=240, dv_block_m=64, dv_stages=2
+        block_m=32,
+        block_n=64,
+        consumers=2,
+        stages=2,
+        consumer_regs=240,
+        producer_regs=32,
+        dv_block_m=64,
+        dv_stages=2,
     ),
 }
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 32). Each part is what one call ran; the outputs are in
+# benchmarks/results/s32/callN/ (each call's machine.txt names its GPU). A/B parts run the tree before the
+# session (decb9c9: kernels, benchmarks/*.py, flashtrain) from .carry/old, carried with the call.
+#   bash benchmarks/run_gpu_s32.sh 1   # the dK/dV kernel with each stage's lse and delta staged in shared memory by
+#       the producer: its correctness (check_hopper_dkdv, d128 and d256) and backward TFLOP/s at d128, new and old;
+#       per-kernel device time of block-sparse d128 n16k (6.25%, 25%, 45%) and dense d128, new and old, twice
+source benchmarks/gpu_call.sh
+machine_info
+OLD=.carry/old
+# per-kernel device ms of fwd+bwd at (1, 16384, 16, 128): dense full and block-sparse butterflies, from tree $1
+profile_tree() {  # profile_tree TREE TAG
+  timeout 150 python "$1/benchmarks/profile_attention.py" --shape 1,16384,16,128 --shape 1,16384,16,128,causal \
+    --impls triton bs:7:0 bs:6:16 bs:7:32 --iters 20 --out "$R/profile_d128_n16k_$2.json" 2>&1 | quiet \
+    | tee "$R/profile_$2.log" | grep -E "ms in|dkdv|_dq"
+}
+case "${1:?part 1}" in
+1)
+  head -n 2 "$R/machine.txt"
+  HANG_S=230 timeout 240 python benchmarks/check_hopper_dkdv.py --quick --headdims 128 256 \
+    --speed 128:causal 128:full --out "$R/check_dkdv_new.json" 2>&1 | quiet | tee "$R/check_dkdv_new.log" | tail -n 12
+  HANG_S=110 timeout 120 python $OLD/benchmarks/check_hopper_dkdv.py --quick --headdims 128 \
+    --speed 128:causal 128:full --out "$R/check_dkdv_old.json" 2>&1 | quiet | tee "$R/check_dkdv_old.log" | tail -n 8
+  for run in 1 2; do
+    profile_tree . "new_run$run"
+    profile_tree $OLD "old_run$run"
+  done
+  ;;
+esac
