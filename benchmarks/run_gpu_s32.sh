@@ -5,6 +5,10 @@
 #   bash benchmarks/run_gpu_s32.sh 1   # the dK/dV kernel with each stage's lse and delta staged in shared memory by
 #       the producer: its correctness (check_hopper_dkdv, d128 and d256) and backward TFLOP/s at d128, new and old;
 #       per-kernel device time of block-sparse d128 n16k (6.25%, 25%, 45%) and dense d128, new and old, twice
+#   bash benchmarks/run_gpu_s32.sh 2   # (part 1, on an H200: correct on the edge shapes at d128 and d256, bf16 and
+#       fp16; dK/dV kernel 5-9% faster, dense n16k fwd+bwd 14.52-14.60 against 15.03-15.09 ms full; the old tree's
+#       check needed tests/, not carried) the Hopper backward and block-sparse GPU tests; block-sparse d128 n16k
+#       against Flex
 source benchmarks/gpu_call.sh
 machine_info
 OLD=.carry/old
@@ -25,5 +29,12 @@ case "${1:?part 1}" in
     profile_tree . "new_run$run"
     profile_tree $OLD "old_run$run"
   done
+  ;;
+2)
+  timeout -s INT 300 python -m pytest -q -n 4 -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_hopper_bwd.log" 2>&1
+  tail -n 3 "$R/gpu_tests_hopper_bwd.log"
+  timeout 270 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 \
+    --out "$R/block_sparse_d128_n16k.json" 2>&1 | quiet | tail -n 14
   ;;
 esac
