@@ -15,6 +15,9 @@
 #   bash benchmarks/run_gpu_s32.sh 4   # (part 3, on a fresh H200: again 267 of 277 passed when the time limit came,
 #       none failed, so some tests hang; dense d128 fwd+bwd ours / cuDNN 0.93-0.95, / Flex 1.20-1.30) the same tests
 #       verbose, with a traceback from any test past 90 s, to name the hanging ones
+#   bash benchmarks/run_gpu_s32.sh 5   # (part 4, on an H200: no hang; one worker spent the call compiling the portable
+#       kernels' autotune configs for test_gpu_other_backwards_keep_the_portable_kernels, and the 9 tests xdist had
+#       queued behind it never started) those 10 tests, the slow one in a process of its own
 source benchmarks/gpu_call.sh
 machine_info
 OLD=.carry/old
@@ -54,5 +57,16 @@ case "${1:?part 1}" in
   timeout -s INT 290 python -m pytest -v -n 4 -m gpu tests/kernels/test_flash_bwd_hopper.py \
     tests/kernels/test_block_sparse_hopper.py -rf -o faulthandler_timeout=90 > "$R/gpu_tests_hopper_bwd.log" 2>&1
   grep -v "PASSED" "$R/gpu_tests_hopper_bwd.log" | grep -v "^\s*$" | head -n 80
+  ;;
+5)
+  T=tests/kernels
+  timeout -s INT 420 python -m pytest -q -m gpu -rf \
+    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
+    > "$R/gpu_tests_slow_portable.log" 2>&1 &
+  timeout -s INT 420 python -m pytest -q -n 3 -m gpu -rf "$T/test_flash_bwd_hopper.py::test_gpu_loss_on_lse_keeps_the_portable_dq_only" \
+    "$T/test_block_sparse_hopper.py::test_gpu_hopper_path_matches_reference" -k "loss_on_lse or 64-1000-1000-bf16" \
+    > "$R/gpu_tests_rest.log" 2>&1
+  wait
+  tail -n 2 "$R/gpu_tests_rest.log" "$R/gpu_tests_slow_portable.log"
   ;;
 esac
