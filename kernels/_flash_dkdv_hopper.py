@@ -3,8 +3,9 @@
 Like the portable `_flash_bwd._bwd_dkdv` it owns a tile of keys and loops over the query tiles that see
 it, so dK and dV are summed in registers (deterministic, no atomics); the dq kernel, which writes delta =
 rowsum(dO * O), runs before it. One producer warp loads each consumer's K and V rows once, then streams
-Q and dO tiles (of every query head of the GQA group) through a ring of shared-memory stages with TMA;
-two consumer warpgroups of BLOCK_N keys share the stages. Per query tile a consumer issues
+Q and dO tiles (of every query head of the GQA group) through a ring of shared-memory stages with TMA,
+each with its rows' lse and delta; two consumer warpgroups of BLOCK_N keys share the stages. Per query
+tile a consumer issues
 
     S^T = K Q^T and dP^T = V dO^T      (both asynchronous; P^T = exp2(S^T * scale - lse) beside dP^T)
     dV += P^T dO                       (asynchronous; dS^T = P^T * (dP^T - delta) beside it)
@@ -14,7 +15,10 @@ and hands the stage back once dK's product is done; the other warpgroup's produc
 cores meanwhile. Nothing is carried from one step to the next: at head dim 128 dK and dV alone hold 128
 registers a thread, and a 64-query tile then leaves no room for a second step's scores. Even one step
 fits the 240 registers only because S^T and dP^T start from -lse / scale and -delta (see `_steps`) and
-the query tiles run in `sections`.
+the query tiles run in `sections`. Those two columns reach the consumers through shared memory (the
+producer loads them, `_stream_qdo`): loaded from global memory at the top of each step, their latency
+was the step's wait once the producer ran ahead (one H200, d128 n16k: the kernel 7.7% faster full, 9%
+causal, 5-8% on block-sparse layouts; benchmarks/NOTES_attention.md "lse and delta through shared memory").
 At head dim 256 dK and dV would hold 256 registers, so the kernel runs twice (`passes`): dV alone
 (which needs no V, so its Q/dO tiles may be larger), then dK alone.
 
