@@ -47,6 +47,16 @@ TUNE_CANDIDATES = {
 }
 
 
+def butterfly_config(text: str) -> dict:
+    """ "F:L" -> the butterfly_layout keywords n_factors=F, local_blocks=L (command lines' layouts)."""
+    n_factors, sep, local = text.partition(":")
+    if not (sep and n_factors.isdigit() and local.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"butterfly layout {text!r}: write F:L (n_factors:local_blocks), e.g. 2:0"
+        )
+    return dict(n_factors=int(n_factors), local_blocks=int(local))
+
+
 def butterfly_points(seqlen: int) -> list[tuple[dict, BlockLayout]]:
     """Butterfly configs whose densities are closest to the targets (the all-factor one always in)."""
     n = -(-seqlen // BLOCK)

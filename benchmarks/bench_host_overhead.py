@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from benchmarks.bench_block_sparse import butterfly_config  # noqa: E402
 from benchmarks.common import gpu_slug, host_profile, profile_top, write_results  # noqa: E402
 from kernels import flash_attention  # noqa: E402
 from kernels._flash_bwd import backward_delta, flash_attn_backward  # noqa: E402
@@ -190,7 +191,7 @@ def main():
     parser.add_argument("--headdim", type=int, default=64)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--parts-seqlen", type=int, default=256, help="problem size of the `parts` breakdown")
-    parser.add_argument("--butterfly", default=None, metavar="F:L",
+    parser.add_argument("--butterfly", type=butterfly_config, default=None, metavar="F:L",
                         help="the block-sparse layout: butterfly n_factors:local_blocks on 128-blocks (default: all "
                         "factors); also times FlexAttention on the same block mask")  # fmt: skip
     parser.add_argument("--no-parts", action="store_true", help="skip the dense path's `parts` breakdown")
@@ -204,10 +205,7 @@ def main():
     shape = (1, args.seqlen, 16, args.headdim)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    butterfly = {}
-    if args.butterfly:
-        n_factors, local = (int(x) for x in args.butterfly.split(":"))
-        butterfly = dict(n_factors=n_factors, local_blocks=local)
+    butterfly = args.butterfly or {}
     layout = butterfly_layout(args.seqlen, 128, **butterfly).cuda()
     paths = {
         "block_sparse": lambda: block_sparse_attention(q, k, v, layout),

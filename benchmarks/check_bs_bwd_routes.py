@@ -20,13 +20,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_block_sparse import BLOCK  # noqa: E402
+from benchmarks.bench_block_sparse import BLOCK, butterfly_config  # noqa: E402
 from benchmarks.common import graph_time_ms, write_results  # noqa: E402
 from kernels import _block_sparse_hopper, block_sparse  # noqa: E402
 from kernels.layouts import butterfly_layout  # noqa: E402
 
 # butterfly (n_factors, local_blocks) on 128-blocks: 1, 2, 3, 4, 6, 8 and more blocks per row
-LAYOUTS = [(0, 0), (1, 0), (0, 1), (2, 0), (3, 0), (5, 0), (7, 0), (7, 4)]
+LAYOUTS = [butterfly_config(fl) for fl in ("0:0", "1:0", "0:1", "2:0", "3:0", "5:0", "7:0", "7:4")]
 
 
 @contextlib.contextmanager
@@ -60,13 +60,10 @@ def main() -> None:
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--nheads", type=int, default=16)
-    parser.add_argument("--layouts", nargs="+", default=None, metavar="F:L",
+    parser.add_argument("--layouts", nargs="+", type=butterfly_config, default=LAYOUTS, metavar="F:L",
                         help="butterfly n_factors:local_blocks pairs (default: LAYOUTS)")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    layouts = (
-        LAYOUTS if args.layouts is None else [tuple(int(x) for x in fl.split(":")) for fl in args.layouts]
-    )
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
@@ -75,10 +72,10 @@ def main() -> None:
             )
             scale = d**-0.5
             levels = (-(-n // BLOCK) - 1).bit_length()
-            for n_factors, local in layouts:
-                if n_factors > levels:
+            for butterfly in args.layouts:
+                if butterfly["n_factors"] > levels:
                     continue
-                layout = butterfly_layout(n, BLOCK, n_factors=n_factors, local_blocks=local).cuda()
+                layout = butterfly_layout(n, BLOCK, **butterfly).cuda()
                 lists = layout.block_lists(n, n)
                 blocks = (lists.row_full_cnt + lists.row_part_cnt).float().mean().item()
                 out, lse = block_sparse._block_sparse_forward(q, k, v, layout, False, scale, 0.0, 0)
@@ -92,7 +89,7 @@ def main() -> None:
                         (g.float() - w.float()).abs().max().item() for g, w in zip(got, want, strict=True)
                     )
                     ms = graph_time_ms(fn)
-                    row = dict(headdim=d, seqlen=n, n_factors=n_factors, local_blocks=local,
+                    row = dict(headdim=d, seqlen=n, **butterfly,
                                density=layout.density, blocks_per_row=blocks, route=route, bwd_ms=ms, max_abs_diff=diff)  # fmt: skip
                     rows.append(row)
                     print(f"d{d} n{n} {blocks:5.1f} blocks/row {route:8s} {ms:.4f} ms  diff {diff:.2e}",

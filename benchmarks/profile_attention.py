@@ -58,14 +58,14 @@ def kernel_times(impl: str, shape: dict, iters: int) -> tuple[dict[str, float], 
 
 def block_sparse_impl(impl: str, seqlen: int, causal: bool):
     """fn(q, k, v, causal) for `bs:F:L` (ours) or `flexbs:F:L` (FlexAttention, same block mask)."""
-    from benchmarks.bench_block_sparse import BLOCK, flex_block_mask, flex_fn
+    from benchmarks.bench_block_sparse import BLOCK, butterfly_config, flex_block_mask, flex_fn
     from kernels import block_sparse_attention
     from kernels.layouts import butterfly_layout
 
-    kind, n_factors, local = impl.split(":")
+    kind, _, butterfly = impl.partition(":")
     if kind not in ("bs", "flexbs"):
         raise ValueError(f"block-sparse impl {impl!r}: write bs:F:L or flexbs:F:L")
-    layout = butterfly_layout(seqlen, BLOCK, n_factors=int(n_factors), local_blocks=int(local), causal=causal)
+    layout = butterfly_layout(seqlen, BLOCK, **butterfly_config(butterfly), causal=causal)
     print(f"{impl}: density {layout.density:.4f}")
     if kind == "bs":
         layout = layout.cuda()
