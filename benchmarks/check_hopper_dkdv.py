@@ -29,7 +29,7 @@ from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E4
 from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
 
-CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS; none at d64)
+CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     64: [Cfg(64, 64, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 4, 240)],
     # (dv_block_m, dv_stages: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)

@@ -55,7 +55,7 @@ CONFIGS = {
     64: (
         fwd_hopper.CONFIGS[64],
         dq_hopper.HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
-        dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=3, consumer_regs=240),
+        dkdv_hopper.CONFIGS[64],
     ),
     128: (fwd_hopper.PERSISTENT_CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
 }
@@ -69,9 +69,12 @@ MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 #   d128: faster at every list length tried, 1-6 blocks per row (2-12 tiles): n4k 0.089 / 0.101 ms at
 #         one block per row, 0.181 / 0.230 at six; n16k 0.290 / 0.363 at one, 0.638 / 0.847 at six.
 #   d64: slower at 1-3 tiles (0.062 / 0.057 ms at one), level at 4, faster at 6 (0.130 / 0.133).
+#   d64 since the dK/dV kernel's lse and delta come through shared memory (results/s33/call1/): n4k
+#         0.059 / 0.057 ms at one tile, faster from two (0.071 / 0.074; 0.118 / 0.133 at six); n16k
+#         faster from one (0.187 / 0.195; 0.758 / 0.871 at 12.8).
 # (Session 26 had kept d128 lists under 10 tiles portable from eager fwd+bwd timings, taken before the
 # Gluon kernels' compiled launches, when the host's launch work decided short calls.)
-BACKWARD_MIN_TILES = {64: 6, 128: 0}
+BACKWARD_MIN_TILES = {64: 2, 128: 0}
 
 
 def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:

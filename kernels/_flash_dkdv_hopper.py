@@ -398,6 +398,8 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
 
 
 CONFIGS = {
+    # (three stages at d64: its 64-wide tiles leave room, and its per-step products are short)
+    64: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=3, consumer_regs=240),
     128: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
     # two passes (`passes`): the dK pass holds K and V (128 KB), so 32-query Q/dO tiles (64 spill); the dV
     # pass holds K alone and streams 64-query tiles (one H200: its backward 1.02-1.07x the one with 32)
@@ -423,11 +425,11 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     benchmarks/NOTES_attention.md "Gluon backward"): head dim 128 at 1k-16k, the causal backward 1.05-1.09x
     the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498 TFLOP/s (two
     calls); head dim 256 (two passes) 1.11-1.20x the backward with the Hopper dq kernel alone, 1.23-1.32x
-    the portable one (one call). Shorter calls were not measured and keep the portable kernel, as with
-    the forward and dq. Head dim 64 stays on the portable kernel: alone 0.93-1.03x at 1k-16k and 1.05-1.08x
-    on GPT-2 medium's packed layer at 8k, but GPT-2 medium 8k trained at the same rate with it (+0.1%,
-    two runs each way; `benchmarks/NOTES_attention.md` "Head dim 256")."""
-    return headdim in (128, 256) and seqlen_q >= 1024
+    the portable one (one call); head dim 64 since its lse and delta come through shared memory (session
+    33, one call, with the portable dq kernel): the backward 1.04-1.09x causal and 1.08-1.13x full at
+    1k-16k, 1.10x on GPT-2 medium's packed layer at 8k. Shorter calls were not measured and keep the
+    portable kernel, as with the forward and dq."""
+    return headdim in (64, 128, 256) and seqlen_q >= 1024
 
 
 def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

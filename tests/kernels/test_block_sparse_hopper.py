@@ -203,13 +203,13 @@ def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, ls
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    "headdim, local_blocks, takes_backward", [(128, 0, True), (64, 0, False), (64, 8, True)]
+    "headdim, local_blocks, takes_backward", [(128, 0, True), (64, 0, False), (64, 1, True), (64, 8, True)]
 )
 def test_gpu_backward_takes_the_hopper_kernels_from_the_head_dims_tile_count(
     headdim, local_blocks, takes_backward, monkeypatch
 ):
-    # BACKWARD_MIN_TILES: d128 at any count; d64 from 6 tiles of 128 keys per program. A block diagonal
-    # lists 1 such tile per 128-row program, a band of 8 blocks each side ~15.
+    # BACKWARD_MIN_TILES: d128 at any count; d64 from 2 tiles of 128 keys per program. A block diagonal
+    # lists 1 such tile per 128-row program, a band of 1 block each side ~3, of 8 blocks ~15.
     calls = record_calls(monkeypatch, (bs_hopper, "block_sparse_backward_hopper"))
     q, k, v = (
         torch.randn(1, 4096, 2, headdim, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3)

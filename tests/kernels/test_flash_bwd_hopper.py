@@ -39,11 +39,21 @@ def test_cpu_tensors_never_take_them(module):
 @pytest.mark.parametrize("module", [dq_hopper, dkdv_hopper], ids=["dq", "dkdv"])
 @pytest.mark.parametrize(
     "headdim, seqlen_q, causal, takes",
-    [(128, 4096, True, True), (128, 1024, False, True), (128, 1000, True, False), (64, 4096, True, False),
-     (64, 16384, False, False), (96, 4096, True, False), (256, 4096, False, True), (256, 1000, True, False)],
+    [(128, 4096, True, True), (128, 1024, False, True), (128, 1000, True, False), (96, 4096, True, False),
+     (256, 4096, False, True), (256, 1000, True, False)],
 )  # fmt: skip
 def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
     assert module.faster_here(headdim, seqlen_q, causal) is takes
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, causal, takes",
+    [(4096, True, True), (16384, False, True), (1024, True, True), (1000, False, False)],
+)
+def test_head_dim_64_takes_the_dkdv_kernel_alone(seqlen_q, causal, takes):
+    """At head dim 64 the Gluon dK/dV kernel pays (from 1k queries); the Gluon dq kernel does not."""
+    assert dkdv_hopper.faster_here(64, seqlen_q, causal) is takes
+    assert dq_hopper.faster_here(64, seqlen_q, causal) is False
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -193,10 +203,15 @@ def _out_and_lse(fn, *inputs, **kw):
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_packed_qkv_takes_them(bwd_calls):
-    """GPT-2's layout (at head dim 128): dq, dk and dv are stored into views of the packed gradient."""
+@pytest.mark.parametrize(
+    "headdim, kernels",
+    [(128, ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]), (64, ["flash_attn_dkdv_hopper"])],
+)
+def test_gpu_packed_qkv_takes_them(bwd_calls, headdim, kernels):
+    """GPT-2's layout: dq, dk and dv are stored into views of the packed gradient (at head dim 64, GPT-2's,
+    by the dK/dV kernel alone)."""
     torch.manual_seed(3)
-    qkv = randn(1, 4096, 3 * 4, 128, dtype=BF16, device="cuda")
+    qkv = randn(1, 4096, 3 * 4, headdim, dtype=BF16, device="cuda")
     check_against_reference(
         lambda qkv: _out_and_lse(flash_attention_qkvpacked, qkv, causal=True),
         lambda qkv: attention_qkvpacked_reference(qkv, causal=True, return_lse=True),
@@ -204,7 +219,7 @@ def test_gpu_packed_qkv_takes_them(bwd_calls):
         BF16,
         names=("qkv",),
     )
-    assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+    assert bwd_calls == kernels
 
 
 @pytest.mark.gpu
@@ -219,8 +234,6 @@ def test_gpu_other_backwards_keep_the_portable_kernels(monkeypatch):
         flash_attention(q, q, q, **kw).sum().backward()
     q32 = torch.randn(1, 2048, 2, 128, device="cuda", requires_grad=True)
     flash_attention(q32, q32, q32).sum().backward()  # fp32
-    q64 = torch.randn(1, 4096, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
-    flash_attention(q64, q64, q64, causal=True).sum().backward()  # head dim 64
     short = q[:, :1000].detach().requires_grad_()
     flash_attention(short, short, short).sum().backward()  # shorter than measured
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 33). Each part is what one call ran; the outputs are in
+# benchmarks/results/s33/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s33.sh 1   # head dim 64 since session 32's dK/dV change: the Gluon dK/dV kernel's
+#       correctness and the backward with it against the portable one (1k, 4k, 16k causal and full; GPT-2
+#       medium's packed layer at 8k); the block-sparse backward's two routes at d64 (BACKWARD_MIN_TILES)
+#   bash benchmarks/run_gpu_s33.sh 2   # (part 1, on an H200: correct on every edge shape; the backward with the
+#       Gluon dK/dV kernel 1.04-1.09x the portable one causal, 1.08-1.13x full, 1.10x on the packed layer; the
+#       block-sparse Hopper route faster from 2 tiles per program at n4k, from 1 at n16k) GPT-2 medium 1k and 8k
+#       from CUDA graphs, the Gluon dK/dV kernel at d64 (dispatched from this part on) on and off alternating,
+#       with SDPA cuDNN at 1k and SDPA flash at 8k
+source benchmarks/gpu_call.sh
+machine_info
+medium() {  # medium SEQLEN IMPL TAG HOPPER_DKDV [bench_train args]: GPT-2 medium from CUDA graphs
+  local seqlen=$1 impl=$2 tag=$3 dkdv=$4; shift 4
+  FLASHTRAIN_HOPPER_DKDV=$dkdv timeout 150 python benchmarks/bench_train.py --models gpt2_medium \
+    --seqlens "$seqlen" --impls "$impl" --compile-mode reduce-overhead --in-process \
+    --out "$R/train_medium${seqlen}_$impl$tag.json" "$@" 2>&1 | quiet | tee -a "$R/bench_train.log" \
+    | grep "^|.*gpt2" | sed "s/^/dkdv=$dkdv $tag /"
+}
+case "${1:?part 1}" in
+1)
+  head -n 2 "$R/machine.txt"
+  HANG_S=370 timeout 380 python benchmarks/check_hopper_dkdv.py --quick --headdims 64 \
+    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64.json" 2>&1 | quiet \
+    | tee "$R/check_dkdv_d64.log" | grep -v "^  File" | tail -n 14
+  timeout 190 python benchmarks/check_bs_bwd_routes.py --headdims 64 --seqlens 4096 16384 \
+    --out "$R/check_bs_routes_d64.json" 2>&1 | quiet | tee "$R/check_bs_routes_d64.log" | tail -n 40
+  ;;
+2)
+  head -n 2 "$R/machine.txt"
+  for run in 1 2; do
+    medium 1024 triton _dkdv1_run$run 1 --steps 40
+    medium 1024 triton _dkdv0_run$run 0 --steps 40
+    medium 8192 triton _dkdv1_run$run 1 --steps 20
+    medium 8192 triton _dkdv0_run$run 0 --steps 20
+    [ $run = 1 ] && medium 8192 sdpa_flash "" 1 --steps 20 && medium 1024 sdpa_cudnn "" 1 --steps 40
+  done
+  ;;
+esac
