@@ -9,6 +9,10 @@
 #       block-sparse Hopper route faster from 2 tiles per program at n4k, from 1 at n16k) GPT-2 medium 1k and 8k
 #       from CUDA graphs, the Gluon dK/dV kernel at d64 (dispatched from this part on) on and off alternating,
 #       with SDPA cuDNN at 1k and SDPA flash at 8k
+#   bash benchmarks/run_gpu_s33.sh 3   # (part 2, on an H200: 8k 124.5-124.6k tokens/s against 120.7-120.8k without it,
+#       SDPA flash 103.0k; 1k 195.1-195.3k against 194.1k, SDPA cuDNN 192.3k) the Gluon dq kernel at d64 inside
+#       the backward that now has the Gluon dK/dV kernel; d64 against the anchors at 1k-16k; GPT-2 medium 8k on
+#       SDPA cuDNN
 source benchmarks/gpu_call.sh
 machine_info
 medium() {  # medium SEQLEN IMPL TAG HOPPER_DKDV [bench_train args]: GPT-2 medium from CUDA graphs
@@ -36,5 +40,13 @@ case "${1:?part 1}" in
     medium 8192 triton _dkdv0_run$run 0 --steps 20
     [ $run = 1 ] && medium 8192 sdpa_flash "" 1 --steps 20 && medium 1024 sdpa_cudnn "" 1 --steps 40
   done
+  ;;
+3)
+  head -n 2 "$R/machine.txt"
+  HANG_S=200 timeout 210 python benchmarks/check_hopper_dq.py --quick --headdims 64 --out "$R/check_dq_d64.json" \
+    2>&1 | quiet | tee "$R/check_dq_d64.log" | grep -v "^  File" | tail -n 10
+  timeout 270 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 --headdims 64 --graphs \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  medium 8192 sdpa_cudnn "" 1 --steps 20
   ;;
 esac
