@@ -4,8 +4,8 @@
    test_flash_fwd_hopper.py's EDGES: lengths 1-4k, GQA/MQA, causal both ways, rows that see no key),
    bf16 and fp16: dq against an fp32 autograd reference with the tests' rule (max error within 2x that
    of torch's computation in the input dtype + a floor), delta = rowsum(dO * O) against fp32, no NaN.
-2. Speed: the whole backward (`_flash_bwd.flash_attn_backward`: dq kernel, then the portable dK/dV
-   kernel) with each config's dq kernel and with the portable one, at the benchmark's shapes (batch x
+2. Speed: the whole backward (`_flash_bwd.flash_attn_backward`: dq kernel, then the dK/dV kernel that
+   dispatch picks) with each config's dq kernel and with the portable one, at the benchmark's shapes (batch x
    seqlen = 16k tokens, nheads x headdim = 2048) and GPT-2 medium's layer (packed QKV, b2 n8k h16 d64
    causal); and the Gluon dq kernel alone.
 
