@@ -13,6 +13,10 @@
 #       SDPA flash 103.0k; 1k 195.1-195.3k against 194.1k, SDPA cuDNN 192.3k) the Gluon dq kernel at d64 inside
 #       the backward that now has the Gluon dK/dV kernel; d64 against the anchors at 1k-16k; GPT-2 medium 8k on
 #       SDPA cuDNN
+#   bash benchmarks/run_gpu_s33.sh 4   # (part 3, on an H200: the Gluon dq kernel at d64 0.91-1.03x the backward, so
+#       not dispatched; d64 fwd+bwd from graphs 0.90-1.02x cuDNN, 1.19-1.33x Flex, 1.39-1.64x SDPA flash, eager
+#       causal 1k 1.16 ms against 0.86 from graphs; GPT-2 medium 8k on SDPA cuDNN 124.8k tokens/s) host time of
+#       a d64 n1k call with the Gluon dK/dV kernel on and off; block-sparse d64 at n4k and n16k against Flex
 source benchmarks/gpu_call.sh
 machine_info
 medium() {  # medium SEQLEN IMPL TAG HOPPER_DKDV [bench_train args]: GPT-2 medium from CUDA graphs
@@ -48,5 +52,15 @@ case "${1:?part 1}" in
   timeout 270 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 --headdims 64 --graphs \
     --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64.json" 2>&1 | quiet | grep "^|" | tail -n 20
   medium 8192 sdpa_cudnn "" 1 --steps 20
+  ;;
+4)
+  head -n 2 "$R/machine.txt"
+  for dkdv in 1 0; do
+    FLASHTRAIN_HOPPER_DKDV=$dkdv timeout 80 python benchmarks/bench_host_overhead.py --headdim 64 --seqlen 1024 \
+      --parts-seqlen 1024 --out "$R/host_overhead_d64_n1k_dkdv$dkdv.json" 2>&1 | quiet \
+      | tee "$R/host_overhead_d64_n1k_dkdv$dkdv.log" | grep -E "host_ms|synced|^dense|parts" | head -n 20
+  done
+  timeout 400 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 64 \
+    --out "$R/block_sparse_d64.json" 2>&1 | quiet | tail -n 24
   ;;
 esac
