@@ -17,6 +17,9 @@
 #       not dispatched; d64 fwd+bwd from graphs 0.90-1.02x cuDNN, 1.19-1.33x Flex, 1.39-1.64x SDPA flash, eager
 #       causal 1k 1.16 ms against 0.86 from graphs; GPT-2 medium 8k on SDPA cuDNN 124.8k tokens/s) host time of
 #       a d64 n1k call with the Gluon dK/dV kernel on and off; block-sparse d64 at n4k and n16k against Flex
+#   bash benchmarks/run_gpu_s33.sh 5   # (part 4, on an H200: fwd+bwd host time at (1, 1024, 16, 64) 0.91 ms with the
+#       Gluon dK/dV kernel, 0.68 without; block-sparse d64 from graphs 1.21-1.40x Flex at n4k, 1.11-1.45x at n16k)
+#       the GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and dense kernel files
 source benchmarks/gpu_call.sh
 machine_info
 medium() {  # medium SEQLEN IMPL TAG HOPPER_DKDV [bench_train args]: GPT-2 medium from CUDA graphs
@@ -62,5 +65,17 @@ case "${1:?part 1}" in
   done
   timeout 400 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 --headdims 64 \
     --out "$R/block_sparse_d64.json" 2>&1 | quiet | tail -n 24
+  ;;
+5)
+  T=tests/kernels
+  timeout -s INT 500 python -m pytest -q -m gpu -rf \
+    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
+    > "$R/gpu_tests_slow_portable.log" 2>&1 &
+  timeout -s INT 540 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
+    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect \
+    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
+    > "$R/gpu_tests.log" 2>&1
+  wait
+  tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
   ;;
 esac
