@@ -20,6 +20,8 @@
 #   bash benchmarks/run_gpu_s33.sh 5   # (part 4, on an H200: fwd+bwd host time at (1, 1024, 16, 64) 0.91 ms with the
 #       Gluon dK/dV kernel, 0.68 without; block-sparse d64 from graphs 1.21-1.40x Flex at n4k, 1.11-1.45x at n16k)
 #       the GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and dense kernel files
+#   bash benchmarks/run_gpu_s33.sh 6   # (part 5, on an H200: 314 passed, and the slow portable-autotune test alone)
+#       GPT-2 medium 4k and 16k on ours, SDPA cuDNN and SDPA flash
 source benchmarks/gpu_call.sh
 machine_info
 medium() {  # medium SEQLEN IMPL TAG HOPPER_DKDV [bench_train args]: GPT-2 medium from CUDA graphs
@@ -77,5 +79,13 @@ case "${1:?part 1}" in
     > "$R/gpu_tests.log" 2>&1
   wait
   tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+  ;;
+6)
+  head -n 2 "$R/machine.txt"
+  for n in 4096 16384; do
+    medium $n triton "" 1 --steps 20
+    medium $n sdpa_cudnn "" 1 --steps 20
+    medium $n sdpa_flash "" 1 --steps 20
+  done
   ;;
 esac
