@@ -47,7 +47,10 @@ case "${1:?part 1}" in
     medium 1024 triton _dkdv0_run$run 0 --steps 40
     medium 8192 triton _dkdv1_run$run 1 --steps 20
     medium 8192 triton _dkdv0_run$run 0 --steps 20
-    [ $run = 1 ] && medium 8192 sdpa_flash "" 1 --steps 20 && medium 1024 sdpa_cudnn "" 1 --steps 40
+    if [ $run = 1 ]; then  # (as run, this was `[ $run = 1 ] && ...`: the same rows, and exit status 1)
+      medium 8192 sdpa_flash "" 1 --steps 20
+      medium 1024 sdpa_cudnn "" 1 --steps 40
+    fi
   done
   ;;
 3)
