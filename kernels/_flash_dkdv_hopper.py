@@ -404,17 +404,9 @@ CONFIGS = {
     # two passes (`passes`): the dK pass holds K and V (128 KB), so 32-query Q/dO tiles (64 spill); the dV
     # pass holds K alone and streams 64-query tiles (one H200: its backward 1.02-1.07x the one with 32)
     # (a producer of 32 registers: at 24 its loads of the rows' lse and delta spilled in the dK pass)
-    256: HopperDkdvConfig(
-        block_m=32,
-        block_n=64,
-        consumers=2,
-        stages=2,
-        consumer_regs=240,
-        producer_regs=32,
-        dv_block_m=64,
-        dv_stages=2,
-    ),
-}
+    256: HopperDkdvConfig(block_m=32, block_n=64, consumers=2, stages=2, consumer_regs=240, producer_regs=32,
+                          dv_block_m=64, dv_stages=2),
+}  # fmt: skip
 
 # FLASHTRAIN_HOPPER_DKDV=0 sends every backward to the portable dK/dV kernel (A/B measurements)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
