@@ -30,8 +30,10 @@ from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS)
+    # (branch dkdv-carry-ds holds a variant that issues each step's dK product in the next step: on one
+    # H200 it was 0.92-1.06x these, results/carry_ds/call1)
     128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
-    64: [Cfg(64, 64, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 4, 240)],
+    64: [Cfg(64, 64, 2, 4, 240), Cfg(64, 64, 2, 3, 240)],
     # (dv_block_m, dv_stages: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
     256: [
         Cfg(32, 64, 2, 2, 240, producer_regs=32, dv_block_m=64, dv_stages=2),
@@ -79,7 +81,9 @@ def check_config(cfg, d, dtype, shapes):
     return ok, rows
 
 
-def speed(d, causal, seqlen, cfgs, packed=False):
+def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
+    """The backward's time with each config; rounds > 1 times them round-robin that many times (keys
+    end in _r0, _r1, ...), for configs whose order between machines or runs is in doubt."""
     row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen, packed)
     row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False, False))
     # the Hopper dq kernel with its config in use, whatever its faster_here says at this head dim; where
@@ -91,10 +95,11 @@ def speed(d, causal, seqlen, cfgs, packed=False):
             row["bwd_hopper_dq_ms"] = time_ms(
                 lambda: backward(do, q, k, v, out, lse, causal, scale, True, False)
             )
-        for cfg in cfgs:
+        for r, cfg in ((r, cfg) for r in range(rounds) for cfg in cfgs):
             key = f"bwd_{'hopper_dq_' if hopper_dq else ''}dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
             if cfg.dv_block_m or cfg.dv_stages:
                 key += f"_dv{cfg.for_pass(1).block_m}s{cfg.for_pass(1).stages}"
+            key += f"_r{r}" if rounds > 1 else ""
             try:
                 with dispatching(_flash_dkdv_hopper, d, cfg):
                     row[key + "_ms"] = time_ms(
@@ -115,6 +120,7 @@ def main():
         help="HEADDIM:causal|full cases to time (1k, 4k, 16k each), or HEADDIM:packed (GPT-2 medium's "
         "layer: packed QKV, b2 n8k h16, causal)",
     )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1, help="time the configs round-robin this many times")
     args, candidates = start(parser, CANDIDATES)
     all_ok, checks = check_all(candidates, check_config)
     rows = []
@@ -122,10 +128,10 @@ def main():
         for case in args.speed:
             d, mask = case.split(":")
             if mask == "packed":
-                rows.append(speed(int(d), True, 8192, candidates[int(d)], packed=True))
+                rows.append(speed(int(d), True, 8192, candidates[int(d)], packed=True, rounds=args.rounds))
                 continue
             for seqlen in (1024, 4096, 16384):
-                rows.append(speed(int(d), mask == "causal", seqlen, candidates[int(d)]))
+                rows.append(speed(int(d), mask == "causal", seqlen, candidates[int(d)], rounds=args.rounds))
     finish(args.out, rows, checks, all_ok)
 
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 34). Each part is what one call ran; the outputs are in
+# benchmarks/results/s34/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s34.sh 1   # the Gluon dK/dV kernel at d64 with 3 stages (in use) and 4, timed
+#       round-robin three times (branch dkdv-carry-ds's call had 3 stages at 0.83-0.88x the portable kernel,
+#       where session 33's call had it at 1.04-1.13x); GPT-2 medium 8k with each, alternating
+#   bash benchmarks/run_gpu_s34.sh 2   # (part 1, on an H200: both 0.96-1.14x the portable kernel, 4 / 3 stages 1.01
+#       at the median; GPT-2 medium 8k 125.0-125.3k tokens/s with 4 stages, 124.7k with 3)
+#       with 4 stages in use at d64: the GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and
+#       dense kernel files
+#   bash benchmarks/run_gpu_s34.sh 3   # (part 2, on an H200: 314 passed, and the slow test alone) d64 against the
+#       anchors at 1k-16k (graphs); the block-sparse backward's two routes at d64 (BACKWARD_MIN_TILES); GPT-2
+#       medium 1k with 4 stages and 3
+source benchmarks/gpu_call.sh
+machine_info
+medium_stages() {  # medium_stages SEQLEN STAGES TAG [bench_train args]: GPT-2 medium from CUDA graphs with
+  # the d64 dK/dV config's stages set to STAGES
+  local seqlen=$1 stages=$2 tag=$3; shift 3
+  timeout 150 python -c "
+import dataclasses, runpy, sys
+from kernels import _flash_dkdv_hopper as m
+m.CONFIGS[64] = dataclasses.replace(m.CONFIGS[64], stages=$stages)
+sys.argv = ['benchmarks/bench_train.py'] + sys.argv[1:]
+runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
+" --models gpt2_medium --seqlens "$seqlen" --impls triton --compile-mode reduce-overhead --in-process \
+    --out "$R/train_medium${seqlen}_s$stages$tag.json" "$@" 2>&1 | quiet | tee -a "$R/bench_train.log" \
+    | grep "^|.*gpt2" | sed "s/^/stages=$stages $tag /"
+}
+case "${1:?part 1}" in
+1)
+  head -n 2 "$R/machine.txt"
+  HANG_S=280 timeout 290 python benchmarks/check_hopper_dkdv.py --headdims 64 --rounds 3 \
+    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_rounds.json" 2>&1 | quiet \
+    | tee "$R/check_dkdv_d64_rounds.log" | grep -v "^  File" | tail -n 12
+  for run in 1 2; do
+    medium_stages 8192 4 _run$run --steps 20
+    medium_stages 8192 3 _run$run --steps 20
+  done
+  ;;
+2)
+  T=tests/kernels
+  timeout -s INT 500 python -m pytest -q -m gpu -rf \
+    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
+    > "$R/gpu_tests_slow_portable.log" 2>&1 &
+  timeout -s INT 540 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
+    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect \
+    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
+    > "$R/gpu_tests.log" 2>&1
+  wait
+  tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+  ;;
+3)
+  head -n 2 "$R/machine.txt"
+  timeout 270 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 --headdims 64 --graphs \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  timeout 150 python benchmarks/check_bs_bwd_routes.py --headdims 64 --seqlens 4096 16384 \
+    --out "$R/check_bs_routes_d64.json" 2>&1 | quiet | tee "$R/check_bs_routes_d64.log" | tail -n 30
+  medium_stages 1024 4 "" --steps 40
+  medium_stages 1024 3 "" --steps 40
+  ;;
+esac
