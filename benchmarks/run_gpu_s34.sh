@@ -11,15 +11,29 @@
 #   bash benchmarks/run_gpu_s34.sh 3   # (part 2, on an H200: 314 passed, and the slow test alone) d64 against the
 #       anchors at 1k-16k (graphs); the block-sparse backward's two routes at d64 (BACKWARD_MIN_TILES); GPT-2
 #       medium 1k with 4 stages and 3
+#   bash benchmarks/run_gpu_s34.sh 4   # (part 3, on an H200: graphs 0.89-1.03x cuDNN, 1.17-1.33x Flex; the
+#       block-sparse routes as before; GPT-2 medium 1k 193.0k tokens/s with 4 stages, 192.3k with 3) d64's
+#       dK/dV candidates with K and V in registers and with 128-query tiles, timed round-robin twice;
+#       GPT-2 medium 8k with K and V in registers and without, alternating
+#   bash benchmarks/run_gpu_s34.sh 5   # (part 4, on an H200: K and V in registers no faster, GPT-2 medium 8k
+#       123.8-123.9k tokens/s against 124.7-124.8k; 128-query tiles (2 stages) 1.01-1.09x at causal 1k-16k, the check
+#       ran past its 330 s before the full and packed cases) d64's 128-query-tile candidates against the one
+#       in use, round-robin twice; GPT-2 medium 8k with 128-query tiles (2 stages) and without, alternating
+#   bash benchmarks/run_gpu_s34.sh 6   # (part 5, on an H200: 128-query tiles 0.94-1.08x, 1.02x at the median of
+#       14 timings; GPT-2 medium 8k 125.9k tokens/s twice against 124.5k and 124.9k) with 128-query tiles in
+#       use at d64 (block-sparse keeps 64): part 2's GPU tests
+#   bash benchmarks/run_gpu_s34.sh 7   # (part 6, on an H200: 314 passed, and the slow test alone) d64 against the
+#       anchors (graphs) with 128-query tiles; GPT-2 medium 1k and 16k with 128-query tiles and with 64
 source benchmarks/gpu_call.sh
 machine_info
 medium_stages() {  # medium_stages SEQLEN STAGES TAG [bench_train args]: GPT-2 medium from CUDA graphs with
-  # the d64 dK/dV config's stages set to STAGES
+  # the d64 dK/dV config's stages set to STAGES (K, V in registers with KV_REGS=1; BLOCK_M queries a step)
   local seqlen=$1 stages=$2 tag=$3; shift 3
   timeout 150 python -c "
 import dataclasses, runpy, sys
 from kernels import _flash_dkdv_hopper as m
-m.CONFIGS[64] = dataclasses.replace(m.CONFIGS[64], stages=$stages)
+m.CONFIGS[64] = dataclasses.replace(m.CONFIGS[64], stages=$stages, kv_in_registers=${KV_REGS:-0} == 1,
+                                    block_m=${BLOCK_M:-64})
 sys.argv = ['benchmarks/bench_train.py'] + sys.argv[1:]
 runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " --models gpt2_medium --seqlens "$seqlen" --impls triton --compile-mode reduce-overhead --in-process \
@@ -37,7 +51,7 @@ case "${1:?part 1}" in
     medium_stages 8192 3 _run$run --steps 20
   done
   ;;
-2)
+2 | 6)
   T=tests/kernels
   timeout -s INT 500 python -m pytest -q -m gpu -rf \
     "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
@@ -57,5 +71,34 @@ case "${1:?part 1}" in
     --out "$R/check_bs_routes_d64.json" 2>&1 | quiet | tee "$R/check_bs_routes_d64.log" | tail -n 30
   medium_stages 1024 4 "" --steps 40
   medium_stages 1024 3 "" --steps 40
+  ;;
+4)
+  head -n 2 "$R/machine.txt"
+  HANG_S=330 timeout 340 python benchmarks/check_hopper_dkdv.py --headdims 64 --rounds 2 \
+    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_kvregs.json" 2>&1 | quiet \
+    | tee "$R/check_dkdv_d64_kvregs.log" | grep -v "^  File" | tail -n 14
+  for run in 1 2; do
+    KV_REGS=1 medium_stages 8192 4 _kvregs_run$run --steps 20
+    medium_stages 8192 4 _run$run --steps 20
+  done
+  ;;
+5)
+  head -n 2 "$R/machine.txt"
+  HANG_S=290 timeout 300 python benchmarks/check_hopper_dkdv.py --headdims 64 --rounds 2 \
+    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_m128.json" 2>&1 | quiet \
+    | tee "$R/check_dkdv_d64_m128.log" | grep -v "^  File" | tail -n 10
+  for run in 1 2; do
+    BLOCK_M=128 medium_stages 8192 2 _m128_run$run --steps 20
+    medium_stages 8192 4 _run$run --steps 20
+  done
+  ;;
+7)
+  head -n 2 "$R/machine.txt"
+  timeout 200 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 --headdims 64 --graphs \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
+  medium_stages 1024 4 "" --steps 40
+  BLOCK_M=128 medium_stages 16384 2 _m128 --steps 20
+  medium_stages 16384 4 "" --steps 20
   ;;
 esac

@@ -398,9 +398,10 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
 
 
 CONFIGS = {
-    # (four stages at d64: its 64-wide tiles leave room, and its per-step products are short. On one H200
-    # 4 and 3 were level; on another the backward ran 0.74-0.82x as fast with 3: results/carry_ds, s34)
-    64: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+    # (d64: its 64-wide heads leave registers for a step of 128 queries, S^T and dP^T 64 x 128, whose
+    # products are twice as long as 64 queries' (one H200: the backward 0.94-1.08x 64-query tiles on four
+    # stages, 1.02x at the median of 14 timings; GPT-2 medium 8k 1.01x: results/s34/call5))
+    64: HopperDkdvConfig(block_m=128, block_n=64, consumers=2, stages=2, consumer_regs=240),
     128: HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
     # two passes (`passes`): the dK pass holds K and V (128 KB), so 32-query Q/dO tiles (64 spill); the dV
     # pass holds K alone and streams 64-query tiles (one H200: its backward 1.02-1.07x the one with 32)
