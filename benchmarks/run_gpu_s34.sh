@@ -24,6 +24,8 @@
 #       use at d64 (block-sparse keeps 64): part 2's GPU tests
 #   bash benchmarks/run_gpu_s34.sh 7   # (part 6, on an H200: 314 passed, and the slow test alone) d64 against the
 #       anchors (graphs) with 128-query tiles; GPT-2 medium 1k and 16k with 128-query tiles and with 64
+#       (which stopped: its config override then named a field main lacks, `call7/bench_train.log`)
+#   bash benchmarks/run_gpu_s34.sh 8   # part 7's GPT-2 medium runs
 source benchmarks/gpu_call.sh
 machine_info
 medium_stages() {  # medium_stages SEQLEN STAGES TAG [bench_train args]: GPT-2 medium from CUDA graphs with
@@ -32,8 +34,8 @@ medium_stages() {  # medium_stages SEQLEN STAGES TAG [bench_train args]: GPT-2 m
   timeout 150 python -c "
 import dataclasses, runpy, sys
 from kernels import _flash_dkdv_hopper as m
-m.CONFIGS[64] = dataclasses.replace(m.CONFIGS[64], stages=$stages, kv_in_registers=${KV_REGS:-0} == 1,
-                                    block_m=${BLOCK_M:-64})
+extra = dict(kv_in_registers=True) if ${KV_REGS:-0} == 1 else {}  # (a field of branch dkdv-kv-regs only)
+m.CONFIGS[64] = dataclasses.replace(m.CONFIGS[64], stages=$stages, block_m=${BLOCK_M:-64}, **extra)
 sys.argv = ['benchmarks/bench_train.py'] + sys.argv[1:]
 runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " --models gpt2_medium --seqlens "$seqlen" --impls triton --compile-mode reduce-overhead --in-process \
@@ -96,6 +98,13 @@ case "${1:?part 1}" in
   head -n 2 "$R/machine.txt"
   timeout 200 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 --headdims 64 --graphs \
     --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
+  medium_stages 1024 4 "" --steps 40
+  BLOCK_M=128 medium_stages 16384 2 _m128 --steps 20
+  medium_stages 16384 4 "" --steps 20
+  ;;
+8)  # (part 7's GPT-2 runs, which had stopped at a config field that main lacks)
+  head -n 2 "$R/machine.txt"
   BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
   medium_stages 1024 4 "" --steps 40
   BLOCK_M=128 medium_stages 16384 2 _m128 --steps 20
