@@ -74,16 +74,7 @@ case "${1:?part 1}" in
     --out "$R/block_sparse_d64.json" 2>&1 | quiet | tail -n 24
   ;;
 5)
-  T=tests/kernels
-  timeout -s INT 500 python -m pytest -q -m gpu -rf \
-    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
-    > "$R/gpu_tests_slow_portable.log" 2>&1 &
-  timeout -s INT 540 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
-    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect \
-    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
-    > "$R/gpu_tests.log" 2>&1
-  wait
-  tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+  hopper_backward_tests
   ;;
 6)
   head -n 2 "$R/machine.txt"

@@ -14,11 +14,14 @@
 #   bash benchmarks/run_gpu_s34.sh 4   # (part 3, on an H200: graphs 0.89-1.03x cuDNN, 1.17-1.33x Flex; the
 #       block-sparse routes as before; GPT-2 medium 1k 193.0k tokens/s with 4 stages, 192.3k with 3) d64's
 #       dK/dV candidates with K and V in registers and with 128-query tiles, timed round-robin twice;
-#       GPT-2 medium 8k with K and V in registers and without, alternating
+#       GPT-2 medium 8k with K and V in registers and without, alternating (run on a tree with branch
+#       dkdv-kv-regs's kernel; its d64 candidates then: 64x64 on 4 stages, the same and 3 stages with K
+#       and V in registers, 128x64 on 2 and 3 stages)
 #   bash benchmarks/run_gpu_s34.sh 5   # (part 4, on an H200: K and V in registers no faster, GPT-2 medium 8k
-#       123.8-123.9k tokens/s against 124.7-124.8k; 128-query tiles (2 stages) 1.01-1.09x at causal 1k-16k, the check
-#       ran past its 330 s before the full and packed cases) d64's 128-query-tile candidates against the one
-#       in use, round-robin twice; GPT-2 medium 8k with 128-query tiles (2 stages) and without, alternating
+#       123.8-123.9k tokens/s against 124.7-124.8k; 128-query tiles (2 stages) 1.01-1.09x at causal
+#       1k-16k, the check ran past its 330 s before the full and packed cases) d64's 128-query-tile
+#       candidates against the one in use, round-robin twice; GPT-2 medium 8k with 128-query tiles (2
+#       stages) and without, alternating
 #   bash benchmarks/run_gpu_s34.sh 6   # (part 5, on an H200: 128-query tiles 0.94-1.08x, 1.02x at the median of
 #       14 timings; GPT-2 medium 8k 125.9k tokens/s twice against 124.5k and 124.9k) with 128-query tiles in
 #       use at d64 (block-sparse keeps 64): part 2's GPU tests
@@ -42,6 +45,17 @@ runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
     --out "$R/train_medium${seqlen}_s$stages$tag.json" "$@" 2>&1 | quiet | tee -a "$R/bench_train.log" \
     | grep "^|.*gpt2" | sed "s/^/stages=$stages $tag /"
 }
+check_d64_twice() {  # check_d64_twice NAME SECONDS: d64's dK/dV candidates checked, then timed twice
+  HANG_S=$(($2 - 10)) timeout "$2" python benchmarks/check_hopper_dkdv.py --headdims 64 --rounds 2 \
+    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_$1.json" 2>&1 | quiet \
+    | tee "$R/check_dkdv_d64_$1.log" | grep -v "^  File" | tail -n 14
+}
+medium_1k_16k() {  # GPT-2 medium 1k and 16k with 128-query steps (two stages) and with 64 (four)
+  BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
+  medium_stages 1024 4 "" --steps 40
+  BLOCK_M=128 medium_stages 16384 2 _m128 --steps 20
+  medium_stages 16384 4 "" --steps 20
+}
 case "${1:?part 1}" in
 1)
   head -n 2 "$R/machine.txt"
@@ -54,16 +68,7 @@ case "${1:?part 1}" in
   done
   ;;
 2 | 6)
-  T=tests/kernels
-  timeout -s INT 500 python -m pytest -q -m gpu -rf \
-    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
-    > "$R/gpu_tests_slow_portable.log" 2>&1 &
-  timeout -s INT 540 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
-    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect \
-    "$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels" \
-    > "$R/gpu_tests.log" 2>&1
-  wait
-  tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+  hopper_backward_tests
   ;;
 3)
   head -n 2 "$R/machine.txt"
@@ -76,9 +81,7 @@ case "${1:?part 1}" in
   ;;
 4)
   head -n 2 "$R/machine.txt"
-  HANG_S=330 timeout 340 python benchmarks/check_hopper_dkdv.py --headdims 64 --rounds 2 \
-    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_kvregs.json" 2>&1 | quiet \
-    | tee "$R/check_dkdv_d64_kvregs.log" | grep -v "^  File" | tail -n 14
+  check_d64_twice kvregs 340
   for run in 1 2; do
     KV_REGS=1 medium_stages 8192 4 _kvregs_run$run --steps 20
     medium_stages 8192 4 _run$run --steps 20
@@ -86,9 +89,7 @@ case "${1:?part 1}" in
   ;;
 5)
   head -n 2 "$R/machine.txt"
-  HANG_S=290 timeout 300 python benchmarks/check_hopper_dkdv.py --headdims 64 --rounds 2 \
-    --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_m128.json" 2>&1 | quiet \
-    | tee "$R/check_dkdv_d64_m128.log" | grep -v "^  File" | tail -n 10
+  check_d64_twice m128 300
   for run in 1 2; do
     BLOCK_M=128 medium_stages 8192 2 _m128_run$run --steps 20
     medium_stages 8192 4 _run$run --steps 20
@@ -98,16 +99,10 @@ case "${1:?part 1}" in
   head -n 2 "$R/machine.txt"
   timeout 200 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 --headdims 64 --graphs \
     --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64.json" 2>&1 | quiet | grep "^|" | tail -n 20
-  BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
-  medium_stages 1024 4 "" --steps 40
-  BLOCK_M=128 medium_stages 16384 2 _m128 --steps 20
-  medium_stages 16384 4 "" --steps 20
+  medium_1k_16k
   ;;
 8)  # (part 7's GPT-2 runs, which had stopped at a config field that main lacks)
   head -n 2 "$R/machine.txt"
-  BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
-  medium_stages 1024 4 "" --steps 40
-  BLOCK_M=128 medium_stages 16384 2 _m128 --steps 20
-  medium_stages 16384 4 "" --steps 20
+  medium_1k_16k
   ;;
 esac
