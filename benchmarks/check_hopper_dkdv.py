@@ -14,6 +14,7 @@ Exit status 1 when a config fails a correctness check; the configs that pass are
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import sys
@@ -88,8 +89,9 @@ def guarded_check(cfg, d, dtype, shapes):
     try:
         return check_config(cfg, d, dtype, shapes)
     except Exception as e:  # noqa: BLE001  (a candidate that cannot run is a failed candidate)
-        print("FAIL", cfg, f"d{d} {dtype}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-        return False, [dict(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")]
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+        print("FAIL", cfg, f"d{d} {dtype}: {error}", flush=True)
+        return False, [dict(ok=False, error=error)]
 
 
 def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
@@ -106,7 +108,7 @@ def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
             row["bwd_hopper_dq_ms"] = time_ms(
                 lambda: backward(do, q, k, v, out, lse, causal, scale, True, False)
             )
-        for r, cfg in ((r, cfg) for r in range(rounds) for cfg in cfgs):
+        for r, cfg in itertools.product(range(rounds), cfgs):
             key = f"bwd_{'hopper_dq_' if hopper_dq else ''}dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
             if cfg.dv_block_m or cfg.dv_stages:
                 key += f"_dv{cfg.for_pass(1).block_m}s{cfg.for_pass(1).stages}"

@@ -50,6 +50,13 @@ check_d64_twice() {  # check_d64_twice NAME SECONDS: d64's dK/dV candidates chec
     --speed 64:causal 64:full 64:packed --out "$R/check_dkdv_d64_$1.json" 2>&1 | quiet \
     | tee "$R/check_dkdv_d64_$1.log" | grep -v "^  File" | tail -n 14
 }
+medium_8k_against_four_stages() {  # TAG STAGES VAR=VALUE: GPT-2 medium 8k with the d64 config VAR=VALUE
+  # selects, on STAGES, then with 64-query steps on four stages; twice, alternating
+  for run in 1 2; do
+    (export "$3"; medium_stages 8192 "$2" "_$1_run$run" --steps 20)
+    medium_stages 8192 4 "_run$run" --steps 20
+  done
+}
 medium_1k_16k() {  # GPT-2 medium 1k and 16k with 128-query steps (two stages) and with 64 (four)
   BLOCK_M=128 medium_stages 1024 2 _m128 --steps 40
   medium_stages 1024 4 "" --steps 40
@@ -82,18 +89,12 @@ case "${1:?part 1}" in
 4)
   head -n 2 "$R/machine.txt"
   check_d64_twice kvregs 340
-  for run in 1 2; do
-    KV_REGS=1 medium_stages 8192 4 _kvregs_run$run --steps 20
-    medium_stages 8192 4 _run$run --steps 20
-  done
+  medium_8k_against_four_stages kvregs 4 KV_REGS=1
   ;;
 5)
   head -n 2 "$R/machine.txt"
   check_d64_twice m128 300
-  for run in 1 2; do
-    BLOCK_M=128 medium_stages 8192 2 _m128_run$run --steps 20
-    medium_stages 8192 4 _run$run --steps 20
-  done
+  medium_8k_against_four_stages m128 2 BLOCK_M=128
   ;;
 7)
   head -n 2 "$R/machine.txt"
