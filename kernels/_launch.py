@@ -14,10 +14,16 @@ descriptors' layouts mangled into strings) took 13-23 us and the four validated 
 - Its key is what Triton specializes on: the device, the constexprs, each descriptor's dtype and block
   rows, and Triton's own specialization of every other argument (`native_specialize_impl`: dtype and
   16-byte alignment of a pointer, width, divisibility by 16 and == 1 of an int).
-- Later launches with that key call the compiled kernel's launcher directly with `TmaView`s: the
-  fields Triton's launcher reads to build the TMA descriptor (base, global shape, strides). The block
-  shape and swizzle come from the compiled kernel, so one view serves every launch of a call that reads
-  the same tensor, whatever its tile rows.
+- Later launches with that key call the compiled kernel's C launcher itself, the one Triton's
+  `wrap_handle_tensordesc` wraps, with each TMA descriptor already encoded: Triton encodes the 128-byte
+  CUtensorMap from the tensor's address, its (batch, heads, seqlen, headdim) view's shape and strides,
+  and the compiled kernel's block shape and swizzle, on every launch; here it is encoded once per
+  (descriptor, address, shape, strides) and kept (a tensor freed and another allocated at the same
+  address with the same shape gets the same encoding, which is all the descriptor holds).
+- Where the compiled kernel's launcher is not the one this was written against (Triton other than
+  3.6's wrapper, scratch memory to allocate, a descriptor without its metadata), later launches call
+  the compiled kernel's `run` with `TmaView`s instead: the fields Triton's launcher reads to build the
+  descriptor, shared between the launches of one call.
 - With a launch hook set (a profiler such as proton), every launch takes the JIT path, which calls it;
   FLASHTRAIN_COMPILED_LAUNCH=0 sends every launch there (A/B measurements, a safety valve).
 """
@@ -31,8 +37,10 @@ import torch
 from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
+from triton.backends.nvidia.driver import make_tensordesc_arg
 
 ENABLED = os.environ.get("FLASHTRAIN_COMPILED_LAUNCH", "1") != "0"
+MAX_ENCODED = 1024  # encoded descriptors kept per compiled kernel; past it the cache starts afresh
 
 
 class TmaView(NamedTuple):
@@ -70,6 +78,55 @@ def _specialization(arg) -> tuple:
     return native_specialize_impl(BaseBackend, arg, False, True, True)
 
 
+class _CLauncher(NamedTuple):
+    """What the compiled kernel's `run` would do, taken apart: its C launcher and the metadata of each
+    descriptor it encodes."""
+
+    launch: object
+    descriptor_metas: tuple
+    cooperative: bool
+    pdl: bool
+
+
+def _c_launcher(compiled, n_descriptors: int) -> _CLauncher | None:
+    """The C launcher below Triton 3.6's `wrap_handle_tensordesc`, if the compiled kernel's launcher is
+    that wrapper over descriptors 0..n_descriptors-1, each with its metadata, and needs no scratch
+    memory; else None (the `run` path)."""
+    runner = compiled.run
+    if getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
+        return None
+    wrapper = getattr(runner, "launch", None)
+    code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+    if code is None or cells is None:
+        return None
+    free = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=True))
+    launch, indices, metas = (
+        free.get(name) for name in ("launcher", "tensordesc_indices", "tensordesc_meta")
+    )
+    if not callable(launch) or indices != set(range(n_descriptors)):
+        return None
+    if not metas or len(metas) != n_descriptors or any(meta is None for meta in metas):
+        return None
+    return _CLauncher(launch, tuple(metas), runner.launch_cooperative_grid, runner.launch_pdl)
+
+
+def _encode(view: TmaView, meta: dict) -> list:
+    """The launcher arguments of one descriptor: the encoded CUtensorMap, then the view's shape and
+    strides (Triton's own encoding)."""
+    return make_tensordesc_arg(view, meta)
+
+
+class _Compiled:
+    """One specialization's compiled kernel, its constexprs' values in parameter order, its C launcher
+    (None: the `run` path) and the descriptors encoded for it."""
+
+    def __init__(self, compiled, constexpr_values: tuple, n_descriptors: int):
+        self.compiled = compiled
+        self.constexpr_values = constexpr_values
+        self.c_launcher = _c_launcher(compiled, n_descriptors)
+        self.encoded = {}  # (descriptor index, address, shape, strides) -> launcher arguments
+
+
 class CompiledLaunch:
     """Launches one kernel whose parameters are its TMA descriptors, then plain arguments, then its
     constexprs, in that order (checked at the first launch)."""
@@ -77,13 +134,14 @@ class CompiledLaunch:
     def __init__(self, kernel, make_descriptor):
         self.kernel = kernel
         self.make_descriptor = make_descriptor  # (tensor, rows) -> Gluon TensorDescriptor
-        self._compiled = {}  # key -> (compiled kernel, its constexprs' values in parameter order)
+        self._compiled = {}  # key -> _Compiled
         self.fast_launches = 0  # (tests count them)
+        self.encodings = 0  # descriptors encoded on the fast path (tests count them)
 
     def __call__(self, grid, descriptors, args, kwargs: dict, views: dict | None = None):
         """kernel[grid](*descriptors, *args, **kwargs). grid: 1 to 3 program counts; descriptors: (tensor,
         block rows) pairs; kwargs: the constexprs, then launch options (num_warps); views: TmaViews by id
-        of their tensor, shared between the launches of one call."""
+        of their tensor, shared between the launches of one call (on the `run` path)."""
         grid = (*grid, 1, 1)[:3]  # (the compiled launcher takes all three)
         device = _current_device()
         key = (
@@ -96,20 +154,46 @@ class CompiledLaunch:
         if entry is None or not ENABLED or _launch_hooks_set():
             self._jit_launch(key, grid, descriptors, args, kwargs)
             return
-        compiled, constexpr_values = entry
-        if views is None:
-            views = {}
+        compiled, c_launcher = entry.compiled, entry.c_launcher
+        if c_launcher is not None:
+            encoded = self._encoded(entry, descriptors)
+            c_launcher.launch(
+                grid[0], grid[1], grid[2], _current_stream(device), compiled.function, c_launcher.cooperative,
+                c_launcher.pdl, None, None, compiled.packed_metadata, None, None, None,
+                *encoded, *args, *entry.constexpr_values,
+            )  # fmt: skip
+        else:
+            compiled.run(
+                grid[0], grid[1], grid[2], _current_stream(device), compiled.function,
+                compiled.packed_metadata, None, None, None, *self._views(descriptors, views), *args,
+                *entry.constexpr_values,
+            )  # fmt: skip
+        self.fast_launches += 1
+
+    def _encoded(self, entry: _Compiled, descriptors) -> list:
+        """The launcher arguments of every descriptor, encoded once per tensor address, shape and strides."""
+        encoded, cache = [], entry.encoded
+        for index, (t, _) in enumerate(descriptors):
+            key = (index, t.data_ptr(), t.shape, t.stride())
+            arguments = cache.get(key)
+            if arguments is None:
+                if len(cache) >= MAX_ENCODED:  # (many short-lived buffers: start afresh)
+                    cache.clear()
+                arguments = cache[key] = _encode(tma_view(t), entry.c_launcher.descriptor_metas[index])
+                self.encodings += 1
+            encoded += arguments
+        return encoded
+
+    @staticmethod
+    def _views(descriptors, views: dict | None) -> list:
+        views = {} if views is None else views
         tma = []
         for t, _ in descriptors:
             view = views.get(id(t))
             if view is None:
                 view = views[id(t)] = tma_view(t)
             tma.append(view)
-        compiled.run(
-            grid[0], grid[1], grid[2], _current_stream(device), compiled.function,
-            compiled.packed_metadata, None, None, None, *tma, *args, *constexpr_values,
-        )  # fmt: skip
-        self.fast_launches += 1
+        return tma
 
     def _jit_launch(self, key, grid, descriptors, args, kwargs):
         """Triton's own launch, with Gluon descriptors; keeps the compiled kernel under key."""
@@ -123,4 +207,5 @@ class CompiledLaunch:
             )
         gluon_descs = [self.make_descriptor(t, rows) for t, rows in descriptors]
         compiled = self.kernel[grid](*gluon_descs, *args, **kwargs)
-        self._compiled[key] = (compiled, tuple(kwargs[name] for name in constexprs))
+        constexpr_values = tuple(kwargs[name] for name in constexprs)
+        self._compiled[key] = _Compiled(compiled, constexpr_values, len(descriptors))

@@ -165,6 +165,8 @@ def assert_compiled_launches_match_jit_ones(monkeypatch, fn, inputs, do) -> None
     for _ in range(2):
         got = run()
     assert all(now > n for now, n in zip(fast(), before, strict=True))
+    entries = [entry for kernel in launchers for launcher in kernel for entry in launcher._compiled.values()]
+    assert all(entry.c_launcher is not None for entry in entries)  # (not the `run` fallback)
     for name, want, have in zip(("out", "lse", "dq", "dk", "dv"), expected, got, strict=True):
         assert torch.equal(want, have), name
 
@@ -180,6 +182,27 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, bwd_ca
     fn = lambda q, k, v: flash_attention(q, k, v, causal=causal, return_lse=True)  # noqa: E731
     assert_compiled_launches_match_jit_ones(monkeypatch, fn, (q, k, v), do)
     assert bwd_calls[-2:] == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_new_values_at_an_address_already_encoded_give_the_new_results(monkeypatch):
+    """The compiled launches keep each TMA descriptor by address, shape and strides: values written in
+    place are read by the next call."""
+    torch.manual_seed(0)
+    q, k, v, do = (randn(1, 2048, 4, 128, dtype=BF16, device="cuda") for _ in range(4))
+    fn = lambda q, k, v: flash_attention(q, k, v, causal=True, return_lse=True)  # noqa: E731
+    encodings = dkdv_hopper._launch_dkdv.encodings
+    for _ in range(3):
+        fwd_bwd_results(fn, (q, k, v), do)
+    for t in (q, k, v, do):
+        t.normal_()
+    got = fwd_bwd_results(fn, (q, k, v), do)
+    assert dkdv_hopper._launch_dkdv.encodings > encodings
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    expected = fwd_bwd_results(fn, (q, k, v), do)
+    for name, want, have in zip(("out", "lse", "dq", "dk", "dv"), expected, got, strict=True):
+        assert torch.equal(want, have), name
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from triton import knobs
+from triton.backends.nvidia import driver
 
 from kernels import _launch
 from kernels._launch import CompiledLaunch, TmaView, tma_view
@@ -176,3 +177,163 @@ def test_a_kernel_whose_constexprs_are_not_last_is_refused():
     a, b, x = _tensors()
     with pytest.raises(TypeError, match="descriptors, arguments, constexprs"):
         _call(launch, a, b, x, 32)
+
+
+# ---- the C launcher below Triton's descriptor wrapper ----------------------------------------------
+
+
+def _fake_encoding(arg, meta):
+    """Stands in for Triton's make_tensordesc_arg (which needs a GPU): [descriptor, *shape, *strides]."""
+    return [("tensor-map", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), meta["block"]), *arg.shape,
+            *arg.strides]  # fmt: skip
+
+
+class FakeCudaLauncher:
+    """Triton 3.6's CudaLauncher as a compiled kernel's `run`: its `launch` is the real
+    `wrap_handle_tensordesc` over a C launcher that records what it gets."""
+
+    launch_cooperative_grid = False
+    launch_pdl = True
+
+    def __init__(self, metas, scratch=0, signature=None):
+        self.c_launches = []
+        signature = signature or {0: "tensordesc<fp32[1,1,64,16]>", 1: "tensordesc<fp32[1,1,32,16]>", 2: "*fp32",
+                                  3: "i32", 4: "fp32", 5: "constexpr", 6: "constexpr"}  # fmt: skip
+        self.launch = driver.wrap_handle_tensordesc(
+            lambda *args: self.c_launches.append(args), signature, metas
+        )
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):  # CudaLauncher.__call__, no scratch
+        self.launch(grid_x, grid_y, grid_z, stream, function, self.launch_cooperative_grid, self.launch_pdl, None,
+                    None, *args)  # fmt: skip
+
+
+class FakeCompiledWithLauncher:
+    function = "function-handle"
+    packed_metadata = "packed-metadata"
+
+    def __init__(self, **launcher_options):
+        self.run = FakeCudaLauncher(**launcher_options)
+
+
+class FakeKernelWithLauncher(FakeKernel):
+    def __init__(self, **launcher_options):
+        super().__init__()
+        self.launcher_options = dict(metas=[{"block": 64}, {"block": 32}]) | launcher_options
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            self.compiled.append(FakeCompiledWithLauncher(**self.launcher_options))
+            return self.compiled[-1]
+
+        return launch
+
+
+@pytest.fixture
+def fake_encoding(monkeypatch):
+    monkeypatch.setattr(driver, "make_tensordesc_arg", _fake_encoding)  # Triton's wrapper, on the run path
+    monkeypatch.setattr(_launch, "make_tensordesc_arg", _fake_encoding)
+
+
+def test_the_c_launcher_gets_what_tritons_own_launcher_would_pass_it(fake_encoding):
+    kernel = FakeKernelWithLauncher()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    a2, b2, x2 = _tensors(seqlen=80)
+    _call(launch, a2, b2, x2, 48)
+    assert launch.fast_launches == 1
+    runner = kernel.compiled[0].run
+    (fast,) = runner.c_launches
+    # the same launch through Triton's run, with the views it encodes itself
+    runner(3, 2, 1, 1234, "function-handle", "packed-metadata", None, None, None, tma_view(a2), tma_view(b2), x2,
+           48, 0.5, True, 2)  # fmt: skip
+    assert fast == runner.c_launches[1]
+    assert fast[:13] == (3, 2, 1, 1234, "function-handle", False, True, None, None, "packed-metadata", None, None,
+                         None)  # fmt: skip
+    assert fast[13] == ("tensor-map", a2.data_ptr(), (2, 4, 80, 16), (5120, 16, 64, 1), 64)
+    assert fast[-5:] == (x2, 48, 0.5, True, 2)
+
+
+def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(fake_encoding):
+    kernel = FakeKernelWithLauncher()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)  # (the JIT launch: Triton encodes)
+    for _ in range(3):
+        _call(launch, a, b, x, 32)
+    assert launch.fast_launches == 3 and launch.encodings == 2
+    a.normal_()  # new values at the same address: the same descriptor
+    _call(launch, a, b, x, 32)
+    assert launch.encodings == 2
+    _call(launch, b, a, x, 32)  # each descriptor keeps its own block shape: both encoded again
+    assert launch.encodings == 4
+    packed = torch.randn(2, 64, 8, 16)
+    _call(launch, packed[:, :, :4], b, x, 32)  # another address, and strides of a packed tensor
+    _call(launch, packed[:, :, 4:], b, x, 32)  # same strides, another address
+    _call(launch, packed[:, :32, :4], b, x, 32)  # same address as the first, another shape
+    assert launch.encodings == 7
+    runner = kernel.compiled[0].run
+    assert runner.c_launches[-1][13] == (
+        "tensor-map",
+        packed.data_ptr(),
+        (2, 4, 32, 16),
+        (8192, 16, 128, 1),
+        64,
+    )
+    assert runner.c_launches[-2][13][1:4] == (
+        packed.data_ptr() + 4 * 16 * 4,
+        (2, 4, 64, 16),
+        (8192, 16, 128, 1),
+    )
+
+
+def test_the_encoded_descriptors_kept_are_bounded(fake_encoding, monkeypatch):
+    monkeypatch.setattr(_launch, "MAX_ENCODED", 3)
+    kernel = FakeKernelWithLauncher()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    alive = [_tensors()[:2] for _ in range(4)]  # (kept: a freed tensor's address could come back)
+    for a, b in alive:
+        _call(launch, a, b, x, 32)
+    (entry,) = launch._compiled.values()
+    assert len(entry.encoded) <= 3 and launch.encodings == 8
+    c_launches = kernel.compiled[0].run.c_launches
+    assert len(c_launches) == 4 and c_launches[-1][13][0] == "tensor-map"
+
+
+@pytest.mark.parametrize(
+    "launcher_options",
+    [
+        dict(scratch=256),  # scratch memory Triton would allocate per launch
+        dict(metas=None),  # descriptors without their metadata: Triton passes them decomposed
+        dict(metas=[{"block": 64}, None]),  # one descriptor without its metadata
+        dict(
+            signature={
+                0: "*fp32",
+                1: "tensordesc<fp32[1,1,32,16]>",
+                2: "tensordesc<fp32[1,1,64,16]>",
+                3: "i32",
+                4: "fp32",
+                5: "constexpr",
+                6: "constexpr",
+            }
+        ),  # descriptors elsewhere  # fmt: skip
+    ],
+)
+def test_a_launcher_not_as_expected_keeps_the_run_path(fake_encoding, launcher_options):
+    kernel = FakeKernelWithLauncher(**launcher_options)
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    assert launch._compiled[next(iter(launch._compiled))].c_launcher is None
+    calls = []
+    kernel.compiled[0].run = lambda *args: calls.append(args)  # (the run path's launcher)
+    _call(launch, a, b, x, 32)
+    assert launch.fast_launches == 1 and launch.encodings == 0
+    ((*_, view_a, view_b, _x, _n, _scale, _flag, _stages),) = calls
+    assert view_a.base is a and view_b.base is b

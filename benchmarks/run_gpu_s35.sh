@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 35). Each part is what one call ran; the outputs are in
+# benchmarks/results/s35/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s35.sh 1   # the compiled launches with each TMA descriptor encoded once (kernels/_launch.py)
+#       against the tree before (carried in .carry/old: `git archive <commit> kernels benchmarks/*.py flashtrain`):
+#       host time of one eager fwd+bwd at n4k, block-sparse (butterfly 2 factors), dense and Flex, d128 and d64,
+#       the two trees alternating, twice; the launch path's GPU tests
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
+  local round=$1 tree script d
+  for tree in old new; do
+    script=benchmarks/bench_host_overhead.py
+    [ "$tree" = old ] && script=.carry/old/benchmarks/bench_host_overhead.py
+    for d in 128 64; do
+      timeout 150 python "$script" --seqlen 4096 --headdim "$d" --butterfly 2:0 --no-parts --calls 200 \
+        --out "$R/host_${tree}_d${d}_r${round}.json" > "$R/host_${tree}_d${d}_r${round}.log" 2>&1
+      echo "$tree d$d round $round: $(grep -o "'path': '[a-z_]*'\|'fwdbwd_host_ms': [0-9.]*\|'fwdbwd_synced_ms': [0-9.]*" \
+        "$R/host_${tree}_d${d}_r${round}.log" | cut -d: -f2 | paste -sd' ')" | tee -a "$R/host_ab.log"
+    done
+  done
+}
+case "${1:?part 1}" in
+1)
+  python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
+  host_ab 1
+  timeout -s INT 150 python -m pytest -q -m gpu -rf tests/kernels/test_launch.py tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py -k "compiled or encoded or launch" > "$R/gpu_tests_launch.log" 2>&1
+  tail -n 3 "$R/gpu_tests_launch.log"
+  host_ab 2
+  ;;
+esac
