@@ -5,6 +5,10 @@
 #       against the tree before (carried in .carry/old: `git archive <commit> kernels benchmarks/*.py flashtrain`):
 #       host time of one eager fwd+bwd at n4k, block-sparse (butterfly 2 factors), dense and Flex, d128 and d64,
 #       the two trees alternating, twice; the launch path's GPU tests
+#   bash benchmarks/run_gpu_s35.sh 2   # (part 1, on an H200: host times too noisy between processes to compare,
+#       Flex's own from 0.56 to 1.05 ms; 3 of the 4 launch tests passed, the new one's in-place write hit a leaf
+#       that requires grad) both ways in one process, alternating (check_launch_encoding.py); the launch tests
+#       again; block-sparse n4k at d128 and d64, eager and from graphs, against Flex
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -20,7 +24,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1}" in
+case "${1:?part 1 or 2}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -28,5 +32,14 @@ case "${1:?part 1}" in
     tests/kernels/test_block_sparse_hopper.py -k "compiled or encoded or launch" > "$R/gpu_tests_launch.log" 2>&1
   tail -n 3 "$R/gpu_tests_launch.log"
   host_ab 2
+  ;;
+2)
+  timeout 200 python benchmarks/check_launch_encoding.py --seqlens 4096 --headdims 128 64 \
+    --out "$R/launch_encoding_n4k.json" 2>&1 | quiet | tee "$R/launch_encoding.log"
+  timeout -s INT 120 python -m pytest -q -m gpu -rf tests/kernels/test_launch.py tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py -k "compiled or encoded or launch" > "$R/gpu_tests_launch.log" 2>&1
+  tail -n 3 "$R/gpu_tests_launch.log"
+  timeout 240 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
+    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | tail -n 20
   ;;
 esac

@@ -41,6 +41,7 @@ from triton.backends.nvidia.driver import make_tensordesc_arg
 
 ENABLED = os.environ.get("FLASHTRAIN_COMPILED_LAUNCH", "1") != "0"
 MAX_ENCODED = 1024  # encoded descriptors kept per compiled kernel; past it the cache starts afresh
+ENCODE_ONCE = True  # False: the `run` path on every launch (benchmarks/check_launch_encoding.py's A/B)
 
 
 class TmaView(NamedTuple):
@@ -155,7 +156,7 @@ class CompiledLaunch:
             self._jit_launch(key, grid, descriptors, args, kwargs)
             return
         compiled, c_launcher = entry.compiled, entry.c_launcher
-        if c_launcher is not None:
+        if c_launcher is not None and ENCODE_ONCE:
             encoded = self._encoded(entry, descriptors)
             c_launcher.launch(
                 grid[0], grid[1], grid[2], _current_stream(device), compiled.function, c_launcher.cooperative,

@@ -337,3 +337,16 @@ def test_a_launcher_not_as_expected_keeps_the_run_path(fake_encoding, launcher_o
     assert launch.fast_launches == 1 and launch.encodings == 0
     ((*_, view_a, view_b, _x, _n, _scale, _flag, _stages),) = calls
     assert view_a.base is a and view_b.base is b
+
+
+def test_encode_once_off_takes_the_run_path(fake_encoding, monkeypatch):
+    kernel = FakeKernelWithLauncher()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    monkeypatch.setattr(_launch, "ENCODE_ONCE", False)
+    _call(launch, a, b, x, 32)
+    runner = kernel.compiled[0].run
+    assert launch.fast_launches == 1 and launch.encodings == 0
+    (through_run,) = runner.c_launches  # Triton's wrapper encoded it, from the views it was given
+    assert through_run[13] == ("tensor-map", a.data_ptr(), (2, 4, 64, 16), (4096, 16, 64, 1), 64)
