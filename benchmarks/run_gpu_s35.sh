@@ -9,6 +9,10 @@
 #       Flex's own from 0.56 to 1.05 ms; 3 of the 4 launch tests passed, the new one's in-place write hit a leaf
 #       that requires grad) both ways in one process, alternating (check_launch_encoding.py); the launch tests
 #       again; block-sparse n4k at d128 and d64, eager and from graphs, against Flex
+#   bash benchmarks/run_gpu_s35.sh 3   # (part 2, on an H200: the A/B stopped on a key error after its first case; 4
+#       launch tests passed; block-sparse n4k eager 0.61-1.31x Flex, both ~0.6-0.9 ms a call, from graphs
+#       1.09-1.35x at d128, 1.21-1.38x at d64) the A/B again, at n4k and at n1k; the GPU tests of the
+#       Hopper forward, backward, block-sparse, packed QKV and dense kernel files and of the launch path
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -24,7 +28,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 or 2}" in
+case "${1:?part 1 to 3}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -41,5 +45,14 @@ case "${1:?part 1 or 2}" in
   tail -n 3 "$R/gpu_tests_launch.log"
   timeout 240 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
     --out "$R/block_sparse_n4k.json" 2>&1 | quiet | tail -n 20
+  ;;
+3)
+  timeout 150 python benchmarks/check_launch_encoding.py --seqlens 4096 1024 --headdims 128 64 \
+    --out "$R/launch_encoding.json" 2>&1 | quiet | tee "$R/launch_encoding.log"
+  timeout -s INT 400 python -m pytest -q -n 3 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_launch.py > "$R/gpu_tests_fwd_launch.log" 2>&1 &
+  hopper_backward_tests
+  wait
+  tail -n 2 "$R/gpu_tests_fwd_launch.log"
   ;;
 esac
