@@ -13,6 +13,9 @@
 #       launch tests passed; block-sparse n4k eager 0.61-1.31x Flex, both ~0.6-0.9 ms a call, from graphs
 #       1.09-1.35x at d128, 1.21-1.38x at d64) the A/B again, at n4k and at n1k; the GPU tests of the
 #       Hopper forward, backward, block-sparse, packed QKV and dense kernel files and of the launch path
+#   bash benchmarks/run_gpu_s35.sh 4   # (part 3, on an H200: encoded once 1.06-1.26x less host time per eager
+#       fwd+bwd, 1.17-1.26x per forward; 315 + 1 + 127 GPU tests passed) block-sparse n16k at d128 and d64,
+#       eager and from graphs, against Flex; eager n1k d128 and d64 against the anchors
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -28,7 +31,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 to 3}" in
+case "${1:?part 1 to 4}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -54,5 +57,11 @@ case "${1:?part 1 to 3}" in
   hopper_backward_tests
   wait
   tail -n 2 "$R/gpu_tests_fwd_launch.log"
+  ;;
+4)
+  timeout 400 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 16
+  timeout 170 python benchmarks/bench_attention.py --seqlens 1024 --headdims 128 64 \
+    --impls triton flex sdpa_flash sdpa_cudnn --out "$R/attention_n1k.json" 2>&1 | quiet | grep "^|"
   ;;
 esac
