@@ -16,6 +16,9 @@
 #   bash benchmarks/run_gpu_s35.sh 4   # (part 3, on an H200: encoded once 1.06-1.26x less host time per eager
 #       fwd+bwd, 1.17-1.26x per forward; 315 + 1 + 127 GPU tests passed) block-sparse n16k at d128 and d64,
 #       eager and from graphs, against Flex; eager n1k d128 and d64 against the anchors
+#   bash benchmarks/run_gpu_s35.sh 5   # (part 4, on an H200: block-sparse n16k eager 1.23-1.28x Flex at d128 and
+#       1.21-1.41x at d64 from 4.7%, host-bound below; n1k 0.89-1.00x cuDNN, 1.15-1.31x Flex) GPT-2 small 1k,
+#       ours with descriptors encoded once and without (FLASHTRAIN_ENCODE_ONCE=0), alternating, and SDPA cuDNN
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -31,7 +34,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 to 4}" in
+case "${1:?part 1 to 5}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -63,5 +66,13 @@ case "${1:?part 1 to 4}" in
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 16
   timeout 170 python benchmarks/bench_attention.py --seqlens 1024 --headdims 128 64 \
     --impls triton flex sdpa_flash sdpa_cudnn --out "$R/attention_n1k.json" 2>&1 | quiet | grep "^|"
+  ;;
+5)
+  for run in triton:1:a triton:0:a triton:1:b sdpa_cudnn:1:a; do
+    IFS=: read -r impl once tag <<< "$run"
+    FLASHTRAIN_ENCODE_ONCE=$once timeout 140 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 \
+      --impls "$impl" --steps 40 --out "$R/train_small1k_${impl}_encode${once}_$tag.json" 2>&1 | quiet \
+      | tee -a "$R/bench_train.log" | grep "^|.*gpt2" | sed "s/^/encode_once=$once /"
+  done
   ;;
 esac

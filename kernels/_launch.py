@@ -41,7 +41,8 @@ from triton.backends.nvidia.driver import make_tensordesc_arg
 
 ENABLED = os.environ.get("FLASHTRAIN_COMPILED_LAUNCH", "1") != "0"
 MAX_ENCODED = 1024  # encoded descriptors kept per compiled kernel; past it the cache starts afresh
-ENCODE_ONCE = True  # False: the `run` path on every launch (benchmarks/check_launch_encoding.py's A/B)
+# False (FLASHTRAIN_ENCODE_ONCE=0): the `run` path on every launch (benchmarks/check_launch_encoding.py's A/B)
+ENCODE_ONCE = os.environ.get("FLASHTRAIN_ENCODE_ONCE", "1") != "0"
 
 
 class TmaView(NamedTuple):
