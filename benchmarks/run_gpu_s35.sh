@@ -19,6 +19,8 @@
 #   bash benchmarks/run_gpu_s35.sh 5   # (part 4, on an H200: block-sparse n16k eager 1.23-1.28x Flex at d128 and
 #       1.21-1.41x at d64 from 4.7%, host-bound below; n1k 0.89-1.00x cuDNN, 1.15-1.31x Flex) GPT-2 small 1k,
 #       ours with descriptors encoded once and without (FLASHTRAIN_ENCODE_ONCE=0), alternating, and SDPA cuDNN
+#   bash benchmarks/run_gpu_s35.sh 6   # (part 5, on an H200: 493k and 433k tokens/s encoded once, 427k without,
+#       SDPA cuDNN 489k: process-to-process spread larger than the difference) the same, four pairs
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -34,7 +36,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 to 5}" in
+case "${1:?part 1 to 6}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -67,8 +69,10 @@ case "${1:?part 1 to 5}" in
   timeout 170 python benchmarks/bench_attention.py --seqlens 1024 --headdims 128 64 \
     --impls triton flex sdpa_flash sdpa_cudnn --out "$R/attention_n1k.json" 2>&1 | quiet | grep "^|"
   ;;
-5)
-  for run in triton:1:a triton:0:a triton:1:b sdpa_cudnn:1:a; do
+5|6)
+  runs="triton:1:a triton:0:a triton:1:b sdpa_cudnn:1:a"
+  [ "$1" = 6 ] && runs="triton:0:a triton:1:a triton:1:b triton:0:b triton:0:c triton:1:c triton:1:d triton:0:d"
+  for run in $runs; do
     IFS=: read -r impl once tag <<< "$run"
     FLASHTRAIN_ENCODE_ONCE=$once timeout 140 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 \
       --impls "$impl" --steps 40 --out "$R/train_small1k_${impl}_encode${once}_$tag.json" 2>&1 | quiet \
