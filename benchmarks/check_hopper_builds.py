@@ -115,8 +115,12 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             args += [tiles, counts, 4, 8, 16]
         else:
             args += [lse, lse, 1, 1, 1]
-        if kernel == "fwd" and cfg.persistent:  # the forward's persistent variant: the grid it walks
-            jit = hopper._attn_fwd_hopper_persistent
+        if kernel in ("fwd", "dq") and cfg.persistent:  # a persistent variant: the grid it walks
+            jit = (
+                hopper._attn_fwd_hopper_persistent
+                if kernel == "fwd"
+                else dq_hopper._attn_bwd_dq_hopper_persistent
+            )
             args += [8, 4, 2]
         meta = dict(
             SPARSE=sparse, CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
@@ -186,8 +190,12 @@ def main():
         )
         for d, cfg in sorted(module.CONFIGS.items())
     ]
-    if not args.config:  # the forward's persistent variant
-        dense_configs += [("fwd", d, cfg) for d, cfg in sorted(_flash_fwd_hopper.PERSISTENT_CONFIGS.items())]
+    if not args.config:  # the persistent variants
+        dense_configs += [
+            (kernel, d, cfg)
+            for kernel, module in (("fwd", _flash_fwd_hopper), ("dq", _flash_dq_hopper))
+            for d, cfg in sorted(module.PERSISTENT_CONFIGS.items())
+        ]
     configs = [(*c, True, c in sparse_configs) for c in dense_configs]
     if not args.config:
         configs += [(*c, False, True) for c in sorted(sparse_configs, key=str) if c not in dense_configs]

@@ -21,6 +21,10 @@
 #       ours with descriptors encoded once and without (FLASHTRAIN_ENCODE_ONCE=0), alternating, and SDPA cuDNN
 #   bash benchmarks/run_gpu_s35.sh 6   # (part 5, on an H200: 493k and 433k tokens/s encoded once, 427k without,
 #       SDPA cuDNN 489k: process-to-process spread larger than the difference) the same, four pairs
+#   bash benchmarks/run_gpu_s35.sh 7   # (part 6, on an H200: medians 466k tokens/s encoded once, 462k without,
+#       spread 427k-497k) the persistent dq kernel against the row-tile one (check_persistent_dq.py:
+#       bitwise checks, the dq kernel alone from graphs), then the GPU tests of the Hopper backward and
+#       block-sparse files (the row-tile dq kernel now runs its rows through `_dq_rows`)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -36,7 +40,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 to 6}" in
+case "${1:?part 1 to 7}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -78,5 +82,13 @@ case "${1:?part 1 to 6}" in
       --impls "$impl" --steps 40 --out "$R/train_small1k_${impl}_encode${once}_$tag.json" 2>&1 | quiet \
       | tee -a "$R/bench_train.log" | grep "^|.*gpt2" | sed "s/^/encode_once=$once /"
   done
+  ;;
+7)
+  timeout 240 python benchmarks/check_persistent_dq.py --out "$R/persistent_dq.json" 2>&1 | quiet \
+    | tee "$R/persistent_dq.log" | grep -v "^ok "
+  T=tests/kernels
+  timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
+    --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests.log" 2>&1
+  tail -n 3 "$R/gpu_tests.log"
   ;;
 esac

@@ -21,6 +21,7 @@ gradient or accumulation into fp32 buffers (the ring's steps): those take the po
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import triton
@@ -34,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import _flash_fwd_hopper as fwd_hopper
-from ._common import LOG2E
+from ._common import LOG2E, sm_count
 from ._flash_fwd_hopper import (
     descriptor,
     key_tile,
@@ -85,18 +86,20 @@ def _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, stage, phase, s_layou
 @gluon.jit
 def _steps(
     dq, ds_op, lo, hi, n_kv, tiles, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse, delta,
-    seqlen_k, diag, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
+    seqlen_k, diag, qk_scale, ring0, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
     s_layout: gl.constexpr, op_layout: gl.constexpr,
 ):  # fmt: skip
-    """Steps i in [lo, hi) (key tile `key_tile(i)`): its S and dP issued, then tile i - 1's dq product
-    (whose dS we hold in ds_op) beside its P and dS; tile i - 1's stage is released once that is done."""
+    """Steps i in [lo, hi) (key tile `key_tile(i)`, ring position ring0 + i): its S and dP issued, then
+    tile i - 1's dq product (whose dS we hold in ds_op) beside its P and dS; tile i - 1's stage is
+    released once that is done."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     for i in range(lo, hi):
-        stage = i % STAGES
-        prev = (i - 1) % STAGES
-        s, dp = _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, stage, (i // STAGES) & 1, s_layout)
+        stage = (ring0 + i) % STAGES
+        prev = (ring0 + i - 1) % STAGES
+        phase = ((ring0 + i) // STAGES) & 1
+        s, dp = _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, stage, phase, s_layout)
         dq = warpgroup_mma(ds_op, k_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
         s = warpgroup_mma_wait(2, deps=(s,))  # S is in; dP and the dq product may still run
         if MASKED:
@@ -121,8 +124,30 @@ def _consumer(
 ):  # fmt: skip
     """One warpgroup: dq of query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
     n_kv - 1 (`key_tile`; block-sparse, the first n_listed_masked need the element mask)."""
-    BLOCK_M: gl.constexpr = q_smem.shape[3]
-    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    _dq_rows(
+        q_smem.index(WG), do_smem.index(WG), qdo_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty,
+        dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h,
+        m0 + WG * q_smem.shape[3], n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 0,
+        qdo_ready.index(WG), False, CAUSAL, SPARSE, False,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _dq_rows(
+    q_buf, do_buf, qdo_bar, qdo_phase, k_smem, v_smem, k_ready, v_ready, kv_empty, dq_desc, O, LSE, DELTA,  # noqa: E741
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    off_b, off_h, first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, ring0,
+    prev_qdo_empty, release_prev, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, RELEASE: gl.constexpr,
+):  # fmt: skip
+    """A warpgroup's BLOCK_M query rows from first_row (Q and dO in shared memory q_buf and do_buf, (1, 1,
+    BLOCK_M, HEAD_DIM) each, once qdo_bar completes phase qdo_phase) against the key tiles of steps 0 ..
+    n_kv - 1, whose stages start at ring position ring0 (`stream_kv`): their delta stored, and dq
+    stored through q_buf. RELEASE (the persistent kernel): the store is not waited for here; once step
+    0's products are issued, wait for this warpgroup's last store (the previous item's dq, through its Q
+    buffer) and, if release_prev, hand that item's Q and dO buffers back on prev_qdo_empty. Without
+    RELEASE the store is done when this returns."""
+    BLOCK_M: gl.constexpr = q_buf.shape[2]
+    HEAD_DIM: gl.constexpr = q_buf.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     STAGES: gl.constexpr = k_smem.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -134,7 +159,6 @@ def _consumer(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     tile_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte row pieces
-    first_row = m0 + WG * BLOCK_M
     rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
     diag = seqlen_k - seqlen_q
     n_masked = masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N, CAUSAL, SPARSE)
@@ -145,9 +169,9 @@ def _consumer(
         lse = lse * 1.4426950408889634  # log2(e)
     lse = gl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
     # delta = rowsum(dO * O) of this group's rows (rows past the sequence: dO and O are 0)
-    mbarrier.wait(qdo_ready.index(WG), 0)
-    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
-    do = do_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(qdo_bar, qdo_phase)
+    q = q_buf.reshape([BLOCK_M, HEAD_DIM])
+    do = do_buf.reshape([BLOCK_M, HEAD_DIM])
     o_rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, tile_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, tile_layout))
     o_ptrs = (
@@ -159,7 +183,14 @@ def _consumer(
     gl.store(DELTA + lse_rows, delta, mask=rows < seqlen_q)
 
     # step 0 (always masked: the only step of n_kv = 1)
-    s, dp = _issue_scores(q, do, k_smem, v_smem, k_ready, v_ready, 0, 0, s_layout)
+    s, dp = _issue_scores(
+        q, do, k_smem, v_smem, k_ready, v_ready, ring0 % STAGES, (ring0 // STAGES) & 1, s_layout
+    )
+    if RELEASE:
+        tma.store_wait(0)
+        gl.thread_barrier()
+        if release_prev:
+            mbarrier.arrive(prev_qdo_empty, count=1)
     s = warpgroup_mma_wait(1, deps=(s,))
     s = masked_scores(s, key_tile(tiles, 0, n_kv, SPARSE) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
     p = gl.exp2(s * qk_scale - lse[:, None])
@@ -168,22 +199,24 @@ def _consumer(
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
     dq, ds_op = _steps(
         dq, ds_op, 1, n_masked, n_kv, tiles, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse,
-        delta, seqlen_k, diag, qk_scale, CAUSAL, True, SPARSE, s_layout, op_layout,
+        delta, seqlen_k, diag, qk_scale, ring0, CAUSAL, True, SPARSE, s_layout, op_layout,
     )  # fmt: skip
     dq, ds_op = _steps(
         dq, ds_op, n_masked, n_kv, n_kv, tiles, q, do, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, lse,
-        delta, seqlen_k, diag, qk_scale, CAUSAL, False, SPARSE, s_layout, op_layout,
+        delta, seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, op_layout,
     )  # fmt: skip
     # the last tile's dq product
-    last = (n_kv - 1) % STAGES
+    last = (ring0 + n_kv - 1) % STAGES
     dq = warpgroup_mma(ds_op, k_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
     dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
     gl.thread_barrier()
     mbarrier.arrive(kv_empty.index(last), count=1)
-    # dq through this group's Q stage (no product reads it any more)
-    fwd_hopper.store_rows(
-        (dq * sm_scale).to(q.dtype), q_smem.index(WG), dq_desc, [off_b, off_h, first_row, 0], True
-    )
+    # dq through this group's Q buffer (no product reads it any more)
+    coord = [off_b, off_h, first_row, 0]
+    if RELEASE:
+        fwd_hopper.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, False)
+    else:
+        fwd_hopper.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, True)
 
 
 @gluon.jit
@@ -232,6 +265,119 @@ def _attn_bwd_dq_hopper(
     )  # fmt: skip
 
 
+@gluon.jit
+def _persistent_producer(
+    q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
+    kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch, NUM_CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """One warp: per work item, each consumer's Q and dO rows into the item's buffers (once the consumers
+    have let the item two before go), then its K/V tiles into the ring, which goes on from the last
+    item's (`_flash_fwd_hopper._persistent_producer`, with dO beside Q)."""
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    n_mine, programs, pid = fwd_hopper.my_items(n_row_tiles * nheads * n_batch)
+    ring0 = 0
+    for j in range(n_mine):
+        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = fwd_hopper.work_rows(
+            j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
+            lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+        )  # fmt: skip
+        for c in gl.static_range(NUM_CONSUMERS):
+            buf = (j % 2) * NUM_CONSUMERS + c
+            mbarrier.wait(qdo_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
+            bar = qdo_ready.index(buf)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
+            tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(buf))
+            tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(buf))
+        stream_kv(
+            k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
+        )  # fmt: skip
+        ring0 += n_kv
+
+
+@gluon.jit
+def _persistent_consumer(
+    q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, dq_desc, O, LSE, DELTA,  # noqa: E741
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
+    SPARSE: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
+    work, item after item); dq through the item's Q buffer, whose store the next item waits for before
+    handing the buffers back."""
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    n_mine, programs, pid = fwd_hopper.my_items(n_row_tiles * nheads * n_batch)
+    ring0 = 0
+    for j in range(n_mine):
+        m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = fwd_hopper.work_rows(
+            j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
+            lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
+        )  # fmt: skip
+        buf = (j % 2) * NUM_CONSUMERS + WG
+        prev = ((j + 1) % 2) * NUM_CONSUMERS + WG
+        _dq_rows(
+            q_smem.index(buf), do_smem.index(buf), qdo_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready,
+            v_ready, kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+            off_b, off_h, m0 + WG * BLOCK_M, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale,
+            sm_scale, ring0, qdo_empty.index(prev), j > 0, CAUSAL, SPARSE, True,
+        )  # fmt: skip
+        ring0 += n_kv
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_dq_hopper_persistent(
+    q_desc, do_desc, k_desc, v_desc, dq_desc, O, LSE, DELTA,  # noqa: E741
+    stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+):  # fmt: skip
+    """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
+    work items of the (n_row_tiles, nheads, n_batch) grid (`_flash_fwd_hopper.my_items`), with two sets
+    of Q and dO buffers so that the next item's load overlaps this one."""
+    q_smem = gl.allocate_shared_memory(
+        q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout
+    )
+    do_smem = gl.allocate_shared_memory(
+        do_desc.dtype, [2 * NUM_CONSUMERS] + do_desc.block_type.shape, do_desc.layout
+    )
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2 * NUM_CONSUMERS):
+        mbarrier.init(qdo_ready.index(c), count=1)
+        mbarrier.init(qdo_empty.index(c), count=1)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = fwd_hopper.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
+
+    # (partition tuples written out in the call: see _attn_fwd_hopper)
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
+    gl.warp_specialize(
+        [
+            (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
+                                    kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
+                                    stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
+                                    COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 0,
+                                    NUM_CONSUMERS, CAUSAL, SPARSE)),
+            (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
+                                    kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
+                                    stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
+                                    COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 1,
+                                    NUM_CONSUMERS, CAUSAL, SPARSE)),
+            (_persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready,
+                                    qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots,
+                                    TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch,
+                                    NUM_CONSUMERS, CAUSAL, SPARSE)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------
 # configs and launcher
 # ---------------------------------------------------------------------------------------------------
@@ -249,6 +395,10 @@ CONFIGS = {
     # Q and dO of both consumers take 128 KB: 32-key tiles, three stages (64-key ones overflow shared memory)
     256: HopperDqConfig(block_m=64, block_n=32, consumers=2, stages=3, consumer_regs=240),
 }
+
+# The persistent variant (`_attn_bwd_dq_hopper_persistent`): two sets of Q and dO buffers (128 KB at
+# d128) leave room for two K/V stages.
+PERSISTENT_CONFIGS = {128: dataclasses.replace(CONFIGS[128], stages=2, persistent=True)}
 
 # FLASHTRAIN_HOPPER_DQ=0 sends every backward to the portable dq kernel (A/B measurements, a safety valve)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DQ", "1") != "0"
@@ -285,16 +435,21 @@ def flash_attn_dq_hopper(
     cfg = config or CONFIGS[headdim]
     rows = cfg.block_m * cfg.consumers
     grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
-    _launch_dq(
-        grid,
-        ((q, cfg.block_m), (do, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dq, cfg.block_m)),
-        (out, lse, delta, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-         seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
-         *list_args(lists, lse, q.device, causal)),
-        dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4),
+    descriptors = ((q, cfg.block_m), (do, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dq, cfg.block_m))
+    args = (out, lse, delta, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,
+            *list_args(lists, lse, q.device, causal))  # fmt: skip
+    constexprs = dict(
+        CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
+    if cfg.persistent:
+        items = grid[0] * grid[1] * grid[2]
+        _launch_dq_persistent((min(items, sm_count(q.device)),), descriptors, (*args, *grid), constexprs)
+    else:
+        _launch_dq(grid, descriptors, args, constexprs)
     return dq, delta
 
 
 _launch_dq = CompiledLaunch(_attn_bwd_dq_hopper, descriptor)
+_launch_dq_persistent = CompiledLaunch(_attn_bwd_dq_hopper_persistent, descriptor)
