@@ -25,6 +25,8 @@ kernels 1.21-1.32x at d128 (n16k at densities 4.7-45%, n64k at 1-44%), 1.03-1.07
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 
 import torch
@@ -59,6 +61,22 @@ CONFIGS = {
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
     ),
     128: (fwd_hopper.PERSISTENT_CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
+}
+# The dq kernel's persistent variant (one program per SM walking the row tiles' lists, the next tile's Q,
+# dO and K/V loads under this one's work) where a program's list is short enough to pay: at most this
+# many key tiles on average. The dq kernel alone, replayed from CUDA graphs on one H200 (butterfly on
+# 128-blocks, 16 heads, batch 1; results/s35/call7/persistent_dq.json), row-tile / persistent time:
+#   d64 (three stages both): n4k 1.26x / 1.21x / 1.14x with 0 / 2 / all factors, n16k 1.34x / 1.23x / 1.09x;
+#   d128 (two stages against four: double Q and dO buffers leave room for two): 1.24x at one block per
+#        row (2 tiles) at n4k and n16k, 1.02x and 0.96x at three (6 tiles), 0.89x and 0.80x with all
+#        factors; dense d128 calls 0.62-0.93x, so they keep the row-tile kernel.
+# Both give bitwise-equal dq and delta (24 dense and block-sparse checks in bf16 and fp16). Off unless
+# FLASHTRAIN_PERSISTENT_DQ=1 until the block-sparse GPU tests and fwd+bwd have run with it (session 35
+# ran out of device time after the kernel's own check).
+PERSISTENT_DQ_ENABLED = os.environ.get("FLASHTRAIN_PERSISTENT_DQ", "0") == "1"
+PERSISTENT_DQ = {
+    64: (dataclasses.replace(CONFIGS[64][1], persistent=True), math.inf),
+    128: (dq_hopper.PERSISTENT_CONFIGS[128], 2),
 }
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
@@ -186,7 +204,10 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     delta = torch.empty_like(lse)
     dq_cfg, dkdv_cfg = CONFIGS[headdim][1:]
     assert dq_cfg.block_m * dq_cfg.consumers == PROGRAM_ROWS == dkdv_cfg.block_n * dkdv_cfg.consumers
-    tiles, counts, _ = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
+    tiles, counts, mean_tiles = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
+    persistent_cfg, up_to = PERSISTENT_DQ[headdim]
+    if PERSISTENT_DQ_ENABLED and mean_tiles <= up_to:
+        dq_cfg = persistent_cfg
     # (the dq kernel writes delta for the dK/dV kernel)
     dq_hopper.flash_attn_dq_hopper(
         q,

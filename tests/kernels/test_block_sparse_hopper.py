@@ -9,6 +9,8 @@ The kernels' sm_90 builds with SPARSE=True are checked (for spills too) by
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from kernels import block_sparse_attention
 from kernels.layouts import FULL, PARTIAL, SKIP, BlockLayout, butterfly_layout, local_layout, random_layout
 from kernels.reference import block_sparse_reference
 from tests.kernels.test_block_sparse import _err, _inputs, _run, check_against_reference
-from tests.kernels.test_flash_bwd_hopper import assert_compiled_launches_match_jit_ones
+from tests.kernels.test_flash_bwd_hopper import assert_compiled_launches_match_jit_ones, fwd_bwd_results
 from tests.kernels.test_flash_fwd_hopper import needs_hopper, record_calls
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -90,6 +92,32 @@ def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
     assert not bs_hopper.usable_backward(q, q, q, q, q, layout, False, 0.0, lse_grad=False)
 
 
+@pytest.mark.parametrize(
+    "headdim, n_factors, persistent",
+    [(128, 0, True), (128, 2, False), (128, None, False), (64, 0, True), (64, None, True)],
+)
+def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
+    monkeypatch, headdim, n_factors, persistent
+):
+    """PERSISTENT_DQ: d128 from one 128-key block per row (2 of the dq kernel's 64-key tiles), d64 always,
+    once FLASHTRAIN_PERSISTENT_DQ turns it on; off, the row-tile kernel."""
+    monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", True)
+    configs = []
+    monkeypatch.setattr(
+        bs_hopper.dq_hopper, "flash_attn_dq_hopper", lambda *a, config, **kw: configs.append(config)
+    )
+    monkeypatch.setattr(bs_hopper.dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: None)
+    q = torch.randn(1, 2048, 2, headdim, dtype=BF16)
+    layout = butterfly_layout(2048, 128, n_factors=n_factors)  # blocks per row: 1, 3, 5
+    bs_hopper.block_sparse_backward_hopper(q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1)
+    (config,) = configs
+    assert config.persistent == persistent
+    assert config.block_n == bs_hopper.CONFIGS[headdim][1].block_n  # (the lists are built for it)
+    monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", False)  # (the default until measured end to end)
+    bs_hopper.block_sparse_backward_hopper(q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1)
+    assert configs[1] == bs_hopper.CONFIGS[headdim][1]
+
+
 # ----------------------------------------------------------------------------------------------------
 # on an H100/H200
 # ----------------------------------------------------------------------------------------------------
@@ -153,6 +181,26 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, hopper
     fn = lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True, return_lse=True)  # noqa: E731
     assert_compiled_launches_match_jit_ones(monkeypatch, fn, (q, k, v), do)
     assert hopper_calls[-2:] == ["block_sparse_forward_hopper", "block_sparse_backward_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("headdim", sorted(bs_hopper.CONFIGS))
+def test_gpu_persistent_and_row_tile_dq_kernels_give_the_same_results(monkeypatch, headdim, hopper_calls):
+    torch.manual_seed(headdim)
+    q, k, v = _inputs(2, 2048 + 77, 2048 + 77, 4, 2, headdim, BF16, "cuda")
+    do = torch.randn_like(q)
+    layout = _gpu_layout("butterfly_global_local", 2048 + 77, True, 4).cuda()
+    fn = lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True, return_lse=True)  # noqa: E731
+    persistent_cfg, _ = bs_hopper.PERSISTENT_DQ[headdim]
+    monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", True)
+    results = []
+    for up_to in (-1, math.inf):  # never, then always
+        monkeypatch.setitem(bs_hopper.PERSISTENT_DQ, headdim, (persistent_cfg, up_to))
+        results.append(fwd_bwd_results(fn, (q, k, v), do))
+    for name, row_tile, persistent in zip(("out", "lse", "dq", "dk", "dv"), *results, strict=True):
+        assert torch.equal(row_tile, persistent), name
+    assert hopper_calls == ["block_sparse_forward_hopper", "block_sparse_backward_hopper"] * 2
 
 
 @pytest.mark.gpu
