@@ -58,6 +58,10 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
         (name, d, str(cfg))
         for d, cfgs in bs_hopper.CONFIGS.items()
         for name, cfg in zip(("fwd", "dq", "dkdv"), cfgs, strict=True)
+    } | {("dq", d, str(cfg)) for d, (cfg, _) in bs_hopper.PERSISTENT_DQ.items()}
+    persistent = {(r["kernel"], r["headdim"]) for r in results if "persistent=True" in r["config"]}
+    assert persistent == {("fwd", d) for d in hopper.PERSISTENT_CONFIGS} | {
+        ("dq", d) for d in (*dq_hopper.PERSISTENT_CONFIGS, *bs_hopper.PERSISTENT_DQ)
     }
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
