@@ -20,9 +20,10 @@ gradient or accumulation into fp32 buffers (the ring's steps): those take the po
 
 `_attn_bwd_dq_hopper_persistent` runs the same rows on at most one program per SM, each walking its
 share of the row tiles with the next tile's Q, dO and K/V loads under this one's work (the forward's
-persistent scheme). With two K/V stages at d128 it loses on long lists (dense d128 0.62-0.93x) and wins
-on short ones: block-sparse lists of one block per row, dq alone 1.24x at d128 and 1.09-1.34x at d64
-(benchmarks/NOTES_attention.md "A persistent dq kernel"; `_block_sparse_hopper.PERSISTENT_DQ`).
+persistent scheme). At d128, with two K/V stages, it loses on long lists (dense d128 0.62-0.93x) and
+wins on block-sparse lists of one block per row (dq alone 1.24x); at block-sparse d64, three stages
+either way, 1.09-1.34x at every density tried (benchmarks/NOTES_attention.md "A persistent dq kernel";
+`_block_sparse_hopper.PERSISTENT_DQ`).
 """
 
 from __future__ import annotations
