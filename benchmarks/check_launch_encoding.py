@@ -18,27 +18,17 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_host_overhead import per_call_ms  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from kernels import _launch, block_sparse_attention, flash_attention  # noqa: E402
 from kernels.layouts import butterfly_layout  # noqa: E402
 
 WAYS = {"encoded_once": True, "run_path": False}
-
-
-def host_ms(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return 1000 * elapsed / calls
 
 
 def case_fns(path: str, seqlen: int, headdim: int):
@@ -67,7 +57,7 @@ def measure(path: str, seqlen: int, headdim: int, batches: int, calls: int) -> d
         for way, on in order:
             _launch.ENCODE_ONCE = on
             for name, fn in fns.items():
-                times[way, name].append(host_ms(fn, calls))
+                times[way, name].append(per_call_ms(fn, calls, sync_each=False))
     _launch.ENCODE_ONCE = True
     row = dict(path=path, seqlen=seqlen, headdim=headdim, nheads=16, batch=1, batches=batches, calls=calls)
     for (way, name), values in times.items():
