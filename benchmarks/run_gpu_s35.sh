@@ -25,6 +25,11 @@
 #       spread 427k-497k) the persistent dq kernel against the row-tile one (check_persistent_dq.py:
 #       bitwise checks, the dq kernel alone from graphs), then the GPU tests of the Hopper backward and
 #       block-sparse files (the row-tile dq kernel now runs its rows through `_dq_rows`)
+#   bash benchmarks/run_gpu_s35.sh 8   # (part 7, on an H200: 24 of 24 bitwise equal; dq alone 1.09-1.34x at
+#       block-sparse d64, 1.24x at d128 one block per row, slower on longer lists and dense d128; 303
+#       passed) NOT RUN (the session's device time ran out): the GPU tests of the Hopper backward and
+#       block-sparse files with FLASHTRAIN_PERSISTENT_DQ=1, then block-sparse n4k and n16k at d64 and
+#       d128 with it off and on
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -40,7 +45,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 to 7}" in
+case "${1:?part 1 to 8}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -90,5 +95,12 @@ case "${1:?part 1 to 7}" in
   timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
     --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests.log" 2>&1
   tail -n 3 "$R/gpu_tests.log"
+  ;;
+8)
+  FLASHTRAIN_PERSISTENT_DQ=1 hopper_backward_tests
+  for on in 0 1; do
+    FLASHTRAIN_PERSISTENT_DQ=$on timeout 300 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 \
+      --headdims 64 128 --out "$R/block_sparse_persistent_dq$on.json" 2>&1 | quiet | tail -n 30
+  done
   ;;
 esac
