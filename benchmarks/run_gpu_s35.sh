@@ -28,8 +28,8 @@
 #   bash benchmarks/run_gpu_s35.sh 8   # (part 7, on an H200: 24 of 24 bitwise equal; dq alone 1.09-1.34x at
 #       block-sparse d64, 1.24x at d128 one block per row, slower on longer lists and dense d128; 303
 #       passed) NOT RUN (the session's device time ran out): the GPU tests of the Hopper backward and
-#       block-sparse files with FLASHTRAIN_PERSISTENT_DQ=1, then block-sparse n4k and n16k at d64 and
-#       d128 with it off and on
+#       block-sparse files with FLASHTRAIN_PERSISTENT_DQ=1
+#   bash benchmarks/run_gpu_s35.sh 9   # NOT RUN: block-sparse n4k and n16k at d64 and d128 with it off and on
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new, d128 and d64
@@ -45,7 +45,7 @@ host_ab() {  # host_ab ROUND: bench_host_overhead.py on the old tree and the new
     done
   done
 }
-case "${1:?part 1 to 8}" in
+case "${1:?part 1 to 9}" in
 1)
   python -c "import sys; sys.path.insert(0, '.carry/old'); import kernels._launch as l; print('old tree:', l.__file__, 'c launcher' if hasattr(l, '_CLauncher') else 'run path')" | tee "$R/trees.txt"
   host_ab 1
@@ -98,8 +98,10 @@ case "${1:?part 1 to 8}" in
   ;;
 8)
   FLASHTRAIN_PERSISTENT_DQ=1 hopper_backward_tests
+  ;;
+9)
   for on in 0 1; do
-    FLASHTRAIN_PERSISTENT_DQ=$on timeout 300 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 \
+    FLASHTRAIN_PERSISTENT_DQ=$on timeout 280 python benchmarks/bench_block_sparse.py --seqlens 4096 16384 \
       --headdims 64 128 --out "$R/block_sparse_persistent_dq$on.json" 2>&1 | quiet | tail -n 30
   done
   ;;
