@@ -273,48 +273,16 @@ def _attn_bwd_dq_hopper(
 
 
 @gluon.jit
-def _persistent_producer(
-    q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
-    kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-    n_row_tiles, nheads, n_batch, NUM_CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
-):  # fmt: skip
-    """One warp: per work item, each consumer's Q and dO rows into the item's buffers (once the consumers
-    have let the item two before go), then its K/V tiles into the ring, which goes on from the last
-    item's (`_flash_fwd_hopper._persistent_producer`, with dO beside Q)."""
-    BLOCK_M: gl.constexpr = q_smem.shape[3]
-    BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_mine, programs, pid = fwd_hopper.my_items(n_row_tiles * nheads * n_batch)
-    ring0 = 0
-    for j in range(n_mine):
-        m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = fwd_hopper.work_rows(
-            j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
-            lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
-        )  # fmt: skip
-        for c in gl.static_range(NUM_CONSUMERS):
-            buf = (j % 2) * NUM_CONSUMERS + c
-            mbarrier.wait(qdo_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
-            bar = qdo_ready.index(buf)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
-            tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(buf))
-            tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(buf))
-        stream_kv(
-            k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
-        )  # fmt: skip
-        ring0 += n_kv
-
-
-@gluon.jit
 def _persistent_consumer(
     q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, dq_desc, O, LSE, DELTA,  # noqa: E741
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-    n_row_tiles, nheads, n_batch, WG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr,
-    SPARSE: gl.constexpr,
+    n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
     work, item after item); dq through the item's Q buffer, whose store the next item waits for before
     handing the buffers back."""
+    NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     n_mine, programs, pid = fwd_hopper.my_items(n_row_tiles * nheads * n_batch)
@@ -369,16 +337,16 @@ def _attn_bwd_dq_hopper_persistent(
                                     kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 0,
-                                    NUM_CONSUMERS, CAUSAL, SPARSE)),
+                                    CAUSAL, SPARSE)),
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
                                     kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 1,
-                                    NUM_CONSUMERS, CAUSAL, SPARSE)),
-            (_persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready,
-                                    qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots,
-                                    TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch,
-                                    NUM_CONSUMERS, CAUSAL, SPARSE)),
+                                    CAUSAL, SPARSE)),
+            (fwd_hopper.persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
+                                              qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k,
+                                              group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+                                              n_row_tiles, nheads, n_batch, CAUSAL, SPARSE, True)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

@@ -496,14 +496,15 @@ def work_rows(
 
 
 @gluon.jit
-def _persistent_producer(
-    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-    seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-    n_row_tiles, nheads, n_batch, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+def persistent_producer(
+    q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+    kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_row_tiles, nheads, n_batch, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, WITH_DO: gl.constexpr,
 ):  # fmt: skip
-    """One warp: per work item, each consumer's Q rows into the item's Q buffers (once the consumers
-    have let the item two before go), then its K/V tiles into the ring, which goes on from the last
-    item's."""
+    """One warp: per work item, each consumer's Q rows, and with WITH_DO (the Hopper dq kernel) its dO
+    rows beside them on the same barrier, into the item's buffers (once the consumers have let the item
+    two before go), then its K/V tiles into the ring, which goes on from the last item's. Without
+    WITH_DO, do_desc and do_smem are never read (the forward passes Q's)."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -517,10 +518,14 @@ def _persistent_producer(
         for c in gl.static_range(NUM_CONSUMERS):
             buf = (j % 2) * NUM_CONSUMERS + c
             mbarrier.wait(q_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
-            mbarrier.expect(q_ready.index(buf), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(buf), q_smem.index(buf)
-            )
+            coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
+            if WITH_DO:
+                mbarrier.expect(q_ready.index(buf), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, coord, q_ready.index(buf), q_smem.index(buf))
+                tma.async_copy_global_to_shared(do_desc, coord, q_ready.index(buf), do_smem.index(buf))
+            else:
+                mbarrier.expect(q_ready.index(buf), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, coord, q_ready.index(buf), q_smem.index(buf))
         stream_kv(
             k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
         )  # fmt: skip
@@ -594,10 +599,10 @@ def _attn_fwd_hopper_persistent(
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
                                     nheads, n_batch, 1, CAUSAL, SPARSE)),
-            (_persistent_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                    v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
-                                    lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL,
-                                    SPARSE)),
+            (persistent_producer, (q_desc, q_desc, k_desc, v_desc, q_smem, q_smem, k_smem, v_smem, q_ready, q_empty,
+                                   k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
+                                   lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL, SPARSE,
+                                   False)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

@@ -116,12 +116,6 @@ def _c_launcher(compiled, n_descriptors: int) -> _CLauncher | None:
     return _CLauncher(launch, tuple(metas), runner.launch_cooperative_grid, runner.launch_pdl)
 
 
-def _encode(view: TmaView, meta: dict) -> list:
-    """The launcher arguments of one descriptor: the encoded CUtensorMap, then the view's shape and
-    strides (Triton's own encoding)."""
-    return make_tensordesc_arg(view, meta)
-
-
 class _Compiled:
     """One specialization's compiled kernel, its constexprs' values in parameter order, its C launcher
     (None: the `run` path) and the descriptors encoded for it."""
@@ -185,7 +179,10 @@ class CompiledLaunch:
             if arguments is None:
                 if len(cache) >= MAX_ENCODED:  # (many short-lived buffers: start afresh)
                     cache.clear()
-                arguments = cache[key] = _encode(tma_view(t), entry.c_launcher.descriptor_metas[index])
+                # Triton's own encoding: [CUtensorMap, *shape, *strides] of the view
+                arguments = cache[key] = make_tensordesc_arg(
+                    tma_view(t), entry.c_launcher.descriptor_metas[index]
+                )
                 self.encodings += 1
             encoded += arguments
         return encoded
