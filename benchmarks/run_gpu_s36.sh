@@ -4,6 +4,9 @@
 #   bash benchmarks/run_gpu_s36.sh 1   # the persistent dq kernel for block-sparse (FLASHTRAIN_PERSISTENT_DQ=1): the
 #       GPU tests of the block-sparse files with it on; fwd+bwd with it off and on, alternating in one process,
 #       beside Flex (ab_block_sparse.py), n4k and n16k, d64 and d128, densities up to 11%
+#   bash benchmarks/run_gpu_s36.sh 2   # (part 1, on an H200: 178 passed; from graphs d128 1.09x at its two points,
+#       d64 1.00-1.08x) per-kernel device time of block-sparse fwd+bwd at the lowest densities, ours (persistent
+#       dq on) and Flex on the same masks: d64 n16k 0.8% and 2.3%, d128 and d64 n4k 3% and 6%
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -13,5 +16,11 @@ case "$1" in
   tail -n 4 "$R/gpu_tests_persistent_dq.log"
   timeout 250 python benchmarks/ab_block_sparse.py --switch PERSISTENT_DQ_ENABLED --out "$R/ab_persistent_dq.json" 2>&1 \
     | quiet | tail -n 30
+  ;;
+2)
+  python benchmarks/profile_attention.py --shape 1,16384,16,64 --impls bs:0:0 flexbs:0:0 bs:0:1 flexbs:0:1 \
+    --out "$R/profile_d64_n16k_low.json" 2>&1 | quiet | tail -n 40
+  python benchmarks/profile_attention.py --shape 1,4096,16,128 --shape 1,4096,16,64 --impls bs:0:0 flexbs:0:0 \
+    bs:1:0 flexbs:1:0 --out "$R/profile_n4k_low.json" 2>&1 | quiet | tail -n 80
   ;;
 esac

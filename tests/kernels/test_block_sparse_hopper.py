@@ -100,7 +100,7 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
     monkeypatch, headdim, n_factors, persistent
 ):
     """PERSISTENT_DQ: d128 from one 128-key block per row (2 of the dq kernel's 64-key tiles), d64 always,
-    once FLASHTRAIN_PERSISTENT_DQ turns it on; off, the row-tile kernel."""
+    while on (the default; FLASHTRAIN_PERSISTENT_DQ=0 turns it off); off, the row-tile kernel."""
     monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", True)
     configs = []
     monkeypatch.setattr(
@@ -113,7 +113,7 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
     (config,) = configs
     assert config.persistent == persistent
     assert config.block_n == bs_hopper.CONFIGS[headdim][1].block_n  # (the lists are built for it)
-    monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", False)  # (the default until measured end to end)
+    monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", False)
     bs_hopper.block_sparse_backward_hopper(q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1)
     assert configs[1] == bs_hopper.CONFIGS[headdim][1]
 
