@@ -1,12 +1,13 @@
-"""Block-sparse fwd+bwd with one of `kernels._block_sparse_hopper`'s switches off and on, alternating in
-one process (GPU only), beside FlexAttention on the same mask: the end-to-end check a kernel route
-needs before it becomes the default.
+"""Block-sparse fwd+bwd with a change to `kernels._block_sparse_hopper`'s routes off and on (`VARIANTS`),
+alternating in one process (GPU only), beside FlexAttention on the same mask: the end-to-end check a
+kernel route needs before it becomes the default.
 
 Butterfly layouts on 128-blocks up to --max-density, batch 1, 16 heads, bf16. Each point: fwd+bwd
 replayed from a CUDA graph (device time) and eager (host time included), each setting timed
-alternately twice and the lower kept.
+alternately twice and the lower kept; every variant named is timed at every point, each against the
+state the run started from.
 
-    python benchmarks/ab_block_sparse.py --switch PERSISTENT_DQ_ENABLED --out ab.json
+    python benchmarks/ab_block_sparse.py --variants persistent_dq --out ab.json
 """
 
 from __future__ import annotations
@@ -21,8 +22,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_block_sparse import butterfly_points, flex_block_mask, flex_fn, graph_timed, timed  # noqa: E402
 from benchmarks.common import markdown_table, write_results  # noqa: E402
-from kernels import _block_sparse_hopper  # noqa: E402
+from kernels import _block_sparse_hopper as bs  # noqa: E402
+from kernels import _flash_fwd_hopper as fwd_hopper  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
+
+
+def _persistent_dq(on: bool) -> None:
+    bs.PERSISTENT_DQ_ENABLED = on
+
+
+def _d64_short_backward(on: bool) -> None:
+    """On: d64 backwards of any list length take the Gluon kernels (else from 2 tiles a program)."""
+    bs.BACKWARD_MIN_TILES[64] = 0 if on else 2
+
+
+def _d64_persistent_forward(on: bool) -> None:
+    bs.CONFIGS[64] = ((fwd_hopper.PERSISTENT_CONFIGS if on else fwd_hopper.CONFIGS)[64], *bs.CONFIGS[64][1:])
+
+
+# name: set(on), for routes read at every call
+VARIANTS = {
+    "persistent_dq": _persistent_dq,
+    "d64_short_backward": _d64_short_backward,
+    "d64_persistent_forward": _d64_persistent_forward,
+}
 
 
 def timings(fn, args) -> tuple[float, float]:
@@ -30,11 +53,14 @@ def timings(fn, args) -> tuple[float, float]:
     return graph_timed(fn, *args), timed(fn, *args)[1]
 
 
-def ab_point(switch: str, fn, args) -> dict:
+def ab_point(variant: str, fn, args) -> dict:
+    """The variant off and on, alternating; the routes are as they were when this returns."""
+    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.BACKWARD_MIN_TILES), dict(bs.CONFIGS)
     runs = {False: [], True: []}
     for setting in (False, True, False, True):
-        setattr(_block_sparse_hopper, switch, setting)  # (read at every call)
+        VARIANTS[variant](setting)
         runs[setting].append(timings(fn, args))
+    bs.PERSISTENT_DQ_ENABLED, bs.BACKWARD_MIN_TILES, bs.CONFIGS = state
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
     return dict(off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,
@@ -43,15 +69,12 @@ def ab_point(switch: str, fn, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--switch", required=True, help="a boolean of kernels._block_sparse_hopper")
+    parser.add_argument("--variants", nargs="+", required=True, choices=sorted(VARIANTS))
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--max-density", type=float, default=0.11)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if not isinstance(getattr(_block_sparse_hopper, args.switch, None), bool):
-        parser.error(f"--switch {args.switch}: name a boolean of kernels._block_sparse_hopper")
-    initial = getattr(_block_sparse_hopper, args.switch)
     flex = flex_fn()
     rows = []
     for d in args.headdims:
@@ -66,24 +89,28 @@ def main() -> None:
                     continue
                 layout = layout.cuda()
                 ours = lambda q, k, v, lay=layout: block_sparse_attention(q, k, v, lay)  # noqa: E731
-                row = dict(seqlen=n, headdim=d, density_pct=100 * layout.density, layout=cfg)
-                row |= ab_point(args.switch, ours, (q, k, v, do))
                 mask = flex_block_mask(layout, n)
                 flex_graph, flex_eager = timings(
                     lambda q, k, v, m=mask: flex(q, k, v, block_mask=m), (qh, kh, vh, doh)
                 )
-                row |= dict(flex_graph_ms=flex_graph, flex_eager_ms=flex_eager,
-                            off_vs_flex_graph=flex_graph / row["off_graph_ms"],
-                            on_vs_flex_graph=flex_graph / row["on_graph_ms"])  # fmt: skip
-                rows.append(row)
-                print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True)
-                write_results(args.out, rows, extra=dict(switch=args.switch, initial=initial))
-    setattr(_block_sparse_hopper, args.switch, initial)
-    cols = ["seqlen", "headdim", "density_pct", "off_graph_ms", "on_graph_ms", "flex_graph_ms", "off_vs_flex_graph",
-            "on_vs_flex_graph", "off_eager_ms", "on_eager_ms", "flex_eager_ms"]  # fmt: skip
+                for variant in args.variants:
+                    row = dict(
+                        variant=variant, seqlen=n, headdim=d, density_pct=100 * layout.density, layout=cfg
+                    )
+                    row |= ab_point(variant, ours, (q, k, v, do))
+                    row |= dict(flex_graph_ms=flex_graph, flex_eager_ms=flex_eager,
+                                off_vs_flex_graph=flex_graph / row["off_graph_ms"],
+                                on_vs_flex_graph=flex_graph / row["on_graph_ms"])  # fmt: skip
+                    rows.append(row)
+                    print(
+                        {k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True
+                    )
+                    write_results(args.out, rows)
+    cols = ["variant", "seqlen", "headdim", "density_pct", "off_graph_ms", "on_graph_ms", "flex_graph_ms",
+            "off_vs_flex_graph", "on_vs_flex_graph", "off_eager_ms", "on_eager_ms", "flex_eager_ms"]  # fmt: skip
     table = markdown_table(rows, cols, floatfmt="{:.3g}")
     with open(args.out.replace(".json", ".md"), "w") as f:
-        f.write(f"# Block-sparse fwd+bwd, `{args.switch}` off / on, bf16, batch 1, 16 heads\n\n{table}\n")
+        f.write(f"# Block-sparse fwd+bwd, variants off / on, bf16, batch 1, 16 heads\n\n{table}\n")
     print(table)
 
 

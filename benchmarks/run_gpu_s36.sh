@@ -7,6 +7,10 @@
 #   bash benchmarks/run_gpu_s36.sh 2   # (part 1, on an H200: 178 passed; from graphs d128 1.09x at its two points,
 #       d64 1.00-1.08x) per-kernel device time of block-sparse fwd+bwd at the lowest densities, ours (persistent
 #       dq on) and Flex on the same masks: d64 n16k 0.8% and 2.3%, d128 and d64 n4k 3% and 6%
+#   bash benchmarks/run_gpu_s36.sh 3   # (part 2, on an H200: d64 n16k 0.8% takes the portable backward and the
+#       row-tile forward, kernels 0.269 ms against Flex's 0.303; d128 n4k 3% dK/dV 38 us of 95) a trial tree with the
+#       d64 block-sparse forward persistent and the d64 backward on the Gluon kernels at any list length: the
+#       block-sparse GPU tests; both changes off and on (ab_block_sparse.py) at d64, n4k and n16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -22,5 +26,12 @@ case "$1" in
     --out "$R/profile_d64_n16k_low.json" 2>&1 | quiet | tail -n 40
   python benchmarks/profile_attention.py --shape 1,4096,16,128 --shape 1,4096,16,64 --impls bs:0:0 flexbs:0:0 \
     bs:1:0 flexbs:1:0 --out "$R/profile_n4k_low.json" 2>&1 | quiet | tail -n 80
+  ;;
+3)
+  timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_block_sparse.py > "$R/gpu_tests.log" 2>&1
+  tail -n 4 "$R/gpu_tests.log"
+  timeout 250 python benchmarks/ab_block_sparse.py --variants d64_short_backward d64_persistent_forward --headdims 64 \
+    --out "$R/ab_d64.json" 2>&1 | quiet | tail -n 30
   ;;
 esac

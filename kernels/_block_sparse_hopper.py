@@ -55,7 +55,7 @@ BACKWARD_ENABLED = _SETTING != "fwd"
 # (results/s29/call6/persistent_bs_d128_n16k.json).
 CONFIGS = {
     64: (
-        fwd_hopper.CONFIGS[64],
+        fwd_hopper.PERSISTENT_CONFIGS[64],  # (trial)
         dq_hopper.HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
         # (the dense path's d64 config before its 128-query steps, which were not timed on tile lists)
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
@@ -94,7 +94,7 @@ MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 #         faster from one (0.187 / 0.195; 0.758 / 0.871 at 12.8).
 # (Session 26 had kept d128 lists under 10 tiles portable from eager fwd+bwd timings, taken before the
 # Gluon kernels' compiled launches, when the host's launch work decided short calls.)
-BACKWARD_MIN_TILES = {64: 2, 128: 0}
+BACKWARD_MIN_TILES = {64: 0, 128: 0}  # (trial: d64 at one tile with the persistent dq kernel)
 
 
 def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:

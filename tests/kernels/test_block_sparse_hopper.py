@@ -251,7 +251,7 @@ def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, ls
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    "headdim, local_blocks, takes_backward", [(128, 0, True), (64, 0, False), (64, 1, True), (64, 8, True)]
+    "headdim, local_blocks, takes_backward", [(128, 0, True), (64, 0, True), (64, 1, True), (64, 8, True)]
 )
 def test_gpu_backward_takes_the_hopper_kernels_from_the_head_dims_tile_count(
     headdim, local_blocks, takes_backward, monkeypatch
