@@ -31,11 +31,6 @@ def _persistent_dq(on: bool) -> None:
     bs.PERSISTENT_DQ_ENABLED = on
 
 
-def _d64_short_backward(on: bool) -> None:
-    """On: d64 backwards of any list length take the Gluon kernels (else from 2 tiles a program)."""
-    bs.BACKWARD_MIN_TILES[64] = 0 if on else 2
-
-
 def _d64_persistent_forward(on: bool) -> None:
     bs.CONFIGS[64] = ((fwd_hopper.PERSISTENT_CONFIGS if on else fwd_hopper.CONFIGS)[64], *bs.CONFIGS[64][1:])
 
@@ -43,7 +38,6 @@ def _d64_persistent_forward(on: bool) -> None:
 # name: set(on), for routes read at every call
 VARIANTS = {
     "persistent_dq": _persistent_dq,
-    "d64_short_backward": _d64_short_backward,
     "d64_persistent_forward": _d64_persistent_forward,
 }
 
@@ -55,12 +49,12 @@ def timings(fn, args) -> tuple[float, float]:
 
 def ab_point(variant: str, fn, args) -> dict:
     """The variant off and on, alternating; the routes are as they were when this returns."""
-    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.BACKWARD_MIN_TILES), dict(bs.CONFIGS)
+    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.CONFIGS)
     runs = {False: [], True: []}
     for setting in (False, True, False, True):
         VARIANTS[variant](setting)
         runs[setting].append(timings(fn, args))
-    bs.PERSISTENT_DQ_ENABLED, bs.BACKWARD_MIN_TILES, bs.CONFIGS = state
+    bs.PERSISTENT_DQ_ENABLED, bs.CONFIGS = state
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
     return dict(off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,

@@ -1,6 +1,6 @@
 """The block-sparse backward's two routes, the portable kernels (dq, then dK/dV) and the Hopper ones
 (Gluon dq and dK/dV), over butterfly layouts from one block per row upwards: device time of the backward
-alone, replayed from CUDA graphs. Sets `_block_sparse_hopper.BACKWARD_MIN_TILES`.
+alone, replayed from CUDA graphs (which decided the Hopper route's former floor on tiles per program).
 
     python benchmarks/check_bs_bwd_routes.py --headdims 64 128 --seqlens 4096 16384 --out routes.json
 
@@ -31,14 +31,13 @@ LAYOUTS = [butterfly_config(fl) for fl in ("0:0", "1:0", "0:1", "2:0", "3:0", "5
 
 @contextlib.contextmanager
 def forced_route(route: str):
-    """Block-sparse backwards inside go to `route` ("portable" or "hopper") whatever the tiles per program."""
-    saved = _block_sparse_hopper.BACKWARD_ENABLED, _block_sparse_hopper.BACKWARD_MIN_TILES
+    """Block-sparse backwards inside go to `route` ("portable" or "hopper")."""
+    saved = _block_sparse_hopper.BACKWARD_ENABLED
     _block_sparse_hopper.BACKWARD_ENABLED = route == "hopper"
-    _block_sparse_hopper.BACKWARD_MIN_TILES = dict.fromkeys(saved[1], 0)
     try:
         yield
     finally:
-        _block_sparse_hopper.BACKWARD_ENABLED, _block_sparse_hopper.BACKWARD_MIN_TILES = saved
+        _block_sparse_hopper.BACKWARD_ENABLED = saved
 
 
 def backward_fn(route, q, k, v, do, out, lse, layout, scale):
@@ -50,9 +49,9 @@ def backward_fn(route, q, k, v, do, out, lse, layout, scale):
 
 
 def hopper_fits(q, k, v, do, out, layout) -> bool:
-    """Whether the Hopper backward takes this call whatever its tiles per program."""
+    """Whether the Hopper backward takes this call."""
     with forced_route("hopper"):
-        return _block_sparse_hopper.usable_backward(q, k, v, do, out, layout, False, 0.0, lse_grad=False)
+        return _block_sparse_hopper.usable_backward(q, k, v, do, out, layout, 0.0, lse_grad=False)
 
 
 def main() -> None:

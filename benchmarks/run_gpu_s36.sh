@@ -11,6 +11,10 @@
 #       row-tile forward, kernels 0.269 ms against Flex's 0.303; d128 n4k 3% dK/dV 38 us of 95) a trial tree with the
 #       d64 block-sparse forward persistent and the d64 backward on the Gluon kernels at any list length: the
 #       block-sparse GPU tests; both changes off and on (ab_block_sparse.py) at d64, n4k and n16k
+#   bash benchmarks/run_gpu_s36.sh 4   # (part 3, on an H200: 178 passed; from graphs the Gluon backward at one tile
+#       1.14x / 1.09x at n16k 0.8% / n4k 3%, level above; the persistent forward 1.02-1.13x up to 10%) with both
+#       kept and the backward's tile floor removed: the Hopper block-sparse GPU tests; the d64 persistent
+#       forward off and on at n16k and n64k up to 50% density
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -33,5 +37,11 @@ case "$1" in
   tail -n 4 "$R/gpu_tests.log"
   timeout 250 python benchmarks/ab_block_sparse.py --variants d64_short_backward d64_persistent_forward --headdims 64 \
     --out "$R/ab_d64.json" 2>&1 | quiet | tail -n 30
+  ;;
+4)
+  timeout -s INT 200 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py > "$R/gpu_tests.log" 2>&1
+  tail -n 4 "$R/gpu_tests.log"
+  timeout 350 python benchmarks/ab_block_sparse.py --variants d64_persistent_forward --headdims 64 --seqlens 16384 65536 \
+    --max-density 0.5 --out "$R/ab_d64_forward.json" 2>&1 | quiet | tail -n 20
   ;;
 esac

@@ -15,8 +15,7 @@ tiles only. The lists are compiled here from `BlockLayout.block_lists` once per 
 
 Scope: bf16/fp16 on sm_90, head dims 64 and 128 (`CONFIGS`), no dropout, layouts whose blocks the
 128-row programs can tile (block_m and block_n multiples of 128); the backward also needs no gradient on
-lse and, at d64, enough tiles per program (`BACKWARD_MIN_TILES`). Other calls take the portable block-sparse
-kernels (`kernels.block_sparse`), which give the same results (tests/kernels/test_block_sparse_hopper.py).
+lse. Other calls take the portable block-sparse kernels (`kernels.block_sparse`), which give the same results (tests/kernels/test_block_sparse_hopper.py).
 
 Measured on one H200 (bf16, butterfly on 128-blocks, 16 heads, batch 1; results/block_sparse_hopper_h200/,
 benchmarks/NOTES_attention.md "Block-sparse through the Gluon kernels"): fwd+bwd against the portable
@@ -45,17 +44,18 @@ ENABLED = _SETTING != "0"
 BACKWARD_ENABLED = _SETTING != "fwd"
 
 # Per head dim, the (forward, dq, dK/dV) kernel configs; a 128-row program (two consumer warpgroups of
-# 64) walks each list. d128's are the dense path's. At d64 the forward's is the dense path's and the dq
-# and dK/dV ones were the best of session 25's dense trials (there the dense d64 backward kept the
-# portable kernels: 0.94-1.00x); walking lists, fwd+bwd measured 1.03-1.07x the portable kernels at n16k
-# for densities 10-45% (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). At d128 the forward
-# is the persistent variant, whose programs each walk several query tiles' lists: forward alone at n16k
-# on one H200, replayed from CUDA graphs, 0.080 against 0.099 ms at 0.8% density and 0.124 against
-# 0.150 at 2.3%, within +-5% of the row-tile kernel from 4.7% to 45%, outputs bitwise equal
-# (results/s29/call6/persistent_bs_d128_n16k.json).
+# 64) walks each list. d128's are the dense path's. At d64 the dq and dK/dV ones were the best of session
+# 25's dense trials (there the dense d64 backward kept the portable kernels: 0.94-1.00x); walking lists,
+# fwd+bwd measured 1.03-1.07x the portable kernels at n16k for densities 10-45%
+# (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). Both forwards are the persistent variant,
+# whose programs each walk several query tiles' lists. On one H200, replayed from CUDA graphs: at d128
+# the forward alone at n16k 0.080 against the row-tile kernel's 0.099 ms at 0.8% density and 0.124
+# against 0.150 at 2.3%, within +-5% from 4.7% to 45%, outputs bitwise equal
+# (results/s29/call6/persistent_bs_d128_n16k.json); at d64 fwd+bwd 1.02-1.13x at n4k and n16k up to 10%
+# (results/s36/call3/ab_d64.md).
 CONFIGS = {
     64: (
-        fwd_hopper.PERSISTENT_CONFIGS[64],  # (trial)
+        fwd_hopper.PERSISTENT_CONFIGS[64],
         dq_hopper.HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
         # (the dense path's d64 config before its 128-query steps, which were not timed on tile lists)
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
@@ -82,19 +82,11 @@ PERSISTENT_DQ = {
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
-# The backward takes the Hopper kernels where a dq program walks at least this many key tiles on average
-# (per head dim; d128 programs walk 64-key tiles, d64 ones 128-key tiles). Device time of the backward
-# alone, replayed from CUDA graphs on one H200 (butterfly on 128-blocks, 16 heads, batch 1; check_bs_bwd_routes.py,
-# results/s31/call4-5/), Hopper against portable:
-#   d128: faster at every list length tried, 1-6 blocks per row (2-12 tiles): n4k 0.089 / 0.101 ms at
-#         one block per row, 0.181 / 0.230 at six; n16k 0.290 / 0.363 at one, 0.638 / 0.847 at six.
-#   d64: slower at 1-3 tiles (0.062 / 0.057 ms at one), level at 4, faster at 6 (0.130 / 0.133).
-#   d64 since the dK/dV kernel's lse and delta come through shared memory (results/s33/call1/): n4k
-#         0.059 / 0.057 ms at one tile, faster from two (0.071 / 0.074; 0.118 / 0.133 at six); n16k
-#         faster from one (0.187 / 0.195; 0.758 / 0.871 at 12.8).
-# (Session 26 had kept d128 lists under 10 tiles portable from eager fwd+bwd timings, taken before the
-# Gluon kernels' compiled launches, when the host's launch work decided short calls.)
-BACKWARD_MIN_TILES = {64: 0, 128: 0}  # (trial: d64 at one tile with the persistent dq kernel)
+# The backward takes the Hopper kernels at every list length. The per-head-dim floor it had (a dq program
+# walking at least 2 of d64's 128-key tiles; results/s31/, s33/call1/: the row-tile Gluon backward alone
+# 0.059 against the portable 0.057 ms at one tile, n4k) went with the persistent dq kernel: d64 fwd+bwd
+# from CUDA graphs on one H200 at one tile a program, portable backward against Gluon, 0.241 / 0.212 ms
+# at n16k 0.8% and 0.071 / 0.065 at n4k 3%, level from 2.3% (results/s36/call3/ab_d64.md).
 
 
 def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,17 +145,12 @@ def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
     return _usable(layout, dropout_p, q, k, v)
 
 
-def usable_backward(
-    q, k, v, do, out, layout: BlockLayout, causal: bool, dropout_p: float, lse_grad: bool
-) -> bool:
-    """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, no
-    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it), and enough tiles per
-    program (`BACKWARD_MIN_TILES`)."""
-    if not BACKWARD_ENABLED or lse_grad or out.stride(-1) != 1 or not _usable(layout, dropout_p, q, k, v, do):
-        return False
-    block_n = CONFIGS[q.shape[-1]][1].block_n
-    *_, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, block_n)
-    return mean_tiles >= BACKWARD_MIN_TILES[q.shape[-1]]
+def usable_backward(q, k, v, do, out, layout: BlockLayout, dropout_p: float, lse_grad: bool) -> bool:
+    """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, and no
+    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it)."""
+    return (
+        BACKWARD_ENABLED and not lse_grad and out.stride(-1) == 1 and _usable(layout, dropout_p, q, k, v, do)
+    )
 
 
 def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):

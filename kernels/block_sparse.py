@@ -480,7 +480,7 @@ def _block_sparse_backward(
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
     if tiles is None and _block_sparse_hopper.usable_backward(
-        q, k, v, do, out, layout, causal, dropout_p, lse_grad=dlse is not None
+        q, k, v, do, out, layout, dropout_p, lse_grad=dlse is not None
     ):
         return _block_sparse_hopper.block_sparse_backward_hopper(
             do, q, k, v, out, lse, layout, causal, sm_scale

@@ -89,7 +89,7 @@ def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
     q = torch.randn(1, 1024, 2, 128, dtype=BF16)
     layout = butterfly_layout(1024, 128)
     assert not bs_hopper.usable_forward(q, q, q, layout, 0.0)  # CPU tensors
-    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, False, 0.0, lse_grad=False)
+    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, lse_grad=False)
 
 
 @pytest.mark.parametrize(
@@ -125,9 +125,7 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
 
 @pytest.fixture
 def hopper_calls(monkeypatch) -> list:
-    """Records each call of the Hopper block-sparse forward and backward; the backward takes the Hopper
-    kernels however few tiles a program walks (the test layouts are small)."""
-    monkeypatch.setattr(bs_hopper, "BACKWARD_MIN_TILES", dict.fromkeys(bs_hopper.BACKWARD_MIN_TILES, 0))
+    """Records each call of the Hopper block-sparse forward and backward."""
     return record_calls(
         monkeypatch,
         (bs_hopper, "block_sparse_forward_hopper"),
@@ -239,8 +237,6 @@ def test_gpu_dropped_tiles_are_never_read(hopper_calls):
     ],
 )
 def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, lse_grad, takes, hopper_calls):
-    """(hopper_calls lets the backward take the Hopper kernels at any tile count: these stay portable
-    for their other reasons)"""
     torch.manual_seed(9)
     q, k, v = _inputs(1, 1024 + 33, 1024 + 33, 4, 2, headdim, BF16, "cuda")
     layout = butterfly_layout(1024 + 33, block, causal=True).cuda()
@@ -250,14 +246,10 @@ def test_gpu_other_calls_take_the_portable_kernels(headdim, block, dropout_p, ls
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize(
-    "headdim, local_blocks, takes_backward", [(128, 0, True), (64, 0, True), (64, 1, True), (64, 8, True)]
-)
-def test_gpu_backward_takes_the_hopper_kernels_from_the_head_dims_tile_count(
-    headdim, local_blocks, takes_backward, monkeypatch
-):
-    # BACKWARD_MIN_TILES: d128 at any count; d64 from 2 tiles of 128 keys per program. A block diagonal
-    # lists 1 such tile per 128-row program, a band of 1 block each side ~3, of 8 blocks ~15.
+@pytest.mark.parametrize("headdim, local_blocks", [(128, 0), (64, 0), (64, 1), (64, 8)])
+def test_gpu_backward_takes_the_hopper_kernels_at_any_list_length(headdim, local_blocks, monkeypatch):
+    # a block diagonal lists 1 tile of 128 keys per 128-row program, a band of 1 block each side ~3,
+    # of 8 blocks ~15 (d64 kept lists under 2 such tiles portable before the persistent dq kernel)
     calls = record_calls(monkeypatch, (bs_hopper, "block_sparse_backward_hopper"))
     q, k, v = (
         torch.randn(1, 4096, 2, headdim, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3)
@@ -265,4 +257,4 @@ def test_gpu_backward_takes_the_hopper_kernels_from_the_head_dims_tile_count(
     block_sparse_attention(
         q, k, v, local_layout(4096, 128, local_blocks=local_blocks).cuda()
     ).sum().backward()
-    assert calls == (["block_sparse_backward_hopper"] if takes_backward else [])
+    assert calls == ["block_sparse_backward_hopper"]
