@@ -13,6 +13,7 @@ state the run started from.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -23,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_block_sparse import butterfly_points, flex_block_mask, flex_fn, graph_timed, timed  # noqa: E402
 from benchmarks.common import markdown_table, write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
-from kernels import _flash_fwd_hopper as fwd_hopper  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 
 
@@ -32,7 +32,8 @@ def _persistent_dq(on: bool) -> None:
 
 
 def _d64_persistent_forward(on: bool) -> None:
-    bs.CONFIGS[64] = ((fwd_hopper.PERSISTENT_CONFIGS if on else fwd_hopper.CONFIGS)[64], *bs.CONFIGS[64][1:])
+    """On: the d64 forward's persistent variant at every list length, off: never."""
+    bs.PERSISTENT_FORWARD[64] = (bs.PERSISTENT_FORWARD[64][0], math.inf if on else -1)
 
 
 # name: set(on), for routes read at every call
@@ -49,12 +50,12 @@ def timings(fn, args) -> tuple[float, float]:
 
 def ab_point(variant: str, fn, args) -> dict:
     """The variant off and on, alternating; the routes are as they were when this returns."""
-    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.CONFIGS)
+    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD)
     runs = {False: [], True: []}
     for setting in (False, True, False, True):
         VARIANTS[variant](setting)
         runs[setting].append(timings(fn, args))
-    bs.PERSISTENT_DQ_ENABLED, bs.CONFIGS = state
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD = state
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
     return dict(off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,

@@ -180,7 +180,14 @@ def main():
         (kernel, d, cfg)
         for d, cfgs in _block_sparse_hopper.CONFIGS.items()
         for kernel, cfg in zip(("fwd", "dq", "dkdv"), cfgs, strict=True)
-    } | {("dq", d, cfg) for d, (cfg, _) in _block_sparse_hopper.PERSISTENT_DQ.items()}
+    } | {
+        (kernel, d, cfg)
+        for kernel, table in (
+            ("fwd", _block_sparse_hopper.PERSISTENT_FORWARD),
+            ("dq", _block_sparse_hopper.PERSISTENT_DQ),
+        )
+        for d, (cfg, _) in table.items()
+    }
     dense_configs = [parse_config(c) for c in args.config] or [
         (kernel, d, cfg)
         for kernel, module in (

@@ -47,20 +47,29 @@ BACKWARD_ENABLED = _SETTING != "fwd"
 # 64) walks each list. d128's are the dense path's. At d64 the dq and dK/dV ones were the best of session
 # 25's dense trials (there the dense d64 backward kept the portable kernels: 0.94-1.00x); walking lists,
 # fwd+bwd measured 1.03-1.07x the portable kernels at n16k for densities 10-45%
-# (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). Both forwards are the persistent variant,
-# whose programs each walk several query tiles' lists. On one H200, replayed from CUDA graphs: at d128
-# the forward alone at n16k 0.080 against the row-tile kernel's 0.099 ms at 0.8% density and 0.124
-# against 0.150 at 2.3%, within +-5% from 4.7% to 45%, outputs bitwise equal
-# (results/s29/call6/persistent_bs_d128_n16k.json); at d64 fwd+bwd 1.02-1.13x at n4k and n16k up to 10%
-# (results/s36/call3/ab_d64.md).
+# (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). The forward's are the row-tile kernel's;
+# `PERSISTENT_FORWARD` says where its persistent variant runs instead.
 CONFIGS = {
     64: (
-        fwd_hopper.PERSISTENT_CONFIGS[64],
+        fwd_hopper.CONFIGS[64],
         dq_hopper.HopperDqConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
         # (the dense path's d64 config before its 128-query steps, which were not timed on tile lists)
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
     ),
-    128: (fwd_hopper.PERSISTENT_CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
+    128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
+}
+# The forward's persistent variant (one program per SM walking its share of the row tiles' lists, the next
+# tile's loads under this one's work) where a program walks at most this many key tiles on average. On
+# one H200, replayed from CUDA graphs (butterfly on 128-blocks, 16 heads, batch 1), persistent against
+# row-tile:
+#   d128: the forward alone at n16k 0.080 against 0.099 ms at 0.8% density and 0.124 against 0.150 at
+#         2.3%, within +-5% from 4.7% to 45% (results/s29/call6/persistent_bs_d128_n16k.json);
+#   d64: fwd+bwd 1.02-1.13x at n4k and n16k up to 10% (at most ~13 tiles; results/s36/call3/ab_d64.md),
+#        0.94-1.02x on longer lists (n16k 25% and 45%, n64k 2-44%; results/s36/call4/ab_d64_forward.md).
+# Outputs bitwise equal either way (tests/kernels/test_block_sparse_hopper.py).
+PERSISTENT_FORWARD = {
+    64: (fwd_hopper.PERSISTENT_CONFIGS[64], 16),
+    128: (fwd_hopper.PERSISTENT_CONFIGS[128], math.inf),
 }
 # The dq kernel's persistent variant (one program per SM walking the row tiles' lists, the next tile's Q,
 # dO and K/V loads under this one's work) where a program's list is short enough to pay: at most this
@@ -178,7 +187,10 @@ def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_s
     the caller checked `usable_forward`."""
     cfg = CONFIGS[q.shape[-1]][0]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
-    tiles, counts, _ = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
+    tiles, counts, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
+    persistent_cfg, up_to = PERSISTENT_FORWARD[q.shape[-1]]
+    if mean_tiles <= up_to:
+        cfg = persistent_cfg
     return fwd_hopper.flash_attn_forward_hopper(
         q, k, v, sm_scale=sm_scale, causal=causal, config=cfg, lists=(tiles, counts)
     )

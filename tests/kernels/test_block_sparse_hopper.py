@@ -118,6 +118,32 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
     assert configs[1] == bs_hopper.CONFIGS[headdim][1]
 
 
+@pytest.mark.parametrize(
+    "headdim, seqlen, local_blocks, persistent",
+    [
+        (128, 4096, 0, True),
+        (128, 4096, 31, True),
+        (64, 4096, 0, True),
+        (64, 4096, 7, True),
+        (64, 4096, 10, False),
+    ],
+)
+def test_forward_takes_the_persistent_kernel_where_lists_are_short(
+    monkeypatch, headdim, seqlen, local_blocks, persistent
+):
+    """PERSISTENT_FORWARD: d128 always, d64 up to 16 key tiles a program on average (over 32 block rows
+    a band of 7 blocks each side lists 13.25 of the 128-key tiles on average, one of 10 17.6)."""
+    configs = []
+    monkeypatch.setattr(
+        bs_hopper.fwd_hopper, "flash_attn_forward_hopper", lambda *a, config, **kw: configs.append(config)
+    )
+    q = torch.randn(1, seqlen, 2, headdim, dtype=BF16)
+    bs_hopper.block_sparse_forward_hopper(q, q, q, local_layout(seqlen, 128, local_blocks), False, 0.1)
+    (config,) = configs
+    assert config.persistent == persistent
+    assert config.block_n == bs_hopper.CONFIGS[headdim][0].block_n  # (the lists are built for it)
+
+
 # ----------------------------------------------------------------------------------------------------
 # on an H100/H200
 # ----------------------------------------------------------------------------------------------------
@@ -183,18 +209,20 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, hopper
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("table", ["PERSISTENT_FORWARD", "PERSISTENT_DQ"])
 @pytest.mark.parametrize("headdim", sorted(bs_hopper.CONFIGS))
-def test_gpu_persistent_and_row_tile_dq_kernels_give_the_same_results(monkeypatch, headdim, hopper_calls):
+def test_gpu_persistent_and_row_tile_kernels_give_the_same_results(monkeypatch, headdim, table, hopper_calls):
+    """The forward's or the dq kernel's persistent variant, forced off then on: bitwise the same."""
     torch.manual_seed(headdim)
     q, k, v = _inputs(2, 2048 + 77, 2048 + 77, 4, 2, headdim, BF16, "cuda")
     do = torch.randn_like(q)
     layout = _gpu_layout("butterfly_global_local", 2048 + 77, True, 4).cuda()
     fn = lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True, return_lse=True)  # noqa: E731
-    persistent_cfg, _ = bs_hopper.PERSISTENT_DQ[headdim]
+    persistent_cfg, _ = getattr(bs_hopper, table)[headdim]
     monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", True)
     results = []
     for up_to in (-1, math.inf):  # never, then always
-        monkeypatch.setitem(bs_hopper.PERSISTENT_DQ, headdim, (persistent_cfg, up_to))
+        monkeypatch.setitem(getattr(bs_hopper, table), headdim, (persistent_cfg, up_to))
         results.append(fwd_bwd_results(fn, (q, k, v), do))
     for name, row_tile, persistent in zip(("out", "lse", "dq", "dk", "dv"), *results, strict=True):
         assert torch.equal(row_tile, persistent), name

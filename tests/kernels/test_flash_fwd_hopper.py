@@ -58,7 +58,11 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
         (name, d, str(cfg))
         for d, cfgs in bs_hopper.CONFIGS.items()
         for name, cfg in zip(("fwd", "dq", "dkdv"), cfgs, strict=True)
-    } | {("dq", d, str(cfg)) for d, (cfg, _) in bs_hopper.PERSISTENT_DQ.items()}
+    } | {
+        (name, d, str(cfg))
+        for name, table in (("fwd", bs_hopper.PERSISTENT_FORWARD), ("dq", bs_hopper.PERSISTENT_DQ))
+        for d, (cfg, _) in table.items()
+    }
     persistent = {(r["kernel"], r["headdim"]) for r in results if "persistent=True" in r["config"]}
     assert persistent == {("fwd", d) for d in hopper.PERSISTENT_CONFIGS} | {
         ("dq", d) for d in (*dq_hopper.PERSISTENT_CONFIGS, *bs_hopper.PERSISTENT_DQ)
