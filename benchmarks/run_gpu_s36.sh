@@ -17,6 +17,9 @@
 #       forward off and on at n16k and n64k up to 50% density
 #       (part 4, on an H200: 172 passed; the d64 persistent forward 1.02-1.13x up to n16k 10%, 0.94-1.02x on longer
 #       lists: n16k 25-45%, n64k 2-44%; kept up to 16 tiles a program, `PERSISTENT_FORWARD`)
+#   bash benchmarks/run_gpu_s36.sh 5   # the persistent dK/dV kernel (`_attn_bwd_dkdv_hopper_persistent`, trial: on at
+#       every list length): the Hopper block-sparse GPU tests (bitwise equality with the grid kernel, one program
+#       per SM and 3 programs); fwd+bwd with it off and on at n4k and n16k, d64 and d128, up to 50% density
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -45,5 +48,11 @@ case "$1" in
   tail -n 4 "$R/gpu_tests.log"
   timeout 350 python benchmarks/ab_block_sparse.py --variants d64_persistent_forward --headdims 64 --seqlens 16384 65536 \
     --max-density 0.5 --out "$R/ab_d64_forward.json" 2>&1 | quiet | tail -n 20
+  ;;
+5)
+  timeout -s INT 240 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py > "$R/gpu_tests.log" 2>&1
+  tail -n 6 "$R/gpu_tests.log"
+  timeout 330 python benchmarks/ab_block_sparse.py --variants persistent_dkdv --max-density 0.5 \
+    --out "$R/ab_persistent_dkdv.json" 2>&1 | quiet | tail -n 30
   ;;
 esac
