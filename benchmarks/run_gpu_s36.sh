@@ -20,6 +20,11 @@
 #   bash benchmarks/run_gpu_s36.sh 5   # the persistent dK/dV kernel (`_attn_bwd_dkdv_hopper_persistent`, trial: on at
 #       every list length): the Hopper block-sparse GPU tests (bitwise equality with the grid kernel, one program
 #       per SM and 3 programs); fwd+bwd with it off and on at n4k and n16k, d64 and d128, up to 50% density
+#   bash benchmarks/run_gpu_s36.sh 6   # (part 5, on an H200: 176 of the 182 tests failed, the first on dk of d64 n1000
+#       causal with a key block no query sees, the rest on an illegal address after it; fwd+bwd timings taken
+#       anyway, not valid until the kernel is) the persistent dK/dV kernel against the grid one bitwise, case
+#       by case with CUDA_LAUNCH_BLOCKING=1 (check_persistent_dkdv.py); compute-sanitizer on the first failing
+#       case if the image has it
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -54,5 +59,16 @@ case "$1" in
   tail -n 6 "$R/gpu_tests.log"
   timeout 330 python benchmarks/ab_block_sparse.py --variants persistent_dkdv --max-density 0.5 \
     --out "$R/ab_persistent_dkdv.json" 2>&1 | quiet | tail -n 30
+  ;;
+6)
+  CUDA_LAUNCH_BLOCKING=1 timeout 200 python benchmarks/check_persistent_dkdv.py --skip-speed --out "$R/check_dkdv.json" \
+    2>&1 | quiet | tee "$R/check_dkdv.log" | tail -n 60
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python benchmarks/check_persistent_dkdv.py --skip-speed \
+      --cases 5 --headdims 64 --out "$R/sanitizer.json" > "$R/sanitizer.log" 2>&1
+    grep -v Warning "$R/sanitizer.log" | head -n 60
+  else
+    ls /usr/local/cuda*/bin 2>/dev/null | head; echo "no compute-sanitizer"
+  fi
   ;;
 esac
