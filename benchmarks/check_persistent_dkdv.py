@@ -92,18 +92,22 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--cases", type=int, nargs="+", help="indices into CASES (default all)")
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument(
+        "--programs", type=int, nargs="+", default=[0, 1, 3], help="grid sizes (0: one per SM)"
+    )
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
     args = parser.parse_args()
     checks, rows, all_ok = [], [], True
     for d in args.headdims:
         grid_cfg = bs.CONFIGS[d][2]
         pers_cfg = dataclasses.replace(grid_cfg, persistent=True)
-        for dtype in (torch.bfloat16, torch.float16):
+        for dtype in [getattr(torch, name) for name in args.dtypes]:
             for case in [CASES[i] for i in args.cases] if args.cases else CASES:
                 run = case_inputs(*case, d, dtype)
                 dk_a, dv_a = run(grid_cfg)
-                for programs in (None, 1, 3):
+                for programs in args.programs:
                     real = dkdv_hopper.sm_count
-                    if programs is not None:
+                    if programs:
                         dkdv_hopper.sm_count = lambda device, n=programs: n
                     dk_b, dv_b = run(pers_cfg)
                     torch.cuda.synchronize()

@@ -25,6 +25,9 @@
 #       anyway, not valid until the kernel is) the persistent dK/dV kernel against the grid one bitwise, case
 #       by case with CUDA_LAUNCH_BLOCKING=1 (check_persistent_dkdv.py); compute-sanitizer on the first failing
 #       case if the image has it
+#   bash benchmarks/run_gpu_s36.sh 7   # (part 6, on an H200: the first persistent launch, d64 n4k diagonal, raised an
+#       illegal address; compute-sanitizer: out-of-range shared or local address in the step's dP^T product) the
+#       check in one process per (case, grid size), d64 bf16, and d128 on a small case
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -70,5 +73,19 @@ case "$1" in
   else
     ls /usr/local/cuda*/bin 2>/dev/null | head; echo "no compute-sanitizer"
   fi
+  ;;
+7)
+  for c in 2 3 0 5; do
+    for p in 16 8 1 0; do
+      echo "== d64 case $c programs $p"
+      timeout 60 python benchmarks/check_persistent_dkdv.py --skip-speed --cases $c --headdims 64 --dtypes bfloat16 \
+        --programs $p --out "$R/c${c}_p${p}.json" 2>&1 | quiet | grep -v "^ " | tail -n 3
+    done
+  done
+  for p in 16 1 0; do
+    echo "== d128 case 2 programs $p"
+    timeout 60 python benchmarks/check_persistent_dkdv.py --skip-speed --cases 2 --headdims 128 --dtypes bfloat16 \
+      --programs $p --out "$R/d128_c2_p${p}.json" 2>&1 | quiet | grep -v "^ " | tail -n 3
+  done
   ;;
 esac
