@@ -28,6 +28,8 @@
 #   bash benchmarks/run_gpu_s36.sh 7   # (part 6, on an H200: the first persistent launch, d64 n4k diagonal, raised an
 #       illegal address; compute-sanitizer: out-of-range shared or local address in the step's dP^T product) the
 #       check in one process per (case, grid size), d64 bf16, and d128 on a small case
+#   bash benchmarks/run_gpu_s36.sh 8   # (part 7: every run raised, its filter dropped the messages) the check with
+#       delta laid out like lse (the kernel reads it with lse's strides), full messages; producer registers 24 and 32
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -86,6 +88,18 @@ case "$1" in
     echo "== d128 case 2 programs $p"
     timeout 60 python benchmarks/check_persistent_dkdv.py --skip-speed --cases 2 --headdims 128 --dtypes bfloat16 \
       --programs $p --out "$R/d128_c2_p${p}.json" 2>&1 | quiet | grep -v "^ " | tail -n 3
+  done
+  ;;
+8)
+  for regs in 24 32; do
+    for c in 2 0 4; do
+      for p in 16 0; do
+        echo "== d64 case $c programs $p producer regs $regs"
+        timeout 60 python benchmarks/check_persistent_dkdv.py --skip-speed --cases $c --headdims 64 --dtypes bfloat16 \
+          --programs $p --producer-regs $regs --out "$R/c${c}_p${p}_r${regs}.json" > "$R/c${c}_p${p}_r${regs}.log" 2>&1
+        grep -e "^ok" -e "^FAIL" -e "Error" "$R/c${c}_p${p}_r${regs}.log" | head -n 4
+      done
+    done
   done
   ;;
 esac
