@@ -17,6 +17,8 @@
 #       forward off and on at n16k and n64k up to 50% density
 #       (part 4, on an H200: 172 passed; the d64 persistent forward 1.02-1.13x up to n16k 10%, 0.94-1.02x on longer
 #       lists: n16k 25-45%, n64k 2-44%; kept up to 16 tiles a program, `PERSISTENT_FORWARD`)
+# Parts 5-8 ran a persistent dK/dV kernel (commit d962a76) and its check (benchmarks/check_persistent_dkdv.py, last at
+# 2c47c4e); both were taken off main after part 8 (see benchmarks/NOTES_attention.md, session 36).
 #   bash benchmarks/run_gpu_s36.sh 5   # the persistent dK/dV kernel (`_attn_bwd_dkdv_hopper_persistent`, trial: on at
 #       every list length): the Hopper block-sparse GPU tests (bitwise equality with the grid kernel, one program
 #       per SM and 3 programs); fwd+bwd with it off and on at n4k and n16k, d64 and d128, up to 50% density
@@ -30,6 +32,10 @@
 #       check in one process per (case, grid size), d64 bf16, and d128 on a small case
 #   bash benchmarks/run_gpu_s36.sh 8   # (part 7: every run raised, its filter dropped the messages) the check with
 #       delta laid out like lse (the kernel reads it with lse's strides), full messages; producer registers 24 and 32
+#   bash benchmarks/run_gpu_s36.sh 9   # (part 8, on an H200: non-causal cases still raise an illegal address at both
+#       producer register counts, the causal GQA case is bitwise equal to the grid kernel; the kernel left main)
+#       the Hopper block-sparse GPU tests of the tree as it stands (persistent forward and dq kernels also with
+#       a grid of 3 programs)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -101,5 +107,10 @@ case "$1" in
       done
     done
   done
+  ;;
+9)
+  timeout -s INT 240 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_block_sparse.py > "$R/gpu_tests.log" 2>&1
+  tail -n 6 "$R/gpu_tests.log"
   ;;
 esac
