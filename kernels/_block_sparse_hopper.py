@@ -88,10 +88,6 @@ PERSISTENT_DQ = {
     64: (dataclasses.replace(CONFIGS[64][1], persistent=True), math.inf),
     128: (dq_hopper.PERSISTENT_CONFIGS[128], 2),
 }
-# The dK/dV kernel's persistent variant (one program per SM walking its share of the key tiles' lists,
-# the next tile's K and V loads under this one's steps) where the dq kernel's programs walk at most this
-# many key tiles on average. (Trial: on everywhere until measured.)
-PERSISTENT_DKDV = {d: (dataclasses.replace(CONFIGS[d][2], persistent=True), math.inf) for d in (64, 128)}
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
@@ -212,9 +208,6 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     persistent_cfg, up_to = PERSISTENT_DQ[headdim]
     if PERSISTENT_DQ_ENABLED and mean_tiles <= up_to:
         dq_cfg = persistent_cfg
-    persistent_cfg, up_to = PERSISTENT_DKDV[headdim]
-    if mean_tiles <= up_to:  # (the dq kernel's tiles per program measure the list lengths of both)
-        dkdv_cfg = persistent_cfg
     # (the dq kernel writes delta for the dK/dV kernel)
     dq_hopper.flash_attn_dq_hopper(
         q,
