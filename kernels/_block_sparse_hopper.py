@@ -15,7 +15,8 @@ tiles only. The lists are compiled here from `BlockLayout.block_lists` once per 
 
 Scope: bf16/fp16 on sm_90, head dims 64 and 128 (`CONFIGS`), no dropout, layouts whose blocks the
 128-row programs can tile (block_m and block_n multiples of 128); the backward also needs no gradient on
-lse. Other calls take the portable block-sparse kernels (`kernels.block_sparse`), which give the same results (tests/kernels/test_block_sparse_hopper.py).
+lse. Other calls take the portable block-sparse kernels (`kernels.block_sparse`), which give the same
+results (tests/kernels/test_block_sparse_hopper.py).
 
 Measured on one H200 (bf16, butterfly on 128-blocks, 16 heads, batch 1; results/block_sparse_hopper_h200/,
 benchmarks/NOTES_attention.md "Block-sparse through the Gluon kernels"): fwd+bwd against the portable
@@ -91,12 +92,6 @@ PERSISTENT_DQ = {
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
-# The backward takes the Hopper kernels at every list length. The per-head-dim floor it had (a dq program
-# walking at least 2 of d64's 128-key tiles; results/s31/, s33/call1/: the row-tile Gluon backward alone
-# 0.059 against the portable 0.057 ms at one tile, n4k) went with the persistent dq kernel: d64 fwd+bwd
-# from CUDA graphs on one H200 at one tile a program, portable backward against Gluon, 0.241 / 0.212 ms
-# at n16k 0.8% and 0.071 / 0.065 at n4k 3%, level from 2.3% (results/s36/call3/ab_d64.md).
-
 
 def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query tile, its key tiles, partial first: tiles (H, R, C) int32 and counts (H, R, 2) int32
@@ -154,6 +149,11 @@ def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
     return _usable(layout, dropout_p, q, k, v)
 
 
+# The backward takes the Hopper kernels at every list length. The per-head-dim floor it had (a dq program
+# walking at least 2 of d64's 128-key tiles; results/s31/, s33/call1/: the row-tile Gluon backward alone
+# 0.059 against the portable 0.057 ms at one tile, n4k) went with the persistent dq kernel: d64 fwd+bwd
+# from CUDA graphs on one H200 at one tile a program, portable backward against Gluon, 0.241 / 0.212 ms
+# at n16k 0.8% and 0.071 / 0.065 at n4k 3%, level from 2.3% (results/s36/call3/ab_d64.md).
 def usable_backward(q, k, v, do, out, layout: BlockLayout, dropout_p: float, lse_grad: bool) -> bool:
     """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, and no
     gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it)."""
