@@ -15,11 +15,11 @@
 #       1.14x / 1.09x at n16k 0.8% / n4k 3%, level above; the persistent forward 1.02-1.13x up to 10%) with both
 #       kept and the backward's tile floor removed: the Hopper block-sparse GPU tests; the d64 persistent
 #       forward off and on at n16k and n64k up to 50% density
-#       (part 4, on an H200: 172 passed; the d64 persistent forward 1.02-1.13x up to n16k 10%, 0.94-1.02x on longer
-#       lists: n16k 25-45%, n64k 2-44%; kept up to 16 tiles a program, `PERSISTENT_FORWARD`)
 # Parts 5-8 ran a persistent dK/dV kernel (commit d962a76) and its check (benchmarks/check_persistent_dkdv.py, last at
 # 2c47c4e); both were taken off main after part 8 (see benchmarks/NOTES_attention.md, session 36).
-#   bash benchmarks/run_gpu_s36.sh 5   # the persistent dK/dV kernel (`_attn_bwd_dkdv_hopper_persistent`, trial: on at
+#   bash benchmarks/run_gpu_s36.sh 5   # (part 4, on an H200: 172 passed; the d64 persistent forward 1.02-1.13x up to
+#       n16k 10%, 0.94-1.02x on longer lists: n16k 25-45%, n64k 2-44%; kept up to 16 tiles a program,
+#       `PERSISTENT_FORWARD`) the persistent dK/dV kernel (`_attn_bwd_dkdv_hopper_persistent`, trial: on at
 #       every list length): the Hopper block-sparse GPU tests (bitwise equality with the grid kernel, one program
 #       per SM and 3 programs); fwd+bwd with it off and on at n4k and n16k, d64 and d128, up to 50% density
 #   bash benchmarks/run_gpu_s36.sh 6   # (part 5, on an H200: 176 of the 182 tests failed, the first on dk of d64 n1000
@@ -36,8 +36,10 @@
 #       producer register counts, the causal GQA case is bitwise equal to the grid kernel; the kernel left main)
 #       the Hopper block-sparse GPU tests of the tree as it stands (persistent forward and dq kernels also with
 #       a grid of 3 programs)
-#   bash benchmarks/run_gpu_s36.sh 10  # NOT RUN (no device time left): needs the tree of commit d99fb4a, where the
-#       persistent dK/dV kernel is back as a trial; (part 9, on an H200: 184 passed) the persistent dK/dV kernel,
+#   bash benchmarks/run_gpu_s36.sh 10  # NOT RUN (no device time left). It needs commit d99fb4a's kernel, check and
+#       routes: `git checkout d99fb4a -- kernels tests benchmarks/ab_block_sparse.py benchmarks/check_hopper_builds.py
+#       benchmarks/check_persistent_dkdv.py` (and this script as it stands). (part 9, on an H200: 184 passed) the
+#       persistent dK/dV kernel,
 #       walking each list in one loop (its partial tiles masked step by step) instead of a loop over the partial
 #       tiles and one over the full ones: the bitwise check (bf16, d64 and d128, every case, 1, 3 programs and one
 #       per SM), then if it passes the Hopper block-sparse GPU tests, then if they pass fwd+bwd off / on up to 11%
