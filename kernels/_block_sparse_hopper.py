@@ -182,15 +182,20 @@ def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group):
     return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group), build)
 
 
+def _persistent_where_short(cfg, persistent_rule: tuple, mean_tiles: float):
+    """cfg, or the persistent config of (`PERSISTENT_FORWARD` or `PERSISTENT_DQ`)'s (config, up_to)
+    where a program walks at most up_to key tiles on average."""
+    persistent_cfg, up_to = persistent_rule
+    return persistent_cfg if mean_tiles <= up_to else cfg
+
+
 def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_scale: float):
     """(out, natural-log lse (B, H, Sq)) as `kernels.block_sparse._block_sparse_forward` returns them;
     the caller checked `usable_forward`."""
     cfg = CONFIGS[q.shape[-1]][0]
     assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
     tiles, counts, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
-    persistent_cfg, up_to = PERSISTENT_FORWARD[q.shape[-1]]
-    if mean_tiles <= up_to:
-        cfg = persistent_cfg
+    cfg = _persistent_where_short(cfg, PERSISTENT_FORWARD[q.shape[-1]], mean_tiles)
     return fwd_hopper.flash_attn_forward_hopper(
         q, k, v, sm_scale=sm_scale, causal=causal, config=cfg, lists=(tiles, counts)
     )
@@ -205,9 +210,8 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     dq_cfg, dkdv_cfg = CONFIGS[headdim][1:]
     assert dq_cfg.block_m * dq_cfg.consumers == PROGRAM_ROWS == dkdv_cfg.block_n * dkdv_cfg.consumers
     tiles, counts, mean_tiles = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
-    persistent_cfg, up_to = PERSISTENT_DQ[headdim]
-    if PERSISTENT_DQ_ENABLED and mean_tiles <= up_to:
-        dq_cfg = persistent_cfg
+    if PERSISTENT_DQ_ENABLED:
+        dq_cfg = _persistent_where_short(dq_cfg, PERSISTENT_DQ[headdim], mean_tiles)
     # (the dq kernel writes delta for the dK/dV kernel)
     dq_hopper.flash_attn_dq_hopper(
         q,

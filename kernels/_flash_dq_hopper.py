@@ -316,17 +316,7 @@ def _attn_bwd_dq_hopper_persistent(
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`_flash_fwd_hopper.my_items`), with two sets
     of Q and dO buffers so that the next item's load overlaps this one."""
-    q_smem = gl.allocate_shared_memory(
-        q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout
-    )
-    do_smem = gl.allocate_shared_memory(
-        do_desc.dtype, [2 * NUM_CONSUMERS] + do_desc.block_type.shape, do_desc.layout
-    )
-    qdo_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    qdo_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(2 * NUM_CONSUMERS):
-        mbarrier.init(qdo_ready.index(c), count=1)
-        mbarrier.init(qdo_empty.index(c), count=1)
+    q_smem, do_smem, qdo_ready, qdo_empty = fwd_hopper.item_buffers(q_desc, do_desc, NUM_CONSUMERS, True)
     k_smem, v_smem, k_ready, v_ready, kv_empty = fwd_hopper.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)

@@ -88,6 +88,29 @@ def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
+def item_buffers(q_desc, do_desc, NUM_CONSUMERS: gl.constexpr, WITH_DO: gl.constexpr):
+    """A persistent kernel's query rows in flight (`persistent_producer`): two sets, this item's and the
+    next one's, of each consumer's Q buffer and, with WITH_DO (the dq kernel), its dO buffer (else Q's
+    stands in, never read), with their ready and empty barriers (one arrival each):
+    (q_smem, do_smem, ready, empty)."""
+    q_smem = gl.allocate_shared_memory(
+        q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout
+    )
+    if WITH_DO:
+        do_smem = gl.allocate_shared_memory(
+            do_desc.dtype, [2 * NUM_CONSUMERS] + do_desc.block_type.shape, do_desc.layout
+        )
+    else:
+        do_smem = q_smem
+    ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2 * NUM_CONSUMERS):
+        mbarrier.init(ready.index(c), count=1)
+        mbarrier.init(empty.index(c), count=1)
+    return q_smem, do_smem, ready, empty
+
+
+@gluon.jit
 def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
     """The key tile of step i: dense, n_kv - 1 - i (the last tile first, where the masks are);
     block-sparse (`kernels._block_sparse_hopper`), entry i of the program's tile list."""
@@ -577,14 +600,7 @@ def _attn_fwd_hopper_persistent(
 ):  # fmt: skip
     """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
-    q_smem = gl.allocate_shared_memory(
-        q_desc.dtype, [2 * NUM_CONSUMERS] + q_desc.block_type.shape, q_desc.layout
-    )
-    q_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(2 * NUM_CONSUMERS):
-        mbarrier.init(q_ready.index(c), count=1)
-        mbarrier.init(q_empty.index(c), count=1)
+    q_smem, no_do, q_ready, q_empty = item_buffers(q_desc, q_desc, NUM_CONSUMERS, False)
     k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)
@@ -599,7 +615,7 @@ def _attn_fwd_hopper_persistent(
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
                                     nheads, n_batch, 1, CAUSAL, SPARSE)),
-            (persistent_producer, (q_desc, q_desc, k_desc, v_desc, q_smem, q_smem, k_smem, v_smem, q_ready, q_empty,
+            (persistent_producer, (q_desc, q_desc, k_desc, v_desc, q_smem, no_do, k_smem, v_smem, q_ready, q_empty,
                                    k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
                                    lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL, SPARSE,
                                    False)),
