@@ -36,10 +36,17 @@ def _d64_persistent_forward(on: bool) -> None:
     bs.PERSISTENT_FORWARD[64] = (bs.PERSISTENT_FORWARD[64][0], math.inf if on else -1)
 
 
+def _persistent_dkdv(on: bool) -> None:
+    """On: the dK/dV kernel's persistent variant at every list length, off: never (both head dims)."""
+    for d, (cfg, _) in bs.PERSISTENT_DKDV.items():
+        bs.PERSISTENT_DKDV[d] = (cfg, math.inf if on else -1)
+
+
 # name: set(on), for routes read at every call
 VARIANTS = {
     "persistent_dq": _persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
+    "persistent_dkdv": _persistent_dkdv,
 }
 
 
@@ -50,12 +57,12 @@ def timings(fn, args) -> tuple[float, float]:
 
 def ab_point(variant: str, fn, args) -> dict:
     """The variant off and on, alternating; the routes are as they were when this returns."""
-    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD)
+    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV)
     runs = {False: [], True: []}
     for setting in (False, True, False, True):
         VARIANTS[variant](setting)
         runs[setting].append(timings(fn, args))
-    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD = state
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV = state
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
     return dict(off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,

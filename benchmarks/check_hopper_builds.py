@@ -115,12 +115,12 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             args += [tiles, counts, 4, 8, 16]
         else:
             args += [lse, lse, 1, 1, 1]
-        if kernel in ("fwd", "dq") and cfg.persistent:  # a persistent variant: the grid it walks
-            jit = (
-                hopper._attn_fwd_hopper_persistent
-                if kernel == "fwd"
-                else dq_hopper._attn_bwd_dq_hopper_persistent
-            )
+        if cfg.persistent:  # a persistent variant: the grid it walks
+            jit = {
+                "fwd": hopper._attn_fwd_hopper_persistent,
+                "dq": dq_hopper._attn_bwd_dq_hopper_persistent,
+                "dkdv": dkdv_hopper._attn_bwd_dkdv_hopper_persistent,
+            }[kernel]
             args += [8, 4, 2]
         meta = dict(
             SPARSE=sparse, CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
@@ -185,6 +185,7 @@ def main():
         for kernel, table in (
             ("fwd", _block_sparse_hopper.PERSISTENT_FORWARD),
             ("dq", _block_sparse_hopper.PERSISTENT_DQ),
+            ("dkdv", _block_sparse_hopper.PERSISTENT_DKDV),
         )
         for d, (cfg, _) in table.items()
     }

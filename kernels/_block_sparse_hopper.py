@@ -89,6 +89,10 @@ PERSISTENT_DQ = {
     64: (dataclasses.replace(CONFIGS[64][1], persistent=True), math.inf),
     128: (dq_hopper.PERSISTENT_CONFIGS[128], 2),
 }
+# The dK/dV kernel's persistent variant (one program per SM walking its share of the key tiles' lists,
+# the next tile's K and V loads under this one's steps) where the dq kernel's programs walk at most this
+# many key tiles on average. (Trial: on everywhere until measured.)
+PERSISTENT_DKDV = {d: (dataclasses.replace(CONFIGS[d][2], persistent=True), math.inf) for d in (64, 128)}
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
@@ -212,6 +216,8 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     tiles, counts, mean_tiles = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
     if PERSISTENT_DQ_ENABLED:
         dq_cfg = _persistent_where_short(dq_cfg, PERSISTENT_DQ[headdim], mean_tiles)
+    # (the dq kernel's tiles per program measure the list lengths of both)
+    dkdv_cfg = _persistent_where_short(dkdv_cfg, PERSISTENT_DKDV[headdim], mean_tiles)
     # (the dq kernel writes delta for the dK/dV kernel)
     dq_hopper.flash_attn_dq_hopper(
         q,

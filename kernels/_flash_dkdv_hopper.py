@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import _flash_fwd_hopper as fwd_hopper
-from ._common import LOG2E, tile_program_ids
+from ._common import LOG2E, sm_count, tile_program_ids
 from ._flash_fwd_hopper import descriptor, list_args, listed_row_program
 from ._launch import CompiledLaunch
 
@@ -163,12 +163,13 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
 def _steps(
     dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count, tiles,
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
-    st_layout: gl.constexpr, acc_layout: gl.constexpr,
+    st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
-    tiles, are masked as sections 0 and 2 both); `it` counts the steps taken (the stage ring's position).
-    PART 0 sums dK and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched)."""
+    tiles, are masked as sections 0 and 2 both; SECTION 4, a whole list whose first n_partial entries are
+    partial, masks step by step); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
+    and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched)."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -200,7 +201,10 @@ def _steps(
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
         if MASKED:
-            s_t = gl.where(keys[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
+            if SECTION == 4:
+                s_t = gl.where((keys[:, None] <= rows[None, :] + diag) | (j >= n_partial), s_t, float("-inf"))
+            else:
+                s_t = gl.where(keys[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
         p_t = gl.exp2(s_t * qk_scale)
         if PART == 0:
             p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
@@ -275,23 +279,29 @@ def _consumer(
                 dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count,
                 tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout,
             )  # fmt: skip
-    # dK and dV through this group's K and V buffers (no product reads them any more); the TMA store
-    # clips the rows past the sequence
-    k_out = k_smem.index(WG)
-    coord = [off_b, off_hk, first_key, 0]
+    _store_grads(dk, dv, k_smem.index(WG), v_smem.index(WG), dk_desc, dv_desc, [off_b, off_hk, first_key, 0],
+                 sm_scale, PART)  # fmt: skip
+
+
+@gluon.jit
+def _store_grads(dk, dv, k_out, v_out, dk_desc, dv_desc, coord, sm_scale, PART: gl.constexpr):
+    """dK (times the softmax scale) and dV through a warpgroup's K and V buffers k_out and v_out (no
+    product reads them any more) to rows coord of dk and dv (PART 1: dV alone, through k_out; 2: dK
+    alone); the TMA store clips the rows past the sequence. Done reading the buffers when this returns."""
+    BLOCK_N: gl.constexpr = k_out.shape[2]
+    HEAD_DIM: gl.constexpr = k_out.shape[3]
     if PART == 0:
-        v_out = v_smem.index(WG)
-        k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k.dtype))
-        v_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k.dtype))
+        k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k_out.dtype))
+        v_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k_out.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(dk_desc, coord, k_out)
         tma.async_copy_shared_to_global(dv_desc, coord, v_out)
     elif PART == 1:
-        k_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k.dtype))
+        k_out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(k_out.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(dv_desc, coord, k_out)
     else:
-        k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k.dtype))
+        k_out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(k_out.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(dk_desc, coord, k_out)
     tma.store_wait(0)
@@ -375,6 +385,146 @@ def _attn_bwd_dkdv_hopper(
     )  # fmt: skip
 
 
+@gluon.jit
+def _persistent_producer(
+    q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
+    qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS,
+    lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch,
+):  # fmt: skip
+    """One warp: per work item (`_producer`'s program), each consumer's K and V rows into the item's
+    buffers, once the consumers have stored the item two before through them, then the Q and dO tiles
+    listed into the stage ring, which goes on from the last item's."""
+    NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    n_mine, programs, pid = fwd_hopper.my_items(n_key_tiles * nheads_kv * n_batch)
+    it = 0
+    for j in range(n_mine):
+        n0, off_hk, _, off_b, hi, _, tiles = fwd_hopper.work_rows(
+            j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
+            n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
+        )  # fmt: skip
+        for c in gl.static_range(NUM_CONSUMERS):
+            buf = (j % 2) * NUM_CONSUMERS + c
+            mbarrier.wait(kv_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
+            coord = [off_b, off_hk, n0 + c * BLOCK_N, 0]
+            mbarrier.expect(kv_ready.index(buf), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(buf), k_smem.index(buf))
+            tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(buf), v_smem.index(buf))
+        stats = (LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh, seqlen_q, qk_scale)
+        it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
+                         off_hk, group, it, 0, hi, tiles, True, 0)  # fmt: skip
+
+
+@gluon.jit
+def _persistent_consumer(
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, dk_desc,
+    dv_desc, seqlen_q, seqlen_k, group, qk_scale, sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_key_tiles, nheads_kv, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: keys WG * BLOCK_N .. + BLOCK_N of each work item of this program (`_consumer`'s
+    work on a block-sparse list, item after item); dK and dV through the item's K and V buffers, which
+    go back to the producer once the stores have read them."""
+    NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    diag = seqlen_k - seqlen_q
+    n_mine, programs, pid = fwd_hopper.my_items(n_key_tiles * nheads_kv * n_batch)
+    it = 0
+    for j in range(n_mine):
+        n0, off_hk, _, off_b, hi, lo, tiles = fwd_hopper.work_rows(
+            j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
+            n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
+        )  # fmt: skip
+        buf = (j % 2) * NUM_CONSUMERS + WG
+        first_key = n0 + WG * BLOCK_N
+        keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        mbarrier.wait(kv_ready.index(buf), (j // 2) & 1)
+        k = k_smem.index(buf).reshape([BLOCK_N, HEAD_DIM])
+        v = v_smem.index(buf).reshape([BLOCK_N, HEAD_DIM])
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        # the whole list in one loop, its partial tiles (the first lo) masked step by step: with a loop
+        # over them and one over the full tiles, as the grid kernel runs, calls whose first loop ran no
+        # step read shared memory out of range (one H200, results/s36/call5-8)
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, 0, hi, tiles,
+            group, diag, qk_scale, CAUSAL, 4, True, 0, st_layout, acc_layout, n_partial=lo,
+        )  # fmt: skip
+        _store_grads(dk, dv, k_smem.index(buf), v_smem.index(buf), dk_desc, dv_desc, [off_b, off_hk, first_key, 0],
+                     sm_scale, 0)  # fmt: skip
+        gl.thread_barrier()  # every warp's share of the stores has been read before the buffers go back
+        mbarrier.arrive(kv_empty.index(buf), count=1)
+
+
+@gluon.jit
+def _attn_bwd_dkdv_hopper_persistent(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    n_key_tiles, nheads_kv, n_batch,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
+):  # fmt: skip
+    """`_attn_bwd_dkdv_hopper` for block-sparse calls (SPARSE, PART 0) on a 1-D grid of at most one
+    program per SM, each walking its share of the (n_key_tiles, nheads_kv, n_batch) grid's work items
+    (`_flash_fwd_hopper.my_items`), with two sets of K and V buffers so that the next item's loads run
+    under this one's steps and stores; the Q/dO stage ring runs on from item to item. Short lists are
+    where this pays: a program of the grid kernel loads K and V, waits for them, and stores dK and dV
+    with the tensor cores idle, once per handful of steps. (sched_slots: the grid kernel's argument,
+    unused here.)"""
+    gl.static_assert(SPARSE and PART == 0, "block-sparse lists, both gradients in one pass")
+    k_smem = gl.allocate_shared_memory(
+        k_desc.dtype, [2 * NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout
+    )
+    v_smem = gl.allocate_shared_memory(
+        v_desc.dtype, [2 * NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout
+    )
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2 * NUM_CONSUMERS):
+        mbarrier.init(kv_ready.index(c), count=1)
+        mbarrier.init(kv_empty.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(i), count=2)  # the TMA loads' arrival and the producer's
+        mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
+
+    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
+    gl.warp_specialize(
+        [
+            (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
+                                    qdo_ready, qdo_empty, dk_desc, dv_desc, seqlen_q, seqlen_k, group, qk_scale,
+                                    sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
+                                    nheads_kv, n_batch, 0, CAUSAL)),
+            (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
+                                    qdo_ready, qdo_empty, dk_desc, dv_desc, seqlen_q, seqlen_k, group, qk_scale,
+                                    sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
+                                    nheads_kv, n_batch, 1, CAUSAL)),
+            (_persistent_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
+                                    delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, LSE, DELTA, stride_lb,
+                                    stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS, lay_heads,
+                                    n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------
 # configs and launcher
 # ---------------------------------------------------------------------------------------------------
@@ -449,9 +599,14 @@ def flash_attn_dkdv_hopper(
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv,
             sm_scale * LOG2E, sm_scale, *list_args(lists, lse2, q.device, causal))  # fmt: skip
     views = {}  # (the passes read the same tensors in other tiles)
+    launch = _launch_dkdv
+    if config.persistent:  # (block-sparse lists, one pass: the kernel asserts both)
+        launch = _launch_dkdv_persistent
+        args = (*args, *grid)
+        grid = (min(grid[0] * grid[1] * grid[2], sm_count(q.device)),)
     for part in passes(headdim):
         cfg = config.for_pass(part)
-        _launch_dkdv(
+        launch(
             grid,
             ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
              (dv, cfg.block_n)),
@@ -464,6 +619,7 @@ def flash_attn_dkdv_hopper(
 
 
 _launch_dkdv = CompiledLaunch(_attn_bwd_dkdv_hopper, descriptor)
+_launch_dkdv_persistent = CompiledLaunch(_attn_bwd_dkdv_hopper_persistent, descriptor)
 
 
 def passes(headdim: int) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ from kernels.layouts import local_layout
 
 
 def _routes() -> tuple:
-    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD)
+    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV)
 
 
 @pytest.mark.parametrize("variant", sorted(ab.VARIANTS))

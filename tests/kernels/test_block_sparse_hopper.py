@@ -210,16 +210,16 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, hopper
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("programs", [None, 3])
-@pytest.mark.parametrize("table", ["PERSISTENT_FORWARD", "PERSISTENT_DQ"])
+@pytest.mark.parametrize("table", ["PERSISTENT_FORWARD", "PERSISTENT_DQ", "PERSISTENT_DKDV"])
 @pytest.mark.parametrize("headdim", sorted(bs_hopper.CONFIGS))
 def test_gpu_persistent_and_row_tile_kernels_give_the_same_results(
     monkeypatch, headdim, table, programs, hopper_calls
 ):
-    """The forward's or the dq kernel's persistent variant, forced off then on: bitwise the same.
+    """The forward's, dq or dK/dV kernel's persistent variant, forced off then on: bitwise the same.
     programs: a grid of one program per SM (None), or of 3 (each walks many items: both buffer sets and
     the stage ring carried from item to item)."""
     if programs is not None:
-        for module in (bs_hopper.fwd_hopper, bs_hopper.dq_hopper):
+        for module in (bs_hopper.fwd_hopper, bs_hopper.dq_hopper, bs_hopper.dkdv_hopper):
             monkeypatch.setattr(module, "sm_count", lambda device: programs)
     torch.manual_seed(headdim)
     q, k, v = _inputs(2, 2048 + 77, 2048 + 77, 4, 2, headdim, BF16, "cuda")

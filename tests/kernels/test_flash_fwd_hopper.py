@@ -60,13 +60,17 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
         for name, cfg in zip(("fwd", "dq", "dkdv"), cfgs, strict=True)
     } | {
         (name, d, str(cfg))
-        for name, table in (("fwd", bs_hopper.PERSISTENT_FORWARD), ("dq", bs_hopper.PERSISTENT_DQ))
+        for name, table in (
+            ("fwd", bs_hopper.PERSISTENT_FORWARD),
+            ("dq", bs_hopper.PERSISTENT_DQ),
+            ("dkdv", bs_hopper.PERSISTENT_DKDV),
+        )
         for d, (cfg, _) in table.items()
     }
     persistent = {(r["kernel"], r["headdim"]) for r in results if "persistent=True" in r["config"]}
     assert persistent == {("fwd", d) for d in hopper.PERSISTENT_CONFIGS} | {
         ("dq", d) for d in (*dq_hopper.PERSISTENT_CONFIGS, *bs_hopper.PERSISTENT_DQ)
-    }
+    } | {("dkdv", d) for d in bs_hopper.PERSISTENT_DKDV}
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
     }

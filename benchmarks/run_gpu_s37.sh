@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 37). Each part is what one call ran; the outputs are in
+# benchmarks/results/s37/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s37.sh 1   # the one-loop persistent dK/dV kernel (session 36's part 10, never run):
+#       the bitwise check against the grid kernel (bf16, d64 and d128, every case, 1, 3 programs and one per SM),
+#       then if it passes the Hopper block-sparse GPU tests, then if they pass fwd+bwd off / on up to 20%
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "$1" in
+1)
+  timeout 90 python benchmarks/check_persistent_dkdv.py --skip-speed --dtypes bfloat16 --out "$R/check_dkdv.json" \
+    > "$R/check_dkdv.log" 2>&1
+  rc=$?
+  echo "bitwise equal: $(grep -c '^ok' "$R/check_dkdv.log")"; grep -e "^FAIL" -e "Error" "$R/check_dkdv.log" | head -n 8
+  [ $rc = 0 ] || exit 1
+  timeout -s INT 170 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py > "$R/gpu_tests.log" 2>&1
+  rc=$?
+  tail -n 6 "$R/gpu_tests.log"
+  [ $rc = 0 ] || exit 1
+  timeout 200 python benchmarks/ab_block_sparse.py --variants persistent_dkdv --max-density 0.2 --out "$R/ab_persistent_dkdv.json" 2>&1 \
+    | quiet | tail -n 30
+  ;;
+esac
