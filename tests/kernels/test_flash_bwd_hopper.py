@@ -150,11 +150,12 @@ def assert_compiled_launches_match_jit_ones(monkeypatch, fn, inputs, do) -> None
     """fn(*inputs) -> (out, lse) with the loss <out, do>, once through Triton's JIT launches, then twice
     more with kernels/_launch.py's compiled launches on: each Gluon kernel (forward, dq, dK/dV) took its
     compiled path, and out, lse and every gradient are bit-identical."""
-    # (the forward launches either of its two kernels: `_flash_fwd_hopper.config_for`)
+    # (each pass launches either its row-tile or its persistent kernel: `_flash_fwd_hopper.config_for`,
+    # and block-sparse's rules for short lists)
     launchers = (
         (fwd_hopper._launch_fwd, fwd_hopper._launch_fwd_persistent),
-        (dq_hopper._launch_dq,),
-        (dkdv_hopper._launch_dkdv,),
+        (dq_hopper._launch_dq, dq_hopper._launch_dq_persistent),
+        (dkdv_hopper._launch_dkdv, dkdv_hopper._launch_dkdv_persistent),
     )
     fast = lambda: [sum(launcher.fast_launches for launcher in kernel) for kernel in launchers]  # noqa: E731
     run = lambda: fwd_bwd_results(fn, inputs, do)  # noqa: E731
