@@ -7,6 +7,10 @@
 #   bash benchmarks/run_gpu_s37.sh 2   # (part 1, on an H200: all 54 cases bitwise equal; 181 passed, 1 failed: the
 #       compiled-launch test counted only the row-tile dK/dV launcher) the block-sparse Hopper GPU tests and the
 #       compiled-launch tests again, then the A/B up to 20%
+#   bash benchmarks/run_gpu_s37.sh 3   # (part 2, on an H200: 184 passed; on ÷ off from graphs 1.00-1.16x, below
+#       1.05x past 8 tiles a program) with the rule (d64 up to 16 tiles, d128 up to 6): the GPU tests of both
+#       block-sparse files and the compiled launches, then the A/B up to 50% (its "on" column forces the
+#       persistent kernel at every length: the long lists decide d64's limit)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -29,5 +33,14 @@ case "$1" in
   tail -n 6 "$R/gpu_tests.log"
   timeout 300 python benchmarks/ab_block_sparse.py --variants persistent_dkdv --max-density 0.2 \
     --out "$R/ab_persistent_dkdv.json" 2>&1 | quiet | tail -n 40
+  ;;
+3)
+  timeout -s INT 200 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_block_sparse.py \
+    tests/kernels/test_flash_bwd_hopper.py::test_gpu_compiled_launches_give_the_jit_launches_results \
+    > "$R/gpu_tests.log" 2>&1
+  tail -n 6 "$R/gpu_tests.log"
+  timeout 330 python benchmarks/ab_block_sparse.py --variants persistent_dkdv --max-density 0.5 \
+    --out "$R/ab_persistent_dkdv.json" 2>&1 | quiet | grep "^|"
   ;;
 esac

@@ -90,9 +90,16 @@ PERSISTENT_DQ = {
     128: (dq_hopper.PERSISTENT_CONFIGS[128], 2),
 }
 # The dK/dV kernel's persistent variant (one program per SM walking its share of the key tiles' lists,
-# the next tile's K and V loads under this one's steps) where the dq kernel's programs walk at most this
-# many key tiles on average. (Trial: on everywhere until measured.)
-PERSISTENT_DKDV = {d: (dataclasses.replace(CONFIGS[d][2], persistent=True), math.inf) for d in (64, 128)}
+# the next tile's K and V loads under this one's steps, each list in one loop: see NOTES_attention.md,
+# "Short block-sparse lists", for the two-loop version ptxas miscompiled) where the dq kernel's programs
+# walk at most this many of its key tiles on average (d64's tiles hold 128 keys, d128's 64). Bitwise
+# equal to the grid kernel in 54 checks (results/s37/call1/). Block-sparse fwd+bwd off / on, alternating
+# in one process (ab_block_sparse.py, results/s37/call2/), from graphs: d128 1.06-1.10x at 2-6 tiles,
+# 1.03x and 1.00x at 12, 1.00-1.01x at 16-26; d64 1.06-1.16x at 1-6, 1.05x at 8, 1.01x at 12.8.
+PERSISTENT_DKDV = {
+    64: (dataclasses.replace(CONFIGS[64][2], persistent=True), 16),
+    128: (dataclasses.replace(CONFIGS[128][2], persistent=True), 6),
+}
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
@@ -187,8 +194,8 @@ def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group):
 
 
 def _persistent_where_short(cfg, persistent_rule: tuple, mean_tiles: float):
-    """cfg, or the persistent config of (`PERSISTENT_FORWARD` or `PERSISTENT_DQ`)'s (config, up_to)
-    where a program walks at most up_to key tiles on average."""
+    """cfg, or the persistent config of (`PERSISTENT_FORWARD`, `PERSISTENT_DQ` or `PERSISTENT_DKDV`)'s
+    (config, up_to) where a program walks at most up_to key tiles on average."""
     persistent_cfg, up_to = persistent_rule
     return persistent_cfg if mean_tiles <= up_to else cfg
 

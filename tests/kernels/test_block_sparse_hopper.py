@@ -119,6 +119,29 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
 
 
 @pytest.mark.parametrize(
+    "headdim, local_blocks, persistent",
+    [(128, 0, True), (128, 1, True), (128, 2, False), (64, 0, True), (64, 7, True), (64, 10, False)],
+)
+def test_backward_takes_the_persistent_dkdv_kernel_where_lists_are_short(
+    monkeypatch, headdim, local_blocks, persistent
+):
+    """PERSISTENT_DKDV: d128 up to 6 of the dq kernel's 64-key tiles a program on average (one block each
+    side at n4k: 5.9 tiles; two: 9.6), d64 up to 16 of its 128-key tiles (a band of 7
+    blocks each side: 13.25, of 10: 17.6)."""
+    configs = []
+    monkeypatch.setattr(bs_hopper.dq_hopper, "flash_attn_dq_hopper", lambda *a, **kw: None)
+    monkeypatch.setattr(
+        bs_hopper.dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, config, **kw: configs.append(config)
+    )
+    q = torch.randn(1, 4096, 2, headdim, dtype=BF16)
+    layout = local_layout(4096, 128, local_blocks)
+    bs_hopper.block_sparse_backward_hopper(q, q, q, q, q, torch.zeros(1, 2, 4096), layout, False, 0.1)
+    (config,) = configs
+    assert config.persistent == persistent
+    assert config.block_m == bs_hopper.CONFIGS[headdim][2].block_m  # (the lists are built for it)
+
+
+@pytest.mark.parametrize(
     "headdim, seqlen, local_blocks, persistent",
     [
         (128, 4096, 0, True),
