@@ -11,6 +11,10 @@
 #       1.05x past 8 tiles a program) with the rule (d64 up to 16 tiles, d128 up to 6): the GPU tests of both
 #       block-sparse files and the compiled launches, then the A/B up to 50% (its "on" column forces the
 #       persistent kernel at every length: the long lists decide d64's limit)
+#   bash benchmarks/run_gpu_s37.sh 4   # (part 3, on an H200: 190 passed; d64 on ÷ off 0.95-0.97x at n16k 25-45%, so
+#       its 16-tile limit stays) the block-sparse sweep on the final routes, against Flex and the dense anchors:
+#       n64k (eager), then n4k (eager and from graphs)
+#   bash benchmarks/run_gpu_s37.sh 5   # the same at n16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -42,5 +46,15 @@ case "$1" in
   tail -n 6 "$R/gpu_tests.log"
   timeout 330 python benchmarks/ab_block_sparse.py --variants persistent_dkdv --max-density 0.5 \
     --out "$R/ab_persistent_dkdv.json" 2>&1 | quiet | grep "^|"
+  ;;
+4)
+  timeout 230 python benchmarks/bench_block_sparse.py --seqlens 65536 --headdims 128 64 \
+    --out "$R/block_sparse_n64k.json" 2>&1 | quiet | tail -n 16
+  timeout 250 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
+    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | tail -n 16
+  ;;
+5)
+  timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 16
   ;;
 esac
