@@ -14,7 +14,9 @@
 #   bash benchmarks/run_gpu_s37.sh 4   # (part 3, on an H200: 190 passed; d64 on ÷ off 0.95-0.97x at n16k 25-45%, so
 #       its 16-tile limit stays) the block-sparse sweep on the final routes, against Flex and the dense anchors:
 #       n64k (eager), then n4k (eager and from graphs)
-#   bash benchmarks/run_gpu_s37.sh 5   # the same at n16k
+#   bash benchmarks/run_gpu_s37.sh 5   # (part 4, on an H200: see results/s37/call4/) the same at n16k
+#   bash benchmarks/run_gpu_s37.sh 6   # (part 5, on an H200: see call5/) the dense Hopper backward and packed QKV
+#       GPU tests on this tree (the dK/dV file changed; its grid kernel's SASS did not)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -56,5 +58,11 @@ case "$1" in
 5)
   timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 16
+  ;;
+6)
+  timeout -s INT 400 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py tests/kernels/test_qkvpacked.py \
+    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests.log" 2>&1
+  tail -n 6 "$R/gpu_tests.log"
   ;;
 esac
