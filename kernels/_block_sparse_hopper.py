@@ -13,6 +13,10 @@ tiles only. The lists are compiled here from `BlockLayout.block_lists` once per 
   tile) pairs that see it, partial ones first, packed as head << 16 | tile; summed in registers, as the
   dense kernel sums a group's heads (no atomics).
 
+Where the lists are short, each of the three passes runs its persistent variant instead (one program per
+SM walking many lists, the next list's loads under this one's work): `PERSISTENT_FORWARD`,
+`PERSISTENT_DQ` and `PERSISTENT_DKDV` say up to which mean list length.
+
 Scope: bf16/fp16 on sm_90, head dims 64 and 128 (`CONFIGS`), no dropout, layouts whose blocks the
 128-row programs can tile (block_m and block_n multiples of 128); the backward also needs no gradient on
 lse. Other calls take the portable block-sparse kernels (`kernels.block_sparse`), which give the same
