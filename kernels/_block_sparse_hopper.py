@@ -98,8 +98,8 @@ PERSISTENT_DQ = {
 # "Short block-sparse lists", for the two-loop version ptxas miscompiled) where the dq kernel's programs
 # walk at most this many of its key tiles on average (d64's tiles hold 128 keys, d128's 64). Bitwise
 # equal to the grid kernel in 54 checks (results/s37/call1/). Block-sparse fwd+bwd off / on, alternating
-# in one process (ab_block_sparse.py, results/s37/call2/), from graphs: d128 1.06-1.10x at 2-6 tiles,
-# 1.03x and 1.00x at 12, 1.00-1.01x at 16-26; d64 1.06-1.16x at 1-6, 1.05x at 8, 1.01x at 12.8.
+# in one process (ab_block_sparse.py, results/s37/call2/ and call3/), from graphs: d128 1.06-1.10x at
+# 2-6 tiles, 0.99-1.04x from 12 on; d64 1.06-1.16x at 1-6, 1.01-1.06x at 8-16, 0.95-0.97x at 32-58.
 PERSISTENT_DKDV = {
     64: (dataclasses.replace(CONFIGS[64][2], persistent=True), 16),
     128: (dataclasses.replace(CONFIGS[128][2], persistent=True), 6),
