@@ -18,6 +18,8 @@
 #   bash benchmarks/run_gpu_s37.sh 6   # (part 5, on an H200: see call5/) the dense Hopper backward and packed QKV
 #       GPU tests on this tree (the dK/dV file changed; its grid kernel's SASS did not)
 #   (part 6, on an H200: 134 passed)
+#   bash benchmarks/run_gpu_s37.sh 7   # host time of one eager block-sparse fwd+bwd at n4k (one block per row), ours
+#       and Flex, with cProfile's top functions: where the short calls' 0.55-1.03 ms go
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -65,5 +67,11 @@ case "$1" in
     --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
     > "$R/gpu_tests.log" 2>&1
   tail -n 6 "$R/gpu_tests.log"
+  ;;
+7)
+  for d in 128 64; do
+    timeout 120 python benchmarks/bench_host_overhead.py --headdim $d --seqlen 4096 --butterfly 0:0 --no-parts \
+      --out "$R/host_bs_d${d}_n4k.json" 2>&1 | quiet | tail -n 75
+  done
   ;;
 esac
