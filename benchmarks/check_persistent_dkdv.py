@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import graph_time_ms, write_results  # noqa: E402
+from benchmarks.check_persistent_dq import both_ms  # noqa: E402
+from benchmarks.common import write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
 from kernels import _flash_dkdv_hopper as dkdv_hopper  # noqa: E402
 from kernels.layouts import BlockLayout, butterfly_layout, local_layout  # noqa: E402
@@ -34,6 +35,8 @@ def _layout(kind: str, seqlen_k: int, causal: bool) -> BlockLayout:
         return butterfly_layout(seqlen_k, 128, causal=causal)
     if kind == "diagonal":
         return butterfly_layout(seqlen_k, 128, n_factors=0)
+    if kind == "butterfly2":
+        return butterfly_layout(seqlen_k, 128, n_factors=2)
     if kind == "local256":
         return local_layout(seqlen_k, 256, local_blocks=1)
     mask = butterfly_layout(seqlen_k, 128).mask.clone()  # "empty": a query block and a key block unseen
@@ -132,26 +135,9 @@ def main() -> None:
             grid_cfg = bs.CONFIGS[d][2]
             pers_cfg = dataclasses.replace(grid_cfg, persistent=True)
             for seqlen in (4096, 16384):
-                for factors in (0, 2, None):
-                    layout = butterfly_layout(seqlen, 128, n_factors=factors).cuda()
-                    q, k, v, do = (
-                        torch.randn(1, seqlen, 16, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)
-                    )
-                    out, lse = bs.block_sparse_forward_hopper(q, k, v, layout, False, d**-0.5)
-                    delta = torch.empty_like(lse)
-                    delta.copy_((do.float() * out.float()).sum(-1).transpose(1, 2))
-                    lists = bs._col_lists(layout, seqlen, seqlen, False, grid_cfg.block_m, 1)
-                    dk, dv = torch.empty_like(k), torch.empty_like(v)
-
-                    def run(
-                        cfg, q=q, k=k, v=v, do=do, lse=lse, delta=delta, lists=lists, dk=dk, dv=dv, s=d**-0.5
-                    ):
-                        dkdv_hopper.flash_attn_dkdv_hopper(
-                            q, k, v, do, dk, dv, lse, delta, sm_scale=s, causal=False, config=cfg, lists=lists
-                        )  # fmt: skip
-
-                    times = [graph_time_ms(lambda cfg=cfg: run(cfg)) for cfg in (grid_cfg, pers_cfg) * 2]
-                    grid_ms, pers_ms = min(times[0::2]), min(times[1::2])
+                for kind, factors in (("diagonal", 0), ("butterfly2", 2), ("butterfly", None)):
+                    run = case_inputs(1, seqlen, seqlen, 16, 16, kind, False, d, torch.bfloat16)
+                    grid_ms, pers_ms = both_ms(run, grid_cfg, pers_cfg)
                     rows.append(dict(headdim=d, seqlen=seqlen, n_factors=factors, grid_ms=grid_ms,
                                      persistent_ms=pers_ms, speedup=grid_ms / pers_ms))  # fmt: skip
                     print(f"d{d} n{seqlen} factors={factors}: grid {grid_ms:.4f} ms, persistent {pers_ms:.4f} "

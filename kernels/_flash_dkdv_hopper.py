@@ -310,6 +310,28 @@ def _store_grads(dk, dv, k_out, v_out, dk_desc, dv_desc, coord, sm_scale, PART: 
 
 
 @gluon.jit
+def _qdo_ring(q_desc, do_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PART: gl.constexpr):
+    """The Q/dO stage ring the producer streams and both consumers read (`_stream_qdo`, `_steps`), with
+    per stage its query rows' -lse / scale and -delta (the dV pass needs no delta: lse's buffer stands
+    in) and its ready (TMA loads and producer) and empty (one per consumer) barriers:
+    (q_smem, do_smem, lse_smem, delta_smem, ready, empty)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # (indexed by stage: 1-D)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
+    delta_smem = (
+        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout) if PART != 1 else lse_smem
+    )
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=2)  # the TMA loads' arrival and the producer's
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
+    return q_smem, do_smem, lse_smem, delta_smem, ready, empty
+
+
+@gluon.jit
 def _attn_bwd_dkdv_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
     stride_lb, stride_lh,
@@ -350,22 +372,12 @@ def _attn_bwd_dkdv_hopper(
         v_smem = gl.allocate_shared_memory(
             v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout
         )
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    # per stage, its query rows' -lse / scale and -delta (the producer's loads, the consumers' reads)
-    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # (indexed by stage: 1-D)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
-    delta_smem = (
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout) if PART != 1 else lse_smem
-    )
     kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(kv_ready.index(c), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(qdo_ready.index(i), count=2)  # the TMA loads' arrival and the producer's
-        mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
+    q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = _qdo_ring(
+        q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
+    )
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
@@ -405,13 +417,9 @@ def _persistent_producer(
             j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
             n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
         )  # fmt: skip
-        for c in gl.static_range(NUM_CONSUMERS):
-            buf = (j % 2) * NUM_CONSUMERS + c
-            mbarrier.wait(kv_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
-            coord = [off_b, off_hk, n0 + c * BLOCK_N, 0]
-            mbarrier.expect(kv_ready.index(buf), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(buf), k_smem.index(buf))
-            tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(buf), v_smem.index(buf))
+        fwd_hopper.load_item_rows(
+            k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
+        )
         stats = (LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh, seqlen_q, qk_scale)
         it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
                          off_hk, group, it, 0, hi, tiles, True, 0)  # fmt: skip
@@ -482,28 +490,11 @@ def _attn_bwd_dkdv_hopper_persistent(
     with the tensor cores idle, once per handful of steps. (sched_slots: the grid kernel's argument,
     unused here.)"""
     gl.static_assert(SPARSE and PART == 0, "block-sparse lists, both gradients in one pass")
-    k_smem = gl.allocate_shared_memory(
-        k_desc.dtype, [2 * NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout
+    # K and V: this item's and the next one's (`_flash_fwd_hopper.item_buffers`, V where the dq kernel has dO)
+    k_smem, v_smem, kv_ready, kv_empty = fwd_hopper.item_buffers(k_desc, v_desc, NUM_CONSUMERS, True)
+    q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = _qdo_ring(
+        q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
     )
-    v_smem = gl.allocate_shared_memory(
-        v_desc.dtype, [2 * NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout
-    )
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
-    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(2 * NUM_CONSUMERS):
-        mbarrier.init(kv_ready.index(c), count=1)
-        mbarrier.init(kv_empty.index(c), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(qdo_ready.index(i), count=2)  # the TMA loads' arrival and the producer's
-        mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")

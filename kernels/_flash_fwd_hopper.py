@@ -111,6 +111,26 @@ def item_buffers(q_desc, do_desc, NUM_CONSUMERS: gl.constexpr, WITH_DO: gl.const
 
 
 @gluon.jit
+def load_item_rows(a_desc, b_desc, a_smem, b_smem, ready, empty, j, off_b, off_h, row0, WITH_B: gl.constexpr):
+    """A persistent producer's loads of its j-th item's rows into `item_buffers`' set j % 2: each
+    consumer's rows row0 + c * rows of head off_h from a_desc, and with WITH_B the same rows from b_desc
+    beside them on the same barrier, once the consumers have let the item two before go."""
+    NUM_CONSUMERS: gl.constexpr = a_smem.shape[0] // 2
+    ROWS: gl.constexpr = a_smem.shape[3]
+    for c in gl.static_range(NUM_CONSUMERS):
+        buf = (j % 2) * NUM_CONSUMERS + c
+        mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
+        coord = [off_b, off_h, row0 + c * ROWS, 0]
+        if WITH_B:
+            mbarrier.expect(ready.index(buf), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, coord, ready.index(buf), a_smem.index(buf))
+            tma.async_copy_global_to_shared(b_desc, coord, ready.index(buf), b_smem.index(buf))
+        else:
+            mbarrier.expect(ready.index(buf), a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, coord, ready.index(buf), a_smem.index(buf))
+
+
+@gluon.jit
 def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
     """The key tile of step i: dense, n_kv - 1 - i (the last tile first, where the masks are);
     block-sparse (`kernels._block_sparse_hopper`), entry i of the program's tile list."""
@@ -538,17 +558,7 @@ def persistent_producer(
             j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
             lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
         )  # fmt: skip
-        for c in gl.static_range(NUM_CONSUMERS):
-            buf = (j % 2) * NUM_CONSUMERS + c
-            mbarrier.wait(q_empty.index(buf), ((j // 2) & 1) ^ 1)  # (a buffer's first use passes at once)
-            coord = [off_b, off_h, m0 + c * BLOCK_M, 0]
-            if WITH_DO:
-                mbarrier.expect(q_ready.index(buf), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, coord, q_ready.index(buf), q_smem.index(buf))
-                tma.async_copy_global_to_shared(do_desc, coord, q_ready.index(buf), do_smem.index(buf))
-            else:
-                mbarrier.expect(q_ready.index(buf), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, coord, q_ready.index(buf), q_smem.index(buf))
+        load_item_rows(q_desc, do_desc, q_smem, do_smem, q_ready, q_empty, j, off_b, off_h, m0, WITH_DO)
         stream_kv(
             k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
         )  # fmt: skip
