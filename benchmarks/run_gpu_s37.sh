@@ -21,6 +21,9 @@
 #   bash benchmarks/run_gpu_s37.sh 7   # host time of one eager block-sparse fwd+bwd at n4k (one block per row), ours
 #       and Flex, with cProfile's top functions: where the short calls' 0.55-1.03 ms go
 #   (part 7, on an H200: ours 0.49 / 0.67 ms a call at d128 / d64, Flex 0.71 / 0.93)
+#   bash benchmarks/run_gpu_s37.sh 8   # after the review mend (shared load/buffer helpers; SASS identical on CPU): the
+#       persistent dK/dV check with its rewritten timing (bitwise, then dK/dV alone grid vs persistent), then the
+#       Hopper block-sparse GPU tests
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -74,5 +77,13 @@ case "$1" in
     timeout 120 python benchmarks/bench_host_overhead.py --headdim $d --seqlen 4096 --butterfly 0:0 --no-parts \
       --out "$R/host_bs_d${d}_n4k.json" 2>&1 | quiet | tail -n 75
   done
+  ;;
+8)
+  timeout 200 python benchmarks/check_persistent_dkdv.py --dtypes bfloat16 --out "$R/check_dkdv.json" \
+    > "$R/check_dkdv.log" 2>&1
+  echo "rc $? bitwise equal: $(grep -c '^ok' "$R/check_dkdv.log")"
+  grep -e "^FAIL" -e "Error" -e "^d" "$R/check_dkdv.log" | head -n 20
+  timeout -s INT 170 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py > "$R/gpu_tests.log" 2>&1
+  tail -n 3 "$R/gpu_tests.log"
   ;;
 esac
