@@ -24,6 +24,7 @@
 #   bash benchmarks/run_gpu_s37.sh 8   # after the review mend (shared load/buffer helpers; SASS identical on CPU): the
 #       persistent dK/dV check with its rewritten timing (bitwise, then dK/dV alone grid vs persistent), then the
 #       Hopper block-sparse GPU tests
+#   (part 8, on an H200: all 54 bitwise equal; the dK/dV kernel alone 1.03-1.43x persistent over grid; 182 passed)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
