@@ -50,6 +50,15 @@ VARIANTS = {
 }
 
 
+def routes() -> tuple:
+    """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
+    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV)
+
+
+def restore_routes(state: tuple) -> None:
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV = state
+
+
 def timings(fn, args) -> tuple[float, float]:
     """(fwd+bwd ms from a graph, eager fwd+bwd ms)."""
     return graph_timed(fn, *args), timed(fn, *args)[1]
@@ -57,12 +66,12 @@ def timings(fn, args) -> tuple[float, float]:
 
 def ab_point(variant: str, fn, args) -> dict:
     """The variant off and on, alternating; the routes are as they were when this returns."""
-    state = bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV)
+    state = routes()
     runs = {False: [], True: []}
     for setting in (False, True, False, True):
         VARIANTS[variant](setting)
         runs[setting].append(timings(fn, args))
-    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV = state
+    restore_routes(state)
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
     return dict(off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,

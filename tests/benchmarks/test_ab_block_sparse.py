@@ -12,25 +12,21 @@ from kernels import _block_sparse_hopper as bs
 from kernels.layouts import local_layout
 
 
-def _routes() -> tuple:
-    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV)
-
-
 @pytest.mark.parametrize("variant", sorted(ab.VARIANTS))
 def test_ab_point_alternates_the_settings_and_restores_the_routes(monkeypatch, variant):
-    before = _routes()
+    before = ab.routes()
     seen = []
 
     def fake_timings(fn, args):
         # off and on must reach different routes; time "on" as twice as fast
-        seen.append(_routes())
+        seen.append(ab.routes())
         return (1.0, 2.0) if len(seen) % 2 else (0.5, 1.0)
 
     monkeypatch.setattr(ab, "timings", fake_timings)
     row = ab.ab_point(variant, None, None)
     assert len(seen) == 4 and seen[0] == seen[2] and seen[1] == seen[3] and seen[0] != seen[1]
     assert row["on_speedup_graph"] == 2.0 and row["on_speedup_eager"] == 2.0
-    assert _routes() == before
+    assert ab.routes() == before
 
 
 def test_d64_persistent_forward_variant_reaches_the_forwards_choice(monkeypatch):
