@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import functools
+import itertools
 import math
 import os
 import sys
@@ -34,9 +36,26 @@ from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402  (the GPU te
 LOG2E = 1.4426950408889634
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CONFIGS)
-    64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 128, 2, 3, 240, persistent=True)],
-    128: [Cfg(64, 64, 2, 4, 240), Cfg(64, 64, 2, 4, 240, persistent=True)],
-    256: [Cfg(64, 32, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 32, 2, 4, 240), Cfg(64, 32, 2, 2, 240)],
+    # (pingpong: the two consumers take turns at issuing their products, `_flash_fwd_hopper.turn_barriers`)
+    64: [
+        Cfg(64, 128, 2, 3, 240),
+        Cfg(64, 128, 2, 3, 240, persistent=True),
+        Cfg(64, 128, 2, 3, 240, pingpong=True),
+        Cfg(64, 128, 2, 3, 240, persistent=True, pingpong=True),
+    ],
+    128: [
+        Cfg(64, 64, 2, 4, 240),
+        Cfg(64, 64, 2, 4, 240, persistent=True),
+        Cfg(64, 64, 2, 4, 240, pingpong=True),
+        Cfg(64, 64, 2, 4, 240, persistent=True, pingpong=True),
+    ],
+    256: [
+        Cfg(64, 32, 2, 3, 240),
+        Cfg(64, 64, 2, 2, 240),
+        Cfg(64, 32, 2, 4, 240),
+        Cfg(64, 32, 2, 2, 240),
+        Cfg(64, 32, 2, 3, 240, pingpong=True),
+    ],
 }
 
 
@@ -196,12 +215,16 @@ def finish(out, rows, checks, all_ok):
     sys.exit(0 if all_ok else 1)
 
 
-def speed(d, causal, seqlen, cfgs, packed=False):
+def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
+    """The forward's time with each config; rounds > 1 times them round-robin that many times (keys
+    end in _round0, _round1, ...)."""
     row, q, k, v, scale, flops = speed_inputs(d, causal, seqlen, packed)
     row["portable_ms"] = time_ms(lambda: portable(q, k, v, causal, scale))
-    for cfg in cfgs:
+    for r, cfg in itertools.product(range(rounds), cfgs):
         key = f"gluon_{cfg.block_m}x{cfg.block_n}_c{cfg.consumers}_s{cfg.stages}_r{cfg.consumer_regs}"
         key += "_persistent" if cfg.persistent else ""
+        key += "_pingpong" if cfg.pingpong else ""
+        key += f"_round{r}" if rounds > 1 else ""
         try:
             row[key + "_ms"] = time_ms(
                 lambda cfg=cfg: _flash_fwd_hopper.flash_attn_forward_hopper(
@@ -226,6 +249,7 @@ def speed(d, causal, seqlen, cfgs, packed=False):
 def main():
     parser = parser_for(__doc__)
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="time the configs round-robin this many times")
     parser.add_argument(
         "--check-quick", action="store_true", help="correctness of the first config per head dim"
     )
@@ -236,7 +260,8 @@ def main():
         ok, row = packed_check(cfg)
         all_ok &= ok
         checks.append(dict(config=str(cfg), rows=[row]))
-    finish(args.out, [] if args.skip_speed else sweep(speed, candidates), checks, all_ok)
+    timed = functools.partial(speed, rounds=args.rounds)
+    finish(args.out, [] if args.skip_speed else sweep(timed, candidates), checks, all_ok)
 
 
 if __name__ == "__main__":
