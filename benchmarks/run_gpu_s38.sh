@@ -4,6 +4,11 @@
 #   bash benchmarks/run_gpu_s38.sh 1   # ping-pong between the two consumer warpgroups (`turn_barriers`): the
 #       forward's configs with and without it at d128 and d64 (correctness on the edge shapes, then time round-robin
 #       twice), then the dK/dV kernel's at d128 (turns at S^T/dP^T, or at whole steps)
+#   (part 1, on an H200: every config correct where checked, but the forward's check ran out of time before its
+#       timings; dK/dV d128 backward TFLOP/s without / turns at S^T,dP^T / at whole steps, two rounds: causal 1k
+#       312,311 / 307,274 / 294,287; 4k 427,404 / 412,430 / 371,408; 16k 483,487 / 470,480 / 450,452: no gain)
+#   bash benchmarks/run_gpu_s38.sh 2   # the forward's timings alone (its first config per head dim checked),
+#       d128 and d64, with and without ping-pong, round-robin twice
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -14,5 +19,10 @@ case "$1" in
   HANG_S=300 timeout 290 python benchmarks/check_hopper_dkdv.py --headdims 128 --rounds 2 --speed 128:causal 128:full \
     --out "$R/check_dkdv.json" > "$R/check_dkdv.log" 2>&1
   echo "dkdv rc $?"; grep -e "^ok" -e "^FAIL" -e "^d" -e "Error" "$R/check_dkdv.log" | head -n 30
+  ;;
+2)
+  HANG_S=500 timeout 480 python benchmarks/check_hopper_fwd.py --headdims 128 64 --check-quick --rounds 2 \
+    --out "$R/check_fwd.json" > "$R/check_fwd.log" 2>&1
+  echo "fwd rc $?"; grep -e "^FAIL" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 40
   ;;
 esac
