@@ -48,6 +48,9 @@ CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CO
         Cfg(64, 64, 2, 4, 240, persistent=True),
         Cfg(64, 64, 2, 4, 240, pingpong=True),
         Cfg(64, 64, 2, 4, 240, persistent=True, pingpong=True),
+        Cfg(64, 128, 2, 3, 240),
+        Cfg(64, 128, 2, 3, 240, pingpong=True),
+        Cfg(64, 128, 2, 2, 240),
     ],
     256: [
         Cfg(64, 32, 2, 3, 240),

@@ -9,6 +9,9 @@
 #       312,311 / 307,274 / 294,287; 4k 427,404 / 412,430 / 371,408; 16k 483,487 / 470,480 / 450,452: no gain)
 #   bash benchmarks/run_gpu_s38.sh 2   # the forward's timings alone (its first config per head dim checked),
 #       d128 and d64, with and without ping-pong, round-robin twice
+#   (part 2, on an H200: ping-pong no faster on the whole: row-tile 0.89-1.01x, persistent 0.95-1.06x, see NOTES)
+#   bash benchmarks/run_gpu_s38.sh 3   # d128 forward with 128-key tiles (3 stages fit the row-tile kernel in 224 KB),
+#       with and without ping-pong, against the configs in use, round-robin three times
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -22,6 +25,11 @@ case "$1" in
   ;;
 2)
   HANG_S=500 timeout 480 python benchmarks/check_hopper_fwd.py --headdims 128 64 --check-quick --rounds 2 \
+    --out "$R/check_fwd.json" > "$R/check_fwd.log" 2>&1
+  echo "fwd rc $?"; grep -e "^FAIL" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 40
+  ;;
+3)
+  HANG_S=500 timeout 480 python benchmarks/check_hopper_fwd.py --headdims 128 --check-quick --rounds 3 \
     --out "$R/check_fwd.json" > "$R/check_fwd.log" 2>&1
   echo "fwd rc $?"; grep -e "^FAIL" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 40
   ;;
