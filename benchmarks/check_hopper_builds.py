@@ -128,8 +128,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
-        if kernel == "fwd" or (kernel == "dkdv" and not cfg.persistent):
-            meta["PINGPONG"] = int(cfg.pingpong) if kernel == "dkdv" else cfg.pingpong
         compiled = compile_kernel(jit, args, meta)
         cubin = compiled.asm["cubin"]
         shared, stack = compiled.metadata.shared, stack_bytes(cubin)

@@ -12,6 +12,11 @@
 #   (part 2, on an H200: ping-pong no faster on the whole: row-tile 0.89-1.01x, persistent 0.95-1.06x, see NOTES)
 #   bash benchmarks/run_gpu_s38.sh 3   # d128 forward with 128-key tiles (3 stages fit the row-tile kernel in 224 KB),
 #       with and without ping-pong, against the configs in use, round-robin three times
+#   (part 3, on an H200: 128-key tiles on three stages 1.07-1.12x the configs in use at 4k and 16k; ping-pong no
+#       help there either)
+#   bash benchmarks/run_gpu_s38.sh 4   # d128 forward: CONFIGS[128] now 128-key tiles on three stages from 2k queries
+#       (ping-pong reverted): its check and timings at 1k and 2k against the persistent 64-key config, d128 fwd+bwd
+#       against the anchors at 4k and 16k, then the GPU tests of the forward and block-sparse files
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -32,5 +37,15 @@ case "$1" in
   HANG_S=500 timeout 480 python benchmarks/check_hopper_fwd.py --headdims 128 --check-quick --rounds 3 \
     --out "$R/check_fwd.json" > "$R/check_fwd.log" 2>&1
   echo "fwd rc $?"; grep -e "^FAIL" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 40
+  ;;
+4)
+  HANG_S=200 timeout 170 python benchmarks/check_hopper_fwd.py --headdims 128 --check-quick --rounds 2 \
+    --seqlens 1024 2048 --out "$R/check_fwd_1k_2k.json" > "$R/check_fwd_1k_2k.log" 2>&1
+  echo "fwd rc $?"; grep -e "^FAIL" -e "^ok" -e "^d" -e "Error" "$R/check_fwd_1k_2k.log" | head -n 20
+  timeout 230 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 128 --graphs \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  timeout -s INT 170 python -m pytest -q -n 5 -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_fwd.log" 2>&1
+  tail -n 3 "$R/gpu_tests_fwd.log"
   ;;
 esac

@@ -49,7 +49,9 @@ ENABLED = _SETTING != "0"
 BACKWARD_ENABLED = _SETTING != "fwd"
 
 # Per head dim, the (forward, dq, dK/dV) kernel configs; a 128-row program (two consumer warpgroups of
-# 64) walks each list. d128's are the dense path's. At d64 the dq and dK/dV ones were the best of session
+# 64) walks each list. d128's are the dense path's, but for the forward's 64-key tiles (the persistent
+# variant's, which `PERSISTENT_FORWARD` runs at every length; the dense row-tile kernel's 128-key tiles
+# were not timed on lists). At d64 the dq and dK/dV ones were the best of session
 # 25's dense trials (there the dense d64 backward kept the portable kernels: 0.94-1.00x); walking lists,
 # fwd+bwd measured 1.03-1.07x the portable kernels at n16k for densities 10-45%
 # (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). The forward's are the row-tile kernel's;
@@ -61,7 +63,11 @@ CONFIGS = {
         # (the dense path's d64 config before its 128-query steps, which were not timed on tile lists)
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
     ),
-    128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
+    128: (
+        dataclasses.replace(fwd_hopper.PERSISTENT_CONFIGS[128], persistent=False),
+        dq_hopper.CONFIGS[128],
+        dkdv_hopper.CONFIGS[128],
+    ),
 }
 # The forward's persistent variant (one program per SM walking its share of the row tiles' lists, the next
 # tile's loads under this one's work) where a program walks at most this many key tiles on average. On

@@ -165,16 +165,13 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
 def _steps(
     dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count, tiles,
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
-    st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, turn=0, WG: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = 0,
+    st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
     tiles, are masked as sections 0 and 2 both; SECTION 4, a whole list whose first n_partial entries are
     partial, masks step by step); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
-    and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched). PINGPONG: the two
-    warpgroups take turns (`_flash_fwd_hopper.turn_barriers`, turn `it`) at issuing S^T and dP^T (1) or
-    all of a step's products (2); 0 leaves the order to the warp schedulers."""
+    and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched)."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -195,16 +192,13 @@ def _steps(
         # The producer staged both columns with the tile: a load from global memory here would stall
         # each step for its latency
         zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        fwd_hopper.wait_turn(turn, it, WG, PINGPONG != 0)
         s_t = warpgroup_mma(k, q.permute((1, 0)), zeros + lse_smem.index(stage).load(col_layout)[None, :],
                             is_async=True)  # fmt: skip
         if PART == 1:
-            fwd_hopper.pass_turn(turn, WG, PINGPONG == 1)
             s_t = warpgroup_mma_wait(0, deps=(s_t,))
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
-            fwd_hopper.pass_turn(turn, WG, PINGPONG == 1)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
@@ -220,18 +214,15 @@ def _steps(
             dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T - delta is in; dV may still run
             ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-            fwd_hopper.pass_turn(turn, WG, PINGPONG == 2)
             dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
         elif PART == 1:
             p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
             dv = warpgroup_mma(p_op, do, dv, is_async=True)
-            fwd_hopper.pass_turn(turn, WG, PINGPONG == 2)
             dv, p_op = warpgroup_mma_wait(0, deps=(dv, p_op))
         else:
             dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
             ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-            fwd_hopper.pass_turn(turn, WG, PINGPONG == 2)
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
@@ -242,8 +233,8 @@ def _steps(
 @gluon.jit
 def _consumer(
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
-    off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale, turn,
-    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
+    off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -277,19 +268,18 @@ def _consumer(
     if SPARSE:  # the partial tiles, then the full ones
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, 0, lo, tiles,
-            group, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout, 0, turn, WG, PINGPONG,
+            group, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, lo, hi - lo, tiles,
-            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout, 0, turn, WG, PINGPONG,
+            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
     else:
         for section in gl.static_range(3):  # (unrolled: three loops, each with its own masks)
             start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, KEYS)
             dk, dv, it = _steps(
                 dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count,
-                tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout, 0, turn, WG,
-                PINGPONG,
+                tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout,
             )  # fmt: skip
     _store_grads(dk, dv, k_smem.index(WG), v_smem.index(WG), dk_desc, dv_desc, [off_b, off_hk, first_key, 0],
                  sm_scale, PART)  # fmt: skip
@@ -347,7 +337,7 @@ def _attn_bwd_dkdv_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0, PINGPONG: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
@@ -388,7 +378,6 @@ def _attn_bwd_dkdv_hopper(
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = _qdo_ring(
         q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
     )
-    turn = fwd_hopper.turn_barriers(kv_ready, PINGPONG != 0)
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
@@ -396,10 +385,10 @@ def _attn_bwd_dkdv_hopper(
         [
             (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                          dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
-                         sm_scale, turn, 0, CAUSAL, SPARSE, PART, PINGPONG)),
+                         sm_scale, 0, CAUSAL, SPARSE, PART)),
             (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                          dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
-                         sm_scale, turn, 1, CAUSAL, SPARSE, PART, PINGPONG)),
+                         sm_scale, 1, CAUSAL, SPARSE, PART)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                          off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
@@ -616,8 +605,7 @@ def flash_attn_dkdv_hopper(
              (dv, cfg.block_n)),
             args,
             dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4,
-                 **({} if config.persistent else dict(PINGPONG=int(cfg.pingpong)))),
+                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4),
             views,
         )  # fmt: skip
     return dk, dv

@@ -141,40 +141,6 @@ def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
 
 
 @gluon.jit
-def turn_barriers(placeholder, PINGPONG: gl.constexpr):
-    """The two consumers' turns at the tensor cores (FlashAttention-3's ping-pong): warpgroup w waits on
-    barrier w before issuing a step's products and then arrives on the other's, so the products of the
-    two warpgroups alternate and one warpgroup's softmax runs while the other's products do. Without an
-    order both tend to issue together and then wait on their exp2 work together. Warpgroup 0 goes
-    first (barrier 0 starts one arrival ahead). Without PINGPONG: placeholder (never used)."""
-    if PINGPONG:
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
-        mbarrier.arrive(turn.index(0), count=1)
-    else:
-        turn = placeholder
-    return turn
-
-
-@gluon.jit
-def wait_turn(turn, g, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Warpgroup WG's g-th turn (g counts the steps of every item so far; both warpgroups take the
-    same number): returns once the other warpgroup has issued its step g - 1 (WG 1: its step g)."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), g & 1)
-
-
-@gluon.jit
-def pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Hands the tensor cores to the other warpgroup once every warp of this one has issued its step's
-    products (the arrive is one thread's)."""
-    if PINGPONG:
-        gl.thread_barrier()
-        mbarrier.arrive(turn.index(1 - WG), count=1)
-
-
-@gluon.jit
 def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0,
               SPARSE: gl.constexpr):  # fmt: skip
     """The K and V tiles of steps 0 .. n_kv - 1 (`key_tile`) of one key head into the ring of stages
@@ -245,12 +211,11 @@ def masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N: gl.c
 @gluon.jit
 def _consumer_steps(
     acc, p, m_i, l_i, lo, hi, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
-    qk_scale, ring0, turn, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
-    s_layout: gl.constexpr, o_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+    qk_scale, ring0, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     """Steps i in [lo, hi): scores of tile i issued, then P @ V of tile i - 1 (whose p we hold) beside
-    tile i's softmax; tile i - 1's stage is released once its product is done. ring0: as `stream_kv`'s
-    (with PINGPONG also the turn count of step 0, `wait_turn`)."""
+    tile i's softmax; tile i - 1's stage is released once its product is done. ring0: as `stream_kv`'s."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
@@ -260,13 +225,11 @@ def _consumer_steps(
         prev = (ring0 + i - 1) % STAGES
         mbarrier.wait(k_ready.index(stage), ((ring0 + i) // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        wait_turn(turn, ring0 + i, WG, PINGPONG)
         s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // STAGES) & 1)
         p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
-        pass_turn(turn, WG, PINGPONG)
         s, p_op = warpgroup_mma_wait(1, deps=(s, p_op))  # the scores are in; P @ V may still run
         if MASKED:
             start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N
@@ -281,9 +244,9 @@ def _consumer_steps(
 
 @gluon.jit
 def _consumer(
-    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, turn, o_desc, LSE,
+    q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
     off_b, off_h, m0, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh,
-    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
     n_kv - 1 (`key_tile`); block-sparse, the first n_listed_masked of them need the element mask."""
@@ -291,8 +254,7 @@ def _consumer(
     first_row = m0 + WG * BLOCK_M
     acc, m_i, l_i, rows = _attend_rows(
         q_smem.index(WG), q_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv,
-        tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, q_ready.index(WG), False, turn, CAUSAL, SPARSE,
-        False, WG, PINGPONG,
+        tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, q_ready.index(WG), False, CAUSAL, SPARSE, False,
     )  # fmt: skip
     out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
     # out through this group's Q stage (no product reads it any more)
@@ -302,8 +264,8 @@ def _consumer(
 @gluon.jit
 def _attend_rows(
     q_buf, q_bar, q_phase, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv, tiles, n_listed_masked,
-    seqlen_q, seqlen_k, qk_scale, ring0, prev_q_empty, release_prev, turn, CAUSAL: gl.constexpr,
-    SPARSE: gl.constexpr, RELEASE: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+    seqlen_q, seqlen_k, qk_scale, ring0, prev_q_empty, release_prev, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    RELEASE: gl.constexpr,
 ):  # fmt: skip
     """A warpgroup's BLOCK_M query rows from first_row (in shared memory q_buf (1, 1, BLOCK_M, HEAD_DIM)
     once q_bar completes phase q_phase) against the key tiles of steps 0 .. n_kv - 1, whose stages start
@@ -312,9 +274,7 @@ def _attend_rows(
     and every product that read q is done, when it returns.
     RELEASE (the persistent kernel): once the first product is issued, wait for this warpgroup's last
     TMA store (the previous item's out, stored through its Q buffer) and, if release_prev, hand that
-    buffer back on prev_q_empty; the store had the Q and K waits to finish in.
-    PINGPONG: warpgroup WG (0 or 1) takes turns with the other at issuing each step's products
-    (`turn_barriers`)."""
+    buffer back on prev_q_empty; the store had the Q and K waits to finish in."""
     BLOCK_M: gl.constexpr = q_buf.shape[2]
     HEAD_DIM: gl.constexpr = q_buf.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -335,11 +295,9 @@ def _attend_rows(
     first = ring0 % STAGES
     mbarrier.wait(k_ready.index(first), (ring0 // STAGES) & 1)
     k_t = k_smem.index(first).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    wait_turn(turn, ring0, WG, PINGPONG)
     s = warpgroup_mma(
         q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True
     )
-    pass_turn(turn, WG, PINGPONG)
     if RELEASE:
         tma.store_wait(0)
         gl.thread_barrier()
@@ -353,11 +311,11 @@ def _attend_rows(
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, 1, n_masked, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
-        seqlen_k, diag, qk_scale, ring0, turn, CAUSAL, True, SPARSE, s_layout, o_layout, WG, PINGPONG,
+        seqlen_k, diag, qk_scale, ring0, CAUSAL, True, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, n_masked, n_kv, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
-        seqlen_k, diag, qk_scale, ring0, turn, CAUSAL, False, SPARSE, s_layout, o_layout, WG, PINGPONG,
+        seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     # the last tile's P @ V
     last = (ring0 + n_kv - 1) % STAGES
@@ -483,7 +441,7 @@ def _attn_fwd_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
     HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows.
@@ -501,19 +459,18 @@ def _attn_fwd_hopper(
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready.index(c), count=1)
     k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
-    turn = turn_barriers(q_ready, PINGPONG)
 
     # (Gluon takes no starred arguments, and a tuple held in a variable turns its constexprs (the
     # warpgroup index WG, CAUSAL) into run-time values: each partition's tuple is written out in the call)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups (a third does not fit the registers)")
     gl.warp_specialize(
         [
-            (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, turn, o_desc, LSE, off_b,
-                         off_h, m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0,
-                         CAUSAL, SPARSE, PINGPONG)),
-            (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, turn, o_desc, LSE, off_b,
-                         off_h, m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1,
-                         CAUSAL, SPARSE, PINGPONG)),
+            (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
+                         m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL,
+                         SPARSE)),
+            (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
+                         m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL,
+                         SPARSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
                          off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
@@ -610,10 +567,9 @@ def persistent_producer(
 
 @gluon.jit
 def _persistent_consumer(
-    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, o_desc, LSE, stride_lb,
-    stride_lh, seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
+    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, o_desc, LSE, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
-    PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
     work, item after item); out through the item's Q buffer, which the next item hands back."""
@@ -633,7 +589,7 @@ def _persistent_consumer(
         acc, m_i, l_i, rows = _attend_rows(
             q_smem.index(buf), q_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready, v_ready, kv_empty,
             first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, ring0, q_empty.index(prev),
-            j > 0, turn, CAUSAL, SPARSE, True, WG, PINGPONG,
+            j > 0, CAUSAL, SPARSE, True,
         )  # fmt: skip
         out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
         # out through the item's Q buffer (every product that read these Q rows is done); the next
@@ -650,26 +606,25 @@ def _attn_fwd_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
     q_smem, no_do, q_ready, q_empty = item_buffers(q_desc, q_desc, NUM_CONSUMERS, False)
     k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
-    turn = turn_barriers(q_ready, PINGPONG)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups (a third does not fit the registers)")
     gl.warp_specialize(
         [
-            (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+            (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
-                                    nheads, n_batch, 0, CAUSAL, SPARSE, PINGPONG)),
-            (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                                    nheads, n_batch, 0, CAUSAL, SPARSE)),
+            (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
-                                    nheads, n_batch, 1, CAUSAL, SPARSE, PINGPONG)),
+                                    nheads, n_batch, 1, CAUSAL, SPARSE)),
             (persistent_producer, (q_desc, q_desc, k_desc, v_desc, q_smem, no_do, k_smem, v_smem, q_ready, q_empty,
                                    k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
                                    lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL, SPARSE,
@@ -696,31 +651,44 @@ class HopperFwdConfig:
     consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
     producer_regs: int = 24  # of the producer's warpgroup
     persistent: bool = False  # `_attn_fwd_hopper_persistent`: one program per SM walks several row tiles
-    pingpong: bool = False  # the consumers take turns issuing their products (`turn_barriers`)
 
 
 # Per head dim. Register budget: consumers * 128 * consumer_regs + 128 * producer_regs <= 65536.
 CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
-    128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+    # 128-key tiles on three stages: both consumers' Q and the stages fill 224 KB. One H200, forward alone,
+    # three rounds (results/s38/call3): at 4k and 16k 1.07-1.12x the 64-key tiles on four stages (n16k full
+    # 614-640 against 568-570 TFLOP/s; cuDNN 618). On two stages they were 0.89-0.96x those.
+    128: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
     # 64 x 256 fp32 output rows take 128 registers a thread; Q (64 KB) and three stages of 32-key K/V
     # tiles fill 164 KB (one H200: within 2% of the best of four configs at every shape, 64x64 s2 lost
     # 8% at n16k full; benchmarks/NOTES_attention.md "Head dim 256")
     256: HopperFwdConfig(block_m=64, block_n=32, consumers=2, stages=3, consumer_regs=240),
 }
 
-# The persistent variant's configs: the row-tile kernel's tiles and stages (at d128 its four stages fit
-# because each item's out leaves through its Q buffer). Forward alone on one H100 (bf16, batch x seqlen =
+# The persistent variant's configs: d64 the row-tile kernel's tiles and stages; d128 64-key tiles on four
+# stages (they fit because each item's out leaves through its Q buffer; beside its two sets of Q buffers
+# 128-key tiles would leave room for two stages). Forward alone on one H100 (bf16, batch x seqlen =
 # 16k tokens, TFLOP/s persistent / row-tile / portable; benchmarks/NOTES_attention.md "Persistent
 # forward"): d64 causal 316 / 236 / 288 at 1k, 405 / 394 / 403 at 4k, 430 / 447 / 465 at 16k; d64 full
 # 418 / 347 / 374 (1k), 451 / 422 / 424 (4k), 465 / 454 / 444 (16k); d128 causal 409 / 334 (1k),
 # 527 / 499 (4k), 546 / 551 (16k); d128 full 550 / 490 (1k), 571 / 560 (4k), 580 / 537 (16k).
-PERSISTENT_CONFIGS = {d: dataclasses.replace(CONFIGS[d], persistent=True) for d in (64, 128)}
+PERSISTENT_CONFIGS = {
+    64: dataclasses.replace(CONFIGS[64], persistent=True),
+    128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240, persistent=True),
+}
+# d128 calls from this many queries take the row-tile kernel's 128-key tiles (CONFIGS[128]); shorter ones
+# the persistent variant, whose 64-key tiles won at 1k (causal 393-414 against 362 TFLOP/s, full level)
+D128_ROW_TILES_FROM = 2048
 
 
 def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
-    """The persistent variant for full calls and for causal calls of up to 4k queries, where it measured
-    faster; longer causal calls take the row-tile kernel, which spreads their uneven tiles better."""
+    """d64: the persistent variant for full calls and for causal calls of up to 4k queries, where it
+    measured faster; longer causal calls take the row-tile kernel, which spreads their uneven tiles
+    better. d128: the persistent variant below `D128_ROW_TILES_FROM` queries, the row-tile kernel's
+    128-key tiles from there. d256: the row-tile kernel."""
+    if headdim == 128:
+        return CONFIGS[128] if seqlen_q >= D128_ROW_TILES_FROM else PERSISTENT_CONFIGS[128]
     if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):
         return PERSISTENT_CONFIGS[headdim]
     return CONFIGS[headdim]
@@ -824,7 +792,7 @@ def flash_attn_forward_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PINGPONG=cfg.pingpong, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

@@ -9,7 +9,6 @@ the GPU-marked tests run it in bf16 and fp16 on shapes that reach every edge of 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -130,16 +129,23 @@ def test_which_calls_take_the_hopper_forward(change, takes):
         (64, 4096, True, True),
         (64, 8192, True, False),  # long causal calls: the row-tile kernel
         (64, 16384, False, True),
-        (128, 1024, True, True),
+        (
+            128,
+            1024,
+            True,
+            True,
+        ),  # d128: 64-key tiles below 2k queries, the row-tile kernel's 128-key ones from there
+        (128, 1024, False, True),
+        (128, 2048, True, False),
         (128, 16384, True, False),
-        (128, 16384, False, True),
+        (128, 16384, False, False),
         (256, 1024, False, False),  # no persistent config at d256
     ],
 )
 def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, persistent):
     cfg = hopper.config_for(headdim, seqlen_q, causal)
     assert cfg.persistent is persistent
-    assert dataclasses.replace(cfg, persistent=False) == hopper.CONFIGS[headdim]  # same tiles and stages
+    assert cfg == (hopper.PERSISTENT_CONFIGS if persistent else hopper.CONFIGS)[headdim]
 
 
 def test_cpu_tensors_never_take_it():
