@@ -128,6 +128,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
+        if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
+            meta["V_STAGES"] = cfg.v_stages
         compiled = compile_kernel(jit, args, meta)
         cubin = compiled.asm["cubin"]
         shared, stack = compiled.metadata.shared, stack_bytes(cubin)

@@ -349,7 +349,12 @@ def _attn_bwd_dq_hopper_persistent(
 
 
 class HopperDqConfig(fwd_hopper.HopperFwdConfig):
-    """One launch shape of `_attn_bwd_dq_hopper`: the forward's fields, the same roles."""
+    """One launch shape of `_attn_bwd_dq_hopper`: the forward's fields, the same roles (but for
+    v_stages: K and V share one ring here)."""
+
+    def __post_init__(self):
+        if self.v_stages:
+            raise ValueError(f"{self}: the dq kernel's K and V share one ring; leave v_stages at 0")
 
 
 # Head dim 64 is left to the portable kernel: there the three products of a 64 x 128 tile are no longer

@@ -72,19 +72,51 @@ def _producer(
 
 
 @gluon.jit
-def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, V_STAGES: gl.constexpr = 0):
     """The K/V stage ring `stream_kv` fills: (k_smem, v_smem, k_ready, v_ready, kv_empty), each
-    stage's barriers initialised (kv_empty waits for every consumer)."""
+    stage's barriers initialised (kv_empty waits for every consumer). V_STAGES > 0: K and V in rings of
+    their own, STAGES K tiles and V_STAGES V tiles, kv_empty's first STAGES barriers K's and the
+    V_STAGES after them V's. The forward reads a step's V a step after its K, so a shared stage holds
+    an idle K tile for a step: there two shared stages let the producer load nothing ahead, while rings
+    of 2 K and 2 V tiles (the forward hands each K back as soon as its scores are in) let it load a
+    step ahead, as three shared stages do, in 128 KB instead of 192 at 128 x 128 tiles."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+    if V_STAGES == 0:
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
+    else:
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES + V_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+        for i in gl.static_range(V_STAGES):
+            mbarrier.init(v_ready.index(i), count=1)
+        for i in gl.static_range(STAGES + V_STAGES):
+            mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
     return k_smem, v_smem, k_ready, v_ready, kv_empty
+
+
+@gluon.jit
+def release_kv(kv_empty, k_smem, v_smem, k_pos, v_pos):
+    """A forward consumer hands back the tiles it is done with (every warp of its warpgroup is past
+    the products that read them): with one K/V ring the stage of ring position v_pos (K and V); with
+    K and V rings of their own (`kv_ring` with V_STAGES) the K tile of position k_pos, if k_pos >= 0,
+    and the V tile of v_pos, if v_pos >= 0."""
+    K_STAGES: gl.constexpr = k_smem.shape[0]
+    SPLIT: gl.constexpr = kv_empty.shape[0] != K_STAGES
+    if SPLIT:
+        mbarrier.arrive(kv_empty.index(k_pos % K_STAGES), count=1, pred=k_pos >= 0)
+        mbarrier.arrive(kv_empty.index(K_STAGES + v_pos % v_smem.shape[0]), count=1, pred=v_pos >= 0)
+    else:
+        mbarrier.arrive(kv_empty.index(v_pos % K_STAGES), count=1)
 
 
 @gluon.jit
@@ -148,6 +180,8 @@ def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b,
     of step 0 (0 for a program's only rows; a persistent program's later rows go on where the last
     ones ended, so every stage's barrier phases stay in step)."""
     STAGES: gl.constexpr = k_smem.shape[0]
+    V_STAGES: gl.constexpr = v_smem.shape[0]
+    SPLIT: gl.constexpr = kv_empty.shape[0] != STAGES  # (`kv_ring` with V_STAGES)
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     for i in range(n_kv):
         stage = (ring0 + i) % STAGES
@@ -158,6 +192,9 @@ def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b,
         tma.async_copy_global_to_shared(
             k_desc, [off_b, off_hk, start_n, 0], k_ready.index(stage), k_smem.index(stage)
         )
+        if SPLIT:  # (V's own ring: its stage, and its own wait)
+            stage = (ring0 + i) % V_STAGES
+            mbarrier.wait(kv_empty.index(STAGES + stage), (((ring0 + i) // V_STAGES) & 1) ^ 1)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
             v_desc, [off_b, off_hk, start_n, 0], v_ready.index(stage), v_smem.index(stage)
@@ -215,18 +252,20 @@ def _consumer_steps(
     s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     """Steps i in [lo, hi): scores of tile i issued, then P @ V of tile i - 1 (whose p we hold) beside
-    tile i's softmax; tile i - 1's stage is released once its product is done. ring0: as `stream_kv`'s."""
+    tile i's softmax; tile i - 1's K and V are released once its product is done. ring0: as
+    `stream_kv`'s."""
     STAGES: gl.constexpr = k_smem.shape[0]
+    V_STAGES: gl.constexpr = v_smem.shape[0]  # (STAGES unless V has a ring of its own: `kv_ring`)
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     for i in range(lo, hi):
         stage = (ring0 + i) % STAGES
-        prev = (ring0 + i - 1) % STAGES
+        prev = (ring0 + i - 1) % V_STAGES
         mbarrier.wait(k_ready.index(stage), ((ring0 + i) // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // V_STAGES) & 1)
         p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
@@ -237,7 +276,7 @@ def _consumer_steps(
         p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, MASKED)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
-        mbarrier.arrive(kv_empty.index(prev), count=1)
+        release_kv(kv_empty, k_smem, v_smem, ring0 + i, ring0 + i - 1)  # (split rings: K of this step)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     return acc, p, m_i, l_i
 
@@ -304,6 +343,9 @@ def _attend_rows(
         if release_prev:
             mbarrier.arrive(prev_q_empty, count=1)
     s = warpgroup_mma_wait(0, deps=(s,))
+    if kv_empty.shape[0] != STAGES:  # K and V rings of their own: step 0's K goes back now
+        gl.thread_barrier()
+        release_kv(kv_empty, k_smem, v_smem, ring0, -1)
     s = masked_scores(s, key_tile(tiles, 0, n_kv, SPARSE) * BLOCK_N, rows, seqlen_k, diag, CAUSAL, s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
@@ -318,13 +360,14 @@ def _attend_rows(
         seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, o_layout,
     )  # fmt: skip
     # the last tile's P @ V
-    last = (ring0 + n_kv - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((ring0 + n_kv - 1) // STAGES) & 1)
+    V_STAGES: gl.constexpr = v_smem.shape[0]
+    last = (ring0 + n_kv - 1) % V_STAGES
+    mbarrier.wait(v_ready.index(last), ((ring0 + n_kv - 1) // V_STAGES) & 1)
     p_op = gl.convert_layout(p.to(q.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     gl.thread_barrier()
-    mbarrier.arrive(kv_empty.index(last), count=1)
+    release_kv(kv_empty, k_smem, v_smem, -1, ring0 + n_kv - 1)
     return acc, m_i, l_i, rows
 
 
@@ -441,10 +484,11 @@ def _attn_fwd_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, V_STAGES: gl.constexpr = 0,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
     HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows.
+    V_STAGES > 0: K and V in rings of their own, of STAGES and V_STAGES tiles (`kv_ring`).
     SPARSE: a block-sparse call, whose key tiles come from TILES and COUNTS (`listed_row_program`) and
     whose lse is stored in natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -458,7 +502,7 @@ def _attn_fwd_hopper(
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready.index(c), count=1)
-    k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS, V_STAGES)
 
     # (Gluon takes no starred arguments, and a tuple held in a variable turns its constexprs (the
     # warpgroup index WG, CAUSAL) into run-time values: each partition's tuple is written out in the call)
@@ -651,15 +695,20 @@ class HopperFwdConfig:
     consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
     producer_regs: int = 24  # of the producer's warpgroup
     persistent: bool = False  # `_attn_fwd_hopper_persistent`: one program per SM walks several row tiles
+    # > 0: the forward's K and V in rings of their own, `stages` K tiles and this many V tiles (`kv_ring`;
+    # the row-tile forward only)
+    v_stages: int = 0
 
 
 # Per head dim. Register budget: consumers * 128 * consumer_regs + 128 * producer_regs <= 65536.
 CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
-    # 128-key tiles on three stages: both consumers' Q and the stages fill 224 KB. One H200, forward alone,
-    # three rounds (results/s38/call3): at 4k and 16k 1.07-1.12x the 64-key tiles on four stages (n16k full
-    # 614-640 against 568-570 TFLOP/s; cuDNN 618). On two stages they were 0.89-0.96x those.
-    128: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=3, consumer_regs=240),
+    # 128-key tiles, K and V in rings of two tiles each (`kv_ring`): the producer loads a step ahead, as
+    # with three shared stages. Those (one H200, results/s38/call3) ran 1.07-1.12x the 64-key tiles on four
+    # stages at 4k and 16k (n16k full 614-640 against 568-570 TFLOP/s; cuDNN 618), but their 224 KB of
+    # shared memory gave wrong outputs under the GPU tests (call4/), as the persistent forward's 230 KB
+    # had in session 29; two shared stages were 0.89-0.96x the 64-key tiles.
+    128: HopperFwdConfig(block_m=64, block_n=128, consumers=2, stages=2, consumer_regs=240, v_stages=2),
     # 64 x 256 fp32 output rows take 128 registers a thread; Q (64 KB) and three stages of 32-key K/V
     # tiles fill 164 KB (one H200: within 2% of the best of four configs at every shape, 64x64 s2 lost
     # 8% at n16k full; benchmarks/NOTES_attention.md "Head dim 256")
@@ -794,6 +843,9 @@ def flash_attn_forward_hopper(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
+    if cfg.v_stages:  # (K and V rings of their own: the row-tile kernel's option)
+        assert not cfg.persistent, cfg
+        constexprs["V_STAGES"] = cfg.v_stages
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]
         _launch_fwd_persistent((min(items, sm_count(q.device)),), descriptors, (*args, *grid), constexprs)
