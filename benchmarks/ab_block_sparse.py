@@ -42,11 +42,18 @@ def _persistent_dkdv(on: bool) -> None:
         bs.PERSISTENT_DKDV[d] = (cfg, math.inf if on else -1)
 
 
+def _d128_row_tile_forward(on: bool) -> None:
+    """On: the d128 forward's row-tile kernel (128-key tiles) at every list length, off: its persistent
+    variant (64-key tiles) at every length."""
+    bs.PERSISTENT_FORWARD[128] = (bs.PERSISTENT_FORWARD[128][0], -1 if on else math.inf)
+
+
 # name: set(on), for routes read at every call
 VARIANTS = {
     "persistent_dq": _persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
     "persistent_dkdv": _persistent_dkdv,
+    "d128_row_tile_forward": _d128_row_tile_forward,
 }
 
 

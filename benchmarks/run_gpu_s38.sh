@@ -22,6 +22,12 @@
 #   bash benchmarks/run_gpu_s38.sh 5   # d128 forward: 128-key tiles with K and V in rings of their own (2 + 2 tiles,
 #       160 KB): the forward GPU tests first (what failed), then the timings of the candidates at 1k-16k, then
 #       fwd+bwd against the anchors
+#   (part 5, on an H200: d128's 78 forward tests passed; the d64 and d256 ones failed at launch, their row-tile
+#       launches lacking the new V_STAGES constexpr (fixed); d128 forward TFLOP/s 128-key 2+2 / persistent: causal
+#       1k 361-363 / 407-417, 4k 531-545 / 506-565, 16k 612-619 / 526-530; full 1k 512 / 520-525, 4k 610-612 /
+#       554-587, 16k 628-653 / 565-569; fwd+bwd 0.95-0.97x cuDNN, 1.22-1.34x Flex, 1.66-1.71x SDPA flash)
+#   bash benchmarks/run_gpu_s38.sh 6   # the forward and block-sparse GPU tests on the final rule, then block-sparse
+#       d128 fwd+bwd with the forward's row-tile kernel (128-key tiles) against its persistent one (64-key), n16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -61,5 +67,12 @@ case "$1" in
   echo "fwd rc $?"; grep -e "^FAIL" -e "^ok" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 20
   timeout 200 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 128 --graphs \
     --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  ;;
+6)
+  timeout -s INT 200 python -m pytest -q -n 5 -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_fwd_bs.log" 2>&1
+  tail -n 3 "$R/gpu_tests_fwd_bs.log"
+  timeout 200 python benchmarks/ab_block_sparse.py --variants d128_row_tile_forward --headdims 128 --seqlens 16384 \
+    --max-density 0.5 --out "$R/ab_d128_forward.json" 2>&1 | quiet | tail -n 14
   ;;
 esac

@@ -49,9 +49,8 @@ ENABLED = _SETTING != "0"
 BACKWARD_ENABLED = _SETTING != "fwd"
 
 # Per head dim, the (forward, dq, dK/dV) kernel configs; a 128-row program (two consumer warpgroups of
-# 64) walks each list. d128's are the dense path's, but for the forward's 64-key tiles (the persistent
-# variant's, which `PERSISTENT_FORWARD` runs at every length; the dense row-tile kernel's 128-key tiles
-# were not timed on lists). At d64 the dq and dK/dV ones were the best of session
+# 64) walks each list. d128's are the dense path's (the row-tile forward's 128-key tiles in K and V rings
+# of their own; its persistent variant's 64-key tiles are `PERSISTENT_FORWARD`'s). At d64 the dq and dK/dV ones were the best of session
 # 25's dense trials (there the dense d64 backward kept the portable kernels: 0.94-1.00x); walking lists,
 # fwd+bwd measured 1.03-1.07x the portable kernels at n16k for densities 10-45%
 # (results/block_sparse_hopper_h200/block_sparse_d64_n16k.*). The forward's are the row-tile kernel's;
@@ -63,11 +62,7 @@ CONFIGS = {
         # (the dense path's d64 config before its 128-query steps, which were not timed on tile lists)
         dkdv_hopper.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
     ),
-    128: (
-        dataclasses.replace(fwd_hopper.PERSISTENT_CONFIGS[128], persistent=False),
-        dq_hopper.CONFIGS[128],
-        dkdv_hopper.CONFIGS[128],
-    ),
+    128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
 }
 # The forward's persistent variant (one program per SM walking its share of the row tiles' lists, the next
 # tile's loads under this one's work) where a program walks at most this many key tiles on average. On
@@ -213,10 +208,12 @@ def _persistent_where_short(cfg, persistent_rule: tuple, mean_tiles: float):
 def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_scale: float):
     """(out, natural-log lse (B, H, Sq)) as `kernels.block_sparse._block_sparse_forward` returns them;
     the caller checked `usable_forward`."""
-    cfg = CONFIGS[q.shape[-1]][0]
-    assert cfg.block_m * cfg.consumers == PROGRAM_ROWS
-    tiles, counts, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
-    cfg = _persistent_where_short(cfg, PERSISTENT_FORWARD[q.shape[-1]], mean_tiles)
+    row_tile_cfg = CONFIGS[q.shape[-1]][0]
+    assert row_tile_cfg.block_m * row_tile_cfg.consumers == PROGRAM_ROWS
+    tiles, counts, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, row_tile_cfg.block_n)
+    cfg = _persistent_where_short(row_tile_cfg, PERSISTENT_FORWARD[q.shape[-1]], mean_tiles)
+    if cfg.block_n != row_tile_cfg.block_n:  # (d128: the persistent variant's key tiles are narrower)
+        tiles, counts, _ = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
     return fwd_hopper.flash_attn_forward_hopper(
         q, k, v, sm_scale=sm_scale, causal=causal, config=cfg, lists=(tiles, counts)
     )

@@ -726,18 +726,17 @@ PERSISTENT_CONFIGS = {
     64: dataclasses.replace(CONFIGS[64], persistent=True),
     128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240, persistent=True),
 }
-# d128 calls from this many queries take the row-tile kernel's 128-key tiles (CONFIGS[128]); shorter ones
-# the persistent variant, whose 64-key tiles won at 1k (causal 393-414 against 362 TFLOP/s, full level)
-D128_ROW_TILES_FROM = 2048
 
 
 def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
-    """d64: the persistent variant for full calls and for causal calls of up to 4k queries, where it
-    measured faster; longer causal calls take the row-tile kernel, which spreads their uneven tiles
-    better. d128: the persistent variant below `D128_ROW_TILES_FROM` queries, the row-tile kernel's
-    128-key tiles from there. d256: the row-tile kernel."""
-    if headdim == 128:
-        return CONFIGS[128] if seqlen_q >= D128_ROW_TILES_FROM else PERSISTENT_CONFIGS[128]
+    """The persistent variant for causal calls of up to 4k queries, and for full calls at d64 and below 2k
+    queries at d128, where it measured faster; the others take the row-tile kernel (longer causal calls:
+    it spreads their uneven tiles better; d128: its 128-key tiles). d256: the row-tile kernel.
+    d128 on one H200, forward alone, TFLOP/s persistent / row-tile (results/s38/call4, call5): causal 1k
+    401-417 / 361-363, 2k 441-462 / 434-438 (three shared stages), 4k 506-565 / 531-545; full 1k 520-525 /
+    512, 2k 535-552 / 561-576 (three shared stages), 4k 554-587 / 610-612."""
+    if headdim == 128 and not causal:
+        return PERSISTENT_CONFIGS[128] if seqlen_q < 2048 else CONFIGS[128]
     if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):
         return PERSISTENT_CONFIGS[headdim]
     return CONFIGS[headdim]
@@ -843,8 +842,9 @@ def flash_attn_forward_hopper(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
-    if cfg.v_stages:  # (K and V rings of their own: the row-tile kernel's option)
-        assert not cfg.persistent, cfg
+    if cfg.persistent:
+        assert not cfg.v_stages, cfg  # (K and V rings of their own: the row-tile kernel's option)
+    else:
         constexprs["V_STAGES"] = cfg.v_stages
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

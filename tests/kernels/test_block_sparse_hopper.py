@@ -156,15 +156,19 @@ def test_forward_takes_the_persistent_kernel_where_lists_are_short(
 ):
     """PERSISTENT_FORWARD: d128 always, d64 up to 16 key tiles a program on average (over 32 block rows
     a band of 7 blocks each side lists 13.25 of the 128-key tiles on average, one of 10 17.6)."""
-    configs = []
+    calls = []
     monkeypatch.setattr(
-        bs_hopper.fwd_hopper, "flash_attn_forward_hopper", lambda *a, config, **kw: configs.append(config)
+        bs_hopper.fwd_hopper,
+        "flash_attn_forward_hopper",
+        lambda *a, config, lists, **kw: calls.append((config, lists)),
     )
     q = torch.randn(1, seqlen, 2, headdim, dtype=BF16)
     bs_hopper.block_sparse_forward_hopper(q, q, q, local_layout(seqlen, 128, local_blocks), False, 0.1)
-    (config,) = configs
+    ((config, (tiles, counts)),) = calls
     assert config.persistent == persistent
-    assert config.block_n == bs_hopper.CONFIGS[headdim][0].block_n  # (the lists are built for it)
+    assert tiles.shape[-1] == seqlen // config.block_n  # the lists are built for its key tiles
+    # d128: the persistent variant's 64-key tiles, the row-tile kernel's 128-key ones
+    assert config.block_n == (64 if headdim == 128 else bs_hopper.CONFIGS[headdim][0].block_n)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -129,15 +129,11 @@ def test_which_calls_take_the_hopper_forward(change, takes):
         (64, 4096, True, True),
         (64, 8192, True, False),  # long causal calls: the row-tile kernel
         (64, 16384, False, True),
-        (
-            128,
-            1024,
-            True,
-            True,
-        ),  # d128: 64-key tiles below 2k queries, the row-tile kernel's 128-key ones from there
-        (128, 1024, False, True),
-        (128, 2048, True, False),
-        (128, 16384, True, False),
+        (128, 1024, True, True),
+        (128, 4096, True, True),
+        (128, 8192, True, False),
+        (128, 1024, False, True),  # d128 full: the row-tile kernel's 128-key tiles from 2k queries
+        (128, 2048, False, False),
         (128, 16384, False, False),
         (256, 1024, False, False),  # no persistent config at d256
     ],
