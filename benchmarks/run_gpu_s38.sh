@@ -28,6 +28,10 @@
 #       554-587, 16k 628-653 / 565-569; fwd+bwd 0.95-0.97x cuDNN, 1.22-1.34x Flex, 1.66-1.71x SDPA flash)
 #   bash benchmarks/run_gpu_s38.sh 6   # the forward and block-sparse GPU tests on the final rule, then block-sparse
 #       d128 fwd+bwd with the forward's row-tile kernel (128-key tiles) against its persistent one (64-key), n16k
+#   (part 6, on an H200: 307 passed, 2 failed: the bitwise persistent-vs-row-tile forward test at d128, whose two
+#       kernels now walk different key tiles (it now checks each against the reference there); block-sparse d128
+#       fwd+bwd row-tile ÷ persistent forward from graphs 0.93-0.99 up to 6.25%, 1.01-1.04 from 10%)
+#   bash benchmarks/run_gpu_s38.sh 7   # the changed block-sparse test (PERSISTENT_FORWARD now from 10 tiles at d128)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -74,5 +78,10 @@ case "$1" in
   tail -n 3 "$R/gpu_tests_fwd_bs.log"
   timeout 200 python benchmarks/ab_block_sparse.py --variants d128_row_tile_forward --headdims 128 --seqlens 16384 \
     --max-density 0.5 --out "$R/ab_d128_forward.json" 2>&1 | quiet | tail -n 14
+  ;;
+7)
+  timeout -s INT 150 python -m pytest -q -n 5 -m gpu tests/kernels/test_block_sparse_hopper.py -rf \
+    -k "persistent_and_row_tile or compiled_launches or any_list_length" > "$R/gpu_tests_bs_routes.log" 2>&1
+  tail -n 3 "$R/gpu_tests_bs_routes.log"
   ;;
 esac
