@@ -165,9 +165,9 @@ def main():
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument(
         "--config", action="append", default=[],
-        help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs[,dv_block_m,dv_stages]] "
-        "(KERNEL fwd, dq or dkdv; the last two: the dK/dV kernel's dV pass) "
-        "instead of the CONFIGS",
+        help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs[,persistent[,v_stages"
+        "[,dv_block_m,dv_stages]]]] (KERNEL fwd, dq or dkdv; the fields of its config class in order: v_stages the "
+        "row-tile forward's V ring, the last two the dK/dV kernel's dV pass) instead of the CONFIGS",
     )  # fmt: skip
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
