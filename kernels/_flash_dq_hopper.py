@@ -348,6 +348,7 @@ def _attn_bwd_dq_hopper_persistent(
 # ---------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)  # (its own __init__, which calls __post_init__)
 class HopperDqConfig(fwd_hopper.HopperFwdConfig):
     """One launch shape of `_attn_bwd_dq_hopper`: the forward's fields, the same roles (but for
     v_stages: K and V share one ring here)."""

@@ -46,6 +46,15 @@ def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
     assert module.faster_here(headdim, seqlen_q, causal) is takes
 
 
+@pytest.mark.parametrize("config_class", [dq_hopper.HopperDqConfig, dkdv_hopper.HopperDkdvConfig])
+def test_backward_configs_refuse_split_kv_rings(config_class):
+    """v_stages (K and V rings of their own) is the row-tile forward's option: a backward config that
+    sets it raises instead of being launched without it."""
+    with pytest.raises(ValueError, match="v_stages"):
+        config_class(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240, v_stages=2)
+    assert config_class(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240).v_stages == 0
+
+
 @pytest.mark.parametrize(
     "seqlen_q, causal, takes",
     [(4096, True, True), (16384, False, True), (1024, True, True), (1000, False, False)],
