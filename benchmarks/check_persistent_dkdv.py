@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.check_persistent_dq import both_ms  # noqa: E402
+from benchmarks.check_persistent_dq import record_pair  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
 from kernels import _flash_dkdv_hopper as dkdv_hopper  # noqa: E402
@@ -137,11 +137,8 @@ def main() -> None:
             for seqlen in (4096, 16384):
                 for kind, factors in (("diagonal", 0), ("butterfly2", 2), ("butterfly", None)):
                     run = case_inputs(1, seqlen, seqlen, 16, 16, kind, False, d, torch.bfloat16)
-                    grid_ms, pers_ms = both_ms(run, grid_cfg, pers_cfg)
-                    rows.append(dict(headdim=d, seqlen=seqlen, n_factors=factors, grid_ms=grid_ms,
-                                     persistent_ms=pers_ms, speedup=grid_ms / pers_ms))  # fmt: skip
-                    print(f"d{d} n{seqlen} factors={factors}: grid {grid_ms:.4f} ms, persistent {pers_ms:.4f} "
-                          f"({grid_ms / pers_ms:.3f}x)", flush=True)  # fmt: skip
+                    record_pair(rows, f"d{d} n{seqlen} factors={factors}", run, grid_cfg, pers_cfg, first="grid",
+                                headdim=d, seqlen=seqlen, n_factors=factors)  # fmt: skip
     write_results(args.out, rows, extra=dict(checks=checks, all_correct=all_ok))
     sys.exit(0 if all_ok else 1)
 

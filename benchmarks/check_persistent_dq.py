@@ -103,6 +103,17 @@ def both_ms(run, cfg_row, cfg_persistent) -> tuple[float, float]:
     return min(times[0::2]), min(times[1::2])
 
 
+def record_pair(rows, label, run, cfg_first, cfg_persistent, first="row_tile", **fields) -> None:
+    """Times run's first kernel (`first`: its name in the row, row_tile or grid) and its persistent
+    variant (`both_ms`), appends fields with both times and first ÷ persistent to rows, and prints it."""
+    first_ms, pers_ms = both_ms(run, cfg_first, cfg_persistent)
+    rows.append(
+        dict(**fields, **{f"{first}_ms": first_ms}, persistent_ms=pers_ms, speedup=first_ms / pers_ms)
+    )
+    print(f"{label}: {first.replace('_', '-')} {first_ms:.4f} ms, persistent {pers_ms:.4f} "
+          f"({first_ms / pers_ms:.3f}x)", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -126,20 +137,14 @@ def main() -> None:
         for seqlen in (1024, 4096, 16384):
             for causal in (True, False):
                 run = dense_case(16384 // seqlen, seqlen, seqlen, 16, 16, causal, 128, torch.bfloat16)
-                row_ms, pers_ms = both_ms(run, row128, pers128)
-                rows.append(dict(case="dense", headdim=128, seqlen=seqlen, causal=causal, row_tile_ms=row_ms,
-                                 persistent_ms=pers_ms, speedup=row_ms / pers_ms))  # fmt: skip
-                print(f"dense d128 n{seqlen} causal={causal}: row-tile {row_ms:.4f} ms, persistent {pers_ms:.4f} "
-                      f"({row_ms / pers_ms:.3f}x)", flush=True)  # fmt: skip
+                record_pair(rows, f"dense d128 n{seqlen} causal={causal}", run, row128, pers128, case="dense",
+                            headdim=128, seqlen=seqlen, causal=causal)  # fmt: skip
         for d, (row, pers) in ((128, (row128, pers128)), (64, (row64, pers64))):
             for seqlen in (4096, 16384):
                 for factors in (0, 2, None):
                     run = sparse_case(seqlen, 16, d, factors, False, torch.bfloat16, row)
-                    row_ms, pers_ms = both_ms(run, row, pers)
-                    rows.append(dict(case="block_sparse", headdim=d, seqlen=seqlen, n_factors=factors,
-                                     row_tile_ms=row_ms, persistent_ms=pers_ms, speedup=row_ms / pers_ms))  # fmt: skip
-                    print(f"block-sparse d{d} n{seqlen} factors={factors}: row-tile {row_ms:.4f} ms, persistent "
-                          f"{pers_ms:.4f} ({row_ms / pers_ms:.3f}x)", flush=True)  # fmt: skip
+                    record_pair(rows, f"block-sparse d{d} n{seqlen} factors={factors}", run, row, pers,
+                                case="block_sparse", headdim=d, seqlen=seqlen, n_factors=factors)  # fmt: skip
     write_results(args.out, rows, extra=dict(checks=checks, all_correct=all_ok))
     sys.exit(0 if all_ok else 1)
 

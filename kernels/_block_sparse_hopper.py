@@ -65,8 +65,8 @@ CONFIGS = {
     128: (fwd_hopper.CONFIGS[128], dq_hopper.CONFIGS[128], dkdv_hopper.CONFIGS[128]),
 }
 # The forward's persistent variant (one program per SM walking its share of the row tiles' lists, the next
-# tile's loads under this one's work) where a program walks at most this many key tiles on average. On
-# one H200, replayed from CUDA graphs (butterfly on 128-blocks, 16 heads, batch 1), persistent against
+# tile's loads under this one's work) where a program walks at most this many of its key tiles on
+# average. On one H200, replayed from CUDA graphs (butterfly on 128-blocks, 16 heads, batch 1), persistent against
 # row-tile:
 #   d128: the forward alone at n16k 0.080 against 0.099 ms at 0.8% density and 0.124 against 0.150 at
 #         2.3%, within +-5% from 4.7% to 45% (results/s29/call6/persistent_bs_d128_n16k.json);
@@ -77,7 +77,8 @@ CONFIGS = {
 #        density (up to 8 of the 128-key tiles a program), 1.01 / 1.02 / 1.04 at 10 / 25 / 45% (12.8 tiles
 #        and more; results/s38/call6/ab_d128_forward.md). The row-tile kernel on lists at d128 has not yet
 #        been checked against the reference on a GPU (the session's device time ran out), so d128 keeps the
-#        persistent variant at every length until it is (then: the row-tile kernel from 10 tiles).
+#        persistent variant at every length until it is (then: the row-tile kernel from 10 of its 128-key
+#        tiles, 20 of the persistent variant's 64-key ones, which this table counts).
 # Outputs bitwise equal either way where both walk the same tiles (tests/kernels/test_block_sparse_hopper.py).
 PERSISTENT_FORWARD = {
     64: (fwd_hopper.PERSISTENT_CONFIGS[64], 16),
@@ -216,9 +217,11 @@ def block_sparse_forward_hopper(q, k, v, layout: BlockLayout, causal: bool, sm_s
     the caller checked `usable_forward`."""
     row_tile_cfg = CONFIGS[q.shape[-1]][0]
     assert row_tile_cfg.block_m * row_tile_cfg.consumers == PROGRAM_ROWS
-    tiles, counts, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, row_tile_cfg.block_n)
+    # (the persistent variant's lists decide: the default route, which they serve, builds no others)
+    persistent_tile_n = PERSISTENT_FORWARD[q.shape[-1]][0].block_n
+    tiles, counts, mean_tiles = _row_lists(layout, q.shape[1], k.shape[1], causal, persistent_tile_n)
     cfg = _persistent_where_short(row_tile_cfg, PERSISTENT_FORWARD[q.shape[-1]], mean_tiles)
-    if cfg.block_n != row_tile_cfg.block_n:  # (d128: the persistent variant's key tiles are narrower)
+    if cfg.block_n != persistent_tile_n:  # (d128: the row-tile kernel's key tiles are wider)
         tiles, counts, _ = _row_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_n)
     return fwd_hopper.flash_attn_forward_hopper(
         q, k, v, sm_scale=sm_scale, causal=causal, config=cfg, lists=(tiles, counts)
