@@ -75,14 +75,12 @@ CONFIGS = {
 #   d128 (since session 38 the row-tile kernel takes 128-key tiles, the persistent one 64-key): fwd+bwd
 #        row-tile / persistent from graphs at n16k 0.93 / 0.94 / 0.97 / 0.99 at 0.8 / 2.3 / 4.7 / 6.25%
 #        density (up to 8 of the 128-key tiles a program), 1.01 / 1.02 / 1.04 at 10 / 25 / 45% (12.8 tiles
-#        and more; results/s38/call6/ab_d128_forward.md). The row-tile kernel on lists at d128 has not yet
-#        been checked against the reference on a GPU (the session's device time ran out), so d128 keeps the
-#        persistent variant at every length until it is (then: the row-tile kernel from 10 of its 128-key
-#        tiles, 20 of the persistent variant's 64-key ones, which this table counts).
+#        and more; results/s38/call6/ab_d128_forward.md), so the row-tile kernel past 10 of its 128-key
+#        tiles a program: 20 of the persistent variant's 64-key ones, which this table counts.
 # Outputs bitwise equal either way where both walk the same tiles (tests/kernels/test_block_sparse_hopper.py).
 PERSISTENT_FORWARD = {
     64: (fwd_hopper.PERSISTENT_CONFIGS[64], 16),
-    128: (fwd_hopper.PERSISTENT_CONFIGS[128], math.inf),
+    128: (fwd_hopper.PERSISTENT_CONFIGS[128], 20),
 }
 # The dq kernel's persistent variant (one program per SM walking the row tiles' lists, the next tile's Q,
 # dO and K/V loads under this one's work) where a program's list is short enough to pay: at most this

@@ -145,7 +145,9 @@ def test_backward_takes_the_persistent_dkdv_kernel_where_lists_are_short(
     "headdim, seqlen, local_blocks, persistent",
     [
         (128, 4096, 0, True),
-        (128, 4096, 31, True),
+        (128, 4096, 4, True),
+        (128, 4096, 6, False),
+        (128, 4096, 31, False),
         (64, 4096, 0, True),
         (64, 4096, 7, True),
         (64, 4096, 10, False),
@@ -154,8 +156,9 @@ def test_backward_takes_the_persistent_dkdv_kernel_where_lists_are_short(
 def test_forward_takes_the_persistent_kernel_where_lists_are_short(
     monkeypatch, headdim, seqlen, local_blocks, persistent
 ):
-    """PERSISTENT_FORWARD: d128 always, d64 up to 16 key tiles a program on average (over 32 block rows
-    a band of 7 blocks each side lists 13.25 of the 128-key tiles on average, one of 10 17.6)."""
+    """PERSISTENT_FORWARD: up to 20 of its 64-key tiles a program on average at d128 (over 32 block rows
+    a band of 4 blocks each side lists 16.75 of them, one of 6 23.4), up to 16 of its 128-key tiles at d64
+    (a band of 7 blocks each side 13.25 of them, one of 10 17.6)."""
     calls = []
     monkeypatch.setattr(
         bs_hopper.fwd_hopper,
