@@ -4,7 +4,13 @@
 #   bash benchmarks/run_gpu_s39.sh 1   # PERSISTENT_FORWARD[128] = 20 (the row-tile forward's 128-key tiles on long
 #       d128 lists): the GPU tests of the Hopper backward, block-sparse, packed QKV and dense kernel files (the dense
 #       backward ones not yet run on session 38's forward)
+#   (part 1, on an H200: 327 passed, and the slow portable-autotune test)
 #   bash benchmarks/run_gpu_s39.sh 2   # the block-sparse sweep at d128 on that route: n16k, n64k, n4k
+#   (part 2, on an H200: n16k ran past its 230 s and wrote nothing; n64k and n4k in call2/)
+#   bash benchmarks/run_gpu_s39.sh 3   # the block-sparse sweep at d128, n16k, with the time it needs
+#   (part 3, on an H200: call3/; the first part's compiles had been the time)
+#   bash benchmarks/run_gpu_s39.sh 4   # dense d128 fwd+bwd against the anchors on session 38's final forward rule,
+#       1k, 4k, 16k and 64k (the 64k row in the README predates the Gluon kernels)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -19,5 +25,13 @@ case "$1" in
     --out "$R/block_sparse_n64k.json" 2>&1 | quiet | tail -n 10
   timeout 150 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 \
     --out "$R/block_sparse_n4k.json" 2>&1 | quiet | tail -n 10
+  ;;
+3)
+  timeout 450 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 10
+  ;;
+4)
+  timeout 560 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 65536 --headdims 128 --graphs \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
   ;;
 esac
