@@ -11,6 +11,9 @@
 #   (part 3, on an H200: call3/; the first part's compiles had been the time)
 #   bash benchmarks/run_gpu_s39.sh 4   # dense d128 fwd+bwd against the anchors on session 38's final forward rule,
 #       1k, 4k, 16k and 64k (the 64k row in the README predates the Gluon kernels)
+#   (part 4, on an H200: call4/; ours / cuDNN 0.94-0.99 fwd+bwd)
+#   bash benchmarks/run_gpu_s39.sh 5   # the rest of the kernels' GPU tests (with part 1, the whole of
+#       `pytest -m gpu tests/kernels` on this tree), and the fused ring-step kernels' CUDA tests beside them
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -33,5 +36,13 @@ case "$1" in
 4)
   timeout 560 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 65536 --headdims 128 --graphs \
     --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  ;;
+5)
+  T=tests/kernels
+  CUDA_VISIBLE_DEVICES=0 timeout -s INT 400 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_fwd_hopper.py \
+    $T/test_block_sparse.py $T/test_cross_entropy.py $T/test_decode.py $T/test_dropout.py $T/test_varlen.py \
+    > "$R/gpu_tests_rest.log" 2>&1
+  tail -n 3 "$R/gpu_tests_rest.log"
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests_rest.log" | head -n 20
   ;;
 esac
