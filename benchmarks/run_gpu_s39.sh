@@ -13,7 +13,7 @@
 #       1k, 4k, 16k and 64k (the 64k row in the README predates the Gluon kernels)
 #   (part 4, on an H200: call4/; ours / cuDNN 0.94-0.99 fwd+bwd)
 #   bash benchmarks/run_gpu_s39.sh 5   # the rest of the kernels' GPU tests (with part 1, the whole of
-#       `pytest -m gpu tests/kernels` on this tree), and the fused ring-step kernels' CUDA tests beside them
+#       `pytest -m gpu tests/kernels` on this tree)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
