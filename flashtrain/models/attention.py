@@ -176,10 +176,11 @@ def auto_picks_triton(
         return False
     if masked:
         return True
-    # PyTorch puts cuDNN first on sm90/sm100 with cuDNN >= 9.15.1, and cuDNN's kernels are faster than
-    # ours (torch 2.11, cuDNN 9.19, benchmarks/results/sdpa_choice_h*): GPT-2 medium 8k trained at 118.1k
-    # tokens/s with unpinned SDPA against 112.8k with ours (one H100); the kernels alone 1.12-1.40x ours
-    # fwd+bwd from 4k at head dims 64-256, with and without dropout (one H200).
+    # PyTorch puts cuDNN first on sm90/sm100 with cuDNN >= 9.15.1, and cuDNN's kernels are level with
+    # ours or faster (torch 2.11, cuDNN 9.19; one H200): fwd+bwd ours ÷ cuDNN 0.94-0.99 at head dim 128
+    # (1k-64k, results/s39/call4), 0.90-1.03 at 64 and 0.80-0.99 at 256 (README, "Attention kernel");
+    # GPT-2 medium trains level with it at 1k-8k and 0.96x at 16k (results/s33). When these
+    # were first set cuDNN was 1.12-1.40x ours, with and without dropout (results/sdpa_choice_h*).
     if sdpa_runs_cudnn:
         return False
     if dropout_p > 0.0 and head_dim <= AUTO_SDPA_DROPOUT_MAX_HEADDIM:
