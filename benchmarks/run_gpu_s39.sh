@@ -15,6 +15,8 @@
 #   bash benchmarks/run_gpu_s39.sh 5   # the rest of the kernels' GPU tests (with part 1, the whole of
 #       `pytest -m gpu tests/kernels` on this tree)
 #   (part 5, on an H200: 138 passed; with part 1 all 466 of the kernels' GPU tests)
+#   bash benchmarks/run_gpu_s39.sh 6   # the issue's attention sweep on this tree in one run (the six impls, 512 to
+#       64k, causal and full), d128 then d64, as far as the call's time goes (rows are written as they come)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -45,5 +47,10 @@ case "$1" in
     > "$R/gpu_tests_rest.log" 2>&1
   tail -n 3 "$R/gpu_tests_rest.log"
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests_rest.log" | head -n 20
+  ;;
+6)
+  timeout 570 python benchmarks/bench_attention.py --headdims 128 64 \
+    --impls eager sdpa_flash sdpa_cudnn sdpa_mem_eff flex triton --out "$R/attention_sweep.json" 2>&1 | quiet \
+    | grep "^|" | tail -n 40
   ;;
 esac
