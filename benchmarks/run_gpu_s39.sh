@@ -17,6 +17,8 @@
 #   (part 5, on an H200: 138 passed; with part 1 all 466 of the kernels' GPU tests)
 #   bash benchmarks/run_gpu_s39.sh 6   # the issue's attention sweep on this tree in one run (the six impls, 512 to
 #       64k, causal and full), d128 then d64, as far as the call's time goes (rows are written as they come)
+#   (part 6, on an H200: cut at 493 s, the session's device time, after 178 rows: d128 whole, d64 but full past 8k;
+#       md and png made here from its JSON with --merge)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
