@@ -40,3 +40,11 @@ hopper_backward_tests() {
   wait
   tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
 }
+# d128 fwd+bwd, ours against SDPA cuDNN, FlexAttention and SDPA flash (also replayed from CUDA graphs) at the
+# given lengths: $R/attention_d128.{json,md,png}, and its table printed.
+d128_against_anchors() {  # d128_against_anchors SECONDS SEQLEN...
+  local secs=$1
+  shift
+  timeout "$secs" python benchmarks/bench_attention.py --seqlens "$@" --headdims 128 --graphs \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+}

@@ -34,6 +34,15 @@
 #   bash benchmarks/run_gpu_s38.sh 7   # the changed block-sparse test (PERSISTENT_FORWARD now from 10 tiles at d128)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
+# d128's forward configs (`check_hopper_fwd.py`, the first checked, all timed twice round-robin):
+# $R/NAME.{json,log}, its verdicts printed
+check_fwd_d128() {  # [HANG_S=..] check_fwd_d128 SECONDS NAME [more check_hopper_fwd.py arguments]
+  local secs=$1 name=$2
+  shift 2
+  timeout "$secs" python benchmarks/check_hopper_fwd.py --headdims 128 --check-quick --rounds 2 "$@" \
+    --out "$R/$name.json" > "$R/$name.log" 2>&1
+  echo "fwd rc $?"; grep -e "^FAIL" -e "^ok" -e "^d" -e "Error" "$R/$name.log" | head -n 20
+}
 case "$1" in
 1)
   HANG_S=300 timeout 290 python benchmarks/check_hopper_fwd.py --headdims 128 64 --rounds 2 --out "$R/check_fwd.json" \
@@ -54,11 +63,8 @@ case "$1" in
   echo "fwd rc $?"; grep -e "^FAIL" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 40
   ;;
 4)
-  HANG_S=200 timeout 170 python benchmarks/check_hopper_fwd.py --headdims 128 --check-quick --rounds 2 \
-    --seqlens 1024 2048 --out "$R/check_fwd_1k_2k.json" > "$R/check_fwd_1k_2k.log" 2>&1
-  echo "fwd rc $?"; grep -e "^FAIL" -e "^ok" -e "^d" -e "Error" "$R/check_fwd_1k_2k.log" | head -n 20
-  timeout 230 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 128 --graphs \
-    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  HANG_S=200 check_fwd_d128 170 check_fwd_1k_2k --seqlens 1024 2048
+  d128_against_anchors 230 4096 16384
   timeout -s INT 170 python -m pytest -q -n 5 -m gpu tests/kernels/test_flash_fwd_hopper.py \
     tests/kernels/test_block_sparse_hopper.py -rf > "$R/gpu_tests_fwd.log" 2>&1
   tail -n 3 "$R/gpu_tests_fwd.log"
@@ -66,11 +72,8 @@ case "$1" in
 5)
   timeout -s INT 170 python -m pytest -q -n 5 -m gpu tests/kernels/test_flash_fwd_hopper.py -rf > "$R/gpu_tests_fwd.log" 2>&1
   tail -n 3 "$R/gpu_tests_fwd.log"
-  HANG_S=200 timeout 190 python benchmarks/check_hopper_fwd.py --headdims 128 --check-quick --rounds 2 \
-    --out "$R/check_fwd.json" > "$R/check_fwd.log" 2>&1
-  echo "fwd rc $?"; grep -e "^FAIL" -e "^ok" -e "^d" -e "Error" "$R/check_fwd.log" | head -n 20
-  timeout 200 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 128 --graphs \
-    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  HANG_S=200 check_fwd_d128 190 check_fwd
+  d128_against_anchors 200 4096 16384
   ;;
 6)
   timeout -s INT 200 python -m pytest -q -n 5 -m gpu tests/kernels/test_flash_fwd_hopper.py \

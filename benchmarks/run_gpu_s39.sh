@@ -39,8 +39,7 @@ case "$1" in
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 10
   ;;
 4)
-  timeout 560 python benchmarks/bench_attention.py --seqlens 1024 4096 16384 65536 --headdims 128 --graphs \
-    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  d128_against_anchors 560 1024 4096 16384 65536
   ;;
 5)
   T=tests/kernels

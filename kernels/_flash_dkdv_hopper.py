@@ -533,9 +533,7 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
     dv_block_m: int | None = None
     dv_stages: int | None = None
 
-    def __post_init__(self):
-        if self.v_stages:
-            raise ValueError(f"{self}: the dK/dV kernel streams Q and dO, not K and V; leave v_stages at 0")
+    one_kv_ring = "the dK/dV kernel streams Q and dO, not K and V"
 
     def for_pass(self, part: int) -> HopperDkdvConfig:
         """The launch shape of pass `part` (0 both gradients, 1 dV, 2 dK)."""

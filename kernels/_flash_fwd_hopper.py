@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -80,21 +81,18 @@ def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, V
     an idle K tile for a step: there two shared stages let the producer load nothing ahead, while rings
     of 2 K and 2 V tiles (the forward hands each K back as soon as its scores are in) let it load a
     step ahead, as three shared stages do, in 128 KB instead of 192 at 128 x 128 tiles."""
+    V_RING: gl.constexpr = V_STAGES if V_STAGES > 0 else STAGES  # (V's tiles: its own ring, or K's stages)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    if V_STAGES == 0:
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [V_RING] + v_desc.block_type.shape, v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [V_RING, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES + V_STAGES, 1], mbarrier.MBarrierLayout())
+    if V_STAGES == 0:  # one ring: each stage's three barriers
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=NUM_CONSUMERS)
     else:
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES + V_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
         for i in gl.static_range(V_STAGES):
@@ -698,6 +696,15 @@ class HopperFwdConfig:
     # > 0: the forward's K and V in rings of their own, `stages` K tiles and this many V tiles (`kv_ring`;
     # the row-tile forward only)
     v_stages: int = 0
+    # set by a kernel that keeps K and V in one ring, to say why (then a config of it with v_stages raises)
+    one_kv_ring: ClassVar[str | None] = None
+
+    def __post_init__(self):
+        refused = self.one_kv_ring or (
+            "the persistent forward keeps one K/V ring" if self.persistent else None
+        )
+        if self.v_stages and refused:
+            raise ValueError(f"{self}: {refused}; leave v_stages at 0")
 
 
 # Per head dim. Register budget: consumers * 128 * consumer_regs + 128 * producer_regs <= 65536.
@@ -843,14 +850,10 @@ def flash_attn_forward_hopper(
         PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
-        assert not cfg.v_stages, cfg  # (K and V rings of their own: the row-tile kernel's option)
-    else:
-        constexprs["V_STAGES"] = cfg.v_stages
-    if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]
         _launch_fwd_persistent((min(items, sm_count(q.device)),), descriptors, (*args, *grid), constexprs)
     else:
-        _launch_fwd(grid, descriptors, args, constexprs)
+        _launch_fwd(grid, descriptors, args, dict(constexprs, V_STAGES=cfg.v_stages))
     return out, lse
 
 

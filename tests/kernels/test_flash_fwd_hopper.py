@@ -144,6 +144,13 @@ def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, pers
     assert cfg == (hopper.PERSISTENT_CONFIGS if persistent else hopper.CONFIGS)[headdim]
 
 
+def test_persistent_config_refuses_split_kv_rings():
+    """v_stages (K and V rings of their own) is the row-tile kernel's: a persistent config with it raises."""
+    with pytest.raises(ValueError, match="v_stages"):
+        hopper.HopperFwdConfig(64, 128, 2, 2, 240, persistent=True, v_stages=2)
+    assert hopper.HopperFwdConfig(64, 128, 2, 2, 240, v_stages=2).v_stages == 2
+
+
 def test_cpu_tensors_never_take_it():
     q = torch.randn(1, 4096, 2, 128, dtype=BF16)
     kw = dict(win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, varlen=False, merge=False)
