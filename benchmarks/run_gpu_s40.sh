@@ -3,7 +3,14 @@
 # benchmarks/results/s40/callN/ (each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s40.sh 1   # the issue's attention sweep at d256 (the six impls, 512 to 64k, causal and
 #       full), the head dim session 39's sweep did not reach
+#   (part 1, on an H200: call1/, 337 s)
 #   bash benchmarks/run_gpu_s40.sh 2   # the same sweep at d64, full, 16k to 64k (where session 39's stopped)
+#   (part 2, on an H200: call2/)
+#   bash benchmarks/run_gpu_s40.sh 3   # below 1k queries, the Gluon kernels against the portable ones that the
+#       rules give those calls (ab_short_dense.py: 512 and 256 tokens; d128, d64, d256)
+#   (part 3, on an H200: call3/; an earlier try with 128 tokens too stopped at a failed graph capture)
+#   bash benchmarks/run_gpu_s40.sh 4   # the Gluon kernels from 256 queries (d64's dK/dV from 1k): the GPU tests of the
+#       dense Hopper forward and backward, packed QKV and dense kernel files (the slow portable-autotune test beside)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 sweep() {  # sweep SECONDS NAME bench_attention ARGS...: the six impls, rows written as they come
@@ -19,5 +26,18 @@ case "$1" in
   ;;
 2)
   sweep 400 attention_sweep_d64_full --headdims 64 --causal full --seqlens 16384 32768 65536
+  ;;
+3)
+  timeout 480 python benchmarks/ab_short_dense.py --seqlens 512 256 --out "$R/ab_short_dense.json" 2>&1 | quiet | tail -n 30
+  ;;
+4)
+  T=tests/kernels
+  slow=$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels
+  timeout -s INT 470 python -m pytest -q -m gpu -rf "$slow" > "$R/gpu_tests_slow_portable.log" 2>&1 &
+  timeout -s INT 470 python -m pytest -q -n 6 -m gpu -rf $T/test_flash_fwd_hopper.py $T/test_flash_bwd_hopper.py \
+    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect "$slow" > "$R/gpu_tests.log" 2>&1
+  wait
+  tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log" | head -n 20
   ;;
 esac

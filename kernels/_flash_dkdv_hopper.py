@@ -559,16 +559,22 @@ CONFIGS = {
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 
 
+# Shortest query length per head dim where this kernel measured faster than the portable one
+MIN_SEQLEN_Q = {64: 1024, 128: 256, 256: 256}
+
+
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     """Where this kernel beat the portable dK/dV kernel, on one H200 (bf16, batch x seqlen = 16k tokens;
-    benchmarks/NOTES_attention.md "Gluon backward"): head dim 128 at 1k-16k, the causal backward 1.05-1.09x
-    the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498 TFLOP/s (two
-    calls); head dim 256 (two passes) 1.11-1.20x the backward with the Hopper dq kernel alone, 1.23-1.32x
-    the portable one (one call); head dim 64 since its lse and delta come through shared memory (session
-    33, one call, with the portable dq kernel): the backward 1.04-1.09x causal and 1.08-1.13x full at
-    1k-16k, 1.10x on GPT-2 medium's packed layer at 8k. Shorter calls were not measured and keep the
-    portable kernel, as with the forward and dq."""
-    return headdim in (64, 128, 256) and seqlen_q >= 1024
+    benchmarks/NOTES_attention.md "Gluon backward", "Below 1k queries"): head dim 128 at 1k-16k, the causal
+    backward 1.05-1.09x the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498
+    TFLOP/s (two calls); head dim 256 (two passes) 1.11-1.20x the backward with the Hopper dq kernel
+    alone, 1.23-1.32x the portable one (one call); at 256 and 512 queries, with the dq kernel, fwd+bwd
+    1.01-1.21x (d128) and 1.30-1.45x (d256) in kernel time (results/s40/call3). Head dim 64 since its
+    lse and delta come through shared memory (session 33, one call, with the portable dq kernel): the
+    backward 1.04-1.09x causal and 1.08-1.13x full at 1k-16k, 1.10x on GPT-2 medium's packed layer at
+    8k; at 256 and 512 queries level or slower (fwd+bwd 0.92-1.02x), so it starts at 1k. Shorter calls
+    were not measured and keep the portable kernel, as with the forward and dq."""
+    return headdim in MIN_SEQLEN_Q and seqlen_q >= MIN_SEQLEN_Q[headdim]
 
 
 def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

@@ -375,9 +375,10 @@ ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DQ", "1") != "0"
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     """Where this kernel beat the portable dq kernel inside the backward, on one H200 (bf16, batch x
     seqlen = 16k tokens): head dim 128 at 1k-16k, causal and full, 1.03-1.08x the whole backward; head
-    dim 256 1.08-1.15x (with the portable dK/dV kernel). Shorter calls were not measured and keep the
-    portable kernel, as in the forward."""
-    return headdim in (128, 256) and seqlen_q >= 1024
+    dim 256 1.08-1.15x (with the portable dK/dV kernel). At 256 and 512 queries, with the dK/dV kernel
+    (results/s40/call3, kernel time of fwd+bwd on the Gluon forward): 1.01-1.21x at d128, 1.30-1.45x at
+    d256. Shorter calls were not measured and keep the portable kernel, as in the forward."""
+    return headdim in (128, 256) and seqlen_q >= fwd_hopper.MIN_SEQLEN_Q
 
 
 def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

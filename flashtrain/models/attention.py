@@ -178,7 +178,7 @@ def auto_picks_triton(
         return True
     # PyTorch puts cuDNN first on sm90/sm100 with cuDNN >= 9.15.1, and cuDNN's kernels are level with
     # ours or faster (torch 2.11, cuDNN 9.19; one H200): fwd+bwd ours ÷ cuDNN 0.94-0.99 at head dim 128
-    # (1k-64k, results/s39/call4), 0.90-1.03 at 64 and 0.80-0.99 at 256 (README, "Attention kernel");
+    # (1k-64k, results/s39/call4), 0.90-1.03 at 64 and 0.92-1.03 at 256 (1k-64k, results/s40/call1);
     # GPT-2 medium trains level with it at 1k-8k and 0.96x at 16k (results/s33). When these
     # were first set cuDNN was 1.12-1.40x ours, with and without dropout (results/sdpa_choice_h*).
     if sdpa_runs_cudnn:

@@ -98,14 +98,16 @@ PLAIN = dict(
         (dict(win_right=0), True),  # causal
         (dict(dtype=F16), True),
         (dict(seqlen_q=1024, seqlen_k=77), True),
-        (dict(seqlen_q=1000), False),  # shorter than measured
-        (dict(headdim=64), True),  # d64 from 1k (the persistent variant up to 4k causal)
+        (dict(seqlen_q=256), True),
+        (dict(seqlen_q=255), False),  # shorter than measured
+        (dict(headdim=64), True),  # d64 from 256 (the persistent variant up to 4k causal)
         (dict(headdim=64, win_right=0), True),
-        (dict(headdim=64, win_right=0, seqlen_q=1024), True),
-        (dict(headdim=64, seqlen_q=1000), False),
+        (dict(headdim=64, win_right=0, seqlen_q=512), True),
+        (dict(headdim=64, seqlen_q=255), False),
         (dict(headdim=96), False),  # no config
         (dict(headdim=256), True),
-        (dict(headdim=256, win_right=0, seqlen_q=1000), False),
+        (dict(headdim=256, win_right=0, seqlen_q=256), True),
+        (dict(headdim=256, win_right=0, seqlen_q=255), False),
         (dict(capability=(8, 0)), False),
         (dict(capability=(10, 0)), False),
         (dict(dtype=torch.float32), False),
@@ -308,4 +310,5 @@ def test_gpu_other_calls_keep_the_portable_kernel(monkeypatch):
     q = torch.randn(1, 4096, 2, 64, device="cuda", dtype=BF16)
     flash_attention(q, q, q, causal=True, window=(256, 0))
     flash_attention(q, q, q, causal=True, dropout_p=0.1)
-    flash_attention(q[:, :1000], q[:, :1000], q[:, :1000], causal=True)  # shorter than 1k
+    short = q[:, : hopper.MIN_SEQLEN_Q - 1]
+    flash_attention(short, short, short, causal=True)  # shorter than measured
