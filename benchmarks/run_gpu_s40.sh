@@ -5,12 +5,15 @@
 #       full), the head dim session 39's sweep did not reach
 #   (part 1, on an H200: call1/, 337 s)
 #   bash benchmarks/run_gpu_s40.sh 2   # the same sweep at d64, full, 16k to 64k (where session 39's stopped)
-#   (part 2, on an H200: call2/)
+#   (part 2, on an H200: call2/, 81 s)
 #   bash benchmarks/run_gpu_s40.sh 3   # below 1k queries, the Gluon kernels against the portable ones that the
 #       rules give those calls (ab_short_dense.py: 512 and 256 tokens; d128, d64, d256)
 #   (part 3, on an H200: call3/; an earlier try with 128 tokens too stopped at a failed graph capture)
 #   bash benchmarks/run_gpu_s40.sh 4   # the Gluon kernels from 256 queries (d64's dK/dV from 1k): the GPU tests of the
 #       dense Hopper forward and backward, packed QKV and dense kernel files (the slow portable-autotune test beside)
+#   (part 4, on an H200: call4/, 272 passed and the slow test passed)
+#   bash benchmarks/run_gpu_s40.sh 5   # the sweep's 512-token rows on that rule (six impls, d128, d64, d256)
+#   (part 5, on an H200: call5/; run as the same command typed into the call)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 sweep() {  # sweep SECONDS NAME bench_attention ARGS...: the six impls, rows written as they come
@@ -39,5 +42,10 @@ case "$1" in
   wait
   tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log" | head -n 20
+  ;;
+5)
+  timeout 280 python benchmarks/bench_attention.py --seqlens 512 --headdims 128 64 256 \
+    --impls eager sdpa_flash sdpa_cudnn sdpa_mem_eff flex triton --out "$R/attention_sweep_512.json" 2>&1 | quiet \
+    | grep "^|" | tail -n 12
   ;;
 esac
