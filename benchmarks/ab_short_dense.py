@@ -1,9 +1,10 @@
-"""Dense attention below 1k queries: the Gluon Hopper kernels against the portable ones they leave those
-calls to (their `faster_here` rules start at 1k queries because nothing shorter had been timed).
+"""Dense attention below 1k queries: the Gluon Hopper kernels against the portable ones (until session 40
+their `faster_here` rules started at 1k queries because nothing shorter had been timed).
 
-Variants, alternating in one process (GPU only), each at every point:
-- `portable`: the rules as they stand (below 1k every kernel is the portable one);
-- `gluon_fwd`: the Gluon forward at every length, the portable backward;
+Variants, alternating in one process (GPU only), each at every point; from 1k queries all three follow
+the kernels' own rules:
+- `portable`: below 1k queries every kernel is the portable one (the rules before session 40);
+- `gluon_fwd`: the Gluon forward at every length, the portable backward below 1k;
 - `gluon_all`: the Gluon forward, dq (head dims 128 and 256) and dK/dV kernels at every length.
 SDPA's cuDNN and flash kernels are timed beside them as anchors. Shapes as bench_attention's (batch x
 seqlen = 16k tokens, nheads x headdim = 2048, bf16). Each point: fwd and fwd+bwd as the kernels' summed
@@ -48,12 +49,22 @@ def _any_length(rule):
     return lambda headdim, seqlen_q, causal: rule(headdim, max(seqlen_q, 1024), causal)
 
 
-def set_variant(name: str) -> None:
-    gluon = {"portable": (), "gluon_fwd": ("fwd",), "gluon_all": ("fwd", "dq", "dkdv")}[name]
-    rules = {kernel: _any_length(rule) if kernel in gluon else rule for kernel, rule in RULES.items()}
+def _from_1k(rule):
+    """rule from 1k queries, the portable kernel below."""
+    return lambda headdim, seqlen_q, causal: seqlen_q >= 1024 and rule(headdim, seqlen_q, causal)
+
+
+def install_rules(rules: dict) -> None:
     _flash_fwd_hopper.usable.__kwdefaults__["rule"] = rules["fwd"]
     _flash_dq_hopper.faster_here = rules["dq"]
     _flash_dkdv_hopper.faster_here = rules["dkdv"]
+
+
+def set_variant(name: str) -> None:
+    gluon = {"portable": (), "gluon_fwd": ("fwd",), "gluon_all": ("fwd", "dq", "dkdv")}[name]
+    install_rules(
+        {kernel: (_any_length if kernel in gluon else _from_1k)(rule) for kernel, rule in RULES.items()}
+    )
 
 
 VARIANTS = ["portable", "gluon_fwd", "gluon_all"]
@@ -96,13 +107,14 @@ def point(headdim: int, seqlen: int, causal: bool) -> dict:
     times = {}
     for _ in range(2):
         for name in VARIANTS + ANCHORS:
-            set_variant(name if name in VARIANTS else "portable")
+            if name in VARIANTS:  # (the anchors run SDPA whatever the rules)
+                set_variant(name)
             fwd, fwdbwd = fns[name]
             fwdbwd()
             got = (*device_times(name, fwd, fwdbwd, row), time_ms(fwd), time_ms(fwdbwd))
             prev = times.get(name, got)
             times[name] = tuple(min(a, b) for a, b in zip(prev, got, strict=True))
-    set_variant("portable")
+    install_rules(RULES)
     for name, got in times.items():
         row.update({f"{name}_{kind}_ms": t for kind, t in zip(KINDS, got, strict=True)})
     for name in VARIANTS[1:] + ANCHORS:  # > 1: faster than the portable kernels
