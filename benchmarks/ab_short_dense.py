@@ -34,7 +34,7 @@ from benchmarks.common import (  # noqa: E402
     markdown_table,
     time_ms,
     write_results,
-)  # noqa: E402
+)
 from kernels import _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd_hopper  # noqa: E402
 
 RULES = {  # the rules as imported: (forward's `usable` default, dq's and dK/dV's `faster_here`)
@@ -109,8 +109,7 @@ def point(headdim: int, seqlen: int, causal: bool) -> dict:
         for name in VARIANTS + ANCHORS:
             if name in VARIANTS:  # (the anchors run SDPA whatever the rules)
                 set_variant(name)
-            fwd, fwdbwd = fns[name]
-            fwdbwd()
+            fwd, fwdbwd = fns[name]  # (device_profile's first, unprofiled call warms the new route up)
             got = (*device_times(name, fwd, fwdbwd, row), time_ms(fwd), time_ms(fwdbwd))
             prev = times.get(name, got)
             times[name] = tuple(min(a, b) for a, b in zip(prev, got, strict=True))
@@ -130,7 +129,7 @@ KINDS = ("fwd_device", "fwdbwd_device", "fwd_graph", "fwdbwd_graph", "fwd", "fwd
 
 def device_times(name: str, fwd, fwdbwd, row: dict) -> tuple[float, ...]:
     """(fwd, fwd+bwd kernel ms from the profiler, fwd, fwd+bwd ms from CUDA graphs); a failed capture
-    is recorded in row[f"{name}_graph_error"] and times as inf."""
+    is recorded in row[f"{name}_{kind}_graph_error"] (kind fwd or fwdbwd) and times as inf."""
     profiled = tuple(device_profile(fn, steps=20)["kernels_ms"] for fn in (fwd, fwdbwd))
     graphs = []
     for kind, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):

@@ -28,17 +28,25 @@ cuda_tests() {  # cuda_tests SECONDS GPU_KERNELS GPU_LOCAL GPU_STEPS
     tests/kernels/test_step_accumulate.py -rf > "$R/step_accumulate_cuda_tests.log" 2>&1 &
   wait
 }
-# The GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and dense kernel files; the slow
-# portable-autotune test in its own process beside them (in the xdist pool a worker kept it queued).
-# Logs: $R/gpu_tests.log, $R/gpu_tests_slow_portable.log.
-hopper_backward_tests() {
-  local T=tests/kernels
-  local slow=$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels
-  timeout -s INT 500 python -m pytest -q -m gpu -rf "$slow" > "$R/gpu_tests_slow_portable.log" 2>&1 &
-  timeout -s INT 540 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
-    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect "$slow" > "$R/gpu_tests.log" 2>&1
+# The GPU tests of the given files on WORKERS xdist workers, and the slow portable-autotune test in its own
+# process beside them (in the xdist pool a worker kept it queued). Logs: $R/gpu_tests.log,
+# $R/gpu_tests_slow_portable.log.
+gpu_tests_beside_slow() {  # gpu_tests_beside_slow SLOW_SECONDS SECONDS WORKERS FILE...
+  local slow_secs=$1 secs=$2 workers=$3
+  shift 3
+  local slow=tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels
+  timeout -s INT "$slow_secs" python -m pytest -q -m gpu -rf "$slow" > "$R/gpu_tests_slow_portable.log" 2>&1 &
+  timeout -s INT "$secs" python -m pytest -q -n "$workers" -m gpu -rf "$@" --deselect "$slow" \
+    > "$R/gpu_tests.log" 2>&1
   wait
   tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+}
+# The GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and dense kernel files, the slow
+# test beside them.
+hopper_backward_tests() {
+  local T=tests/kernels
+  gpu_tests_beside_slow 500 540 5 $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py $T/test_qkvpacked.py \
+    $T/test_flash_attention.py
 }
 # d128 fwd+bwd, ours against SDPA cuDNN, FlexAttention and SDPA flash (also replayed from CUDA graphs) at the
 # given lengths: $R/attention_d128.{json,md,png}, and its table printed.

@@ -35,17 +35,11 @@ case "$1" in
   ;;
 4)
   T=tests/kernels
-  slow=$T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels
-  timeout -s INT 470 python -m pytest -q -m gpu -rf "$slow" > "$R/gpu_tests_slow_portable.log" 2>&1 &
-  timeout -s INT 470 python -m pytest -q -n 6 -m gpu -rf $T/test_flash_fwd_hopper.py $T/test_flash_bwd_hopper.py \
-    $T/test_qkvpacked.py $T/test_flash_attention.py --deselect "$slow" > "$R/gpu_tests.log" 2>&1
-  wait
-  tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
+  gpu_tests_beside_slow 470 470 6 $T/test_flash_fwd_hopper.py $T/test_flash_bwd_hopper.py $T/test_qkvpacked.py \
+    $T/test_flash_attention.py
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log" | head -n 20
   ;;
 5)
-  timeout 280 python benchmarks/bench_attention.py --seqlens 512 --headdims 128 64 256 \
-    --impls eager sdpa_flash sdpa_cudnn sdpa_mem_eff flex triton --out "$R/attention_sweep_512.json" 2>&1 | quiet \
-    | grep "^|" | tail -n 12
+  sweep 280 attention_sweep_512 --seqlens 512 --headdims 128 64 256
   ;;
 esac
