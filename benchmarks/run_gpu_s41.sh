@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 41). Each part is what one call ran; the outputs are in
+# benchmarks/results/s41/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s41.sh 1   # CUDA-graph capture of one fwd+bwd after what may run before it
+#       (check_graph_capture.py, a process per case), beside it the GPU tests of the CUDA-graph file and of
+#       the kernel files not run on session 40's 256-query rule (block-sparse, loss, decode, dropout, varlen)
+#       and, after the check, flashtrain's
+#   bash benchmarks/run_gpu_s41.sh 2   # ab_short_dense.py below 256 queries (64 and 128 tokens), its graph
+#       captures on the mended harness
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "$1" in
+1)
+  T=tests/kernels
+  { timeout 280 python benchmarks/check_graph_capture.py --timeout 90 --out "$R/graph_capture.json" 2>&1 | quiet \
+      > "$R/graph_capture.log"
+    timeout -s INT 250 python -m pytest -q -m gpu -rf tests/flashtrain > "$R/gpu_tests_flashtrain.log" 2>&1; } &
+  timeout -s INT 530 python -m pytest -q -n 5 -m gpu -rf $T/test_cuda_graphs.py $T/test_block_sparse.py \
+    $T/test_block_sparse_hopper.py $T/test_cross_entropy.py $T/test_decode.py $T/test_dropout.py $T/test_varlen.py \
+    > "$R/gpu_tests.log" 2>&1
+  wait
+  tail -n 3 "$R/gpu_tests_flashtrain.log"
+  grep -v "^Traceback\|^  " "$R/graph_capture.log" | tail -n 30
+  tail -n 3 "$R/gpu_tests.log"
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
+  ;;
+2)
+  timeout 560 python benchmarks/ab_short_dense.py --seqlens 128 64 --out "$R/ab_short_dense.json" 2>&1 | quiet \
+    | tail -n 30
+  ;;
+esac
