@@ -559,9 +559,13 @@ CONFIGS = {
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 
 
-# Shortest query length per head dim where this kernel measured faster than the portable one (d128 and
-# d256: the forward's, timed at the same lengths; d64: 1k, level or slower below)
-MIN_SEQLEN_Q = {64: 1024, 128: fwd_hopper.MIN_SEQLEN_Q, 256: fwd_hopper.MIN_SEQLEN_Q}
+# Shortest query length per (head dim, causal) from which the Gluon backward measured faster than the
+# portable kernels: d128 and d256 this kernel with the Gluon dq kernel (whose rule reads this too), timed
+# together at 64-512 queries (results/s40/call3, s41/call2; d128 causal at 128: 0.98x); d64 this kernel
+# alone, level or slower below 1k
+MIN_SEQLEN_Q = {
+    (64, False): 1024, (64, True): 1024, (128, False): 128, (128, True): 256, (256, False): 128, (256, True): 128,
+}  # fmt: skip
 
 
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
@@ -570,12 +574,15 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     backward 1.05-1.09x the one with the Hopper dq kernel alone (one call), full fwd+bwd 375-459 -> 406-498
     TFLOP/s (two calls); head dim 256 (two passes) 1.11-1.20x the backward with the Hopper dq kernel
     alone, 1.23-1.32x the portable one (one call); at 256 and 512 queries, with the dq kernel, fwd+bwd
-    1.01-1.21x (d128) and 1.30-1.45x (d256) in kernel time (results/s40/call3). Head dim 64 since its
+    1.01-1.21x (d128) and 1.30-1.45x (d256) in kernel time (results/s40/call3); at 128 queries 1.13x
+    (d128 full; causal 0.98x, so from 256) and 1.33-1.35x (d256), at 64 queries 0.74-0.78x (d128) and
+    level (d256) (results/s41/call2). Head dim 64 since its
     lse and delta come through shared memory (session 33, one call, with the portable dq kernel): the
     backward 1.04-1.09x causal and 1.08-1.13x full at 1k-16k, 1.10x on GPT-2 medium's packed layer at
-    8k; at 256 and 512 queries level or slower (fwd+bwd 0.92-1.02x), so it starts at 1k. Shorter calls
-    were not measured and keep the portable kernel, as with the forward and dq."""
-    return headdim in MIN_SEQLEN_Q and seqlen_q >= MIN_SEQLEN_Q[headdim]
+    8k; at 128-512 queries level or slower (fwd+bwd 0.92-1.02x at 256 and 512, 0.89-0.96x at 128), so
+    it starts at 1k."""
+    shortest = MIN_SEQLEN_Q.get((headdim, causal))
+    return shortest is not None and seqlen_q >= shortest
 
 
 def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E, sm_count
 from ._flash_fwd_hopper import (
@@ -377,8 +378,8 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     seqlen = 16k tokens): head dim 128 at 1k-16k, causal and full, 1.03-1.08x the whole backward; head
     dim 256 1.08-1.15x (with the portable dK/dV kernel). At 256 and 512 queries, with the dK/dV kernel
     (results/s40/call3, kernel time of fwd+bwd on the Gluon forward): 1.01-1.21x at d128, 1.30-1.45x at
-    d256. Shorter calls were not measured and keep the portable kernel, as in the forward."""
-    return headdim in (128, 256) and seqlen_q >= fwd_hopper.MIN_SEQLEN_Q
+    d256; shorter calls as the dK/dV kernel's rule (`_flash_dkdv_hopper.MIN_SEQLEN_Q`), measured with it."""
+    return headdim in (128, 256) and dkdv_hopper.faster_here(headdim, seqlen_q, causal)
 
 
 def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

@@ -753,8 +753,9 @@ def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_FWD", "1") != "0"
 
 
-# Shortest query length timed against the portable forward (and found faster, `faster_here`)
-MIN_SEQLEN_Q = 256
+# Shortest query length timed against the portable forward and found faster (`faster_here`); at 64 queries
+# it lost at d64 and d256 (results/s41/call2)
+MIN_SEQLEN_Q = 128
 
 
 def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
@@ -762,10 +763,11 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     seqlen = 16k tokens, benchmarks/NOTES_attention.md "Gluon forward", "Head dim 256", "Persistent
     forward", "Below 1k queries"): head dims 128 and 256 at every length measured (1k-16k, causal and
     full: 1.13-1.28x and 1.26-1.31x on an H200; 256 and 512 queries: 1.26-1.53x and 1.11-1.32x in
-    kernel time, results/s40/call3); head dim 64 from 256 queries (1.06-1.18x at 256 and 512; the
-    row-tile kernel had lost at 1k, 0.82-0.92x; the persistent variant: 1.06-1.12x full, 1.10x causal at
-    1k, level at 4k on an H100; the row-tile kernel causal from 8k, 1.01-1.03x on an H200). Shorter
-    calls keep the portable kernel, which was not measured against these there."""
+    kernel time, results/s40/call3; 128 queries: 1.11-1.39x and 1.01-1.19x, results/s41/call2); head dim
+    64 from 128 queries (1.06-1.18x at 256 and 512, 1.08-1.52x at 128; the row-tile kernel had lost at
+    1k, 0.82-0.92x; the persistent variant: 1.06-1.12x full, 1.10x causal at 1k, level at 4k on an H100;
+    the row-tile kernel causal from 8k, 1.01-1.03x on an H200). At 64 queries it lost at d64 and d256
+    (0.53-0.83x) and split d128 (0.93x causal, 1.08x full), so shorter calls keep the portable kernel."""
     return headdim in CONFIGS and seqlen_q >= MIN_SEQLEN_Q
 
 

@@ -39,8 +39,9 @@ def test_cpu_tensors_never_take_them(module):
 @pytest.mark.parametrize("module", [dq_hopper, dkdv_hopper], ids=["dq", "dkdv"])
 @pytest.mark.parametrize(
     "headdim, seqlen_q, causal, takes",
-    [(128, 4096, True, True), (128, 1024, False, True), (128, 256, True, True), (128, 255, False, False),
-     (96, 4096, True, False), (256, 4096, False, True), (256, 256, True, True), (256, 255, True, False)],
+    [(128, 4096, True, True), (128, 1024, False, True), (128, 256, True, True), (128, 255, True, False),
+     (128, 128, False, True), (128, 127, False, False), (96, 4096, True, False), (256, 4096, False, True),
+     (256, 128, True, True), (256, 127, False, False)],
 )  # fmt: skip
 def test_where_they_are_faster(module, headdim, seqlen_q, causal, takes):
     assert module.faster_here(headdim, seqlen_q, causal) is takes
@@ -60,7 +61,7 @@ def test_backward_configs_refuse_split_kv_rings(config_class):
     [(4096, True, True), (16384, False, True), (1024, True, True), (1000, False, False), (512, True, False)],
 )
 def test_head_dim_64_takes_the_dkdv_kernel_alone(seqlen_q, causal, takes):
-    """At head dim 64 the Gluon dK/dV kernel pays from 1k queries (at 256 and 512 it measured level or
+    """At head dim 64 the Gluon dK/dV kernel pays from 1k queries (at 128-512 it measured level or
     slower, unlike d128 and d256); the Gluon dq kernel does not pay at d64."""
     assert dkdv_hopper.faster_here(64, seqlen_q, causal) is takes
     assert dq_hopper.faster_here(64, seqlen_q, causal) is False
@@ -219,6 +220,23 @@ def test_gpu_new_values_at_an_address_already_encoded_give_the_new_results(monke
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, d, causal",
+    [(8, 128, 128, 4, 2, 128, False), (3, 200, 77, 4, 4, 128, False), (4, 130, 300, 2, 1, 256, True),
+     (2, 256, 256, 4, 4, 128, True)],
+)  # fmt: skip
+def test_gpu_short_calls_take_them_from_the_measured_lengths(bwd_calls, b, sq, sk, h, hk, d, causal):
+    """From 128 queries (d128 causal: 256; results/s41/call2) the public API's backward takes both Gluon
+    kernels, and its outputs, lse and gradients pass the tolerance rule."""
+    torch.manual_seed(sq + sk + d)
+    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
+    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    check_public_api([q, k, v], BF16, causal=causal)
+    assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_gpu_a_returned_lse_the_loss_ignores_keeps_them(bwd_calls):
     """return_lse with a loss on out alone: no zero lse gradient reaches the backward, so it takes the
     Hopper kernels as a call without lse does."""
@@ -269,7 +287,7 @@ def test_gpu_other_backwards_keep_the_portable_kernels(monkeypatch):
         flash_attention(q, q, q, **kw).sum().backward()
     q32 = torch.randn(1, 2048, 2, 128, device="cuda", requires_grad=True)
     flash_attention(q32, q32, q32).sum().backward()  # fp32
-    short = q[:, : fwd_hopper.MIN_SEQLEN_Q - 1].detach().requires_grad_()
+    short = q[:, : dkdv_hopper.MIN_SEQLEN_Q[(128, False)] - 1].detach().requires_grad_()
     flash_attention(short, short, short).sum().backward()  # shorter than measured
 
 
