@@ -5,8 +5,13 @@
 #       (check_graph_capture.py, a process per case), beside it the GPU tests of the CUDA-graph file and of
 #       the kernel files not run on session 40's 256-query rule (block-sparse, loss, decode, dropout, varlen)
 #       and, after the check, flashtrain's
+#   (part 1, on an H200: call1/; the check ran out of its 280 s after 13 of its 24 cases)
 #   bash benchmarks/run_gpu_s41.sh 2   # ab_short_dense.py below 256 queries (64 and 128 tokens), its graph
 #       captures on the mended harness
+#   (part 2, on an H200: call2/, after the check's SDPA and block-sparse cases, typed into the call:
+#       check_graph_capture.py --impls sdpa_cudnn sdpa_flash block_sparse --patterns default_kept side)
+#   bash benchmarks/run_gpu_s41.sh 3   # the Gluon kernels from 128 queries (d128 causal backward from 256): the
+#       GPU tests of the dense Hopper forward and backward, packed QKV, dense kernel and CUDA-graph files
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -27,5 +32,11 @@ case "$1" in
 2)
   timeout 560 python benchmarks/ab_short_dense.py --seqlens 128 64 --out "$R/ab_short_dense.json" 2>&1 | quiet \
     | tail -n 30
+  ;;
+3)
+  T=tests/kernels
+  gpu_tests_beside_slow 480 480 6 $T/test_flash_fwd_hopper.py $T/test_flash_bwd_hopper.py $T/test_qkvpacked.py \
+    $T/test_flash_attention.py $T/test_cuda_graphs.py
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log" | head -n 20
   ;;
 esac
