@@ -7,7 +7,7 @@ eager default-stream call, with their autograd graph, alive across the capture: 
 accumulator made by that call keeps the default stream as its stream (pytorch/pytorch#164302, #180090).
 Each case here runs in a fresh process (a failed capture leaves its memory pool behind), one pattern:
 
-- `side`: the usual recipe (`benchmarks.common.graph_time_ms`): warm-up on a side stream, capture;
+- `side`: the usual recipe (`benchmarks.common.capture_graph`): warm-up on a side stream, capture;
 - `default_kept`: first one eager call on the default stream whose outputs are kept (graph and all);
 - `default_dropped`: first one eager call on the default stream whose outputs are dropped;
 - `profiled`: first `device_profile` (torch.profiler, default stream), as the A/B did.
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_profile, error_note, time_ms, write_results  # noqa: E402
+from benchmarks.common import capture_graph, device_profile, error_note, time_ms, write_results  # noqa: E402
 
 PATTERNS = ("side", "default_kept", "default_dropped", "profiled")
 # impl -> (ours' (batch, seqlen, heads, headdim) layout?, batch, seqlen, nheads, headdim, causal)
@@ -93,16 +93,8 @@ def run_case(impl: str, pattern: str) -> dict:
     elif pattern == "profiled":
         device_profile(fwdbwd, steps=3)
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fwdbwd()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            static_grads = fwdbwd()
+        graph, static_grads = capture_graph(fwdbwd)
     except Exception as exc:  # noqa: BLE001  (the finding: which case cannot be captured)
         row.update(captured=False, error=error_note(exc))
         return row

@@ -55,10 +55,11 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
-def graph_time_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50) -> float:
-    """Median milliseconds of fn captured once in a CUDA graph and replayed: its device time without
-    the host's launch work, which dominates small problems (what a graph-captured training step pays).
-    fn must be capturable (no host sync, nothing allocated outside torch's caching allocator)."""
+def capture_graph(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """fn captured in a CUDA graph by PyTorch's recipe (three warm-up calls on a side stream, then the
+    capture), and what the captured call returned (its tensors are rewritten by each replay). fn must
+    be capturable: no host sync, nothing allocated outside torch's caching allocator, and no autograd
+    graph of an earlier default-stream call still alive (check_graph_capture.py)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
@@ -67,7 +68,15 @@ def graph_time_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        outputs = fn()
+    return graph, outputs
+
+
+def graph_time_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50) -> float:
+    """Median milliseconds of fn captured once in a CUDA graph (`capture_graph`) and replayed: its device
+    time without the host's launch work, which dominates small problems (what a graph-captured training
+    step pays)."""
+    graph, _ = capture_graph(fn)
     return time_ms(graph.replay, warmup_ms, rep_ms)
 
 

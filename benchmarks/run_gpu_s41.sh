@@ -12,6 +12,9 @@
 #       check_graph_capture.py --impls sdpa_cudnn sdpa_flash block_sparse --patterns default_kept side)
 #   bash benchmarks/run_gpu_s41.sh 3   # the Gluon kernels from 128 queries (d128 causal backward from 256): the
 #       GPU tests of the dense Hopper forward and backward, packed QKV, dense kernel and CUDA-graph files
+#   (part 3, on an H200: call3/, 284 passed and the slow test passed)
+#   bash benchmarks/run_gpu_s41.sh 4   # after the capture recipe moved into benchmarks.common.capture_graph: the
+#       CUDA-graph GPU tests and two cases of the capture check
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -38,5 +41,11 @@ case "$1" in
   gpu_tests_beside_slow 480 480 6 $T/test_flash_fwd_hopper.py $T/test_flash_bwd_hopper.py $T/test_qkvpacked.py \
     $T/test_flash_attention.py $T/test_cuda_graphs.py
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log" | head -n 20
+  ;;
+4)
+  timeout -s INT 200 python -m pytest -q -m gpu -rf tests/kernels/test_cuda_graphs.py > "$R/gpu_tests.log" 2>&1
+  tail -n 2 "$R/gpu_tests.log"
+  timeout 150 python benchmarks/check_graph_capture.py --impls triton_gluon block_sparse --patterns side \
+    default_kept --timeout 60 --out "$R/graph_capture.json" 2>&1 | quiet | grep -v "^Traceback\|^  "
   ;;
 esac

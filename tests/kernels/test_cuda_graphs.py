@@ -1,5 +1,5 @@
 """Our attention's fwd+bwd inside a CUDA graph (GPU only): captured with PyTorch's recipe (warm-up on a
-side stream, then `torch.cuda.graph`), replayed on new values copied into the captured inputs, it gives
+side stream, then `torch.cuda.graph`: `benchmarks.common.capture_graph`), replayed on new values copied into the captured inputs, it gives
 the gradients of an eager call on those values. Dense calls on the Gluon kernels and on the portable
 ones, and block-sparse; also after an eager call on the default stream (a user's eager steps before the
 capture), whose outputs are dropped. (An eager call whose autograd graph stays alive through the
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.common import capture_graph
 from kernels import block_sparse_attention, flash_attention
 from kernels.layouts import butterfly_layout
 
@@ -52,15 +53,7 @@ def test_replay_gives_eager_gradients(case, eager_first):
     fwdbwd, inputs = _fwdbwd(case)
     if eager_first:
         fwdbwd()  # on the default stream; its outputs dropped
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fwdbwd()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fwdbwd()
+    graph, captured = capture_graph(fwdbwd)
     for _ in range(2):  # twice: each replay reads the inputs' current values
         with torch.no_grad():
             for t in inputs:
