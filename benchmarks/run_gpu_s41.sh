@@ -15,6 +15,7 @@
 #   (part 3, on an H200: call3/, 284 passed and the slow test passed)
 #   bash benchmarks/run_gpu_s41.sh 4   # after the capture recipe moved into benchmarks.common.capture_graph: the
 #       CUDA-graph GPU tests and two cases of the capture check
+#   (part 4, on an H200: call4/, 8 passed; the check as in call1/ and call2/)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
