@@ -98,8 +98,9 @@ def point(headdim: int, seqlen: int, causal: bool) -> dict:
     results = {}
     for name in VARIANTS:  # first calls (autotuning, compiles) outside the timings; the check
         set_variant(name)
-        # detached: out.float() would keep this call's autograd graph, and with it the leaves' gradient
-        # accumulators on the default stream, alive through the CUDA-graph captures below (check_graph_capture.py)
+        # detached: out.float() would keep this call's autograd graph alive through the CUDA-graph
+        # captures below, and with it the leaves' gradient accumulators on the default stream, which
+        # makes every capture fail (check_graph_capture.py)
         results[name] = [t.detach().float() for t in fns[name][1]()]
     scale = max(t.abs().max().item() for t in results["portable"])
     row["gluon_all_max_rel_diff"] = max(

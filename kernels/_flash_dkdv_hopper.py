@@ -564,7 +564,9 @@ ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 # together at 64-512 queries (results/s40/call3, s41/call2; d128 causal at 128: 0.98x); d64 this kernel
 # alone, level or slower below 1k
 MIN_SEQLEN_Q = {
-    (64, False): 1024, (64, True): 1024, (128, False): 128, (128, True): 256, (256, False): 128, (256, True): 128,
+    (64, False): 1024, (64, True): 1024,
+    (128, False): 128, (128, True): 256,
+    (256, False): 128, (256, True): 128,
 }  # fmt: skip
 
 
@@ -579,7 +581,7 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     level (d256) (results/s41/call2). Head dim 64 since its
     lse and delta come through shared memory (session 33, one call, with the portable dq kernel): the
     backward 1.04-1.09x causal and 1.08-1.13x full at 1k-16k, 1.10x on GPT-2 medium's packed layer at
-    8k; at 128-512 queries level or slower (fwd+bwd 0.92-1.02x at 256 and 512, 0.89-0.96x at 128), so
+    8k; at 128-512 queries level or slower (fwd+bwd 0.92-1.02x at 256 and 512, 0.89-0.95x at 128), so
     it starts at 1k."""
     shortest = MIN_SEQLEN_Q.get((headdim, causal))
     return shortest is not None and seqlen_q >= shortest

@@ -1,10 +1,10 @@
-"""Our attention's fwd+bwd inside a CUDA graph (GPU only): captured with PyTorch's recipe (warm-up on a
-side stream, then `torch.cuda.graph`: `benchmarks.common.capture_graph`), replayed on new values copied into the captured inputs, it gives
-the gradients of an eager call on those values. Dense calls on the Gluon kernels and on the portable
-ones, and block-sparse; also after an eager call on the default stream (a user's eager steps before the
-capture), whose outputs are dropped. (An eager call whose autograd graph stays alive through the
-capture makes any op's capture fail, SDPA's too: pytorch/pytorch#164302;
-benchmarks/check_graph_capture.py.)
+"""Our attention's fwd+bwd inside a CUDA graph (GPU only): captured by PyTorch's recipe (warm-up on a
+side stream, then `torch.cuda.graph`: `benchmarks.common.capture_graph`) and replayed on new values
+copied into the captured inputs, it gives the gradients of an eager call on those values. Dense calls on
+the Gluon kernels and on the portable ones, and block-sparse; also after an eager call on the default
+stream (a user's eager steps before the capture) whose outputs are dropped. (An eager call whose
+autograd graph stays alive through the capture makes any op's capture fail, SDPA's too:
+pytorch/pytorch#164302; benchmarks/check_graph_capture.py.)
 """
 
 from __future__ import annotations
