@@ -16,6 +16,8 @@
 #   bash benchmarks/run_gpu_s41.sh 4   # after the capture recipe moved into benchmarks.common.capture_graph: the
 #       CUDA-graph GPU tests and two cases of the capture check
 #   (part 4, on an H200: call4/, 8 passed; the check as in call1/ and call2/)
+#   call5/ (on an H200, typed into the call over call5/k_regs.patch applied to kernels/_flash_dkdv_hopper.py):
+#       EXP_K_REGS=1 EXP_V_REGS=1 python benchmarks/ab_dkdv_two_pass.py --out "$R/ab_dkdv_two_pass.json"
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
