@@ -18,6 +18,8 @@
 #   (part 4, on an H200: call4/, 8 passed; the check as in call1/ and call2/)
 #   call5/ (on an H200, typed into the call over call5/k_regs.patch applied to kernels/_flash_dkdv_hopper.py):
 #       EXP_K_REGS=1 EXP_V_REGS=1 python benchmarks/ab_dkdv_two_pass.py --out "$R/ab_dkdv_two_pass.json"
+#   bash benchmarks/run_gpu_s41.sh 6   # Nsight Compute (--set full) on one d128 n16k fwd+bwd, ours and SDPA cuDNN's,
+#       full and causal: each kernel's details page as CSV (ncu_attention.py)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -50,5 +52,18 @@ case "$1" in
   tail -n 2 "$R/gpu_tests.log"
   timeout 150 python benchmarks/check_graph_capture.py --impls triton_gluon block_sparse --patterns side \
     default_kept --timeout 60 --out "$R/graph_capture.json" 2>&1 | quiet | grep -v "^Traceback\|^  "
+  ;;
+6)
+  for impl in triton sdpa_cudnn; do
+    for causal in full causal; do
+      name=ncu_${impl}_${causal}
+      timeout 240 ncu --profile-from-start off --set full -o "$R/$name" python benchmarks/ncu_attention.py \
+        --impl "$impl" --seqlen 16384 --headdim 128 --causal "$causal" > "$R/$name.log" 2>&1
+      tail -n 2 "$R/$name.log"
+      ncu --import "$R/$name.ncu-rep" --page details --csv > "$R/${name}_details.csv" 2>&1
+      rm -f "$R/$name.ncu-rep"  # (large; the CSV keeps every section's values)
+    done
+  done
+  ls -la "$R"
   ;;
 esac

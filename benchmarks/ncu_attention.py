@@ -1,0 +1,52 @@
+"""One attention fwd+bwd for Nsight Compute to profile: what binds each kernel (tensor pipe, shared
+memory, issue, stalls), ours against SDPA cuDNN's. The profiled call is the one between
+cudaProfilerStart and Stop, after warm-up calls (compiles, autotuning), so run ncu with
+--profile-from-start off:
+
+    ncu --profile-from-start off --set full -o bwd python benchmarks/ncu_attention.py --impl triton \\
+        --seqlen 16384 --headdim 128 --causal full
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", default="triton", help="a bench_attention impl (triton, sdpa_cudnn, ...)")
+    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--headdim", type=int, default=128)
+    parser.add_argument("--causal", choices=["causal", "full"], default="full")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu_attention needs a CUDA device")
+    batch, nheads, causal = TOKENS // args.seqlen, MODEL_DIM // args.headdim, args.causal == "causal"
+    ours = args.impl.startswith("triton")
+    shape = (batch, args.seqlen, nheads, args.headdim) if ours else (batch, nheads, args.seqlen, args.headdim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    attend = make_impl(args.impl)
+
+    def fwdbwd():
+        return torch.autograd.grad(attend(q, k, v, causal), (q, k, v), do)
+
+    for _ in range(3):
+        fwdbwd()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fwdbwd()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
