@@ -20,6 +20,9 @@
 #       EXP_K_REGS=1 EXP_V_REGS=1 python benchmarks/ab_dkdv_two_pass.py --out "$R/ab_dkdv_two_pass.json"
 #   bash benchmarks/run_gpu_s41.sh 6   # Nsight Compute (--set full) on one d128 n16k fwd+bwd, ours and SDPA cuDNN's,
 #       full and causal: each kernel's details page as CSV (ncu_attention.py)
+#   (part 6, on an H200: call6/)
+#   bash benchmarks/run_gpu_s41.sh 7   # where the d128 dK/dV kernel's warps stall: Nsight Compute's per-instruction
+#       source page (SASS, warp-stall samples by reason) of that kernel in a d128 n16k full fwd+bwd, and the dq kernel's
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -63,6 +66,19 @@ case "$1" in
       ncu --import "$R/$name.ncu-rep" --page details --csv > "$R/${name}_details.csv" 2>&1
       rm -f "$R/$name.ncu-rep"  # (large; the CSV keeps every section's values)
     done
+  done
+  ls -la "$R"
+  ;;
+7)
+  for kernel in dkdv dq; do
+    name=ncu_source_$kernel
+    timeout 200 ncu --profile-from-start off -k "regex:$kernel" --section WarpStateStats --section SourceCounters \
+      --section ComputeWorkloadAnalysis -o "$R/$name" python benchmarks/ncu_attention.py --impl triton \
+      --seqlen 16384 --headdim 128 --causal full > "$R/$name.log" 2>&1
+    tail -n 2 "$R/$name.log"
+    ncu --import "$R/$name.ncu-rep" --page source --csv --print-source sass > "$R/${name}_sass.csv" 2>&1
+    ncu --import "$R/$name.ncu-rep" --page raw --csv > "$R/${name}_raw.csv" 2>&1
+    rm -f "$R/$name.ncu-rep"
   done
   ls -la "$R"
   ;;
