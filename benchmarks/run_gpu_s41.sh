@@ -23,6 +23,9 @@
 #   (part 6, on an H200: call6/)
 #   bash benchmarks/run_gpu_s41.sh 7   # where the d128 dK/dV kernel's warps stall: Nsight Compute's per-instruction
 #       source page (SASS, warp-stall samples by reason) of that kernel in a d128 n16k full fwd+bwd, and the dq kernel's
+#   (part 7, on an H200: call7/)
+#   call8/ (on an H200, typed into the call over call8/defer.patch applied to kernels/_flash_dkdv_hopper.py): for two
+#       rounds, EXP_DEFER=0 then =1: python benchmarks/exp_dkdv_defer.py --out "$R/defer${e}_round${round}.json"
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
