@@ -10,6 +10,9 @@ through the public API, and dk, dv against the portable dK/dV kernel's (max abs 
 the largest value).
 
     EXP_DEFER=1 python benchmarks/exp_dkdv_defer.py --out defer1.json
+
+Also used for the next try (`--label`): S^T and dP^T started from zero (wgmma without an accumulator
+input) and -lse / scale and -delta added after them, EXP_RZ=1 over `results/s41/call9/rz.patch`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def point(seqlen: int, causal: bool, stages: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--stages", type=int, nargs="+", default=list(STAGES), choices=list(STAGES))
+    parser.add_argument("--label", default="", help="recorded in each row (another experiment's setting)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -60,12 +65,12 @@ def main() -> None:
     rows = []
     for seqlen in args.seqlens:
         for causal in (True, False):
-            for stages in STAGES:
-                rows.append(point(seqlen, causal, stages))
+            for stages in args.stages:
+                rows.append({**point(seqlen, causal, stages), "label": args.label})
                 write_results(args.out, rows)
                 r = rows[-1]
                 print(
-                    f"defer={r['defer']} n{seqlen} {'causal' if causal else 'full'} stages {stages}: dK/dV "
+                    f"{args.label} defer={r['defer']} n{seqlen} {'causal' if causal else 'full'} stages {stages}: dK/dV "
                     f"{r['dkdv_device_ms']:.3f} ms, fwd+bwd {r['fwdbwd_tflops']:.0f} TFLOP/s, "
                     f"diff {r['dkdv_max_rel_diff_vs_portable']:.1e}",
                     flush=True,

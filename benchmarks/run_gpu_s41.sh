@@ -26,6 +26,8 @@
 #   (part 7, on an H200: call7/)
 #   call8/ (on an H200, typed into the call over call8/defer.patch applied to kernels/_flash_dkdv_hopper.py): for two
 #       rounds, EXP_DEFER=0 then =1: python benchmarks/exp_dkdv_defer.py --out "$R/defer${e}_round${round}.json"
+#   call9/ (on an H200, over call9/rz.patch): for two rounds, EXP_RZ=0 then =1:
+#       python benchmarks/exp_dkdv_defer.py --stages 2 --label rz$e --out "$R/rz${e}_round${round}.json"
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
