@@ -34,14 +34,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import capture_graph, device_profile, error_note, time_ms, write_results  # noqa: E402
 
 PATTERNS = ("side", "default_kept", "default_dropped", "profiled")
-# impl -> (ours' (batch, seqlen, heads, headdim) layout?, batch, seqlen, nheads, headdim, causal)
+# impl -> (batch, seqlen, nheads, headdim, causal); SDPA's take (batch, nheads, seqlen, headdim), ours
+# (batch, seqlen, nheads, headdim)
 SHAPES = {
-    "triton_gluon": (True, 32, 512, 16, 128, True),  # the A/B's first point: the Gluon kernels
-    "triton_portable": (True, 32, 512, 16, 128, True),  # the same call on the portable kernels (ENV)
-    "triton_portable_d80": (True, 4, 200, 8, 80, False),  # a head dim only the portable kernels take
-    "block_sparse": (True, 1, 4096, 16, 128, False),  # butterfly, all factors, 128-blocks
-    "sdpa_cudnn": (False, 32, 512, 16, 128, True),
-    "sdpa_flash": (False, 32, 512, 16, 128, True),
+    "triton_gluon": (32, 512, 16, 128, True),  # the A/B's first point: the Gluon kernels
+    "triton_portable": (32, 512, 16, 128, True),  # the same call on the portable kernels (ENV)
+    "triton_portable_d80": (4, 200, 8, 80, False),  # a head dim only the portable kernels take
+    "block_sparse": (1, 4096, 16, 128, False),  # butterfly, all factors, 128-blocks
+    "sdpa_cudnn": (32, 512, 16, 128, True),
+    "sdpa_flash": (32, 512, 16, 128, True),
 }
 
 # the environment of an impl's process: triton_portable turns the Gluon kernels off
@@ -50,8 +51,9 @@ ENV = {"triton_portable": {f"FLASHTRAIN_HOPPER_{k}": "0" for k in ("FWD", "DQ", 
 
 def make_fwdbwd(impl: str):
     """(attend() -> out, fwdbwd() -> grads of the leaves, the leaves) on fresh random bf16 inputs."""
-    ours_layout, batch, seqlen, nheads, headdim, causal = SHAPES[impl]
-    shape = (batch, seqlen, nheads, headdim) if ours_layout else (batch, nheads, seqlen, headdim)
+    batch, seqlen, nheads, headdim, causal = SHAPES[impl]
+    sdpa = impl.startswith("sdpa")
+    shape = (batch, nheads, seqlen, headdim) if sdpa else (batch, seqlen, nheads, headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     if impl == "block_sparse":
@@ -62,18 +64,13 @@ def make_fwdbwd(impl: str):
 
         def attend():
             return block_sparse_attention(q, k, v, layout)
-    elif impl.startswith("triton"):
-        from kernels import flash_attention
-
-        def attend():
-            return flash_attention(q, k, v, causal=causal)
     else:
         from benchmarks.bench_attention import make_impl
 
-        sdpa = make_impl(impl)
+        dense = make_impl(impl if sdpa else "triton")
 
         def attend():
-            return sdpa(q, k, v, causal)
+            return dense(q, k, v, causal)
 
     def fwdbwd():
         return torch.autograd.grad(attend(), (q, k, v), dout)
@@ -84,7 +81,7 @@ def make_fwdbwd(impl: str):
 def run_case(impl: str, pattern: str) -> dict:
     torch.manual_seed(0)
     attend, fwdbwd, leaves = make_fwdbwd(impl)
-    row = dict(impl=impl, pattern=pattern, shape=SHAPES[impl][1:])
+    row = dict(impl=impl, pattern=pattern, shape=SHAPES[impl])
     kept = None
     if pattern == "default_kept":  # as the A/B kept out.float(): its grad_fn holds the whole graph
         kept = (attend().float(), fwdbwd())
@@ -113,7 +110,7 @@ def run_case(impl: str, pattern: str) -> dict:
         replay_ms=time_ms(graph.replay, 10, 50),
         eager_ms=time_ms(fwdbwd, 10, 50),
     )
-    del kept
+    del kept  # (alive until here: through the capture)
     return row
 
 

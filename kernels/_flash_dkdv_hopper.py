@@ -578,11 +578,10 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     alone, 1.23-1.32x the portable one (one call); at 256 and 512 queries, with the dq kernel, fwd+bwd
     1.01-1.21x (d128) and 1.30-1.45x (d256) in kernel time (results/s40/call3); at 128 queries 1.13x
     (d128 full; causal 0.98x, so from 256) and 1.33-1.35x (d256), at 64 queries 0.74-0.78x (d128) and
-    level (d256) (results/s41/call2). Head dim 64 since its
-    lse and delta come through shared memory (session 33, one call, with the portable dq kernel): the
-    backward 1.04-1.09x causal and 1.08-1.13x full at 1k-16k, 1.10x on GPT-2 medium's packed layer at
-    8k; at 128-512 queries level or slower (fwd+bwd 0.92-1.02x at 256 and 512, 0.89-0.95x at 128), so
-    it starts at 1k."""
+    level (d256) (results/s41/call2). Head dim 64 since its lse and delta come through shared memory
+    (session 33, one call, with the portable dq kernel): the backward 1.04-1.09x causal and 1.08-1.13x
+    full at 1k-16k, 1.10x on GPT-2 medium's packed layer at 8k; at 128-512 queries level or slower
+    (fwd+bwd 0.92-1.02x at 256 and 512, 0.89-0.95x at 128), so it starts at 1k."""
     shortest = MIN_SEQLEN_Q.get((headdim, causal))
     return shortest is not None and seqlen_q >= shortest
 
