@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _flash_dkdv_hopper, _flash_dq_hopper
+from . import _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -527,6 +527,24 @@ def flash_attn_backward(
         dq, dk, dv = grads_out
     else:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    hopper_kw = dict(
+        win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+        varlen=varlen,
+    )  # fmt: skip
+    # Hopper, atomic dq asked for: the one-kernel backward (dQ added per step in fp32, 5 products instead
+    # of 7) where it measured faster than the deterministic Gluon kernels (full attention); where it did not
+    # (causal: 0.95-1.01x), those kernels, faster than the portable atomic variant
+    fused = False
+    if (
+        atomic_dq
+        and only is None
+        and not accumulate
+        and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
+    ):
+        fused = _flash_bwd_fused_hopper.ENABLED and _flash_bwd_fused_hopper.supports(
+            q.shape[-1], win_right == 0
+        )
+        atomic_dq = fused or not _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
     # (.., H, D) fp32 accumulator for the atomic variant
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
     if varlen:
@@ -548,10 +566,6 @@ def flash_attn_backward(
     elif dlse2 is not None:
         raise ValueError("with a precomputed delta, pass dlse2 to backward_delta, which folds it into delta")
 
-    hopper_kw = dict(
-        win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-        varlen=varlen,
-    )  # fmt: skip
     # Hopper: the warp-specialised dq kernel (which writes delta too), then the dK/dV kernel reading it
     hopper_dq = delta_here and not accumulate and _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
     hopper_dkdv = (
@@ -560,6 +574,12 @@ def flash_attn_backward(
         and not atomic_dq
         and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
     )
+    if fused:
+        _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
+            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0
+        )
+        dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
+        return dq, dk, dv
     if hopper_dq:
         _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,
                                               causal=win_right == 0)  # fmt: skip

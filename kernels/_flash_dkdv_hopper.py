@@ -34,8 +34,10 @@ import os
 from dataclasses import dataclass, replace
 
 import triton
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -165,13 +167,15 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
 def _steps(
     dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count, tiles,
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
-    st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0,
+    st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
+    FUSED_DQ: gl.constexpr = False, dq_io=None,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
     tiles, are masked as sections 0 and 2 both; SECTION 4, a whole list whose first n_partial entries are
     partial, masks step by step); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
-    and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched)."""
+    and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched). FUSED_DQ (PART 0, dense):
+    each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io)."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -192,8 +196,14 @@ def _steps(
         # The producer staged both columns with the tile: a load from global memory here would stall
         # each step for its latency
         zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        s_t = warpgroup_mma(k, q.permute((1, 0)), zeros + lse_smem.index(stage).load(col_layout)[None, :],
-                            is_async=True)  # fmt: skip
+        if (
+            FUSED_DQ
+        ):  # keys past the sequence start from -inf: P^T = 0 there, as dQ needs (their K rows are zeros,
+            # but exp2(0 - lse) may overflow)
+            s_init = lse_smem.index(stage).load(col_layout)[None, :] + dq_io[0][:, None]
+        else:
+            s_init = zeros + lse_smem.index(stage).load(col_layout)[None, :]
+        s_t = warpgroup_mma(k, q.permute((1, 0)), s_init, is_async=True)
         if PART == 1:
             s_t = warpgroup_mma_wait(0, deps=(s_t,))
         else:
@@ -212,9 +222,14 @@ def _steps(
             p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
             dv = warpgroup_mma(p_op, do, dv, is_async=True)
             dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T - delta is in; dV may still run
-            ds_op = gl.convert_layout((p_t * dp_t).to(q.dtype), op_layout)
+            ds_t = (p_t * dp_t).to(q.dtype)
+            ds_op = gl.convert_layout(ds_t, op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+            if FUSED_DQ:
+                dq = fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
+                dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
+            else:
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
         elif PART == 1:
             p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
             dv = warpgroup_mma(p_op, do, dv, is_async=True)
@@ -226,8 +241,64 @@ def _steps(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
+        if FUSED_DQ:  # (the tile found again here: held through the step, its registers spilled)
+            t, g = _query_tile(tiles, j, start, count, SPARSE)
+            fused_dq_store(dq, t, g, dq_io, WG)
         it += 1
     return dk, dv, it
+
+
+@gluon.jit
+def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A fused step's dQ product (`_flash_bwd_fused_hopper`), issued asynchronously: dS^T (this
+    consumer's keys x the step's queries, 16 bits) goes to shared memory, and once the other consumer's
+    has too, this one computes its half of dQ's columns over both consumers' keys:
+    dQ[:, WG half] = dS (queries x all keys) K[:, WG half]. The dS^T buffers alternate between steps: a
+    consumer writes a buffer again only two steps later, after the other one arrived at the buffer in
+    between, which it does after its wait for the products that read this one."""
+    _, ds_smem, ds_ready, keys_free, dq_smem, dq_desc, k_smem, _, _, _ = dq_io
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    HALF: gl.constexpr = HEAD_DIM // 2
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16]
+    )
+    buf = (it % 2) * 2
+    ds_smem.index(buf + WG).store(ds_t)
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's share is stored before the (one-thread) arrive
+    mbarrier.arrive(ds_ready.index(it % 2), count=1)
+    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
+    k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=1)
+    k1 = k_smem.index(1).reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=1)
+    dq = gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout)
+    dq = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k0, dq, use_acc=False, is_async=True)
+    return warpgroup_mma(ds_smem.index(buf + 1).permute((1, 0)), k1, dq, is_async=True)
+
+
+@gluon.jit
+def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
+    """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
+    reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
+    (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first."""
+    _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    HALF: gl.constexpr = dq_smem.shape[4]
+    tma.store_wait(0)
+    gl.thread_barrier()  # (the thread that issued the last add has seen it read)
+    dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
+    fence_async_shared()
+    tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """`tma.async_copy_shared_to_global` that adds into global memory instead of storing
+    (cp.reduce.async.bulk.tensor .add): Triton 3.6 builds the op, its Gluon has no wrapper for it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(
+        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+    )
 
 
 @gluon.jit
@@ -235,10 +306,12 @@ def _consumer(
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
+    FUSED_DQ: gl.constexpr = False, dq_io=None,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
-    (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone)."""
+    (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
+    too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -253,6 +326,22 @@ def _consumer(
     diag = seqlen_k - seqlen_q
     KEYS: gl.constexpr = k_smem.shape[0] * BLOCK_N  # the program's keys (one BLOCK_N per consumer)
     mbarrier.wait(kv_ready.index(WG), 0)
+    if FUSED_DQ:  # dQ's products read both consumers' K; keys past the sequence get P^T = 0
+        mbarrier.wait(kv_ready.index(1 - WG), 0)
+        key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
+        ds_smem, ds_ready, keys_free, dq_smem, dq_desc = dq_io
+        dq_io = (
+            key_bias,
+            ds_smem,
+            ds_ready,
+            keys_free,
+            dq_smem,
+            dq_desc,
+            k_smem,
+            off_b,
+            off_hk * group,
+            sm_scale,
+        )
     k = k_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])  # (the dV pass's v_smem is k_smem, never read)
     # a pass's other accumulator is a scalar it passes through: no registers held
@@ -279,8 +368,14 @@ def _consumer(
             start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, KEYS)
             dk, dv, it = _steps(
                 dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count,
-                tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout,
+                tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout, 0, WG,
+                FUSED_DQ, dq_io,
             )  # fmt: skip
+    if FUSED_DQ:  # the other consumer's dQ products are done reading this one's K before dK overwrites it
+        keys_free = dq_io[3]
+        gl.thread_barrier()
+        mbarrier.arrive(keys_free, count=1)
+        mbarrier.wait(keys_free, 0)
     _store_grads(dk, dv, k_smem.index(WG), v_smem.index(WG), dk_desc, dv_desc, [off_b, off_hk, first_key, 0],
                  sm_scale, PART)  # fmt: skip
 

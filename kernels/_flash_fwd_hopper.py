@@ -833,7 +833,11 @@ def _smem_layout(rows: int, headdim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, headdim], _GL_DTYPES[dtype])
 
 
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_DTYPES = {
+    torch.bfloat16: gl.bfloat16,
+    torch.float16: gl.float16,
+    torch.float32: gl.float32,
+}  # (fp32: the fused backward's dq)
 
 
 def flash_attn_forward_hopper(

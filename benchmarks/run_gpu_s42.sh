@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 42). Each part is what one call ran; the outputs are in
+# benchmarks/results/s42/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s42.sh 1   # the one-kernel backward (exp_fused_bwd.py: fp32 reference check, against
+#       the default two-kernel backward and SDPA cuDNN), in two processes: the dK/dV kernels as on main, then with
+#       non-causal query tiles in two sections (EXP_FIRST_TILE_ALONE=1, call1/first_tile_alone.patch; not kept)
+#   (part 1, on an H200: call1/)
+#   bash benchmarks/run_gpu_s42.sh 2   # exp_fused_bwd.py at d128 1k and 8k, then the GPU tests of the Hopper backward
+#       file (the fused kernel's among them; the slow portable-autotune test left out)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "$1" in
+1)
+  for e in 0 1; do
+    EXP_FIRST_TILE_ALONE=$e timeout 260 python benchmarks/exp_fused_bwd.py --out "$R/fused_first_tile_alone$e.json" \
+      2>&1 | quiet > "$R/fused_first_tile_alone$e.log"
+    tail -n 12 "$R/fused_first_tile_alone$e.log"
+  done
+  ;;
+2)
+  timeout 200 python benchmarks/exp_fused_bwd.py --headdims 128 --seqlens 1024 8192 --out "$R/fused_1k_8k.json" 2>&1 \
+    | quiet > "$R/fused_1k_8k.log"
+  grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/fused_1k_8k.log"
+  timeout -s INT 360 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py \
+    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests_bwd_hopper.log" 2>&1
+  tail -n 5 "$R/gpu_tests_bwd_hopper.log"
+  ;;
+*)
+  echo "unknown part $1" >&2
+  exit 2
+  ;;
+esac

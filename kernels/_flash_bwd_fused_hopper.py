@@ -1,0 +1,136 @@
+"""The whole backward in one Gluon kernel on Hopper (sm_90): the dK/dV kernel that also adds each step's dQ.
+
+The default backward runs two kernels, dq (`_flash_dq_hopper`) and dK/dV (`_flash_dkdv_hopper`), each
+summing its gradient in registers, so the dq kernel recomputes S and dP: 7 products of the attention
+matrix's size against the 5 a single kernel needs. Here the dK/dV kernel's consumers also run FlashAttention-3's
+dQ step (`_flash_dkdv_hopper.fused_dq_product`): each writes its dS^T (its 64 keys x the step's queries)
+to shared memory, and once both have, each multiplies all 128 keys' dS by its half of K's columns and
+adds that half of the step's dQ tile into an fp32 buffer in global memory with a TMA reduce-add. Those
+adds arrive in no fixed order, so dq differs from run to run in its last bits: this path is opt-in
+(`kernels.flash_attention(..., deterministic=False)`), as the issue asks of any atomic variant.
+
+Scope: what the Hopper dK/dV kernel takes, one pass (head dims 64 and 128), dense. delta = rowsum(dO * O)
+comes from the portable preprocess (`_flash_bwd.backward_delta`) before the launch, and dq from the fp32
+buffer after it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from . import _flash_dkdv_hopper as dkdv
+from ._common import LOG2E, sched_slots_for, tile_program_ids
+from ._flash_fwd_hopper import descriptor
+from ._launch import CompiledLaunch
+
+
+@gluon.jit
+def _attn_bwd_fused_hopper(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots,
+    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
+    2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
+    BLOCK_M, headdim / 2); LSE is base 2."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
+    pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
+    n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
+    hi = gl.cdiv(seqlen_q, BLOCK_M)
+    if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
+        lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
+    else:
+        lo = 0
+
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(kv_ready.index(c), count=1)
+    q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = dkdv._qdo_ring(
+        q_desc, do_desc, STAGES, NUM_CONSUMERS, 0
+    )
+    # dS^T of each consumer, two steps' worth (buffer 2 * (step % 2) + consumer), and each consumer's
+    # dQ half on its way to the reduce-add
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_CONSUMERS, BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(
+        dq_desc.dtype, [NUM_CONSUMERS] + dq_desc.block_type.shape, dq_desc.layout
+    )
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    keys_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=NUM_CONSUMERS)
+    mbarrier.init(keys_free.index(0), count=NUM_CONSUMERS)
+    dq_io = (ds_smem, ds_ready, keys_free.index(0), dq_smem, dq_desc)
+
+    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
+    gl.warp_specialize(
+        [
+            (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
+                              dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io)),
+            (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
+                              dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io)),
+            (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                              kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
+                              off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
+                              0)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+# FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the two-kernel path's atomic variant instead
+ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
+
+# Per head dim, the dK/dV kernel's config (two consumers of 64 keys, each owning half of dQ's columns).
+# d128 only: one H200 (results/s42/call1), the backward against the default two kernels 1.08-1.12x at
+# full 4k-16k, level causal; d64 (64-query tiles, three stages: its own config's 128-query tiles spill
+# here) 0.98-1.01x at 4k-16k bar causal 16k (1.09x), against a default whose dq kernel is the portable one.
+CONFIGS = {128: dkdv.CONFIGS[128]}
+
+
+def supports(headdim: int, causal: bool) -> bool:
+    """Whether a call that `_flash_dkdv_hopper.supports` takes runs here when asked for atomic dq: full
+    attention at the head dims of CONFIGS. Causal calls measured 0.95-1.01x the deterministic two-kernel
+    backward fwd+bwd at 1k-16k (results/s42/call1, call2), so they keep it."""
+    return headdim in CONFIGS and not causal
+
+
+def flash_attn_bwd_fused_hopper(
+    q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None
+):
+    """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
+    contiguous, shaped like q; zero it first for dq itself), given the base-2 lse and delta. The caller
+    checked `_flash_dkdv_hopper.supports` and `supports`."""
+    batch, seqlen_q, nheads, headdim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    cfg = config or CONFIGS[headdim]
+    grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
+    # each head's two column halves as heads of their own, so a TMA block is one consumer's half
+    dq_halves = dq_acc.view(batch, seqlen_q, 2 * nheads, headdim // 2)
+    args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
+            sm_scale, sched_slots_for(q.device, causal))  # fmt: skip
+    _launch_fused(
+        grid,
+        ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
+         (dv, cfg.block_n), (dq_halves, cfg.block_m)),
+        args,
+        dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+             PRODUCER_REGS=cfg.producer_regs, num_warps=4),
+    )  # fmt: skip
+    return dk, dv
+
+
+_launch_fused = CompiledLaunch(_attn_bwd_fused_hopper, descriptor)
