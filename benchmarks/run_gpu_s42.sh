@@ -9,6 +9,9 @@
 #       file (the fused kernel's among them; the slow portable-autotune test left out)
 #   (part 2, on an H200: call2/, 165 passed, on the tree before causal deterministic=False calls left the fused kernel)
 #   bash benchmarks/run_gpu_s42.sh 3   # the same GPU tests on the final routes
+#   (part 3, on an H200: call3/, 167 passed)
+#   bash benchmarks/run_gpu_s42.sh 4   # exp_fused_bwd.py at d128 4k and 16k after the fused steps count their query
+#       tile along instead of dividing by the section's length (21 spills in the full build's loops, not 63)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -33,6 +36,10 @@ case "$1" in
     --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
     > "$R/gpu_tests_bwd_hopper.log" 2>&1
   tail -n 5 "$R/gpu_tests_bwd_hopper.log"
+  ;;
+4)
+  timeout 300 python benchmarks/exp_fused_bwd.py --headdims 128 --out "$R/fused_d128.json" 2>&1 | quiet > "$R/fused_d128.log"
+  grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/fused_d128.log"
   ;;
 *)
   echo "unknown part $1" >&2

@@ -183,6 +183,7 @@ def _steps(
     MASKED: gl.constexpr = CAUSAL and SECTION != 1
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         if MASKED:  # this tile's queries (columns here), for the causal mask
@@ -241,9 +242,11 @@ def _steps(
             dk, ds_op = warpgroup_mma_wait(0, deps=(dk, ds_op))
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
-        if FUSED_DQ:  # (the tile found again here: held through the step, its registers spilled)
-            t, g = _query_tile(tiles, j, start, count, SPARSE)
-            fused_dq_store(dq, t, g, dq_io, WG)
+        if FUSED_DQ:
+            fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
+            wrap = dq_tile == start + count - 1
+            dq_tile = gl.where(wrap, start, dq_tile + 1)
+            dq_head += wrap.to(gl.int32)
         it += 1
     return dk, dv, it
 
