@@ -12,6 +12,9 @@
 #   (part 3, on an H200: call3/, 167 passed)
 #   bash benchmarks/run_gpu_s42.sh 4   # exp_fused_bwd.py at d128 4k and 16k after the fused steps count their query
 #       tile along instead of dividing by the section's length (21 spills in the full build's loops, not 63)
+#   (part 4, on an H200: call4/)
+#   bash benchmarks/run_gpu_s42.sh 5   # over results/s42/ablation.patch: exp_fused_ablation.py without the dS^T
+#       wait, without the reduce-adds, without both, and as is, two rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -40,6 +43,15 @@ case "$1" in
 4)
   timeout 300 python benchmarks/exp_fused_bwd.py --headdims 128 --out "$R/fused_d128.json" 2>&1 | quiet > "$R/fused_d128.log"
   grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/fused_d128.log"
+  ;;
+5)
+  for round in 1 2; do
+    for setting in "0 0" "1 0" "0 1" "1 1"; do
+      set -- $setting
+      EXP_NO_SYNC=$1 EXP_NO_REDUCE=$2 timeout 100 python benchmarks/exp_fused_ablation.py \
+        --out "$R/ablation_sync$1_reduce$2_round$round.json" 2>&1 | quiet | tail -n 4
+    done
+  done
   ;;
 *)
   echo "unknown part $1" >&2
