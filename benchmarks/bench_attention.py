@@ -106,7 +106,8 @@ def _triton_qkvpacked(q, k, v, causal):
 
 
 def _triton_atomic(q, k, v, causal):
-    """Ours with deterministic=False: dq by fp32 atomics inside the dk/dv kernel."""
+    """Ours with deterministic=False: dq by fp32 atomics inside the dk/dv kernel (on Hopper at full d128 the
+    one-kernel backward, `kernels._flash_bwd_fused_hopper`; causal there, the deterministic kernels)."""
     from kernels import flash_attention
 
     return flash_attention(q, k, v, causal=causal, deterministic=False)

@@ -15,6 +15,12 @@
 #   (part 4, on an H200: call4/)
 #   bash benchmarks/run_gpu_s42.sh 5   # over results/s42/ablation.patch: exp_fused_ablation.py without the dS^T
 #       wait, without the reduce-adds, without both, and as is, two rounds
+#   (part 5, on an H200: call5/)
+#   bash benchmarks/run_gpu_s42.sh 6   # the fused kernel with its full-attention query tiles in sections whose first is
+#       the first tile alone (EXP_FIRST_ALONE=1) and without (=0), exp_fused_bwd.py at d128 4k and 16k, two rounds
+#   (part 6, on an H200: call6/, over a tree with that setting; not kept: 0.96-0.99x, more spills in the hot loop)
+#   bash benchmarks/run_gpu_s42.sh 7   # the final tree: bench_attention.py at d128 (ours deterministic and not, SDPA
+#       cuDNN, 1k-16k, causal and full), then the GPU tests of the Hopper backward file
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -52,6 +58,25 @@ case "$1" in
         --out "$R/ablation_sync$1_reduce$2_round$round.json" 2>&1 | quiet | tail -n 4
     done
   done
+  ;;
+6)
+  for round in 1 2; do
+    for e in 0 1; do
+      EXP_FIRST_ALONE=$e timeout 140 python benchmarks/exp_fused_bwd.py --headdims 128 \
+        --out "$R/first_alone${e}_round$round.json" 2>&1 | quiet > "$R/first_alone${e}_round$round.log"
+      echo "first_alone=$e round $round"; grep -o "'seqlen'.*'causal': False.*fused_bwd_ms': [0-9.]*" "$R/first_alone${e}_round$round.log" \
+        | sed "s/'default_fwdbwd.*fused_bwd_ms/ fused_bwd_ms/"
+    done
+  done
+  ;;
+7)
+  timeout 230 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 2048 4096 8192 16384 \
+    --impls triton triton_atomic sdpa_cudnn --out "$R/attention_d128_fused.json" 2>&1 | quiet > "$R/attention_d128_fused.log"
+  tail -n 16 "$R/attention_d128_fused.log"
+  timeout -s INT 330 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py \
+    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests_bwd_hopper.log" 2>&1
+  tail -n 3 "$R/gpu_tests_bwd_hopper.log"
   ;;
 *)
   echo "unknown part $1" >&2
