@@ -25,7 +25,9 @@ At head dim 256 dK and dV would hold 256 registers, so the kernel runs twice (`p
 Scope as the Hopper dq kernel (`_flash_dq_hopper`). With SPARSE=True both walk a block-sparse layout's
 tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_hopper`). For short
 lists, `_attn_bwd_dkdv_hopper_persistent` runs the same work on one program per SM, each walking many
-key tiles' lists with the next one's K and V loads under the current one's steps.
+key tiles' lists with the next one's K and V loads under the current one's steps. With FUSED_DQ the
+consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`, the opt-in
+nondeterministic backward).
 """
 
 from __future__ import annotations
