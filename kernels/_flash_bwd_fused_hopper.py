@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from . import _flash_dkdv_hopper as dkdv
-from ._common import LOG2E, sched_slots_for, tile_program_ids
+from ._common import LOG2E, sched_slots_for
 from ._flash_fwd_hopper import descriptor
 from ._launch import CompiledLaunch
 
@@ -47,13 +47,9 @@ def _attn_bwd_fused_hopper(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
-    pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
-    n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
-    hi = gl.cdiv(seqlen_q, BLOCK_M)
-    if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
-        lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
-    else:
-        lo = 0
+    n0, off_hk, off_b, lo, hi = dkdv.dense_program(
+        sched_slots, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N * NUM_CONSUMERS, CAUSAL
+    )
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout)

@@ -410,6 +410,23 @@ def _store_grads(dk, dv, k_out, v_out, dk_desc, dv_desc, coord, sm_scale, PART: 
 
 
 @gluon.jit
+def dense_program(
+    sched_slots, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr
+):
+    """A dense call's program: (first key n0, key head, batch, lo, hi), the query tiles lo .. hi - 1 that
+    see its KEYS keys. (The first key tiles are seen by the most queries (causal), so the grid order is
+    already heaviest first.)"""
+    pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
+    n0 = pid_n * KEYS
+    hi = gl.cdiv(seqlen_q, BLOCK_M)
+    if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
+        lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
+    else:
+        lo = 0
+    return n0, off_hk, off_b, lo, hi
+
+
+@gluon.jit
 def _qdo_ring(q_desc, do_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PART: gl.constexpr):
     """The Q/dO stage ring the producer streams and both consumers read (`_stream_qdo`, `_steps`), with
     per stage its query rows' -lse / scale and -delta (the dV pass needs no delta: lse's buffer stands
@@ -455,14 +472,8 @@ def _attn_bwd_dkdv_hopper(
             TILES, COUNTS, lay_heads, n_list_rows, list_len, 1, BLOCK_N * NUM_CONSUMERS
         )
     else:
-        # the first key tiles are seen by the most queries (causal), so the order is already heaviest first
-        pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
-        n0 = pid_n * (BLOCK_N * NUM_CONSUMERS)
-        hi = gl.cdiv(seqlen_q, BLOCK_M)
-        if CAUSAL:  # queries before the first key's diagonal see none of this program's keys
-            lo = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, hi)
-        else:
-            lo = 0
+        n0, off_hk, off_b, lo, hi = dense_program(sched_slots, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N * NUM_CONSUMERS,
+                                                  CAUSAL)  # fmt: skip
         tiles = TILES
 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
