@@ -199,10 +199,9 @@ def _steps(
         # The producer staged both columns with the tile: a load from global memory here would stall
         # each step for its latency
         zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        if (
-            FUSED_DQ
-        ):  # keys past the sequence start from -inf: P^T = 0 there, as dQ needs (their K rows are zeros,
-            # but exp2(0 - lse) may overflow)
+        if FUSED_DQ:
+            # keys past the sequence (dq_io[0]: their bias) start from -inf, so their P^T is 0: their K rows
+            # are zeros, but exp2(0 - lse) may overflow, and dQ would get inf * 0
             s_init = lse_smem.index(stage).load(col_layout)[None, :] + dq_io[0][:, None]
         else:
             s_init = zeros + lse_smem.index(stage).load(col_layout)[None, :]
@@ -335,18 +334,8 @@ def _consumer(
         mbarrier.wait(kv_ready.index(1 - WG), 0)
         key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
         ds_smem, ds_ready, keys_free, dq_smem, dq_desc = dq_io
-        dq_io = (
-            key_bias,
-            ds_smem,
-            ds_ready,
-            keys_free,
-            dq_smem,
-            dq_desc,
-            k_smem,
-            off_b,
-            off_hk * group,
-            sm_scale,
-        )
+        dq_io = (key_bias, ds_smem, ds_ready, keys_free, dq_smem, dq_desc, k_smem, off_b, off_hk * group,
+                 sm_scale)  # fmt: skip
     k = k_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])  # (the dV pass's v_smem is k_smem, never read)
     # a pass's other accumulator is a scalar it passes through: no registers held
