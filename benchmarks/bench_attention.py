@@ -106,8 +106,8 @@ def _triton_qkvpacked(q, k, v, causal):
 
 
 def _triton_atomic(q, k, v, causal):
-    """Ours with deterministic=False: dq by fp32 atomics inside the dk/dv kernel (on Hopper at full d128 the
-    one-kernel backward, `kernels._flash_bwd_fused_hopper`; causal there, the deterministic kernels)."""
+    """Ours with deterministic=False: dq by fp32 atomics inside the dk/dv kernel (on Hopper at d128 the
+    one-kernel backward, `kernels._flash_bwd_fused_hopper`, where its rule takes the call)."""
     from kernels import flash_attention
 
     return flash_attention(q, k, v, causal=causal, deterministic=False)

@@ -21,6 +21,16 @@
 #   (part 6, on an H200: call6/, over a tree with that setting; not kept: 0.96-0.99x, more spills in the hot loop)
 #   bash benchmarks/run_gpu_s42.sh 7   # the final tree: bench_attention.py at d128 (ours deterministic and not, SDPA
 #       cuDNN, 1k-16k, causal and full), then the GPU tests of the Hopper backward file
+#   (part 7, on an H200: call7/)
+#   bash benchmarks/run_gpu_s42.sh 8   # over call8/dq_red.patch: dQ added from registers (red.global.add, EXP_DQ_RED=1)
+#       against through shared memory and TMA (=0), exp_fused_bwd.py at d128 4k and 16k, two rounds
+#   (part 8, on an H200: call8/; not kept: 1.3x slower)
+#   bash benchmarks/run_gpu_s42.sh 9   # causal calls through the fused kernel (EXP_FUSED_CAUSAL=1), its sections run
+#       hot one first (EXP_HOT_FIRST=1, 71 spills in the causal build's loops, not 100) and in order (=0),
+#       exp_fused_bwd.py at d128 1k-16k
+#   (part 9, on an H200: call9/, over call9/hot_first.patch; kept: hot first, causal from 4k queries)
+#   bash benchmarks/run_gpu_s42.sh 10  # the final tree: bench_attention.py at d128 as in part 7, then the GPU tests of
+#       the Hopper backward file
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -69,7 +79,7 @@ case "$1" in
     done
   done
   ;;
-7)
+7 | 10)
   timeout 230 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 2048 4096 8192 16384 \
     --impls triton triton_atomic sdpa_cudnn --out "$R/attention_d128_fused.json" 2>&1 | quiet > "$R/attention_d128_fused.log"
   tail -n 16 "$R/attention_d128_fused.log"
@@ -77,6 +87,26 @@ case "$1" in
     --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
     > "$R/gpu_tests_bwd_hopper.log" 2>&1
   tail -n 3 "$R/gpu_tests_bwd_hopper.log"
+  ;;
+8)
+  for round in 1 2; do
+    for e in 0 1; do
+      EXP_DQ_RED=$e timeout 140 python benchmarks/exp_fused_bwd.py --headdims 128 \
+        --out "$R/dq_red${e}_round$round.json" 2>&1 | quiet > "$R/dq_red${e}_round$round.log"
+      echo "dq_red=$e round $round"; grep "fp32 reference" "$R/dq_red${e}_round$round.log" | head -1
+      grep -o "'seqlen'.*'causal': False.*fused_bwd_ms': [0-9.]*" "$R/dq_red${e}_round$round.log" \
+        | sed "s/'default_fwdbwd.*fused_bwd_ms/ fused_bwd_ms/"
+    done
+  done
+  ;;
+9)
+  for e in 1 0; do
+    EXP_FUSED_CAUSAL=1 EXP_HOT_FIRST=$e timeout 200 python benchmarks/exp_fused_bwd.py --headdims 128 \
+      --seqlens 1024 4096 8192 16384 --out "$R/causal_hot_first$e.json" 2>&1 | quiet > "$R/causal_hot_first$e.log"
+    echo "hot_first=$e"; grep "fp32 reference" "$R/causal_hot_first$e.log" | head -2
+    grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/causal_hot_first$e.log" \
+      | sed "s/'batch.*fused_vs_default_rel/ rel/; s/'default_fwdbwd_tflops.*'fused_fwdbwd_ms/ fused_fwdbwd_ms/"
+  done
   ;;
 *)
   echo "unknown part $1" >&2

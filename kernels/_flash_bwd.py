@@ -532,8 +532,8 @@ def flash_attn_backward(
         varlen=varlen,
     )  # fmt: skip
     # Hopper, atomic dq asked for: the one-kernel backward (dQ added per step in fp32, 5 products instead
-    # of 7) where it measured faster than the deterministic Gluon kernels (full attention); where it did not
-    # (causal: 0.95-1.01x), those kernels, faster than the portable atomic variant
+    # of 7) where it measured faster than the deterministic Gluon kernels (`_flash_bwd_fused_hopper.supports`);
+    # elsewhere those kernels, faster than the portable atomic variant
     fused = False
     if (
         atomic_dq
@@ -542,7 +542,7 @@ def flash_attn_backward(
         and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
     ):
         fused = _flash_bwd_fused_hopper.ENABLED and _flash_bwd_fused_hopper.supports(
-            q.shape[-1], win_right == 0
+            q.shape[-1], win_right == 0, q.shape[1]
         )
         atomic_dq = fused or not _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
     # (.., H, D) fp32 accumulator for the atomic variant

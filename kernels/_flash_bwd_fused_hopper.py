@@ -78,14 +78,14 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
-                              0)),
+                              0, 1)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -102,11 +102,14 @@ ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
 CONFIGS = {128: dkdv.CONFIGS[128]}
 
 
-def supports(headdim: int, causal: bool) -> bool:
-    """Whether a call that `_flash_dkdv_hopper.supports` takes runs here when asked for atomic dq: full
-    attention at the head dims of CONFIGS. Causal calls measured 0.95-1.01x the deterministic two-kernel
-    backward fwd+bwd at 1k-16k (results/s42/call1, call2), so they keep it."""
-    return headdim in CONFIGS and not causal
+def supports(headdim: int, causal: bool, seqlen_q: int) -> bool:
+    """Whether a call that `_flash_dkdv_hopper.supports` takes runs here when asked for atomic dq: head
+    dim 128 (CONFIGS), full attention, and causal from CAUSAL_FROM queries. One H200, fwd+bwd against the
+    deterministic two kernels (results/s42/call9): causal 0.93x at 1k, 1.04x / 1.06x / 1.02x at 4k / 8k / 16k."""
+    return headdim in CONFIGS and (not causal or seqlen_q >= CAUSAL_FROM)
+
+
+CAUSAL_FROM = 4096
 
 
 def flash_attn_bwd_fused_hopper(

@@ -58,11 +58,11 @@ from ._launch import CompiledLaunch
 def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
     qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
-    qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
+    qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, HOT_FIRST: gl.constexpr = 0,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
-    section by section (block-sparse: the hi tiles listed)."""
+    section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -81,9 +81,9 @@ def _producer(
         _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
                     off_hk, group, it, 0, hi, tiles, SPARSE, PART)  # fmt: skip
     else:
-        for section in gl.static_range(3):  # the consumers' order (see `sections`)
+        for section in gl.static_range(HOT_FIRST, 3 + HOT_FIRST):  # the consumers' order (see `sections`)
             start, count = sections(
-                n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, NUM_CONSUMERS * BLOCK_N
+                n0, lo, hi, seqlen_q, seqlen_k, section % 3, CAUSAL, BLOCK_M, NUM_CONSUMERS * BLOCK_N
             )
             it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats,
                              off_b, off_hk, group, it, start, count, tiles, SPARSE, PART)  # fmt: skip
@@ -149,7 +149,11 @@ def sections(n0, lo, hi, seqlen_q, seqlen_k, section: gl.constexpr, CAUSAL: gl.c
     """(first query tile, number of tiles) of a program's section: 0 the tiles that meet its keys on the
     causal diagonal (masked), 1 the tiles that see all its keys, 2 the partial last tile (masked). Each
     section runs over every query head of the group before the next one starts: the masks' loop
-    invariants then live through their own loop only (around a loop over heads they spilled)."""
+    invariants then live through their own loop only (around a loop over heads they spilled). A program
+    runs them in order 0, 1, 2, or with HOT_FIRST = 1 (the fused backward, `_flash_bwd_fused_hopper`) in
+    order 1, 2, 0: its causal build then spilled 71 instructions in its loops instead of 100, the full
+    tiles' loop one local load a step (results/s42/call9; causal fwd+bwd 1.02-1.06x, not 0.89-0.96x,
+    the deterministic backward's at 4k-16k)."""
     full_hi = gl.maximum(seqlen_q // BLOCK_M, lo)
     # query i sees key j iff i >= j - (seqlen_k - seqlen_q): all the program's keys from its last one's row
     if CAUSAL:
@@ -191,6 +195,10 @@ def _steps(
         if MASKED:  # this tile's queries (columns here), for the causal mask
             t, g = _query_tile(tiles, j, start, count, SPARSE)
             rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
+            if FUSED_DQ:  # (keys: the first key, the rows' keys made here, not held through the loops)
+                key_rows = keys + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+            else:
+                key_rows = keys
         mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
         q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
@@ -216,9 +224,11 @@ def _steps(
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
         if MASKED:
             if SECTION == 4:
-                s_t = gl.where((keys[:, None] <= rows[None, :] + diag) | (j >= n_partial), s_t, float("-inf"))
+                s_t = gl.where(
+                    (key_rows[:, None] <= rows[None, :] + diag) | (j >= n_partial), s_t, float("-inf")
+                )
             else:
-                s_t = gl.where(keys[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
+                s_t = gl.where(key_rows[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
         p_t = gl.exp2(s_t * qk_scale)
         if PART == 0:
             p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
@@ -310,12 +320,13 @@ def _consumer(
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
-    FUSED_DQ: gl.constexpr = False, dq_io=None,
+    FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
-    too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`)."""
+    too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
+    the sections' order (`sections`)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -332,7 +343,11 @@ def _consumer(
     mbarrier.wait(kv_ready.index(WG), 0)
     if FUSED_DQ:  # dQ's products read both consumers' K; keys past the sequence get P^T = 0
         mbarrier.wait(kv_ready.index(1 - WG), 0)
-        key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
+        key_bias = gl.where(
+            first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout)) < seqlen_k,
+            0.0,
+            float("-inf"),
+        )
         ds_smem, ds_ready, keys_free, dq_smem, dq_desc = dq_io
         dq_io = (key_bias, ds_smem, ds_ready, keys_free, dq_smem, dq_desc, k_smem, off_b, off_hk * group,
                  sm_scale)  # fmt: skip
@@ -358,11 +373,14 @@ def _consumer(
             group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
     else:
-        for section in gl.static_range(3):  # (unrolled: three loops, each with its own masks)
-            start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section, CAUSAL, BLOCK_M, KEYS)
+        for section in gl.static_range(
+            HOT_FIRST, 3 + HOT_FIRST
+        ):  # (unrolled: three loops, each with its own masks)
+            start, count = sections(n0, lo, hi, seqlen_q, seqlen_k, section % 3, CAUSAL, BLOCK_M, KEYS)
             dk, dv, it = _steps(
-                dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count,
-                tiles, group, diag, qk_scale, CAUSAL, section, SPARSE, PART, st_layout, acc_layout, 0, WG,
+                dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty,
+                first_key if FUSED_DQ else keys, start, count,
+                tiles, group, diag, qk_scale, CAUSAL, section % 3, SPARSE, PART, st_layout, acc_layout, 0, WG,
                 FUSED_DQ, dq_io,
             )  # fmt: skip
     if FUSED_DQ:  # the other consumer's dQ products are done reading this one's K before dK overwrites it

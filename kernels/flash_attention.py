@@ -257,9 +257,9 @@ def flash_attention(
     deterministic: True (default) computes dq in its own kernel, without atomics, so gradients are
         bitwise reproducible; False computes dq inside the dk/dv kernel with fp32 atomic adds
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order. On an
-        H100/H200 at head dim 128 without a causal mask that is one Gluon kernel adding each step's dQ
-        through TMA reduce-adds (`kernels._flash_bwd_fused_hopper`, 1.02-1.09x the deterministic
-        fwd+bwd); causal calls there keep the deterministic kernels, which it did not beat.
+        H100/H200 at head dim 128 that is one Gluon kernel adding each step's dQ through TMA reduce-adds
+        (`kernels._flash_bwd_fused_hopper`: full attention, causal from 4k queries, where it measured
+        faster than the deterministic kernels, which the other calls there keep).
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype, and with return_lse=True also lse
     (batch, nheads, seqlen_q) float32, natural log. Rows that see no key give out = 0, lse = -inf.
     lse is differentiable: a loss on it (a z-loss, a merge of partial attentions) reaches q and k.

@@ -132,16 +132,17 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # dK, dV and the dS/dQ exchange's addresses in 240 registers, where the dK/dV kernel's own build has none.
 # Measured with them (results/s42/call4, call7; causal calls do not take it); a change that spills more
 # fails here.
-FUSED_SPILLS = {(128, False): 21, (128, True): 100}
+FUSED_SPILLS = {(128, False): 21, (128, True): 71}
 
 
 @pytest.mark.parametrize(
-    "headdim, causal, takes",
-    [(128, False, True), (128, True, False), (64, False, False), (256, False, False)],
-)
-def test_fused_backward_takes_full_d128(headdim, causal, takes):
-    """The one-kernel backward's own rule: full attention at head dim 128, where it measured faster."""
-    assert fused_hopper.supports(headdim, causal) is takes
+    "headdim, causal, seqlen_q, takes",
+    [(128, False, 128, True), (128, True, 2048, False), (128, True, 4096, True), (64, False, 4096, False),
+     (256, False, 4096, False)],
+)  # fmt: skip
+def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seqlen_q, takes):
+    """The one-kernel backward's own rule: head dim 128, full attention, causal from 4k queries."""
+    assert fused_hopper.supports(headdim, causal, seqlen_q) is takes
 
 
 def test_fused_backward_builds_for_sm90(tmp_path):
@@ -180,12 +181,13 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, causal",
     [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 1, False), (1, 300, 300, 2, 2, False), (1, 1000, 129, 2, 2, False),
-     (1, 4096, 4096, 4, 2, True), (1, 2048, 1500, 8, 1, True)],
+     (1, 4096, 4096, 4, 2, True), (1, 4100, 3000, 2, 1, True), (1, 2048, 1500, 8, 1, True)],
 )  # fmt: skip
 def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq, sk, h, hk, causal):
-    """deterministic=False sends a full d128 backward to the one-kernel backward alone, and a causal one
-    (where it measured no faster) to the deterministic Gluon kernels; the gradients pass the tolerance
-    rule, and two runs differ at most in dq, by the order of its fp32 additions."""
+    """deterministic=False sends a d128 backward to the one-kernel backward alone where
+    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries), other causal ones to the
+    deterministic Gluon kernels; the gradients pass the tolerance rule, and two runs differ at most in dq,
+    by the order of its fp32 additions."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
@@ -199,7 +201,8 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
         [q, k, v],
         BF16,
     )
-    want = ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"] if causal else ["flash_attn_bwd_fused_hopper"]
+    fused = fused_hopper.supports(128, causal, sq)
+    want = ["flash_attn_bwd_fused_hopper"] if fused else ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
     assert calls and calls == want * (len(calls) // len(want))
     do = torch.randn_like(q)
     runs = [
