@@ -31,6 +31,9 @@
 #   (part 9, on an H200: call9/, over call9/hot_first.patch; kept: hot first, causal from 4k queries)
 #   bash benchmarks/run_gpu_s42.sh 10  # the final tree: bench_attention.py at d128 as in part 7, then the GPU tests of
 #       the Hopper backward file
+#   (part 10, on an H200: call10/, 168 passed)
+#   bash benchmarks/run_gpu_s42.sh 11  # ab_fused_bwd.py: fused against deterministic, alternating, causal 4k-16k and
+#       full 8k, 16k, five rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -107,6 +110,10 @@ case "$1" in
     grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/causal_hot_first$e.log" \
       | sed "s/'batch.*fused_vs_default_rel/ rel/; s/'default_fwdbwd_tflops.*'fused_fwdbwd_ms/ fused_fwdbwd_ms/"
   done
+  ;;
+11)
+  timeout 150 python benchmarks/ab_fused_bwd.py --causal --out "$R/ab_causal.json" 2>&1 | quiet | grep seqlen
+  timeout 100 python benchmarks/ab_fused_bwd.py --seqlens 8192 16384 --out "$R/ab_full.json" 2>&1 | quiet | grep seqlen
   ;;
 *)
   echo "unknown part $1" >&2

@@ -1,0 +1,54 @@
+"""The one-kernel backward (`kernels._flash_bwd_fused_hopper`) against the deterministic two kernels,
+alternating in one process for several rounds: the backward alone on a saved forward (do_bench
+median), d128, bf16, batch x seqlen = 16k tokens, 16 heads. Session 42 used it where single runs of
+bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
+
+    python benchmarks/ab_fused_bwd.py --causal --seqlens 8192 16384 --rounds 5 --out ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import time_ms, write_results  # noqa: E402
+from benchmarks.exp_fused_bwd import _backward  # noqa: E402
+from kernels import _flash_fwd_hopper  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rows = []
+    for seqlen in args.seqlens:
+        batch = 16384 // seqlen
+        q, k, v = (torch.randn(batch, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        do = torch.randn_like(q)
+        out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(
+            q, k, v, sm_scale=128**-0.5, causal=args.causal
+        )
+        inputs = (q, k, v, do, out, lse2)
+        times = {False: [], True: []}
+        for _ in range(args.rounds):
+            for fused in (False, True):
+                times[fused].append(time_ms(lambda fused=fused: _backward(*inputs, args.causal, fused)))
+        row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds, deterministic_ms=times[False],
+                   fused_ms=times[True])  # fmt: skip
+        row["median_ratio"] = statistics.median(times[False]) / statistics.median(times[True])
+        print(row, flush=True)
+        rows.append(row)
+    write_results(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
