@@ -41,7 +41,7 @@ def main() -> None:
         times = {False: [], True: []}
         for _ in range(args.rounds):
             for fused in (False, True):
-                times[fused].append(time_ms(lambda fused=fused: _backward(*inputs, args.causal, fused)))
+                times[fused].append(time_ms(lambda f=fused, t=inputs: _backward(*t, args.causal, f)))
         row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds, deterministic_ms=times[False],
                    fused_ms=times[True])  # fmt: skip
         row["median_ratio"] = statistics.median(times[False]) / statistics.median(times[True])
