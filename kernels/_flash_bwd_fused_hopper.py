@@ -9,14 +9,16 @@ adds that half of the step's dQ tile into an fp32 buffer in global memory with a
 adds arrive in no fixed order, so dq differs from run to run in its last bits: this path is opt-in
 (`kernels.flash_attention(..., deterministic=False)`), as the issue asks of any atomic variant.
 
-Scope: what the Hopper dK/dV kernel takes, at head dim 128 without a causal mask (`supports`), dense.
-delta = rowsum(dO * O) comes from the portable preprocess (`_flash_bwd.backward_delta`) before the launch,
-and dq from the fp32 buffer after it.
+Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
+(`supports`), dense. delta = rowsum(dO * O) comes from the portable preprocess (`_flash_bwd.backward_delta`)
+before the launch, and dq from the fp32 buffer after it. Its consumers run the full tiles' section first
+(`_flash_dkdv_hopper.sections`, HOT_FIRST), which spills less in the causal build.
 
 Measured on one H200 (bf16, batch x seqlen = 16k tokens, 16 heads; benchmarks/NOTES_attention.md "The
-one-kernel backward"): fwd+bwd 0.97-1.04x SDPA cuDNN and 1.02-1.09x the deterministic path at 1k-16k
-(results/s42/call7); the backward alone at 16k 9.66 against 11.09 ms (results/s42/call4). The adds'
-round trip through shared memory costs ~0.75 ms of that (results/s42/call5).
+one-kernel backward"): the backward alone against the deterministic two kernels, alternating, 1.08-1.13x
+causal at 4k-16k and 1.14-1.16x full at 8k-16k (results/s42/call11); fwd+bwd in the issue's benchmark
+0.93-1.04x SDPA cuDNN full and 0.91-1.05x causal from 4k (results/s42/call10). The adds' round trip
+through shared memory costs ~0.75 ms at 16k (results/s42/call5).
 """
 
 from __future__ import annotations
