@@ -98,9 +98,9 @@ def _attn_bwd_fused_hopper(
 ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
 
 # Per head dim, the dK/dV kernel's config (two consumers of 64 keys, each owning half of dQ's columns).
-# d128 only: one H200 (results/s42/call1), the backward against the default two kernels 1.08-1.12x at
-# full 4k-16k, level causal; d64 (64-query tiles, three stages: its own config's 128-query tiles spill
-# here) 0.98-1.01x at 4k-16k bar causal 16k (1.09x), against a default whose dq kernel is the portable one.
+# d128 only: d64 (64-query tiles, three stages: its own config's 128-query tiles spill here) measured
+# 0.98-1.00x the default backward at 4k-16k and 1.09x at causal 16k in one run (results/s42/call1),
+# against a default whose dq kernel is the portable one.
 CONFIGS = {128: dkdv.CONFIGS[128]}
 
 
