@@ -55,6 +55,8 @@ IMPLS = {
     "sdpa_default": ("sdpa", None, ""),
     "auto": ("auto", None, ""),
     "triton": ("triton", None, "attn"),
+    # deterministic=False: checked that the one-kernel backward ran (kernels/_flash_bwd_fused_hopper.py)
+    "triton_nondeterministic": ("triton_nondeterministic", None, "attn_bwd_fused"),
 }
 
 

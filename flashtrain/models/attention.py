@@ -154,6 +154,44 @@ def triton_attention_qkvpacked(
     )
 
 
+def triton_nondeterministic_attention(
+    q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+):
+    """`triton_attention` with deterministic=False: on an H100/H200 at head dim 128 (full attention, causal
+    from 4k tokens) the one-kernel backward, whose dq sums in a run-dependent order (kernels.flash_attention)."""
+    from kernels import flash_attention
+
+    return flash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        dropout_p=dropout_p,
+        window=window,
+        key_padding_mask=key_padding_mask,
+        deterministic=False,
+    )
+
+
+def triton_nondeterministic_attention_qkvpacked(
+    qkv, *, nheads_kv, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+):
+    """`triton_attention_qkvpacked` with deterministic=False."""
+    from kernels import flash_attention_qkvpacked
+
+    return flash_attention_qkvpacked(
+        qkv,
+        nheads_kv=nheads_kv,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        dropout_p=dropout_p,
+        window=window,
+        key_padding_mask=key_padding_mask,
+        deterministic=False,
+    )
+
+
 # Shortest sequence for which `auto` picks our kernel over SDPA's flash kernel on CUDA. Measured end to
 # end on an H200 (benchmarks/results/train_h200.json, GPT-2 small/medium, bf16, compiled blocks, one
 # process per row): at 1k SDPA flash was as fast (medium, 0.98x) or faster (small, whose step is
@@ -293,6 +331,7 @@ BACKENDS: dict[str, AttentionFn] = {
     "reference": reference_attention,
     "sdpa": sdpa_attention,
     "triton": triton_attention,
+    "triton_nondeterministic": triton_nondeterministic_attention,
 }
 
 
@@ -300,6 +339,7 @@ BACKENDS: dict[str, AttentionFn] = {
 _QKVPACKED: dict[AttentionFn, AttentionFn] = {
     auto_attention: auto_attention_qkvpacked,
     triton_attention: triton_attention_qkvpacked,
+    triton_nondeterministic_attention: triton_nondeterministic_attention_qkvpacked,
 }
 
 

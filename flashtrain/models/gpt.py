@@ -34,9 +34,7 @@ class GPTConfig:
     attn_dropout: float = 0.0  # dropout on attention probabilities
     bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
     causal: bool = True  # causal (decoder) attention; False for encoders such as the LRA classifier
-    attention: str = (
-        "auto"  # reference | sdpa | triton | block_sparse | auto (faster of triton/sdpa per call)
-    )
+    attention: str = "auto"  # reference | sdpa | triton | triton_nondeterministic | block_sparse | auto (faster of triton/sdpa per call)
     window: int | None = None  # sliding-window size (keys within `window` positions back); None = full causal
     block_sparse_kind: str = (
         "butterfly"  # layout for attention=block_sparse: butterfly | local | strided | random

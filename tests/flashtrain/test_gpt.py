@@ -58,20 +58,25 @@ def test_backends_give_same_loss_and_grads(pos, n_kv_head):
 @pytest.mark.parametrize(
     "pos,n_kv_head,packed", [("learned", None, True), ("learned", 2, True), ("rotary", 2, False)]
 )
-def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, monkeypatch):
-    """With learned positions the triton backend gets the projection's output packed (one gradient
+@pytest.mark.parametrize("attention", ["triton", "triton_nondeterministic"])
+def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, attention, monkeypatch):
+    """With learned positions the triton backends get the projection's output packed (one gradient
     buffer, kernels.flash_attention_qkvpacked); with rotary embeddings q and k are rotated copies, so
-    it gets the three tensors. Both match the reference backend."""
+    they get the three tensors. Both match the reference backend; triton_nondeterministic asks the
+    kernels for deterministic=False (atomic dq), triton for the default."""
     import kernels
 
     calls = []
-    real = kernels.flash_attention_qkvpacked
-    monkeypatch.setattr(
-        kernels, "flash_attention_qkvpacked", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
+    for name in ("flash_attention", "flash_attention_qkvpacked"):
+        real = getattr(kernels, name)
+        monkeypatch.setattr(
+            kernels,
+            name,
+            lambda *a, _n=name, _r=real, **kw: calls.append((_n, kw.get("deterministic"))) or _r(*a, **kw),
+        )
     torch.manual_seed(0)
     ref = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head))
-    ours = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head, attention="triton"))
+    ours = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head, attention=attention))
     ours.load_state_dict(ref.state_dict())
     idx, tgt = torch.randint(0, 97, (2, 24)), torch.randint(0, 97, (2, 24))
     losses = []
@@ -79,7 +84,9 @@ def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, mon
         loss = model(idx, tgt)
         loss.backward()
         losses.append(loss)
-    assert len(calls) == (2 if packed else 0)  # one call per layer
+    called = "flash_attention_qkvpacked" if packed else "flash_attention"
+    deterministic = None if attention == "triton" else False  # (None: the kernels' default, True)
+    assert calls == [(called, deterministic)] * 2  # one call per layer
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
     for (name, a), b in zip(ref.named_parameters(), ours.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name, atol=1e-5, rtol=1e-4)
