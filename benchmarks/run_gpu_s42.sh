@@ -34,6 +34,10 @@
 #   (part 10, on an H200: call10/, 168 passed)
 #   bash benchmarks/run_gpu_s42.sh 11  # ab_fused_bwd.py: fused against deterministic, alternating, causal 4k-16k and
 #       full 8k, 16k, five rounds
+#   (part 11, on an H200: call11/)
+#   bash benchmarks/run_gpu_s42.sh 12  # over call12/d64.patch: the fused kernel at head dim 64 (64 x 64 tiles, 3 and 4
+#       stages; no spills), exp_fused_bwd.py at 1k-16k
+#   (part 12, on an H200: call12/; not kept: fwd+bwd 0.96-1.03x the deterministic path)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -114,6 +118,15 @@ case "$1" in
 11)
   timeout 150 python benchmarks/ab_fused_bwd.py --causal --out "$R/ab_causal.json" 2>&1 | quiet | grep seqlen
   timeout 100 python benchmarks/ab_fused_bwd.py --seqlens 8192 16384 --out "$R/ab_full.json" 2>&1 | quiet | grep seqlen
+  ;;
+12)
+  for st in 3 4; do
+    EXP_FUSED_D64=1 EXP_D64_STAGES=$st timeout 200 python benchmarks/exp_fused_bwd.py --headdims 64 \
+      --seqlens 1024 4096 8192 16384 --out "$R/d64_stages$st.json" 2>&1 | quiet > "$R/d64_stages$st.log"
+    echo "stages=$st"; grep "fp32 reference" "$R/d64_stages$st.log" | head -2
+    grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/d64_stages$st.log" \
+      | sed "s/'batch.*fused_vs_default_rel/ rel/; s/'default_fwdbwd_tflops.*'fused_fwdbwd_ms/ fused_fwdbwd_ms/"
+  done
   ;;
 *)
   echo "unknown part $1" >&2
