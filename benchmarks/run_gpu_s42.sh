@@ -37,7 +37,7 @@
 #   (part 11, on an H200: call11/)
 #   bash benchmarks/run_gpu_s42.sh 12  # over call12/d64.patch: the fused kernel at head dim 64 (64 x 64 tiles, 3 and 4
 #       stages; no spills), exp_fused_bwd.py at 1k-16k
-#   (part 12, on an H200: call12/; not kept: fwd+bwd 0.96-1.03x the deterministic path)
+#   (part 12, on an H200: call12/; not kept: fwd+bwd 0.95-1.03x the deterministic path)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
