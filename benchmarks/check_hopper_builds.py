@@ -14,6 +14,7 @@ reported, not failed.
 
     python benchmarks/check_hopper_builds.py --out builds.json
     python benchmarks/check_hopper_builds.py --config fwd:128:64,128,2,2,240   # a candidate (fwd, dq, dkdv)
+    python benchmarks/check_hopper_builds.py --fused   # the one-kernel backward's builds (their spills reported)
 Exit status 1 when a build fails, overflows shared memory or spills inside a loop.
 """
 
@@ -80,7 +81,7 @@ def spills_in_loops(cubin: bytes) -> int | None:
 
 
 def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
-    """Compile one config of `kernel` ("fwd", "dq" or "dkdv") for sm_90, dense or block-sparse (walking
+    """Compile one config of `kernel` ("fwd", "dq", "dkdv" or "fused") for sm_90, dense or block-sparse (walking
     tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass (`_flash_dkdv_hopper.passes`);
     never raises."""
     import torch
