@@ -120,8 +120,9 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
 # Traced by torch.compile without a graph break: the kernels' dense path is a pair of torch operators
 # (kernels/flash_attention.py), which the compiled graph calls as opaque operators.
 def triton_attention(
-    q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+    q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None, **kernel_kw
 ):
+    """Our kernel (kernels.flash_attention); kernel_kw: its further options (`triton_nondeterministic_attention`)."""
     from kernels import flash_attention
 
     return flash_attention(
@@ -133,11 +134,20 @@ def triton_attention(
         dropout_p=dropout_p,
         window=window,
         key_padding_mask=key_padding_mask,
+        **kernel_kw,
     )
 
 
 def triton_attention_qkvpacked(
-    qkv, *, nheads_kv, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
+    qkv,
+    *,
+    nheads_kv,
+    causal,
+    softmax_scale=None,
+    dropout_p=0.0,
+    window=None,
+    key_padding_mask=None,
+    **kernel_kw,
 ):
     """`triton_attention` on a packed qkv: the backward writes the projection's gradient in one
     buffer instead of three that autograd concatenates (kernels.flash_attention_qkvpacked)."""
@@ -151,45 +161,19 @@ def triton_attention_qkvpacked(
         dropout_p=dropout_p,
         window=window,
         key_padding_mask=key_padding_mask,
+        **kernel_kw,
     )
 
 
-def triton_nondeterministic_attention(
-    q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
-):
+def triton_nondeterministic_attention(q, k, v, **kw):
     """`triton_attention` with deterministic=False: on an H100/H200 at head dim 128 (full attention, causal
     from 4k tokens) the one-kernel backward, whose dq sums in a run-dependent order (kernels.flash_attention)."""
-    from kernels import flash_attention
-
-    return flash_attention(
-        q,
-        k,
-        v,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        dropout_p=dropout_p,
-        window=window,
-        key_padding_mask=key_padding_mask,
-        deterministic=False,
-    )
+    return triton_attention(q, k, v, deterministic=False, **kw)
 
 
-def triton_nondeterministic_attention_qkvpacked(
-    qkv, *, nheads_kv, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None
-):
+def triton_nondeterministic_attention_qkvpacked(qkv, **kw):
     """`triton_attention_qkvpacked` with deterministic=False."""
-    from kernels import flash_attention_qkvpacked
-
-    return flash_attention_qkvpacked(
-        qkv,
-        nheads_kv=nheads_kv,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        dropout_p=dropout_p,
-        window=window,
-        key_padding_mask=key_padding_mask,
-        deterministic=False,
-    )
+    return triton_attention_qkvpacked(qkv, deterministic=False, **kw)
 
 
 # Shortest sequence for which `auto` picks our kernel over SDPA's flash kernel on CUDA. Measured end to
