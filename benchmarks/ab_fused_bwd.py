@@ -13,13 +13,10 @@ import os
 import statistics
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import time_ms, write_results  # noqa: E402
-from benchmarks.exp_fused_bwd import _backward  # noqa: E402
-from kernels import _flash_fwd_hopper  # noqa: E402
+from benchmarks.exp_fused_bwd import _backward, saved_forward  # noqa: E402
 
 
 def main() -> None:
@@ -31,13 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for seqlen in args.seqlens:
-        batch = 16384 // seqlen
-        q, k, v = (torch.randn(batch, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        do = torch.randn_like(q)
-        out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(
-            q, k, v, sm_scale=128**-0.5, causal=args.causal
-        )
-        inputs = (q, k, v, do, out, lse2)
+        inputs = saved_forward(seqlen, 128, args.causal)
         times = {False: [], True: []}
         for _ in range(args.rounds):
             for fused in (False, True):

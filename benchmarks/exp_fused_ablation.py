@@ -13,13 +13,10 @@ import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_profile, time_ms, write_results  # noqa: E402
-from benchmarks.exp_fused_bwd import _backward  # noqa: E402
-from kernels import _flash_fwd_hopper  # noqa: E402
+from benchmarks.exp_fused_bwd import _backward, saved_forward  # noqa: E402
 
 
 def main() -> None:
@@ -30,12 +27,9 @@ def main() -> None:
     setting = {name: os.environ.get(name, "0") for name in ("EXP_NO_SYNC", "EXP_NO_REDUCE")}
     rows = []
     for seqlen in args.seqlens:
-        batch = 16384 // seqlen
-        q, k, v = (torch.randn(batch, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        do = torch.randn_like(q)
-        out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(q, k, v, sm_scale=128**-0.5, causal=False)
+        inputs = saved_forward(seqlen, 128, False)
         for atomic in (False, True):
-            bwd = lambda atomic=atomic, t=(q, k, v, do, out, lse2): _backward(*t, False, atomic)  # noqa: E731
+            bwd = lambda atomic=atomic, t=inputs: _backward(*t, False, atomic)  # noqa: E731
             row = dict(setting, seqlen=seqlen, fused=atomic, bwd_ms=time_ms(bwd))
             row["kernels_ms"] = device_profile(bwd, steps=5, top=4)["top_kernels_ms"]
             print(row, flush=True)

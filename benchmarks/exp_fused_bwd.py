@@ -69,18 +69,25 @@ def reference_check(headdim: int, causal: bool) -> dict:
     return row
 
 
-def point(seqlen: int, headdim: int, causal: bool) -> dict:
+def saved_forward(seqlen: int, headdim: int, causal: bool) -> tuple:
+    """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
+    tokens and nheads x headdim = 2048 (q, k, v require grad, for the public API's fwd+bwd too)."""
     batch, nheads = 16384 // seqlen, 2048 // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
-    do = torch.randn_like(q)
     with torch.no_grad():
         out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(
             q, k, v, sm_scale=headdim**-0.5, causal=causal
         )
+    return q, k, v, torch.randn_like(q), out, lse2
+
+
+def point(seqlen: int, headdim: int, causal: bool) -> dict:
+    batch, nheads = 16384 // seqlen, 2048 // headdim
+    q, k, v, do, out, lse2 = saved_forward(seqlen, headdim, causal)
     flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, batch=batch, nheads=nheads,
                first_tile_alone=os.environ.get("EXP_FIRST_TILE_ALONE", "0") == "1")  # fmt: skip
