@@ -40,32 +40,36 @@
 #   (part 12, on an H200: call12/; not kept: fwd+bwd 0.95-1.03x the deterministic path)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
+# exp_fused NAME SECONDS ARGS...: exp_fused_bwd.py into $R/NAME.json and .log, then its reference checks and
+# rows (a setting goes in front as an environment variable: EXP_X=1 exp_fused ...)
+exp_fused() {
+  local name=$1 secs=$2
+  shift 2
+  timeout "$secs" python benchmarks/exp_fused_bwd.py --out "$R/$name.json" "$@" 2>&1 | quiet > "$R/$name.log"
+  echo "$name"
+  grep "fp32 reference" "$R/$name.log"
+  grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/$name.log"
+}
+# bwd_gpu_tests SECONDS: the GPU tests of the Hopper backward file (the slow portable-autotune test left out)
+bwd_gpu_tests() {
+  timeout -s INT "$1" python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py \
+    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests_bwd_hopper.log" 2>&1
+  tail -n 3 "$R/gpu_tests_bwd_hopper.log"
+}
 case "$1" in
 1)
-  for e in 0 1; do
-    EXP_FIRST_TILE_ALONE=$e timeout 260 python benchmarks/exp_fused_bwd.py --out "$R/fused_first_tile_alone$e.json" \
-      2>&1 | quiet > "$R/fused_first_tile_alone$e.log"
-    tail -n 12 "$R/fused_first_tile_alone$e.log"
-  done
+  for e in 0 1; do EXP_FIRST_TILE_ALONE=$e exp_fused "fused_first_tile_alone$e" 260; done
   ;;
 2)
-  timeout 200 python benchmarks/exp_fused_bwd.py --headdims 128 --seqlens 1024 8192 --out "$R/fused_1k_8k.json" 2>&1 \
-    | quiet > "$R/fused_1k_8k.log"
-  grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/fused_1k_8k.log"
-  timeout -s INT 360 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py \
-    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
-    > "$R/gpu_tests_bwd_hopper.log" 2>&1
-  tail -n 5 "$R/gpu_tests_bwd_hopper.log"
+  exp_fused fused_1k_8k 200 --headdims 128 --seqlens 1024 8192
+  bwd_gpu_tests 360
   ;;
 3)
-  timeout -s INT 400 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py \
-    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
-    > "$R/gpu_tests_bwd_hopper.log" 2>&1
-  tail -n 5 "$R/gpu_tests_bwd_hopper.log"
+  bwd_gpu_tests 400
   ;;
 4)
-  timeout 300 python benchmarks/exp_fused_bwd.py --headdims 128 --out "$R/fused_d128.json" 2>&1 | quiet > "$R/fused_d128.log"
-  grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/fused_d128.log"
+  exp_fused fused_d128 300 --headdims 128
   ;;
 5)
   for round in 1 2; do
@@ -78,41 +82,23 @@ case "$1" in
   ;;
 6)
   for round in 1 2; do
-    for e in 0 1; do
-      EXP_FIRST_ALONE=$e timeout 140 python benchmarks/exp_fused_bwd.py --headdims 128 \
-        --out "$R/first_alone${e}_round$round.json" 2>&1 | quiet > "$R/first_alone${e}_round$round.log"
-      echo "first_alone=$e round $round"; grep -o "'seqlen'.*'causal': False.*fused_bwd_ms': [0-9.]*" "$R/first_alone${e}_round$round.log" \
-        | sed "s/'default_fwdbwd.*fused_bwd_ms/ fused_bwd_ms/"
-    done
+    for e in 0 1; do EXP_FIRST_ALONE=$e exp_fused "first_alone${e}_round$round" 140 --headdims 128; done
   done
   ;;
 7 | 10)
   timeout 230 python benchmarks/bench_attention.py --headdims 128 --seqlens 1024 2048 4096 8192 16384 \
     --impls triton triton_atomic sdpa_cudnn --out "$R/attention_d128_fused.json" 2>&1 | quiet > "$R/attention_d128_fused.log"
   tail -n 16 "$R/attention_d128_fused.log"
-  timeout -s INT 330 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_bwd_hopper.py \
-    --deselect tests/kernels/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
-    > "$R/gpu_tests_bwd_hopper.log" 2>&1
-  tail -n 3 "$R/gpu_tests_bwd_hopper.log"
+  bwd_gpu_tests 330
   ;;
 8)
   for round in 1 2; do
-    for e in 0 1; do
-      EXP_DQ_RED=$e timeout 140 python benchmarks/exp_fused_bwd.py --headdims 128 \
-        --out "$R/dq_red${e}_round$round.json" 2>&1 | quiet > "$R/dq_red${e}_round$round.log"
-      echo "dq_red=$e round $round"; grep "fp32 reference" "$R/dq_red${e}_round$round.log" | head -1
-      grep -o "'seqlen'.*'causal': False.*fused_bwd_ms': [0-9.]*" "$R/dq_red${e}_round$round.log" \
-        | sed "s/'default_fwdbwd.*fused_bwd_ms/ fused_bwd_ms/"
-    done
+    for e in 0 1; do EXP_DQ_RED=$e exp_fused "dq_red${e}_round$round" 140 --headdims 128; done
   done
   ;;
 9)
   for e in 1 0; do
-    EXP_FUSED_CAUSAL=1 EXP_HOT_FIRST=$e timeout 200 python benchmarks/exp_fused_bwd.py --headdims 128 \
-      --seqlens 1024 4096 8192 16384 --out "$R/causal_hot_first$e.json" 2>&1 | quiet > "$R/causal_hot_first$e.log"
-    echo "hot_first=$e"; grep "fp32 reference" "$R/causal_hot_first$e.log" | head -2
-    grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/causal_hot_first$e.log" \
-      | sed "s/'batch.*fused_vs_default_rel/ rel/; s/'default_fwdbwd_tflops.*'fused_fwdbwd_ms/ fused_fwdbwd_ms/"
+    EXP_FUSED_CAUSAL=1 EXP_HOT_FIRST=$e exp_fused "causal_hot_first$e" 200 --headdims 128 --seqlens 1024 4096 8192 16384
   done
   ;;
 11)
@@ -121,11 +107,7 @@ case "$1" in
   ;;
 12)
   for st in 3 4; do
-    EXP_FUSED_D64=1 EXP_D64_STAGES=$st timeout 200 python benchmarks/exp_fused_bwd.py --headdims 64 \
-      --seqlens 1024 4096 8192 16384 --out "$R/d64_stages$st.json" 2>&1 | quiet > "$R/d64_stages$st.log"
-    echo "stages=$st"; grep "fp32 reference" "$R/d64_stages$st.log" | head -2
-    grep -o "'seqlen'.*vs_cudnn': [0-9.]*" "$R/d64_stages$st.log" \
-      | sed "s/'batch.*fused_vs_default_rel/ rel/; s/'default_fwdbwd_tflops.*'fused_fwdbwd_ms/ fused_fwdbwd_ms/"
+    EXP_FUSED_D64=1 EXP_D64_STAGES=$st exp_fused "d64_stages$st" 200 --headdims 64 --seqlens 1024 4096 8192 16384
   done
   ;;
 *)
