@@ -534,13 +534,11 @@ def flash_attn_backward(
     # Hopper, atomic dq asked for: the one-kernel backward (dQ added per step in fp32, 5 products instead
     # of 7) where it measured faster than the deterministic Gluon kernels (`_flash_bwd_fused_hopper.supports`);
     # elsewhere those kernels, faster than the portable atomic variant
+    dkdv_ok = (
+        only is None and not accumulate and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
+    )
     fused = False
-    if (
-        atomic_dq
-        and only is None
-        and not accumulate
-        and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
-    ):
+    if atomic_dq and dkdv_ok:
         fused = _flash_bwd_fused_hopper.ENABLED and _flash_bwd_fused_hopper.supports(
             q.shape[-1], win_right == 0, q.shape[1]
         )
@@ -568,12 +566,7 @@ def flash_attn_backward(
 
     # Hopper: the warp-specialised dq kernel (which writes delta too), then the dK/dV kernel reading it
     hopper_dq = delta_here and not accumulate and _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
-    hopper_dkdv = (
-        only is None
-        and not accumulate
-        and not atomic_dq
-        and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
-    )
+    hopper_dkdv = dkdv_ok and not atomic_dq
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0
