@@ -1,0 +1,101 @@
+"""Ours against SDPA cuDNN in alternating rounds: forward and fwd+bwd of ours (deterministic and
+deterministic=False) and of cuDNN timed one after the other in one process, several rounds, so that a
+ratio is not one run's luck (single runs of bench_attention.py spread by ±4%, once 30%).
+
+Shapes as the issue's benchmark: bf16, batch x seqlen = 16k tokens, nheads x headdim = 2048. Per case
+and round: each impl's median time (`common.time_ms`: CUDA events, L2 flushed); per case the medians over
+rounds and cuDNN's median ÷ ours (above 1: ours faster), with the lowest and highest round's ratio.
+
+    python benchmarks/ab_cudnn.py --headdims 128 --seqlens 4096 8192 16384 --rounds 5 --out ab_cudnn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import time_ms, write_results  # noqa: E402
+from kernels import flash_attention  # noqa: E402
+
+IMPLS = ("ours", "ours_nondeterministic", "cudnn")
+
+
+def _calls(seqlen: int, headdim: int, causal: bool) -> dict:
+    """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs."""
+    batch, nheads = 16384 // seqlen, 2048 // headdim
+    torch.manual_seed(seqlen + headdim + causal)
+    q, k, v = (
+        torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    dot = do.transpose(1, 2)
+
+    def ours(det: bool):
+        fwd = lambda: flash_attention(q, k, v, causal=causal, deterministic=det)  # noqa: E731
+        return fwd, lambda: torch.autograd.grad(fwd(), (q, k, v), do)
+
+    def cudnn_fwd():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    return {
+        "ours": ours(True),
+        "ours_nondeterministic": ours(False),
+        "cudnn": (cudnn_fwd, lambda: torch.autograd.grad(cudnn_fwd(), (qt, kt, vt), dot)),
+    }
+
+
+def case(seqlen: int, headdim: int, causal: bool, rounds: int) -> dict:
+    calls = _calls(seqlen, headdim, causal)
+    times = {(impl, what): [] for impl in IMPLS for what in ("fwd", "fwdbwd")}
+    for _ in range(rounds):
+        for impl in IMPLS:
+            for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
+                times[(impl, what)].append(time_ms(fn))
+    flops = 4 * (16384 // seqlen) * (2048 // headdim) * seqlen**2 * headdim / (2 if causal else 1)
+    row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds)
+    for (impl, what), ms in times.items():
+        row[f"{impl}_{what}_ms"] = ms
+        row[f"{impl}_{what}_tflops"] = (3.5 if what == "fwdbwd" else 1) * flops / statistics.median(ms) / 1e9
+    for impl in IMPLS[:2]:
+        for what in ("fwd", "fwdbwd"):
+            per_round = [c / o for c, o in zip(times[("cudnn", what)], times[(impl, what)], strict=True)]
+            row[f"cudnn_over_{impl}_{what}"] = statistics.median(times[("cudnn", what)]) / statistics.median(
+                times[(impl, what)]
+            )
+            row[f"cudnn_over_{impl}_{what}_range"] = (min(per_round), max(per_round))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--headdims", type=int, nargs="+", default=[128])
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    rows = []
+    for headdim in args.headdims:
+        for causal in causals:
+            for seqlen in args.seqlens:
+                row = case(seqlen, headdim, causal, args.rounds)
+                print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()
+                       if not key.endswith("_ms")}, flush=True)  # fmt: skip
+                rows.append(row)
+    write_results(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
