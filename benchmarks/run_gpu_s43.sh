@@ -7,6 +7,7 @@
 #   bash benchmarks/run_gpu_s43.sh 2   # after deterministic=False calls the one-kernel backward does not take run the
 #       deterministic route on Hopper: the GPU tests of the Hopper backward file and the dense file's atomic-dq
 #       tests, then ab_cudnn.py at d64 4k and 16k, three rounds
+#   (part 2, on an H100: call2/, 176 passed)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in

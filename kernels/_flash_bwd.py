@@ -533,7 +533,8 @@ def flash_attn_backward(
     )  # fmt: skip
     # Hopper, atomic dq asked for: the one-kernel backward (dQ added per step in fp32, 5 products instead
     # of 7) where it measured faster than the deterministic Gluon kernels (`_flash_bwd_fused_hopper.supports`);
-    # elsewhere those kernels, faster than the portable atomic variant
+    # elsewhere the deterministic route, dK/dV on the Gluon kernel, faster than the portable atomic variant
+    # (d64, whose dq kernel is the portable one: fwd+bwd 1.15-1.24x on one H100, results/s43/call1)
     dkdv_ok = (
         only is None and not accumulate and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
     )
@@ -542,7 +543,7 @@ def flash_attn_backward(
         fused = _flash_bwd_fused_hopper.ENABLED and _flash_bwd_fused_hopper.supports(
             q.shape[-1], win_right == 0, q.shape[1]
         )
-        atomic_dq = fused or not _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
+        atomic_dq = fused
     # (.., H, D) fp32 accumulator for the atomic variant
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
     if varlen:

@@ -94,7 +94,7 @@ def _attn_bwd_fused_hopper(
     )  # fmt: skip
 
 
-# FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the two-kernel path's atomic variant instead
+# FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the deterministic Gluon kernels instead
 ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
 
 # Per head dim, the dK/dV kernel's config (two consumers of 64 keys, each owning half of dQ's columns).

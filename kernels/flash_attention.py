@@ -259,7 +259,9 @@ def flash_attention(
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order. On an
         H100/H200 at head dim 128 that is one Gluon kernel adding each step's dQ through TMA reduce-adds
         (`kernels._flash_bwd_fused_hopper`: full attention, causal from 4k queries, where it measured
-        faster than the deterministic kernels, which the other calls there keep).
+        faster than the deterministic kernels); the other calls the Hopper dK/dV kernel takes (other
+        head dims, shorter causal calls) keep the deterministic kernels, faster there than the atomic
+        variant, so they stay reproducible.
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype, and with return_lse=True also lse
     (batch, nheads, seqlen_q) float32, natural log. Rows that see no key give out = 0, lse = -inf.
     lse is differentiable: a loss on it (a z-loss, a merge of partial attentions) reaches q and k.

@@ -167,7 +167,8 @@ def triton_attention_qkvpacked(
 
 def triton_nondeterministic_attention(q, k, v, **kw):
     """`triton_attention` with deterministic=False: on an H100/H200 at head dim 128 (full attention, causal
-    from 4k tokens) the one-kernel backward, whose dq sums in a run-dependent order (kernels.flash_attention)."""
+    from 4k tokens) the one-kernel backward, whose dq sums in a run-dependent order; other Hopper calls
+    run as `triton` (kernels.flash_attention)."""
     return triton_attention(q, k, v, deterministic=False, **kw)
 
 

@@ -219,6 +219,37 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
 @needs_hopper
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, d, causal",
+    [(1, 4096, 4096, 4, 2, 64, True), (2, 1024, 1000, 4, 4, 64, False), (1, 2048, 2048, 2, 2, 128, True),
+     (1, 1024, 1024, 2, 1, 256, False)],
+)  # fmt: skip
+def test_gpu_nondeterministic_backward_elsewhere_is_the_deterministic_one(
+    monkeypatch, b, sq, sk, h, hk, d, causal
+):
+    """Where the Hopper dK/dV kernel takes a call but the one-kernel backward does not (head dims 64 and
+    256, causal d128 under 4k queries), deterministic=False runs the deterministic route, measured faster
+    there than the portable atomic variant: the Gluon dK/dV kernel, and gradients bitwise equal to
+    deterministic=True's."""
+    calls = record_calls(
+        monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")
+    )
+    assert not fused_hopper.supports(d, causal, sq)
+    torch.manual_seed(sq + d)
+    q = randn(b, sq, h, d, dtype=BF16, device="cuda", requires_grad=True)
+    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda", requires_grad=True) for _ in range(2))
+    do = torch.randn_like(q)
+    grads = {
+        det: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do)
+        for det in (True, False)
+    }
+    assert calls == ["flash_attn_dkdv_hopper"] * 2
+    for want, got in zip(grads[True], grads[False], strict=True):
+        assert torch.equal(want, got)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, d, causal",
     [(1, 4096, 4096, 4, 2, 128, True), (2, 1024, 1024, 4, 4, 128, False), (1, 2048, 1500, 8, 1, 128, True),
      (1, 2048, 2048, 4, 2, 256, True), (1, 1024, 1500, 2, 2, 256, False)],
 )  # fmt: skip
