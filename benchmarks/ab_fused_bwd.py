@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import time_ms, write_results  # noqa: E402
 from benchmarks.exp_fused_bwd import _backward, saved_forward  # noqa: E402
+from kernels import _flash_bwd_fused_hopper  # noqa: E402
 
 
 def main() -> None:
@@ -25,13 +26,17 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--causal-from", type=int, default=None,
+                        help="send causal calls from this many queries to the fused kernel (its CAUSAL_FROM)")  # fmt: skip
     args = parser.parse_args()
+    if args.causal_from is not None:
+        _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
     rows = []
     for seqlen in args.seqlens:
         inputs = saved_forward(seqlen, 128, args.causal)
         times = {False: [], True: []}
-        for _ in range(args.rounds):
-            for fused in (False, True):
+        for r in range(args.rounds):
+            for fused in (False, True) if r % 2 == 0 else (True, False):
                 times[fused].append(time_ms(lambda f=fused, t=inputs: _backward(*t, args.causal, f)))
         row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds, deterministic_ms=times[False],
                    fused_ms=times[True])  # fmt: skip

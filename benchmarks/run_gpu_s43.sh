@@ -8,6 +8,14 @@
 #       deterministic route on Hopper: the GPU tests of the Hopper backward file and the dense file's atomic-dq
 #       tests, then ab_cudnn.py at d64 4k and 16k, three rounds
 #   (part 2, on an H100: call2/, 176 passed)
+#   bash benchmarks/run_gpu_s43.sh 3   # ab_cudnn.py with each round starting one impl later (calls 1 and 2 timed in a
+#       fixed order, and identical kernels timed second came out 5-8% slower at d64 16k): d128 4k-16k causal and
+#       full, five rounds; d64 16k, three rounds
+#   (part 3, on an H100: call3/, six rounds at d128)
+#   bash benchmarks/run_gpu_s43.sh 4   # ab_fwd_configs.py: the Hopper forward's configs (persistent 64-key tiles,
+#       row-tile 128-key tiles, row-tile 64-key tiles) against each other and cuDNN's forward, d128 causal 2k-8k and
+#       full 1k-8k, d64 causal 4k and 8k and full 4k; then ab_fused_bwd.py at causal 2k with the fused kernel
+#       taking causal calls from 2k (--causal-from 2048)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -25,5 +33,23 @@ case "$1" in
   tail -n 3 "$R/gpu_tests.log"
   timeout 150 python benchmarks/ab_cudnn.py --headdims 64 --seqlens 4096 16384 --rounds 3 \
     --out "$R/ab_cudnn_d64.json" 2>&1 | quiet
+  ;;
+3)
+  timeout 300 python benchmarks/ab_cudnn.py --headdims 128 --seqlens 4096 8192 16384 --rounds 6 \
+    --out "$R/ab_cudnn_d128.json" 2>&1 | quiet
+  timeout 100 python benchmarks/ab_cudnn.py --headdims 64 --seqlens 16384 --rounds 3 \
+    --out "$R/ab_cudnn_d64.json" 2>&1 | quiet
+  ;;
+4)
+  timeout 150 python benchmarks/ab_fwd_configs.py --headdim 128 --causal --seqlens 2048 4096 8192 \
+    --out "$R/ab_fwd_d128_causal.json" 2>&1 | quiet
+  timeout 150 python benchmarks/ab_fwd_configs.py --headdim 128 --seqlens 1024 2048 4096 8192 \
+    --out "$R/ab_fwd_d128_full.json" 2>&1 | quiet
+  timeout 100 python benchmarks/ab_fwd_configs.py --headdim 64 --causal --seqlens 4096 8192 \
+    --out "$R/ab_fwd_d64_causal.json" 2>&1 | quiet
+  timeout 60 python benchmarks/ab_fwd_configs.py --headdim 64 --seqlens 4096 \
+    --out "$R/ab_fwd_d64_full.json" 2>&1 | quiet
+  timeout 100 python benchmarks/ab_fused_bwd.py --causal --seqlens 2048 --rounds 6 --causal-from 2048 \
+    --out "$R/ab_fused_bwd_causal2k.json" 2>&1 | quiet
   ;;
 esac

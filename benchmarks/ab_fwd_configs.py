@@ -1,0 +1,98 @@
+"""The Gluon Hopper forward's configs against each other and SDPA cuDNN's forward, in alternating rounds
+(each round starting one entry later), on the issue's shapes (bf16, batch x seqlen = 16k tokens, nheads x
+headdim = 2048): the forward's own call (`flash_attn_forward_hopper` with the config given), median
+milliseconds per round, and per config the median over rounds and cuDNN's ÷ it.
+
+    python benchmarks/ab_fwd_configs.py --headdim 128 --causal --seqlens 2048 4096 8192 --rounds 6 --out ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import time_ms, write_results  # noqa: E402
+from kernels import _flash_fwd_hopper  # noqa: E402
+from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
+
+CANDIDATES = {  # name: config, per head dim
+    128: {
+        "persistent_64key_s4": _flash_fwd_hopper.PERSISTENT_CONFIGS[128],
+        "rows_128key_rings2": _flash_fwd_hopper.CONFIGS[128],
+        "rows_64key_s4": Cfg(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+    },
+    64: {
+        "persistent": _flash_fwd_hopper.PERSISTENT_CONFIGS[64],
+        "rows": _flash_fwd_hopper.CONFIGS[64],
+    },
+}
+
+
+def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
+    batch, nheads = 16384 // seqlen, 2048 // headdim
+    torch.manual_seed(seqlen)
+    q, k, v = (
+        torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(3)
+    )
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    scale = headdim**-0.5
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    calls = {
+        name: (
+            lambda c=cfg: _flash_fwd_hopper.flash_attn_forward_hopper(
+                q, k, v, sm_scale=scale, causal=causal, config=c
+            )
+        )
+        for name, cfg in CANDIDATES[headdim].items()
+    }
+    calls["cudnn"] = cudnn
+    want = cudnn().transpose(1, 2).float()
+    row = dict(headdim=headdim, seqlen=seqlen, causal=causal, rounds=rounds,
+               chosen=dataclasses.asdict(_flash_fwd_hopper.config_for(headdim, seqlen, causal)))  # fmt: skip
+    names = list(calls)
+    for name in names[:-1]:  # (each config's output against cuDNN's, so a timing is of a right answer)
+        row[f"{name}_max_err"] = (calls[name]()[0].float() - want).abs().max().item()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(time_ms(calls[name]))
+    flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
+    for name, ms in times.items():
+        row[f"{name}_ms"] = ms
+        row[f"{name}_tflops"] = flops / statistics.median(ms) / 1e9
+        row[f"cudnn_over_{name}"] = statistics.median(times["cudnn"]) / statistics.median(ms)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--headdim", type=int, default=128, choices=sorted(CANDIDATES))
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192])
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rows = []
+    for seqlen in args.seqlens:
+        row = case(args.headdim, seqlen, args.causal, args.rounds)
+        print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()
+               if not key.endswith("_ms")}, flush=True)  # fmt: skip
+        rows.append(row)
+    write_results(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
