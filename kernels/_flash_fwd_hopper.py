@@ -736,14 +736,16 @@ PERSISTENT_CONFIGS = {
 
 
 def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
-    """The persistent variant for causal calls of up to 4k queries, and for full calls at d64 and below 2k
-    queries at d128, where it measured faster; the others take the row-tile kernel (longer causal calls:
-    it spreads their uneven tiles better; d128: its 128-key tiles). d256: the row-tile kernel.
+    """The persistent variant where it measured faster: d64 causal calls of up to 4k queries and every full
+    one; d128 below 2k queries full and below 4k causal. The others take the row-tile kernel (longer
+    causal calls: it spreads their uneven tiles better; d128: its 128-key tiles). d256: the row-tile kernel.
     d128 on one H200, forward alone, TFLOP/s persistent / row-tile (results/s38/call4, call5): causal 1k
     401-417 / 361-363, 2k 441-462 / 434-438 (three shared stages), 4k 506-565 / 531-545; full 1k 520-525 /
-    512, 2k 535-552 / 561-576 (three shared stages), 4k 554-587 / 610-612."""
-    if headdim == 128 and not causal:
-        return PERSISTENT_CONFIGS[128] if seqlen_q < 2048 else CONFIGS[128]
+    512, 2k 535-552 / 561-576 (three shared stages), 4k 554-587 / 610-612. Alternating in one process, six
+    rounds (results/s43/call4, one H200): causal 2k 434 / 435, 4k 476 / 512, 8k 505 / 559; full 1k 498 /
+    497; d64 causal 4k 388 / 389, full 4k 429 / 417."""
+    if headdim == 128:
+        return PERSISTENT_CONFIGS[128] if seqlen_q < (4096 if causal else 2048) else CONFIGS[128]
     if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):
         return PERSISTENT_CONFIGS[headdim]
     return CONFIGS[headdim]

@@ -132,7 +132,8 @@ def test_which_calls_take_the_hopper_forward(change, takes):
         (64, 8192, True, False),  # long causal calls: the row-tile kernel
         (64, 16384, False, True),
         (128, 1024, True, True),
-        (128, 4096, True, True),
+        (128, 2048, True, True),
+        (128, 4096, True, False),  # d128 causal: the row-tile kernel from 4k queries
         (128, 8192, True, False),
         (128, 1024, False, True),  # d128 full: the row-tile kernel's 128-key tiles from 2k queries
         (128, 2048, False, False),
