@@ -16,6 +16,9 @@
 #       row-tile 128-key tiles, row-tile 64-key tiles) against each other and cuDNN's forward, d128 causal 2k-8k and
 #       full 1k-8k, d64 causal 4k and 8k and full 4k; then ab_fused_bwd.py at causal 2k with the fused kernel
 #       taking causal calls from 2k (--causal-from 2048)
+#   (part 4, on an H200: call4/; kept: d128 causal forward calls from 4k queries on the row-tile kernel)
+#   bash benchmarks/run_gpu_s43.sh 5   # the final tree: the GPU tests of the Hopper forward file and the dense file,
+#       then ab_cudnn.py at d128 4k-16k, causal and full, six rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -51,5 +54,12 @@ case "$1" in
     --out "$R/ab_fwd_d64_full.json" 2>&1 | quiet
   timeout 100 python benchmarks/ab_fused_bwd.py --causal --seqlens 2048 --rounds 6 --causal-from 2048 \
     --out "$R/ab_fused_bwd_causal2k.json" 2>&1 | quiet
+  ;;
+5)
+  timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_flash_attention.py > "$R/gpu_tests.log" 2>&1
+  tail -n 3 "$R/gpu_tests.log"
+  timeout 200 python benchmarks/ab_cudnn.py --headdims 128 --seqlens 4096 8192 16384 --rounds 6 \
+    --out "$R/ab_cudnn_d128.json" 2>&1 | quiet
   ;;
 esac
