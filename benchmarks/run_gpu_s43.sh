@@ -19,6 +19,7 @@
 #   (part 4, on an H200: call4/; kept: d128 causal forward calls from 4k queries on the row-tile kernel)
 #   bash benchmarks/run_gpu_s43.sh 5   # the final tree: the GPU tests of the Hopper forward file and the dense file,
 #       then ab_cudnn.py at d128 4k-16k, causal and full, six rounds
+#   (part 5, on an H200: call5/, 140 passed)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
