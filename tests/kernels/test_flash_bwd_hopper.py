@@ -215,6 +215,39 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
     )  # (summed in registers)
 
 
+class _MustNotLaunch:
+    """Stands in for a kernel a test says must not run: launching it fails the test."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("the portable atomic dK/dV kernel ran")
+
+
+@pytest.mark.parametrize("fused_takes", [False, True], ids=["elsewhere", "fused"])
+def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_variant(monkeypatch, fused_takes):
+    """The backward's routing for atomic dq where the Hopper dK/dV kernel takes a call (its checks and
+    kernels stubbed, so it runs on CPU): the one-kernel backward where it says so, otherwise the
+    deterministic route (dq kernel, then the dK/dV kernel), as at d64, whose dq kernel is the portable
+    one; never the portable atomic variant, which measured slower there (results/s43/call1)."""
+    from kernels import _flash_bwd
+
+    monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
+    monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
+    monkeypatch.setattr(fused_hopper, "supports", lambda *a: fused_takes)
+    monkeypatch.setattr(_flash_bwd, "_bwd_dkdv_atomic_tuned", _MustNotLaunch())
+    calls = []
+    monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: calls.append("dkdv"))
+    monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", lambda *a, **kw: calls.append("fused"))
+    torch.manual_seed(3)
+    q, k, v, do = (torch.randn(1, 40, 2, 16) for _ in range(4))
+    out, lse2 = _forward(q, k, v, causal=True)
+    kw = dict(sm_scale=0.25, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
+    dq = _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=True, **kw)[0]
+    assert calls == (["fused"] if fused_takes else ["dkdv"])
+    if not fused_takes:  # (dq from the portable dq kernel, as a deterministic call's)
+        want = _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=False, **kw)[0]
+        assert torch.equal(dq, want)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
