@@ -195,6 +195,7 @@ def main():
                         help="the block-sparse layout: butterfly n_factors:local_blocks on 128-blocks (default: all "
                         "factors); also times FlexAttention on the same block mask")  # fmt: skip
     parser.add_argument("--no-parts", action="store_true", help="skip the dense path's `parts` breakdown")
+    parser.add_argument("--top", type=int, default=22, help="host_top's length (functions by own time)")
     parser.add_argument(
         "--out", default=None, help="JSON path (default benchmarks/results/host_overhead_<gpu>.json)"
     )
@@ -228,7 +229,7 @@ def main():
         row["fwdbwd_synced_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=True)
         with torch.no_grad():
             row["fwd_host_ms"] = per_call_ms(forward, args.calls, sync_each=False)
-        row["host_top"] = host_profile(fwdbwd, steps=100, top=22)
+        row["host_top"] = host_profile(fwdbwd, steps=100, top=args.top)
         rows.append(row)
         print({key: val for key, val in row.items() if key != "host_top"}, flush=True)
         for entry in row["host_top"]:

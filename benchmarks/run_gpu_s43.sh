@@ -20,6 +20,9 @@
 #   bash benchmarks/run_gpu_s43.sh 5   # the final tree: the GPU tests of the Hopper forward file and the dense file,
 #       then ab_cudnn.py at d128 4k-16k, causal and full, six rounds
 #   (part 5, on an H200: call5/, 140 passed)
+#   bash benchmarks/run_gpu_s43.sh 6   # host time of the block-sparse and dense paths and FlexAttention's (cProfile's
+#       top 80 functions): d64 and d128 at n4k with one block per row, d64 at n16k on the all-factor butterfly (6.25%)
+#   (part 6, on an H200: call6/; the n16k run wrote nothing, exit status 1, and the device time left allowed no rerun)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -62,5 +65,13 @@ case "$1" in
   tail -n 3 "$R/gpu_tests.log"
   timeout 200 python benchmarks/ab_cudnn.py --headdims 128 --seqlens 4096 8192 16384 --rounds 6 \
     --out "$R/ab_cudnn_d128.json" 2>&1 | quiet
+  ;;
+6)
+  for d in 64 128; do
+    timeout 120 python benchmarks/bench_host_overhead.py --headdim $d --seqlen 4096 --butterfly 0:0 --no-parts \
+      --top 80 --out "$R/host_bs_d${d}_n4k.json" 2>&1 | quiet | grep "^{"
+  done
+  timeout 150 python benchmarks/bench_host_overhead.py --headdim 64 --seqlen 16384 --butterfly 7:0 --no-parts \
+    --top 80 --out "$R/host_bs_d64_n16k.json" 2>&1 | quiet | grep "^{"
   ;;
 esac
