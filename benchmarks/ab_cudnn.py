@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import time_ms, write_results  # noqa: E402
+from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 from kernels import flash_attention  # noqa: E402
 
 IMPLS = ("ours", "ours_nondeterministic", "cudnn")
@@ -60,9 +60,7 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int) -> dict:
     calls = _calls(seqlen, headdim, causal)
     times = {(impl, what): [] for impl in IMPLS for what in ("fwd", "fwdbwd")}
     for r in range(rounds):
-        # each round starts one impl later: at d64 in session 43 (call2) the same kernels timed second in
-        # every round came out 5-8% slower at 16k than timed first
-        for impl in IMPLS[r % len(IMPLS) :] + IMPLS[: r % len(IMPLS)]:
+        for impl in rotated(IMPLS, r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
     flops = 4 * (16384 // seqlen) * (2048 // headdim) * seqlen**2 * headdim / (2 if causal else 1)
@@ -94,8 +92,7 @@ def main() -> None:
         for causal in causals:
             for seqlen in args.seqlens:
                 row = case(seqlen, headdim, causal, args.rounds)
-                print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()
-                       if not key.endswith("_ms")}, flush=True)  # fmt: skip
+                print_summary(row)
                 rows.append(row)
     write_results(args.out, rows)
 

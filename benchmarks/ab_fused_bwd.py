@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import time_ms, write_results  # noqa: E402
+from benchmarks.common import rotated, time_ms, write_results  # noqa: E402
 from benchmarks.exp_fused_bwd import _backward, saved_forward  # noqa: E402
 from kernels import _flash_bwd_fused_hopper  # noqa: E402
 
@@ -36,7 +36,7 @@ def main() -> None:
         inputs = saved_forward(seqlen, 128, args.causal)
         times = {False: [], True: []}
         for r in range(args.rounds):
-            for fused in (False, True) if r % 2 == 0 else (True, False):
+            for fused in rotated((False, True), r):
                 times[fused].append(time_ms(lambda f=fused, t=inputs: _backward(*t, args.causal, f)))
         row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds, deterministic_ms=times[False],
                    fused_ms=times[True])  # fmt: skip

@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import time_ms, write_results  # noqa: E402
+from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 from kernels import _flash_fwd_hopper  # noqa: E402
 from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
 
@@ -67,7 +67,7 @@ def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
         row[f"{name}_max_err"] = (calls[name]()[0].float() - want).abs().max().item()
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in rotated(names, r):
             times[name].append(time_ms(calls[name]))
     flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
     for name, ms in times.items():
@@ -88,8 +88,7 @@ def main() -> None:
     rows = []
     for seqlen in args.seqlens:
         row = case(args.headdim, seqlen, args.causal, args.rounds)
-        print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()
-               if not key.endswith("_ms")}, flush=True)  # fmt: skip
+        print_summary(row)
         rows.append(row)
     write_results(args.out, rows)
 

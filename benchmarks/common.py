@@ -55,6 +55,20 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def rotated(names: list | tuple, round_index: int) -> list:
+    """The order to time names in at a round of alternating timings: each round starts one name later.
+    With a fixed order the same kernels timed second came out 5-8% slower than timed first on one H100
+    (results/s43/call2)."""
+    shift = round_index % len(names)
+    return list(names[shift:]) + list(names[:shift])
+
+
+def print_summary(row: dict) -> None:
+    """A result row on one line, floats rounded, the per-round lists (keys ending in _ms) left out."""
+    print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()
+           if not key.endswith("_ms")}, flush=True)  # fmt: skip
+
+
 def capture_graph(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
     """fn captured in a CUDA graph by PyTorch's recipe (three warm-up calls on a side stream, then the
     capture), and what the captured call returned (its tensors are rewritten by each replay). fn must

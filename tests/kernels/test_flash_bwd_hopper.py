@@ -267,8 +267,8 @@ def test_gpu_nondeterministic_backward_elsewhere_is_the_deterministic_one(
     )
     assert not fused_hopper.supports(d, causal, sq)
     torch.manual_seed(sq + d)
-    q = randn(b, sq, h, d, dtype=BF16, device="cuda", requires_grad=True)
-    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda", requires_grad=True) for _ in range(2))
+    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
+    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
     do = torch.randn_like(q)
     grads = {
         det: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do)
