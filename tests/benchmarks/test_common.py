@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.common import idle_gaps
+from benchmarks.common import idle_gaps, rotated
 
 
 def test_overlapping_kernels_leave_no_gap_and_a_late_start_is_charged_to_its_neighbours():
@@ -28,3 +28,14 @@ def test_the_order_given_does_not_matter_and_min_us_sets_what_counts():
     assert idle_gaps(kernels, min_us=3.0) == (10.0, {"w -> x": [10.0, 1]})
     assert idle_gaps(kernels, min_us=1.0) == (12.0, {"w -> x": [10.0, 1], "x -> y": [2.0, 1]})
     assert idle_gaps([], min_us=1.0) == (0.0, {})
+
+
+@pytest.mark.parametrize("names", [("a", "b", "c"), (False, True), ["x"]])
+def test_alternating_rounds_put_every_name_at_every_position_once_per_cycle(names):
+    """`rotated`: round r times all names, starting at name r mod n, so n rounds time each name once
+    at each position (a position's bias then weighs on every name alike)."""
+    orders = [rotated(names, r) for r in range(2 * len(names))]
+    assert all(sorted(map(str, order)) == sorted(map(str, names)) for order in orders)
+    for pos in range(len(names)):
+        assert sorted(map(str, (order[pos] for order in orders[: len(names)]))) == sorted(map(str, names))
+    assert orders[0] == list(names) and orders[len(names)] == list(names)
