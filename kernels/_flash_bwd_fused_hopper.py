@@ -53,11 +53,7 @@ def _attn_bwd_fused_hopper(
         sched_slots, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N * NUM_CONSUMERS, CAUSAL
     )
 
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(NUM_CONSUMERS):
-        mbarrier.init(kv_ready.index(c), count=1)
+    k_smem, v_smem, kv_ready = dkdv.kv_buffers(k_desc, v_desc, NUM_CONSUMERS, 0)
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = dkdv._qdo_ring(
         q_desc, do_desc, STAGES, NUM_CONSUMERS, 0
     )

@@ -434,6 +434,23 @@ def dense_program(
 
 
 @gluon.jit
+def kv_buffers(k_desc, v_desc, NUM_CONSUMERS: gl.constexpr, PART: gl.constexpr):
+    """Each consumer's K and V rows, loaded once (`_producer`), and their barriers, initialised:
+    (k_smem, v_smem, kv_ready). The dV pass (PART 1) reads no V: its v_smem is k_smem."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
+    if PART == 1:
+        v_smem = k_smem
+    else:
+        v_smem = gl.allocate_shared_memory(
+            v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout
+        )
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(kv_ready.index(c), count=1)
+    return k_smem, v_smem, kv_ready
+
+
+@gluon.jit
 def _qdo_ring(q_desc, do_desc, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, PART: gl.constexpr):
     """The Q/dO stage ring the producer streams and both consumers read (`_stream_qdo`, `_steps`), with
     per stage its query rows' -lse / scale and -delta (the dV pass needs no delta: lse's buffer stands
@@ -483,16 +500,7 @@ def _attn_bwd_dkdv_hopper(
                                                   CAUSAL)  # fmt: skip
         tiles = TILES
 
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
-    if PART == 1:  # the dV pass reads no V
-        v_smem = k_smem
-    else:
-        v_smem = gl.allocate_shared_memory(
-            v_desc.dtype, [NUM_CONSUMERS] + v_desc.block_type.shape, v_desc.layout
-        )
-    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(NUM_CONSUMERS):
-        mbarrier.init(kv_ready.index(c), count=1)
+    k_smem, v_smem, kv_ready = kv_buffers(k_desc, v_desc, NUM_CONSUMERS, PART)
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = _qdo_ring(
         q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
     )
