@@ -88,6 +88,14 @@ def _forward(q, k, v, causal):
     )  # fmt: skip
 
 
+def _gpu_inputs(b, sq, sk, h, hk, d, seed):
+    """Seeded bf16 q (b, sq, h, d) and k, v (b, sk, hk, d) on the GPU, requiring grad."""
+    torch.manual_seed(seed)
+    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
+    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    return q, k, v
+
+
 def _ref_grads(q, k, v, do, causal):
     """(dq, dk, dv) of the reference in float64 and in the inputs' dtype, by autograd."""
 
@@ -192,9 +200,7 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
     )  # fmt: skip
-    torch.manual_seed(sq + sk)
-    q = randn(b, sq, h, 128, dtype=BF16, device="cuda")
-    k, v = (randn(b, sk, hk, 128, dtype=BF16, device="cuda") for _ in range(2))
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + sk)
     check_against_reference(
         lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal, deterministic=False),
         lambda q, k, v: attention_reference(q, k, v, causal=causal, return_lse=True),
@@ -266,9 +272,7 @@ def test_gpu_nondeterministic_backward_elsewhere_is_the_deterministic_one(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")
     )
     assert not fused_hopper.supports(d, causal, sq)
-    torch.manual_seed(sq + d)
-    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
-    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, d, seed=sq + d)
     do = torch.randn_like(q)
     grads = {
         det: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do)
@@ -289,9 +293,7 @@ def test_gpu_nondeterministic_backward_elsewhere_is_the_deterministic_one(
 def test_gpu_backward_takes_them_and_matches(bwd_calls, b, sq, sk, h, hk, d, causal):
     """flash_attention's backward sends these calls to the Hopper dq kernel, then the Hopper dK/dV
     kernel (which reads the delta the first one writes); all three gradients pass the tolerance rule."""
-    torch.manual_seed(sq + d)
-    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
-    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, d, seed=sq + d)
     check_against_reference(
         lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal),
         lambda q, k, v: attention_reference(q, k, v, causal=causal, return_lse=True),
@@ -380,9 +382,7 @@ def test_gpu_new_values_at_an_address_already_encoded_give_the_new_results(monke
 def test_gpu_short_calls_take_them_from_the_measured_lengths(bwd_calls, b, sq, sk, h, hk, d, causal):
     """From 128 queries (d128 causal: 256; results/s41/call2) the public API's backward takes both Gluon
     kernels, and its outputs, lse and gradients pass the tolerance rule."""
-    torch.manual_seed(sq + sk + d)
-    q = randn(b, sq, h, d, dtype=BF16, device="cuda")
-    k, v = (randn(b, sk, hk, d, dtype=BF16, device="cuda") for _ in range(2))
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, d, seed=sq + sk + d)
     check_public_api([q, k, v], BF16, causal=causal)
     assert bwd_calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
 
