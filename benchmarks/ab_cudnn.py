@@ -18,20 +18,19 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
-from kernels import flash_attention  # noqa: E402
 
 IMPLS = ("ours", "ours_nondeterministic", "cudnn")
 
 
 def _calls(seqlen: int, headdim: int, causal: bool) -> dict:
-    """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs."""
-    batch, nheads = 16384 // seqlen, 2048 // headdim
+    """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
+    ours on (B, N, H, d), cuDNN on a (B, H, N, d) view of the same tensors)."""
+    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -39,20 +38,15 @@ def _calls(seqlen: int, headdim: int, causal: bool) -> dict:
     )
     do = torch.randn_like(q)
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-    dot = do.transpose(1, 2)
 
-    def ours(det: bool):
-        fwd = lambda: flash_attention(q, k, v, causal=causal, deterministic=det)  # noqa: E731
-        return fwd, lambda: torch.autograd.grad(fwd(), (q, k, v), do)
-
-    def cudnn_fwd():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    def pair(fn, inputs, grad_out):
+        fwd = lambda: fn(*inputs, causal)  # noqa: E731
+        return fwd, lambda: torch.autograd.grad(fwd(), inputs, grad_out)
 
     return {
-        "ours": ours(True),
-        "ours_nondeterministic": ours(False),
-        "cudnn": (cudnn_fwd, lambda: torch.autograd.grad(cudnn_fwd(), (qt, kt, vt), dot)),
+        "ours": pair(make_impl("triton"), (q, k, v), do),
+        "ours_nondeterministic": pair(make_impl("triton_atomic"), (q, k, v), do),
+        "cudnn": pair(make_impl("sdpa_cudnn"), (qt, kt, vt), do.transpose(1, 2)),
     }
 
 
@@ -63,7 +57,7 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int) -> dict:
         for impl in rotated(IMPLS, r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
-    flops = 4 * (16384 // seqlen) * (2048 // headdim) * seqlen**2 * headdim / (2 if causal else 1)
+    flops = 4 * (TOKENS // seqlen) * (MODEL_DIM // headdim) * seqlen**2 * headdim / (2 if causal else 1)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds)
     for (impl, what), ms in times.items():
         row[f"{impl}_{what}_ms"] = ms

@@ -15,11 +15,10 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 from kernels import _flash_fwd_hopper  # noqa: E402
 from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
@@ -38,7 +37,7 @@ CANDIDATES = {  # name: config, per head dim
 
 
 def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
-    batch, nheads = 16384 // seqlen, 2048 // headdim
+    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
     torch.manual_seed(seqlen)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(3)
@@ -46,10 +45,8 @@ def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     scale = headdim**-0.5
 
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
+    sdpa_cudnn = make_impl("sdpa_cudnn")
+    cudnn = lambda: sdpa_cudnn(qt, kt, vt, causal)  # noqa: E731
     calls = {
         name: (
             lambda c=cfg: _flash_fwd_hopper.flash_attn_forward_hopper(

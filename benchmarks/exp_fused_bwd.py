@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
 from benchmarks.common import device_profile, time_ms, write_results  # noqa: E402
 from kernels import (  # noqa: E402
     _flash_bwd,
@@ -72,7 +73,7 @@ def reference_check(headdim: int, causal: bool) -> dict:
 def saved_forward(seqlen: int, headdim: int, causal: bool) -> tuple:
     """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
     tokens and nheads x headdim = 2048 (q, k, v require grad, for the public API's fwd+bwd too)."""
-    batch, nheads = 16384 // seqlen, 2048 // headdim
+    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -86,7 +87,7 @@ def saved_forward(seqlen: int, headdim: int, causal: bool) -> tuple:
 
 
 def point(seqlen: int, headdim: int, causal: bool) -> dict:
-    batch, nheads = 16384 // seqlen, 2048 // headdim
+    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
     q, k, v, do, out, lse2 = saved_forward(seqlen, headdim, causal)
     flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, batch=batch, nheads=nheads,
@@ -113,11 +114,10 @@ def point(seqlen: int, headdim: int, causal: bool) -> dict:
         row[f"{name}_fwdbwd_tflops"] = 3.5 * flops / ms / 1e9
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
     dot = do.transpose(1, 2)
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-        fwd = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: E731
-        fb = lambda: torch.autograd.grad(fwd(), (qt, kt, vt), dot)  # noqa: E731
-        row["cudnn_fwd_ms"] = time_ms(fwd)
-        row["cudnn_fwdbwd_ms"] = time_ms(fb)
+    cudnn = make_impl("sdpa_cudnn")
+    fwd = lambda: cudnn(qt, kt, vt, causal)  # noqa: E731
+    row["cudnn_fwd_ms"] = time_ms(fwd)
+    row["cudnn_fwdbwd_ms"] = time_ms(lambda: torch.autograd.grad(fwd(), (qt, kt, vt), dot))
     row["cudnn_bwd_ms"] = row["cudnn_fwdbwd_ms"] - row["cudnn_fwd_ms"]
     row["cudnn_fwdbwd_tflops"] = 3.5 * flops / row["cudnn_fwdbwd_ms"] / 1e9
     for name in ("default", "fused"):
