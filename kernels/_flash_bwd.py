@@ -487,7 +487,9 @@ def flash_attn_backward(
     """Gradients (dq, dk, dv) given the forward's saved out and base-2 lse (same layouts as the forward).
 
     atomic_dq: compute dq inside the dk/dv kernel with fp32 atomics (no separate dq kernel);
-    nondeterministic summation order, so only on request.
+    nondeterministic summation order, so only on request, and never while
+    `torch.use_deterministic_algorithms(True)` is on: the deterministic kernels then run (torch's rule
+    for an op that has them).
     grads_into: dense only, fp32 (dq, dk, dv) buffers shaped like q, k, v (unit last strides) that the
         gradients are added to in place (ring attention's per-step accumulation, without materializing
         the step's gradients); returns them.
@@ -514,6 +516,9 @@ def flash_attn_backward(
     varlen = cu_seqlens_q is not None
     if do.stride(-1) != 1:
         do = do.contiguous()
+    # checked when the kernels launch, as torch checks its own ops (the switch may change between the
+    # forward and the backward)
+    atomic_dq = atomic_dq and not torch.are_deterministic_algorithms_enabled()
     accumulate = grads_into is not None
     if accumulate:
         if varlen or atomic_dq:

@@ -261,7 +261,8 @@ def flash_attention(
         (`kernels._flash_bwd_fused_hopper`: full attention, causal from 4k queries, where it measured
         faster than the deterministic kernels); the other calls the Hopper dK/dV kernel takes (other
         head dims, shorter causal calls) keep the deterministic kernels, faster there than the atomic
-        variant, so they stay reproducible.
+        variant, so they stay reproducible. With `torch.use_deterministic_algorithms(True)` on when the
+        backward runs, False runs the deterministic kernels too (torch's rule where an op has them).
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype, and with return_lse=True also lse
     (batch, nheads, seqlen_q) float32, natural log. Rows that see no key give out = 0, lse = -inf.
     lse is differentiable: a loss on it (a z-loss, a merge of partial attentions) reaches q and k.

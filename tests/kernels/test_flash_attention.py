@@ -285,3 +285,46 @@ def test_gpu_key_padding_and_fp16():
     kpm = torch.rand(2, 1500, device="cuda") > 0.3
     check_public_api([q, k, v], F16, key_padding_mask=kpm)
     assert FLOOR[F16] > 0
+
+
+class _AtomicKernelMustNotRun:
+    """Stands in for the portable atomic dK/dV kernel: launching it fails the test."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("the atomic dK/dV kernel ran under torch.use_deterministic_algorithms(True)")
+
+
+@pytest.fixture
+def torch_deterministic_mode():
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "qkvpacked"])
+def test_deterministic_false_under_torch_deterministic_mode_runs_the_deterministic_kernels(
+    monkeypatch, torch_deterministic_mode, packed, device
+):
+    """torch.use_deterministic_algorithms(True) on when the backward runs: deterministic=False takes the
+    deterministic kernels (torch's rule for an op that has them), so its gradients are bitwise those of
+    deterministic=True, and the atomic kernel never launches."""
+    from kernels import _flash_bwd, flash_attention_qkvpacked
+
+    torch.manual_seed(11)
+    qkv = randn(1, 33, 6, 16, dtype=F32, device=device)
+    do = randn(1, 33, 2, 16, dtype=F32, device=device, requires_grad=False)
+
+    def grads(deterministic):
+        x = qkv.detach().clone().requires_grad_()
+        if packed:
+            out = flash_attention_qkvpacked(x, causal=True, deterministic=deterministic)
+        else:
+            q, k, v = x.split(2, dim=2)
+            out = flash_attention(q, k, v, causal=True, deterministic=deterministic)
+        return torch.autograd.grad(out, x, do)[0]
+
+    want = grads(True)
+    monkeypatch.setattr(_flash_bwd, "_bwd_dkdv_atomic_tuned", _AtomicKernelMustNotRun())
+    assert torch.equal(grads(False), want)

@@ -256,6 +256,35 @@ def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_varia
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_torch_deterministic_mode_keeps_nondeterministic_calls_off_the_one_kernel_backward(
+    monkeypatch, causal
+):
+    """With torch.use_deterministic_algorithms(True), a d128 call the one-kernel backward would take
+    (full, causal at 4k queries) runs the deterministic kernels: gradients bitwise deterministic=True's."""
+    calls = record_calls(
+        monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")
+    )
+    assert fused_hopper.supports(128, causal, 4096)
+    q, k, v = _gpu_inputs(1, 4096, 4096, 4, 4, 128, seed=7 + causal)
+    do = torch.randn_like(q)
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = {
+            det: torch.autograd.grad(
+                flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do
+            )
+            for det in (True, False)
+        }
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert calls == ["flash_attn_dkdv_hopper"] * 2
+    for want, got in zip(grads[True], grads[False], strict=True):
+        assert torch.equal(want, got)
+
+
+@pytest.mark.gpu
+@needs_hopper
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, d, causal",
     [(1, 4096, 4096, 4, 2, 64, True), (2, 1024, 1000, 4, 4, 64, False), (1, 2048, 2048, 2, 2, 128, True),

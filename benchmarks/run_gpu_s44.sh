@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 44). Each part is what one call ran; the outputs are in
+# benchmarks/results/s44/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s44.sh 1   # check_determinism.py: which of ours (deterministic and not) and SDPA's
+#       cuDNN, flash and memory-efficient kernels repeat their gradients bit for bit, and what each does under
+#       torch.use_deterministic_algorithms(True); the GPU tests of that switch; per-kernel device time
+#       (profile_attention.py) of ours and cuDNN at the three d128 points still under 1.05x cuDNN
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "$1" in
+1)
+  timeout -s INT 200 python -m pytest -q -rf tests/kernels/test_flash_attention.py tests/kernels/test_flash_bwd_hopper.py \
+    -k "torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  tail -n 3 "$R/gpu_tests.log"
+  timeout 200 python benchmarks/check_determinism.py --repeats 5 \
+    --impls triton triton_atomic sdpa_cudnn sdpa_flash sdpa_mem_eff \
+    --shape 4,4096,16,128 --shape 4,4096,16,128,causal --shape 4,4096,32,64,causal \
+    --out "$R/determinism.json" 2>&1 | quiet
+  timeout 150 python benchmarks/profile_attention.py --iters 10 --impls triton triton_atomic sdpa_cudnn \
+    --shape 4,4096,16,128 --shape 4,4096,16,128,causal --shape 2,8192,16,128,causal \
+    --out "$R/profile_d128.json" 2>&1 | quiet
+  ;;
+*)
+  echo "unknown part $1" >&2
+  exit 2
+  ;;
+esac
