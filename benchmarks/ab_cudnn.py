@@ -8,6 +8,11 @@ and round: each impl's median time (`common.time_ms`: CUDA events, L2 flushed); 
 rounds and cuDNN's median ÷ ours (above 1: ours faster), with the lowest and highest round's ratio.
 
     python benchmarks/ab_cudnn.py --headdims 128 --seqlens 4096 8192 16384 --rounds 5 --out ab_cudnn.json
+
+cuDNN's backward adds dQ in a run-dependent order, as SDPA's flash and memory-efficient kernels do by
+default (check_determinism.py, results/s44/call1). Under `torch.use_deterministic_algorithms(True)` torch
+refuses cuDNN and runs deterministic variants of the other two; `--torch-deterministic` times ours
+(deterministic) against those, with the switch on.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 
-IMPLS = ("ours", "ours_nondeterministic", "cudnn")
+# name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
+IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "sdpa_cudnn"}
+# under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
+STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
 
 
-def _calls(seqlen: int, headdim: int, causal: bool) -> dict:
+def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
     """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
-    ours on (B, N, H, d), cuDNN on a (B, H, N, d) view of the same tensors)."""
+    ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors)."""
     batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
@@ -44,17 +52,18 @@ def _calls(seqlen: int, headdim: int, causal: bool) -> dict:
         return fwd, lambda: torch.autograd.grad(fwd(), inputs, grad_out)
 
     return {
-        "ours": pair(make_impl("triton"), (q, k, v), do),
-        "ours_nondeterministic": pair(make_impl("triton_atomic"), (q, k, v), do),
-        "cudnn": pair(make_impl("sdpa_cudnn"), (qt, kt, vt), do.transpose(1, 2)),
+        name: pair(make_impl(impl), (q, k, v), do)
+        if name.startswith("ours")
+        else pair(make_impl(impl), (qt, kt, vt), do.transpose(1, 2))
+        for name, impl in impls.items()
     }
 
 
-def case(seqlen: int, headdim: int, causal: bool, rounds: int) -> dict:
-    calls = _calls(seqlen, headdim, causal)
-    times = {(impl, what): [] for impl in IMPLS for what in ("fwd", "fwdbwd")}
+def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMPLS) -> dict:
+    calls = _calls(seqlen, headdim, causal, impls)
+    times = {(impl, what): [] for impl in impls for what in ("fwd", "fwdbwd")}
     for r in range(rounds):
-        for impl in rotated(IMPLS, r):
+        for impl in rotated(list(impls), r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
     flops = 4 * (TOKENS // seqlen) * (MODEL_DIM // headdim) * seqlen**2 * headdim / (2 if causal else 1)
@@ -62,13 +71,14 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int) -> dict:
     for (impl, what), ms in times.items():
         row[f"{impl}_{what}_ms"] = ms
         row[f"{impl}_{what}_tflops"] = (3.5 if what == "fwdbwd" else 1) * flops / statistics.median(ms) / 1e9
-    for impl in IMPLS[:2]:
-        for what in ("fwd", "fwdbwd"):
-            per_round = [c / o for c, o in zip(times[("cudnn", what)], times[(impl, what)], strict=True)]
-            row[f"cudnn_over_{impl}_{what}"] = statistics.median(times[("cudnn", what)]) / statistics.median(
-                times[(impl, what)]
-            )
-            row[f"cudnn_over_{impl}_{what}_range"] = (min(per_round), max(per_round))
+    ours = [name for name in impls if name.startswith("ours")]
+    for anchor in (name for name in impls if name not in ours):
+        for impl in ours:
+            for what in ("fwd", "fwdbwd"):
+                theirs, mine = times[(anchor, what)], times[(impl, what)]
+                per_round = [t / m for t, m in zip(theirs, mine, strict=True)]
+                row[f"{anchor}_over_{impl}_{what}"] = statistics.median(theirs) / statistics.median(mine)
+                row[f"{anchor}_over_{impl}_{what}_range"] = (min(per_round), max(per_round))
     return row
 
 
@@ -78,17 +88,23 @@ def main() -> None:
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--torch-deterministic", action="store_true",
+        help="with torch.use_deterministic_algorithms(True): ours against SDPA flash and memory-efficient",
+    )  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
+    torch.use_deterministic_algorithms(args.torch_deterministic)
     rows = []
     for headdim in args.headdims:
         for causal in causals:
             for seqlen in args.seqlens:
-                row = case(seqlen, headdim, causal, args.rounds)
+                row = case(seqlen, headdim, causal, args.rounds, impls)
                 print_summary(row)
                 rows.append(row)
-    write_results(args.out, rows)
+                write_results(args.out, rows, {"torch_deterministic": args.torch_deterministic})
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
 #       cuDNN, flash and memory-efficient kernels repeat their gradients bit for bit, and what each does under
 #       torch.use_deterministic_algorithms(True); the GPU tests of that switch; per-kernel device time
 #       (profile_attention.py) of ours and cuDNN at the three d128 points still under 1.05x cuDNN
+#   (part 1, on an H200: call1/; SDPA's three backends all add dq in a run-dependent order, cuDNN refuses the switch)
+#   bash benchmarks/run_gpu_s44.sh 2   # ab_cudnn.py --torch-deterministic: ours (deterministic) against SDPA flash and
+#       memory-efficient with torch.use_deterministic_algorithms(True) on, d128 and d64 at 4k-16k, three rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -19,6 +22,12 @@ case "$1" in
   timeout 150 python benchmarks/profile_attention.py --iters 10 --impls triton triton_atomic sdpa_cudnn \
     --shape 4,4096,16,128 --shape 4,4096,16,128,causal --shape 2,8192,16,128,causal \
     --out "$R/profile_d128.json" 2>&1 | quiet
+  ;;
+2)
+  timeout 250 python benchmarks/ab_cudnn.py --torch-deterministic --headdims 128 --seqlens 4096 8192 16384 \
+    --rounds 3 --out "$R/ab_strict_d128.json" 2>&1 | quiet
+  timeout 150 python benchmarks/ab_cudnn.py --torch-deterministic --headdims 64 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_strict_d64.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2
