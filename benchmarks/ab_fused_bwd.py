@@ -4,6 +4,9 @@ median), d128, bf16, batch x seqlen = 16k tokens, 16 heads. Session 42 used it w
 bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
 
     python benchmarks/ab_fused_bwd.py --causal --seqlens 8192 16384 --rounds 5 --out ab.json
+
+--ordered adds the one-kernel backward with each dq tile's adds in a fixed order (deterministic; full
+attention), and checks that its gradients repeat bit for bit and how far they are from the two kernels'.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import argparse
 import os
 import statistics
 import sys
+
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,22 +33,50 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the fused kernel (its CAUSAL_FROM)")  # fmt: skip
+    parser.add_argument("--ordered", action="store_true", help="also the ordered one-kernel backward")
     args = parser.parse_args()
     if args.causal_from is not None:
         _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
+    # variant -> (atomic dq, ordered one-kernel backward on)
+    variants = {"deterministic": (False, False), "fused": (True, False)}
+    if args.ordered:
+        variants["ordered"] = (False, True)
+
+    def backward(variant, inputs):
+        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
+        return _backward(*inputs, args.causal, atomic)
+
     rows = []
     for seqlen in args.seqlens:
         inputs = saved_forward(seqlen, 128, args.causal)
-        times = {False: [], True: []}
+        row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds)
+        if args.ordered:
+            runs = [backward("ordered", inputs) for _ in range(3)]
+            row["ordered_repeats_bitwise"] = all(
+                torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
+            )
+            two_kernels = backward("deterministic", inputs)
+            row["ordered_vs_deterministic_rel"] = [
+                ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                for a, b in zip(runs[0], two_kernels, strict=True)
+            ]
+        times = {variant: [] for variant in variants}
         for r in range(args.rounds):
-            for fused in rotated((False, True), r):
-                times[fused].append(time_ms(lambda f=fused, t=inputs: _backward(*t, args.causal, f)))
-        row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds, deterministic_ms=times[False],
-                   fused_ms=times[True])  # fmt: skip
-        row["median_ratio"] = statistics.median(times[False]) / statistics.median(times[True])
-        print(row, flush=True)
+            for variant in rotated(list(variants), r):
+                times[variant].append(time_ms(lambda v=variant, t=inputs: backward(v, t)))
+        for variant, ms in times.items():
+            row[f"{variant}_ms"] = ms
+        row["median_ratio"] = statistics.median(times["deterministic"]) / statistics.median(times["fused"])
+        if args.ordered:
+            row["deterministic_over_ordered"] = statistics.median(times["deterministic"]) / statistics.median(
+                times["ordered"]
+            )
+            row["fused_over_ordered"] = statistics.median(times["fused"]) / statistics.median(
+                times["ordered"]
+            )
+        print({k: val for k, val in row.items() if not k.endswith("_ms")}, flush=True)
         rows.append(row)
-    write_results(args.out, rows)
+        write_results(args.out, rows)
 
 
 if __name__ == "__main__":

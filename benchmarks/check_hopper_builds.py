@@ -81,9 +81,9 @@ def spills_in_loops(cubin: bytes) -> int | None:
 
 
 def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
-    """Compile one config of `kernel` ("fwd", "dq", "dkdv" or "fused") for sm_90, dense or block-sparse (walking
-    tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass (`_flash_dkdv_hopper.passes`);
-    never raises."""
+    """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused" or "fused_ordered", the one-kernel backward
+    with its dQ adds in a fixed order) for sm_90, dense or block-sparse (walking tile lists,
+    `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass (`_flash_dkdv_hopper.passes`); never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
@@ -104,11 +104,11 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         if kernel == "fwd":
             jit = hopper._attn_fwd_hopper
             args = [rows, keys, keys, rows, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264]
-        elif kernel == "fused":  # (the one-kernel backward: its dq view's blocks are half a head wide)
+        elif kernel in ("fused", "fused_ordered"):  # (its dq view's blocks are half a head wide)
             jit = fused_hopper._attn_bwd_fused_hopper
             halves = hopper.descriptor(torch.zeros(2, 1000, 8, headdim // 2), cfg.block_m)
             args = [rows, keys, keys, rows, keys, keys, halves, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000,
-                    2, 0.18, 0.125, 264]  # fmt: skip
+                    2, 0.18, 0.125, 264, torch.zeros(16, dtype=torch.int32)]  # fmt: skip
         elif kernel == "dkdv":
             jit = dkdv_hopper._attn_bwd_dkdv_hopper
             args = [rows, keys, keys, rows, keys, keys, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2,
@@ -120,7 +120,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         if sparse:  # tile lists (layout heads, list rows, list length) and their counts
             tiles, counts = torch.zeros(1, 8, 16, dtype=torch.int32), torch.ones(1, 8, 2, dtype=torch.int32)
             args += [tiles, counts, 4, 8, 16]
-        elif kernel != "fused":
+        elif not kernel.startswith("fused"):
             args += [lse, lse, 1, 1, 1]
         if cfg.persistent:  # a persistent variant: the grid it walks
             jit = {
@@ -135,8 +135,9 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
-        if kernel == "fused":
+        if kernel.startswith("fused"):
             del meta["SPARSE"]
+            meta["ORDERED"] = kernel == "fused_ordered"
         if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         compiled = compile_kernel(jit, args, meta)
@@ -180,7 +181,8 @@ def main():
     )  # fmt: skip
     parser.add_argument(
         "--fused", action="store_true",
-        help="build the one-kernel backward's configs (kernels._flash_bwd_fused_hopper) alone; its builds spill "
+        help="build the one-kernel backward's configs (kernels._flash_bwd_fused_hopper, also with ordered dQ adds, "
+        "full attention) alone; its builds spill "
         "(tests/kernels/test_flash_bwd_hopper.py records how much), so only a failed build or one over shared "
         "memory fails",
     )  # fmt: skip
@@ -224,7 +226,11 @@ def main():
     if args.fused:
         from kernels import _flash_bwd_fused_hopper
 
-        dense_configs = [("fused", d, cfg) for d, cfg in sorted(_flash_bwd_fused_hopper.CONFIGS.items())]
+        dense_configs = [
+            (kernel, d, cfg)
+            for kernel in ("fused", "fused_ordered")
+            for d, cfg in sorted(_flash_bwd_fused_hopper.CONFIGS.items())
+        ]
     configs = [(*c, True, c in sparse_configs) for c in dense_configs]
     if not args.config and not args.fused:
         configs += [(*c, False, True) for c in sorted(sparse_configs, key=str) if c not in dense_configs]
@@ -232,9 +238,8 @@ def main():
     for kernel, headdim, cfg, dense, listed in configs:
         for sparse in [s for s, wanted in ((False, dense), (True, listed)) if wanted]:
             parts = _flash_dkdv_hopper.passes(headdim) if kernel == "dkdv" else (0,)
-            for part, causal, dtype in itertools.product(
-                parts, (True, False), (torch.bfloat16, torch.float16)
-            ):
+            causals = (False,) if kernel == "fused_ordered" else (True, False)  # (full attention only)
+            for part, causal, dtype in itertools.product(parts, causals, (torch.bfloat16, torch.float16)):
                 results.append(build(kernel, headdim, cfg, causal, dtype, sparse, part))
                 r = results[-1]
                 print(f"{r['status']:>18}  {kernel}{f' pass {part}' if part else ''} d{headdim} {cfg} "

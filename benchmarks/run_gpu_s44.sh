@@ -8,6 +8,11 @@
 #   (part 1, on an H200: call1/; SDPA's three backends all add dq in a run-dependent order, cuDNN refuses the switch)
 #   bash benchmarks/run_gpu_s44.sh 2   # ab_cudnn.py --torch-deterministic: ours (deterministic) against SDPA flash and
 #       memory-efficient with torch.use_deterministic_algorithms(True) on, d128 and d64 at 4k-16k, three rounds
+#   (part 2, on an H200: call2/)
+#   bash benchmarks/run_gpu_s44.sh 3   # the one-kernel backward with each dq tile's adds in a fixed order (full
+#       attention): its GPU tests (each file's run killed after a time limit, in case programs wait on each other
+#       for ever), then ab_fused_bwd.py --ordered (the backward alone: two kernels, one-kernel nondeterministic,
+#       one-kernel ordered) at full 4k-16k, and ab_cudnn.py with FLASHTRAIN_ORDERED_BWD=1 at full 4k-16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -28,6 +33,15 @@ case "$1" in
     --rounds 3 --out "$R/ab_strict_d128.json" 2>&1 | quiet
   timeout 150 python benchmarks/ab_cudnn.py --torch-deterministic --headdims 64 --seqlens 4096 16384 \
     --rounds 3 --out "$R/ab_strict_d64.json" 2>&1 | quiet
+  ;;
+3)
+  timeout -s KILL 240 python -m pytest -q -x -rf -m gpu tests/kernels/test_flash_bwd_hopper.py -k "ordered" \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 5 "$R/gpu_tests.log"
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 8192 16384 --rounds 4 \
+    --out "$R/ab_ordered_bwd.json" 2>&1 | quiet
+  FLASHTRAIN_ORDERED_BWD=1 timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal no \
+    --seqlens 4096 8192 16384 --rounds 4 --out "$R/ab_cudnn_ordered.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

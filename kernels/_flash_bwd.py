@@ -21,6 +21,7 @@ from ._common import (
     padded_head_dim,
     rowsum_do_o,
     sched_slots_for,
+    sm_count,
     store_or_add_tile,
     tile_program_ids,
     token_strides,
@@ -550,8 +551,22 @@ def flash_attn_backward(
             q.shape[-1], win_right == 0, q.shape[1]
         )
         atomic_dq = fused
-    # (.., H, D) fp32 accumulator for the atomic variant
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq else None
+    # deterministic: the one-kernel backward with each dq tile's adds in one fixed order, where it takes the call
+    ordered = (
+        not atomic_dq
+        and dkdv_ok
+        and _flash_bwd_fused_hopper.supports_ordered(
+            q.shape[-1],
+            win_right == 0,
+            q.shape[1],
+            k.shape[1],
+            q.shape[-2] // k.shape[-2],
+            sm_count(q.device),
+        )
+    )
+    fused = fused or ordered
+    # (.., H, D) fp32 accumulator for the atomic variant and the one-kernel backward
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq or ordered else None
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
@@ -563,7 +578,7 @@ def flash_attn_backward(
     nheads_kv = k.shape[-2]
     block_d = padded_head_dim(headdim)
     # the plain call computes delta in the dq kernel, which then runs first (see _bwd_dq's DELTA_HERE)
-    delta_here = delta is None and dlse2 is None and only is None and not atomic_dq
+    delta_here = delta is None and dlse2 is None and only is None and not atomic_dq and not ordered
     if delta_here:
         delta = torch.empty_like(lse)
     elif delta is None:
@@ -576,7 +591,7 @@ def flash_attn_backward(
     hopper_dkdv = dkdv_ok and not atomic_dq
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
-            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0
+            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0, ordered=ordered
         )
         dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
         return dq, dk, dv

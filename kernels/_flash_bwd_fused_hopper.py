@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -39,19 +40,33 @@ from ._launch import CompiledLaunch
 @gluon.jit
 def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
-    BLOCK_M, headdim / 2); LSE is base 2."""
+    BLOCK_M, headdim / 2); LSE is base 2. ORDERED (full attention): each (query head, tile) item's dQ
+    halves are added in one fixed order, through SEM, int32 zeros (batch, heads, query tiles, 2): one
+    semaphore per item and half, counting the adds done (`_flash_dkdv_hopper._steps`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
     n0, off_hk, off_b, lo, hi = dkdv.dense_program(
         sched_slots, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N * NUM_CONSUMERS, CAUSAL
     )
+    if ORDERED:  # (grid order: programs of a key head, then key heads, then batches)
+        gl.static_assert(not CAUSAL, "ordered dQ adds: full attention only")
+        n_items = group * hi  # (query head, tile) items; lo = 0
+        programs = gl.cdiv(seqlen_k, BLOCK_N * NUM_CONSUMERS)
+        program = n0 // (BLOCK_N * NUM_CONSUMERS)
+        spacing = n_items // programs  # the host asks for >= 2
+        rot = program * spacing
+        sem_off = (off_b * gl.num_programs(1) + off_hk) * (n_items * 2)
+        order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot)
+    else:
+        rot = 0
+        order = 0
 
     k_smem, v_smem, kv_ready = dkdv.kv_buffers(k_desc, v_desc, NUM_CONSUMERS, 0)
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = dkdv._qdo_ring(
@@ -76,14 +91,14 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
-                              0, 1)),
+                              0, 1, ORDERED, rot)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -109,28 +124,51 @@ def supports(headdim: int, causal: bool, seqlen_q: int) -> bool:
 
 CAUSAL_FROM = 4096
 
+# FLASHTRAIN_ORDERED_BWD=1 sends deterministic full-attention calls here with the dQ adds in a fixed order
+ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "0") == "1"
+
+
+def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
+    """Whether a call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in a fixed order
+    (deterministic): head dim 128, full attention, and
+    - at most sms - 1 programs per key head (128 keys each): a program waits for others of its key head
+      to add first, so all of them must be able to run at once. Programs start in grid order, so the
+      ones waiting belong to the last key head started, and the other SMs finish theirs;
+    - at least 2 query tiles (64 rows, of all heads of the group) per program: programs start 2 items
+      apart, so an item's next adder gets there 2 steps after the last one added, and does not wait."""
+    programs = triton.cdiv(seqlen_k, 128)
+    items = group * triton.cdiv(seqlen_q, 64)
+    return ORDERED_ENABLED and headdim in CONFIGS and not causal and programs < sms and items >= 2 * programs
+
 
 def flash_attn_bwd_fused_hopper(
-    q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None
+    q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False
 ):
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, shaped like q; zero it first for dq itself), given the base-2 lse and delta. The caller
-    checked `_flash_dkdv_hopper.supports` and `supports`."""
+    checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`). ordered: the
+    adds into each dq tile in one fixed order, so dq repeats bit for bit."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
     grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
     # each head's two column halves as heads of their own, so a TMA block is one consumer's half
     dq_halves = dq_acc.view(batch, seqlen_q, 2 * nheads, headdim // 2)
+    # ordered: per (query head, query tile, half) the adds done so far (else a pointer never read)
+    sems = lse2
+    if ordered:
+        sems = torch.zeros(
+            batch, nheads, triton.cdiv(seqlen_q, cfg.block_m), 2, device=q.device, dtype=torch.int32
+        )
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots_for(q.device, causal))  # fmt: skip
+            sm_scale, sched_slots_for(q.device, causal), sems)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -59,10 +59,13 @@ def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
     qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
     qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, HOT_FIRST: gl.constexpr = 0,
+    ORDERED: gl.constexpr = False, rot=0,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
-    section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`)."""
+    section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`). ORDERED (the
+    ordered one-kernel backward, full attention): all (head, tile) items in one run, from item rot on
+    and round to the items before it (`_steps`)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -80,6 +83,9 @@ def _producer(
     if SPARSE:
         _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
                     off_hk, group, it, 0, hi, tiles, SPARSE, PART)  # fmt: skip
+    elif ORDERED:
+        _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
+                    off_hk, group, it, 0, hi, tiles, SPARSE, PART, True, rot)  # fmt: skip
     else:
         for section in gl.static_range(HOT_FIRST, 3 + HOT_FIRST):  # the consumers' order (see `sections`)
             start, count = sections(
@@ -91,18 +97,26 @@ def _producer(
 
 @gluon.jit
 def _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b, off_hk,
-                group, it, start, count, tiles, SPARSE: gl.constexpr, PART: gl.constexpr):  # fmt: skip
+                group, it, start, count, tiles, SPARSE: gl.constexpr, PART: gl.constexpr,
+                ROTATED: gl.constexpr = False, rot=0):  # fmt: skip
     """The Q and dO tiles of one section's steps (`_query_tile`) into the stage ring, from ring position it,
     and their rows' -lse / scale (base 2) and -delta, which the consumers' score products start from (see
     `_steps`); returns the position after them. A stage is ready when its TMA bytes have landed and this
-    warp has arrived once more, after storing those rows."""
+    warp has arrived once more, after storing those rows. ROTATED: the steps start at step rot and wrap
+    round to the ones before it."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale = stats
     row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
-        t, g = _query_tile(tiles, j, start, count, SPARSE)
+        if ROTATED:
+            step = j + rot
+            t, g = _query_tile(
+                tiles, gl.where(step >= group * count, step - group * count, step), start, count, SPARSE
+            )
+        else:
+            t, g = _query_tile(tiles, j, start, count, SPARSE)
         # the rows' statistics, read while the stage may still be in use (registers, not shared memory)
         rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         row0 = lse_row0 + (off_hk * group + g) * stride_lh
@@ -174,14 +188,19 @@ def _steps(
     dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count, tiles,
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
-    FUSED_DQ: gl.constexpr = False, dq_io=None,
+    FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
     tiles, are masked as sections 0 and 2 both; SECTION 4, a whole list whose first n_partial entries are
     partial, masks step by step); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
     and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched). FUSED_DQ (PART 0, dense):
-    each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io)."""
+    each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
+    ORDERED (with FUSED_DQ; full attention, start 0): every program of a key head adds each (head, tile)
+    item's dQ in one fixed order, through a semaphore per item and consumer (order: the semaphores,
+    `_flash_bwd_fused_hopper`'s rotation and rank arguments; see `ordered_rank_step`). Program p walks
+    the items from item rot = p * spacing on, round to the ones before it, so at any step the programs
+    of a key head are on different items, and each item's adders come in the order they reach it."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -190,6 +209,12 @@ def _steps(
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
+    if ORDERED:
+        SEM, sem_off, later_programs, spacing, extra, rot = order
+        dq_tile = start + rot % count
+        dq_head = rot // count
+        rank = 0  # programs that add into this step's item before this one
+        prev = -1  # the previous step's semaphore (none before the first step)
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         if MASKED:  # this tile's queries (columns here), for the causal mask
@@ -220,6 +245,8 @@ def _steps(
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
+            if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
+                seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
         if MASKED:
@@ -254,12 +281,35 @@ def _steps(
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         if FUSED_DQ:
-            fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
+            if ORDERED:
+                cur = (dq_head * count + dq_tile) * 2 + WG
+                rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
+                fused_dq_store_ordered(dq, dq_tile, dq_head, dq_io, WG, SEM + sem_off, prev, cur, seen, rank)
+                prev = cur
+            else:
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             wrap = dq_tile == start + count - 1
             dq_tile = gl.where(wrap, start, dq_tile + 1)
             dq_head += wrap.to(gl.int32)
+            if ORDERED:  # (round to the first head's items)
+                dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
+    if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
+        _bulk_wait_all()
+        gl.thread_barrier()
+        gl.atomic_add(SEM + sem_off + prev, 1, sem="release", scope="gpu")
     return dk, dv, it
+
+
+@gluon.jit
+def ordered_rank_step(rank, step, later_programs, spacing, extra):
+    """The ordered backward's rank at this step: how many programs of the key head add into this step's
+    item before this one, given the rank at the step before. Program p starts at item p * spacing
+    (spacing = items // programs >= 1); another program q reached this step's item d steps earlier,
+    where d = (q - p) * spacing for the later_programs = programs - 1 - p programs after p, and
+    d = items - (p - q) * spacing for those before it: the k-th smallest d is k * spacing, plus extra =
+    items - programs * spacing once k passes later_programs. Each step passes at most one of them."""
+    return rank + (step >= (rank + 1) * spacing + gl.where(rank >= later_programs, extra, 0)).to(gl.int32)
 
 
 @gluon.jit
@@ -305,6 +355,31 @@ def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
 
 
+@gluon.jit
+def fused_dq_store_ordered(dq, t, g, dq_io, WG: gl.constexpr, sems, prev, cur, seen, rank):
+    """`fused_dq_store` in each item's fixed order: first the previous step's add, complete in global
+    memory, releases that item to its next adder (semaphore prev += 1), then this step's add waits
+    until its item's semaphore cur (read earlier into seen) counts the rank adders before it."""
+    _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    HALF: gl.constexpr = dq_smem.shape[4]
+    _bulk_wait_all()  # (the thread that issued the last add waits; it was issued a step ago)
+    gl.thread_barrier()
+    gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="release", scope="gpu")
+    while seen != rank:
+        seen = gl.load(sems + cur, volatile=True)
+    dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
+    fence_async_shared()
+    tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
+
+
+@gluon.jit
+def _bulk_wait_all():
+    """cp.async.bulk.wait_group 0: this thread's bulk copies and reduces are complete in global memory
+    (Gluon's `tma.store_wait` is the .read form: their sources read)."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
 @builtin
 def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """`tma.async_copy_shared_to_global` that adds into global memory instead of storing
@@ -320,13 +395,14 @@ def _consumer(
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty, dk_desc, dv_desc,
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
-    FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0,
+    FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
+    order=None,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order, full attention (see `_steps`)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -371,6 +447,11 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, lo, hi - lo, tiles,
             group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout,
+        )  # fmt: skip
+    elif ORDERED:  # (full attention: every tile in one loop, none masked)
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, 0, hi, tiles,
+            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout, 0, WG, FUSED_DQ, dq_io, True, order,
         )  # fmt: skip
     else:
         for section in gl.static_range(

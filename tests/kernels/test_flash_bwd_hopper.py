@@ -184,6 +184,64 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
         assert_close_rule(name, got, ref64[i], ref_lp[i], dtype)
 
 
+@over_edges(fused_hopper.CONFIGS)
+def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(case, headdim, dtype):
+    """The one-kernel backward with each dq tile's adds in a fixed order (full attention): the gradients
+    pass the tolerance rule on every full-attention edge case and come out bitwise the same twice."""
+    q, k, v, do, causal = edge_inputs(case, headdim, dtype)
+    if causal:
+        pytest.skip("the ordered adds run full attention only")
+    out, lse2 = _forward(q, k, v, causal)
+    delta = backward_delta(out, do, lse2)
+    runs = []
+    for _ in range(2):
+        dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        fused_hopper.flash_attn_bwd_fused_hopper(
+            q, k, v, do, lse2, delta, dq, dk, dv, sm_scale=headdim**-0.5, causal=False, ordered=True
+        )
+        runs.append((dq, dk, dv))
+    ref64, ref_lp = _ref_grads(q, k, v, do, causal)
+    for name, got, i in (("dq", runs[0][0].to(dtype), 0), ("dk", runs[0][1], 1), ("dv", runs[0][2], 2)):
+        assert_close_rule(name, got, ref64[i], ref_lp[i], dtype)
+    for first, again in zip(*runs, strict=True):
+        assert torch.equal(first, again)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk",
+    [(2, 1024, 1024, 4, 4), (1, 2048, 1500, 8, 1), (1, 4096, 4096, 4, 2), (4, 4096, 4096, 16, 16),
+     (1, 16384, 16384, 16, 16), (1, 2048, 1024, 4, 2)],
+)  # fmt: skip
+def test_gpu_deterministic_full_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk):
+    """With the ordered one-kernel backward on (FLASHTRAIN_ORDERED_BWD=1), a deterministic d128 full-attention
+    backward runs it alone where `supports_ordered` says; the gradients pass the tolerance rule and
+    repeat bit for bit."""
+    monkeypatch.setattr(fused_hopper, "ORDERED_ENABLED", True)
+    calls = record_calls(
+        monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
+        (dkdv_hopper, "flash_attn_dkdv_hopper"),
+    )  # fmt: skip
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + sk + h)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert fused_hopper.supports_ordered(128, False, sq, sk, h // hk, sms)
+    if sq <= 2048:  # (the float64 reference at these sizes)
+        check_against_reference(
+            lambda q, k, v: _out_and_lse(flash_attention, q, k, v),
+            lambda q, k, v: attention_reference(q, k, v, return_lse=True),
+            [q, k, v],
+            BF16,
+        )
+    do = torch.randn_like(q)
+    runs = [torch.autograd.grad(flash_attention(q, k, v), (q, k, v), do) for _ in range(3)]
+    assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
+    for again in runs[1:]:
+        for first, other in zip(runs[0], again, strict=True):
+            assert torch.equal(first, other)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
