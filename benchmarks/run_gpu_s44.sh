@@ -13,6 +13,11 @@
 #       attention): its GPU tests (each file's run killed after a time limit, in case programs wait on each other
 #       for ever), then ab_fused_bwd.py --ordered (the backward alone: two kernels, one-kernel nondeterministic,
 #       one-kernel ordered) at full 4k-16k, and ab_cudnn.py with FLASHTRAIN_ORDERED_BWD=1 at full 4k-16k
+#   (part 3, on an H200: call3/; 14 GPU tests passed, gradients repeat bit for bit, but the ordered backward ran
+#       level with the two kernels, 0.88-0.91x the unordered one)
+#   bash benchmarks/run_gpu_s44.sh 4   # where the ordered backward's time goes: ab_fused_bwd.py --ordered with the
+#       kernel's experiment modes 1 (as in part 3), 2 (release mid-step), 3 (no wait: timing only), 4 (semaphore
+#       read at the step's top), full 4k and 16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -42,6 +47,10 @@ case "$1" in
     --out "$R/ab_ordered_bwd.json" 2>&1 | quiet
   FLASHTRAIN_ORDERED_BWD=1 timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal no \
     --seqlens 4096 8192 16384 --rounds 4 --out "$R/ab_cudnn_ordered.json" 2>&1 | quiet
+  ;;
+4)
+  timeout -s KILL 300 python benchmarks/ab_fused_bwd.py --ordered --order-modes 1 2 3 4 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_order_modes.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

@@ -126,6 +126,7 @@ CAUSAL_FROM = 4096
 
 # FLASHTRAIN_ORDERED_BWD=1 sends deterministic full-attention calls here with the dQ adds in a fixed order
 ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "0") == "1"
+ORDER_MODE = 1  # (experiments: where the release and the semaphore read go, `_flash_dkdv_hopper._steps`)
 
 
 def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
@@ -168,7 +169,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ORDER_MODE if ordered else 0, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -224,6 +224,8 @@ def _steps(
                 key_rows = keys + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
             else:
                 key_rows = keys
+        if ORDERED == 4:  # (experiment: this step's semaphore read at the step's top)
+            seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
         q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
@@ -245,7 +247,11 @@ def _steps(
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
-            if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
+            if ORDERED == 2:  # (experiment: the last step's add released here, half a step after its issue)
+                _release_after_adds(SEM + sem_off, prev)
+            if (
+                ORDERED != 4
+            ):  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
@@ -284,7 +290,9 @@ def _steps(
             if ORDERED:
                 cur = (dq_head * count + dq_tile) * 2 + WG
                 rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store_ordered(dq, dq_tile, dq_head, dq_io, WG, SEM + sem_off, prev, cur, seen, rank)
+                fused_dq_store_ordered(
+                    dq, dq_tile, dq_head, dq_io, WG, SEM + sem_off, prev, cur, seen, rank, ORDERED
+                )
                 prev = cur
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
@@ -295,9 +303,7 @@ def _steps(
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _bulk_wait_all()
-        gl.thread_barrier()
-        gl.atomic_add(SEM + sem_off + prev, 1, sem="release", scope="gpu")
+        _release_after_adds(SEM + sem_off, prev)
     return dk, dv, it
 
 
@@ -356,21 +362,36 @@ def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
 
 
 @gluon.jit
-def fused_dq_store_ordered(dq, t, g, dq_io, WG: gl.constexpr, sems, prev, cur, seen, rank):
+def fused_dq_store_ordered(
+    dq, t, g, dq_io, WG: gl.constexpr, sems, prev, cur, seen, rank, MODE: gl.constexpr = 1
+):
     """`fused_dq_store` in each item's fixed order: first the previous step's add, complete in global
     memory, releases that item to its next adder (semaphore prev += 1), then this step's add waits
-    until its item's semaphore cur (read earlier into seen) counts the rank adders before it."""
+    until its item's semaphore cur (read earlier into seen) counts the rank adders before it.
+    (Experiments: MODE 2 releases mid-step instead (`_steps`), 3 does not wait: timing only.)"""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
-    _bulk_wait_all()  # (the thread that issued the last add waits; it was issued a step ago)
-    gl.thread_barrier()
-    gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="release", scope="gpu")
-    while seen != rank:
-        seen = gl.load(sems + cur, volatile=True)
+    if MODE != 2:
+        _release_after_adds(sems, prev)
+    else:
+        tma.store_wait(0)
+        gl.thread_barrier()
+    if MODE != 3:
+        while seen != rank:
+            seen = gl.load(sems + cur, volatile=True)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
+
+
+@gluon.jit
+def _release_after_adds(sems, prev):
+    """Once this thread group's adds are complete in global memory, semaphore prev += 1 (release: an
+    adder that then sees it adds after them); prev < 0: none."""
+    _bulk_wait_all()  # (the thread that issued the last add waits for it)
+    gl.thread_barrier()
+    gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="release", scope="gpu")
 
 
 @gluon.jit
