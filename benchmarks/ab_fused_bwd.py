@@ -34,23 +34,32 @@ def main() -> None:
     parser.add_argument("--causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the fused kernel (its CAUSAL_FROM)")  # fmt: skip
     parser.add_argument("--ordered", action="store_true", help="also the ordered one-kernel backward")
+    parser.add_argument(
+        "--order-modes", type=int, nargs="+", default=[1],
+        help="with --ordered, the kernel's ORDERED modes to time (experiments: 2 releases mid-step, 3 never "
+        "waits (timing only, not ordered), 4 reads the semaphore at the step's top)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.causal_from is not None:
         _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
-    # variant -> (atomic dq, ordered one-kernel backward on)
-    variants = {"deterministic": (False, False), "fused": (True, False)}
+    # variant -> (atomic dq, ordered one-kernel backward on, its mode)
+    variants = {"deterministic": (False, False, 1), "fused": (True, False, 1)}
     if args.ordered:
-        variants["ordered"] = (False, True)
+        variants.update(
+            {"ordered" if m == 1 else f"ordered_mode{m}": (False, True, m) for m in args.order_modes}
+        )
 
     def backward(variant, inputs):
-        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
+        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED, _flash_bwd_fused_hopper.ORDER_MODE = variants[
+            variant
+        ]
         return _backward(*inputs, args.causal, atomic)
 
     rows = []
     for seqlen in args.seqlens:
         inputs = saved_forward(seqlen, 128, args.causal)
         row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds)
-        if args.ordered:
+        if args.ordered and 1 in args.order_modes:
             runs = [backward("ordered", inputs) for _ in range(3)]
             row["ordered_repeats_bitwise"] = all(
                 torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
@@ -67,12 +76,12 @@ def main() -> None:
         for variant, ms in times.items():
             row[f"{variant}_ms"] = ms
         row["median_ratio"] = statistics.median(times["deterministic"]) / statistics.median(times["fused"])
-        if args.ordered:
-            row["deterministic_over_ordered"] = statistics.median(times["deterministic"]) / statistics.median(
-                times["ordered"]
-            )
-            row["fused_over_ordered"] = statistics.median(times["fused"]) / statistics.median(
-                times["ordered"]
+        for variant in (v for v in variants if v.startswith("ordered")):
+            row[f"deterministic_over_{variant}"] = statistics.median(
+                times["deterministic"]
+            ) / statistics.median(times[variant])
+            row[f"fused_over_{variant}"] = statistics.median(times["fused"]) / statistics.median(
+                times[variant]
             )
         print({k: val for k, val in row.items() if not k.endswith("_ms")}, flush=True)
         rows.append(row)
