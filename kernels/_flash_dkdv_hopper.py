@@ -249,9 +249,7 @@ def _steps(
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED == 2:  # (experiment: the last step's add released here, half a step after its issue)
                 _release_after_adds(SEM + sem_off, prev)
-            if (
-                ORDERED != 4
-            ):  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
+            if ORDERED and ORDERED != 4:  # this step's semaphore, read now and looked at once dQ is in
                 seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
