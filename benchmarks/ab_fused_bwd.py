@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument(
         "--order-modes", type=int, nargs="+", default=[1],
         help="with --ordered, the kernel's ORDERED modes to time (experiments: 2 releases mid-step, 3 never "
-        "waits (timing only, not ordered), 4 reads the semaphore at the step's top)",
+        "waits (timing only, not ordered), 4 reads the semaphore at the step's top, 5 the rotated order without "
+        "semaphores, 6 the semaphore work without the rotation or waits)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.causal_from is not None:

@@ -18,6 +18,10 @@
 #   bash benchmarks/run_gpu_s44.sh 4   # where the ordered backward's time goes: ab_fused_bwd.py --ordered with the
 #       kernel's experiment modes 1 (as in part 3), 2 (release mid-step), 3 (no wait: timing only), 4 (semaphore
 #       read at the step's top), full 4k and 16k
+#   (part 4, on an H200: call4/ (its first two tries failed to build: a dK/dV build read the semaphore); mode 3, which
+#       never waits, was as slow as mode 1: the waits are not what costs)
+#   bash benchmarks/run_gpu_s44.sh 5   # modes 5 (the rotated order, adds unordered) and 6 (the semaphore work, no
+#       rotation, no waits) against 1 and the two baselines, full 4k and 16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -50,6 +54,10 @@ case "$1" in
   ;;
 4)
   timeout -s KILL 300 python benchmarks/ab_fused_bwd.py --ordered --order-modes 1 2 3 4 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_order_modes.json" 2>&1 | quiet
+  ;;
+5)
+  timeout -s KILL 300 python benchmarks/ab_fused_bwd.py --ordered --order-modes 1 5 6 --seqlens 4096 16384 \
     --rounds 3 --out "$R/ab_order_modes.json" 2>&1 | quiet
   ;;
 *)

@@ -249,7 +249,9 @@ def _steps(
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED == 2:  # (experiment: the last step's add released here, half a step after its issue)
                 _release_after_adds(SEM + sem_off, prev)
-            if ORDERED and ORDERED != 4:  # this step's semaphore, read now and looked at once dQ is in
+            if (
+                ORDERED and ORDERED != 4 and ORDERED != 5
+            ):  # this step's semaphore, read now, looked at once dQ is in
                 seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
@@ -285,11 +287,23 @@ def _steps(
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         if FUSED_DQ:
-            if ORDERED:
+            if ORDERED == 5:  # (experiment: the rotated order, adds unordered)
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
+            elif ORDERED:
                 cur = (dq_head * count + dq_tile) * 2 + WG
                 rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
                 fused_dq_store_ordered(
-                    dq, dq_tile, dq_head, dq_io, WG, SEM + sem_off, prev, cur, seen, rank, ORDERED
+                    dq,
+                    dq_tile,
+                    dq_head,
+                    dq_io,
+                    WG,
+                    SEM + sem_off,
+                    prev,
+                    cur,
+                    seen,
+                    rank,
+                    3 if ORDERED == 6 else ORDERED,
                 )
                 prev = cur
             else:
@@ -300,7 +314,9 @@ def _steps(
             if ORDERED:  # (round to the first head's items)
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
-    if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
+    if (
+        ORDERED and ORDERED != 5
+    ):  # the last add, once complete in global memory, lets the item's next adder go
         _release_after_adds(SEM + sem_off, prev)
     return dk, dv, it
 
