@@ -18,10 +18,14 @@
 #   bash benchmarks/run_gpu_s44.sh 4   # where the ordered backward's time goes: ab_fused_bwd.py --ordered with the
 #       kernel's experiment modes 1 (as in part 3), 2 (release mid-step), 3 (no wait: timing only), 4 (semaphore
 #       read at the step's top), full 4k and 16k
-#   (part 4, on an H200: call4/ (its first two tries failed to build: a dK/dV build read the semaphore); mode 3, which
-#       never waits, was as slow as mode 1: the waits are not what costs)
+#   (part 4, on an H200: call4/ (its first two tries failed to build: a dK/dV build read the semaphore); every mode ran
+#       as mode 1 there: the consumers were passed ORDERED=True whatever the mode, so call4/ compares nothing)
 #   bash benchmarks/run_gpu_s44.sh 5   # modes 5 (the rotated order, adds unordered) and 6 (the semaphore work, no
 #       rotation, no waits) against 1 and the two baselines, full 4k and 16k
+#   (part 5, on an H200: no result; the run hung and was killed at 300 s: with the bug above, mode 6's programs all
+#       started at item 0 but waited for the rotated order's ranks)
+#   bash benchmarks/run_gpu_s44.sh 6   # the modes again with the consumers given the mode: 1, 3, 5, 6 in one process
+#       (3, 5 and 6 never wait), 2 and 4 in another, each killed after a time limit
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -59,6 +63,12 @@ case "$1" in
 5)
   timeout -s KILL 300 python benchmarks/ab_fused_bwd.py --ordered --order-modes 1 5 6 --seqlens 4096 16384 \
     --rounds 3 --out "$R/ab_order_modes.json" 2>&1 | quiet
+  ;;
+6)
+  timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --order-modes 1 3 5 6 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_order_modes_1356.json" 2>&1 | quiet
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --order-modes 2 4 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_order_modes_24.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

@@ -486,7 +486,7 @@ def _consumer(
     elif ORDERED:  # (full attention: every tile in one loop, none masked)
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, 0, hi, tiles,
-            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout, 0, WG, FUSED_DQ, dq_io, True, order,
+            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout, 0, WG, FUSED_DQ, dq_io, ORDERED, order,
         )  # fmt: skip
     else:
         for section in gl.static_range(
