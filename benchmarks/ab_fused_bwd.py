@@ -38,7 +38,8 @@ def main() -> None:
         "--order-modes", type=int, nargs="+", default=[1],
         help="with --ordered, the kernel's ORDERED modes to time (experiments: 2 releases mid-step, 3 never "
         "waits (timing only, not ordered), 4 reads the semaphore at the step's top, 5 the rotated order without "
-        "semaphores, 6 the semaphore work without the rotation or waits)",
+        "semaphores, 6 the semaphore work without the rotation or waits, 7 as 1 and 8 as 6 with relaxed adds to "
+        "the semaphores, 9 as 8 without waiting for the dQ adds to complete)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.causal_from is not None:

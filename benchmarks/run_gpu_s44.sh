@@ -26,6 +26,10 @@
 #       started at item 0 but waited for the rotated order's ranks)
 #   bash benchmarks/run_gpu_s44.sh 6   # the modes again with the consumers given the mode: 1, 3, 5, 6 in one process
 #       (3, 5 and 6 never wait), 2 and 4 in another, each killed after a time limit
+#   (part 6, on an H200: call6/; mode 5, the rotated order alone, ran level with the unordered kernel; mode 6, the
+#       semaphore work alone, 0.84-0.85x: the cost is the semaphores' completion waits and release adds)
+#   bash benchmarks/run_gpu_s44.sh 7   # modes 7 (1 with relaxed adds to the semaphores), 8 (6 with relaxed adds) and
+#       9 (8 without waiting for the dQ adds to complete) against 1 and the baselines
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -69,6 +73,12 @@ case "$1" in
     --rounds 3 --out "$R/ab_order_modes_1356.json" 2>&1 | quiet
   timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --order-modes 2 4 --seqlens 4096 16384 \
     --rounds 3 --out "$R/ab_order_modes_24.json" 2>&1 | quiet
+  ;;
+7)
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --order-modes 1 8 9 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_order_modes_189.json" 2>&1 | quiet
+  timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --order-modes 7 --seqlens 4096 16384 \
+    --rounds 3 --out "$R/ab_order_modes_7.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

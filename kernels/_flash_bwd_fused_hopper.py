@@ -61,7 +61,8 @@ def _attn_bwd_fused_hopper(
         programs = gl.cdiv(seqlen_k, BLOCK_N * NUM_CONSUMERS)
         program = n0 // (BLOCK_N * NUM_CONSUMERS)
         spacing = n_items // programs  # the host asks for >= 2
-        rot = program * spacing if ORDERED != 6 else 0  # (mode 6, an experiment: every program from item 0)
+        # (modes 6, 8, 9, experiments: every program from item 0)
+        rot = program * spacing if ORDERED != 6 and ORDERED != 8 and ORDERED != 9 else 0
         sem_off = (off_b * gl.num_programs(1) + off_hk) * (n_items * 2)
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot)
     else:

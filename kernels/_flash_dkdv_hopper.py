@@ -303,7 +303,7 @@ def _steps(
                     cur,
                     seen,
                     rank,
-                    3 if ORDERED == 6 else ORDERED,
+                    ORDERED,
                 )
                 prev = cur
             else:
@@ -317,7 +317,7 @@ def _steps(
     if (
         ORDERED and ORDERED != 5
     ):  # the last add, once complete in global memory, lets the item's next adder go
-        _release_after_adds(SEM + sem_off, prev)
+        _release_after_adds(SEM + sem_off, prev, ORDERED >= 7, ORDERED != 9)
     return dk, dv, it
 
 
@@ -382,16 +382,18 @@ def fused_dq_store_ordered(
     """`fused_dq_store` in each item's fixed order: first the previous step's add, complete in global
     memory, releases that item to its next adder (semaphore prev += 1), then this step's add waits
     until its item's semaphore cur (read earlier into seen) counts the rank adders before it.
-    (Experiments: MODE 2 releases mid-step instead (`_steps`), 3 does not wait: timing only.)"""
+    (Experiments: MODE 2 releases mid-step instead (`_steps`), 3 does not wait: timing only; 6 as 3 with
+    every program from item 0; 7 as 1 and 8 as 6 with a relaxed release; 9 as 8 without waiting for the
+    adds to complete.)"""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
     if MODE != 2:
-        _release_after_adds(sems, prev)
+        _release_after_adds(sems, prev, MODE >= 7, MODE != 9)
     else:
         tma.store_wait(0)
         gl.thread_barrier()
-    if MODE != 3:
+    if MODE != 3 and MODE != 6 and MODE != 8 and MODE != 9:
         while seen != rank:
             seen = gl.load(sems + cur, volatile=True)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
@@ -400,12 +402,19 @@ def fused_dq_store_ordered(
 
 
 @gluon.jit
-def _release_after_adds(sems, prev):
+def _release_after_adds(sems, prev, RELAXED: gl.constexpr = False, COMPLETE: gl.constexpr = True):
     """Once this thread group's adds are complete in global memory, semaphore prev += 1 (release: an
-    adder that then sees it adds after them); prev < 0: none."""
-    _bulk_wait_all()  # (the thread that issued the last add waits for it)
+    adder that then sees it adds after them); prev < 0: none. (Experiments: RELAXED, a relaxed add;
+    COMPLETE False waits for the adds' sources only.)"""
+    if COMPLETE:
+        _bulk_wait_all()  # (the thread that issued the last add waits for it)
+    else:
+        tma.store_wait(0)
     gl.thread_barrier()
-    gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="release", scope="gpu")
+    if RELAXED:
+        gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="relaxed", scope="gpu")
+    else:
+        gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="release", scope="gpu")
 
 
 @gluon.jit
