@@ -34,34 +34,24 @@ def main() -> None:
     parser.add_argument("--causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the fused kernel (its CAUSAL_FROM)")  # fmt: skip
     parser.add_argument("--ordered", action="store_true", help="also the ordered one-kernel backward")
-    parser.add_argument(
-        "--order-modes", type=int, nargs="+", default=[1],
-        help="with --ordered, the kernel's ORDERED modes to time (experiments: 2 releases mid-step, 3 never "
-        "waits (timing only, not ordered), 4 reads the semaphore at the step's top, 5 the rotated order without "
-        "semaphores, 6 the semaphore work without the rotation or waits, 7 as 1 and 8 as 6 with relaxed adds to "
-        "the semaphores, 9 as 8 without waiting for the dQ adds to complete)",
-    )  # fmt: skip
     args = parser.parse_args()
     if args.causal_from is not None:
         _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
-    # variant -> (atomic dq, ordered one-kernel backward on, its mode)
-    variants = {"deterministic": (False, False, 1), "fused": (True, False, 1)}
+    # variant -> (atomic dq, ordered one-kernel backward on)
+    variants = {"deterministic": (False, False), "fused": (True, False)}
     if args.ordered:
-        variants.update(
-            {"ordered" if m == 1 else f"ordered_mode{m}": (False, True, m) for m in args.order_modes}
-        )
+        variants["ordered"] = (False, True)
+    ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
 
     def backward(variant, inputs):
-        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED, _flash_bwd_fused_hopper.ORDER_MODE = variants[
-            variant
-        ]
+        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
         return _backward(*inputs, args.causal, atomic)
 
     rows = []
     for seqlen in args.seqlens:
         inputs = saved_forward(seqlen, 128, args.causal)
         row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds)
-        if args.ordered and 1 in args.order_modes:
+        if args.ordered:
             runs = [backward("ordered", inputs) for _ in range(3)]
             row["ordered_repeats_bitwise"] = all(
                 torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
@@ -88,6 +78,7 @@ def main() -> None:
         print({k: val for k, val in row.items() if not k.endswith("_ms")}, flush=True)
         rows.append(row)
         write_results(args.out, rows)
+    _flash_bwd_fused_hopper.ORDERED_ENABLED = ordered_default
 
 
 if __name__ == "__main__":

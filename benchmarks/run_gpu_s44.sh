@@ -30,6 +30,12 @@
 #       semaphore work alone, 0.84-0.85x: the cost is the semaphores' completion waits and release adds)
 #   bash benchmarks/run_gpu_s44.sh 7   # modes 7 (1 with relaxed adds to the semaphores), 8 (6 with relaxed adds) and
 #       9 (8 without waiting for the dQ adds to complete) against 1 and the baselines
+#   (part 7, on an H200: call7/; relaxed adds: 0.96-0.97x the unordered kernel, 1.10-1.12x the two kernels)
+#   Parts 4-7 need the tree at commit 25ecf70, where the experiment modes (--order-modes) lived; after it the
+#   kernel keeps mode 7's design (relaxed adds) as its only one.
+#   bash benchmarks/run_gpu_s44.sh 8   # the ordered backward on by default for deterministic d128 full attention:
+#       GPU tests of the Hopper backward, CUDA-graph and packed-QKV files, ab_fused_bwd.py --ordered at full 1k-16k,
+#       ab_cudnn.py at full 4k-16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -79,6 +85,17 @@ case "$1" in
     --rounds 3 --out "$R/ab_order_modes_189.json" 2>&1 | quiet
   timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --order-modes 7 --seqlens 4096 16384 \
     --rounds 3 --out "$R/ab_order_modes_7.json" 2>&1 | quiet
+  ;;
+8)
+  T=tests/kernels
+  timeout -s KILL 330 python -m pytest -q -n 4 -rf -m gpu $T/test_flash_bwd_hopper.py $T/test_cuda_graphs.py \
+    $T/test_qkvpacked.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --seqlens 1024 2048 4096 8192 16384 --rounds 3 \
+    --out "$R/ab_ordered_bwd.json" 2>&1 | quiet
+  timeout -s KILL 120 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 4096 8192 16384 --rounds 4 \
+    --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

@@ -61,8 +61,7 @@ def _attn_bwd_fused_hopper(
         programs = gl.cdiv(seqlen_k, BLOCK_N * NUM_CONSUMERS)
         program = n0 // (BLOCK_N * NUM_CONSUMERS)
         spacing = n_items // programs  # the host asks for >= 2
-        # (modes 6, 8, 9, experiments: every program from item 0)
-        rot = program * spacing if ORDERED != 6 and ORDERED != 8 and ORDERED != 9 else 0
+        rot = program * spacing
         sem_off = (off_b * gl.num_programs(1) + off_hk) * (n_items * 2)
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot)
     else:
@@ -125,22 +124,29 @@ def supports(headdim: int, causal: bool, seqlen_q: int) -> bool:
 
 CAUSAL_FROM = 4096
 
-# FLASHTRAIN_ORDERED_BWD=1 sends deterministic full-attention calls here with the dQ adds in a fixed order
-ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "0") == "1"
-ORDER_MODE = 1  # (experiments: where the release and the semaphore read go, `_flash_dkdv_hopper._steps`)
+# FLASHTRAIN_ORDERED_BWD=0 keeps deterministic calls on the two Gluon kernels (dq, then dK/dV)
+ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "1") != "0"
 
 
 def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
-    """Whether a call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in a fixed order
-    (deterministic): head dim 128, full attention, and
-    - at most sms - 1 programs per key head (128 keys each): a program waits for others of its key head
-      to add first, so all of them must be able to run at once. Programs start in grid order, so the
-      ones waiting belong to the last key head started, and the other SMs finish theirs;
-    - at least 2 query tiles (64 rows, of all heads of the group) per program: programs start 2 items
-      apart, so an item's next adder gets there 2 steps after the last one added, and does not wait."""
+    """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
+    a fixed order: head dim 128, full attention, and
+    - at most sms // 2 programs per key head (128 keys each; sms: the GPU's SMs): a program waits for
+      others of its key head to add first, so all of them must be able to run at once. Programs start
+      in grid order, so only the last key head started can wait on one not yet started, and the other
+      SMs finish theirs and free their places. Half the SMs leaves that true beside a kernel that holds
+      up to half of them (another stream's, another process's under MPS);
+    - at least 2 query tiles (64 rows, of all the group's heads) per program: programs start 2 items
+      apart, so an item's next adder gets there 2 steps after the last one, and does not wait."""
     programs = triton.cdiv(seqlen_k, 128)
     items = group * triton.cdiv(seqlen_q, 64)
-    return ORDERED_ENABLED and headdim in CONFIGS and not causal and programs < sms and items >= 2 * programs
+    return (
+        ORDERED_ENABLED
+        and headdim in CONFIGS
+        and not causal
+        and programs <= sms // 2
+        and items >= 2 * programs
+    )
 
 
 def flash_attn_bwd_fused_hopper(
@@ -170,7 +176,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ORDER_MODE if ordered else 0, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

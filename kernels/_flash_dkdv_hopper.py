@@ -224,8 +224,6 @@ def _steps(
                 key_rows = keys + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
             else:
                 key_rows = keys
-        if ORDERED == 4:  # (experiment: this step's semaphore read at the step's top)
-            seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         mbarrier.wait(qdo_ready.index(stage), (it // STAGES) & 1)
         q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
@@ -247,11 +245,7 @@ def _steps(
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
-            if ORDERED == 2:  # (experiment: the last step's add released here, half a step after its issue)
-                _release_after_adds(SEM + sem_off, prev)
-            if (
-                ORDERED and ORDERED != 4 and ORDERED != 5
-            ):  # this step's semaphore, read now, looked at once dQ is in
+            if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
@@ -287,24 +281,10 @@ def _steps(
         gl.thread_barrier()  # every warp of the group is past its products before the stage is handed back
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         if FUSED_DQ:
-            if ORDERED == 5:  # (experiment: the rotated order, adds unordered)
-                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
-            elif ORDERED:
+            if ORDERED:
                 cur = (dq_head * count + dq_tile) * 2 + WG
                 rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store_ordered(
-                    dq,
-                    dq_tile,
-                    dq_head,
-                    dq_io,
-                    WG,
-                    SEM + sem_off,
-                    prev,
-                    cur,
-                    seen,
-                    rank,
-                    ORDERED,
-                )
+                fused_dq_store_ordered(dq, dq_tile, dq_head, dq_io, WG, SEM + sem_off, prev, cur, seen, rank)
                 prev = cur
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
@@ -314,10 +294,8 @@ def _steps(
             if ORDERED:  # (round to the first head's items)
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
-    if (
-        ORDERED and ORDERED != 5
-    ):  # the last add, once complete in global memory, lets the item's next adder go
-        _release_after_adds(SEM + sem_off, prev, ORDERED >= 7, ORDERED != 9)
+    if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
+        _release_after_adds(SEM + sem_off, prev)
     return dk, dv, it
 
 
@@ -376,45 +354,30 @@ def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
 
 
 @gluon.jit
-def fused_dq_store_ordered(
-    dq, t, g, dq_io, WG: gl.constexpr, sems, prev, cur, seen, rank, MODE: gl.constexpr = 1
-):
+def fused_dq_store_ordered(dq, t, g, dq_io, WG: gl.constexpr, sems, prev, cur, seen, rank):
     """`fused_dq_store` in each item's fixed order: first the previous step's add, complete in global
     memory, releases that item to its next adder (semaphore prev += 1), then this step's add waits
-    until its item's semaphore cur (read earlier into seen) counts the rank adders before it.
-    (Experiments: MODE 2 releases mid-step instead (`_steps`), 3 does not wait: timing only; 6 as 3 with
-    every program from item 0; 7 as 1 and 8 as 6 with a relaxed release; 9 as 8 without waiting for the
-    adds to complete.)"""
+    until its item's semaphore cur (read earlier into seen) counts the rank adders before it."""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
-    if MODE != 2:
-        _release_after_adds(sems, prev, MODE >= 7, MODE != 9)
-    else:
-        tma.store_wait(0)
-        gl.thread_barrier()
-    if MODE != 3 and MODE != 6 and MODE != 8 and MODE != 9:
-        while seen != rank:
-            seen = gl.load(sems + cur, volatile=True)
+    _release_after_adds(sems, prev)
+    while seen != rank:
+        seen = gl.load(sems + cur, volatile=True)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
 
 
 @gluon.jit
-def _release_after_adds(sems, prev, RELAXED: gl.constexpr = False, COMPLETE: gl.constexpr = True):
-    """Once this thread group's adds are complete in global memory, semaphore prev += 1 (release: an
-    adder that then sees it adds after them); prev < 0: none. (Experiments: RELAXED, a relaxed add;
-    COMPLETE False waits for the adds' sources only.)"""
-    if COMPLETE:
-        _bulk_wait_all()  # (the thread that issued the last add waits for it)
-    else:
-        tma.store_wait(0)
+def _release_after_adds(sems, prev):
+    """Once this warpgroup's dQ adds are complete in global memory, semaphore prev += 1 (prev < 0: none).
+    The add is relaxed: the wait has the adds done in L2 before it is issued, so an adder that then sees
+    it adds after them. A release add (a GPU-wide memory barrier before it) made the ordered backward
+    0.88x the unordered one; relaxed, 0.96-0.97x (results/s44/call6, call7)."""
+    _bulk_wait_all()  # (the thread that issued the last add waits for it)
     gl.thread_barrier()
-    if RELAXED:
-        gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="relaxed", scope="gpu")
-    else:
-        gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="release", scope="gpu")
+    gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
