@@ -36,6 +36,10 @@
 #   bash benchmarks/run_gpu_s44.sh 8   # the ordered backward on by default for deterministic d128 full attention:
 #       GPU tests of the Hopper backward, CUDA-graph and packed-QKV files, ab_fused_bwd.py --ordered at full 1k-16k,
 #       ab_cudnn.py at full 4k-16k
+#   (part 8, on an H200: call8/, 197 GPU tests passed; the ordered backward 1.02-1.11x the two kernels at full
+#       1k-8k, 16k keeps them; fwd+bwd deterministic 0.996 / 1.042 / 0.948x cuDNN at full 4k / 8k / 16k)
+#   bash benchmarks/run_gpu_s44.sh 9   # the final tree against cuDNN: ab_cudnn.py at d128 4k-16k causal and full, six
+#       rounds, and full 1k and 2k, four rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -96,6 +100,12 @@ case "$1" in
     --out "$R/ab_ordered_bwd.json" 2>&1 | quiet
   timeout -s KILL 120 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 4096 8192 16384 --rounds 4 \
     --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet
+  ;;
+9)
+  timeout -s KILL 300 python benchmarks/ab_cudnn.py --headdims 128 --seqlens 4096 8192 16384 --rounds 6 \
+    --out "$R/ab_cudnn_d128.json" 2>&1 | quiet
+  timeout -s KILL 100 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 1024 2048 --rounds 4 \
+    --out "$R/ab_cudnn_d128_short.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

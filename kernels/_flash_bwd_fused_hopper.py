@@ -9,6 +9,16 @@ adds that half of the step's dQ tile into an fp32 buffer in global memory with a
 adds arrive in no fixed order, so dq differs from run to run in its last bits: this path is opt-in
 (`kernels.flash_attention(..., deterministic=False)`), as the issue asks of any atomic variant.
 
+With ORDERED (deterministic calls, full attention, `supports_ordered`) each dq tile's adds come in one
+fixed order, so dq repeats bit for bit (the FlashAttention-3 and cuDNN deterministic modes' idea: a
+semaphore per tile counting the adds done). The order has to follow the programs' own pace, or they
+would queue at every tile: program p of a key head walks the query tiles from tile p * spacing on and
+round (spacing = tiles // programs, >= 2), so at any step the programs are on different tiles, and a
+tile's adders come in the order they reach it, each 2 steps after the last. A program adds once its
+tile's semaphore counts the adders before it (`_flash_dkdv_hopper.ordered_rank_step`), and counts its own
+add once that is complete in global memory. A program may wait on any other of its key head, so all of
+them must run at once: `supports_ordered` allows at most half the SMs' worth.
+
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
 (`supports`), dense. delta = rowsum(dO * O) comes from the portable preprocess (`_flash_bwd.backward_delta`)
 before the launch, and dq from the fp32 buffer after it. Its consumers run the full tiles' section first
@@ -18,7 +28,9 @@ Measured on one H200 (bf16, batch x seqlen = 16k tokens, 16 heads; benchmarks/NO
 one-kernel backward"): the backward alone against the deterministic two kernels, alternating, 1.08-1.13x
 causal at 4k-16k and 1.14-1.16x full at 8k-16k (results/s42/call11); fwd+bwd in the issue's benchmark
 0.93-1.04x SDPA cuDNN full and 0.91-1.05x causal from 4k (results/s42/call10). The adds' round trip
-through shared memory costs ~0.75 ms at 16k (results/s42/call5).
+through shared memory costs ~0.75 ms at 16k (results/s42/call5). Ordered (results/s44/call8, one H200,
+the backward alone, alternating): 0.95-0.97x the unordered kernel and 1.02 / 1.10 / 1.11 / 1.09x the two
+deterministic kernels at full 1k / 2k / 4k / 8k; its gradients repeated bit for bit in every check.
 """
 
 from __future__ import annotations
