@@ -150,15 +150,12 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
       up to half of them (another stream's, another process's under MPS);
     - at least 2 query tiles (64 rows, of all the group's heads) per program: programs start 2 items
       apart, so an item's next adder gets there 2 steps after the last one, and does not wait."""
-    programs = triton.cdiv(seqlen_k, 128)
-    items = group * triton.cdiv(seqlen_q, 64)
-    return (
-        ORDERED_ENABLED
-        and headdim in CONFIGS
-        and not causal
-        and programs <= sms // 2
-        and items >= 2 * programs
-    )
+    cfg = CONFIGS.get(headdim)
+    if cfg is None:
+        return False
+    programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
+    items = group * triton.cdiv(seqlen_q, cfg.block_m)
+    return ORDERED_ENABLED and not causal and programs <= sms // 2 and items >= 2 * programs
 
 
 def flash_attn_bwd_fused_hopper(
