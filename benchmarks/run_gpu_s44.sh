@@ -40,6 +40,10 @@
 #       1k-8k, 16k keeps them; fwd+bwd deterministic 0.996 / 1.042 / 0.948x cuDNN at full 4k / 8k / 16k)
 #   bash benchmarks/run_gpu_s44.sh 9   # the final tree against cuDNN: ab_cudnn.py at d128 4k-16k causal and full, six
 #       rounds, and full 1k and 2k, four rounds
+#   (part 9, on an H200: call9/)
+#   bash benchmarks/run_gpu_s44.sh 10  # key groups (the ordered backward's programs of a key head in two runs, each
+#       adding into its own dq buffer): the ordered GPU tests, ab_fused_bwd.py --ordered at full 4k-16k, ab_cudnn.py
+#       at full 4k-16k, six rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -106,6 +110,15 @@ case "$1" in
     --out "$R/ab_cudnn_d128.json" 2>&1 | quiet
   timeout -s KILL 100 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 1024 2048 --rounds 4 \
     --out "$R/ab_cudnn_d128_short.json" 2>&1 | quiet
+  ;;
+10)
+  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 8192 16384 --rounds 3 \
+    --out "$R/ab_ordered_bwd.json" 2>&1 | quiet
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 4096 8192 16384 \
+    --rounds 6 --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2

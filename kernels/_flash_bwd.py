@@ -565,8 +565,11 @@ def flash_attn_backward(
         )
     )
     fused = fused or ordered
-    # (.., H, D) fp32 accumulator for the atomic variant and the one-kernel backward
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic_dq or ordered else None
+    # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
+    key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sm_count(q.device)) if ordered else 1
+    dq_acc = None
+    if atomic_dq or ordered:
+        dq_acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
@@ -591,9 +594,15 @@ def flash_attn_backward(
     hopper_dkdv = dkdv_ok and not atomic_dq
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
-            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0, ordered=ordered
-        )
-        dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
+            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0, ordered=ordered,
+            key_groups=key_groups,
+        )  # fmt: skip
+        # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order)
+        per_group = dq_acc.view(key_groups, *q.shape)
+        total = per_group[0]
+        for g in range(1, key_groups):
+            total = total + per_group[g]
+        dq.copy_(total)
         return dq, dk, dv
     if hopper_dq:
         _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,

@@ -52,15 +52,17 @@ from ._launch import CompiledLaunch
 @gluon.jit
 def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
     BLOCK_M, headdim / 2); LSE is base 2. ORDERED (full attention): each (query head, tile) item's dQ
-    halves are added in one fixed order, through SEM, int32 zeros (batch, heads, query tiles, 2): one
-    semaphore per item and half, counting the adds done (`_flash_dkdv_hopper._steps`)."""
+    halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch, heads, query tiles,
+    2): one semaphore per item and half, counting the adds done (`_flash_dkdv_hopper._steps`). The
+    programs of a key head split into key_groups runs of consecutive programs, each adding into its own
+    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
@@ -70,12 +72,16 @@ def _attn_bwd_fused_hopper(
     if ORDERED:  # (grid order: programs of a key head, then key heads, then batches)
         gl.static_assert(not CAUSAL, "ordered dQ adds: full attention only")
         n_items = group * hi  # (query head, tile) items; lo = 0
-        programs = gl.cdiv(seqlen_k, BLOCK_N * NUM_CONSUMERS)
-        program = n0 // (BLOCK_N * NUM_CONSUMERS)
+        all_programs = gl.cdiv(seqlen_k, BLOCK_N * NUM_CONSUMERS)
+        per_group = gl.cdiv(all_programs, key_groups)
+        key_group = n0 // (BLOCK_N * NUM_CONSUMERS) // per_group
+        program = n0 // (BLOCK_N * NUM_CONSUMERS) - key_group * per_group  # (within its key group)
+        programs = gl.minimum(per_group, all_programs - key_group * per_group)
         spacing = n_items // programs  # the host asks for >= 2
         rot = program * spacing
-        sem_off = (off_b * gl.num_programs(1) + off_hk) * (n_items * 2)
-        order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot)
+        dq_b = key_group * gl.num_programs(2) + off_b
+        sem_off = (dq_b * gl.num_programs(1) + off_hk) * (n_items * 2)
+        order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b)
     else:
         rot = 0
         order = 0
@@ -143,42 +149,66 @@ ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "1") != "0"
 def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
     a fixed order: head dim 128, full attention, and
-    - at most sms // 2 programs per key head (128 keys each; sms: the GPU's SMs): a program waits for
-      others of its key head to add first, so all of them must be able to run at once. Programs start
-      in grid order, so only the last key head started can wait on one not yet started, and the other
-      SMs finish theirs and free their places. Half the SMs leaves that true beside a kernel that holds
-      up to half of them (another stream's, another process's under MPS);
-    - at least 2 query tiles (64 rows, of all the group's heads) per program: programs start 2 items
-      apart, so an item's next adder gets there 2 steps after the last one, and does not wait."""
+    - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add
+      into one dq buffer wait on each other, so all of them must be able to run at once, and a key
+      group holds at most half the SMs' worth (sms: the GPU's SMs). Programs start in grid order, so only
+      the last key group started can wait on one not yet started, and the other SMs finish theirs and
+      free their places. Half the SMs leaves that true beside a kernel that holds up to half of them
+      (another stream's, another process's under MPS);
+    - at least 2 query tiles (64 rows, of all the group's heads) per program of a key group: programs
+      start 2 items apart, so an item's next adder gets there 2 steps after the last one, and does not
+      wait."""
     cfg = CONFIGS.get(headdim)
-    if cfg is None:
+    if not ORDERED_ENABLED or cfg is None or causal:
         return False
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
+    key_groups = ordered_key_groups(seqlen_k, sms)
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
-    return ORDERED_ENABLED and not causal and programs <= sms // 2 and items >= 2 * programs
+    return key_groups <= MAX_KEY_GROUPS and items >= 2 * triton.cdiv(programs, key_groups)
+
+
+def ordered_key_groups(seqlen_k: int, sms: int) -> int:
+    """Key groups of the ordered backward (each its own fp32 dq buffer, summed in order after): as few
+    as keep a key group's programs to half the SMs."""
+    cfg = CONFIGS[128]
+    return triton.cdiv(triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
+
+
+# Each key group costs a dq-sized fp32 buffer and its read in the final sum; 2 (16.9k keys on 132 SMs,
+# the issue's longest full-attention point) measured (session 44), more did not run.
+MAX_KEY_GROUPS = 2
 
 
 def flash_attn_bwd_fused_hopper(
-    q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False
-):
+    q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
+    key_groups=1,
+):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
-    contiguous, shaped like q; zero it first for dq itself), given the base-2 lse and delta. The caller
-    checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`). ordered: the
-    adds into each dq tile in one fixed order, so dq repeats bit for bit."""
+    contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
+    dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
+    caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
+    key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
+    repeats bit for bit."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
     grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
     # each head's two column halves as heads of their own, so a TMA block is one consumer's half
-    dq_halves = dq_acc.view(batch, seqlen_q, 2 * nheads, headdim // 2)
-    # ordered: per (query head, query tile, half) the adds done so far (else a pointer never read)
+    dq_halves = dq_acc.view(-1, seqlen_q, 2 * nheads, headdim // 2)
+    # ordered: per (key group and batch, query head, query tile, half) the adds done so far (else a
+    # pointer never read)
     sems = lse2
     if ordered:
         sems = torch.zeros(
-            batch, nheads, triton.cdiv(seqlen_q, cfg.block_m), 2, device=q.device, dtype=torch.int32
+            key_groups * batch,
+            nheads,
+            triton.cdiv(seqlen_q, cfg.block_m),
+            2,
+            device=q.device,
+            dtype=torch.int32,
         )
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots_for(q.device, causal), sems)  # fmt: skip
+            sm_scale, sched_slots_for(q.device, causal), sems, key_groups)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),

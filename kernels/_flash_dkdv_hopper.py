@@ -210,7 +210,7 @@ def _steps(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if ORDERED:
-        SEM, sem_off, later_programs, spacing, extra, rot = order
+        SEM, sem_off, later_programs, spacing, extra, rot, _ = order
         dq_tile = start + rot % count
         dq_head = rot // count
         rank = 0  # programs that add into this step's item before this one
@@ -432,7 +432,11 @@ def _consumer(
             float("-inf"),
         )
         ds_smem, ds_ready, keys_free, dq_smem, dq_desc = dq_io
-        dq_io = (key_bias, ds_smem, ds_ready, keys_free, dq_smem, dq_desc, k_smem, off_b, off_hk * group,
+        if ORDERED:  # (the batch of its key group's dq buffer: `_flash_bwd_fused_hopper`)
+            dq_b = order[6]
+        else:
+            dq_b = off_b
+        dq_io = (key_bias, ds_smem, ds_ready, keys_free, dq_smem, dq_desc, k_smem, dq_b, off_hk * group,
                  sm_scale)  # fmt: skip
     k = k_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(WG).reshape([BLOCK_N, HEAD_DIM])  # (the dV pass's v_smem is k_smem, never read)

@@ -158,18 +158,22 @@ def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seq
 
 @pytest.mark.parametrize(
     "headdim, causal, seqlen_q, seqlen_k, group, takes",
-    [(128, False, 4096, 4096, 1, True), (128, False, 8192, 8192, 1, True), (128, False, 16384, 16384, 1, False),
+    [(128, False, 4096, 4096, 1, True), (128, False, 8192, 8192, 1, True), (128, False, 16384, 16384, 1, True),
+     (128, False, 32768, 32768, 1, False), (128, False, 2048, 16384, 1, False),
      (128, True, 4096, 4096, 1, False), (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
      (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True)],
 )  # fmt: skip
 def test_ordered_backward_takes_full_d128_calls_whose_programs_fit_half_the_sms(
     headdim, causal, seqlen_q, seqlen_k, group, takes
 ):
-    """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128, full attention, at most 66
-    programs of 128 keys per key head (16k keys: 128, no), and at least 2 query tiles of 64 rows (of the
-    group's heads) per program (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query heads per
-    key head, 32: yes; 960: 15 for 8, no; 1000: 16 for 8, yes)."""
+    """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128, full attention, at most 2 key
+    groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64; 32k: 4, no), and at least 2 query
+    tiles of 64 rows (of the group's heads) per program of a key group (1024 queries on 2048 keys: 16 for
+    16 programs, no; with 2 query heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8,
+    no; 1000: 16 for 8, yes)."""
     assert fused_hopper.supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, 132) is takes
+    if takes:
+        assert fused_hopper.ordered_key_groups(seqlen_k, 132) == (2 if seqlen_k > 66 * 128 else 1)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -231,9 +235,13 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 
 
 @over_edges(fused_hopper.CONFIGS)
-def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(case, headdim, dtype):
-    """The one-kernel backward with each dq tile's adds in a fixed order (full attention): the gradients
-    pass the tolerance rule on every full-attention edge case and come out bitwise the same twice."""
+@pytest.mark.parametrize("key_groups", [1, 2])
+def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
+    case, headdim, dtype, key_groups
+):
+    """The one-kernel backward with each dq tile's adds in a fixed order (full attention), its programs
+    in one or two key groups (each adding into its own dq buffer, summed after): the gradients pass the
+    tolerance rule on every full-attention edge case and come out bitwise the same twice."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     if causal:
         pytest.skip("the ordered adds run full attention only")
@@ -242,10 +250,12 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(ca
     runs = []
     for _ in range(2):
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
         fused_hopper.flash_attn_bwd_fused_hopper(
-            q, k, v, do, lse2, delta, dq, dk, dv, sm_scale=headdim**-0.5, causal=False, ordered=True
-        )
+            q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=False, ordered=True,
+            key_groups=key_groups,
+        )  # fmt: skip
+        dq = acc.view(key_groups, *q.shape).sum(0)
         runs.append((dq, dk, dv))
     ref64, ref_lp = _ref_grads(q, k, v, do, causal)
     for name, got, i in (("dq", runs[0][0].to(dtype), 0), ("dk", runs[0][1], 1), ("dv", runs[0][2], 2)):
@@ -259,7 +269,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(ca
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk",
     [(2, 1024, 1024, 4, 4), (1, 2048, 1500, 8, 1), (1, 4096, 4096, 4, 2), (4, 4096, 4096, 16, 16),
-     (2, 8192, 8192, 16, 16), (1, 2048, 1024, 4, 2)],
+     (2, 8192, 8192, 16, 16), (1, 16384, 16384, 16, 16), (1, 2048, 1024, 4, 2)],
 )  # fmt: skip
 def test_gpu_deterministic_full_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk):
     """A deterministic d128 full-attention backward runs the ordered one-kernel backward alone where
