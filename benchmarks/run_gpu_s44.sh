@@ -44,6 +44,10 @@
 #   bash benchmarks/run_gpu_s44.sh 10  # key groups (the ordered backward's programs of a key head in two runs, each
 #       adding into its own dq buffer): the ordered GPU tests, ab_fused_bwd.py --ordered at full 4k-16k, ab_cudnn.py
 #       at full 4k-16k, six rounds
+#   (part 10, on an H200: call10/, 25 passed; ordered 1.09x the two kernels at 4k-16k, deterministic fwd+bwd
+#       1.008 / 1.028 / 1.003x cuDNN)
+#   bash benchmarks/run_gpu_s44.sh 11  # the final tree's GPU tests of the Hopper backward, dense, packed-QKV and
+#       CUDA-graph files (the slow portable-autotune test beside them)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -119,6 +123,11 @@ case "$1" in
     --out "$R/ab_ordered_bwd.json" 2>&1 | quiet
   timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 4096 8192 16384 \
     --rounds 6 --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet
+  ;;
+11)
+  T=tests/kernels
+  gpu_tests_beside_slow 500 540 5 $T/test_flash_bwd_hopper.py $T/test_flash_attention.py $T/test_qkvpacked.py \
+    $T/test_cuda_graphs.py
   ;;
 *)
   echo "unknown part $1" >&2
