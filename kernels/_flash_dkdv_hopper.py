@@ -26,8 +26,9 @@ Scope as the Hopper dq kernel (`_flash_dq_hopper`). With SPARSE=True both walk a
 tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_hopper`). For short
 lists, `_attn_bwd_dkdv_hopper_persistent` runs the same work on one program per SM, each walking many
 key tiles' lists with the next one's K and V loads under the current one's steps. With FUSED_DQ the
-consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`, the opt-in
-nondeterministic backward).
+consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`: the opt-in
+nondeterministic backward, and with ORDERED the deterministic one for full attention, whose adds into
+each dq tile come in a fixed order).
 """
 
 from __future__ import annotations
