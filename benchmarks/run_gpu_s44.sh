@@ -49,6 +49,8 @@
 #   bash benchmarks/run_gpu_s44.sh 11  # the final tree's GPU tests of the Hopper backward, dense, packed-QKV and
 #       CUDA-graph files (the slow portable-autotune test beside them)
 #   (part 11, on an H200: call11/, 219 passed and the slow test passed)
+#   bash benchmarks/run_gpu_s44.sh 12  # under torch.use_deterministic_algorithms(True), short calls: ab_cudnn.py
+#       --torch-deterministic at 512-2k, d64 and d128, causal and full, three rounds (for `auto`'s rule)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -129,6 +131,10 @@ case "$1" in
   T=tests/kernels
   gpu_tests_beside_slow 500 540 5 $T/test_flash_bwd_hopper.py $T/test_flash_attention.py $T/test_qkvpacked.py \
     $T/test_cuda_graphs.py
+  ;;
+12)
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --torch-deterministic --headdims 64 128 --seqlens 512 1024 2048 \
+    --rounds 3 --out "$R/ab_strict_short.json" 2>&1 | quiet
   ;;
 *)
   echo "unknown part $1" >&2
