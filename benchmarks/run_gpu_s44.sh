@@ -51,6 +51,7 @@
 #   (part 11, on an H200: call11/, 219 passed and the slow test passed)
 #   bash benchmarks/run_gpu_s44.sh 12  # under torch.use_deterministic_algorithms(True), short calls: ab_cudnn.py
 #       --torch-deterministic at 512-2k, d64 and d128, causal and full, three rounds (for `auto`'s rule)
+#   (part 12, on an H200: call12/; ours 1.23-1.73x SDPA flash's deterministic variant)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in

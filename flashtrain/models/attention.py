@@ -188,13 +188,26 @@ AUTO_TRITON_MIN_SEQLEN = 4096
 # (benchmarks/results/train_attn_dropout_h200.json; the kernels alone 0.95-0.98x), while at head dim
 # 128 our dropout kernels run 1.16-1.17x SDPA flash's (attention_dropout_on_spans_h200.json).
 AUTO_SDPA_DROPOUT_MAX_HEADDIM = 64
+# Shortest sequence for which `auto` picks ours under torch.use_deterministic_algorithms(True). SDPA then
+# runs no cuDNN kernel, and its flash and memory-efficient backwards switch to deterministic variants;
+# ours is deterministic by default. fwd+bwd on one H200, ours ÷ SDPA flash's deterministic variant
+# (speed), d64 and d128, causal and full: 1.23-1.73x at 512-2k (results/s44/call12), 1.52-2.70x at
+# 4k-16k (results/s44/call2). Shorter calls were not timed.
+AUTO_TRITON_MIN_SEQLEN_DETERMINISTIC = 512
 
 
 def auto_picks_triton(
-    on_cuda: bool, seqlen_k: int, head_dim: int, dropout_p: float, masked: bool, sdpa_runs_cudnn: bool = False
+    on_cuda: bool,
+    seqlen_k: int,
+    head_dim: int,
+    dropout_p: float,
+    masked: bool,
+    sdpa_runs_cudnn: bool = False,
+    deterministic: bool = False,
 ) -> bool:
     """Whether `auto` runs our kernel (else SDPA) for a call; masked: a window or key padding;
-    sdpa_runs_cudnn: unpinned SDPA would run cuDNN's kernel for this call (`sdpa_runs_cudnn`)."""
+    sdpa_runs_cudnn: unpinned SDPA would run cuDNN's kernel for this call (`sdpa_runs_cudnn`);
+    deterministic: torch.use_deterministic_algorithms(True) is on."""
     if not on_cuda:
         return False
     if masked:
@@ -208,7 +221,7 @@ def auto_picks_triton(
         return False
     if dropout_p > 0.0 and head_dim <= AUTO_SDPA_DROPOUT_MAX_HEADDIM:
         return False
-    return seqlen_k >= AUTO_TRITON_MIN_SEQLEN
+    return seqlen_k >= (AUTO_TRITON_MIN_SEQLEN_DETERMINISTIC if deterministic else AUTO_TRITON_MIN_SEQLEN)
 
 
 # Sequence length the probe uses for calls longer than one token: the selector's cuDNN checks read
@@ -280,7 +293,8 @@ def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padd
         cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
         )
-    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic)
 
 
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):

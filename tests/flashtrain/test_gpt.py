@@ -203,6 +203,23 @@ def test_auto_backend_picks_what_measured_faster(on_cuda, seqlen, head_dim, drop
 
 
 @pytest.mark.parametrize(
+    "on_cuda, seqlen, head_dim, dropout_p, ours",
+    [
+        (True, 512, 64, 0.0, True),  # SDPA's deterministic variants measured slower from 512
+        (True, 1024, 128, 0.0, True),
+        (True, 256, 64, 0.0, False),  # not timed: SDPA, as without the switch
+        (True, 8192, 64, 0.1, False),  # attention dropout at head dim <= 64: SDPA, as without the switch
+        (False, 8192, 128, 0.0, False),
+    ],
+)
+def test_auto_under_torch_deterministic_mode_takes_ours_from_512(on_cuda, seqlen, head_dim, dropout_p, ours):
+    """With torch.use_deterministic_algorithms(True) SDPA runs no cuDNN kernel and its backwards switch to
+    slower deterministic variants, so `auto` takes ours from 512 tokens, not 4k."""
+    assert auto_picks_triton(on_cuda, seqlen, head_dim, dropout_p, False, False, deterministic=True) is ours
+    assert auto_picks_triton(on_cuda, seqlen, head_dim, dropout_p, False, False) is (ours and seqlen >= 4096)
+
+
+@pytest.mark.parametrize(
     "nheads, nheads_kv, seqlen_q, seqlen_k, causal, dropout_p, window, padded, probe",
     [
         (4, 4, 16, 16, True, 0.0, None, False, (4, 4, 8, False, False, True, False)),
@@ -217,7 +234,8 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
     nheads, nheads_kv, seqlen_q, seqlen_k, causal, dropout_p, window, padded, probe, monkeypatch
 ):
     """`auto` asks `sdpa_runs_cudnn` for unmasked calls only, with the call's head counts, head dim,
-    length-1 sequences, causality and dropout, and hands the answer to `auto_picks_triton`."""
+    length-1 sequences, causality and dropout, and hands the answer to `auto_picks_triton`, with whether
+    torch's determinism switch is on."""
     import flashtrain.models.attention as attention
 
     asked, decided = [], []
@@ -226,7 +244,8 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
         asked.append(args)
         return True
 
-    def picks(on_cuda, seqlen_k, head_dim, dropout_p, masked, cudnn):
+    def picks(on_cuda, seqlen_k, head_dim, dropout_p, masked, cudnn, deterministic):
+        assert deterministic is False
         decided.append(cudnn)
         return False
 
@@ -240,6 +259,21 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
     )
     assert asked == ([] if probe is None else [probe])
     assert decided == [probe is not None]
+
+
+def test_auto_tells_its_rule_when_torch_deterministic_mode_is_on(monkeypatch):
+    import flashtrain.models.attention as attention
+
+    seen = []
+    monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: seen.append(args[-1]) or False)
+    q = torch.randn(1, 16, 2, 8)
+    torch.use_deterministic_algorithms(True)
+    try:
+        attention.auto_attention(q, q, q, causal=True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    attention.auto_attention(q, q, q, causal=True)
+    assert seen == [True, False]
 
 
 def test_sdpa_runs_cudnn_is_false_off_cuda_and_without_the_selector(monkeypatch):
