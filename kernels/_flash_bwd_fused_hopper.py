@@ -71,11 +71,12 @@ def _attn_bwd_fused_hopper(
     )
     if ORDERED:  # (grid order: programs of a key head, then key heads, then batches)
         gl.static_assert(not CAUSAL, "ordered dQ adds: full attention only")
+        KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
         n_items = group * hi  # (query head, tile) items; lo = 0
-        all_programs = gl.cdiv(seqlen_k, BLOCK_N * NUM_CONSUMERS)
+        all_programs = gl.cdiv(seqlen_k, KEYS)
         per_group = gl.cdiv(all_programs, key_groups)
-        key_group = n0 // (BLOCK_N * NUM_CONSUMERS) // per_group
-        program = n0 // (BLOCK_N * NUM_CONSUMERS) - key_group * per_group  # (within its key group)
+        key_group = n0 // KEYS // per_group
+        program = n0 // KEYS - key_group * per_group  # (within its key group)
         programs = gl.minimum(per_group, all_programs - key_group * per_group)
         spacing = n_items // programs  # the host asks for >= 2
         rot = program * spacing

@@ -285,7 +285,7 @@ def _steps(
             if ORDERED:
                 cur = (dq_head * count + dq_tile) * 2 + WG
                 rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store_ordered(dq, dq_tile, dq_head, dq_io, WG, SEM + sem_off, prev, cur, seen, rank)
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, prev, cur, seen, rank)
                 prev = cur
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
@@ -340,31 +340,25 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
+def fused_dq_store(
+    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, prev=0, cur=0, seen=0, rank=0
+):
     """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
     reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
-    (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first."""
+    (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first.
+    ORDERED, in each item's fixed order: the previous step's add, complete in global memory, first releases
+    that item to its next adder (semaphore prev += 1), then this step's add waits until its item's
+    semaphore cur (read earlier into seen) counts the rank adders before it."""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
-    tma.store_wait(0)
-    gl.thread_barrier()  # (the thread that issued the last add has seen it read)
-    dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
-    fence_async_shared()
-    tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
-
-
-@gluon.jit
-def fused_dq_store_ordered(dq, t, g, dq_io, WG: gl.constexpr, sems, prev, cur, seen, rank):
-    """`fused_dq_store` in each item's fixed order: first the previous step's add, complete in global
-    memory, releases that item to its next adder (semaphore prev += 1), then this step's add waits
-    until its item's semaphore cur (read earlier into seen) counts the rank adders before it."""
-    _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
-    HALF: gl.constexpr = dq_smem.shape[4]
-    _release_after_adds(sems, prev)
-    while seen != rank:
-        seen = gl.load(sems + cur, volatile=True)
+    if ORDERED:
+        _release_after_adds(sems, prev)
+        while seen != rank:
+            seen = gl.load(sems + cur, volatile=True)
+    else:
+        tma.store_wait(0)
+        gl.thread_barrier()  # (the thread that issued the last add has seen it read)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
