@@ -6,6 +6,8 @@ computation of the same reference in the kernel's dtype, plus a small absolute f
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -27,6 +29,27 @@ def assert_close_rule(name, out, ref64, ref_lp, dtype):
     assert err <= bound, (
         f"{name}: max error {err:.3e} > bound {bound:.3e} (reference in {dtype}: {lp_err:.3e})"
     )
+
+
+class MustNotLaunch:
+    """Stands in for a Triton kernel (`kernel[grid](...)`) a test says must not run: launching it fails
+    the test, naming `what` ran."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"{self.what} ran")
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) inside the block, off again after it."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def randn(*shape, dtype, device, requires_grad=True):

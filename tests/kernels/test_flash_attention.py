@@ -15,11 +15,13 @@ from kernels import flash_attention
 from kernels.reference import attention_reference
 from tests.kernels._flash_utils import (
     FLOOR,
+    MustNotLaunch,
     assert_bad_input_raises,
     assert_close_rule,
     bad_input_names,
     check_against_reference,
     check_public_api,
+    deterministic_algorithms,
     randn,
 )
 
@@ -287,20 +289,10 @@ def test_gpu_key_padding_and_fp16():
     assert FLOOR[F16] > 0
 
 
-class _AtomicKernelMustNotRun:
-    """Stands in for the portable atomic dK/dV kernel: launching it fails the test."""
-
-    def __getitem__(self, grid):
-        raise AssertionError("the atomic dK/dV kernel ran under torch.use_deterministic_algorithms(True)")
-
-
 @pytest.fixture
 def torch_deterministic_mode():
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         yield
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["qkv", "qkvpacked"])
@@ -326,5 +318,9 @@ def test_deterministic_false_under_torch_deterministic_mode_runs_the_determinist
         return torch.autograd.grad(out, x, do)[0]
 
     want = grads(True)
-    monkeypatch.setattr(_flash_bwd, "_bwd_dkdv_atomic_tuned", _AtomicKernelMustNotRun())
+    monkeypatch.setattr(
+        _flash_bwd,
+        "_bwd_dkdv_atomic_tuned",
+        MustNotLaunch("the atomic dK/dV kernel, under torch.use_deterministic_algorithms(True),"),
+    )
     assert torch.equal(grads(False), want)

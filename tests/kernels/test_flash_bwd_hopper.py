@@ -20,7 +20,14 @@ from kernels._common import lse_to_natural
 from kernels._flash_bwd import backward_delta
 from kernels._flash_fwd import flash_attn_forward
 from kernels.reference import attention_qkvpacked_reference, attention_reference
-from tests.kernels._flash_utils import assert_close_rule, check_against_reference, check_public_api, randn
+from tests.kernels._flash_utils import (
+    MustNotLaunch,
+    assert_close_rule,
+    check_against_reference,
+    check_public_api,
+    deterministic_algorithms,
+    randn,
+)
 from tests.kernels.test_flash_fwd_hopper import edge_inputs, needs_hopper, over_edges, record_calls
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -333,13 +340,6 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
     )  # (summed in registers)
 
 
-class _MustNotLaunch:
-    """Stands in for a kernel a test says must not run: launching it fails the test."""
-
-    def __getitem__(self, grid):
-        raise AssertionError("the portable atomic dK/dV kernel ran")
-
-
 @pytest.mark.parametrize("fused_takes", [False, True], ids=["elsewhere", "fused"])
 def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_variant(monkeypatch, fused_takes):
     """The backward's routing for atomic dq where the Hopper dK/dV kernel takes a call (its checks and
@@ -351,7 +351,9 @@ def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_varia
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports", lambda *a: fused_takes)
-    monkeypatch.setattr(_flash_bwd, "_bwd_dkdv_atomic_tuned", _MustNotLaunch())
+    monkeypatch.setattr(
+        _flash_bwd, "_bwd_dkdv_atomic_tuned", MustNotLaunch("the portable atomic dK/dV kernel")
+    )
     calls = []
     monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: calls.append("dkdv"))
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", lambda *a, **kw: calls.append("fused"))
@@ -387,19 +389,9 @@ def test_gpu_torch_deterministic_mode_keeps_nondeterministic_calls_off_the_one_k
     assert fused_hopper.supports(128, causal, 4096)
     q, k, v = _gpu_inputs(1, 4096, 4096, 4, 4, 128, seed=7 + causal)
     do = torch.randn_like(q)
-    torch.use_deterministic_algorithms(True)
-    try:
-        grads = {
-            det: torch.autograd.grad(
-                flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do
-            )
-            for det in (True, False)
-        }
-    finally:
-        torch.use_deterministic_algorithms(False)
+    with deterministic_algorithms():
+        _assert_either_setting_gives_the_same_grads(q, k, v, do, causal)
     assert calls == ["flash_attn_dkdv_hopper" if causal else "fused ordered=True"] * 2
-    for want, got in zip(grads[True], grads[False], strict=True):
-        assert torch.equal(want, got)
 
 
 @pytest.mark.gpu
@@ -421,12 +413,16 @@ def test_gpu_nondeterministic_backward_elsewhere_is_the_deterministic_one(
     )
     assert not fused_hopper.supports(d, causal, sq)
     q, k, v = _gpu_inputs(b, sq, sk, h, hk, d, seed=sq + d)
-    do = torch.randn_like(q)
+    _assert_either_setting_gives_the_same_grads(q, k, v, torch.randn_like(q), causal)
+    assert calls == ["flash_attn_dkdv_hopper"] * 2
+
+
+def _assert_either_setting_gives_the_same_grads(q, k, v, do, causal):
+    """flash_attention's gradients with deterministic=True, then False, on the same dO: bitwise equal."""
     grads = {
         det: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do)
         for det in (True, False)
     }
-    assert calls == ["flash_attn_dkdv_hopper"] * 2
     for want, got in zip(grads[True], grads[False], strict=True):
         assert torch.equal(want, got)
 
