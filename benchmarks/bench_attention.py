@@ -153,6 +153,13 @@ def make_impl(name):
     }[name]
 
 
+def native_shape(impl: str, batch: int, seqlen: int, nheads: int, headdim: int) -> tuple:
+    """The shape q, k and v are made in for impl: ours (and our block-sparse impls, "bs:...") take
+    (B, N, H, d), PyTorch's backends (B, H, N, d); each is timed in its native layout."""
+    ours = impl.startswith(("triton", "bs:"))
+    return (batch, seqlen, nheads, headdim) if ours else (batch, nheads, seqlen, headdim)
+
+
 def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max, graphs=False):
     row = dict(impl=impl, batch=batch, seqlen=seqlen, nheads=nheads, headdim=headdim, causal=causal,
                dtype=str(dtype).replace("torch.", ""))  # fmt: skip
@@ -161,10 +168,7 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max, gr
         row["skipped"] = f"eager materialises {gib:.0f} GiB of fp32 scores above n={eager_max}"
         return row
     fwd_flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
-    # ours takes (B, N, H, d); PyTorch's backends take (B, H, N, d): each gets its native layout
-    shape = (
-        (batch, seqlen, nheads, headdim) if impl.startswith("triton") else (batch, nheads, seqlen, headdim)
-    )
+    shape = native_shape(impl, batch, seqlen, nheads, headdim)
     try:
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         do = torch.randn(shape, device="cuda", dtype=dtype)

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import make_impl  # noqa: E402
+from benchmarks.bench_attention import make_impl, native_shape  # noqa: E402
 from benchmarks.common import error_note, print_summary, write_results  # noqa: E402
 from benchmarks.sweep_tiles import parse_shape  # noqa: E402
 
@@ -35,8 +35,8 @@ NAMES = ("out", "dq", "dk", "dv")
 
 def _inputs(impl: str, shape: dict) -> tuple:
     """Seeded q, k, v, dO in the impl's native layout: (B, N, H, d) for ours, (B, H, N, d) for torch's."""
-    b, n, h, d = shape["batch"], shape["seqlen"], shape["nheads"], shape["headdim"]
-    layout = (b, n, h, d) if impl.startswith("triton") else (b, h, n, d)
+    n, d = shape["seqlen"], shape["headdim"]
+    layout = native_shape(impl, shape["batch"], n, shape["nheads"], d)
     gen = torch.Generator(device="cuda").manual_seed(n + d + shape["causal"])
     q, k, v, do = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do

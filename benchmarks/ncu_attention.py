@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
+from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl, native_shape  # noqa: E402
 
 
 def main() -> None:
@@ -30,8 +30,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("ncu_attention needs a CUDA device")
     batch, nheads, causal = TOKENS // args.seqlen, MODEL_DIM // args.headdim, args.causal == "causal"
-    ours = args.impl.startswith("triton")
-    shape = (batch, args.seqlen, nheads, args.headdim) if ours else (batch, nheads, args.seqlen, args.headdim)
+    shape = native_shape(args.impl, batch, args.seqlen, nheads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     attend = make_impl(args.impl)

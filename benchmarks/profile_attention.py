@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import make_impl  # noqa: E402
+from benchmarks.bench_attention import make_impl, native_shape  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from benchmarks.sweep_tiles import parse_shape  # noqa: E402
 
@@ -29,8 +29,7 @@ from benchmarks.sweep_tiles import parse_shape  # noqa: E402
 def kernel_times(impl: str, shape: dict, iters: int) -> tuple[dict[str, float], dict[str, float]]:
     """Mean device ms per fwd+bwd of each CUDA kernel the impl launches, and its launches per fwd+bwd."""
     b, n, h, d = shape["batch"], shape["seqlen"], shape["nheads"], shape["headdim"]
-    # (B, H, N, d) for torch's backends, (B, N, H, d) for ours: the layout each is benchmarked in
-    layout = (b, n, h, d) if impl.startswith(("triton", "bs:")) else (b, h, n, d)
+    layout = native_shape(impl, b, n, h, d)
     q, k, v = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(layout, device="cuda", dtype=torch.bfloat16)
     fn = block_sparse_impl(impl, n, shape["causal"]) if ":" in impl else make_impl(impl)
