@@ -12,7 +12,8 @@ rounds and cuDNN's median ÷ ours (above 1: ours faster), with the lowest and hi
 cuDNN's backward adds dQ in a run-dependent order, as SDPA's flash and memory-efficient kernels do by
 default (check_determinism.py, results/s44/call1). Under `torch.use_deterministic_algorithms(True)` torch
 refuses cuDNN and runs deterministic variants of the other two; `--torch-deterministic` times ours
-(deterministic) against those, with the switch on.
+(deterministic) against those, with the switch on. `--two-kernels` adds ours deterministic with the ordered
+one-kernel backward off (the two deterministic kernels, FLASHTRAIN_ORDERED_BWD=0's route), alternating.
 """
 
 from __future__ import annotations
@@ -28,11 +29,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
+from kernels import _flash_bwd_fused_hopper  # noqa: E402
 
 # name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
 IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "sdpa_cudnn"}
 # under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
 STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
+TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
+
+
+def _without_ordered(fn):
+    """fn run with the ordered one-kernel backward off (its backward, run inside fn, too)."""
+
+    def run():
+        default = _flash_bwd_fused_hopper.ORDERED_ENABLED
+        _flash_bwd_fused_hopper.ORDERED_ENABLED = False
+        try:
+            return fn()
+        finally:
+            _flash_bwd_fused_hopper.ORDERED_ENABLED = default
+
+    return run
 
 
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
@@ -51,12 +68,15 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
         fwd = lambda: fn(*inputs, causal)  # noqa: E731
         return fwd, lambda: torch.autograd.grad(fwd(), inputs, grad_out)
 
-    return {
+    calls = {
         name: pair(make_impl(impl), (q, k, v), do)
         if name.startswith("ours")
         else pair(make_impl(impl), (qt, kt, vt), do.transpose(1, 2))
         for name, impl in impls.items()
     }
+    if TWO_KERNELS in calls:
+        calls[TWO_KERNELS] = tuple(map(_without_ordered, calls[TWO_KERNELS]))
+    return calls
 
 
 def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMPLS) -> dict:
@@ -79,6 +99,13 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMP
                 per_round = [t / m for t, m in zip(theirs, mine, strict=True)]
                 row[f"{anchor}_over_{impl}_{what}"] = statistics.median(theirs) / statistics.median(mine)
                 row[f"{anchor}_over_{impl}_{what}_range"] = (min(per_round), max(per_round))
+    if TWO_KERNELS in impls:  # (above 1: the ordered one-kernel backward faster)
+        theirs, mine = times[(TWO_KERNELS, "fwdbwd")], times[("ours", "fwdbwd")]
+        row["two_kernels_over_ours_fwdbwd"] = statistics.median(theirs) / statistics.median(mine)
+        row["two_kernels_over_ours_fwdbwd_range"] = (
+            min(t / m for t, m in zip(theirs, mine, strict=True)),
+            max(t / m for t, m in zip(theirs, mine, strict=True)),
+        )
     return row
 
 
@@ -92,10 +119,14 @@ def main() -> None:
         "--torch-deterministic", action="store_true",
         help="with torch.use_deterministic_algorithms(True): ours against SDPA flash and memory-efficient",
     )  # fmt: skip
+    parser.add_argument("--two-kernels", action="store_true",
+                        help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
+    impls = dict(STRICT_IMPLS if args.torch_deterministic else IMPLS)
+    if args.two_kernels:
+        impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
     torch.use_deterministic_algorithms(args.torch_deterministic)
     rows = []
     for headdim in args.headdims:

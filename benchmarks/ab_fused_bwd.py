@@ -6,7 +6,7 @@ bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
     python benchmarks/ab_fused_bwd.py --causal --seqlens 8192 16384 --rounds 5 --out ab.json
 
 --ordered adds the one-kernel backward with each dq tile's adds in a fixed order (deterministic; full
-attention), and checks that its gradients repeat bit for bit and how far they are from the two kernels'.
+attention, or causal from 2k), and checks that its gradients repeat bit for bit and how far they are from the two kernels'.
 """
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ def main() -> None:
     parser.add_argument("--causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the fused kernel (its CAUSAL_FROM)")  # fmt: skip
     parser.add_argument("--ordered", action="store_true", help="also the ordered one-kernel backward")
+    parser.add_argument("--ordered-causal-from", type=int, default=None,
+                        help="send causal calls from this many queries to the ordered one (its ORDERED_CAUSAL_FROM)")  # fmt: skip
     args = parser.parse_args()
     if args.causal_from is not None:
         _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
+    if args.ordered_causal_from is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_FROM = args.ordered_causal_from
     # variant -> (atomic dq, ordered one-kernel backward on)
     variants = {"deterministic": (False, False), "fused": (True, False)}
     if args.ordered:

@@ -9,20 +9,25 @@ adds that half of the step's dQ tile into an fp32 buffer in global memory with a
 adds arrive in no fixed order, so dq differs from run to run in its last bits: this path is opt-in
 (`kernels.flash_attention(..., deterministic=False)`), as the issue asks of any atomic variant.
 
-With ORDERED (deterministic calls, full attention, `supports_ordered`) each dq tile's adds come in one
-fixed order, so dq repeats bit for bit (the FlashAttention-3 and cuDNN deterministic modes' idea: a
-semaphore per tile counting the adds done). The order has to follow the programs' own pace, or they
-would queue at every tile: program p of a key head walks the query tiles from tile p * spacing on and
+With ORDERED (deterministic calls, `supports_ordered`) each dq tile's adds come in one fixed order, so dq
+repeats bit for bit (the FlashAttention-3 and cuDNN deterministic modes' idea: a semaphore per tile
+counting the adds done). The order has to follow the programs' own pace, or they would queue at every
+tile. With full attention program p of a key head walks the query tiles from tile p * spacing on and
 round (spacing = tiles // programs, >= 2), so at any step the programs are on different tiles, and a
-tile's adders come in the order they reach it, each 2 steps after the last. A program adds once its
-tile's semaphore counts the adders before it (`_flash_dkdv_hopper.ordered_rank_step`), and counts its own
-add once that is complete in global memory. A program may wait on any other of its key head, so all of
-them must run at once: `supports_ordered` allows at most half the SMs' worth.
+tile's adders come in the order they reach it, each 2 steps after the last
+(`_flash_dkdv_hopper.ordered_rank_step`). Causal programs need no rotation: each starts on its own
+diagonal, so a later program (later keys) reaches a tile they share 2 steps or more before the one
+before it, and a tile's adders come in descending program order (`_flash_dkdv_hopper.ordered_causal_rank`;
+the diagonal's steps run in the same loop, masked). A program adds once its tile's semaphore counts the
+adders before it, and counts its own add once that is complete in global memory. A program may wait on
+any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
+SMs' worth.
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
-(`supports`), dense. delta = rowsum(dO * O) comes from the portable preprocess (`_flash_bwd.backward_delta`)
-before the launch, and dq from the fp32 buffer after it. Its consumers run the full tiles' section first
-(`_flash_dkdv_hopper.sections`, HOT_FIRST), which spills less in the causal build.
+(`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
+preprocess (`_flash_bwd.backward_delta`) before the launch, and dq from the fp32 buffer after it. The
+unordered causal consumers run the full tiles' section first (`_flash_dkdv_hopper.sections`, HOT_FIRST),
+which spills less in that build.
 
 Measured on one H200 (bf16, batch x seqlen = 16k tokens, 16 heads; benchmarks/NOTES_attention.md "The
 one-kernel backward"): the backward alone against the deterministic two kernels, alternating, 1.08-1.13x
@@ -31,6 +36,7 @@ causal at 4k-16k and 1.14-1.16x full at 8k-16k (results/s42/call11); fwd+bwd in 
 through shared memory costs ~0.75 ms at 16k (results/s42/call5). Ordered (results/s44/call8, one H200,
 the backward alone, alternating): 0.95-0.97x the unordered kernel and 1.02 / 1.10 / 1.11 / 1.09x the two
 deterministic kernels at full 1k / 2k / 4k / 8k; its gradients repeated bit for bit in every check.
+Ordered causal: see ORDERED_CAUSAL_FROM.
 """
 
 from __future__ import annotations
@@ -58,31 +64,33 @@ def _attn_bwd_fused_hopper(
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
-    BLOCK_M, headdim / 2); LSE is base 2. ORDERED (full attention): each (query head, tile) item's dQ
-    halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch, heads, query tiles,
+    BLOCK_M, headdim / 2); LSE is base 2. ORDERED (causal: seqlen_q == seqlen_k): each (query head, tile)
+    item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch, heads, query tiles,
     2): one semaphore per item and half, counting the adds done (`_flash_dkdv_hopper._steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
     dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
-    n0, off_hk, off_b, lo, hi = dkdv.dense_program(
-        sched_slots, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N * NUM_CONSUMERS, CAUSAL
-    )
-    if ORDERED:  # (grid order: programs of a key head, then key heads, then batches)
-        gl.static_assert(not CAUSAL, "ordered dQ adds: full attention only")
-        KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
-        n_items = group * hi  # (query head, tile) items; lo = 0
+    n0, off_hk, off_b, lo, hi = dkdv.dense_program(sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL)
+    if ORDERED:  # (grid order, sched_slots 0: programs of a key head, then key heads, then batches)
+        n_items = group * hi  # (query head, tile) items
         all_programs = gl.cdiv(seqlen_k, KEYS)
         per_group = gl.cdiv(all_programs, key_groups)
         key_group = n0 // KEYS // per_group
         program = n0 // KEYS - key_group * per_group  # (within its key group)
         programs = gl.minimum(per_group, all_programs - key_group * per_group)
-        spacing = n_items // programs  # the host asks for >= 2
-        rot = program * spacing
         dq_b = key_group * gl.num_programs(2) + off_b
         sem_off = (dq_b * gl.num_programs(1) + off_hk) * (n_items * 2)
-        order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b)
+        if CAUSAL:  # (no rotation: the programs' own starts space them, `dkdv.ordered_causal_rank`)
+            spacing = 0
+            rot = 0
+        else:  # (lo = 0)
+            spacing = n_items // programs  # the host asks for >= 2
+            rot = program * spacing
+        order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b,
+                 n0 // KEYS, hi)  # fmt: skip
     else:
         rot = 0
         order = 0
@@ -149,21 +157,25 @@ ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "1") != "0"
 
 def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
-    a fixed order: head dim 128, full attention, and
+    a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
+    (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
+    diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS), and
     - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add
       into one dq buffer wait on each other, so all of them must be able to run at once, and a key
       group holds at most half the SMs' worth (sms: the GPU's SMs). Programs start in grid order, so only
       the last key group started can wait on one not yet started, and the other SMs finish theirs and
       free their places. Half the SMs leaves that true beside a kernel that holds up to half of them
       (another stream's, another process's under MPS);
-    - at least 2 query tiles (64 rows, of all the group's heads) per program of a key group: programs
-      start 2 items apart, so an item's next adder gets there 2 steps after the last one, and does not
-      wait."""
+    - full attention, at least 2 query tiles (64 rows, of all the group's heads) per program of a key
+      group: programs start 2 items apart, so an item's next adder gets there 2 steps after the last one,
+      and does not wait (causal programs are spaced by their own starts: `ordered_causal_rank`)."""
     cfg = CONFIGS.get(headdim)
-    if not ORDERED_ENABLED or cfg is None or causal:
+    if not ORDERED_ENABLED or cfg is None:
         return False
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
+    if causal:
+        return seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM and key_groups <= ORDERED_CAUSAL_KEY_GROUPS
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
     return key_groups <= MAX_KEY_GROUPS and items >= 2 * triton.cdiv(programs, key_groups)
 
@@ -178,6 +190,15 @@ def ordered_key_groups(seqlen_k: int, sms: int) -> int:
 # Each key group costs a dq-sized fp32 buffer and its read in the final sum; 2 (16.9k keys on 132 SMs,
 # the issue's longest full-attention point) measured (session 44), more did not run.
 MAX_KEY_GROUPS = 2
+# Causal calls, from one H100 (session 45, the backward alone against the two deterministic kernels,
+# alternating, results/s45/call1 and call2): 1.04x at 2k; 1.03-1.05x at 4k and 1.08-1.14x at 8k (one key
+# group); at 16k (two key groups) 1.02-1.04x, but 0.88-0.91x the unordered one-kernel backward, whose
+# programs start heaviest first over all heads (a key group's programs here start in grid order as SMs
+# free up, and one that starts more than 2 steps after the one before it holds up every lower program of
+# its group), and fwd+bwd level with the two kernels' within the spread of separate runs. So one key
+# group, from 2k queries.
+ORDERED_CAUSAL_FROM = 2048
+ORDERED_CAUSAL_KEY_GROUPS = 1
 
 
 def flash_attn_bwd_fused_hopper(
@@ -209,7 +230,7 @@ def flash_attn_bwd_fused_hopper(
             dtype=torch.int32,
         )
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots_for(q.device, causal), sems, key_groups)  # fmt: skip
+            sm_scale, sched_slots_for(q.device, causal and not ordered), sems, key_groups)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),

@@ -27,8 +27,8 @@ tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_
 lists, `_attn_bwd_dkdv_hopper_persistent` runs the same work on one program per SM, each walking many
 key tiles' lists with the next one's K and V loads under the current one's steps. With FUSED_DQ the
 consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`: the opt-in
-nondeterministic backward, and with ORDERED the deterministic one for full attention, whose adds into
-each dq tile come in a fixed order).
+nondeterministic backward, and with ORDERED the deterministic one, whose adds into each dq tile come in
+a fixed order).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _producer(
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
     section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`). ORDERED (the
-    ordered one-kernel backward, full attention): all (head, tile) items in one run, from item rot on
+    ordered one-kernel backward): all (head, tile) items in one run, with full attention from item rot on
     and round to the items before it (`_steps`)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -86,7 +86,7 @@ def _producer(
                     off_hk, group, it, 0, hi, tiles, SPARSE, PART)  # fmt: skip
     elif ORDERED:
         _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
-                    off_hk, group, it, 0, hi, tiles, SPARSE, PART, True, rot)  # fmt: skip
+                    off_hk, group, it, lo, hi - lo, tiles, SPARSE, PART, not CAUSAL, rot)  # fmt: skip
     else:
         for section in gl.static_range(HOT_FIRST, 3 + HOT_FIRST):  # the consumers' order (see `sections`)
             start, count = sections(
@@ -189,19 +189,21 @@ def _steps(
     dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, start, count, tiles,
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
-    FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None,
+    FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
     tiles, are masked as sections 0 and 2 both; SECTION 4, a whole list whose first n_partial entries are
-    partial, masks step by step); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
+    partial, masks step by step; SECTION 5, with FUSED_DQ, a dense causal program's whole range, whose
+    steps outside the full tiles full_tiles = (first, end) are masked); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
     and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched). FUSED_DQ (PART 0, dense):
     each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
-    ORDERED (with FUSED_DQ; full attention, start 0): every program of a key head adds each (head, tile)
-    item's dQ in one fixed order, through a semaphore per item and consumer (order: the semaphores,
-    `_flash_bwd_fused_hopper`'s rotation and rank arguments; see `ordered_rank_step`). Program p walks
-    the items from item rot = p * spacing on, round to the ones before it, so at any step the programs
-    of a key head are on different items, and each item's adders come in the order they reach it."""
+    ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
+    order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
+    rotation and rank arguments). Full attention (start 0, one loop): program p walks the items from item
+    rot = p * spacing on, round to the ones before it, so at any step the programs of a key head are on
+    different items, and each item's adders come in the order they reach it (`ordered_rank_step`).
+    Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -211,15 +213,20 @@ def _steps(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if ORDERED:
-        SEM, sem_off, later_programs, spacing, extra, rot, _ = order
-        dq_tile = start + rot % count
-        dq_head = rot // count
+        SEM, sem_off, later_programs, spacing, extra, rot, _, program, n_tiles = order
+        if not CAUSAL:  # (start 0: count is n_tiles)
+            dq_tile = start + rot % count
+            dq_head = rot // count
+            n_tiles = count
         rank = 0  # programs that add into this step's item before this one
         prev = -1  # the previous step's semaphore (none before the first step)
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         if MASKED:  # this tile's queries (columns here), for the causal mask
-            t, g = _query_tile(tiles, j, start, count, SPARSE)
+            if SECTION == 5:
+                t = dq_tile
+            else:
+                t, g = _query_tile(tiles, j, start, count, SPARSE)
             rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
             if FUSED_DQ:  # (keys: the first key, the rows' keys made here, not held through the loops)
                 key_rows = keys + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
@@ -247,7 +254,7 @@ def _steps(
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
-                seen = gl.load(SEM + sem_off + (dq_head * count + dq_tile) * 2 + WG, volatile=True)
+                seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
         if MASKED:
@@ -255,6 +262,9 @@ def _steps(
                 s_t = gl.where(
                     (key_rows[:, None] <= rows[None, :] + diag) | (j >= n_partial), s_t, float("-inf")
                 )
+            elif SECTION == 5:  # (a uniform branch: the full tiles' steps skip the mask's work)
+                if (t < full_tiles[0]) | (t >= full_tiles[1]):
+                    s_t = gl.where(key_rows[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
             else:
                 s_t = gl.where(key_rows[:, None] <= rows[None, :] + diag, s_t, float("-inf"))
         p_t = gl.exp2(s_t * qk_scale)
@@ -283,8 +293,11 @@ def _steps(
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         if FUSED_DQ:
             if ORDERED:
-                cur = (dq_head * count + dq_tile) * 2 + WG
-                rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
+                cur = (dq_head * n_tiles + dq_tile) * 2 + WG
+                if CAUSAL:
+                    rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
+                else:
+                    rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, prev, cur, seen, rank)
                 prev = cur
             else:
@@ -309,6 +322,21 @@ def ordered_rank_step(rank, step, later_programs, spacing, extra):
     d = items - (p - q) * spacing for those before it: the k-th smallest d is k * spacing, plus extra =
     items - programs * spacing once k passes later_programs. Each step passes at most one of them."""
     return rank + (step >= (rank + 1) * spacing + gl.where(rank >= later_programs, extra, 0)).to(gl.int32)
+
+
+@gluon.jit
+def ordered_causal_rank(tile, program, later_programs, TILES_PER_PROGRAM: gl.constexpr):
+    """The ordered causal backward's rank at a step on query tile `tile` (seqlen_q == seqlen_k): how many
+    programs of this one's key group add into the step's item before it. Program j (keys from j * KEYS)
+    first meets query tile j * TILES_PER_PROGRAM (TILES_PER_PROGRAM = KEYS // BLOCK_M) and walks its
+    sections in order (the diagonal's tiles, then the full ones, then the partial last one), each over
+    the group's heads in turn. So a later program reaches any item it shares with program j earlier than
+    j does (on the diagonal at once; in the full section by 2 (head + 1) steps a program): the item's
+    adders come in descending program order, and those before j are the programs j + 1 .. of its key
+    group that see the tile, min(tile // TILES_PER_PROGRAM - j, later_programs) of them. In grid order a
+    key group's programs start in ascending order, so a program waits only on programs started after it
+    (which is why all of them must run at once, as in full attention)."""
+    return gl.minimum(tile // TILES_PER_PROGRAM - program, later_programs)
 
 
 @gluon.jit
@@ -404,7 +432,7 @@ def _consumer(
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`). ORDERED: dQ added in a fixed order, full attention (see `_steps`)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -454,10 +482,16 @@ def _consumer(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, lo, hi - lo, tiles,
             group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
-    elif ORDERED:  # (full attention: every tile in one loop, none masked)
+    elif ORDERED:  # (every tile in one loop: causal, the diagonal's and a partial last tile's steps masked)
+        if CAUSAL:
+            full_lo, n_full = sections(n0, lo, hi, seqlen_q, seqlen_k, 1, CAUSAL, BLOCK_M, KEYS)
+            full_tiles = (full_lo, full_lo + n_full)
+        else:
+            full_tiles = None
         dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, 0, hi, tiles,
-            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout, 0, WG, FUSED_DQ, dq_io, ORDERED, order,
+            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
+            tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles,
         )  # fmt: skip
     else:
         for section in gl.static_range(

@@ -148,9 +148,12 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # Spills inside the loops of the one-kernel backward's sm_90 build (Triton 3.6's ptxas): its consumers hold
 # dK, dV and the dS/dQ exchange's addresses in 240 registers, where the dK/dV kernel's own build has none.
 # Measured with them (results/s42/call4, call7; causal calls do not take it); a change that spills more
-# fails here. The ordered build (full attention, one loop over the query tiles instead of three sections)
-# spills 1 (session 44).
-FUSED_SPILLS = {("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 1}
+# fails here. The ordered builds run one loop over the query tiles instead of three sections: full
+# attention spills 1 (session 44), causal 6 (its diagonal's steps masked in a branch, session 45).
+FUSED_SPILLS = {
+    ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 1,
+    ("fused_ordered", 128, True): 6,
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -167,17 +170,22 @@ def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seq
     "headdim, causal, seqlen_q, seqlen_k, group, takes",
     [(128, False, 4096, 4096, 1, True), (128, False, 8192, 8192, 1, True), (128, False, 16384, 16384, 1, True),
      (128, False, 32768, 32768, 1, False), (128, False, 2048, 16384, 1, False),
-     (128, True, 4096, 4096, 1, False), (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
-     (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True)],
+     (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
+     (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True),
+     (128, True, 4096, 4096, 1, True), (128, True, 4100, 4100, 1, True), (128, True, 2048, 2048, 1, True),
+     (128, True, 8448, 8448, 8, True), (128, True, 8449, 8449, 1, False), (128, True, 16384, 16384, 1, False),
+     (128, True, 1024, 1024, 1, False), (128, True, 4096, 8192, 1, False), (128, True, 8192, 4096, 1, False),
+     (64, True, 4096, 4096, 1, False)],
 )  # fmt: skip
-def test_ordered_backward_takes_full_d128_calls_whose_programs_fit_half_the_sms(
+def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
     headdim, causal, seqlen_q, seqlen_k, group, takes
 ):
-    """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128, full attention, at most 2 key
-    groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64; 32k: 4, no), and at least 2 query
-    tiles of 64 rows (of the group's heads) per program of a key group (1024 queries on 2048 keys: 16 for
-    16 programs, no; with 2 query heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8,
-    no; 1000: 16 for 8, yes)."""
+    """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128; full attention in at most 2
+    key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64; 32k: 4, no), causal from 2k
+    queries on as many keys in one (8448 keys: 66 programs, yes; 8449: 67, no); and at least 2 query
+    tiles of 64 rows (of the group's heads) per program of a key group with full attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query
+    heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes;
+    causal 4100: 65 for 33, yes)."""
     assert fused_hopper.supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, 132) is takes
     if takes:
         assert fused_hopper.ordered_key_groups(seqlen_k, 132) == (2 if seqlen_k > 66 * 128 else 1)
@@ -246,12 +254,13 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     case, headdim, dtype, key_groups
 ):
-    """The one-kernel backward with each dq tile's adds in a fixed order (full attention), its programs
-    in one or two key groups (each adding into its own dq buffer, summed after): the gradients pass the
-    tolerance rule on every full-attention edge case and come out bitwise the same twice."""
+    """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
+    groups (each adding into its own dq buffer, summed after): the gradients pass the tolerance rule on
+    every edge case it takes (full attention; causal on as many queries as keys) and come out bitwise the
+    same twice."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
-    if causal:
-        pytest.skip("the ordered adds run full attention only")
+    if causal and q.shape[1] != k.shape[1]:
+        pytest.skip("the ordered causal adds count on seqlen_q == seqlen_k (supports_ordered)")
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
     runs = []
@@ -259,7 +268,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
         acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
         fused_hopper.flash_attn_bwd_fused_hopper(
-            q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=False, ordered=True,
+            q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=causal, ordered=True,
             key_groups=key_groups,
         )  # fmt: skip
         dq = acc.view(key_groups, *q.shape).sum(0)
@@ -297,6 +306,40 @@ def test_gpu_deterministic_full_backward_takes_the_ordered_kernel(monkeypatch, b
         )
     do = torch.randn_like(q)
     runs = [torch.autograd.grad(flash_attention(q, k, v), (q, k, v), do) for _ in range(8)]
+    assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
+    for again in runs[1:]:
+        for first, other in zip(runs[0], again, strict=True):
+            assert torch.equal(first, other)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, s, h, hk",
+    [(1, 4100, 4, 4), (1, 4160, 8, 2), (8, 2048, 16, 16), (4, 4096, 16, 16), (2, 8192, 16, 16),
+     (1, 8448, 8, 1)],
+)  # fmt: skip
+def test_gpu_deterministic_causal_backward_takes_the_ordered_kernel(monkeypatch, b, s, h, hk):
+    """A deterministic d128 causal backward from 2k queries on as many keys, in one key group, runs the
+    ordered one-kernel backward alone (a partial last query tile on the last program's diagonal at 4100
+    and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs); the gradients pass the tolerance
+    rule and repeat bit for bit."""
+    calls = record_calls(
+        monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
+        (dkdv_hopper, "flash_attn_dkdv_hopper"),
+    )  # fmt: skip
+    q, k, v = _gpu_inputs(b, s, s, h, hk, 128, seed=s + h)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert fused_hopper.supports_ordered(128, True, s, s, h // hk, sms)
+    if b * h * s <= 8 * 4160:  # (the float64 reference at these sizes)
+        check_against_reference(
+            lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=True),
+            lambda q, k, v: attention_reference(q, k, v, causal=True, return_lse=True),
+            [q, k, v],
+            BF16,
+        )
+    do = torch.randn_like(q)
+    runs = [torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do) for _ in range(8)]
     assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
     for again in runs[1:]:
         for first, other in zip(runs[0], again, strict=True):
@@ -375,8 +418,8 @@ def test_gpu_torch_deterministic_mode_keeps_nondeterministic_calls_off_the_one_k
     monkeypatch, causal
 ):
     """With torch.use_deterministic_algorithms(True), a d128 call the one-kernel backward would take
-    (full, causal at 4k queries) runs deterministic kernels: full attention the one-kernel backward with
-    ordered adds, causal the two kernels; gradients bitwise deterministic=True's."""
+    (full, causal at 4k queries) runs the one-kernel backward with ordered adds, as deterministic=True
+    does; gradients bitwise deterministic=True's."""
     calls = record_calls(monkeypatch, (dkdv_hopper, "flash_attn_dkdv_hopper"))
     fused = fused_hopper.flash_attn_bwd_fused_hopper
     monkeypatch.setattr(
@@ -391,7 +434,7 @@ def test_gpu_torch_deterministic_mode_keeps_nondeterministic_calls_off_the_one_k
     do = torch.randn_like(q)
     with deterministic_algorithms():
         _assert_either_setting_gives_the_same_grads(q, k, v, do, causal)
-    assert calls == ["flash_attn_dkdv_hopper" if causal else "fused ordered=True"] * 2
+    assert calls == ["fused ordered=True"] * 2
 
 
 @pytest.mark.gpu

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 45). Each part is what one call ran; the outputs are in
+# benchmarks/results/s45/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s45.sh 1   # the ordered one-kernel backward for causal calls (seqlen_q == seqlen_k
+#       from 4k, diagonal first, adds in descending program order): its GPU tests and the routing's (each run
+#       killed after a time limit, in case programs wait on each other for ever), then ab_fused_bwd.py --ordered
+#       --causal (the backward alone: two kernels, one-kernel nondeterministic, one-kernel ordered) at 2k-16k,
+#       and ab_cudnn.py at causal 4k-16k (ours deterministic, ours deterministic=False, SDPA cuDNN)
+#   (part 1, on an H100: call1/; 47 GPU tests passed, gradients repeat bit for bit; the backward alone 1.03-1.08x
+#       the two kernels at causal 2k-16k, but 0.88x the unordered one-kernel backward at 16k: heads in grid order)
+#   bash benchmarks/run_gpu_s45.sh 2   # the same with each call's programs taken key group by key group (every key
+#       head's first key group, then every head's second): GPU tests; ab_fused_bwd.py --ordered --causal at 4k-16k
+#       and, full attention (whose kernel build changed outside its loops), at 4k and 16k; ab_cudnn.py at causal
+#       4k-16k with the ordered causal backward off (FLASHTRAIN_ORDERED_BWD=0, the tree before) and on
+#   (part 2, on an H100: call2/; 47 passed; the backward alone 1.05 / 1.14 / 1.02x the two kernels at causal 4k /
+#       8k / 16k, 0.91x the unordered one at 16k; so causal calls take it in one key group only, from 2k)
+#   bash benchmarks/run_gpu_s45.sh 3   # that rule: ab_fused_bwd.py --ordered --causal at 1k-8k (the ordered one
+#       forced from 1k), and ab_cudnn.py --two-kernels (ours with the ordered backward and without it, alternating
+#       with SDPA cuDNN) at causal 2k-8k
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "$1" in
+1)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  status=$?
+  echo "tests exit $status"; tail -n 6 "$R/gpu_tests.log"
+  [ $status = 0 ] || exit 1
+  timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --causal --causal-from 2048 \
+    --seqlens 2048 4096 8192 16384 --rounds 3 --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 170 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --seqlens 4096 8192 16384 \
+    --rounds 4 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet
+  ;;
+2)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  status=$?
+  echo "tests exit $status"; tail -n 3 "$R/gpu_tests.log"
+  [ $status = 0 ] || exit 1
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 4096 8192 16384 --rounds 3 \
+    --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
+    --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
+  for ordered in 0 1; do
+    FLASHTRAIN_ORDERED_BWD=$ordered timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --causal yes \
+      --seqlens 4096 8192 16384 --rounds 4 --out "$R/ab_cudnn_d128_causal_ordered$ordered.json" 2>&1 | quiet \
+      | python -c "import ast, sys; [print($ordered, {k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+  done
+  ;;
+3)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --ordered-causal-from 1024 \
+    --seqlens 1024 2048 4096 8192 --rounds 4 --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
+    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet \
+    | python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k}) for l in sys.stdin if l.startswith('{')]"
+  ;;
+*)
+  echo "unknown part $1" >&2
+  exit 2
+  ;;
+esac
