@@ -17,6 +17,10 @@
 #   bash benchmarks/run_gpu_s45.sh 3   # that rule: ab_fused_bwd.py --ordered --causal at 1k-8k (the ordered one
 #       forced from 1k), and ab_cudnn.py --two-kernels (ours with the ordered backward and without it, alternating
 #       with SDPA cuDNN) at causal 2k-8k
+#   (part 3, on an H100: call3/; the backward alone 0.97 / 1.05 / 1.06 / 1.03x the two kernels at causal 1k / 2k /
+#       4k / 8k; fwd+bwd 1.02 / 1.05 / 1.03x ours with the two kernels at 2k / 4k / 8k, 0.99 / 1.01 / 1.01x cuDNN)
+#   bash benchmarks/run_gpu_s45.sh 4   # the final tree's GPU tests of the Hopper backward, dense, packed-QKV and
+#       CUDA-graph files (the slow portable-autotune test beside them)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -56,6 +60,12 @@ case "$1" in
   timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
     --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet \
     | python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k}) for l in sys.stdin if l.startswith('{')]"
+  ;;
+4)
+  head -n 2 "$R/machine.txt"
+  T=tests/kernels
+  gpu_tests_beside_slow 500 540 5 $T/test_flash_bwd_hopper.py $T/test_flash_attention.py $T/test_qkvpacked.py \
+    $T/test_cuda_graphs.py
   ;;
 *)
   echo "unknown part $1" >&2

@@ -195,8 +195,9 @@ def _steps(
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
     tiles, are masked as sections 0 and 2 both; SECTION 4, a whole list whose first n_partial entries are
     partial, masks step by step; SECTION 5, with FUSED_DQ, a dense causal program's whole range, whose
-    steps outside the full tiles full_tiles = (first, end) are masked); `it` counts the steps taken (the stage ring's position). PART 0 sums dK
-    and dV, 1 dV alone, 2 dK alone (the other one is passed through untouched). FUSED_DQ (PART 0, dense):
+    steps outside the full tiles full_tiles = (first, end) are masked); `it` counts the steps taken (the
+    stage ring's position). PART 0 sums dK and dV, 1 dV alone, 2 dK alone (the other one is passed
+    through untouched). FUSED_DQ (PART 0, dense):
     each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
@@ -328,14 +329,13 @@ def ordered_rank_step(rank, step, later_programs, spacing, extra):
 def ordered_causal_rank(tile, program, later_programs, TILES_PER_PROGRAM: gl.constexpr):
     """The ordered causal backward's rank at a step on query tile `tile` (seqlen_q == seqlen_k): how many
     programs of this one's key group add into the step's item before it. Program j (keys from j * KEYS)
-    first meets query tile j * TILES_PER_PROGRAM (TILES_PER_PROGRAM = KEYS // BLOCK_M) and walks its
-    sections in order (the diagonal's tiles, then the full ones, then the partial last one), each over
-    the group's heads in turn. So a later program reaches any item it shares with program j earlier than
-    j does (on the diagonal at once; in the full section by 2 (head + 1) steps a program): the item's
-    adders come in descending program order, and those before j are the programs j + 1 .. of its key
-    group that see the tile, min(tile // TILES_PER_PROGRAM - j, later_programs) of them. In grid order a
-    key group's programs start in ascending order, so a program waits only on programs started after it
-    (which is why all of them must run at once, as in full attention)."""
+    first meets query tile j * TILES_PER_PROGRAM (TILES_PER_PROGRAM = KEYS // BLOCK_M: its diagonal's)
+    and walks the tiles from there to the last in one loop, head by head of its GQA group (SECTION 5).
+    So program j + 1 reaches item (head g, tile t) 2 (g + 1) steps before program j does, if both started
+    together: an item's adders come in descending program order, and those before j are the programs
+    j + 1 .. of its key group that see the tile, min(tile // TILES_PER_PROGRAM - j, later_programs) of
+    them. In grid order a key group's programs start in ascending order, so a program waits only on
+    programs started after it (which is why all of them must run at once, as in full attention)."""
     return gl.minimum(tile // TILES_PER_PROGRAM - program, later_programs)
 
 
