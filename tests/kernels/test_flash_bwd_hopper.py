@@ -441,16 +441,17 @@ def test_gpu_torch_deterministic_mode_keeps_nondeterministic_calls_off_the_one_k
 @needs_hopper
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, d, causal",
-    [(1, 4096, 4096, 4, 2, 64, True), (2, 1024, 1000, 4, 4, 64, False), (1, 2048, 2048, 2, 2, 128, True),
+    [(1, 4096, 4096, 4, 2, 64, True), (2, 1024, 1000, 4, 4, 64, False), (1, 2048, 1500, 2, 2, 128, True),
      (1, 1024, 1024, 2, 1, 256, False)],
 )  # fmt: skip
 def test_gpu_nondeterministic_backward_elsewhere_is_the_deterministic_one(
     monkeypatch, b, sq, sk, h, hk, d, causal
 ):
-    """Where the Hopper dK/dV kernel takes a call but the one-kernel backward does not (head dims 64 and
-    256, causal d128 under 4k queries), deterministic=False runs the deterministic route, measured faster
-    there than the portable atomic variant: the Gluon dK/dV kernel, and gradients bitwise equal to
-    deterministic=True's."""
+    """Where the Hopper dK/dV kernel takes a call but neither one-kernel backward does (head dims 64 and
+    256, causal d128 under 4k queries on other key lengths), deterministic=False runs the deterministic
+    route, measured faster there than the portable atomic variant: the Gluon dK/dV kernel, and gradients
+    bitwise equal to deterministic=True's. (Causal d128 from 2k queries on as many keys takes the ordered
+    one-kernel backward with either setting.)"""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dkdv_hopper, "flash_attn_dkdv_hopper")
     )
@@ -541,9 +542,9 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, bwd_ca
 @needs_hopper
 def test_gpu_new_values_at_an_address_already_encoded_give_the_new_results(monkeypatch):
     """The compiled launches keep each TMA descriptor by address, shape and strides: values written in
-    place are read by the next call."""
+    place are read by the next call (1024 tokens: causal d128 on the two kernels, not the ordered one)."""
     torch.manual_seed(0)
-    q, k, v, do = (randn(1, 2048, 4, 128, dtype=BF16, device="cuda") for _ in range(4))
+    q, k, v, do = (randn(1, 1024, 4, 128, dtype=BF16, device="cuda") for _ in range(4))
     fn = lambda q, k, v: flash_attention(q, k, v, causal=True, return_lse=True)  # noqa: E731
     encodings = dkdv_hopper._launch_dkdv.encodings
     for _ in range(3):
