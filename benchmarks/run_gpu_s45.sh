@@ -25,7 +25,7 @@
 #       calls on the two kernels, and one out of memory beside the other workers on the 80 GB card)
 #   bash benchmarks/run_gpu_s45.sh 5   # the three again (two rewritten for the new routing), on their own
 #   (part 5 first ran them with all the ordered and routing tests in one process, no workers: killed at its 200 s
-#       limit with 67 passed or skipped, none failed; call5/)
+#       limit with 67 passed or skipped, none failed, call5/; call 6 ran it as it is here: 7 passed, call6/)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
