@@ -26,6 +26,9 @@
 #   bash benchmarks/run_gpu_s45.sh 5   # the three again (two rewritten for the new routing), on their own
 #   (part 5 first ran them with all the ordered and routing tests in one process, no workers: killed at its 200 s
 #       limit with 67 passed or skipped, none failed, call5/; call 6 ran it as it is here: 7 passed, call6/)
+#   bash benchmarks/run_gpu_s45.sh 7   # part 3's ab_cudnn.py --two-kernels again (a second sample, on whichever card
+#       the call gets)
+#   (part 7, on an H100: call7/; fwd+bwd 1.033 / 1.035 / 1.029x ours with the two kernels at causal 2k / 4k / 8k)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "$1" in
@@ -79,6 +82,12 @@ case "$1" in
     $T/test_flash_bwd_hopper.py -k "lse_gradient or elsewhere_is_the_deterministic or already_encoded" \
     > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  ;;
+7)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
+    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet \
+    | python -c "import ast, sys; [print({k: round(v, 3) for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
   ;;
 *)
   echo "unknown part $1" >&2
