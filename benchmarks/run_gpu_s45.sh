@@ -31,14 +31,21 @@
 #   (part 7, on an H100: call7/; fwd+bwd 1.033 / 1.035 / 1.029x ours with the two kernels at causal 2k / 4k / 8k)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
+ordered_tests() {  # ordered_tests SECONDS: the ordered and determinism-switch GPU tests, killed after SECONDS
+  # (programs that wait on each other for ever would hang them); fails when they do
+  timeout -s KILL "$1" python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  local status=$?
+  echo "tests exit $status"; tail -n 6 "$R/gpu_tests.log"
+  return $status
+}
+ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
+  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+}
 case "$1" in
 1)
   head -n 2 "$R/machine.txt"
-  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
-  status=$?
-  echo "tests exit $status"; tail -n 6 "$R/gpu_tests.log"
-  [ $status = 0 ] || exit 1
+  ordered_tests 240 || exit 1
   timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --causal --causal-from 2048 \
     --seqlens 2048 4096 8192 16384 --rounds 3 --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
   timeout -s KILL 170 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --seqlens 4096 8192 16384 \
@@ -46,11 +53,7 @@ case "$1" in
   ;;
 2)
   head -n 2 "$R/machine.txt"
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
-  status=$?
-  echo "tests exit $status"; tail -n 3 "$R/gpu_tests.log"
-  [ $status = 0 ] || exit 1
+  ordered_tests 200 || exit 1
   timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 4096 8192 16384 --rounds 3 \
     --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
   timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
@@ -58,7 +61,7 @@ case "$1" in
   for ordered in 0 1; do
     FLASHTRAIN_ORDERED_BWD=$ordered timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --causal yes \
       --seqlens 4096 8192 16384 --rounds 4 --out "$R/ab_cudnn_d128_causal_ordered$ordered.json" 2>&1 | quiet \
-      | python -c "import ast, sys; [print($ordered, {k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+      | ratios | sed "s/^/$ordered /"
   done
   ;;
 3)
@@ -66,8 +69,7 @@ case "$1" in
   timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --ordered-causal-from 1024 \
     --seqlens 1024 2048 4096 8192 --rounds 4 --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
   timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
-    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet \
-    | python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k}) for l in sys.stdin if l.startswith('{')]"
+    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet | ratios
   ;;
 4)
   head -n 2 "$R/machine.txt"
@@ -86,8 +88,7 @@ case "$1" in
 7)
   head -n 2 "$R/machine.txt"
   timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
-    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet \
-    | python -c "import ast, sys; [print({k: round(v, 3) for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet | ratios
   ;;
 *)
   echo "unknown part $1" >&2

@@ -64,9 +64,9 @@ def _attn_bwd_fused_hopper(
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
-    BLOCK_M, headdim / 2); LSE is base 2. ORDERED (causal: seqlen_q == seqlen_k): each (query head, tile)
-    item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch, heads, query tiles,
-    2): one semaphore per item and half, counting the adds done (`_flash_dkdv_hopper._steps`). The
+    BLOCK_M, headdim / 2); LSE is base 2. ORDERED (causal: seqlen_q == seqlen_k): each (query head,
+    tile) item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch,
+    heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
     dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -190,13 +190,13 @@ def ordered_key_groups(seqlen_k: int, sms: int) -> int:
 # Each key group costs a dq-sized fp32 buffer and its read in the final sum; 2 (16.9k keys on 132 SMs,
 # the issue's longest full-attention point) measured (session 44), more did not run.
 MAX_KEY_GROUPS = 2
-# Causal calls, from one H100 (session 45, the backward alone against the two deterministic kernels,
-# alternating, results/s45/call1 and call2): 1.04x at 2k; 1.03-1.05x at 4k and 1.08-1.14x at 8k (one key
-# group); at 16k (two key groups) 1.02-1.04x, but 0.88-0.91x the unordered one-kernel backward, whose
-# programs start heaviest first over all heads (a key group's programs here start in grid order as SMs
-# free up, and one that starts more than 2 steps after the one before it holds up every lower program of
-# its group), and fwd+bwd level with the two kernels' within the spread of separate runs. So one key
-# group, from 2k queries.
+# Causal calls, on one H100 (session 45, alternating, results/s45/call1-3 and call7): the backward alone
+# 0.97x the two deterministic kernels at 1k, 1.04-1.05x at 2k, 1.03-1.06x at 4k and 1.03-1.14x at 8k (one
+# key group), fwd+bwd 1.02-1.05x at 2k-8k; at 16k (two key groups) the backward alone 1.02-1.04x, but
+# 0.88-0.91x the unordered one-kernel backward, whose programs start heaviest first over all heads (a key
+# group's programs here start in grid order as SMs free up, and one that starts more than 2 steps after
+# the one before it holds up every lower program of its group), and fwd+bwd level with the two kernels'
+# within the spread of separate runs. So one key group, from 2k queries.
 ORDERED_CAUSAL_FROM = 2048
 ORDERED_CAUSAL_KEY_GROUPS = 1
 
