@@ -95,18 +95,18 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMP
     for anchor in (name for name in impls if name not in ours):
         for impl in ours:
             for what in ("fwd", "fwdbwd"):
-                theirs, mine = times[(anchor, what)], times[(impl, what)]
-                per_round = [t / m for t, m in zip(theirs, mine, strict=True)]
-                row[f"{anchor}_over_{impl}_{what}"] = statistics.median(theirs) / statistics.median(mine)
-                row[f"{anchor}_over_{impl}_{what}_range"] = (min(per_round), max(per_round))
+                key = f"{anchor}_over_{impl}_{what}"
+                row[key], row[f"{key}_range"] = _ratio(times[(anchor, what)], times[(impl, what)])
     if TWO_KERNELS in impls:  # (above 1: the ordered one-kernel backward faster)
-        theirs, mine = times[(TWO_KERNELS, "fwdbwd")], times[("ours", "fwdbwd")]
-        row["two_kernels_over_ours_fwdbwd"] = statistics.median(theirs) / statistics.median(mine)
-        row["two_kernels_over_ours_fwdbwd_range"] = (
-            min(t / m for t, m in zip(theirs, mine, strict=True)),
-            max(t / m for t, m in zip(theirs, mine, strict=True)),
-        )
+        key = "two_kernels_over_ours_fwdbwd"
+        row[key], row[f"{key}_range"] = _ratio(times[(TWO_KERNELS, "fwdbwd")], times[("ours", "fwdbwd")])
     return row
+
+
+def _ratio(theirs: list, mine: list) -> tuple[float, tuple[float, float]]:
+    """Their median time ÷ mine (above 1: mine faster), and the lowest and highest round's ratio."""
+    per_round = [t / m for t, m in zip(theirs, mine, strict=True)]
+    return statistics.median(theirs) / statistics.median(mine), (min(per_round), max(per_round))
 
 
 def main() -> None:
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    impls = dict(STRICT_IMPLS if args.torch_deterministic else IMPLS)
+    impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
     if args.two_kernels:
         impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
     torch.use_deterministic_algorithms(args.torch_deterministic)

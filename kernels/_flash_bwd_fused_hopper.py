@@ -90,7 +90,7 @@ def _attn_bwd_fused_hopper(
             spacing = n_items // programs  # the host asks for >= 2
             rot = program * spacing
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b,
-                 n0 // KEYS, hi)  # fmt: skip
+                 n0 // KEYS)  # fmt: skip
     else:
         rot = 0
         order = 0

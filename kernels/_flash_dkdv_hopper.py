@@ -214,11 +214,11 @@ def _steps(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if ORDERED:
-        SEM, sem_off, later_programs, spacing, extra, rot, _, program, n_tiles = order
-        if not CAUSAL:  # (start 0: count is n_tiles)
+        SEM, sem_off, later_programs, spacing, extra, rot, _, program = order
+        n_tiles = start + count  # (a head's query tiles: the program's range ends at the last)
+        if not CAUSAL:  # (start 0)
             dq_tile = start + rot % count
             dq_head = rot // count
-            n_tiles = count
         rank = 0  # programs that add into this step's item before this one
         prev = -1  # the previous step's semaphore (none before the first step)
     for j in range(count if SPARSE else group * count):

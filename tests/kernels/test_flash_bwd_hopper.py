@@ -283,63 +283,34 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    "b, sq, sk, h, hk",
-    [(2, 1024, 1024, 4, 4), (1, 2048, 1500, 8, 1), (1, 4096, 4096, 4, 2), (4, 4096, 4096, 16, 16),
-     (2, 8192, 8192, 16, 16), (1, 16384, 16384, 16, 16), (1, 2048, 1024, 4, 2)],
+    "b, sq, sk, h, hk, causal",
+    [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 1, False), (1, 4096, 4096, 4, 2, False),
+     (4, 4096, 4096, 16, 16, False), (2, 8192, 8192, 16, 16, False), (1, 16384, 16384, 16, 16, False),
+     (1, 2048, 1024, 4, 2, False),
+     (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 2, True), (8, 2048, 2048, 16, 16, True),
+     (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 1, True)],
 )  # fmt: skip
-def test_gpu_deterministic_full_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk):
-    """A deterministic d128 full-attention backward runs the ordered one-kernel backward alone where
-    `supports_ordered` says; the gradients pass the tolerance rule and repeat bit for bit."""
+def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal):
+    """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
+    says: full attention, and causal from 2k queries on as many keys in one key group (a partial last
+    query tile on the last program's diagonal at 4100 and 4160 tokens, GQA, 66 programs a key head at
+    8448 on 132 SMs); the gradients pass the tolerance rule and repeat bit for bit."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
     )  # fmt: skip
-    q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + sk + h)
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + h if causal else sq + sk + h)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert fused_hopper.supports_ordered(128, False, sq, sk, h // hk, sms)
-    if sq <= 2048:  # (the float64 reference at these sizes)
+    assert fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)
+    if (b * h * sq <= 8 * 4160) if causal else (sq <= 2048):  # (the float64 reference at these sizes)
         check_against_reference(
-            lambda q, k, v: _out_and_lse(flash_attention, q, k, v),
-            lambda q, k, v: attention_reference(q, k, v, return_lse=True),
+            lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal),
+            lambda q, k, v: attention_reference(q, k, v, causal=causal, return_lse=True),
             [q, k, v],
             BF16,
         )
     do = torch.randn_like(q)
-    runs = [torch.autograd.grad(flash_attention(q, k, v), (q, k, v), do) for _ in range(8)]
-    assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
-    for again in runs[1:]:
-        for first, other in zip(runs[0], again, strict=True):
-            assert torch.equal(first, other)
-
-
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize(
-    "b, s, h, hk",
-    [(1, 4100, 4, 4), (1, 4160, 8, 2), (8, 2048, 16, 16), (4, 4096, 16, 16), (2, 8192, 16, 16),
-     (1, 8448, 8, 1)],
-)  # fmt: skip
-def test_gpu_deterministic_causal_backward_takes_the_ordered_kernel(monkeypatch, b, s, h, hk):
-    """A deterministic d128 causal backward from 2k queries on as many keys, in one key group, runs the
-    ordered one-kernel backward alone (a partial last query tile on the last program's diagonal at 4100
-    and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs); the gradients pass the tolerance
-    rule and repeat bit for bit."""
-    calls = record_calls(
-        monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
-        (dkdv_hopper, "flash_attn_dkdv_hopper"),
-    )  # fmt: skip
-    q, k, v = _gpu_inputs(b, s, s, h, hk, 128, seed=s + h)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert fused_hopper.supports_ordered(128, True, s, s, h // hk, sms)
-    if b * h * s <= 8 * 4160:  # (the float64 reference at these sizes)
-        check_against_reference(
-            lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=True),
-            lambda q, k, v: attention_reference(q, k, v, causal=True, return_lse=True),
-            [q, k, v],
-            BF16,
-        )
-    do = torch.randn_like(q)
-    runs = [torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do) for _ in range(8)]
+    runs = [torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do) for _ in range(8)]
     assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
     for again in runs[1:]:
         for first, other in zip(runs[0], again, strict=True):
