@@ -54,6 +54,19 @@ def stack_bytes(cubin: bytes) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def semaphore_adds(cubin: bytes) -> tuple[int, int] | None:
+    """(global adds, those not right after a GPU-wide memory barrier) in the kernel's SASS: the ordered
+    one-kernel backward's semaphore counts (REDG, not the TMA's UTMAREDG) must be release adds, a
+    MEMBAR.*.GPU among the 3 instructions before each (`kernels._flash_dkdv_hopper._releaser`)."""
+    sass = _cuobjdump(cubin, "-sass")
+    if sass is None:
+        return None
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+    adds = [i for i, op in enumerate(ops) if re.search(r"\bREDG?\.", op) or re.search(r"\bATOMG?\.", op)]
+    bare = [i for i in adds if not any(re.search(r"MEMBAR\.\w+\.GPU", op) for op in ops[max(i - 3, 0) : i])]
+    return len(adds), len(bare)
+
+
 def spills_in_loops(cubin: bytes) -> int | None:
     """Local loads and stores (LDL/STL: spilled registers) inside a loop of the kernel's SASS, a loop
     being the code between a conditional backward branch and its target. (Unconditional backward
@@ -152,6 +165,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             status = "ok"
         result.update(status=status, shared=shared, stack=stack, spills_in_loops=in_loops,
                       warps=compiled.metadata.num_warps)  # fmt: skip
+        if kernel == "fused_ordered":
+            result["semaphore_adds"], result["semaphore_adds_without_release"] = semaphore_adds(cubin) or (None, None)
     except Exception as e:  # noqa: BLE001  (the point is to report whatever the compiler raises)
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         result.update(status="error", error=f"{type(e).__name__}: {' | '.join(lines[-3:])[:400]}")

@@ -19,7 +19,9 @@ tile's adders come in the order they reach it, each 2 steps after the last
 diagonal, so a later program (later keys) reaches a tile they share 2 steps or more before the one
 before it, and a tile's adders come in descending program order (`_flash_dkdv_hopper.ordered_causal_rank`;
 the diagonal's steps run in the same loop, masked). A program adds once its tile's semaphore counts the
-adders before it, and counts its own add once that is complete in global memory. A program may wait on
+adders before it, and its add is counted once it is complete in global memory, by a warp of the program's
+own with a GPU-scope release (`_flash_dkdv_hopper._releaser`: a relaxed count let later adds overtake
+it, session 46). A program may wait on
 any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
 SMs' worth.
 
@@ -89,8 +91,14 @@ def _attn_bwd_fused_hopper(
         else:  # (lo = 0)
             spacing = n_items // programs  # the host asks for >= 2
             rot = program * spacing
+        # per consumer, two slots: a step's adds complete (consumer -> releasing warp), and counted
+        dq_added = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        released = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2 * NUM_CONSUMERS):
+            mbarrier.init(dq_added.index(i), count=1)
+            mbarrier.init(released.index(i), count=1)
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b,
-                 n0 // KEYS)  # fmt: skip
+                 n0 // KEYS, dq_added, released)  # fmt: skip
     else:
         rot = 0
         order = 0
@@ -114,6 +122,25 @@ def _attn_bwd_fused_hopper(
     dq_io = (ds_smem, ds_ready, keys_free.index(0), dq_smem, dq_desc)
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
+    if ORDERED:  # the same three partitions and the warp that counts the adds (`dkdv._releaser`)
+        gl.warp_specialize(
+            [
+                (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
+                                  dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
+                                  sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
+                (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
+                                  dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
+                                  sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
+                (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                                  kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
+                                  off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
+                                  0, 1, ORDERED, rot)),
+                (dkdv._releaser, (order, lo, hi, group, CAUSAL)),
+            ],
+            [4, 1, 1],
+            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+        return
     gl.warp_specialize(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,

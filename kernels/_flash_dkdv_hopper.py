@@ -220,7 +220,6 @@ def _steps(
             dq_tile = start + rot % count
             dq_head = rot // count
         rank = 0  # programs that add into this step's item before this one
-        prev = -1  # the previous step's semaphore (none before the first step)
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         if MASKED:  # this tile's queries (columns here), for the causal mask
@@ -253,6 +252,8 @@ def _steps(
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
+            if ORDERED:  # the last step's adds, complete by now, go to be counted while the products run
+                _release_after_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
@@ -299,8 +300,7 @@ def _steps(
                     rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, prev, cur, seen, rank)
-                prev = cur
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             wrap = dq_tile == start + count - 1
@@ -310,7 +310,7 @@ def _steps(
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _release_after_adds(SEM + sem_off, prev)
+        _release_after_adds(order, it, WG)
     return dk, dv, it
 
 
@@ -369,21 +369,22 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def fused_dq_store(
-    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, prev=0, cur=0, seen=0, rank=0
+    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, cur=0, seen=0, rank=0
 ):
     """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
     reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
     (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first.
-    ORDERED, in each item's fixed order: the previous step's add, complete in global memory, first releases
-    that item to its next adder (semaphore prev += 1), then this step's add waits until its item's
-    semaphore cur (read earlier into seen) counts the rank adders before it."""
+    ORDERED, in each item's fixed order: this step's add waits until its item's semaphore cur (read
+    earlier into seen, a relaxed read) counts the rank adders before it, in acquire loads. (Each count
+    it sees was made by a release add after the adds it counts were complete, so an add issued once the
+    count is seen reaches L2 after them. An acquire load for the early read spilled 12 instructions in
+    the loops.)"""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
     if ORDERED:
-        _release_after_adds(sems, prev)
         while seen != rank:
-            seen = gl.load(sems + cur, volatile=True)
+            seen = _load_acquire(sems + cur)
     else:
         tma.store_wait(0)
         gl.thread_barrier()  # (the thread that issued the last add has seen it read)
@@ -393,14 +394,56 @@ def fused_dq_store(
 
 
 @gluon.jit
-def _release_after_adds(sems, prev):
-    """Once this warpgroup's dQ adds are complete in global memory, semaphore prev += 1 (prev < 0: none).
-    The add is relaxed: the wait has the adds done in L2 before it is issued, so an adder that then sees
-    it adds after them. A release add (a GPU-wide memory barrier before it) made the ordered backward
-    0.88x the unordered one; relaxed, 0.96-0.97x (results/s44/call6, call7)."""
+def _release_after_adds(order, it, WG: gl.constexpr):
+    """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
+    to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
+    slot once it has counted it)."""
     _bulk_wait_all()  # (the thread that issued the last add waits for it)
     gl.thread_barrier()
-    gl.atomic_add(sems + gl.maximum(prev, 0), 1, mask=prev >= 0, sem="relaxed", scope="gpu")
+    dq_added, released = order[8], order[9]
+    k = it - 1
+    slot = WG * 2 + k % 2
+    mbarrier.wait(released.index(slot), ((k // 2) & 1) ^ 1, pred=k >= 0)  # (a slot's first use passes)
+    mbarrier.arrive(dq_added.index(slot), count=1, pred=k >= 0)
+
+
+@gluon.jit
+def _releaser(order, lo, hi, group, CAUSAL: gl.constexpr):
+    """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
+    attention from item rot round), once a consumer says its dQ adds into the item are complete in global
+    memory (`_release_after_adds`), the item's semaphore for that consumer's half += 1 with GPU-scope
+    release semantics, which lets the item's next adder go (`fused_dq_store`). Why a warp of its own:
+    - a relaxed count is not enough. With the programs started lightest first, dq differed in 12 of 12
+      repeats at causal 16k (session 46, results/s46/call1, call3; session 45's call 8 at 4k-32k): a later
+      add overtook one the count said was complete. With a release add, every repeat matched;
+    - made by the consumers, the release (a GPU-wide memory barrier, MEMBAR.ALL.GPU) cost 0.85-0.90x the
+      relaxed count's speed (results/s46/call2). Here it stalls only this warp, and the consumers hand
+      each step's adds over while the next step's first products run (results/s46/call4)."""
+    SEM, sem_off = order[0], order[1]
+    rot = order[5]
+    dq_added, released = order[8], order[9]
+    count = hi - lo
+    items = group * count
+    for j in range(items):
+        if CAUSAL:
+            step = j
+        else:
+            step = j + rot
+            step = gl.where(step >= items, step - items, step)
+        sem = SEM + sem_off + ((step // count) * hi + lo + step % count) * 2
+        for wg in gl.static_range(2):
+            slot = wg * 2 + j % 2
+            mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
+            gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
+            mbarrier.arrive(released.index(slot), count=1)
+
+
+@gluon.jit
+def _load_acquire(ptr):
+    """ptr's int32, loaded with GPU-scope acquire semantics (Gluon's load has none)."""
+    return gl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1
+    )
 
 
 @gluon.jit

@@ -149,10 +149,11 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # dK, dV and the dS/dQ exchange's addresses in 240 registers, where the dK/dV kernel's own build has none.
 # Measured with them (results/s42/call4, call7; causal calls do not take it); a change that spills more
 # fails here. The ordered builds run one loop over the query tiles instead of three sections: full
-# attention spills 1 (session 44), causal 6 (its diagonal's steps masked in a branch, session 45).
+# attention spills 1 (session 44), causal 6 (its diagonal's steps masked in a branch, session 45); with the
+# adds handed to a releasing warp mid-step (session 46), 4 and 11.
 FUSED_SPILLS = {
-    ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 1,
-    ("fused_ordered", 128, True): 6,
+    ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 4,
+    ("fused_ordered", 128, True): 11,
 }  # fmt: skip
 
 
@@ -217,7 +218,9 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
 
 def test_fused_backward_builds_for_sm90(tmp_path):
     """The one-kernel backward compiles for sm_90 with Triton's own compiler on CPU (bf16 and fp16, causal
-    and full), within an H100's shared memory and no more spills inside its loops than FUSED_SPILLS."""
+    and full), within an H100's shared memory and no more spills inside its loops than FUSED_SPILLS; the
+    ordered builds' semaphore counts (one per consumer half) are release adds, a GPU-wide memory barrier
+    before each (a relaxed count let later adds overtake the ones it counted, results/s46/call1)."""
     from tests.kernels.test_flash_fwd_hopper import run_build_tool
 
     rc, results = run_build_tool(tmp_path, "--fused")
@@ -230,6 +233,8 @@ def test_fused_backward_builds_for_sm90(tmp_path):
     )
     for r in results:
         assert r["spills_in_loops"] <= FUSED_SPILLS[r["kernel"], r["headdim"], r["causal"]], r
+        if r["kernel"] == "fused_ordered":
+            assert r["semaphore_adds"] >= 2 and r["semaphore_adds_without_release"] == 0, r
 
 
 @over_edges(fused_hopper.CONFIGS)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 46). Each part is what one call ran; the outputs are in
+# benchmarks/results/s46/callN/ (each call's machine.txt names its GPU). Parts 1-4 ran the experiment tree
+# (results/s46/sem_modes.patch applied: the FLASHTRAIN_EXP_* switches); parts 5 and 6 the kept tree.
+#   bash benchmarks/run_gpu_s46.sh 1   # does the ordered causal backward's dq repeat bit for bit, per launch order
+#       (FLASHTRAIN_EXP_LIGHTEST: 1 lightest first over chunks of heads, one key group at any length; 0 the kept
+#       grid order) and semaphore mode (FLASHTRAIN_EXP_SEM: 0 relaxed count; 3 fence.acq_rel.gpu in every thread, then
+#       the relaxed add; 4 Triton's release add; 6 that and acquire loads in the waits): exp_ordered_sem.py at causal 4k-32k, one process per mode, each killed after a time limit
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
+  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+}
+case "$1" in
+1)
+  head -n 2 "$R/machine.txt"
+  for mode in 1:0 1:3 1:4 1:6 0:0 0:4; do
+    lightest=${mode%:*} sem=${mode#*:}
+    FLASHTRAIN_EXP_LIGHTEST=$lightest FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
+      --out "$R/sem_l${lightest}_s${sem}.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+  done
+  ;;
+2)
+  head -n 2 "$R/machine.txt"
+  for sem in 0 6 3; do
+    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
+      --causal --seqlens 2048 4096 8192 --rounds 3 --out "$R/ab_causal_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered \
+      --seqlens 4096 16384 --rounds 3 --out "$R/ab_full_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+  done
+  ;;
+3)
+  head -n 2 "$R/machine.txt"
+  for mode in 1:7 0:7; do
+    lightest=${mode%:*} sem=${mode#*:}
+    FLASHTRAIN_EXP_LIGHTEST=$lightest FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
+      --out "$R/sem_l${lightest}_s${sem}.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+  done
+  FLASHTRAIN_EXP_LIGHTEST=1 FLASHTRAIN_EXP_SEM=0 timeout -s KILL 60 python benchmarks/exp_ordered_sem.py \
+    --shapes 1,16384,16,16 --out "$R/sem_l1_s0.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+  for sem in 7 0; do
+    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
+      --causal --seqlens 2048 4096 8192 --rounds 3 --out "$R/ab_causal_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered \
+      --seqlens 4096 16384 --rounds 3 --out "$R/ab_full_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+  done
+  ;;
+4)
+  head -n 2 "$R/machine.txt"
+  FLASHTRAIN_EXP_LIGHTEST=1 FLASHTRAIN_EXP_SEM=8 timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
+    --out "$R/sem_l1_s8.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+  for sem in 8 7 0; do
+    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
+      --causal --seqlens 2048 4096 8192 --rounds 3 --out "$R/ab_causal_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+  done
+  FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=8 timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered \
+    --seqlens 4096 16384 --rounds 3 --out "$R/ab_full_s8.json" 2>&1 | quiet | sed "s/^/s8 /"
+  ;;
+5)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 3 \
+    --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 70 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
+    --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
+  timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
+    --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet | ratios
+  ;;
+6)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 300 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal no \
+    --seqlens 4096 8192 16384 --rounds 5 --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet | ratios
+  ;;
+esac
