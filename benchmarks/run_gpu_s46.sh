@@ -73,4 +73,12 @@ case "$1" in
   timeout -s KILL 300 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal no \
     --seqlens 4096 8192 16384 --rounds 5 --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet | ratios
   ;;
+7)
+  head -n 2 "$R/machine.txt"
+  for causal in yes no; do
+    timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
 esac
