@@ -223,7 +223,8 @@ MAX_KEY_GROUPS = 2
 # 0.88-0.91x the unordered one-kernel backward, whose programs start heaviest first over all heads (a key
 # group's programs here start in grid order as SMs free up, and one that starts more than 2 steps after
 # the one before it holds up every lower program of its group), and fwd+bwd level with the two kernels'
-# within the spread of separate runs. So one key group, from 2k queries.
+# within the spread of separate runs. So one key group, from 2k queries. (Those ran the relaxed count;
+# with the release warp, one H200: 1.05-1.06x / 1.05-1.07x / 1.11x at 2k / 4k / 8k, results/s46/call4-5.)
 ORDERED_CAUSAL_FROM = 2048
 ORDERED_CAUSAL_KEY_GROUPS = 1
 
