@@ -11,50 +11,51 @@ machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
   python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
 }
+# (the two functions give each run the longest time limit the calls used: call 3 gave its 16k repeats 60 s
+# and calls 2-4 their full-attention timings 90 s)
+sem_repeats() {  # sem_repeats LIGHTEST SEM [exp_ordered_sem.py options]: the bitwise repeats of one mode
+  local lightest=$1 sem=$2
+  shift 2
+  FLASHTRAIN_EXP_LIGHTEST=$lightest FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
+    "$@" --out "$R/sem_l${lightest}_s${sem}.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+}
+sem_timing() {  # sem_timing SEM causal|full: ab_fused_bwd.py --ordered of one mode in grid order
+  local sem=$1 seqlens="4096 16384" flag=""
+  [ "$2" = causal ] && seqlens="2048 4096 8192" flag=--causal
+  FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
+    $flag --seqlens $seqlens --rounds 3 --out "$R/ab_$2_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+}
 case "$1" in
 1)
   head -n 2 "$R/machine.txt"
   for mode in 1:0 1:3 1:4 1:6 0:0 0:4; do
-    lightest=${mode%:*} sem=${mode#*:}
-    FLASHTRAIN_EXP_LIGHTEST=$lightest FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
-      --out "$R/sem_l${lightest}_s${sem}.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+    sem_repeats ${mode%:*} ${mode#*:}
   done
   ;;
 2)
   head -n 2 "$R/machine.txt"
   for sem in 0 6 3; do
-    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
-      --causal --seqlens 2048 4096 8192 --rounds 3 --out "$R/ab_causal_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
-    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered \
-      --seqlens 4096 16384 --rounds 3 --out "$R/ab_full_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+    sem_timing $sem causal
+    sem_timing $sem full
   done
   ;;
 3)
   head -n 2 "$R/machine.txt"
-  for mode in 1:7 0:7; do
-    lightest=${mode%:*} sem=${mode#*:}
-    FLASHTRAIN_EXP_LIGHTEST=$lightest FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
-      --out "$R/sem_l${lightest}_s${sem}.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
-  done
-  FLASHTRAIN_EXP_LIGHTEST=1 FLASHTRAIN_EXP_SEM=0 timeout -s KILL 60 python benchmarks/exp_ordered_sem.py \
-    --shapes 1,16384,16,16 --out "$R/sem_l1_s0.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+  sem_repeats 1 7
+  sem_repeats 0 7
+  sem_repeats 1 0 --shapes 1,16384,16,16
   for sem in 7 0; do
-    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
-      --causal --seqlens 2048 4096 8192 --rounds 3 --out "$R/ab_causal_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
-    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered \
-      --seqlens 4096 16384 --rounds 3 --out "$R/ab_full_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+    sem_timing $sem causal
+    sem_timing $sem full
   done
   ;;
 4)
   head -n 2 "$R/machine.txt"
-  FLASHTRAIN_EXP_LIGHTEST=1 FLASHTRAIN_EXP_SEM=8 timeout -s KILL 85 python benchmarks/exp_ordered_sem.py \
-    --out "$R/sem_l1_s8.json" 2>&1 | quiet | tee -a "$R/exp_ordered_sem.log"
+  sem_repeats 1 8
   for sem in 8 7 0; do
-    FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
-      --causal --seqlens 2048 4096 8192 --rounds 3 --out "$R/ab_causal_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+    sem_timing $sem causal
   done
-  FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=8 timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered \
-    --seqlens 4096 16384 --rounds 3 --out "$R/ab_full_s8.json" 2>&1 | quiet | sed "s/^/s8 /"
+  sem_timing 8 full
   ;;
 5)
   head -n 2 "$R/machine.txt"

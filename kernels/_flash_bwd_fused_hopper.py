@@ -121,26 +121,8 @@ def _attn_bwd_fused_hopper(
     mbarrier.init(keys_free.index(0), count=NUM_CONSUMERS)
     dq_io = (ds_smem, ds_ready, keys_free.index(0), dq_smem, dq_desc)
 
-    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
-    if ORDERED:  # the same three partitions and the warp that counts the adds (`dkdv._releaser`)
-        gl.warp_specialize(
-            [
-                (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
-                                  dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                                  sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
-                (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
-                                  dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                                  sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
-                (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-                                  kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
-                                  off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
-                                  0, 1, ORDERED, rot)),
-                (dkdv._releaser, (order, lo, hi, group, CAUSAL)),
-            ],
-            [4, 1, 1],
-            [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-        return
+    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`); ORDERED adds a
+    # fourth partition, the warp that counts the adds (`dkdv._releaser`)
     gl.warp_specialize(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
@@ -153,9 +135,10 @@ def _attn_bwd_fused_hopper(
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
                               0, 1, ORDERED, rot)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
+            (dkdv._releaser, (order, lo, hi, group, CAUSAL)),
+        ][: 3 + ORDERED],
+        [4, 1, 1][: 2 + ORDERED],
+        [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],
     )  # fmt: skip
 
 
