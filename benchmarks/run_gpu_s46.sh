@@ -82,4 +82,23 @@ case "$1" in
       --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
   done
   ;;
+8)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 3 \
+    --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 70 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
+    --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
+  git apply benchmarks/results/s46/lightest_stress.patch
+  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
+  git apply -R benchmarks/results/s46/lightest_stress.patch
+  ;;
+9)
+  head -n 2 "$R/machine.txt"
+  git apply benchmarks/results/s46/lightest_stress.patch
+  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
+  git apply -R benchmarks/results/s46/lightest_stress.patch
+  ;;
 esac
