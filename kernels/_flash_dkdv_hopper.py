@@ -214,7 +214,7 @@ def _steps(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if ORDERED:
-        SEM, sem_off, later_programs, spacing, extra, rot, _, program = order
+        SEM, sem_off, later_programs, spacing, extra, rot, _, program, _, _ = order
         n_tiles = start + count  # (a head's query tiles: the program's range ends at the last)
         if not CAUSAL:  # (start 0)
             dq_tile = start + rot % count
@@ -419,9 +419,7 @@ def _releaser(order, lo, hi, group, CAUSAL: gl.constexpr):
     - made by the consumers, the release (a GPU-wide memory barrier, MEMBAR.ALL.GPU) cost 0.85-0.90x the
       relaxed count's speed (results/s46/call2). Here it stalls only this warp, and the consumers hand
       each step's adds over while the next step's first products run (results/s46/call4)."""
-    SEM, sem_off = order[0], order[1]
-    rot = order[5]
-    dq_added, released = order[8], order[9]
+    SEM, sem_off, _, _, _, rot, _, _, dq_added, released = order
     count = hi - lo
     items = group * count
     for j in range(items):
