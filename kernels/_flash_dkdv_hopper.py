@@ -201,7 +201,7 @@ def _steps(
     each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
-    rotation and rank arguments). Full attention (start 0, one loop): program p walks the items from item
+    rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full attention (start 0, one loop): program p walks the items from item
     rot = p * spacing on, round to the ones before it, so at any step the programs of a key head are on
     different items, and each item's adders come in the order they reach it (`ordered_rank_step`).
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
