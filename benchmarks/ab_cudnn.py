@@ -121,8 +121,12 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--two-kernels", action="store_true",
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
+    parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
+                        help="let causal calls of up to this many key groups take the ordered one-kernel backward")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.ordered_causal_key_groups is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
     if args.two_kernels:

@@ -36,7 +36,11 @@ def main() -> None:
     parser.add_argument("--ordered", action="store_true", help="also the ordered one-kernel backward")
     parser.add_argument("--ordered-causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the ordered one (its ORDERED_CAUSAL_FROM)")  # fmt: skip
+    parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
+                        help="let causal calls of up to this many key groups take the ordered one (its ORDERED_CAUSAL_KEY_GROUPS)")  # fmt: skip
     args = parser.parse_args()
+    if args.ordered_causal_key_groups is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     if args.causal_from is not None:
         _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
     if args.ordered_causal_from is not None:

@@ -101,4 +101,11 @@ case "$1" in
   LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
   git apply -R benchmarks/results/s46/lightest_stress.patch
   ;;
+10)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --ordered-causal-key-groups 2 \
+    --seqlens 16384 --rounds 5 --out "$R/ab_ordered_causal16k_bwd.json" 2>&1 | quiet
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --ordered-causal-key-groups 2 --headdims 128 \
+    --causal yes --seqlens 16384 --rounds 7 --out "$R/ab_cudnn_d128_causal16k.json" 2>&1 | quiet | ratios
+  ;;
 esac
