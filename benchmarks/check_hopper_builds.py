@@ -21,6 +21,7 @@ Exit status 1 when a build fails, overflows shared memory or spills inside a loo
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -35,6 +36,7 @@ sys.path.insert(0, ROOT)
 SMEM_LIMIT = 232448  # bytes a block may use on an H100/H200
 
 
+@functools.lru_cache(maxsize=4)  # (a build's SASS is read for its spills and, ordered, its semaphore adds)
 def _cuobjdump(cubin: bytes, flag: str) -> str | None:
     import triton
 
@@ -166,7 +168,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         result.update(status=status, shared=shared, stack=stack, spills_in_loops=in_loops,
                       warps=compiled.metadata.num_warps)  # fmt: skip
         if kernel == "fused_ordered":
-            result["semaphore_adds"], result["semaphore_adds_without_release"] = semaphore_adds(cubin) or (None, None)
+            counts = semaphore_adds(cubin) or (None, None)
+            result["semaphore_adds"], result["semaphore_adds_without_release"] = counts
     except Exception as e:  # noqa: BLE001  (the point is to report whatever the compiler raises)
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         result.update(status="error", error=f"{type(e).__name__}: {' | '.join(lines[-3:])[:400]}")

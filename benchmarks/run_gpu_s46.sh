@@ -11,7 +11,7 @@ machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
   python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
 }
-# (the two functions give each run the longest time limit the calls used: call 3 gave its 16k repeats 60 s
+# (sem_repeats and sem_timing give each run the longest time limit the calls used: call 3 gave its 16k repeats 60 s
 # and calls 2-4 their full-attention timings 90 s)
 sem_repeats() {  # sem_repeats LIGHTEST SEM [exp_ordered_sem.py options]: the bitwise repeats of one mode
   local lightest=$1 sem=$2
@@ -24,6 +24,23 @@ sem_timing() {  # sem_timing SEM causal|full: ab_fused_bwd.py --ordered of one m
   [ "$2" = causal ] && seqlens="2048 4096 8192" flag=--causal
   FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
     $flag --seqlens $seqlens --rounds 3 --out "$R/ab_$2_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
+}
+ordered_tests() {  # the ordered and determinism GPU tests (killed after a time limit, in case programs wait on
+  # each other for ever)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+}
+ordered_timing() {  # ab_fused_bwd.py --ordered at causal 2k-8k and full 4k and 16k
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 3 \
+    --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 70 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
+    --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
+}
+lightest_stress() {  # exp_ordered_sem.py with results/s46/lightest_stress.patch applied (lightest first), then reverted
+  git apply benchmarks/results/s46/lightest_stress.patch
+  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
+  git apply -R benchmarks/results/s46/lightest_stress.patch
 }
 case "$1" in
 1)
@@ -59,13 +76,8 @@ case "$1" in
   ;;
 5)
   head -n 2 "$R/machine.txt"
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
-  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 3 \
-    --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
-  timeout -s KILL 70 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
-    --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
+  ordered_tests
+  ordered_timing
   timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
     --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet | ratios
   ;;
@@ -84,22 +96,13 @@ case "$1" in
   ;;
 8)
   head -n 2 "$R/machine.txt"
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
-  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 3 \
-    --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
-  timeout -s KILL 70 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
-    --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
-  git apply benchmarks/results/s46/lightest_stress.patch
-  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
-  git apply -R benchmarks/results/s46/lightest_stress.patch
+  ordered_tests
+  ordered_timing
+  lightest_stress
   ;;
 9)
   head -n 2 "$R/machine.txt"
-  git apply benchmarks/results/s46/lightest_stress.patch
-  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
-  git apply -R benchmarks/results/s46/lightest_stress.patch
+  lightest_stress
   ;;
 10)
   head -n 2 "$R/machine.txt"
@@ -107,5 +110,10 @@ case "$1" in
     --seqlens 16384 --rounds 5 --out "$R/ab_ordered_causal16k_bwd.json" 2>&1 | quiet
   timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --ordered-causal-key-groups 2 --headdims 128 \
     --causal yes --seqlens 16384 --rounds 7 --out "$R/ab_cudnn_d128_causal16k.json" 2>&1 | quiet | ratios
+  ;;
+11)
+  head -n 2 "$R/machine.txt"
+  ordered_tests
+  lightest_stress
   ;;
 esac

@@ -135,7 +135,7 @@ def _attn_bwd_fused_hopper(
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
                               0, 1, ORDERED, rot)),
-            (dkdv._releaser, (order, lo, hi, group, CAUSAL)),
+            (dkdv._releaser, (order, lo, hi, group)),
         ][: 3 + ORDERED],
         [4, 1, 1][: 2 + ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],

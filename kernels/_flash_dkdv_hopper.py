@@ -201,8 +201,8 @@ def _steps(
     each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
-    rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full attention (start 0, one loop): program p walks the items from item
-    rot = p * spacing on, round to the ones before it, so at any step the programs of a key head are on
+    rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full
+    attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to the ones before it, so at any step the programs of a key head are on
     different items, and each item's adders come in the order they reach it (`ordered_rank_step`).
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
     STAGES: gl.constexpr = q_smem.shape[0]
@@ -253,7 +253,7 @@ def _steps(
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             if ORDERED:  # the last step's adds, complete by now, go to be counted while the products run
-                _release_after_adds(order, it, WG)
+                _hand_over_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
@@ -310,7 +310,7 @@ def _steps(
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _release_after_adds(order, it, WG)
+        _hand_over_adds(order, it, WG)
     return dk, dv, it
 
 
@@ -394,7 +394,7 @@ def fused_dq_store(
 
 
 @gluon.jit
-def _release_after_adds(order, it, WG: gl.constexpr):
+def _hand_over_adds(order, it, WG: gl.constexpr):
     """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
     to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
     slot once it has counted it)."""
@@ -408,10 +408,10 @@ def _release_after_adds(order, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _releaser(order, lo, hi, group, CAUSAL: gl.constexpr):
+def _releaser(order, lo, hi, group):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
-    attention from item rot round), once a consumer says its dQ adds into the item are complete in global
-    memory (`_release_after_adds`), the item's semaphore for that consumer's half += 1 with GPU-scope
+    attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into the item are complete in global
+    memory (`_hand_over_adds`), the item's semaphore for that consumer's half += 1 with GPU-scope
     release semantics, which lets the item's next adder go (`fused_dq_store`). Why a warp of its own:
     - a relaxed count is not enough. With the programs started lightest first, dq differed in 12 of 12
       repeats at causal 16k (session 46, results/s46/call1, call3; session 45's call 8 at 4k-32k): a later
@@ -423,12 +423,9 @@ def _releaser(order, lo, hi, group, CAUSAL: gl.constexpr):
     count = hi - lo
     items = group * count
     for j in range(items):
-        if CAUSAL:
-            step = j
-        else:
-            step = j + rot
-            step = gl.where(step >= items, step - items, step)
-        sem = SEM + sem_off + ((step // count) * hi + lo + step % count) * 2
+        step = j + rot
+        t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
+        sem = SEM + sem_off + (g * hi + t) * 2
         for wg in gl.static_range(2):
             slot = wg * 2 + j % 2
             mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
