@@ -569,7 +569,9 @@ def flash_attn_backward(
     key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sm_count(q.device)) if ordered else 1
     dq_acc = None
     if atomic_dq or ordered:
-        dq_acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
+        dq_acc = _flash_bwd_fused_hopper.dq_buffer(
+            q, ordered=ordered, causal=win_right == 0, key_groups=key_groups
+        )
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
@@ -597,12 +599,16 @@ def flash_attn_backward(
             q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0, ordered=ordered,
             key_groups=key_groups,
         )  # fmt: skip
-        # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order)
+        # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
+        # last sum written into dq: in fp32, rounded once, as a copy of the total)
         per_group = dq_acc.view(key_groups, *q.shape)
         total = per_group[0]
-        for g in range(1, key_groups):
+        for g in range(1, key_groups - 1):
             total = total + per_group[g]
-        dq.copy_(total)
+        if key_groups == 1:
+            dq.copy_(total)
+        else:
+            torch.add(total, per_group[-1], out=dq)
         return dq, dk, dv
     if hopper_dq:
         _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 47). Each part is what one call ran; the outputs are in
+# benchmarks/results/s47/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s47.sh 1   # the ordered backward's first adds as stores (FIRST_STORES): its GPU tests,
+#       and the backward alone against the zero-filled buffer with every add a reduce-add, alternating
+#   bash benchmarks/run_gpu_s47.sh 2   # fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
+  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+}
+ordered_tests() {  # the ordered and determinism GPU tests (killed after a time limit, in case programs wait on
+  # each other for ever)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+}
+zero_fill_timing() {  # ab_fused_bwd.py --ordered --zero-fill at causal 2k-8k and full 4k-16k
+  timeout -s KILL 110 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --causal --seqlens 2048 4096 8192 \
+    --rounds 5 --out "$R/ab_zero_fill_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --seqlens 4096 8192 16384 --rounds 5 \
+    --out "$R/ab_zero_fill_full_bwd.json" 2>&1 | quiet
+}
+case "$1" in
+1)
+  head -n 2 "$R/machine.txt"
+  ordered_tests
+  zero_fill_timing
+  ;;
+2)
+  head -n 2 "$R/machine.txt"
+  for causal in yes no; do
+    timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+esac
