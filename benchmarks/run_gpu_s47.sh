@@ -2,7 +2,9 @@
 # Device calls on one GPU (session 47). Each part is what one call ran; the outputs are in
 # benchmarks/results/s47/callN/ (each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s47.sh 1   # the ordered backward's first adds as stores (FIRST_STORES): its GPU tests,
-#       and the backward alone against the zero-filled buffer with every add a reduce-add, alternating
+#       and the backward alone against the zero-filled buffer with every add a reduce-add, alternating. Ran on
+#       commit 33993a9 (results/s47/first_stores.patch on d07ce55; reverted after: 4-8% slower), whose
+#       ab_fused_bwd.py had --zero-fill
 #   bash benchmarks/run_gpu_s47.sh 2   # fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info

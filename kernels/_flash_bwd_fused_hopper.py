@@ -62,7 +62,7 @@ def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, FIRST_STORES: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -70,8 +70,7 @@ def _attn_bwd_fused_hopper(
     tile) item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch,
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
-    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
-    FIRST_STORES (with ORDERED): each item's first add is a store (`dq_buffer`)."""
+    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -128,10 +127,10 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, FIRST_STORES)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, FIRST_STORES)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
@@ -213,33 +212,12 @@ ORDERED_CAUSAL_FROM = 2048
 ORDERED_CAUSAL_KEY_GROUPS = 1
 
 
-# FLASHTRAIN_ORDERED_FIRST_STORES=0: the ordered backward's dq buffer zero-filled and every add a reduce-add
-# (A/B measurements; `dq_buffer`)
-FIRST_STORES = os.environ.get("FLASHTRAIN_ORDERED_FIRST_STORES", "1") != "0"
-
-
-def dq_buffer(q, *, ordered: bool, causal: bool, key_groups: int = 1) -> torch.Tensor:
-    """The fp32 buffer `flash_attn_bwd_fused_hopper` adds dQ into, shaped like q (ordered: key_groups x
-    batch, ...). With ordered adds (and FIRST_STORES) each item's first adder stores, so the buffer is
-    left unfilled where every item of every key group has an adder: full attention (every program walks
-    every item), and causal in one key group (program 0 sees every query tile). Elsewhere zeros (a fill
-    of the buffer's size: 0.13 GB at 16k tokens of 16 heads of 128)."""
-    shape = (key_groups * q.shape[0], *q.shape[1:])
-    unfilled = ordered and FIRST_STORES and every_item_added(causal, key_groups)
-    return (torch.empty if unfilled else torch.zeros)(shape, device=q.device, dtype=torch.float32)
-
-
-def every_item_added(causal: bool, key_groups: int) -> bool:
-    """Whether the ordered backward adds into every item of every key group's dq buffer (`dq_buffer`)."""
-    return not causal or key_groups == 1
-
-
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
     key_groups=1,
 ):  # fmt: skip
-    """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (`dq_buffer`:
-    fp32, contiguous, q's shape, with ordered (key_groups x batch, ...): key group g adds into
+    """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
+    contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
@@ -270,7 +248,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, FIRST_STORES=ordered and FIRST_STORES, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -190,7 +190,6 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    FIRST_STORES: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -301,9 +300,7 @@ def _steps(
                     rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store(
-                    dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank, FIRST_STORES
-                )
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             wrap = dq_tile == start + count - 1
@@ -372,17 +369,7 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def fused_dq_store(
-    dq,
-    t,
-    g,
-    dq_io,
-    WG: gl.constexpr,
-    ORDERED: gl.constexpr = False,
-    sems=None,
-    cur=0,
-    seen=0,
-    rank=0,
-    FIRST_STORES: gl.constexpr = False,
+    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, cur=0, seen=0, rank=0
 ):
     """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
     reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
@@ -391,8 +378,7 @@ def fused_dq_store(
     earlier into seen, a relaxed read) counts the rank adders before it, in acquire loads. (Each count
     it sees was made by a release add after the adds it counts were complete, so an add issued once the
     count is seen reaches L2 after them. An acquire load for the early read spilled 12 instructions in
-    the loops.) FIRST_STORES: the first adder (rank 0) stores instead, so the buffer needs no zeros where
-    every item has an adder (`_flash_bwd_fused_hopper.dq_buffer`)."""
+    the loops.)"""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
@@ -404,14 +390,7 @@ def fused_dq_store(
         gl.thread_barrier()  # (the thread that issued the last add has seen it read)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
-    coord = [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0]
-    if FIRST_STORES:
-        if seen == 0:  # (seen == rank here; a branch on rank spilled more)
-            tma.async_copy_shared_to_global(dq_desc, coord, dq_smem.index(WG))
-        else:
-            tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
-    else:
-        tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
+    tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
 
 
 @gluon.jit
@@ -485,14 +464,13 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, FIRST_STORES: gl.constexpr = False,
+    order=None,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`; FIRST_STORES:
-    `fused_dq_store`)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -551,7 +529,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, FIRST_STORES,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles,
         )  # fmt: skip
     else:
         for section in gl.static_range(
