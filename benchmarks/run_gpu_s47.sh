@@ -5,7 +5,8 @@
 #       and the backward alone against the zero-filled buffer with every add a reduce-add, alternating. Ran on
 #       commit 33993a9 (results/s47/first_stores.patch on d07ce55; reverted after: 4-8% slower), whose
 #       ab_fused_bwd.py had --zero-fill
-#   bash benchmarks/run_gpu_s47.sh 2   # fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
+#   bash benchmarks/run_gpu_s47.sh 2   # the ordered and determinism GPU tests on the reverted tree (two key groups'
+#       sum written into dq), and the block-sparse sweep at n16k, d64 and d128, eager and from CUDA graphs
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
@@ -31,10 +32,8 @@ case "$1" in
   ;;
 2)
   head -n 2 "$R/machine.txt"
-  for causal in yes no; do
-    timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
-      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
-      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  ordered_tests
+  timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 20
   ;;
 esac
