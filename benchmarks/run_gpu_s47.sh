@@ -7,6 +7,7 @@
 #       ab_fused_bwd.py had --zero-fill
 #   bash benchmarks/run_gpu_s47.sh 2   # the ordered and determinism GPU tests on the reverted tree (two key groups'
 #       sum written into dq), and the block-sparse sweep at n16k, d64 and d128, eager and from CUDA graphs
+#   bash benchmarks/run_gpu_s47.sh 3   # the block-sparse sweep at n64k (eager) and n4k (eager and from CUDA graphs)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
@@ -35,5 +36,12 @@ case "$1" in
   ordered_tests
   timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 20
+  ;;
+3)
+  head -n 2 "$R/machine.txt"
+  timeout 230 python benchmarks/bench_block_sparse.py --seqlens 65536 --headdims 64 128 \
+    --out "$R/block_sparse_n64k.json" 2>&1 | quiet | grep "^|"
+  timeout 250 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 64 128 \
+    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
   ;;
 esac
