@@ -8,6 +8,10 @@
 #   bash benchmarks/run_gpu_s47.sh 2   # the ordered and determinism GPU tests on the reverted tree (two key groups'
 #       sum written into dq), and the block-sparse sweep at n16k, d64 and d128, eager and from CUDA graphs
 #   bash benchmarks/run_gpu_s47.sh 3   # the block-sparse sweep at n64k (eager) and n4k (eager and from CUDA graphs)
+#   bash benchmarks/run_gpu_s47.sh 4   # experiment tree (results/s47/exp_first.patch, FLASHTRAIN_EXP_FIRST): why the first
+#       adds as stores ran slower. ab_fused_bwd.py --ordered with variants ordered (every add a reduce-add),
+#       ordered_stores (the first add a store, on the zero-filled buffer: its build spills 13 / 19) and
+#       ordered_all_stores (every add a store: wrong sums, timed only; spills as the kept build, 4 / 11)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
@@ -43,5 +47,12 @@ case "$1" in
     --out "$R/block_sparse_n64k.json" 2>&1 | quiet | grep "^|"
   timeout 250 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 64 128 \
     --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
+  ;;
+4)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 5 \
+    --out "$R/ab_exp_first_causal.json" 2>&1 | quiet
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 5 \
+    --out "$R/ab_exp_first_full.json" 2>&1 | quiet
   ;;
 esac
