@@ -12,6 +12,9 @@
 #       adds as stores ran slower. ab_fused_bwd.py --ordered with variants ordered (every add a reduce-add),
 #       ordered_stores (the first add a store, on the zero-filled buffer: its build spills 13 / 19) and
 #       ordered_all_stores (every add a store: wrong sums, timed only; spills as the kept build, 4 / 11)
+#   bash benchmarks/run_gpu_s47.sh 5   # the releasing warp zeroes each item's tile before its first add
+#       (ZEROS_IN_KERNEL): the ordered GPU tests, the backward alone against the zero-filled buffer, alternating,
+#       and fwd+bwd against SDPA cuDNN (ab_cudnn.py, causal 2k-8k and full 4k-16k)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
@@ -54,5 +57,18 @@ case "$1" in
     --out "$R/ab_exp_first_causal.json" 2>&1 | quiet
   timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 5 \
     --out "$R/ab_exp_first_full.json" 2>&1 | quiet
+  ;;
+5)
+  head -n 2 "$R/machine.txt"
+  ordered_tests
+  timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --causal --seqlens 2048 4096 8192 \
+    --rounds 5 --out "$R/ab_zero_fill_causal_bwd.json" 2>&1 | quiet
+  timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --seqlens 4096 16384 --rounds 5 \
+    --out "$R/ab_zero_fill_full_bwd.json" 2>&1 | quiet
+  for causal in yes no; do
+    timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
   ;;
 esac
