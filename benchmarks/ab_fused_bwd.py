@@ -7,8 +7,6 @@ bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
 
 --ordered adds the one-kernel backward with each dq tile's adds in a fixed order (deterministic; full
 attention, or causal from 2k), and checks that its gradients repeat bit for bit and how far they are from the two kernels'.
---zero-fill adds it on a zero-filled dq buffer (its ZEROS_IN_KERNEL off), and checks that its gradients
-equal those of the kernel that zeroes the buffer itself bit for bit.
 """
 
 from __future__ import annotations
@@ -36,8 +34,6 @@ def main() -> None:
     parser.add_argument("--causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the fused kernel (its CAUSAL_FROM)")  # fmt: skip
     parser.add_argument("--ordered", action="store_true", help="also the ordered one-kernel backward")
-    parser.add_argument("--zero-fill", action="store_true",
-                        help="with --ordered, also the ordered one on a zero-filled buffer (its ZEROS_IN_KERNEL off)")  # fmt: skip
     parser.add_argument("--ordered-causal-from", type=int, default=None,
                         help="send causal calls from this many queries to the ordered one (its ORDERED_CAUSAL_FROM)")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
@@ -49,19 +45,14 @@ def main() -> None:
         _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
     if args.ordered_causal_from is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_FROM = args.ordered_causal_from
-    # variant -> (atomic dq, ordered one-kernel backward on, its buffer zeroed in the kernel)
-    variants = {"deterministic": (False, False, True), "fused": (True, False, True)}
+    # variant -> (atomic dq, ordered one-kernel backward on)
+    variants = {"deterministic": (False, False), "fused": (True, False)}
     if args.ordered:
-        variants["ordered"] = (False, True, True)
-        if args.zero_fill:
-            variants["ordered_zero_fill"] = (False, True, False)
+        variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
-    in_kernel_default = _flash_bwd_fused_hopper.ZEROS_IN_KERNEL
 
     def backward(variant, inputs):
-        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED, _flash_bwd_fused_hopper.ZEROS_IN_KERNEL = variants[
-            variant
-        ]
+        atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
         return _backward(*inputs, args.causal, atomic)
 
     rows = []
@@ -74,11 +65,6 @@ def main() -> None:
                 torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
             )
             two_kernels = backward("deterministic", inputs)
-            if args.zero_fill:
-                zero_fill = backward("ordered_zero_fill", inputs)
-                row["zero_fill_equal_bitwise"] = all(
-                    torch.equal(a, b) for a, b in zip(runs[0], zero_fill, strict=True)
-                )
             row["ordered_vs_deterministic_rel"] = [
                 ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                 for a, b in zip(runs[0], two_kernels, strict=True)
@@ -90,10 +76,6 @@ def main() -> None:
         for variant, ms in times.items():
             row[f"{variant}_ms"] = ms
         row["median_ratio"] = statistics.median(times["deterministic"]) / statistics.median(times["fused"])
-        if args.zero_fill:
-            row["zero_fill_over_ordered"] = statistics.median(times["ordered_zero_fill"]) / statistics.median(
-                times["ordered"]
-            )
         for variant in (v for v in variants if v.startswith("ordered")):
             row[f"deterministic_over_{variant}"] = statistics.median(
                 times["deterministic"]
@@ -105,7 +87,6 @@ def main() -> None:
         rows.append(row)
         write_results(args.out, rows)
     _flash_bwd_fused_hopper.ORDERED_ENABLED = ordered_default
-    _flash_bwd_fused_hopper.ZEROS_IN_KERNEL = in_kernel_default
 
 
 if __name__ == "__main__":

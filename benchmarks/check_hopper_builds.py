@@ -153,7 +153,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         if kernel.startswith("fused"):
             del meta["SPARSE"]
             meta["ORDERED"] = kernel == "fused_ordered"
-            meta["ZEROED"] = kernel == "fused_ordered" and fused_hopper.ZEROS_IN_KERNEL
         if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         compiled = compile_kernel(jit, args, meta)

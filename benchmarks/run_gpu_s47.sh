@@ -14,7 +14,9 @@
 #       ordered_all_stores (every add a store: wrong sums, timed only; spills as the kept build, 4 / 11)
 #   bash benchmarks/run_gpu_s47.sh 5   # the releasing warp zeroes each item's tile before its first add
 #       (ZEROS_IN_KERNEL): the ordered GPU tests, the backward alone against the zero-filled buffer, alternating,
-#       and fwd+bwd against SDPA cuDNN (ab_cudnn.py, causal 2k-8k and full 4k-16k)
+#       and fwd+bwd against SDPA cuDNN (ab_cudnn.py, causal 2k-8k and full 4k-16k). Ran on commit 63493cf
+#       (results/s47/zeros_in_kernel.patch on d4ea81d; reverted after: 0.96-1.01x the zero-filled buffer), whose
+#       ab_fused_bwd.py had --zero-fill
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out

@@ -569,9 +569,7 @@ def flash_attn_backward(
     key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sm_count(q.device)) if ordered else 1
     dq_acc = None
     if atomic_dq or ordered:
-        dq_acc = _flash_bwd_fused_hopper.dq_buffer(
-            q, k.shape[1], ordered=ordered, causal=win_right == 0, key_groups=key_groups
-        )
+        dq_acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k

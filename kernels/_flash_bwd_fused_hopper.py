@@ -49,7 +49,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from . import _flash_dkdv_hopper as dkdv
 from ._common import LOG2E, sched_slots_for
@@ -62,7 +62,7 @@ def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, ZEROED: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -70,9 +70,7 @@ def _attn_bwd_fused_hopper(
     tile) item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch,
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
-    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
-    ZEROED (with ORDERED): each item's first adder zeroes its tile first, in the releasing warp
-    (`dkdv._zero_if_first`), so the buffer needs no fill (`dq_buffer`)."""
+    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -96,29 +94,14 @@ def _attn_bwd_fused_hopper(
         # per consumer, two slots: a step's adds complete (consumer -> releasing warp), and counted
         dq_added = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
         released = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        # and per step parity, an item's tile zeroed where this program adds into it first (ZEROED)
-        zeroed = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2 * NUM_CONSUMERS):
             mbarrier.init(dq_added.index(i), count=1)
             mbarrier.init(released.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(zeroed.index(i), count=1)
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b,
-                 n0 // KEYS, dq_added, released, zeroed)  # fmt: skip
-        if ZEROED:  # (a tile of zeros that the releasing warp stores, shaped and laid out as dQ's halves)
-            HALF: gl.constexpr = dq_desc.block_type.shape[3]
-            zero_tile = gl.allocate_shared_memory(dq_desc.dtype, dq_desc.block_type.shape, dq_desc.layout)
-            zero_tile.reshape([BLOCK_M, HALF]).store(
-                gl.zeros([BLOCK_M, HALF], gl.float32, gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
-            )
-            fence_async_shared()
-            zero_io = (zero_tile, dq_desc, off_hk * group, KEYS // BLOCK_M)
-        else:
-            zero_io = 0
+                 n0 // KEYS, dq_added, released)  # fmt: skip
     else:
         rot = 0
         order = 0
-        zero_io = 0
 
     k_smem, v_smem, kv_ready = dkdv.kv_buffers(k_desc, v_desc, NUM_CONSUMERS, 0)
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = dkdv._qdo_ring(
@@ -144,15 +127,15 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, ZEROED)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, ZEROED)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
                               0, 1, ORDERED, rot)),
-            (dkdv._releaser, (order, lo, hi, group, zero_io, CAUSAL, ZEROED)),
+            (dkdv._releaser, (order, lo, hi, group)),
         ][: 3 + ORDERED],
         [4, 1, 1][: 2 + ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],
@@ -229,36 +212,12 @@ ORDERED_CAUSAL_FROM = 2048
 ORDERED_CAUSAL_KEY_GROUPS = 1
 
 
-# FLASHTRAIN_ORDERED_ZEROS_IN_KERNEL=0: the ordered backward's dq buffer zero-filled before the kernel (A/B)
-ZEROS_IN_KERNEL = os.environ.get("FLASHTRAIN_ORDERED_ZEROS_IN_KERNEL", "1") != "0"
-
-
-def dq_buffer(q, seqlen_k: int, *, ordered: bool, causal: bool, key_groups: int = 1) -> torch.Tensor:
-    """The fp32 buffer `flash_attn_bwd_fused_hopper` adds dQ into, shaped like q (ordered: key_groups x
-    batch, ...). Ordered, each item's first adder zeroes its tile in the kernel (ZEROS_IN_KERNEL), so the
-    buffer is left unfilled where every item of every key group has an adder (`every_item_added`);
-    elsewhere it is zero-filled (a write of its size: 0.13 GB at 16k tokens of 16 heads of 128)."""
-    shape = (key_groups * q.shape[0], *q.shape[1:])
-    unfilled = ordered and ZEROS_IN_KERNEL and every_item_added(seqlen_k, causal, key_groups)
-    return (torch.empty if unfilled else torch.zeros)(shape, device=q.device, dtype=torch.float32)
-
-
-def every_item_added(seqlen_k: int, causal: bool, key_groups: int) -> bool:
-    """Whether the ordered backward adds into every item of every key group's dq buffer: full attention
-    (each program walks every item) with programs in every key group; causal in one key group (program 0
-    sees every query tile)."""
-    if causal:
-        return key_groups == 1
-    programs = triton.cdiv(seqlen_k, CONFIGS[128].consumers * CONFIGS[128].block_n)
-    return triton.cdiv(programs, key_groups) * (key_groups - 1) < programs
-
-
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
     key_groups=1,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
-    contiguous, from `dq_buffer`: q's shape, with ordered (key_groups x batch, ...): key group g adds into
+    contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
@@ -289,7 +248,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, ZEROED=ordered and ZEROS_IN_KERNEL, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

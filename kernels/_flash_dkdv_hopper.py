@@ -190,7 +190,6 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    ZEROED: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -202,8 +201,7 @@ def _steps(
     each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
-    rotation and rank arguments, and the barriers to and from the warp that counts each add, `_releaser`;
-    ZEROED: that warp zeroes each item's tile before its first add, `_zero_if_first`). Full
+    rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full
     attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to the ones before it, so at any step the programs of a key head are on
     different items, and each item's adders come in the order they reach it (`ordered_rank_step`).
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
@@ -216,7 +214,7 @@ def _steps(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if ORDERED:
-        SEM, sem_off, later_programs, spacing, extra, rot, _, program, _, _, _ = order
+        SEM, sem_off, later_programs, spacing, extra, rot, _, program, _, _ = order
         n_tiles = start + count  # (a head's query tiles: the program's range ends at the last)
         if not CAUSAL:  # (start 0)
             dq_tile = start + rot % count
@@ -302,8 +300,7 @@ def _steps(
                     rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank, it, order[10],
-                               ZEROED)  # fmt: skip
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             wrap = dq_tile == start + count - 1
@@ -372,19 +369,7 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def fused_dq_store(
-    dq,
-    t,
-    g,
-    dq_io,
-    WG: gl.constexpr,
-    ORDERED: gl.constexpr = False,
-    sems=None,
-    cur=0,
-    seen=0,
-    rank=0,
-    it=0,
-    zeroed=None,
-    ZEROED: gl.constexpr = False,
+    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, cur=0, seen=0, rank=0
 ):
     """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
     reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
@@ -393,8 +378,7 @@ def fused_dq_store(
     earlier into seen, a relaxed read) counts the rank adders before it, in acquire loads. (Each count
     it sees was made by a release add after the adds it counts were complete, so an add issued once the
     count is seen reaches L2 after them. An acquire load for the early read spilled 12 instructions in
-    the loops.) ZEROED: step it's add also waits until the releasing warp has zeroed the item's tile, if
-    this is its first adder, or said it need not (`_zero_if_first`; its barrier zeroed, two slots)."""
+    the loops.)"""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
@@ -406,8 +390,6 @@ def fused_dq_store(
         gl.thread_barrier()  # (the thread that issued the last add has seen it read)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
-    if ZEROED:
-        mbarrier.wait(zeroed.index(it % 2), (it // 2) & 1)
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
 
 
@@ -418,7 +400,7 @@ def _hand_over_adds(order, it, WG: gl.constexpr):
     slot once it has counted it)."""
     _bulk_wait_all()  # (the thread that issued the last add waits for it)
     gl.thread_barrier()
-    dq_added, released = order[8], order[9]  # (fields of `_flash_bwd_fused_hopper`'s order tuple)
+    dq_added, released = order[8], order[9]
     k = it - 1
     slot = WG * 2 + k % 2
     mbarrier.wait(released.index(slot), ((k // 2) & 1) ^ 1, pred=k >= 0)  # (a slot's first use passes)
@@ -426,7 +408,7 @@ def _hand_over_adds(order, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _releaser(order, lo, hi, group, zero_io, CAUSAL: gl.constexpr, ZEROED: gl.constexpr):
+def _releaser(order, lo, hi, group):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
     attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into the item are complete in global
     memory (`_hand_over_adds`), the item's semaphore for that consumer's half += 1 with GPU-scope
@@ -436,15 +418,10 @@ def _releaser(order, lo, hi, group, zero_io, CAUSAL: gl.constexpr, ZEROED: gl.co
       add overtook one the count said was complete. With a release add, every repeat matched;
     - made by the consumers, the release (a GPU-wide memory barrier, MEMBAR.ALL.GPU) cost 0.85-0.90x the
       relaxed count's speed (results/s46/call2). Here it stalls only this warp, and the consumers hand
-      each step's adds over while the next step's first products run (results/s46/call4).
-    ZEROED: it also zeroes the tiles this program adds into first, two items ahead of the consumers
-    (`_zero_if_first`), so the dq buffer needs no fill (`_flash_bwd_fused_hopper.dq_buffer`)."""
-    SEM, sem_off, _, _, _, rot, _, _, dq_added, released, _ = order
+      each step's adds over while the next step's first products run (results/s46/call4)."""
+    SEM, sem_off, _, _, _, rot, _, _, dq_added, released = order
     count = hi - lo
     items = group * count
-    if ZEROED:
-        for k in range(gl.minimum(items, 2)):
-            _zero_if_first(order, zero_io, k, lo, count, items, CAUSAL)
     for j in range(items):
         step = j + rot
         t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
@@ -454,32 +431,6 @@ def _releaser(order, lo, hi, group, zero_io, CAUSAL: gl.constexpr, ZEROED: gl.co
             mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
             gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
             mbarrier.arrive(released.index(slot), count=1)
-        if ZEROED:  # (the consumers are past their wait for item j, whose slot item j + 2 takes)
-            if j + 2 < items:
-                _zero_if_first(order, zero_io, j + 2, lo, count, items, CAUSAL)
-
-
-@gluon.jit
-def _zero_if_first(order, zero_io, k, lo, count, items, CAUSAL: gl.constexpr):
-    """Item k of the program's walk (`_steps`' step k): if the program adds into it first (rank 0:
-    `ordered_causal_rank`, `ordered_rank_step`), both halves of its dq tile are zeroed by TMA stores of a
-    zero tile (zero_io: the tile, the dq view's descriptor, the key head's first query head, a program's
-    query tiles per diagonal) and complete in global memory; then its consumers' adds may go (barrier
-    zeroed, slot k % 2). No other program adds into the item before this one's add is counted."""
-    _, _, later_programs, spacing, extra, rot, dq_b, program, _, _, zeroed = order
-    zero_tile, dq_desc, head0, TILES_PER_PROGRAM = zero_io
-    BLOCK_M: gl.constexpr = zero_tile.shape[2]
-    step = k + rot
-    t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
-    if CAUSAL:
-        first = (t // TILES_PER_PROGRAM == program) | (later_programs == 0)
-    else:  # (the step before the rank first rises: `ordered_rank_step`)
-        first = k < spacing + gl.where(later_programs == 0, extra, 0)
-    if first:
-        for wg in gl.static_range(2):
-            tma.async_copy_shared_to_global(dq_desc, [dq_b, 2 * (head0 + g) + wg, t * BLOCK_M, 0], zero_tile)
-        _bulk_wait_all()
-    mbarrier.arrive(zeroed.index(k % 2), count=1)
 
 
 @gluon.jit
@@ -513,13 +464,13 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, ZEROED: gl.constexpr = False,
+    order=None,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also for ZEROED)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -578,7 +529,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, ZEROED,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles,
         )  # fmt: skip
     else:
         for section in gl.static_range(
