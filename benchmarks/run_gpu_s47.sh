@@ -5,6 +5,7 @@
 #       and the backward alone against the zero-filled buffer with every add a reduce-add, alternating. Ran on
 #       commit 33993a9 (results/s47/first_stores.patch on d07ce55; reverted after: 4-8% slower), whose
 #       ab_fused_bwd.py had --zero-fill
+#   bash benchmarks/run_gpu_s47.sh 6   # the kept tree: fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
 #   bash benchmarks/run_gpu_s47.sh 2   # the ordered and determinism GPU tests on the reverted tree (two key groups'
 #       sum written into dq), and the block-sparse sweep at n16k, d64 and d128, eager and from CUDA graphs
 #   bash benchmarks/run_gpu_s47.sh 3   # the block-sparse sweep at n64k (eager) and n4k (eager and from CUDA graphs)
@@ -69,6 +70,14 @@ case "$1" in
     --out "$R/ab_zero_fill_full_bwd.json" 2>&1 | quiet
   for causal in yes no; do
     timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+6)
+  head -n 2 "$R/machine.txt"
+  for causal in yes no; do
+    timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
       --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
       --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
   done
