@@ -5,7 +5,6 @@
 #       and the backward alone against the zero-filled buffer with every add a reduce-add, alternating. Ran on
 #       commit 33993a9 (results/s47/first_stores.patch on d07ce55; reverted after: 4-8% slower), whose
 #       ab_fused_bwd.py had --zero-fill
-#   bash benchmarks/run_gpu_s47.sh 6   # the kept tree: fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
 #   bash benchmarks/run_gpu_s47.sh 2   # the ordered and determinism GPU tests on the reverted tree (two key groups'
 #       sum written into dq), and the block-sparse sweep at n16k, d64 and d128, eager and from CUDA graphs
 #   bash benchmarks/run_gpu_s47.sh 3   # the block-sparse sweep at n64k (eager) and n4k (eager and from CUDA graphs)
@@ -18,6 +17,7 @@
 #       and fwd+bwd against SDPA cuDNN (ab_cudnn.py, causal 2k-8k and full 4k-16k). Ran on commit 63493cf
 #       (results/s47/zeros_in_kernel.patch on d4ea81d; reverted after: 0.96-1.01x the zero-filled buffer), whose
 #       ab_fused_bwd.py had --zero-fill
+#   bash benchmarks/run_gpu_s47.sh 6   # the kept tree: fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
