@@ -18,6 +18,10 @@
 #       (results/s47/zeros_in_kernel.patch on d4ea81d; reverted after: 0.96-1.01x the zero-filled buffer), whose
 #       ab_fused_bwd.py had --zero-fill
 #   bash benchmarks/run_gpu_s47.sh 6   # the kept tree: fwd+bwd against SDPA cuDNN at d128, causal 2k-8k and full 4k-16k
+#   bash benchmarks/run_gpu_s47.sh 7   # experiment tree (results/s47/spin_relaxed.patch, FLASHTRAIN_EXP_SPIN_RELAXED): the
+#       ordered adds' spin waits in relaxed loads (no L1 invalidation, CCTL.IVALL, per load). ab_fused_bwd.py --ordered
+#       with the variant ordered_spin_relaxed, then the lightest-first stress test with the relaxed spin. Ran on the
+#       experiment tree (reverted after: -0.7% to +3% against the acquire loads, one run)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
@@ -34,6 +38,11 @@ zero_fill_timing() {  # ab_fused_bwd.py --ordered --zero-fill at causal 2k-8k an
     --rounds 5 --out "$R/ab_zero_fill_causal_bwd.json" 2>&1 | quiet
   timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --seqlens 4096 8192 16384 --rounds 5 \
     --out "$R/ab_zero_fill_full_bwd.json" 2>&1 | quiet
+}
+lightest_stress() {  # exp_ordered_sem.py with results/s46/lightest_stress.patch applied (lightest first), then reverted
+  git apply benchmarks/results/s46/lightest_stress.patch
+  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
+  git apply -R benchmarks/results/s46/lightest_stress.patch
 }
 case "$1" in
 1)
@@ -81,5 +90,13 @@ case "$1" in
       --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
       --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
   done
+  ;;
+7)
+  head -n 2 "$R/machine.txt"
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 5 \
+    --out "$R/ab_spin_causal.json" 2>&1 | quiet
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 5 \
+    --out "$R/ab_spin_full.json" 2>&1 | quiet
+  FLASHTRAIN_EXP_SPIN_RELAXED=1 lightest_stress
   ;;
 esac
