@@ -56,3 +56,30 @@ d128_against_anchors() {  # d128_against_anchors SECONDS SEQLEN...
   timeout "$secs" python benchmarks/bench_attention.py --seqlens "$@" --headdims 128 --graphs \
     --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d128.json" 2>&1 | quiet | grep "^|" | tail -n 20
 }
+# The ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out.
+ratios() {
+  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+}
+# ab_cudnn.py --two-kernels at d128, causal 2k-8k then full 4k-16k, five rounds, each run killed after SECONDS:
+# $R/ab_cudnn_d128_causal_{yes,no}.json, the ratios printed.
+cudnn_d128() {  # cudnn_d128 SECONDS
+  for causal in yes no; do
+    timeout -s KILL "$1" python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+}
+# The ordered backward's and the determinism switch's GPU tests, killed after a time limit (in case programs
+# wait on each other for ever): $R/gpu_tests.log, its exit status and last lines printed.
+ordered_tests() {
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+}
+# exp_ordered_sem.py with results/s46/lightest_stress.patch applied (lightest-first launch), then reverted:
+# $R/stress_lightest.json.
+lightest_stress() {
+  git apply benchmarks/results/s46/lightest_stress.patch
+  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
+  git apply -R benchmarks/results/s46/lightest_stress.patch
+}

@@ -45,9 +45,6 @@ ordered_tests() {  # ordered_tests SECONDS: the ordered and determinism-switch G
   echo "tests exit $status"; tail -n 6 "$R/gpu_tests.log"
   return $status
 }
-ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
-  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
-}
 case "$1" in
 1)
   head -n 2 "$R/machine.txt"

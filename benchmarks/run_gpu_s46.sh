@@ -8,9 +8,6 @@
 #       the relaxed add; 4 Triton's release add; 6 that and acquire loads in the waits): exp_ordered_sem.py at causal 4k-32k, one process per mode, each killed after a time limit
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
-  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
-}
 # (sem_repeats and sem_timing give each run the longest time limit the calls used: call 3 gave its 16k repeats 60 s
 # and calls 2-4 their full-attention timings 90 s)
 sem_repeats() {  # sem_repeats LIGHTEST SEM [exp_ordered_sem.py options]: the bitwise repeats of one mode
@@ -25,39 +22,26 @@ sem_timing() {  # sem_timing SEM causal|full: ab_fused_bwd.py --ordered of one m
   FLASHTRAIN_EXP_LIGHTEST=0 FLASHTRAIN_EXP_SEM=$sem timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered \
     $flag --seqlens $seqlens --rounds 3 --out "$R/ab_$2_s$sem.json" 2>&1 | quiet | sed "s/^/s$sem /"
 }
-ordered_tests() {  # the ordered and determinism GPU tests (killed after a time limit, in case programs wait on
-  # each other for ever)
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
-}
 ordered_timing() {  # ab_fused_bwd.py --ordered at causal 2k-8k and full 4k and 16k
   timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 3 \
     --out "$R/ab_ordered_causal_bwd.json" 2>&1 | quiet
   timeout -s KILL 70 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 3 \
     --out "$R/ab_ordered_full_bwd.json" 2>&1 | quiet
 }
-lightest_stress() {  # exp_ordered_sem.py with results/s46/lightest_stress.patch applied (lightest first), then reverted
-  git apply benchmarks/results/s46/lightest_stress.patch
-  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
-  git apply -R benchmarks/results/s46/lightest_stress.patch
-}
+head -n 2 "$R/machine.txt"
 case "$1" in
 1)
-  head -n 2 "$R/machine.txt"
   for mode in 1:0 1:3 1:4 1:6 0:0 0:4; do
     sem_repeats ${mode%:*} ${mode#*:}
   done
   ;;
 2)
-  head -n 2 "$R/machine.txt"
   for sem in 0 6 3; do
     sem_timing $sem causal
     sem_timing $sem full
   done
   ;;
 3)
-  head -n 2 "$R/machine.txt"
   sem_repeats 1 7
   sem_repeats 0 7
   sem_repeats 1 0 --shapes 1,16384,16,16
@@ -67,7 +51,6 @@ case "$1" in
   done
   ;;
 4)
-  head -n 2 "$R/machine.txt"
   sem_repeats 1 8
   for sem in 8 7 0; do
     sem_timing $sem causal
@@ -75,44 +58,33 @@ case "$1" in
   sem_timing 8 full
   ;;
 5)
-  head -n 2 "$R/machine.txt"
   ordered_tests
   ordered_timing
   timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
     --seqlens 2048 4096 8192 --rounds 5 --out "$R/ab_cudnn_d128_causal.json" 2>&1 | quiet | ratios
   ;;
 6)
-  head -n 2 "$R/machine.txt"
   timeout -s KILL 300 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal no \
     --seqlens 4096 8192 16384 --rounds 5 --out "$R/ab_cudnn_d128_full.json" 2>&1 | quiet | ratios
   ;;
 7)
-  head -n 2 "$R/machine.txt"
-  for causal in yes no; do
-    timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
-      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
-      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  cudnn_d128 150
   ;;
 8)
-  head -n 2 "$R/machine.txt"
   ordered_tests
   ordered_timing
   lightest_stress
   ;;
 9)
-  head -n 2 "$R/machine.txt"
   lightest_stress
   ;;
 10)
-  head -n 2 "$R/machine.txt"
   timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --ordered-causal-key-groups 2 \
     --seqlens 16384 --rounds 5 --out "$R/ab_ordered_causal16k_bwd.json" 2>&1 | quiet
   timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --ordered-causal-key-groups 2 --headdims 128 \
     --causal yes --seqlens 16384 --rounds 7 --out "$R/ab_cudnn_d128_causal16k.json" 2>&1 | quiet | ratios
   ;;
 11)
-  head -n 2 "$R/machine.txt"
   ordered_tests
   lightest_stress
   ;;

@@ -24,79 +24,46 @@
 #       experiment tree (reverted after: -0.7% to +3% against the acquire loads, one run)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-ratios() {  # the ratios of ab_cudnn.py's printed rows (standard input), per-round ranges left out
-  python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
+ordered_ab() {  # ordered_ab CAUSAL_JSON FULL_JSON CAUSAL_SECONDS FULL_SECONDS "FULL_SEQLENS" [ab_fused_bwd.py options]:
+  # ab_fused_bwd.py --ordered, five rounds, at causal 2k-8k and at full attention FULL_SEQLENS, each run killed
+  # after its SECONDS, into $R
+  local causal_json=$1 full_json=$2 causal_secs=$3 full_secs=$4 full_seqlens=$5
+  shift 5
+  timeout -s KILL "$causal_secs" python benchmarks/ab_fused_bwd.py --ordered "$@" --causal --seqlens 2048 4096 8192 \
+    --rounds 5 --out "$R/$causal_json" 2>&1 | quiet
+  timeout -s KILL "$full_secs" python benchmarks/ab_fused_bwd.py --ordered "$@" --seqlens $full_seqlens --rounds 5 \
+    --out "$R/$full_json" 2>&1 | quiet
 }
-ordered_tests() {  # the ordered and determinism GPU tests (killed after a time limit, in case programs wait on
-  # each other for ever)
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
-}
-zero_fill_timing() {  # ab_fused_bwd.py --ordered --zero-fill at causal 2k-8k and full 4k-16k
-  timeout -s KILL 110 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --causal --seqlens 2048 4096 8192 \
-    --rounds 5 --out "$R/ab_zero_fill_causal_bwd.json" 2>&1 | quiet
-  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --seqlens 4096 8192 16384 --rounds 5 \
-    --out "$R/ab_zero_fill_full_bwd.json" 2>&1 | quiet
-}
-lightest_stress() {  # exp_ordered_sem.py with results/s46/lightest_stress.patch applied (lightest first), then reverted
-  git apply benchmarks/results/s46/lightest_stress.patch
-  LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
-  git apply -R benchmarks/results/s46/lightest_stress.patch
-}
+head -n 2 "$R/machine.txt"
 case "$1" in
 1)
-  head -n 2 "$R/machine.txt"
   ordered_tests
-  zero_fill_timing
+  ordered_ab ab_zero_fill_causal_bwd.json ab_zero_fill_full_bwd.json 110 150 "4096 8192 16384" --zero-fill
   ;;
 2)
-  head -n 2 "$R/machine.txt"
   ordered_tests
   timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | tail -n 20
   ;;
 3)
-  head -n 2 "$R/machine.txt"
   timeout 230 python benchmarks/bench_block_sparse.py --seqlens 65536 --headdims 64 128 \
     --out "$R/block_sparse_n64k.json" 2>&1 | quiet | grep "^|"
   timeout 250 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 64 128 \
     --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
   ;;
 4)
-  head -n 2 "$R/machine.txt"
-  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 5 \
-    --out "$R/ab_exp_first_causal.json" 2>&1 | quiet
-  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 5 \
-    --out "$R/ab_exp_first_full.json" 2>&1 | quiet
+  ordered_ab ab_exp_first_causal.json ab_exp_first_full.json 120 150 "4096 16384"
   ;;
 5)
-  head -n 2 "$R/machine.txt"
   ordered_tests
-  timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --causal --seqlens 2048 4096 8192 \
-    --rounds 5 --out "$R/ab_zero_fill_causal_bwd.json" 2>&1 | quiet
-  timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --zero-fill --seqlens 4096 16384 --rounds 5 \
-    --out "$R/ab_zero_fill_full_bwd.json" 2>&1 | quiet
-  for causal in yes no; do
-    timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
-      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
-      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  ordered_ab ab_zero_fill_causal_bwd.json ab_zero_fill_full_bwd.json 90 90 "4096 16384" --zero-fill
+  cudnn_d128 150
   ;;
 6)
-  head -n 2 "$R/machine.txt"
-  for causal in yes no; do
-    timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
-      --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 4096 8192 16384) --rounds 5 \
-      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  cudnn_d128 200
   ;;
 7)
-  head -n 2 "$R/machine.txt"
-  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 2048 4096 8192 --rounds 5 \
-    --out "$R/ab_spin_causal.json" 2>&1 | quiet
-  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 --rounds 5 \
-    --out "$R/ab_spin_full.json" 2>&1 | quiet
+  ordered_ab ab_spin_causal.json ab_spin_full.json 80 80 "4096 16384"
   FLASHTRAIN_EXP_SPIN_RELAXED=1 lightest_stress
   ;;
 esac

@@ -202,8 +202,9 @@ def _steps(
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
     rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full
-    attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to the ones before it, so at any step the programs of a key head are on
-    different items, and each item's adders come in the order they reach it (`ordered_rank_step`).
+    attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to
+    the ones before it, so at any step the programs of a key head are on different items, and each
+    item's adders come in the order they reach it (`ordered_rank_step`).
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -410,9 +411,10 @@ def _hand_over_adds(order, it, WG: gl.constexpr):
 @gluon.jit
 def _releaser(order, lo, hi, group):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
-    attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into the item are complete in global
-    memory (`_hand_over_adds`), the item's semaphore for that consumer's half += 1 with GPU-scope
-    release semantics, which lets the item's next adder go (`fused_dq_store`). Why a warp of its own:
+    attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
+    the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
+    half += 1 with GPU-scope release semantics, which lets the item's next adder go (`fused_dq_store`).
+    Why a warp of its own:
     - a relaxed count is not enough. With the programs started lightest first, dq differed in 12 of 12
       repeats at causal 16k (session 46, results/s46/call1, call3; session 45's call 8 at 4k-32k): a later
       add overtook one the count said was complete. With a release add, every repeat matched;
