@@ -24,16 +24,6 @@
 #       experiment tree (reverted after: -0.7% to +3% against the acquire loads, one run)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-ordered_ab() {  # ordered_ab CAUSAL_JSON FULL_JSON CAUSAL_SECONDS FULL_SECONDS "FULL_SEQLENS" [ab_fused_bwd.py options]:
-  # ab_fused_bwd.py --ordered, five rounds, at causal 2k-8k and at full attention FULL_SEQLENS, each run killed
-  # after its SECONDS, into $R
-  local causal_json=$1 full_json=$2 causal_secs=$3 full_secs=$4 full_seqlens=$5
-  shift 5
-  timeout -s KILL "$causal_secs" python benchmarks/ab_fused_bwd.py --ordered "$@" --causal --seqlens 2048 4096 8192 \
-    --rounds 5 --out "$R/$causal_json" 2>&1 | quiet
-  timeout -s KILL "$full_secs" python benchmarks/ab_fused_bwd.py --ordered "$@" --seqlens $full_seqlens --rounds 5 \
-    --out "$R/$full_json" 2>&1 | quiet
-}
 head -n 2 "$R/machine.txt"
 case "$1" in
 1)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 48). Each part is what one call ran; the outputs are in
+# benchmarks/results/s48/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s48.sh 1   # the ordered backward's hand-over on named barriers: its GPU tests, the
+#       lightest-first stress test, and the backward alone against session 46's mbarrier hand-over
+#       (ab_fused_bwd.py --ordered: variants ordered, named barriers, and ordered_mbar), alternating
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  ordered_tests
+  lightest_stress
+  ordered_ab ab_named_causal.json ab_named_full.json 100 100 "4096 8192 16384"
+  ;;
+esac
