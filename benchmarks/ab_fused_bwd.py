@@ -50,12 +50,9 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
-    if args.ordered:  # (experiment, session 48)
-        variants["ordered_mbar"] = (False, True)
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
-        _flash_bwd_fused_hopper.EXP_MBAR_HANDOVER = variant == "ordered_mbar"
         return _backward(*inputs, args.causal, atomic)
 
     rows = []
@@ -68,11 +65,6 @@ def main() -> None:
                 torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
             )
             two_kernels = backward("deterministic", inputs)
-            row["mbar_equal_bitwise"] = all(
-                torch.equal(a, b)
-                for again in (backward("ordered_mbar", inputs) for _ in range(4))
-                for a, b in zip(runs[0], again, strict=True)
-            )
             row["ordered_vs_deterministic_rel"] = [
                 ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                 for a, b in zip(runs[0], two_kernels, strict=True)

@@ -3,7 +3,9 @@
 # benchmarks/results/s48/callN/ (each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s48.sh 1   # the ordered backward's hand-over on named barriers: its GPU tests, the
 #       lightest-first stress test, and the backward alone against session 46's mbarrier hand-over
-#       (ab_fused_bwd.py --ordered: variants ordered, named barriers, and ordered_mbar), alternating
+#       (ab_fused_bwd.py --ordered: variants ordered, named barriers, and ordered_mbar), alternating. Ran on
+#       commit 1788f65 (results/s48/named_handover.patch on 081569f; reverted after: 0.99-1.02x the mbarrier
+#       hand-over, and 4 of 47 GPU tests found NaN rows in repeated gradients)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"

@@ -190,7 +190,6 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    MBAR: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -255,7 +254,7 @@ def _steps(
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             if ORDERED:  # the last step's adds, complete by now, go to be counted while the products run
-                _hand_over_adds(order, it, WG, MBAR)
+                _hand_over_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
@@ -312,7 +311,7 @@ def _steps(
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _hand_over_adds(order, it, WG, MBAR)
+        _hand_over_adds(order, it, WG)
     return dk, dv, it
 
 
@@ -395,87 +394,8 @@ def fused_dq_store(
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
 
 
-# Named barriers (ids above those Triton's warp specialisation takes) between each consumer and the
-# releasing warp, two slots per consumer: a slot's step adds complete (consumer -> releaser), and counted
-ADDED_BAR = gl.constexpr(8)
-RELEASED_BAR = gl.constexpr(12)
-
-
 @gluon.jit
-def _hand_over_adds(order, it, WG: gl.constexpr, MBAR: gl.constexpr = False):
-    """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
-    to the releasing warp (`_releaser`), through one of two slots per warpgroup. Named barriers, not
-    mbarriers (FlashAttention-3's dQ hand-over): every thread arrives after its own bulk wait (only the
-    one that issued the add waits), so no warpgroup barrier comes first, and Triton inserts none around
-    them. A slot is used again two steps later, once the releaser has counted it (its arrive on the
-    slot's released barrier)."""
-    if MBAR:
-        _hand_over_adds_mbar(order, it, WG)
-    else:
-        k = it - 1
-        slot = WG * 2 + k % 2
-        gl.inline_asm_elementwise(
-            """{ .reg .pred released, added;
-            setp.ge.s32 released, $1, 2;
-            setp.ge.s32 added, $1, 0;
-            cp.async.bulk.wait_group 0;
-            @released bar.sync $2, 160;
-            @added bar.arrive $3, 160;
-            mov.b32 $0, 0; }""",
-            "=r,r,r,r",
-            [k, RELEASED_BAR + slot, ADDED_BAR + slot],
-            dtype=gl.int32, is_pure=False, pack=1,
-        )
-
-
-@gluon.jit
-def _releaser(order, lo, hi, group, MBAR: gl.constexpr = False):
-    """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
-    attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
-    the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
-    half += 1 with GPU-scope release semantics, which lets the item's next adder go (`fused_dq_store`).
-    Why a warp of its own:
-    - a relaxed count is not enough. With the programs started lightest first, dq differed in 12 of 12
-      repeats at causal 16k (session 46, results/s46/call1, call3; session 45's call 8 at 4k-32k): a later
-      add overtook one the count said was complete. With a release add, every repeat matched;
-    - made by the consumers, the release (a GPU-wide memory barrier, MEMBAR.ALL.GPU) cost 0.85-0.90x the
-      relaxed count's speed (results/s46/call2). Here it stalls only this warp, and the consumers hand
-      each step's adds over while the next step's first products run (results/s46/call4)."""
-    if MBAR:
-        _releaser_mbar(order, lo, hi, group)
-    else:
-        SEM, sem_off, _, _, _, rot, _, _, _, _ = order
-        count = hi - lo
-        items = group * count
-        for j in range(items):
-            step = j + rot
-            t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
-            sem = SEM + sem_off + (g * hi + t) * 2
-            for wg in gl.static_range(2):
-                slot = wg * 2 + j % 2
-                _named_sync(ADDED_BAR + slot)
-                gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
-                # (the consumers wait on a slot only for a step two before their last)
-                _named_arrive(RELEASED_BAR + slot, j < items - 2)
-
-
-@gluon.jit
-def _named_sync(bar):
-    gl.inline_asm_elementwise("bar.sync $1, 160; mov.b32 $0, 0;", "=r,r", [bar], dtype=gl.int32,
-                              is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
-def _named_arrive(bar, pred):
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p bar.arrive $1, 160; mov.b32 $0, 0; }",
-        "=r,r,r", [bar, pred.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-# experiment (session 48): session 46's mbarrier hand-over, for the A/B
-@gluon.jit
-def _hand_over_adds_mbar(order, it, WG: gl.constexpr):
+def _hand_over_adds(order, it, WG: gl.constexpr):
     """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
     to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
     slot once it has counted it)."""
@@ -489,7 +409,7 @@ def _hand_over_adds_mbar(order, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _releaser_mbar(order, lo, hi, group):
+def _releaser(order, lo, hi, group):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
     attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
     the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
@@ -546,7 +466,7 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, MBAR: gl.constexpr = False,
+    order=None,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -611,7 +531,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, MBAR,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles,
         )  # fmt: skip
     else:
         for section in gl.static_range(
