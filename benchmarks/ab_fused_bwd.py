@@ -50,9 +50,13 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
+    ablations = {"ordered_no_wait": 1, "ordered_no_wait_no_read": 2, "ordered_no_sync": 3}
+    if args.ordered:  # (experiment, session 48: timed only, their dq's sums in no fixed order)
+        variants.update(dict.fromkeys(ablations, (False, True)))
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
+        _flash_bwd_fused_hopper.EXP_ABLATE = ablations.get(variant, 0)
         return _backward(*inputs, args.causal, atomic)
 
     rows = []

@@ -6,6 +6,10 @@
 #       (ab_fused_bwd.py --ordered: variants ordered, named barriers, and ordered_mbar), alternating. Ran on
 #       commit 1788f65 (results/s48/named_handover.patch on 081569f; reverted after: 0.99-1.02x the mbarrier
 #       hand-over, and 4 of 47 GPU tests found NaN rows in repeated gradients)
+#   bash benchmarks/run_gpu_s48.sh 2   # experiment tree (EXP_ABLATE): where the ordered backward's time over the
+#       unordered one goes. ab_fused_bwd.py --ordered with variants ordered (kept), ordered_no_wait (no wait on
+#       the count), ordered_no_wait_no_read (nor its early read) and ordered_no_sync (nor the hand-over and
+#       count), timed only (their dq sums come in no fixed order)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -14,5 +18,8 @@ case "$1" in
   ordered_tests
   lightest_stress
   ordered_ab ab_named_causal.json ab_named_full.json 100 100 "4096 8192 16384"
+  ;;
+2)
+  ordered_ab ab_ablate_causal.json ab_ablate_full.json 150 150 "4096 8192 16384"
   ;;
 esac
