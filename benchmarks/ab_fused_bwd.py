@@ -50,13 +50,13 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
-    ablations = {"ordered_no_wait": 1, "ordered_no_wait_no_read": 2, "ordered_no_sync": 3}
-    if args.ordered:  # (experiment, session 48: timed only, their dq's sums in no fixed order)
-        variants.update(dict.fromkeys(ablations, (False, True)))
+    experiments = {"ordered_one_fence": 1, "ordered_late_handover": 2, "ordered_both": 3}
+    if args.ordered:  # (experiment, session 48)
+        variants.update(dict.fromkeys(experiments, (False, True)))
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
-        _flash_bwd_fused_hopper.EXP_ABLATE = ablations.get(variant, 0)
+        _flash_bwd_fused_hopper.EXP_VARIANT = experiments.get(variant, 0)
         return _backward(*inputs, args.causal, atomic)
 
     rows = []
@@ -69,6 +69,12 @@ def main() -> None:
                 torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
             )
             two_kernels = backward("deterministic", inputs)
+            for variant in experiments:  # (the same order of adds: the same bits)
+                row[f"{variant}_equal_bitwise"] = all(
+                    torch.equal(a, b)
+                    for again in (backward(variant, inputs) for _ in range(3))
+                    for a, b in zip(runs[0], again, strict=True)
+                )
             row["ordered_vs_deterministic_rel"] = [
                 ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                 for a, b in zip(runs[0], two_kernels, strict=True)

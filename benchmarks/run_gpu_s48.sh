@@ -10,6 +10,10 @@
 #       unordered one goes. ab_fused_bwd.py --ordered with variants ordered (kept), ordered_no_wait (no wait on
 #       the count), ordered_no_wait_no_read (nor its early read) and ordered_no_sync (nor the hand-over and
 #       count), timed only (their dq sums come in no fixed order)
+#   bash benchmarks/run_gpu_s48.sh 3   # experiment tree (EXP_VARIANT): 1, the releasing warp counts both halves of a
+#       step after one GPU fence, in relaxed adds; 2, the consumers hand a step's adds over under the next step's
+#       dV and dK products, not its S^T and dP^T; 3, both. ab_fused_bwd.py --ordered with each, alternating
+#       (bitwise against the kept order), then the ordered GPU tests and the lightest-first stress test on 3
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -21,5 +25,11 @@ case "$1" in
   ;;
 2)
   ordered_ab ab_ablate_causal.json ab_ablate_full.json 150 150 "4096 8192 16384"
+  ;;
+3)
+  ordered_ab ab_variant_causal.json ab_variant_full.json 150 150 "4096 8192 16384"
+  export FLASHTRAIN_EXP_VARIANT=3
+  ordered_tests
+  lightest_stress
   ;;
 esac

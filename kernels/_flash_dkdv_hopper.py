@@ -190,7 +190,7 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    ABLATE: gl.constexpr = 0,
+    VARIANT: gl.constexpr = 0,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -254,10 +254,10 @@ def _steps(
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
-            if ORDERED and ABLATE < 3:  # the last step's adds, complete by now, go to be counted while the products run
+            if ORDERED and VARIANT < 2:  # the last step's adds, complete by now, go to be counted while the products run
                 _hand_over_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
-            if ORDERED and ABLATE < 2:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
+            if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
@@ -279,6 +279,8 @@ def _steps(
             ds_t = (p_t * dp_t).to(q.dtype)
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
+            if ORDERED and VARIANT >= 2:  # (experiment: handed over under dV and dK's products)
+                _hand_over_adds(order, it, WG)
             if FUSED_DQ:
                 dq = fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
                 dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
@@ -302,12 +304,7 @@ def _steps(
                     rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                if ABLATE == 0:
-                    fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
-                elif ABLATE < 3:  # (experiment: no wait, the hand-over kept)
-                    fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, rank, rank)
-                else:  # (experiment: no wait, no hand-over)
-                    fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             wrap = dq_tile == start + count - 1
@@ -316,7 +313,7 @@ def _steps(
             if ORDERED:  # (round to the first head's items)
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
-    if ORDERED and ABLATE < 3:  # the last add, once complete in global memory, lets the item's next adder go
+    if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
         _hand_over_adds(order, it, WG)
     return dk, dv, it
 
@@ -415,7 +412,7 @@ def _hand_over_adds(order, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _releaser(order, lo, hi, group, ABLATE: gl.constexpr = 0):
+def _releaser(order, lo, hi, group, VARIANT: gl.constexpr = 0):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
     attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
     the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
@@ -430,17 +427,28 @@ def _releaser(order, lo, hi, group, ABLATE: gl.constexpr = 0):
     SEM, sem_off, _, _, _, rot, _, _, dq_added, released = order
     count = hi - lo
     items = group * count
-    if ABLATE == 3:  # (experiment: nothing handed over)
-        items = 0
     for j in range(items):
         step = j + rot
         t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
         sem = SEM + sem_off + (g * hi + t) * 2
-        for wg in gl.static_range(2):
-            slot = wg * 2 + j % 2
-            mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
-            gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
-            mbarrier.arrive(released.index(slot), count=1)
+        if VARIANT % 2 == 1:  # (experiment: both halves' adds waited for, one GPU fence, two relaxed counts)
+            for wg in gl.static_range(2):
+                mbarrier.wait(dq_added.index(wg * 2 + j % 2), (j // 2) & 1)
+            _fence_acq_rel_gpu()
+            for wg in gl.static_range(2):
+                gl.atomic_add(sem + wg, 1, sem="relaxed", scope="gpu")
+                mbarrier.arrive(released.index(wg * 2 + j % 2), count=1)
+        else:
+            for wg in gl.static_range(2):
+                slot = wg * 2 + j % 2
+                mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
+                gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
+                mbarrier.arrive(released.index(slot), count=1)
+
+
+@gluon.jit
+def _fence_acq_rel_gpu():
+    gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -474,7 +482,7 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, ABLATE: gl.constexpr = 0,
+    order=None, VARIANT: gl.constexpr = 0,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -539,7 +547,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, ABLATE,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles, VARIANT,
         )  # fmt: skip
     else:
         for section in gl.static_range(
