@@ -14,6 +14,9 @@
 #       step after one GPU fence, in relaxed adds; 2, the consumers hand a step's adds over under the next step's
 #       dV and dK products, not its S^T and dP^T; 3, both. ab_fused_bwd.py --ordered with each, alternating
 #       (bitwise against the kept order), then the ordered GPU tests and the lightest-first stress test on 3
+#   bash benchmarks/run_gpu_s48.sh 4   # experiment tree: EXP_VARIANT 4 hands a step's adds over once their source
+#       is read, not once they are complete (timed only: a count may then come before its adds), against the kept
+#       order and variant 1 again (ab_fused_bwd.py --ordered, alternating)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -31,5 +34,8 @@ case "$1" in
   export FLASHTRAIN_EXP_VARIANT=3
   ordered_tests
   lightest_stress
+  ;;
+4)
+  ordered_ab ab_read_wait_causal.json ab_read_wait_full.json 120 120 "4096 8192 16384"
   ;;
 esac

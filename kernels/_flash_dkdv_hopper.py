@@ -254,8 +254,8 @@ def _steps(
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
-            if ORDERED and VARIANT < 2:  # the last step's adds, complete by now, go to be counted while the products run
-                _hand_over_adds(order, it, WG)
+            if ORDERED and (VARIANT < 2 or VARIANT > 3):  # the last step's adds, complete by now, go to be counted while the products run
+                _hand_over_adds(order, it, WG, VARIANT)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
@@ -279,8 +279,8 @@ def _steps(
             ds_t = (p_t * dp_t).to(q.dtype)
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-            if ORDERED and VARIANT >= 2:  # (experiment: handed over under dV and dK's products)
-                _hand_over_adds(order, it, WG)
+            if ORDERED and (VARIANT == 2 or VARIANT == 3):  # (experiment: handed over under dV and dK's products)
+                _hand_over_adds(order, it, WG, VARIANT)
             if FUSED_DQ:
                 dq = fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
                 dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
@@ -314,7 +314,7 @@ def _steps(
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _hand_over_adds(order, it, WG)
+        _hand_over_adds(order, it, WG, VARIANT)
     return dk, dv, it
 
 
@@ -398,11 +398,14 @@ def fused_dq_store(
 
 
 @gluon.jit
-def _hand_over_adds(order, it, WG: gl.constexpr):
+def _hand_over_adds(order, it, WG: gl.constexpr, VARIANT: gl.constexpr = 0):
     """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
     to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
     slot once it has counted it)."""
-    _bulk_wait_all()  # (the thread that issued the last add waits for it)
+    if VARIANT == 4:  # (experiment, timed only: the adds' source read, not their completion)
+        tma.store_wait(0)
+    else:
+        _bulk_wait_all()  # (the thread that issued the last add waits for it)
     gl.thread_barrier()
     dq_added, released = order[8], order[9]
     k = it - 1
