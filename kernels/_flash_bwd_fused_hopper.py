@@ -62,7 +62,7 @@ def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, VARIANT: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -127,24 +127,20 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, VARIANT)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, VARIANT)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
                               0, 1, ORDERED, rot)),
-            (dkdv._releaser, (order, lo, hi, group, VARIANT)),
+            (dkdv._releaser, (order, lo, hi, group)),
         ][: 3 + ORDERED],
         [4, 1, 1][: 2 + ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],
     )  # fmt: skip
 
-
-# experiment (session 48): 1: the releasing warp counts both halves of a step after one GPU fence (relaxed
-# adds); 2: the consumers hand a step's adds over under the next step's dV and dK products; 3: both
-EXP_VARIANT = int(os.environ.get("FLASHTRAIN_EXP_VARIANT", "0"))
 
 # FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the deterministic Gluon kernels instead
 ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
@@ -252,7 +248,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, VARIANT=EXP_VARIANT if ordered else 0, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

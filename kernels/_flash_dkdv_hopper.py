@@ -190,7 +190,6 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    VARIANT: gl.constexpr = 0,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -254,8 +253,8 @@ def _steps(
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
-            if ORDERED and (VARIANT < 2 or VARIANT > 3):  # the last step's adds, complete by now, go to be counted while the products run
-                _hand_over_adds(order, it, WG, VARIANT)
+            if ORDERED:  # the last step's adds, complete by now, go to be counted while the products run
+                _hand_over_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
@@ -279,8 +278,6 @@ def _steps(
             ds_t = (p_t * dp_t).to(q.dtype)
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-            if ORDERED and (VARIANT == 2 or VARIANT == 3):  # (experiment: handed over under dV and dK's products)
-                _hand_over_adds(order, it, WG, VARIANT)
             if FUSED_DQ:
                 dq = fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
                 dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
@@ -314,7 +311,7 @@ def _steps(
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _hand_over_adds(order, it, WG, VARIANT)
+        _hand_over_adds(order, it, WG)
     return dk, dv, it
 
 
@@ -398,14 +395,11 @@ def fused_dq_store(
 
 
 @gluon.jit
-def _hand_over_adds(order, it, WG: gl.constexpr, VARIANT: gl.constexpr = 0):
+def _hand_over_adds(order, it, WG: gl.constexpr):
     """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
     to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
     slot once it has counted it)."""
-    if VARIANT == 4:  # (experiment, timed only: the adds' source read, not their completion)
-        tma.store_wait(0)
-    else:
-        _bulk_wait_all()  # (the thread that issued the last add waits for it)
+    _bulk_wait_all()  # (the thread that issued the last add waits for it)
     gl.thread_barrier()
     dq_added, released = order[8], order[9]
     k = it - 1
@@ -415,7 +409,7 @@ def _hand_over_adds(order, it, WG: gl.constexpr, VARIANT: gl.constexpr = 0):
 
 
 @gluon.jit
-def _releaser(order, lo, hi, group, VARIANT: gl.constexpr = 0):
+def _releaser(order, lo, hi, group):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
     attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
     the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
@@ -434,24 +428,11 @@ def _releaser(order, lo, hi, group, VARIANT: gl.constexpr = 0):
         step = j + rot
         t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
         sem = SEM + sem_off + (g * hi + t) * 2
-        if VARIANT % 2 == 1:  # (experiment: both halves' adds waited for, one GPU fence, two relaxed counts)
-            for wg in gl.static_range(2):
-                mbarrier.wait(dq_added.index(wg * 2 + j % 2), (j // 2) & 1)
-            _fence_acq_rel_gpu()
-            for wg in gl.static_range(2):
-                gl.atomic_add(sem + wg, 1, sem="relaxed", scope="gpu")
-                mbarrier.arrive(released.index(wg * 2 + j % 2), count=1)
-        else:
-            for wg in gl.static_range(2):
-                slot = wg * 2 + j % 2
-                mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
-                gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
-                mbarrier.arrive(released.index(slot), count=1)
-
-
-@gluon.jit
-def _fence_acq_rel_gpu():
-    gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        for wg in gl.static_range(2):
+            slot = wg * 2 + j % 2
+            mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
+            gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
+            mbarrier.arrive(released.index(slot), count=1)
 
 
 @gluon.jit
@@ -485,7 +466,7 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, VARIANT: gl.constexpr = 0,
+    order=None,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -550,7 +531,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, VARIANT,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles,
         )  # fmt: skip
     else:
         for section in gl.static_range(
