@@ -17,6 +17,8 @@
 #   bash benchmarks/run_gpu_s48.sh 4   # experiment tree: EXP_VARIANT 4 hands a step's adds over once their source
 #       is read, not once they are complete (timed only: a count may then come before its adds), against the kept
 #       order and variant 1 again (ab_fused_bwd.py --ordered, alternating)
+#   bash benchmarks/run_gpu_s48.sh 5   # the kept tree (081569f's kernels): the issue's benchmark at d128 against
+#       SDPA cuDNN, FlexAttention and SDPA flash (also from CUDA graphs), 1k / 4k / 16k / 64k, causal and full
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -37,5 +39,8 @@ case "$1" in
   ;;
 4)
   ordered_ab ab_read_wait_causal.json ab_read_wait_full.json 120 120 "4096 8192 16384"
+  ;;
+5)
+  d128_against_anchors 560 1024 4096 16384 65536
   ;;
 esac
