@@ -73,7 +73,7 @@ def reference_check(headdim: int, causal: bool) -> dict:
 def saved_forward(seqlen: int, headdim: int, causal: bool) -> tuple:
     """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
     tokens and nheads x headdim = 2048 (q, k, v require grad, for the public API's fwd+bwd too)."""
-    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
+    batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -87,7 +87,7 @@ def saved_forward(seqlen: int, headdim: int, causal: bool) -> tuple:
 
 
 def point(seqlen: int, headdim: int, causal: bool) -> dict:
-    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
+    batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
     q, k, v, do, out, lse2 = saved_forward(seqlen, headdim, causal)
     flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, batch=batch, nheads=nheads,

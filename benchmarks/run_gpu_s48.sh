@@ -19,6 +19,10 @@
 #       order and variant 1 again (ab_fused_bwd.py --ordered, alternating)
 #   bash benchmarks/run_gpu_s48.sh 5   # the kept tree (081569f's kernels): the issue's benchmark at d128 against
 #       SDPA cuDNN, FlexAttention and SDPA flash (also from CUDA graphs), 1k / 4k / 16k / 64k, causal and full
+#   bash benchmarks/run_gpu_s48.sh 6   # experiment tree (EXP_CONVOY): full attention's ordered adds in program order,
+#       every program walking the items from the first, one key group at any length. ab_fused_bwd.py --ordered at
+#       full 16k / 32k / 64k (batch 1; ordered_convoy against the two kernels, the unordered kernel and the kept
+#       order, which takes 16k in two key groups), then the ordered GPU tests with the convoy on
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -42,5 +46,10 @@ case "$1" in
   ;;
 5)
   d128_against_anchors 560 1024 4096 16384 65536
+  ;;
+6)
+  timeout -s KILL 280 python benchmarks/ab_fused_bwd.py --ordered --seqlens 16384 32768 65536 --rounds 5 \
+    --out "$R/ab_convoy_full.json" 2>&1 | quiet
+  FLASHTRAIN_EXP_CONVOY=1 ordered_tests
   ;;
 esac

@@ -62,7 +62,7 @@ def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -86,6 +86,9 @@ def _attn_bwd_fused_hopper(
         dq_b = key_group * gl.num_programs(2) + off_b
         sem_off = (dq_b * gl.num_programs(1) + off_hk) * (n_items * 2)
         if CAUSAL:  # (no rotation: the programs' own starts space them, `dkdv.ordered_causal_rank`)
+            spacing = 0
+            rot = 0
+        elif CONVOY:  # (experiment: every program walks the items from the first; spacing 0 says so to `_steps`)
             spacing = 0
             rot = 0
         else:  # (lo = 0)
@@ -142,6 +145,10 @@ def _attn_bwd_fused_hopper(
     )  # fmt: skip
 
 
+# experiment (session 48): full attention's ordered adds in program order, each program walking the items
+# from the first (a program waits only on programs started before it: any length, one key group)
+EXP_CONVOY = os.environ.get("FLASHTRAIN_EXP_CONVOY", "0") == "1"
+
 # FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the deterministic Gluon kernels instead
 ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
 
@@ -182,6 +189,8 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     cfg = CONFIGS.get(headdim)
     if not ORDERED_ENABLED or cfg is None:
         return False
+    if EXP_CONVOY and not causal:
+        return True
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
@@ -190,10 +199,12 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     return key_groups <= MAX_KEY_GROUPS and items >= 2 * triton.cdiv(programs, key_groups)
 
 
-def ordered_key_groups(seqlen_k: int, sms: int) -> int:
+def ordered_key_groups(seqlen_k: int, sms: int, causal: bool = True) -> int:
     """Key groups of the ordered backward (each its own fp32 dq buffer, summed in order after): as few
     as keep a key group's programs to half the SMs."""
     cfg = CONFIGS[128]
+    if EXP_CONVOY and not causal:
+        return 1
     return triton.cdiv(triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
 
 
@@ -248,7 +259,8 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=ordered and EXP_CONVOY and not causal,
+             num_warps=4),
     )  # fmt: skip
     return dk, dv
 

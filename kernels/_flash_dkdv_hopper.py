@@ -299,6 +299,8 @@ def _steps(
                 cur = (dq_head * n_tiles + dq_tile) * 2 + WG
                 if CAUSAL:
                     rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
+                elif spacing == 0:  # (experiment, `_flash_bwd_fused_hopper.EXP_CONVOY`: in program order)
+                    rank = program
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
