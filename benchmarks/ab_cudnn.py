@@ -55,7 +55,7 @@ def _without_ordered(fn):
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
     """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
     ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors)."""
-    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
+    batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -86,7 +86,7 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMP
         for impl in rotated(list(impls), r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
-    flops = 4 * (TOKENS // seqlen) * (MODEL_DIM // headdim) * seqlen**2 * headdim / (2 if causal else 1)
+    flops = 4 * max(TOKENS // seqlen, 1) * (MODEL_DIM // headdim) * seqlen**2 * headdim / (2 if causal else 1)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds)
     for (impl, what), ms in times.items():
         row[f"{impl}_{what}_ms"] = ms

@@ -96,8 +96,8 @@ def spills_in_loops(cubin: bytes) -> int | None:
 
 
 def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
-    """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused" or "fused_ordered", the one-kernel backward
-    with its dQ adds in a fixed order) for sm_90, dense or block-sparse (walking tile lists,
+    """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused", "fused_ordered", the one-kernel backward
+    with its dQ adds in a fixed order, or "fused_convoy", that in the convoy order) for sm_90, dense or block-sparse (walking tile lists,
     `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass (`_flash_dkdv_hopper.passes`); never raises."""
     import torch
 
@@ -119,7 +119,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         if kernel == "fwd":
             jit = hopper._attn_fwd_hopper
             args = [rows, keys, keys, rows, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264]
-        elif kernel in ("fused", "fused_ordered"):  # (its dq view's blocks are half a head wide)
+        elif kernel.startswith("fused"):  # (its dq view's blocks are half a head wide)
             jit = fused_hopper._attn_bwd_fused_hopper
             halves = hopper.descriptor(torch.zeros(2, 1000, 8, headdim // 2), cfg.block_m)
             args = [rows, keys, keys, rows, keys, keys, halves, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000,
@@ -152,7 +152,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["PART"] = part
         if kernel.startswith("fused"):
             del meta["SPARSE"]
-            meta["ORDERED"] = kernel == "fused_ordered"
+            meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy")
+            meta["CONVOY"] = kernel == "fused_convoy"
         if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         compiled = compile_kernel(jit, args, meta)
@@ -167,7 +168,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             status = "ok"
         result.update(status=status, shared=shared, stack=stack, spills_in_loops=in_loops,
                       warps=compiled.metadata.num_warps)  # fmt: skip
-        if kernel == "fused_ordered":
+        if meta.get("ORDERED"):
             counts = semaphore_adds(cubin) or (None, None)
             result["semaphore_adds"], result["semaphore_adds_without_release"] = counts
     except Exception as e:  # noqa: BLE001  (the point is to report whatever the compiler raises)
@@ -246,7 +247,7 @@ def main():
 
         dense_configs = [
             (kernel, d, cfg)
-            for kernel in ("fused", "fused_ordered")
+            for kernel in ("fused", "fused_ordered", "fused_convoy")
             for d, cfg in sorted(_flash_bwd_fused_hopper.CONFIGS.items())
         ]
     configs = [(*c, True, c in sparse_configs) for c in dense_configs]
@@ -256,7 +257,7 @@ def main():
     for kernel, headdim, cfg, dense, listed in configs:
         for sparse in [s for s, wanted in ((False, dense), (True, listed)) if wanted]:
             parts = _flash_dkdv_hopper.passes(headdim) if kernel == "dkdv" else (0,)
-            causals = (True, False)
+            causals = (False,) if kernel == "fused_convoy" else (True, False)  # (convoy: full attention)
             for part, causal, dtype in itertools.product(parts, causals, (torch.bfloat16, torch.float16)):
                 results.append(build(kernel, headdim, cfg, causal, dtype, sparse, part))
                 r = results[-1]

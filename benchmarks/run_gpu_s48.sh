@@ -23,6 +23,9 @@
 #       every program walking the items from the first, one key group at any length. ab_fused_bwd.py --ordered at
 #       full 16k / 32k / 64k (batch 1; ordered_convoy against the two kernels, the unordered kernel and the kept
 #       order, which takes 16k in two key groups), then the ordered GPU tests with the convoy on
+#   bash benchmarks/run_gpu_s48.sh 7   # the convoy order kept (full attention past 16.9k keys): the ordered GPU tests
+#       (convoy cases among them), the backward alone at full 16k / 32k / 64k against the two kernels and the
+#       unordered kernel (ab_fused_bwd.py --ordered), and fwd+bwd against SDPA cuDNN at full 32k and 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -51,5 +54,12 @@ case "$1" in
   timeout -s KILL 280 python benchmarks/ab_fused_bwd.py --ordered --seqlens 16384 32768 65536 --rounds 5 \
     --out "$R/ab_convoy_full.json" 2>&1 | quiet
   FLASHTRAIN_EXP_CONVOY=1 ordered_tests
+  ;;
+7)
+  ordered_tests
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --seqlens 16384 32768 65536 --rounds 5 \
+    --out "$R/ab_convoy_full.json" 2>&1 | quiet
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal no --seqlens 32768 65536 \
+    --rounds 5 --out "$R/ab_cudnn_d128_full_long.json" 2>&1 | quiet | ratios
   ;;
 esac

@@ -566,8 +566,9 @@ def flash_attn_backward(
     )
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
+    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(k.shape[1], win_right == 0, sm_count(q.device))
     key_groups = (
-        _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sm_count(q.device), win_right == 0) if ordered else 1
+        _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sm_count(q.device)) if ordered and not convoy else 1
     )
     dq_acc = None
     if atomic_dq or ordered:
@@ -597,7 +598,7 @@ def flash_attn_backward(
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0, ordered=ordered,
-            key_groups=key_groups,
+            key_groups=key_groups, convoy=convoy,
         )  # fmt: skip
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
         # last sum written into dq: in fp32, rounded once, as a copy of the total)

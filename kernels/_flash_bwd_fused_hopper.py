@@ -70,7 +70,9 @@ def _attn_bwd_fused_hopper(
     tile) item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch,
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
-    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other."""
+    dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
+    CONVOY (full attention, key_groups 1): every program walks the items from the first, and each item's
+    adds come in program order (`supports_ordered`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -88,7 +90,7 @@ def _attn_bwd_fused_hopper(
         if CAUSAL:  # (no rotation: the programs' own starts space them, `dkdv.ordered_causal_rank`)
             spacing = 0
             rot = 0
-        elif CONVOY:  # (experiment: every program walks the items from the first; spacing 0 says so to `_steps`)
+        elif CONVOY:  # (no rotation: each program waits on the one started before it, `dkdv._steps`)
             spacing = 0
             rot = 0
         else:  # (lo = 0)
@@ -130,10 +132,10 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
@@ -144,10 +146,6 @@ def _attn_bwd_fused_hopper(
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],
     )  # fmt: skip
 
-
-# experiment (session 48): full attention's ordered adds in program order, each program walking the items
-# from the first (a program waits only on programs started before it: any length, one key group)
-EXP_CONVOY = os.environ.get("FLASHTRAIN_EXP_CONVOY", "0") == "1"
 
 # FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the deterministic Gluon kernels instead
 ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
@@ -185,27 +183,44 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
       (another stream's, another process's under MPS);
     - full attention, at least 2 query tiles (64 rows, of all the group's heads) per program of a key
       group: programs start 2 items apart, so an item's next adder gets there 2 steps after the last one,
-      and does not wait (causal programs are spaced by their own starts: `ordered_causal_rank`)."""
+      and does not wait (causal programs are spaced by their own starts: `ordered_causal_rank`);
+    - or full attention past MAX_KEY_GROUPS key groups in the convoy order (`ordered_convoy`), with at
+      least 2 query tiles per program."""
     cfg = CONFIGS.get(headdim)
     if not ORDERED_ENABLED or cfg is None:
         return False
-    if EXP_CONVOY and not causal:
-        return True
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
         return seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM and key_groups <= ORDERED_CAUSAL_KEY_GROUPS
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
+    if ordered_convoy(seqlen_k, causal, sms):
+        return items >= 2 * programs
     return key_groups <= MAX_KEY_GROUPS and items >= 2 * triton.cdiv(programs, key_groups)
 
 
-def ordered_key_groups(seqlen_k: int, sms: int, causal: bool = True) -> int:
+def ordered_key_groups(seqlen_k: int, sms: int) -> int:
     """Key groups of the ordered backward (each its own fp32 dq buffer, summed in order after): as few
-    as keep a key group's programs to half the SMs."""
+    as keep a key group's programs to half the SMs; 1 in the convoy order (`ordered_convoy`)."""
     cfg = CONFIGS[128]
-    if EXP_CONVOY and not causal:
-        return 1
     return triton.cdiv(triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
+
+
+def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
+    """Whether an ordered full-attention call adds in the convoy order: past MAX_KEY_GROUPS key groups,
+    every program of a key head (one key group, one dq buffer) walks the query tiles from the first, and
+    each tile's adds come in program order, so a program waits only on the one started before it (grid
+    order): no program waits on one not yet started, whatever runs beside it, so any length can take it.
+    The programs trail each other by the count's latency (~2 steps); where a program walks many steps
+    (at least 2 per program, `supports_ordered`) and programs start as others finish, that costs little.
+    The backward alone, one H200, five rounds alternating (results/s48/call6): 1.12x the two deterministic
+    kernels at full 32k and 64k (0.98x and 0.96x the unordered one-kernel backward); at 16k 0.98x the
+    rotation in two key groups, which keeps 16k."""
+    return ORDERED_CONVOY and not causal and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
+
+
+# FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
+ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 
 
 # Each key group costs a dq-sized fp32 buffer and its read in the final sum; 2 (16.9k keys on 132 SMs,
@@ -225,14 +240,16 @@ ORDERED_CAUSAL_KEY_GROUPS = 1
 
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
-    key_groups=1,
+    key_groups=1, convoy=False,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
-    repeats bit for bit."""
+    repeats bit for bit; with convoy (`ordered_convoy`: full attention, key_groups 1) in program order."""
+    if convoy and (causal or key_groups != 1 or not ordered):
+        raise ValueError("convoy is the ordered full-attention backward's order in one key group")
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
@@ -259,8 +276,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=ordered and EXP_CONVOY and not causal,
-             num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -190,6 +190,7 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
+    CONVOY: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -204,7 +205,8 @@ def _steps(
     rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full
     attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to
     the ones before it, so at any step the programs of a key head are on different items, and each
-    item's adders come in the order they reach it (`ordered_rank_step`).
+    item's adders come in the order they reach it (`ordered_rank_step`). CONVOY (full attention, one key
+    group): no rotation, every item's adders in program order (`_flash_bwd_fused_hopper`'s convoy).
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -299,7 +301,7 @@ def _steps(
                 cur = (dq_head * n_tiles + dq_tile) * 2 + WG
                 if CAUSAL:
                     rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
-                elif spacing == 0:  # (experiment, `_flash_bwd_fused_hopper.EXP_CONVOY`: in program order)
+                elif CONVOY:  # (the programs before this one, in the key head's one key group)
                     rank = program
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
@@ -468,7 +470,7 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None,
+    order=None, CONVOY: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -533,7 +535,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles, CONVOY,
         )  # fmt: skip
     else:
         for section in gl.static_range(

@@ -153,7 +153,7 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # adds handed to a releasing warp mid-step (session 46), 4 and 11.
 FUSED_SPILLS = {
     ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 4,
-    ("fused_ordered", 128, True): 11,
+    ("fused_ordered", 128, True): 11, ("fused_convoy", 128, False): 0,
 }  # fmt: skip
 
 
@@ -170,7 +170,8 @@ def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seq
 @pytest.mark.parametrize(
     "headdim, causal, seqlen_q, seqlen_k, group, takes",
     [(128, False, 4096, 4096, 1, True), (128, False, 8192, 8192, 1, True), (128, False, 16384, 16384, 1, True),
-     (128, False, 32768, 32768, 1, False), (128, False, 2048, 16384, 1, False),
+     (128, False, 32768, 32768, 1, True), (128, False, 2048, 16384, 1, False), (128, False, 20480, 20480, 1, True),
+     (128, False, 65536, 65536, 1, True), (128, False, 4096, 32768, 1, False), (128, False, 4096, 32768, 8, True),
      (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
      (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True),
      (128, True, 4096, 4096, 1, True), (128, True, 4100, 4100, 1, True), (128, True, 2048, 2048, 1, True),
@@ -182,13 +183,17 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
     headdim, causal, seqlen_q, seqlen_k, group, takes
 ):
     """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128; full attention in at most 2
-    key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64; 32k: 4, no), causal from 2k
+    key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64), or past that in the convoy
+    order with at least 2 query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k, yes;
+    4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a key head, 512: yes), causal from 2k
     queries on as many keys in one (8448 keys: 66 programs, yes; 8449: 67, no); and at least 2 query
     tiles of 64 rows (of the group's heads) per program of a key group with full attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query
     heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes;
     causal 4100: 65 for 33, yes)."""
     assert fused_hopper.supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, 132) is takes
-    if takes:
+    convoy = fused_hopper.ordered_convoy(seqlen_k, causal, 132)
+    assert convoy is (not causal and seqlen_k > 2 * 66 * 128)
+    if takes and not convoy:
         assert fused_hopper.ordered_key_groups(seqlen_k, 132) == (2 if seqlen_k > 66 * 128 else 1)
 
 
@@ -216,6 +221,18 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     assert calls == [deterministic]
 
 
+@pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 1), (False, False, 1), (False, True, 2)])
+def test_convoy_order_is_full_attention_in_one_key_group(causal, ordered, key_groups):
+    """The convoy order (`ordered_convoy`) asked of a causal, unordered or multi-group call: a ValueError
+    before any launch."""
+    q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="convoy"):
+        fused_hopper.flash_attn_bwd_fused_hopper(
+            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=causal, ordered=ordered,
+            key_groups=key_groups, convoy=True,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("key_groups", [1, 2, 3])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch, key_groups, causal):
@@ -227,6 +244,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda *a: True)
     monkeypatch.setattr(fused_hopper, "ordered_key_groups", lambda *a: key_groups)
+    monkeypatch.setattr(fused_hopper, "ordered_convoy", lambda *a: False)  # (the key groups' sum is the point)
     buffers = []
 
     def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, **kw):
@@ -269,7 +287,7 @@ def test_fused_backward_builds_for_sm90(tmp_path):
     )
     for r in results:
         assert r["spills_in_loops"] <= FUSED_SPILLS[r["kernel"], r["headdim"], r["causal"]], r
-        if r["kernel"] == "fused_ordered":
+        if r["kernel"] in ("fused_ordered", "fused_convoy"):
             assert r["semaphore_adds"] >= 2 and r["semaphore_adds_without_release"] == 0, r
 
 
@@ -291,17 +309,19 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 
 
 @over_edges(fused_hopper.CONFIGS)
-@pytest.mark.parametrize("key_groups", [1, 2])
+@pytest.mark.parametrize("key_groups, convoy", [(1, False), (2, False), (1, True)])
 def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
-    case, headdim, dtype, key_groups
+    case, headdim, dtype, key_groups, convoy
 ):
     """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
-    groups (each adding into its own dq buffer, summed after): the gradients pass the tolerance rule on
-    every edge case it takes (full attention; causal on as many queries as keys) and come out bitwise the
-    same twice."""
+    groups (each adding into its own dq buffer, summed after), or in the convoy order: the gradients pass
+    the tolerance rule on every edge case it takes (full attention; causal on as many queries as keys;
+    the convoy: full attention) and come out bitwise the same twice."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     if causal and q.shape[1] != k.shape[1]:
         pytest.skip("the ordered causal adds count on seqlen_q == seqlen_k (supports_ordered)")
+    if causal and convoy:
+        pytest.skip("the convoy order is full attention's (ordered_convoy)")
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
     runs = []
@@ -310,7 +330,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
         acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
         fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=causal, ordered=True,
-            key_groups=key_groups,
+            key_groups=key_groups, convoy=convoy,
         )  # fmt: skip
         dq = acc.view(key_groups, *q.shape).sum(0)
         runs.append((dq, dk, dv))
@@ -327,15 +347,16 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     "b, sq, sk, h, hk, causal",
     [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 1, False), (1, 4096, 4096, 4, 2, False),
      (4, 4096, 4096, 16, 16, False), (2, 8192, 8192, 16, 16, False), (1, 16384, 16384, 16, 16, False),
-     (1, 2048, 1024, 4, 2, False),
+     (1, 2048, 1024, 4, 2, False), (1, 20480, 20480, 2, 2, False), (1, 32768, 32768, 2, 1, False),
      (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 2, True), (8, 2048, 2048, 16, 16, True),
      (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 1, True)],
 )  # fmt: skip
 def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal):
     """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
-    says: full attention, and causal from 2k queries on as many keys in one key group (a partial last
-    query tile on the last program's diagonal at 4100 and 4160 tokens, GQA, 66 programs a key head at
-    8448 on 132 SMs); the gradients pass the tolerance rule and repeat bit for bit."""
+    says: full attention (past 16.9k keys in the convoy order: 20k, and 32k with GQA), and causal from 2k
+    queries on as many keys in one key group (a partial last query tile on the last program's diagonal at
+    4100 and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs); the gradients pass the
+    tolerance rule and repeat bit for bit."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
