@@ -9,20 +9,23 @@
 #   bash benchmarks/run_gpu_s48.sh 2   # experiment tree (EXP_ABLATE): where the ordered backward's time over the
 #       unordered one goes. ab_fused_bwd.py --ordered with variants ordered (kept), ordered_no_wait (no wait on
 #       the count), ordered_no_wait_no_read (nor its early read) and ordered_no_sync (nor the hand-over and
-#       count), timed only (their dq sums come in no fixed order)
+#       count), timed only (their dq sums come in no fixed order). Ran on commit 1fe4ef1 (results/s48/ablate.patch)
 #   bash benchmarks/run_gpu_s48.sh 3   # experiment tree (EXP_VARIANT): 1, the releasing warp counts both halves of a
 #       step after one GPU fence, in relaxed adds; 2, the consumers hand a step's adds over under the next step's
 #       dV and dK products, not its S^T and dP^T; 3, both. ab_fused_bwd.py --ordered with each, alternating
-#       (bitwise against the kept order), then the ordered GPU tests and the lightest-first stress test on 3
+#       (bitwise against the kept order), then the ordered GPU tests and the lightest-first stress test on 3.
+#       Ran on commit 8e361dc (results/s48/variants.patch holds variants 1-4; not kept)
 #   bash benchmarks/run_gpu_s48.sh 4   # experiment tree: EXP_VARIANT 4 hands a step's adds over once their source
 #       is read, not once they are complete (timed only: a count may then come before its adds), against the kept
-#       order and variant 1 again (ab_fused_bwd.py --ordered, alternating)
+#       order and variant 1 again (ab_fused_bwd.py --ordered, alternating). Ran on commit d24263c
+#       (results/s48/variants.patch; not kept)
 #   bash benchmarks/run_gpu_s48.sh 5   # the kept tree (081569f's kernels): the issue's benchmark at d128 against
 #       SDPA cuDNN, FlexAttention and SDPA flash (also from CUDA graphs), 1k / 4k / 16k / 64k, causal and full
 #   bash benchmarks/run_gpu_s48.sh 6   # experiment tree (EXP_CONVOY): full attention's ordered adds in program order,
 #       every program walking the items from the first, one key group at any length. ab_fused_bwd.py --ordered at
 #       full 16k / 32k / 64k (batch 1; ordered_convoy against the two kernels, the unordered kernel and the kept
-#       order, which takes 16k in two key groups), then the ordered GPU tests with the convoy on
+#       order, which takes 16k in two key groups), then the ordered GPU tests with the convoy on. Ran on commit
+#       e9418bf (results/s48/convoy_experiment.patch; the kept convoy order is commit d6685f8's)
 #   bash benchmarks/run_gpu_s48.sh 7   # the convoy order kept (full attention past 16.9k keys): the ordered GPU tests
 #       (convoy cases among them), the backward alone at full 16k / 32k / 64k against the two kernels and the
 #       unordered kernel (ab_fused_bwd.py --ordered), and fwd+bwd against SDPA cuDNN at full 32k and 64k

@@ -23,7 +23,9 @@ adders before it, and its add is counted once it is complete in global memory, b
 own with a GPU-scope release (`_flash_dkdv_hopper._releaser`: a relaxed count let later adds overtake
 it, session 46). A program may wait on
 any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
-SMs' worth.
+SMs' worth. Full attention past two such key groups takes the convoy order instead (`ordered_convoy`):
+each program walks the tiles from the first and each tile's adds come in program order, so a program
+waits only on the one started before it.
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
 (`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
@@ -213,9 +215,10 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     order): no program waits on one not yet started, whatever runs beside it, so any length can take it.
     The programs trail each other by the count's latency (~2 steps); where a program walks many steps
     (at least 2 per program, `supports_ordered`) and programs start as others finish, that costs little.
-    The backward alone, one H200, five rounds alternating (results/s48/call6): 1.12x the two deterministic
-    kernels at full 32k and 64k (0.98x and 0.96x the unordered one-kernel backward); at 16k 0.98x the
-    rotation in two key groups, which keeps 16k."""
+    One H200, five rounds alternating: the backward alone 1.11-1.12x the two deterministic kernels at full
+    32k and 64k (0.96-0.98x the unordered one-kernel backward), bitwise repeats (results/s48/call6, call7);
+    fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
+    (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6)."""
     return ORDERED_CONVOY and not causal and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
