@@ -96,9 +96,10 @@ def spills_in_loops(cubin: bytes) -> int | None:
 
 
 def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
-    """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused", "fused_ordered", the one-kernel backward
-    with its dQ adds in a fixed order, or "fused_convoy", that in the convoy order) for sm_90, dense or block-sparse (walking tile lists,
-    `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass (`_flash_dkdv_hopper.passes`); never raises."""
+    """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused", "fused_ordered", the one-kernel
+    backward with its dQ adds in a fixed order, or "fused_convoy", in the convoy order) for sm_90, dense
+    or block-sparse (walking tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass
+    (`_flash_dkdv_hopper.passes`); never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel

@@ -566,10 +566,9 @@ def flash_attn_backward(
     )
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
-    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(k.shape[1], win_right == 0, sm_count(q.device))
-    key_groups = (
-        _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sm_count(q.device)) if ordered and not convoy else 1
-    )
+    sms = sm_count(q.device)
+    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(k.shape[1], win_right == 0, sms)
+    key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sms) if ordered and not convoy else 1
     dq_acc = None
     if atomic_dq or ordered:
         dq_acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)

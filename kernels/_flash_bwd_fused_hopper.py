@@ -203,7 +203,8 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
 
 def ordered_key_groups(seqlen_k: int, sms: int) -> int:
     """Key groups of the ordered backward (each its own fp32 dq buffer, summed in order after): as few
-    as keep a key group's programs to half the SMs; 1 in the convoy order (`ordered_convoy`)."""
+    as keep a key group's programs to half the SMs (a call in the convoy order, `ordered_convoy`, takes
+    one instead)."""
     cfg = CONFIGS[128]
     return triton.cdiv(triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
 
@@ -252,7 +253,10 @@ def flash_attn_bwd_fused_hopper(
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
     repeats bit for bit; with convoy (`ordered_convoy`: full attention, key_groups 1) in program order."""
     if convoy and (causal or key_groups != 1 or not ordered):
-        raise ValueError("convoy is the ordered full-attention backward's order in one key group")
+        raise ValueError(
+            "convoy=True (ordered_convoy) needs ordered=True, causal=False and key_groups=1; "
+            f"got ordered={ordered}, causal={causal}, key_groups={key_groups}"
+        )
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]

@@ -221,7 +221,7 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     assert calls == [deterministic]
 
 
-@pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 1), (False, False, 1), (False, True, 2)])
+@pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 1), (False, False, 1), (False, True, 2)])  # fmt: skip
 def test_convoy_order_is_full_attention_in_one_key_group(causal, ordered, key_groups):
     """The convoy order (`ordered_convoy`) asked of a causal, unordered or multi-group call: a ValueError
     before any launch."""
@@ -244,7 +244,8 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda *a: True)
     monkeypatch.setattr(fused_hopper, "ordered_key_groups", lambda *a: key_groups)
-    monkeypatch.setattr(fused_hopper, "ordered_convoy", lambda *a: False)  # (the key groups' sum is the point)
+    # (the key groups' sum is the point: no convoy order, which takes one)
+    monkeypatch.setattr(fused_hopper, "ordered_convoy", lambda *a: False)
     buffers = []
 
     def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, **kw):
