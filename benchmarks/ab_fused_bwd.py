@@ -50,9 +50,12 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
+    if args.ordered and args.causal:  # (experiment, session 48)
+        variants["ordered_causal_convoy"] = (False, True)
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
+        _flash_bwd_fused_hopper.EXP_CAUSAL_CONVOY = variant == "ordered_causal_convoy"
         return _backward(*inputs, args.causal, atomic)
 
     rows = []
@@ -65,6 +68,15 @@ def main() -> None:
                 torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
             )
             two_kernels = backward("deterministic", inputs)
+            if "ordered_causal_convoy" in variants:
+                convoy = [backward("ordered_causal_convoy", inputs) for _ in range(4)]
+                row["causal_convoy_repeats_bitwise"] = all(
+                    torch.equal(a, b) for again in convoy[1:] for a, b in zip(convoy[0], again, strict=True)
+                )
+                row["causal_convoy_vs_deterministic_rel"] = [
+                    ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                    for a, b in zip(convoy[0], two_kernels, strict=True)
+                ]
             row["ordered_vs_deterministic_rel"] = [
                 ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                 for a, b in zip(runs[0], two_kernels, strict=True)

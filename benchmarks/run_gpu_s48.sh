@@ -29,6 +29,9 @@
 #   bash benchmarks/run_gpu_s48.sh 7   # the convoy order kept (full attention past 16.9k keys): the ordered GPU tests
 #       (convoy cases among them), the backward alone at full 16k / 32k / 64k against the two kernels and the
 #       unordered kernel (ab_fused_bwd.py --ordered), and fwd+bwd against SDPA cuDNN at full 32k and 64k
+#   bash benchmarks/run_gpu_s48.sh 8   # experiment (EXP_CAUSAL_CONVOY): causal calls past one key group in one key
+#       group, a key head's programs started last keys first (each waits only on started ones). ab_fused_bwd.py
+#       --ordered --causal at 16k and 32k (ordered_causal_convoy against the two kernels and the unordered kernel)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -64,5 +67,9 @@ case "$1" in
     --out "$R/ab_convoy_full.json" 2>&1 | quiet
   timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal no --seqlens 32768 65536 \
     --rounds 5 --out "$R/ab_cudnn_d128_full_long.json" 2>&1 | quiet | ratios
+  ;;
+8)
+  timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 16384 32768 --rounds 5 \
+    --out "$R/ab_causal_convoy.json" 2>&1 | quiet
   ;;
 esac

@@ -79,7 +79,10 @@ def _attn_bwd_fused_hopper(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
-    n0, off_hk, off_b, lo, hi = dkdv.dense_program(sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL)
+    # (causal CONVOY: a key head's programs start last keys first, so each waits only on started ones)
+    n0, off_hk, off_b, lo, hi = dkdv.dense_program(
+        sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY
+    )
     if ORDERED:  # (grid order, sched_slots 0: programs of a key head, then key heads, then batches)
         n_items = group * hi  # (query head, tile) items
         all_programs = gl.cdiv(seqlen_k, KEYS)
@@ -194,7 +197,9 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
-        return seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM and key_groups <= ORDERED_CAUSAL_KEY_GROUPS
+        return seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM and (
+            key_groups <= ORDERED_CAUSAL_KEY_GROUPS or ordered_convoy(seqlen_k, causal, sms)
+        )
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
     if ordered_convoy(seqlen_k, causal, sms):
         return items >= 2 * programs
@@ -220,9 +225,12 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     32k and 64k (0.96-0.98x the unordered one-kernel backward), bitwise repeats (results/s48/call6, call7);
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6)."""
-    return ORDERED_CONVOY and not causal and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
+    if causal:  # (experiment, session 48: programs started last keys first, any length in one key group)
+        return EXP_CAUSAL_CONVOY and ORDERED_CONVOY and ordered_key_groups(seqlen_k, sms) > ORDERED_CAUSAL_KEY_GROUPS
+    return ORDERED_CONVOY and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
+EXP_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_EXP_CAUSAL_CONVOY", "0") == "1"
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 
@@ -252,10 +260,10 @@ def flash_attn_bwd_fused_hopper(
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
     repeats bit for bit; with convoy (`ordered_convoy`: full attention, key_groups 1) in program order."""
-    if convoy and (causal or key_groups != 1 or not ordered):
+    if convoy and (key_groups != 1 or not ordered):
         raise ValueError(
-            "convoy=True (ordered_convoy) needs ordered=True, causal=False and key_groups=1; "
-            f"got ordered={ordered}, causal={causal}, key_groups={key_groups}"
+            "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
+            f"got ordered={ordered}, key_groups={key_groups}"
         )
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]

@@ -221,10 +221,10 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     assert calls == [deterministic]
 
 
-@pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 1), (False, False, 1), (False, True, 2)])  # fmt: skip
+@pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
 def test_convoy_order_is_full_attention_in_one_key_group(causal, ordered, key_groups):
-    """The convoy order (`ordered_convoy`) asked of a causal, unordered or multi-group call: a ValueError
-    before any launch."""
+    """The convoy order (`ordered_convoy`) asked of an unordered or multi-group call: a ValueError before
+    any launch."""
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="convoy"):
         fused_hopper.flash_attn_bwd_fused_hopper(
