@@ -226,7 +226,8 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6)."""
     if causal:  # (experiment, session 48: programs started last keys first, any length in one key group)
-        return EXP_CAUSAL_CONVOY and ORDERED_CONVOY and ordered_key_groups(seqlen_k, sms) > ORDERED_CAUSAL_KEY_GROUPS
+        groups = ordered_key_groups(seqlen_k, sms)
+        return EXP_CAUSAL_CONVOY and ORDERED_CONVOY and groups > ORDERED_CAUSAL_KEY_GROUPS
     return ORDERED_CONVOY and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 

@@ -585,7 +585,7 @@ def _store_grads(dk, dv, k_out, v_out, dk_desc, dv_desc, coord, sm_scale, PART: 
 def dense_program(
     sched_slots, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
     REVERSED: gl.constexpr = False,
-):
+):  # fmt: skip
     """A dense call's program: (first key n0, key head, batch, lo, hi), the query tiles lo .. hi - 1 that
     see its KEYS keys. (The first key tiles are seen by the most queries (causal), so the grid order is
     already heaviest first; REVERSED, with sched_slots 0: a key head's last key tile first.)"""
