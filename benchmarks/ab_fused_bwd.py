@@ -55,7 +55,7 @@ def main() -> None:
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
-        _flash_bwd_fused_hopper.EXP_CAUSAL_CONVOY = variant == "ordered_causal_convoy"
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant == "ordered_causal_convoy"
         return _backward(*inputs, args.causal, atomic)
 
     rows = []

@@ -225,13 +225,15 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     32k and 64k (0.96-0.98x the unordered one-kernel backward), bitwise repeats (results/s48/call6, call7);
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6)."""
-    if causal:  # (experiment, session 48: programs started last keys first, any length in one key group)
+    if causal:  # (a key head's programs start last keys first: `_attn_bwd_fused_hopper`)
         groups = ordered_key_groups(seqlen_k, sms)
-        return EXP_CAUSAL_CONVOY and ORDERED_CONVOY and groups > ORDERED_CAUSAL_KEY_GROUPS
+        return ORDERED_CAUSAL_CONVOY and ORDERED_CONVOY and groups > ORDERED_CAUSAL_KEY_GROUPS
     return ORDERED_CONVOY and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
-EXP_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_EXP_CAUSAL_CONVOY", "0") == "1"
+# FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 takes causal calls past one key group (8448 keys on 132 SMs) in the
+# convoy order, a key head's programs started last keys first (off: one H200 run only, results/s48/call8)
+ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "0") == "1"
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 

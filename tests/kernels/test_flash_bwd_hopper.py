@@ -317,12 +317,10 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
     groups (each adding into its own dq buffer, summed after), or in the convoy order: the gradients pass
     the tolerance rule on every edge case it takes (full attention; causal on as many queries as keys;
-    the convoy: full attention) and come out bitwise the same twice."""
+    the convoy order, full or causal) and come out bitwise the same twice."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     if causal and q.shape[1] != k.shape[1]:
         pytest.skip("the ordered causal adds count on seqlen_q == seqlen_k (supports_ordered)")
-    if causal and convoy:
-        pytest.skip("the convoy order is full attention's (ordered_convoy)")
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
     runs = []
@@ -350,7 +348,8 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
      (4, 4096, 4096, 16, 16, False), (2, 8192, 8192, 16, 16, False), (1, 16384, 16384, 16, 16, False),
      (1, 2048, 1024, 4, 2, False), (1, 20480, 20480, 2, 2, False), (1, 32768, 32768, 2, 1, False),
      (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 2, True), (8, 2048, 2048, 16, 16, True),
-     (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 1, True)],
+     (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 1, True),
+     (1, 16384, 16384, 4, 4, True), (1, 16640, 16640, 4, 2, True)],
 )  # fmt: skip
 def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal):
     """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
@@ -362,6 +361,7 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
     )  # fmt: skip
+    monkeypatch.setattr(fused_hopper, "ORDERED_CAUSAL_CONVOY", True)  # (causal past 8448: opt-in)
     q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + h if causal else sq + sk + h)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)
