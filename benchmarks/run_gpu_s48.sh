@@ -29,11 +29,10 @@
 #   bash benchmarks/run_gpu_s48.sh 7   # the convoy order kept (full attention past 16.9k keys): the ordered GPU tests
 #       (convoy cases among them), the backward alone at full 16k / 32k / 64k against the two kernels and the
 #       unordered kernel (ab_fused_bwd.py --ordered), and fwd+bwd against SDPA cuDNN at full 32k and 64k
-#   bash benchmarks/run_gpu_s48.sh 8   # experiment (EXP_CAUSAL_CONVOY): causal calls past one key group in one key
-#       group, a key head's programs started last keys first (each waits only on started ones). ab_fused_bwd.py
-#       --ordered --causal at 16k and 32k (ordered_causal_convoy against the two kernels and the unordered kernel)
-#   bash benchmarks/run_gpu_s48.sh 9   # the ordered GPU tests with the causal convoy among them (causal 16k and 16640
-#       GQA through the public API, and every causal edge case in the convoy order)
+#   bash benchmarks/run_gpu_s48.sh 8   # experiment (EXP_CAUSAL_CONVOY, since ORDERED_CAUSAL_CONVOY, opt-in): causal calls
+#       past one key group in one key group, a key head's programs started last keys first (each waits only on
+#       started ones). ab_fused_bwd.py --ordered --causal at 16k and 32k (ordered_causal_convoy against the two
+#       kernels and the unordered kernel). Ran on commit 9a21f92
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -73,10 +72,5 @@ case "$1" in
 8)
   timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 16384 32768 --rounds 5 \
     --out "$R/ab_causal_convoy.json" 2>&1 | quiet
-  ;;
-9)
-  timeout -s KILL 110 python -m pytest -q -n 6 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
-    -k "ordered" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   ;;
 esac

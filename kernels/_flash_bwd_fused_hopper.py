@@ -224,7 +224,13 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     One H200, five rounds alternating: the backward alone 1.11-1.12x the two deterministic kernels at full
     32k and 64k (0.96-0.98x the unordered one-kernel backward), bitwise repeats (results/s48/call6, call7);
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
-    (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6)."""
+    (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
+    Causal calls past one key group (8448 keys on 132 SMs) take it where ORDERED_CAUSAL_CONVOY says (opt-in):
+    one key group, a key head's programs started last keys first, each tile's adds in the causal order
+    (descending programs), so again each waits only on started programs. The backward alone, one H200, five
+    rounds (results/s48/call8): 1.048x / 1.075x the two deterministic kernels at causal 16k / 32k (0.94x /
+    0.95x the unordered kernel), bitwise repeats; its GPU tests (tests/kernels/test_flash_bwd_hopper.py)
+    have not run on a GPU yet, hence opt-in."""
     if causal:  # (a key head's programs start last keys first: `_attn_bwd_fused_hopper`)
         groups = ordered_key_groups(seqlen_k, sms)
         return ORDERED_CAUSAL_CONVOY and ORDERED_CONVOY and groups > ORDERED_CAUSAL_KEY_GROUPS
