@@ -58,29 +58,30 @@ def main() -> None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant == "ordered_causal_convoy"
         return _backward(*inputs, args.causal, atomic)
 
+    def repeats_and_distance(variant, inputs, repeats, reference):
+        """Whether variant's gradients repeat bit for bit over repeats runs, and its first run's largest
+        difference from reference's, per gradient, relative to reference's largest value."""
+        runs = [backward(variant, inputs) for _ in range(repeats)]
+        bitwise = all(torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True))
+        rel = [
+            ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+            for a, b in zip(runs[0], reference, strict=True)
+        ]
+        return bitwise, rel
+
     rows = []
     for seqlen in args.seqlens:
         inputs = saved_forward(seqlen, 128, args.causal)
         row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds)
         if args.ordered:
-            runs = [backward("ordered", inputs) for _ in range(3)]
-            row["ordered_repeats_bitwise"] = all(
-                torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True)
-            )
             two_kernels = backward("deterministic", inputs)
+            row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(
+                "ordered", inputs, 3, two_kernels
+            )
             if "ordered_causal_convoy" in variants:
-                convoy = [backward("ordered_causal_convoy", inputs) for _ in range(4)]
-                row["causal_convoy_repeats_bitwise"] = all(
-                    torch.equal(a, b) for again in convoy[1:] for a, b in zip(convoy[0], again, strict=True)
+                row["causal_convoy_repeats_bitwise"], row["causal_convoy_vs_deterministic_rel"] = (
+                    repeats_and_distance("ordered_causal_convoy", inputs, 4, two_kernels)
                 )
-                row["causal_convoy_vs_deterministic_rel"] = [
-                    ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-                    for a, b in zip(convoy[0], two_kernels, strict=True)
-                ]
-            row["ordered_vs_deterministic_rel"] = [
-                ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-                for a, b in zip(runs[0], two_kernels, strict=True)
-            ]
         times = {variant: [] for variant in variants}
         for r in range(args.rounds):
             for variant in rotated(list(variants), r):

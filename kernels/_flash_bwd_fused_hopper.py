@@ -92,10 +92,8 @@ def _attn_bwd_fused_hopper(
         programs = gl.minimum(per_group, all_programs - key_group * per_group)
         dq_b = key_group * gl.num_programs(2) + off_b
         sem_off = (dq_b * gl.num_programs(1) + off_hk) * (n_items * 2)
-        if CAUSAL:  # (no rotation: the programs' own starts space them, `dkdv.ordered_causal_rank`)
-            spacing = 0
-            rot = 0
-        elif CONVOY:  # (no rotation: each program waits on the one started before it, `dkdv._steps`)
+        if CAUSAL or CONVOY:  # (no rotation: causal programs are spaced by their own starts,
+            # `dkdv.ordered_causal_rank`; in the convoy each waits on the one started before it, `dkdv._steps`)
             spacing = 0
             rot = 0
         else:  # (lo = 0)
@@ -215,7 +213,7 @@ def ordered_key_groups(seqlen_k: int, sms: int) -> int:
 
 
 def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
-    """Whether an ordered full-attention call adds in the convoy order: past MAX_KEY_GROUPS key groups,
+    """Whether an ordered call adds in the convoy order. Full attention, past MAX_KEY_GROUPS key groups:
     every program of a key head (one key group, one dq buffer) walks the query tiles from the first, and
     each tile's adds come in program order, so a program waits only on the one started before it (grid
     order): no program waits on one not yet started, whatever runs beside it, so any length can take it.
@@ -231,10 +229,10 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     rounds (results/s48/call8): 1.048x / 1.075x the two deterministic kernels at causal 16k / 32k (0.94x /
     0.95x the unordered kernel), bitwise repeats; its GPU tests (tests/kernels/test_flash_bwd_hopper.py)
     have not run on a GPU yet, hence opt-in."""
-    if causal:  # (a key head's programs start last keys first: `_attn_bwd_fused_hopper`)
-        groups = ordered_key_groups(seqlen_k, sms)
-        return ORDERED_CAUSAL_CONVOY and ORDERED_CONVOY and groups > ORDERED_CAUSAL_KEY_GROUPS
-    return ORDERED_CONVOY and ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
+    # (causal: a key head's programs start last keys first, `_attn_bwd_fused_hopper`)
+    enabled = ORDERED_CONVOY and (ORDERED_CAUSAL_CONVOY or not causal)
+    most_groups = ORDERED_CAUSAL_KEY_GROUPS if causal else MAX_KEY_GROUPS  # (past it, the convoy)
+    return enabled and ordered_key_groups(seqlen_k, sms) > most_groups
 
 
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 takes causal calls past one key group (8448 keys on 132 SMs) in the

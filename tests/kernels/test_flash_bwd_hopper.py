@@ -184,8 +184,9 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
 ):
     """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128; full attention in at most 2
     key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64), or past that in the convoy
-    order with at least 2 query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k, yes;
-    4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a key head, 512: yes), causal from 2k
+    order with at least 2 query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k,
+    yes; 4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a key head, 512:
+    yes), causal from 2k
     queries on as many keys in one (8448 keys: 66 programs, yes; 8449: 67, no); and at least 2 query
     tiles of 64 rows (of the group's heads) per program of a key group with full attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query
     heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes;
@@ -222,7 +223,7 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
 
 
 @pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
-def test_convoy_order_is_full_attention_in_one_key_group(causal, ordered, key_groups):
+def test_convoy_order_needs_an_ordered_call_in_one_key_group(causal, ordered, key_groups):
     """The convoy order (`ordered_convoy`) asked of an unordered or multi-group call: a ValueError before
     any launch."""
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
@@ -355,8 +356,8 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
     says: full attention (past 16.9k keys in the convoy order: 20k, and 32k with GQA), and causal from 2k
     queries on as many keys in one key group (a partial last query tile on the last program's diagonal at
-    4100 and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs); the gradients pass the
-    tolerance rule and repeat bit for bit."""
+    4100 and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs; past that, opt-in, in the
+    convoy order: 16k, and 16640 with GQA); the gradients pass the tolerance rule and repeat bit for bit."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
