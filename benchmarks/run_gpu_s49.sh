@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 49). Each part is what one call ran; the outputs are in
+# benchmarks/results/s49/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s49.sh 1   # the causal convoy (FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1, still opt-in): the
+#       ordered GPU tests with it on (causal 16k, 16640 with GQA, compared with the two kernels too), fwd+bwd
+#       against SDPA cuDNN at causal 16k / 32k / 64k (ab_cudnn.py --two-kernels, five rounds), and the backward
+#       alone at causal 64k (ab_fused_bwd.py --ordered)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 ordered_tests
+  FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 \
+    --causal yes --seqlens 16384 32768 65536 --rounds 5 --out "$R/ab_cudnn_d128_causal_long.json" 2>&1 | quiet | ratios
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 65536 --rounds 5 \
+    --out "$R/ab_causal_convoy_64k.json" 2>&1 | quiet
+  ;;
+esac
