@@ -5,6 +5,10 @@
 #       ordered GPU tests with it on (causal 16k, 16640 with GQA, compared with the two kernels too), fwd+bwd
 #       against SDPA cuDNN at causal 16k / 32k / 64k (ab_cudnn.py --two-kernels, five rounds), and the backward
 #       alone at causal 64k (ab_fused_bwd.py --ordered)
+#   bash benchmarks/run_gpu_s49.sh 2   # experiment (CAUSAL_CONVOY_SCHED_SLOTS): the causal convoy with all heads'
+#       programs interleaved tile by tile (variant ordered_causal_convoy_mixed) beside the kept launch order,
+#       the two kernels and the unordered kernel: the backward alone at causal 16k / 32k / 48k / 64k
+#       (ab_fused_bwd.py --ordered --causal), then the ordered GPU tests with the mixed order on
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -15,5 +19,10 @@ case "$1" in
     --causal yes --seqlens 16384 32768 65536 --rounds 5 --out "$R/ab_cudnn_d128_causal_long.json" 2>&1 | quiet | ratios
   timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 65536 --rounds 5 \
     --out "$R/ab_causal_convoy_64k.json" 2>&1 | quiet
+  ;;
+2)
+  timeout -s KILL 330 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 16384 32768 49152 65536 \
+    --rounds 5 --out "$R/ab_causal_convoy_mixed.json" 2>&1 | quiet
+  FLASHTRAIN_EXP_CONVOY_SLOTS=4096 FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 ordered_tests
   ;;
 esac

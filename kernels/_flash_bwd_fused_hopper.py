@@ -238,6 +238,9 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 takes causal calls past one key group (8448 keys on 132 SMs) in the
 # convoy order, a key head's programs started last keys first (off: one H200 run only, results/s48/call8)
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "0") == "1"
+# (experiment, session 49) the causal convoy's launch order: 0, the grid's (a key head's programs, then the
+# next head's); larger, `_common.tile_ids`'s chunks of heads, interleaved tile by tile
+CAUSAL_CONVOY_SCHED_SLOTS = int(os.environ.get("FLASHTRAIN_EXP_CONVOY_SLOTS", "0"))
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 
@@ -291,7 +294,8 @@ def flash_attn_bwd_fused_hopper(
             dtype=torch.int32,
         )
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots_for(q.device, causal and not ordered), sems, key_groups)  # fmt: skip
+            sm_scale, CAUSAL_CONVOY_SCHED_SLOTS if causal and convoy else sched_slots_for(q.device, causal and not ordered),
+            sems, key_groups)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
