@@ -50,15 +50,12 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
-    if args.ordered and args.causal:  # (experiment, session 48)
+    if args.ordered and args.causal:  # the causal convoy order (variant ordered: without it)
         variants["ordered_causal_convoy"] = (False, True)
-        # (experiment, session 49) the same with all heads' programs interleaved tile by tile
-        variants["ordered_causal_convoy_mixed"] = (False, True)
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant.startswith("ordered_causal_convoy")
-        _flash_bwd_fused_hopper.CAUSAL_CONVOY_SCHED_SLOTS = 4096 if variant.endswith("_mixed") else 0
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant == "ordered_causal_convoy"
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):
@@ -84,9 +81,6 @@ def main() -> None:
             if "ordered_causal_convoy" in variants:
                 row["causal_convoy_repeats_bitwise"], row["causal_convoy_vs_deterministic_rel"] = (
                     repeats_and_distance("ordered_causal_convoy", inputs, 4, two_kernels)
-                )
-                row["mixed_repeats_bitwise"], row["mixed_vs_deterministic_rel"] = repeats_and_distance(
-                    "ordered_causal_convoy_mixed", inputs, 3, two_kernels
                 )
         times = {variant: [] for variant in variants}
         for r in range(args.rounds):

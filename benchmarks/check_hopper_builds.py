@@ -258,7 +258,7 @@ def main():
     for kernel, headdim, cfg, dense, listed in configs:
         for sparse in [s for s, wanted in ((False, dense), (True, listed)) if wanted]:
             parts = _flash_dkdv_hopper.passes(headdim) if kernel == "dkdv" else (0,)
-            causals = (False,) if kernel == "fused_convoy" else (True, False)  # (convoy: full attention)
+            causals = (True, False)
             for part, causal, dtype in itertools.product(parts, causals, (torch.bfloat16, torch.float16)):
                 results.append(build(kernel, headdim, cfg, causal, dtype, sparse, part))
                 r = results[-1]

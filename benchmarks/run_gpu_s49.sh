@@ -8,7 +8,11 @@
 #   bash benchmarks/run_gpu_s49.sh 2   # experiment (CAUSAL_CONVOY_SCHED_SLOTS): the causal convoy with all heads'
 #       programs interleaved tile by tile (variant ordered_causal_convoy_mixed) beside the kept launch order,
 #       the two kernels and the unordered kernel: the backward alone at causal 16k / 32k / 48k / 64k
-#       (ab_fused_bwd.py --ordered --causal), then the ordered GPU tests with the mixed order on
+#       (ab_fused_bwd.py --ordered --causal), then the ordered GPU tests with the mixed order on. Ran on commit
+#       03b1545 (results/s49/mixed_heads.patch; not kept: 0.69-0.71x the two kernels)
+#   bash benchmarks/run_gpu_s49.sh 3   # the causal convoy on by default (up to 48k query rows a key head): the
+#       ordered GPU tests, fwd+bwd against SDPA cuDNN at causal 16k / 32k / 48k (ab_cudnn.py --two-kernels), and
+#       the issue's d128 benchmark at 16k against SDPA cuDNN, FlexAttention and SDPA flash
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -24,5 +28,11 @@ case "$1" in
   timeout -s KILL 330 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 16384 32768 49152 65536 \
     --rounds 5 --out "$R/ab_causal_convoy_mixed.json" 2>&1 | quiet
   FLASHTRAIN_EXP_CONVOY_SLOTS=4096 FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 ordered_tests
+  ;;
+3)
+  ordered_tests
+  timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
+    --seqlens 16384 32768 49152 --rounds 5 --out "$R/ab_cudnn_d128_causal_convoy.json" 2>&1 | quiet | ratios
+  d128_against_anchors 200 16384
   ;;
 esac

@@ -567,7 +567,9 @@ def flash_attn_backward(
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
     sms = sm_count(q.device)
-    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(k.shape[1], win_right == 0, sms)
+    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(
+        q.shape[1], k.shape[1], win_right == 0, q.shape[-2] // k.shape[-2], sms
+    )
     key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sms) if ordered and not convoy else 1
     dq_acc = None
     if atomic_dq or ordered:

@@ -23,9 +23,10 @@ adders before it, and its add is counted once it is complete in global memory, b
 own with a GPU-scope release (`_flash_dkdv_hopper._releaser`: a relaxed count let later adds overtake
 it, session 46). A program may wait on
 any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
-SMs' worth. Full attention past two such key groups takes the convoy order instead (`ordered_convoy`):
-each program walks the tiles from the first and each tile's adds come in program order, so a program
-waits only on the one started before it.
+SMs' worth. Full attention past two such key groups, and causal calls past one up to 48k query rows a
+key head, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
+each tile's adds come in the order the programs started, so a program waits only on ones started before
+it.
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
 (`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
@@ -177,7 +178,8 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
     a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
     (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
-    diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS), and
+    diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS) or, past it, in the convoy order
+    (`ordered_convoy`), and
     - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add
       into one dq buffer wait on each other, so all of them must be able to run at once, and a key
       group holds at most half the SMs' worth (sms: the GPU's SMs). Programs start in grid order, so only
@@ -196,10 +198,10 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
         return seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM and (
-            key_groups <= ORDERED_CAUSAL_KEY_GROUPS or ordered_convoy(seqlen_k, causal, sms)
+            key_groups <= ORDERED_CAUSAL_KEY_GROUPS or ordered_convoy(seqlen_q, seqlen_k, causal, group, sms)
         )
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
-    if ordered_convoy(seqlen_k, causal, sms):
+    if ordered_convoy(seqlen_q, seqlen_k, causal, group, sms):
         return items >= 2 * programs
     return key_groups <= MAX_KEY_GROUPS and items >= 2 * triton.cdiv(programs, key_groups)
 
@@ -212,7 +214,7 @@ def ordered_key_groups(seqlen_k: int, sms: int) -> int:
     return triton.cdiv(triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
 
 
-def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
+def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: int) -> bool:
     """Whether an ordered call adds in the convoy order. Full attention, past MAX_KEY_GROUPS key groups:
     every program of a key head (one key group, one dq buffer) walks the query tiles from the first, and
     each tile's adds come in program order, so a program waits only on the one started before it (grid
@@ -223,24 +225,35 @@ def ordered_convoy(seqlen_k: int, causal: bool, sms: int) -> bool:
     32k and 64k (0.96-0.98x the unordered one-kernel backward), bitwise repeats (results/s48/call6, call7);
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
-    Causal calls past one key group (8448 keys on 132 SMs) take it where ORDERED_CAUSAL_CONVOY says (opt-in):
-    one key group, a key head's programs started last keys first, each tile's adds in the causal order
-    (descending programs), so again each waits only on started programs. The backward alone, one H200, five
-    rounds (results/s48/call8): 1.048x / 1.075x the two deterministic kernels at causal 16k / 32k (0.94x /
-    0.95x the unordered kernel), bitwise repeats; its GPU tests (tests/kernels/test_flash_bwd_hopper.py)
-    have not run on a GPU yet, hence opt-in."""
+
+    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), up to ORDERED_CAUSAL_CONVOY_ROWS
+    query rows a key head (group x seqlen_q): one key group, a key head's programs started last keys first,
+    each tile's adds in the causal order (descending programs), so again each waits only on started
+    programs. The backward alone against the two deterministic kernels, one H200, five rounds alternating,
+    group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k, 0.96-0.97x at 64k (results/s48/call8,
+    s49/call1-2), bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
+    where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1). The 64k loss is the head's locality:
+    a key head's programs reuse each other's Q, dO and dq tiles a few steps apart, and interleaving all
+    16 heads' programs tile by tile ran 0.69-0.71x the two kernels at 16k-64k (s49/call2)."""
     # (causal: a key head's programs start last keys first, `_attn_bwd_fused_hopper`)
-    enabled = ORDERED_CONVOY and (ORDERED_CAUSAL_CONVOY or not causal)
-    most_groups = ORDERED_CAUSAL_KEY_GROUPS if causal else MAX_KEY_GROUPS  # (past it, the convoy)
-    return enabled and ordered_key_groups(seqlen_k, sms) > most_groups
+    if not ORDERED_CONVOY:
+        return False
+    if causal:
+        return (
+            ORDERED_CAUSAL_CONVOY
+            and ordered_key_groups(seqlen_k, sms) > ORDERED_CAUSAL_KEY_GROUPS
+            and group * seqlen_q <= ORDERED_CAUSAL_CONVOY_ROWS
+        )
+    return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
-# FLASHTRAIN_ORDERED_CAUSAL_CONVOY=1 takes causal calls past one key group (8448 keys on 132 SMs) in the
-# convoy order, a key head's programs started last keys first (off: one H200 run only, results/s48/call8)
-ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "0") == "1"
-# (experiment, session 49) the causal convoy's launch order: 0, the grid's (a key head's programs, then the
-# next head's); larger, `_common.tile_ids`'s chunks of heads, interleaved tile by tile
-CAUSAL_CONVOY_SCHED_SLOTS = int(os.environ.get("FLASHTRAIN_EXP_CONVOY_SLOTS", "0"))
+# FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
+# deterministic kernels
+ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
+# The most query rows a key head (query heads per key head x seqlen_q) of a causal call in the convoy order:
+# 48k measured 1.03x the two kernels, 64k 0.96-0.97x (group 1; GQA counted on the reading that a key
+# head's locality decides it, `ordered_convoy`)
+ORDERED_CAUSAL_CONVOY_ROWS = 49152
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 
@@ -294,8 +307,7 @@ def flash_attn_bwd_fused_hopper(
             dtype=torch.int32,
         )
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, CAUSAL_CONVOY_SCHED_SLOTS if causal and convoy else sched_slots_for(q.device, causal and not ordered),
-            sems, key_groups)  # fmt: skip
+            sm_scale, sched_slots_for(q.device, causal and not ordered), sems, key_groups)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),

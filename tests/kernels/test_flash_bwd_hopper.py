@@ -150,10 +150,11 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # Measured with them (results/s42/call4, call7; causal calls do not take it); a change that spills more
 # fails here. The ordered builds run one loop over the query tiles instead of three sections: full
 # attention spills 1 (session 44), causal 6 (its diagonal's steps masked in a branch, session 45); with the
-# adds handed to a releasing warp mid-step (session 46), 4 and 11.
+# adds handed to a releasing warp mid-step (session 46), 4 and 11. The convoy order: full 0 (session 48),
+# causal 11, as the causal ordered build (only its programs' launch order differs, session 49).
 FUSED_SPILLS = {
     ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 4,
-    ("fused_ordered", 128, True): 11, ("fused_convoy", 128, False): 0,
+    ("fused_ordered", 128, True): 11, ("fused_convoy", 128, False): 0, ("fused_convoy", 128, True): 11,
 }  # fmt: skip
 
 
@@ -175,7 +176,9 @@ def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seq
      (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
      (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True),
      (128, True, 4096, 4096, 1, True), (128, True, 4100, 4100, 1, True), (128, True, 2048, 2048, 1, True),
-     (128, True, 8448, 8448, 8, True), (128, True, 8449, 8449, 1, False), (128, True, 16384, 16384, 1, False),
+     (128, True, 8448, 8448, 8, True), (128, True, 8449, 8449, 1, True), (128, True, 16384, 16384, 1, True),
+     (128, True, 49152, 49152, 1, True), (128, True, 49153, 49153, 1, False), (128, True, 65536, 65536, 1, False),
+     (128, True, 24576, 24576, 2, True), (128, True, 32768, 32768, 2, False), (128, True, 16384, 16384, 4, False),
      (128, True, 1024, 1024, 1, False), (128, True, 4096, 8192, 1, False), (128, True, 8192, 4096, 1, False),
      (64, True, 4096, 4096, 1, False)],
 )  # fmt: skip
@@ -186,14 +189,19 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
     key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64), or past that in the convoy
     order with at least 2 query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k,
     yes; 4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a key head, 512:
-    yes), causal from 2k
-    queries on as many keys in one (8448 keys: 66 programs, yes; 8449: 67, no); and at least 2 query
-    tiles of 64 rows (of the group's heads) per program of a key group with full attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query
-    heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes;
-    causal 4100: 65 for 33, yes)."""
+    yes), causal from 2k queries on as many keys in one (8448 keys: 66 programs, with 8 query heads a key
+    head too) or past that in the convoy order up to 48k query rows a key head (8449 and 16k, yes; 48k,
+    yes; 49153 and 64k, no; 24k with 2 query heads a key head, yes; 32k with 2 and 16k with 4, no); and
+    at least 2 query tiles of 64 rows (of the group's heads) per program of a key group with full
+    attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query heads per key head, 32:
+    yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes; causal 4100: 65 for 33,
+    yes)."""
     assert fused_hopper.supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, 132) is takes
-    convoy = fused_hopper.ordered_convoy(seqlen_k, causal, 132)
-    assert convoy is (not causal and seqlen_k > 2 * 66 * 128)
+    convoy = fused_hopper.ordered_convoy(seqlen_q, seqlen_k, causal, group, 132)
+    if causal:
+        assert convoy is (seqlen_k > 66 * 128 and group * seqlen_q <= 48 * 1024)
+    else:
+        assert convoy is (seqlen_k > 2 * 66 * 128)
     if takes and not convoy:
         assert fused_hopper.ordered_key_groups(seqlen_k, 132) == (2 if seqlen_k > 66 * 128 else 1)
 
@@ -356,14 +364,13 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
     says: full attention (past 16.9k keys in the convoy order: 20k, and 32k with GQA), and causal from 2k
     queries on as many keys in one key group (a partial last query tile on the last program's diagonal at
-    4100 and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs; past that, opt-in, in the
-    convoy order: 16k, and 16640 with GQA); the gradients pass the tolerance rule (at the smaller sizes),
+    4100 and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs; past that in the convoy order:
+    16k, and 16640 with GQA); the gradients pass the tolerance rule (at the smaller sizes),
     repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
     )  # fmt: skip
-    monkeypatch.setattr(fused_hopper, "ORDERED_CAUSAL_CONVOY", True)  # (causal past 8448: opt-in)
     q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + h if causal else sq + sk + h)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)
