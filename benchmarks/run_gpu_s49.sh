@@ -13,6 +13,8 @@
 #   bash benchmarks/run_gpu_s49.sh 3   # the causal convoy on by default (up to 48k query rows a key head): the
 #       ordered GPU tests, fwd+bwd against SDPA cuDNN at causal 16k / 32k / 48k (ab_cudnn.py --two-kernels), and
 #       the issue's d128 benchmark at 16k against SDPA cuDNN, FlexAttention and SDPA flash
+#   bash benchmarks/run_gpu_s49.sh 4   # the GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and
+#       dense kernel files with the causal convoy on by default (the slow portable-autotune test beside them)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -34,5 +36,8 @@ case "$1" in
   timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
     --seqlens 16384 32768 49152 --rounds 5 --out "$R/ab_cudnn_d128_causal_convoy.json" 2>&1 | quiet | ratios
   d128_against_anchors 200 16384
+  ;;
+4)
+  hopper_backward_tests
   ;;
 esac
