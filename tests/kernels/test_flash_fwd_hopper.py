@@ -202,13 +202,13 @@ def hopper_calls(monkeypatch) -> list:
     return record_calls(monkeypatch, (hopper, "flash_attn_forward_hopper"))
 
 
-def over_edges(configs):
-    """The GPU tests' grid for a Hopper kernel: every EDGES case, each head dim of `configs`, bf16 and
-    fp16; skipped off sm_90."""
+def over_edges(configs, cases=EDGES):
+    """The GPU tests' grid for a Hopper kernel: every EDGES case (or those of cases), each head dim of
+    `configs`, bf16 and fp16; skipped off sm_90."""
 
     def grid(test):
         for mark in (
-            pytest.mark.parametrize("case", EDGES, ids=lambda c: "-".join(map(str, c))),
+            pytest.mark.parametrize("case", cases, ids=lambda c: "-".join(map(str, c))),
             pytest.mark.parametrize("headdim", sorted(configs)),
             pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"]),
             needs_hopper,
