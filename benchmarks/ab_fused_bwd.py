@@ -38,7 +38,12 @@ def main() -> None:
                         help="send causal calls from this many queries to the ordered one (its ORDERED_CAUSAL_FROM)")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one (its ORDERED_CAUSAL_KEY_GROUPS)")  # fmt: skip
+    parser.add_argument("--group", type=int, default=1, help="query heads a key head (GQA)")
+    parser.add_argument("--causal-convoy-rows", type=int, default=None,
+                        help="let causal calls of up to this many query rows a key head take the convoy (its ORDERED_CAUSAL_CONVOY_ROWS)")  # fmt: skip
     args = parser.parse_args()
+    if args.causal_convoy_rows is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_ROWS = args.causal_convoy_rows
     if args.ordered_causal_key_groups is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     if args.causal_from is not None:
@@ -71,8 +76,8 @@ def main() -> None:
 
     rows = []
     for seqlen in args.seqlens:
-        inputs = saved_forward(seqlen, 128, args.causal)
-        row = dict(seqlen=seqlen, causal=args.causal, rounds=args.rounds)
+        inputs = saved_forward(seqlen, 128, args.causal, args.group)
+        row = dict(seqlen=seqlen, causal=args.causal, group=args.group, rounds=args.rounds)
         if args.ordered:
             two_kernels = backward("deterministic", inputs)
             row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(

@@ -70,14 +70,15 @@ def reference_check(headdim: int, causal: bool) -> dict:
     return row
 
 
-def saved_forward(seqlen: int, headdim: int, causal: bool) -> tuple:
+def saved_forward(seqlen: int, headdim: int, causal: bool, group: int = 1) -> tuple:
     """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
-    tokens and nheads x headdim = 2048 (q, k, v require grad, for the public API's fwd+bwd too)."""
+    tokens and nheads x headdim = 2048, group query heads a key head (q, k, v require grad, for the
+    public API's fwd+bwd too)."""
     batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
-        torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
+        torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for heads in (nheads, nheads // group, nheads // group)
     )
     with torch.no_grad():
         out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(

@@ -15,6 +15,9 @@
 #       the issue's d128 benchmark at 16k against SDPA cuDNN, FlexAttention and SDPA flash
 #   bash benchmarks/run_gpu_s49.sh 4   # the GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and
 #       dense kernel files with the causal convoy on by default (the slow portable-autotune test beside them)
+#   bash benchmarks/run_gpu_s49.sh 5   # the causal convoy with GQA, its row limit lifted: the backward alone with 2
+#       query heads a key head at causal 16k / 24k / 32k and with 4 at 12k / 16k (ab_fused_bwd.py --ordered --causal
+#       --group, five rounds), against the two kernels and the unordered kernel
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -39,5 +42,11 @@ case "$1" in
   ;;
 4)
   hopper_backward_tests
+  ;;
+5)
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --causal-convoy-rows 1000000 \
+    --seqlens 16384 24576 32768 --rounds 5 --out "$R/ab_causal_convoy_gqa2.json" 2>&1 | quiet
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group 4 --causal-convoy-rows 1000000 \
+    --seqlens 12288 16384 --rounds 5 --out "$R/ab_causal_convoy_gqa4.json" 2>&1 | quiet
   ;;
 esac
