@@ -17,9 +17,11 @@
 #       dense kernel files with the causal convoy on by default (the slow portable-autotune test beside them)
 #   bash benchmarks/run_gpu_s49.sh 5   # the causal convoy with GQA, its row limit lifted: the backward alone with 2
 #       query heads a key head at causal 16k / 24k / 32k and with 4 at 12k / 16k (ab_fused_bwd.py --ordered --causal
-#       --group, five rounds), against the two kernels and the unordered kernel
+#       --group, five rounds), against the two kernels and the unordered kernel. Ran on commit 482ba46, where a row
+#       limit (--causal-convoy-rows 1000000) stood for today's group limit
 #   bash benchmarks/run_gpu_s49.sh 6   # the full-attention convoy with GQA: the backward alone with 2 query heads a
 #       key head at full 20k / 32k and with 4 at 32k (ab_fused_bwd.py --ordered --group, five rounds)
+#   bash benchmarks/run_gpu_s49.sh 7   # the causal convoy without GQA only (calls 5-6): the ordered GPU tests again
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -46,9 +48,9 @@ case "$1" in
   hopper_backward_tests
   ;;
 5)
-  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --causal-convoy-rows 1000000 \
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --causal-convoy-max-group 4 \
     --seqlens 16384 24576 32768 --rounds 5 --out "$R/ab_causal_convoy_gqa2.json" 2>&1 | quiet
-  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group 4 --causal-convoy-rows 1000000 \
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group 4 --causal-convoy-max-group 4 \
     --seqlens 12288 16384 --rounds 5 --out "$R/ab_causal_convoy_gqa4.json" 2>&1 | quiet
   ;;
 6)
@@ -56,5 +58,8 @@ case "$1" in
     --out "$R/ab_convoy_full_gqa2.json" 2>&1 | quiet
   timeout -s KILL 130 python benchmarks/ab_fused_bwd.py --ordered --group 4 --seqlens 32768 --rounds 5 \
     --out "$R/ab_convoy_full_gqa4.json" 2>&1 | quiet
+  ;;
+7)
+  ordered_tests
   ;;
 esac

@@ -23,8 +23,8 @@ adders before it, and its add is counted once it is complete in global memory, b
 own with a GPU-scope release (`_flash_dkdv_hopper._releaser`: a relaxed count let later adds overtake
 it, session 46). A program may wait on
 any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
-SMs' worth. Full attention past two such key groups, and causal calls past one up to 48k query rows a
-key head, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
+SMs' worth. Full attention past two such key groups, and causal calls past one without GQA up to 48k
+tokens, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
 each tile's adds come in the order the programs started, so a program waits only on ones started before
 it.
 
@@ -226,15 +226,19 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
 
-    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), up to ORDERED_CAUSAL_CONVOY_ROWS
-    query rows a key head (group x seqlen_q): one key group, a key head's programs started last keys first,
+    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (group at most
+    ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
+    key head's programs started last keys first,
     each tile's adds in the causal order (descending programs), so again each waits only on started
     programs. The backward alone against the two deterministic kernels, one H200, five rounds alternating,
     group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k, 0.96-0.97x at 64k (results/s48/call8,
     s49/call1-2), bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
     where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1). The 64k loss is the head's locality:
     a key head's programs reuse each other's Q, dO and dq tiles a few steps apart, and interleaving all
-    16 heads' programs tile by tile ran 0.69-0.71x the two kernels at 16k-64k (s49/call2)."""
+    16 heads' programs tile by tile ran 0.69-0.71x the two kernels at 16k-64k (s49/call2). With GQA
+    (each program walking group x the query tiles) the causal convoy ran 0.97-0.98x the two kernels at
+    group 2 (16k-32k) and 0.86-0.90x at group 4 (12k-16k, s49/call5), while full attention's gains
+    held: 1.10-1.12x at group 2 (20k, 32k), 1.08x at group 4 (32k, s49/call6)."""
     # (causal: a key head's programs start last keys first, `_attn_bwd_fused_hopper`)
     if not ORDERED_CONVOY:
         return False
@@ -242,7 +246,8 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
         return (
             ORDERED_CAUSAL_CONVOY
             and ordered_key_groups(seqlen_k, sms) > ORDERED_CAUSAL_KEY_GROUPS
-            and group * seqlen_q <= ORDERED_CAUSAL_CONVOY_ROWS
+            and group <= ORDERED_CAUSAL_CONVOY_MAX_GROUP
+            and seqlen_q <= ORDERED_CAUSAL_CONVOY_MAX_SEQLEN
         )
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
@@ -250,10 +255,10 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
 # deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
-# The most query rows a key head (query heads per key head x seqlen_q) of a causal call in the convoy order:
-# 48k measured 1.03x the two kernels, 64k 0.96-0.97x (group 1; GQA counted on the reading that a key
-# head's locality decides it, `ordered_convoy`)
-ORDERED_CAUSAL_CONVOY_ROWS = 49152
+# The causal convoy's reach (`ordered_convoy`), the backward alone against the two kernels: query heads a
+# key head (group 2 ran 0.97-0.98x, group 4 0.86-0.90x) and queries (48k 1.03x, 64k 0.96-0.97x)
+ORDERED_CAUSAL_CONVOY_MAX_GROUP = 1
+ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 49152
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 
