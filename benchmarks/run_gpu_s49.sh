@@ -22,6 +22,9 @@
 #   bash benchmarks/run_gpu_s49.sh 6   # the full-attention convoy with GQA: the backward alone with 2 query heads a
 #       key head at full 20k / 32k and with 4 at 32k (ab_fused_bwd.py --ordered --group, five rounds)
 #   bash benchmarks/run_gpu_s49.sh 7   # the causal convoy without GQA only (calls 5-6): the ordered GPU tests again
+#   bash benchmarks/run_gpu_s49.sh 8   # the ordered causal backward in one key group (2k-8448 tokens) with GQA, never
+#       timed before: the backward alone with 2 and 4 query heads a key head at causal 4k / 8k (ab_fused_bwd.py
+#       --ordered --causal --group, five rounds)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -61,5 +64,11 @@ case "$1" in
   ;;
 7)
   ordered_tests
+  ;;
+8)
+  for group in 2 4; do
+    timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group $group --seqlens 4096 8192 \
+      --rounds 5 --out "$R/ab_ordered_causal_gqa$group.json" 2>&1 | quiet
+  done
   ;;
 esac
