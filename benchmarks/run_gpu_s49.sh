@@ -25,6 +25,9 @@
 #   bash benchmarks/run_gpu_s49.sh 8   # the ordered causal backward in one key group (2k-8448 tokens) with GQA, never
 #       timed before: the backward alone with 2 and 4 query heads a key head at causal 4k / 8k (ab_fused_bwd.py
 #       --ordered --causal --group, five rounds)
+#   bash benchmarks/run_gpu_s49.sh 9   # the ordered full-attention backward in one or two key groups with GQA: the
+#       backward alone with 2 query heads a key head at full 8k and with 4 at 4k / 16k (ab_fused_bwd.py --ordered
+#       --group, five rounds)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -70,5 +73,11 @@ case "$1" in
     timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group $group --seqlens 4096 8192 \
       --rounds 5 --out "$R/ab_ordered_causal_gqa$group.json" 2>&1 | quiet
   done
+  ;;
+9)
+  timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --group 2 --seqlens 8192 --rounds 5 \
+    --out "$R/ab_ordered_full_gqa2.json" 2>&1 | quiet
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --group 4 --seqlens 4096 16384 --rounds 5 \
+    --out "$R/ab_ordered_full_gqa4.json" 2>&1 | quiet
   ;;
 esac
