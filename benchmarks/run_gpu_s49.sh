@@ -18,7 +18,7 @@
 #   bash benchmarks/run_gpu_s49.sh 5   # the causal convoy with GQA, its row limit lifted: the backward alone with 2
 #       query heads a key head at causal 16k / 24k / 32k and with 4 at 12k / 16k (ab_fused_bwd.py --ordered --causal
 #       --group, five rounds), against the two kernels and the unordered kernel. Ran on commit 482ba46, where a row
-#       limit (--causal-convoy-rows 1000000) stood for today's group limit
+#       limit (--causal-convoy-rows 1000000) stood for today's group limit (--ordered-max-group 4)
 #   bash benchmarks/run_gpu_s49.sh 6   # the full-attention convoy with GQA: the backward alone with 2 query heads a
 #       key head at full 20k / 32k and with 4 at 32k (ab_fused_bwd.py --ordered --group, five rounds)
 #   bash benchmarks/run_gpu_s49.sh 7   # the causal convoy without GQA only (calls 5-6): the ordered GPU tests again
@@ -54,9 +54,9 @@ case "$1" in
   hopper_backward_tests
   ;;
 5)
-  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --causal-convoy-max-group 4 \
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --ordered-max-group 4 \
     --seqlens 16384 24576 32768 --rounds 5 --out "$R/ab_causal_convoy_gqa2.json" 2>&1 | quiet
-  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group 4 --causal-convoy-max-group 4 \
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group 4 --ordered-max-group 4 \
     --seqlens 12288 16384 --rounds 5 --out "$R/ab_causal_convoy_gqa4.json" 2>&1 | quiet
   ;;
 6)
@@ -70,14 +70,15 @@ case "$1" in
   ;;
 8)
   for group in 2 4; do
-    timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group $group --seqlens 4096 8192 \
-      --rounds 5 --out "$R/ab_ordered_causal_gqa$group.json" 2>&1 | quiet
+    timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group $group --ordered-max-group 4 \
+      --seqlens 4096 8192 \
+      --rounds 5 --out "$R/ab_ordered_causal_gqa$group.json" 2>&1 | quiet  # (ran before the group limit)
   done
   ;;
 9)
-  timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --group 2 --seqlens 8192 --rounds 5 \
+  timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --group 2 --ordered-max-group 4 --seqlens 8192 --rounds 5 \
     --out "$R/ab_ordered_full_gqa2.json" 2>&1 | quiet
-  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --group 4 --seqlens 4096 16384 --rounds 5 \
+  timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --group 4 --ordered-max-group 4 --seqlens 4096 16384 --rounds 5 \
     --out "$R/ab_ordered_full_gqa4.json" 2>&1 | quiet
   ;;
 esac

@@ -179,7 +179,7 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
     (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
     diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS) or, past it, in the convoy order
-    (`ordered_convoy`), and
+    (`ordered_convoy`), without GQA (ORDERED_CAUSAL_MAX_GROUP), and
     - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add
       into one dq buffer wait on each other, so all of them must be able to run at once, and a key
       group holds at most half the SMs' worth (sms: the GPU's SMs). Programs start in grid order, so only
@@ -188,7 +188,8 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
       (another stream's, another process's under MPS);
     - full attention, at least 2 query tiles (64 rows, of all the group's heads) per program of a key
       group: programs start 2 items apart, so an item's next adder gets there 2 steps after the last one,
-      and does not wait (causal programs are spaced by their own starts: `ordered_causal_rank`);
+      and does not wait (causal programs are spaced by their own starts: `ordered_causal_rank`), and at
+      most ORDERED_ROTATION_MAX_GROUP query heads a key head;
     - or full attention past MAX_KEY_GROUPS key groups in the convoy order (`ordered_convoy`), with at
       least 2 query tiles per program."""
     cfg = CONFIGS.get(headdim)
@@ -197,13 +198,19 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
-        return seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM and (
-            key_groups <= ORDERED_CAUSAL_KEY_GROUPS or ordered_convoy(seqlen_q, seqlen_k, causal, group, sms)
+        return (
+            seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM
+            and group <= ORDERED_CAUSAL_MAX_GROUP
+            and (key_groups <= ORDERED_CAUSAL_KEY_GROUPS or ordered_convoy(seqlen_q, seqlen_k, causal, group, sms))
         )
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
     if ordered_convoy(seqlen_q, seqlen_k, causal, group, sms):
         return items >= 2 * programs
-    return key_groups <= MAX_KEY_GROUPS and items >= 2 * triton.cdiv(programs, key_groups)
+    return (
+        key_groups <= MAX_KEY_GROUPS
+        and group <= ORDERED_ROTATION_MAX_GROUP
+        and items >= 2 * triton.cdiv(programs, key_groups)
+    )
 
 
 def ordered_key_groups(seqlen_k: int, sms: int) -> int:
@@ -226,8 +233,8 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
 
-    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (group at most
-    ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
+    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (as every ordered
+    causal call, `supports_ordered`) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
     key head's programs started last keys first,
     each tile's adds in the causal order (descending programs), so again each waits only on started
     programs. The backward alone against the two deterministic kernels, one H200, five rounds alternating,
@@ -246,7 +253,7 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
         return (
             ORDERED_CAUSAL_CONVOY
             and ordered_key_groups(seqlen_k, sms) > ORDERED_CAUSAL_KEY_GROUPS
-            and group <= ORDERED_CAUSAL_CONVOY_MAX_GROUP
+            and group <= ORDERED_CAUSAL_MAX_GROUP
             and seqlen_q <= ORDERED_CAUSAL_CONVOY_MAX_SEQLEN
         )
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
@@ -255,10 +262,16 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
 # deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
-# The causal convoy's reach (`ordered_convoy`), the backward alone against the two kernels: query heads a
-# key head (group 2 ran 0.97-0.98x, group 4 0.86-0.90x) and queries (48k 1.03x, 64k 0.96-0.97x)
-ORDERED_CAUSAL_CONVOY_MAX_GROUP = 1
+# The causal convoy's longest call (`ordered_convoy`), the backward alone against the two kernels: 48k
+# 1.03x, 64k 0.96-0.97x (results/s49/call1-2)
 ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 49152
+# GQA, the backward alone against the two kernels, one H200, five rounds alternating (results/s49/call5,
+# call8, call9): causal with 2 query heads a key head 1.00-1.03x in one key group (4k, 8k) and 0.97-0.98x
+# in the convoy (16k-32k), with 4 0.88-0.94x and 0.86-0.90x; full attention in key groups (the rotation)
+# 1.07x with 2 (8k) and 0.83-0.87x with 4 (4k, 16k). The full-attention convoy kept its gain with 2 and 4
+# (1.08-1.12x at 20k-32k), so it has no such limit.
+ORDERED_CAUSAL_MAX_GROUP = 1
+ORDERED_ROTATION_MAX_GROUP = 2
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
 

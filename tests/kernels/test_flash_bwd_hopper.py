@@ -176,9 +176,10 @@ def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seq
      (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
      (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True),
      (128, True, 4096, 4096, 1, True), (128, True, 4100, 4100, 1, True), (128, True, 2048, 2048, 1, True),
-     (128, True, 8448, 8448, 8, True), (128, True, 8449, 8449, 1, True), (128, True, 16384, 16384, 1, True),
+     (128, True, 8448, 8448, 1, True), (128, True, 4096, 4096, 2, False), (128, True, 8449, 8449, 1, True), (128, True, 16384, 16384, 1, True),
      (128, True, 49152, 49152, 1, True), (128, True, 49153, 49153, 1, False), (128, True, 65536, 65536, 1, False),
-     (128, True, 16384, 16384, 2, False), (128, True, 12288, 12288, 4, False), (128, True, 8448, 8448, 2, True),
+     (128, True, 16384, 16384, 2, False), (128, True, 12288, 12288, 4, False), (128, False, 4096, 4096, 2, True),
+     (128, False, 4096, 4096, 4, False), (128, False, 16384, 16384, 4, False), (128, False, 32768, 32768, 4, True),
      (128, True, 1024, 1024, 1, False), (128, True, 4096, 8192, 1, False), (128, True, 8192, 4096, 1, False),
      (64, True, 4096, 4096, 1, False)],
 )  # fmt: skip
@@ -186,16 +187,17 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
     headdim, causal, seqlen_q, seqlen_k, group, takes
 ):
     """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128; full attention in at most 2
-    key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64), or past that in the convoy
-    order with at least 2 query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k,
-    yes; 4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a key head, 512:
-    yes), causal from 2k queries on as many keys in one (8448 keys: 66 programs, with 8 query heads a key
-    head too) or past that in the convoy order without GQA up to 48k queries (8449 and 16k, yes; 48k,
-    yes; 49153 and 64k, no; 16k with 2 query heads a key head and 12k with 4, no); and
-    at least 2 query tiles of 64 rows (of the group's heads) per program of a key group with full
-    attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query heads per key head, 32:
-    yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes; causal 4100: 65 for 33,
-    yes)."""
+    key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64) and at most 2 query heads a
+    key head (4k with 2, yes; 4k and 16k with 4, no), or past that in the convoy order with at least 2
+    query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k, yes, 32k with 4 query
+    heads a key head too; 4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a
+    key head, 512: yes); causal without GQA (4k with 2 query heads a key head, no) from 2k queries on as
+    many keys in one key group (8448 keys: 66 programs) or past that in the convoy order up to 48k
+    queries (8449 and 16k, yes; 48k, yes; 49153 and 64k, no; 16k with 2 query heads a key head and 12k
+    with 4, no); and at least 2 query tiles of 64 rows (of the group's heads) per program of a key group
+    with full attention (1024 queries on 2048 keys: 16 for 16 programs, no; with 2 query heads per key
+    head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8, no; 1000: 16 for 8, yes; causal 4100: 65
+    for 33, yes)."""
     assert fused_hopper.supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, 132) is takes
     convoy = fused_hopper.ordered_convoy(seqlen_q, seqlen_k, causal, group, 132)
     if causal:
@@ -352,20 +354,20 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
 @needs_hopper
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, causal",
-    [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 1, False), (1, 4096, 4096, 4, 2, False),
+    [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 4, False), (1, 4096, 4096, 4, 2, False),
      (4, 4096, 4096, 16, 16, False), (2, 8192, 8192, 16, 16, False), (1, 16384, 16384, 16, 16, False),
      (1, 2048, 1024, 4, 2, False), (1, 20480, 20480, 2, 2, False), (1, 32768, 32768, 2, 1, False),
-     (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 2, True), (8, 2048, 2048, 16, 16, True),
-     (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 1, True),
+     (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 8, True), (8, 2048, 2048, 16, 16, True),
+     (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 8, True),
      (1, 16384, 16384, 4, 4, True), (1, 16640, 16640, 4, 4, True)],
 )  # fmt: skip
 def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal):
     """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
-    says: full attention (past 16.9k keys in the convoy order: 20k, and 32k with GQA), and causal from 2k
-    queries on as many keys in one key group (a partial last query tile on the last program's diagonal at
-    4100 and 4160 tokens, GQA, 66 programs a key head at 8448 on 132 SMs; past that in the convoy order:
-    16k, and 16640); the gradients pass the tolerance rule (at the smaller sizes),
-    repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
+    says: full attention (GQA with 2 query heads a key head; past 16.9k keys in the convoy order: 20k, and
+    32k with GQA), and causal from 2k queries on as many keys in one key group (a partial last query tile
+    on the last program's diagonal at 4100 and 4160 tokens, 66 programs a key head at 8448 on 132 SMs;
+    past that in the convoy order: 16k, and 16640); the gradients pass the tolerance rule (at the smaller
+    sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
