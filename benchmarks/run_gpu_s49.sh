@@ -28,6 +28,8 @@
 #   bash benchmarks/run_gpu_s49.sh 9   # the ordered full-attention backward in one or two key groups with GQA: the
 #       backward alone with 2 query heads a key head at full 8k and with 4 at 4k / 16k (ab_fused_bwd.py --ordered
 #       --group, five rounds)
+#   bash benchmarks/run_gpu_s49.sh 10  # ordered calls without GQA in causal and up to 2 query heads a key head in full
+#       attention's key groups (calls 8-9): the ordered GPU tests again
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -80,5 +82,8 @@ case "$1" in
     --out "$R/ab_ordered_full_gqa2.json" 2>&1 | quiet
   timeout -s KILL 80 python benchmarks/ab_fused_bwd.py --ordered --group 4 --ordered-max-group 4 --seqlens 4096 16384 --rounds 5 \
     --out "$R/ab_ordered_full_gqa4.json" 2>&1 | quiet
+  ;;
+10)
+  ordered_tests
   ;;
 esac

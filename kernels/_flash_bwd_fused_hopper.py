@@ -201,7 +201,10 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
         return (
             seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM
             and group <= ORDERED_CAUSAL_MAX_GROUP
-            and (key_groups <= ORDERED_CAUSAL_KEY_GROUPS or ordered_convoy(seqlen_q, seqlen_k, causal, group, sms))
+            and (
+                key_groups <= ORDERED_CAUSAL_KEY_GROUPS
+                or ordered_convoy(seqlen_q, seqlen_k, causal, group, sms)
+            )
         )
     items = group * triton.cdiv(seqlen_q, cfg.block_m)
     if ordered_convoy(seqlen_q, seqlen_k, causal, group, sms):
