@@ -24,10 +24,10 @@
 #   bash benchmarks/run_gpu_s49.sh 7   # the causal convoy without GQA only (calls 5-6): the ordered GPU tests again
 #   bash benchmarks/run_gpu_s49.sh 8   # the ordered causal backward in one key group (2k-8448 tokens) with GQA, never
 #       timed before: the backward alone with 2 and 4 query heads a key head at causal 4k / 8k (ab_fused_bwd.py
-#       --ordered --causal --group, five rounds)
+#       --ordered --causal --group, five rounds). Ran on commit 4516d83, before the group limits
 #   bash benchmarks/run_gpu_s49.sh 9   # the ordered full-attention backward in one or two key groups with GQA: the
 #       backward alone with 2 query heads a key head at full 8k and with 4 at 4k / 16k (ab_fused_bwd.py --ordered
-#       --group, five rounds)
+#       --group, five rounds). Ran on commit 96ccc8c, before the group limits
 #   bash benchmarks/run_gpu_s49.sh 10  # ordered calls without GQA in causal and up to 2 query heads a key head in full
 #       attention's key groups (calls 8-9): the ordered GPU tests again
 source "$(dirname "$0")/gpu_call.sh"
