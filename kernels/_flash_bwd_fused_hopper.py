@@ -238,14 +238,14 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
 
     Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (as every ordered
     causal call, `supports_ordered`) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
-    key head's programs started last keys first,
-    each tile's adds in the causal order (descending programs), so again each waits only on started
-    programs. The backward alone against the two deterministic kernels, one H200, five rounds alternating,
-    group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k, 0.96-0.97x at 64k (results/s48/call8,
-    s49/call1-2), bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
-    where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1). The 64k loss is the head's locality:
-    a key head's programs reuse each other's Q, dO and dq tiles a few steps apart, and interleaving all
-    16 heads' programs tile by tile ran 0.69-0.71x the two kernels at 16k-64k (s49/call2). With GQA
+    key head's programs started last keys first, each tile's adds in the causal order (descending
+    programs), so again each waits only on started programs. The backward alone against the two
+    deterministic kernels, one H200, five rounds alternating, group 1: 1.05-1.08x at 16k, 1.08-1.13x at
+    32k, 1.03x at 48k, 0.96-0.97x at 64k (results/s48/call8, s49/call1-2), bitwise repeats; fwd+bwd
+    against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k, where the two kernels gave 1.012x /
+    0.961x / 0.97x (s49/call1). The 64k loss looks like the head's locality (not measured directly): a
+    key head's programs reuse each other's Q, dO and dq tiles a few steps apart, and interleaving all 16
+    heads' programs tile by tile ran 0.69-0.71x the two kernels at 16k-64k (s49/call2). With GQA
     (each program walking group x the query tiles) the causal convoy ran 0.97-0.98x the two kernels at
     group 2 (16k-32k) and 0.86-0.90x at group 4 (12k-16k, s49/call5), while full attention's gains
     held: 1.10-1.12x at group 2 (20k, 32k), 1.08x at group 4 (32k, s49/call6)."""
