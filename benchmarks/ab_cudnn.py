@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
+from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 from kernels import _flash_bwd_fused_hopper  # noqa: E402
 
@@ -55,7 +55,7 @@ def _without_ordered(fn):
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
     """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
     ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors)."""
-    batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
+    batch, nheads = issue_shape(seqlen, headdim)
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -86,7 +86,7 @@ def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMP
         for impl in rotated(list(impls), r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
-    flops = 4 * max(TOKENS // seqlen, 1) * (MODEL_DIM // headdim) * seqlen**2 * headdim / (2 if causal else 1)
+    flops = fwd_flops(*issue_shape(seqlen, headdim), seqlen, headdim, causal)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds)
     for (impl, what), ms in times.items():
         row[f"{impl}_{what}_ms"] = ms

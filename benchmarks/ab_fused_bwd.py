@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import rotated, time_ms, write_results  # noqa: E402
-from benchmarks.exp_fused_bwd import _backward, saved_forward  # noqa: E402
+from benchmarks.exp_fused_bwd import _backward, rel_distances, saved_forward  # noqa: E402
 from kernels import _flash_bwd_fused_hopper  # noqa: E402
 
 
@@ -69,11 +69,7 @@ def main() -> None:
         difference from reference's, per gradient, relative to reference's largest value."""
         runs = [backward(variant, inputs) for _ in range(repeats)]
         bitwise = all(torch.equal(a, b) for again in runs[1:] for a, b in zip(runs[0], again, strict=True))
-        rel = [
-            ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-            for a, b in zip(runs[0], reference, strict=True)
-        ]
-        return bitwise, rel
+        return bitwise, rel_distances(runs[0], reference)
 
     rows = []
     for seqlen in args.seqlens:

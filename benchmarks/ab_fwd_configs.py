@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
+from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 from kernels import _flash_fwd_hopper  # noqa: E402
 from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
@@ -37,7 +37,7 @@ CANDIDATES = {  # name: config, per head dim
 
 
 def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
-    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
+    batch, nheads = issue_shape(seqlen, headdim)
     torch.manual_seed(seqlen)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(3)
@@ -66,7 +66,7 @@ def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
     for r in range(rounds):
         for name in rotated(names, r):
             times[name].append(time_ms(calls[name]))
-    flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
+    flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     for name, ms in times.items():
         row[f"{name}_ms"] = ms
         row[f"{name}_tflops"] = flops / statistics.median(ms) / 1e9

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
+from benchmarks.bench_attention import issue_shape, make_impl  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     device_profile,
     error_note,
@@ -72,7 +72,7 @@ ANCHORS = ["sdpa_cudnn", "sdpa_flash"]
 
 
 def point(headdim: int, seqlen: int, causal: bool) -> dict:
-    batch, nheads = TOKENS // seqlen, MODEL_DIM // headdim
+    batch, nheads = issue_shape(seqlen, headdim)
     ours_shape, sdpa_shape = (batch, seqlen, nheads, headdim), (batch, nheads, seqlen, headdim)
     fns = {}
     for name in VARIANTS + ANCHORS:

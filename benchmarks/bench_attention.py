@@ -43,6 +43,18 @@ TOKENS = 16384
 MODEL_DIM = 2048
 
 
+def issue_shape(seqlen: int, headdim: int) -> tuple[int, int]:
+    """(batch, nheads) of the issue's shapes: batch x seqlen = TOKENS (one sequence past it) and
+    nheads x headdim = MODEL_DIM."""
+    return max(TOKENS // seqlen, 1), MODEL_DIM // headdim
+
+
+def fwd_flops(batch: int, nheads: int, seqlen: int, headdim: int, causal: bool) -> float:
+    """The forward's FLOPs as the issue counts them: 4 B H N^2 d, halved when causal (the backward 2.5x
+    that, fwd+bwd 3.5x)."""
+    return 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
+
+
 def _eager(q, k, v, causal):
     """Materialised attention in (B, H, N, d): the N x N scores go through HBM."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (B, H, N, N)
@@ -167,7 +179,7 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max, gr
         gib = batch * nheads * seqlen * seqlen * 4 / 2**30
         row["skipped"] = f"eager materialises {gib:.0f} GiB of fp32 scores above n={eager_max}"
         return row
-    fwd_flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
+    flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     shape = native_shape(impl, batch, seqlen, nheads, headdim)
     try:
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
@@ -187,9 +199,9 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max, gr
         row["fwd_ms"] = time_ms(fwd)
         row["fwdbwd_ms"] = time_ms(fwdbwd)
         row["bwd_ms"] = row["fwdbwd_ms"] - row["fwd_ms"]
-        row["fwd_tflops"] = fwd_flops / row["fwd_ms"] / 1e9
-        row["bwd_tflops"] = 2.5 * fwd_flops / row["bwd_ms"] / 1e9 if row["bwd_ms"] > 0 else None
-        row["fwdbwd_tflops"] = 3.5 * fwd_flops / row["fwdbwd_ms"] / 1e9
+        row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
+        row["bwd_tflops"] = 2.5 * flops / row["bwd_ms"] / 1e9 if row["bwd_ms"] > 0 else None
+        row["fwdbwd_tflops"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
         row["peak_mem_mib"] = peak_memory_mib(fwdbwd)
         if impl.startswith("triton"):
             row["configs"] = _triton_configs(impl)
@@ -197,8 +209,8 @@ def bench_one(impl, batch, seqlen, nheads, headdim, causal, dtype, eager_max, gr
             try:
                 row["fwd_graph_ms"] = graph_time_ms(fwd)
                 row["fwdbwd_graph_ms"] = graph_time_ms(fwdbwd)
-                row["fwd_graph_tflops"] = fwd_flops / row["fwd_graph_ms"] / 1e9
-                row["fwdbwd_graph_tflops"] = 3.5 * fwd_flops / row["fwdbwd_graph_ms"] / 1e9
+                row["fwd_graph_tflops"] = flops / row["fwd_graph_ms"] / 1e9
+                row["fwdbwd_graph_tflops"] = 3.5 * flops / row["fwdbwd_graph_ms"] / 1e9
             except Exception as exc:  # noqa: BLE001  (a backend that cannot be captured keeps its eager row)
                 row["graph_error"] = error_note(exc)
     except Exception as exc:  # one failing backend must not end the sweep: record it in its row
@@ -337,7 +349,7 @@ def main(argv=None):
     for d in args.headdims:
         for causal in causals:
             for n in args.seqlens:
-                batch, nheads = max(1, TOKENS // n), MODEL_DIM // d
+                batch, nheads = issue_shape(n, d)
                 for impl in args.impls:
                     row = bench_one(
                         impl, batch, n, nheads, d, causal, torch.bfloat16, args.eager_max, args.graphs

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl  # noqa: E402
+from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
 from benchmarks.common import device_profile, time_ms, write_results  # noqa: E402
 from kernels import (  # noqa: E402
     _flash_bwd,
@@ -40,11 +40,16 @@ def _backward(q, k, v, do, out, lse2, causal, atomic):
     )  # fmt: skip
 
 
-def _rel(a, b) -> float:
-    return max(
+def rel_distances(a, b) -> list[float]:
+    """Per pair of tensors of a and b, the largest difference relative to b's largest value."""
+    return [
         ((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
         for x, y in zip(a, b, strict=True)
-    )
+    ]
+
+
+def _rel(a, b) -> float:
+    return max(rel_distances(a, b))
 
 
 def reference_check(headdim: int, causal: bool) -> dict:
@@ -74,7 +79,7 @@ def saved_forward(seqlen: int, headdim: int, causal: bool, group: int = 1) -> tu
     """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
     tokens and nheads x headdim = 2048, group query heads a key head (q, k, v require grad, for the
     public API's fwd+bwd too)."""
-    batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
+    batch, nheads = issue_shape(seqlen, headdim)
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -88,9 +93,9 @@ def saved_forward(seqlen: int, headdim: int, causal: bool, group: int = 1) -> tu
 
 
 def point(seqlen: int, headdim: int, causal: bool) -> dict:
-    batch, nheads = max(TOKENS // seqlen, 1), MODEL_DIM // headdim
+    batch, nheads = issue_shape(seqlen, headdim)
     q, k, v, do, out, lse2 = saved_forward(seqlen, headdim, causal)
-    flops = 4 * batch * nheads * seqlen**2 * headdim / (2 if causal else 1)
+    flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, batch=batch, nheads=nheads,
                first_tile_alone=os.environ.get("EXP_FIRST_TILE_ALONE", "0") == "1")  # fmt: skip
     default = _backward(q, k, v, do, out, lse2, causal, False)

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import MODEL_DIM, TOKENS, make_impl, native_shape  # noqa: E402
+from benchmarks.bench_attention import issue_shape, make_impl, native_shape  # noqa: E402
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ncu_attention needs a CUDA device")
-    batch, nheads, causal = TOKENS // args.seqlen, MODEL_DIM // args.headdim, args.causal == "causal"
+    (batch, nheads), causal = issue_shape(args.seqlen, args.headdim), args.causal == "causal"
     shape = native_shape(args.impl, batch, args.seqlen, nheads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
