@@ -552,24 +552,15 @@ def flash_attn_backward(
         )
         atomic_dq = fused
     # deterministic: the one-kernel backward with each dq tile's adds in one fixed order, where it takes the call
+    causal, group, sms = win_right == 0, q.shape[-2] // k.shape[-2], sm_count(q.device)
     ordered = (
         not atomic_dq
         and dkdv_ok
-        and _flash_bwd_fused_hopper.supports_ordered(
-            q.shape[-1],
-            win_right == 0,
-            q.shape[1],
-            k.shape[1],
-            q.shape[-2] // k.shape[-2],
-            sm_count(q.device),
-        )
+        and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], group, sms)
     )
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
-    sms = sm_count(q.device)
-    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(
-        q.shape[1], k.shape[1], win_right == 0, q.shape[-2] // k.shape[-2], sms
-    )
+    convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(q.shape[1], k.shape[1], causal, group, sms)
     key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sms) if ordered and not convoy else 1
     dq_acc = None
     if atomic_dq or ordered:
@@ -598,7 +589,7 @@ def flash_attn_backward(
     hopper_dkdv = dkdv_ok and not atomic_dq
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
-            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=win_right == 0, ordered=ordered,
+            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, ordered=ordered,
             key_groups=key_groups, convoy=convoy,
         )  # fmt: skip
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
@@ -614,10 +605,10 @@ def flash_attn_backward(
         return dq, dk, dv
     if hopper_dq:
         _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,
-                                              causal=win_right == 0)  # fmt: skip
+                                              causal=causal)  # fmt: skip
         if hopper_dkdv:  # (before the portable kernels' argument set-up: this route is host-bound when short)
             _flash_dkdv_hopper.flash_attn_dkdv_hopper(
-                q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=win_right == 0
+                q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=causal
             )
             return dq, dk, dv
 
@@ -646,7 +637,7 @@ def flash_attn_backward(
         )  # fmt: skip
     if hopper_dkdv:  # (after the portable dq kernel, whose delta it reads)
         _flash_dkdv_hopper.flash_attn_dkdv_hopper(
-            q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=win_right == 0
+            q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=causal
         )
         return dq, dk, dv
     grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731

@@ -74,8 +74,10 @@ def _attn_bwd_fused_hopper(
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
     dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
-    CONVOY (full attention, key_groups 1): every program walks the items from the first, and each item's
-    adds come in program order (`supports_ordered`)."""
+    CONVOY (key_groups 1, `ordered_convoy`): each program waits only on programs started before it. Full
+    attention: every program walks the items from the first, and each item's adds come in program order;
+    causal: a key head's programs start last keys first (`dkdv.dense_program`'s REVERSED), and the causal
+    order of adds (descending programs) is the same as without it."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -303,7 +305,7 @@ def flash_attn_bwd_fused_hopper(
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
-    repeats bit for bit; with convoy (`ordered_convoy`: full attention, key_groups 1) in program order."""
+    repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start."""
     if convoy and (key_groups != 1 or not ordered):
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
