@@ -73,8 +73,7 @@ case "$1" in
 8)
   for group in 2 4; do
     timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group $group --ordered-max-group 4 \
-      --seqlens 4096 8192 \
-      --rounds 5 --out "$R/ab_ordered_causal_gqa$group.json" 2>&1 | quiet  # (ran before the group limit)
+      --seqlens 4096 8192 --rounds 5 --out "$R/ab_ordered_causal_gqa$group.json" 2>&1 | quiet
   done
   ;;
 9)
