@@ -163,7 +163,7 @@ def _usable(layout: BlockLayout, dropout_p: float, *tensors: torch.Tensor) -> bo
         return False
     if triton.cdiv(q.shape[1], CONFIGS[q.shape[-1]][2].block_m) > MAX_LIST_TILE:
         return False
-    return all(fwd_hopper.tma_ready(t) for t in tensors)
+    return fwd_hopper.all_tma_ready(tensors)
 
 
 def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
@@ -176,12 +176,19 @@ def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
 # 0.059 against the portable 0.057 ms at one tile, n4k) went with the persistent dq kernel: d64 fwd+bwd
 # from CUDA graphs on one H200 at one tile a program, portable backward against Gluon, 0.241 / 0.212 ms
 # at n16k 0.8% and 0.071 / 0.065 at n4k 3%, level from 2.3% (results/s36/call3/ab_d64.md).
-def usable_backward(q, k, v, do, out, layout: BlockLayout, dropout_p: float, lse_grad: bool) -> bool:
+def usable_backward(
+    q, k, v, do, out, layout: BlockLayout, dropout_p: float, lse_grad: bool, forward_hopper: bool | None = None,
+) -> bool:  # fmt: skip
     """Whether a block-sparse backward takes the Hopper dq and dK/dV kernels: as the forward, and no
-    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it)."""
-    return (
-        BACKWARD_ENABLED and not lse_grad and out.stride(-1) == 1 and _usable(layout, dropout_p, q, k, v, do)
-    )
+    gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it). forward_hopper: whether
+    this call's forward took the Hopper kernel (`usable_forward` of the same q, k, v, layout and
+    dropout_p), which settles everything but do, out and lse_grad; None checks everything."""
+    if not BACKWARD_ENABLED or lse_grad or out.stride(-1) != 1:
+        return False
+    if forward_hopper is None:
+        return _usable(layout, dropout_p, q, k, v, do)
+    # (ENABLED again: it may have been switched off since the forward; tests and benchmarks do)
+    return forward_hopper and ENABLED and fwd_hopper.tma_ready(do)
 
 
 def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
@@ -231,7 +238,8 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     """dq, dk, dv (shaped like q, k, v; dk and dv summed over each key head's group) of a block-sparse
     call; the caller checked `usable_backward`."""
     seqlen_q, seqlen_k, headdim = q.shape[1], k.shape[1], q.shape[-1]
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    # (empty_like: a third of torch.empty's host time given dtype and device; contiguous whatever t's strides)
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     delta = torch.empty_like(lse)
     dq_cfg, dkdv_cfg = CONFIGS[headdim][1:]
     assert dq_cfg.block_m * dq_cfg.consumers == PROGRAM_ROWS == dkdv_cfg.block_n * dkdv_cfg.consumers

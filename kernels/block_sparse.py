@@ -439,10 +439,14 @@ def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
 
 
 def _block_sparse_forward(
-    q, k, v, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int, tiles=None
-):
-    """Launcher: returns out (like q) and lse (batch, nheads, seqlen_q) float32, natural log."""
-    if tiles is None and _block_sparse_hopper.usable_forward(q, k, v, layout, dropout_p):
+    q, k, v, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int, tiles=None,
+    hopper: bool | None = None,
+):  # fmt: skip
+    """Launcher: returns out (like q) and lse (batch, nheads, seqlen_q) float32, natural log. hopper:
+    `takes_hopper_forward`'s answer for these arguments, if the caller has it."""
+    if hopper is None:
+        hopper = takes_hopper_forward(q, k, v, layout, dropout_p, tiles)
+    if hopper:
         return _block_sparse_hopper.block_sparse_forward_hopper(q, k, v, layout, causal, sm_scale)
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
@@ -469,18 +473,26 @@ def _block_sparse_forward(
     return out, lse
 
 
+def takes_hopper_forward(q, k, v, layout: BlockLayout, dropout_p: float, tiles=None) -> bool:
+    """Whether the forward takes the Hopper kernel (`_block_sparse_hopper.usable_forward`; never with a
+    tile override)."""
+    return tiles is None and _block_sparse_hopper.usable_forward(q, k, v, layout, dropout_p)
+
+
 def _block_sparse_backward(
     do, q, k, v, out, lse, layout: BlockLayout, causal: bool, sm_scale: float, dropout_p: float, seed: int,
-    tiles=None, dlse=None,
+    tiles=None, dlse=None, forward_hopper: bool | None = None,
 ):  # fmt: skip
     """Launcher: returns dq, dk, dv shaped like q, k, v (dk/dv summed over each kv head's group).
-    dlse: the loss's gradient with respect to the (natural-log) lse, or None when it does not use it."""
+    dlse: the loss's gradient with respect to the (natural-log) lse, or None when it does not use it.
+    forward_hopper: whether the forward of these q, k, v took the Hopper kernel (`takes_hopper_forward`),
+    which saves the backward asking again; None asks."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     head_dim = padded_head_dim(headdim)
     (do,) = unit_last_stride(do)
     if tiles is None and _block_sparse_hopper.usable_backward(
-        q, k, v, do, out, layout, dropout_p, lse_grad=dlse is not None
+        q, k, v, do, out, layout, dropout_p, lse_grad=dlse is not None, forward_hopper=forward_hopper
     ):
         return _block_sparse_hopper.block_sparse_backward_hopper(
             do, q, k, v, out, lse, layout, causal, sm_scale
@@ -528,9 +540,10 @@ class BlockSparseAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles, lse_grad):
         q, k, v = unit_last_stride(q, k, v)
-        out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles)
+        hopper = takes_hopper_forward(q, k, v, layout, dropout_p, tiles)
+        out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles, hopper)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles = layout, causal, sm_scale, tiles
+        ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles, ctx.hopper = layout, causal, sm_scale, tiles, hopper
         # the backward regenerates the keep-mask from the seed instead of storing it
         ctx.dropout_p, ctx.seed, ctx.lse_grad = dropout_p, seed, lse_grad
         if not lse_grad:
@@ -548,7 +561,7 @@ class BlockSparseAttnFunc(torch.autograd.Function):
         dlse = dlse if ctx.lse_grad else None
         dq, dk, dv = _block_sparse_backward(
             do, q, k, v, out, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p, ctx.seed,
-            ctx.tiles, dlse,
+            ctx.tiles, dlse, ctx.hopper,
         )  # fmt: skip
         return dq, dk, dv, *([None] * 7)
 

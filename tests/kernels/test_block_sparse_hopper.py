@@ -92,6 +92,39 @@ def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
     assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, lse_grad=False)
 
 
+def test_the_backward_reuses_the_forwards_choice(monkeypatch):
+    """The backward is told whether its forward took the Hopper kernel (same q, k, v, layout), so it
+    checks only what the forward did not see: dO, out, an lse gradient and the switches."""
+    q = torch.randn(1, 1024, 2, 128, dtype=BF16)
+    layout = butterfly_layout(1024, 128)
+    kw = dict(lse_grad=False, forward_hopper=True)
+    # (CPU tensors: only the forward's answer says Hopper here)
+    assert bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, **kw)
+    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, lse_grad=False, forward_hopper=False)
+    assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, lse_grad=True, forward_hopper=True)
+    not_tma_ready = q.transpose(-1, -2)
+    assert not bs_hopper.usable_backward(q, q, q, not_tma_ready, q, layout, 0.0, **kw)  # (dO)
+    assert not bs_hopper.usable_backward(q, q, q, q, not_tma_ready, layout, 0.0, **kw)  # (out)
+    for switch in ("ENABLED", "BACKWARD_ENABLED"):
+        with monkeypatch.context() as m:
+            m.setattr(bs_hopper, switch, False)
+            assert not bs_hopper.usable_backward(q, q, q, q, q, layout, 0.0, **kw)
+
+
+def test_the_autograd_function_hands_the_forwards_choice_to_the_backward(monkeypatch, device):
+    """block_sparse_attention's backward gets the forward's answer (False on CPU) instead of asking again."""
+    from kernels import block_sparse
+
+    seen = []
+    real = bs_hopper.usable_backward
+    monkeypatch.setattr(bs_hopper, "usable_backward", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    q = torch.randn(1, 64, 2, 16, device=device, requires_grad=True)
+    out = block_sparse_attention(q, q, q, butterfly_layout(64, 16).to(device))
+    out.sum().backward()
+    want = block_sparse.takes_hopper_forward(q, q, q, butterfly_layout(64, 16).to(device), 0.0)
+    assert [kw["forward_hopper"] for kw in seen] == [want]
+
+
 @pytest.mark.parametrize(
     "headdim, n_factors, persistent",
     [(128, 0, True), (128, 2, False), (128, None, False), (64, 0, True), (64, None, True)],
