@@ -5,6 +5,12 @@
 #       for want of device time): causal ordered calls without GQA, full attention's key groups up to 2 query
 #       heads a key head; then the host cost of block-sparse d64 calls at n16k 6.25% (butterfly 7:0) and n4k
 #       (bench_host_overhead.py, ours against FlexAttention on the same block mask)
+#   bash benchmarks/run_gpu_s50.sh 2   # the block-sparse host trims (results/s50/host_trim.patch):
+#       the Hopper block-sparse GPU tests, then host time per fwd+bwd before / after (the patch reversed in a copy
+#       of the tree), alternating processes, three rounds: bench_host_overhead.py at d64 and d128, n4k, all-factor
+#       butterfly (block-sparse and dense paths)
+#   bash benchmarks/run_gpu_s50.sh 3   # the issue-4 sweep at n16k, d64 and d128 (bench_block_sparse.py: eager and
+#       from CUDA graphs, against FlexAttention on the same block mask)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -16,5 +22,25 @@ case "$1" in
     timeout 150 python benchmarks/bench_host_overhead.py --headdim 64 --seqlen $1 --butterfly $2 --no-parts \
       --top 60 --out "$R/host_bs_d64_n$(($1 / 1024))k.json" 2>&1 | quiet | grep "^{"
   done
+  ;;
+2)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_block_sparse_hopper.py \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  rm -rf /tmp/before && cp -r . /tmp/before && (cd /tmp/before && git apply -R benchmarks/results/s50/host_trim.patch) \
+    && echo "before tree ready"
+  for round in 1 2 3; do
+    for tree in before after; do
+      dir=$([ $tree = before ] && echo /tmp/before || pwd)
+      for d in 64 128; do
+        (cd "$dir" && timeout 90 python benchmarks/bench_host_overhead.py --headdim $d --seqlen 4096 --no-parts \
+          --calls 300 --top 40 --out "$R/host_${tree}_d${d}_r$round.json" 2>&1 | quiet | grep "^{" | cut -c1-220)
+      done
+    done
+  done
+  ;;
+3)
+  timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|" | tail -n 20
   ;;
 esac
