@@ -9,8 +9,9 @@
 #       the Hopper block-sparse GPU tests, then host time per fwd+bwd before / after (the patch reversed in a copy
 #       of the tree), alternating processes, three rounds: bench_host_overhead.py at d64 and d128, n4k, all-factor
 #       butterfly (block-sparse and dense paths)
-#   bash benchmarks/run_gpu_s50.sh 3   # the issue-4 sweep at n16k, d64 and d128 (bench_block_sparse.py: eager and
-#       from CUDA graphs, against FlexAttention on the same block mask)
+#   bash benchmarks/run_gpu_s50.sh 3   # the host trims against without them in one process (ab_host_trims.py: 20
+#       alternating batches, n4k, d64 and d128, block-sparse and dense), then the issue-4 sweep at n16k, d64 and
+#       d128 (bench_block_sparse.py: eager and from CUDA graphs, against FlexAttention on the same block mask)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -40,6 +41,7 @@ case "$1" in
   done
   ;;
 3)
+  timeout 120 python benchmarks/ab_host_trims.py --out "$R/host_trims.json" 2>&1 | quiet | grep "fwd+bwd"
   timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|" | tail -n 20
   ;;

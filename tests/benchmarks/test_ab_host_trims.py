@@ -1,0 +1,34 @@
+"""benchmarks/ab_host_trims.py: its two ways give the same answers and it leaves the trimmed code in place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import ab_host_trims
+from kernels import _block_sparse_hopper, _flash_fwd_hopper
+from kernels.layouts import butterfly_layout
+
+
+@pytest.mark.parametrize("way", list(ab_host_trims.WAYS))
+def test_both_ways_answer_alike_and_the_trimmed_code_comes_back(way):
+    torch.manual_seed(0)
+    q = torch.randn(1, 256, 2, 64, dtype=torch.bfloat16)
+    flat = torch.randn(q.numel() + 1, dtype=torch.bfloat16)
+    tensors = [
+        q,
+        q.transpose(-1, -2),
+        flat[1:].view(q.shape),
+        torch.randn(1, 256, 2, 4, dtype=torch.bfloat16),
+    ]
+    want = [_flash_fwd_hopper.tma_ready(t) for t in tensors]
+    layout = butterfly_layout(256, 128)
+    try:
+        ab_host_trims.use(way)
+        assert [_flash_fwd_hopper.tma_ready(t) for t in tensors] == want == [True, False, False, False]
+        # (CPU tensors: the forward's answer decides in the trimmed way, the full check says no in the other)
+        got = _block_sparse_hopper.usable_backward(q, q, q, q, q, layout, 0.0, False, forward_hopper=True)
+        assert got == (way == "trimmed")
+    finally:
+        ab_host_trims.use("trimmed")
+    assert (_flash_fwd_hopper.tma_ready, _block_sparse_hopper.usable_backward) == ab_host_trims.TRIMMED
