@@ -26,7 +26,15 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--causal", choices=["causal", "full"], default="full")
+    parser.add_argument(
+        "--causal-convoy-upto", type=int, default=None,
+        help="the causal convoy's longest call (_flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN) for this run",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.causal_convoy_upto is not None:
+        from kernels import _flash_bwd_fused_hopper
+
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
     if not torch.cuda.is_available():
         raise SystemExit("ncu_attention needs a CUDA device")
     (batch, nheads), causal = issue_shape(args.seqlen, args.headdim), args.causal == "causal"

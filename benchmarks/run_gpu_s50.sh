@@ -12,6 +12,9 @@
 #   bash benchmarks/run_gpu_s50.sh 3   # the host trims against without them in one process (ab_host_trims.py: 20
 #       alternating batches, n4k, d64 and d128, block-sparse and dense), then the issue-4 sweep at n16k, d64 and
 #       d128 (bench_block_sparse.py: eager and from CUDA graphs, against FlexAttention on the same block mask)
+#   bash benchmarks/run_gpu_s50.sh 4   # is the causal convoy's 64k loss its L2? Nsight Compute on the backward kernels of
+#       one causal d128 fwd+bwd (batch 1, 16 heads): time, L2 hit rate and DRAM bytes of the convoy at 32k and at 64k
+#       (its limit lifted), the unordered one-kernel backward at 64k and the two deterministic kernels at 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -44,5 +47,16 @@ case "$1" in
   timeout 120 python benchmarks/ab_host_trims.py --out "$R/host_trims.json" 2>&1 | quiet | grep "fwd+bwd"
   timeout 420 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 128 \
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|" | tail -n 20
+  ;;
+4)
+  metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
+  for run in "convoy 32768 triton" "convoy 65536 triton" "unordered 65536 triton_atomic" "two_kernels 65536 triton"; do
+    set -- $run
+    env_two=$([ $1 = two_kernels ] && echo 0 || echo 1)
+    FLASHTRAIN_ORDERED_BWD=$env_two timeout 150 ncu --profile-from-start off -k regex:attn_bwd --metrics $metrics --csv \
+      python benchmarks/ncu_attention.py --impl $3 --seqlen $2 --headdim 128 --causal causal --causal-convoy-upto 65536 \
+      > "$R/ncu_$1_$2.csv" 2> "$R/ncu_$1_$2.err"
+    echo "$1 $2 exit $?"; grep -E "attn_bwd" "$R/ncu_$1_$2.csv" | cut -d, -f5,13-15 | head -n 12
+  done
   ;;
 esac
