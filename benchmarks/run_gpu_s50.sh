@@ -14,10 +14,28 @@
 #       d128 (bench_block_sparse.py: eager and from CUDA graphs, against FlexAttention on the same block mask)
 #   bash benchmarks/run_gpu_s50.sh 4   # is the causal convoy's 64k loss its L2? Nsight Compute on the backward kernels of
 #       one causal d128 fwd+bwd (batch 1, 16 heads): time, L2 hit rate and DRAM bytes of the convoy at 32k and at 64k
-#       (its limit lifted), the unordered one-kernel backward at 64k and the two deterministic kernels at 64k
+#       (its limit lifted), the unordered one-kernel backward at 64k and the two deterministic kernels at 64k (call 4
+#       ran it with the metrics printed by cut; the same runs as today's ncu_backward)
+#   bash benchmarks/run_gpu_s50.sh 5   # the same Nsight Compute metrics for the causal convoy and the unordered kernel at
+#       48k, and for the full-attention convoy (1.11x the two kernels in session 48) and the two kernels at full 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
+# Nsight Compute's time, L2 hit rate and DRAM bytes of the backward kernels of one d128 fwd+bwd per run "NAME
+# SEQLEN IMPL CAUSAL" (NAME two_kernels*: FLASHTRAIN_ORDERED_BWD=0), the causal convoy's limit lifted to 64k:
+# $R/ncu_NAME_SEQLEN.csv, the metrics printed
+ncu_backward() {
+  local metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
+  for run in "$@"; do
+    set -- $run
+    FLASHTRAIN_ORDERED_BWD=$([ ${1#two_kernels} != $1 ] && echo 0 || echo 1) timeout 150 ncu --profile-from-start off \
+      -k regex:attn_bwd --metrics $metrics --csv python benchmarks/ncu_attention.py --impl $3 --seqlen $2 \
+      --headdim 128 --causal $4 --causal-convoy-upto 65536 > "$R/ncu_$1_$2.csv" 2> "$R/ncu_$1_$2.err"
+    echo "$1 $2 exit $?"
+    python -c "import csv, sys; rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('\"'));
+[print(r['Kernel Name'][:24], r['Metric Name'], r['Metric Value']) for r in rows]" "$R/ncu_$1_$2.csv"
+  done
+}
 case "$1" in
 1)
   ordered_tests
@@ -49,14 +67,11 @@ case "$1" in
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|" | tail -n 20
   ;;
 4)
-  metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
-  for run in "convoy 32768 triton" "convoy 65536 triton" "unordered 65536 triton_atomic" "two_kernels 65536 triton"; do
-    set -- $run
-    env_two=$([ $1 = two_kernels ] && echo 0 || echo 1)
-    FLASHTRAIN_ORDERED_BWD=$env_two timeout 150 ncu --profile-from-start off -k regex:attn_bwd --metrics $metrics --csv \
-      python benchmarks/ncu_attention.py --impl $3 --seqlen $2 --headdim 128 --causal causal --causal-convoy-upto 65536 \
-      > "$R/ncu_$1_$2.csv" 2> "$R/ncu_$1_$2.err"
-    echo "$1 $2 exit $?"; grep -E "attn_bwd" "$R/ncu_$1_$2.csv" | cut -d, -f5,13-15 | head -n 12
-  done
+  ncu_backward "convoy 32768 triton causal" "convoy 65536 triton causal" "unordered 65536 triton_atomic causal" \
+    "two_kernels 65536 triton causal"
+  ;;
+5)
+  ncu_backward "convoy 49152 triton causal" "unordered 49152 triton_atomic causal" "full_convoy 65536 triton full" \
+    "two_kernels_full 65536 triton full"
   ;;
 esac
