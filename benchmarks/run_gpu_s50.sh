@@ -28,7 +28,7 @@ ncu_backward() {
   local metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
   for run in "$@"; do
     set -- $run
-    FLASHTRAIN_ORDERED_BWD=$([ ${1#two_kernels} != $1 ] && echo 0 || echo 1) timeout 150 ncu --profile-from-start off \
+    FLASHTRAIN_ORDERED_BWD=$([ "${1#two_kernels}" != "$1" ] && echo 0 || echo 1) timeout 150 ncu --profile-from-start off \
       -k regex:attn_bwd --metrics $metrics --csv python benchmarks/ncu_attention.py --impl $3 --seqlen $2 \
       --headdim 128 --causal $4 --causal-convoy-upto 65536 > "$R/ncu_$1_$2.csv" 2> "$R/ncu_$1_$2.err"
     echo "$1 $2 exit $?"
