@@ -41,7 +41,14 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=1, help="query heads a key head (GQA)")
     parser.add_argument("--ordered-max-group", type=int, default=None,
                         help="let calls of up to this many query heads a key head take the ordered one (its ORDERED_CAUSAL_MAX_GROUP and ORDERED_ROTATION_MAX_GROUP)")  # fmt: skip
+    parser.add_argument("--causal-convoy-upto", type=int, default=None,
+                        help="the causal convoy's longest call (its ORDERED_CAUSAL_CONVOY_MAX_SEQLEN)")  # fmt: skip
+    parser.add_argument("--convoy-blocks", type=int, nargs="+", default=None,
+                        help="with --ordered --causal, time the causal convoy with each of these launch blocks "
+                        "(its ORDERED_CAUSAL_CONVOY_BLOCK) instead of the default one")  # fmt: skip
     args = parser.parse_args()
+    if args.causal_convoy_upto is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
     if args.ordered_max_group is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_MAX_GROUP = args.ordered_max_group
         _flash_bwd_fused_hopper.ORDERED_ROTATION_MAX_GROUP = args.ordered_max_group
@@ -56,12 +63,17 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
-    if args.ordered and args.causal:  # the causal convoy order (variant ordered: without it)
-        variants["ordered_causal_convoy"] = (False, True)
+    # the causal convoy order (variant ordered: without it), with the default launch blocks or each given
+    convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_BLOCK}
+    if args.convoy_blocks:
+        convoys = {f"ordered_causal_convoy_b{block}": block for block in args.convoy_blocks}
+    if args.ordered and args.causal:
+        variants.update((name, (False, True)) for name in convoys)
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant == "ordered_causal_convoy"
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_BLOCK = convoys.get(variant, 1)
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):
@@ -80,9 +92,9 @@ def main() -> None:
             row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(
                 "ordered", inputs, 3, two_kernels
             )
-            if "ordered_causal_convoy" in variants:
-                row["causal_convoy_repeats_bitwise"], row["causal_convoy_vs_deterministic_rel"] = (
-                    repeats_and_distance("ordered_causal_convoy", inputs, 4, two_kernels)
+            for name in (v for v in convoys if v in variants):
+                row[f"{name}_repeats_bitwise"], row[f"{name}_vs_deterministic_rel"] = repeats_and_distance(
+                    name, inputs, 4, two_kernels
                 )
         times = {variant: [] for variant in variants}
         for r in range(args.rounds):

@@ -124,7 +124,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             jit = fused_hopper._attn_bwd_fused_hopper
             halves = hopper.descriptor(torch.zeros(2, 1000, 8, headdim // 2), cfg.block_m)
             args = [rows, keys, keys, rows, keys, keys, halves, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000,
-                    2, 0.18, 0.125, 264, torch.zeros(16, dtype=torch.int32), 2]  # fmt: skip
+                    2, 0.18, 0.125, 264, torch.zeros(16, dtype=torch.int32), 2, 8]  # fmt: skip
         elif kernel == "dkdv":
             jit = dkdv_hopper._attn_bwd_dkdv_hopper
             args = [rows, keys, keys, rows, keys, keys, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2,

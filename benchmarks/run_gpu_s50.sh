@@ -18,6 +18,10 @@
 #       ran it with the metrics printed by cut; the same runs as today's ncu_backward)
 #   bash benchmarks/run_gpu_s50.sh 5   # the same Nsight Compute metrics for the causal convoy and the unordered kernel at
 #       48k, and for the full-attention convoy (1.11x the two kernels in session 48) and the two kernels at full 64k
+#   bash benchmarks/run_gpu_s50.sh 6   # the causal convoy launched in blocks (ORDERED_CAUSAL_CONVOY_BLOCK; calls 4-5: at 64k
+#       its L2 hit rate fell to 69%): the ordered GPU tests with blocks of 16 (and the edge cases with blocks of 3),
+#       then the backward alone at causal 32k / 48k / 64k with blocks of 1 (today's order), 8, 16 and 33 against the
+#       two kernels and the unordered kernel (ab_fused_bwd.py --convoy-blocks, three rounds)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -69,6 +73,13 @@ case "$1" in
 4)
   ncu_backward "convoy 32768 triton causal" "convoy 65536 triton causal" "unordered 65536 triton_atomic causal" \
     "two_kernels 65536 triton causal"
+  ;;
+6)
+  FLASHTRAIN_CAUSAL_CONVOY_BLOCK=16 timeout -s KILL 130 python -m pytest -q -n 4 -rf -m gpu \
+    tests/kernels/test_flash_bwd_hopper.py -k "ordered_fused_backward_matches or takes_the_ordered" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 32768 49152 65536 --rounds 3 \
+    --convoy-blocks 1 8 16 33 --causal-convoy-upto 65536 --out "$R/ab_convoy_blocks.json" 2>&1 | quiet
   ;;
 5)
   ncu_backward "convoy 49152 triton causal" "unordered 49152 triton_atomic causal" "full_convoy 65536 triton full" \

@@ -55,7 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from . import _flash_dkdv_hopper as dkdv
-from ._common import LOG2E, sched_slots_for
+from ._common import LOG2E, sched_slots_for, sm_count
 from ._flash_fwd_hopper import descriptor
 from ._launch import CompiledLaunch
 
@@ -63,7 +63,7 @@ from ._launch import CompiledLaunch
 @gluon.jit
 def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups,
+    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups, convoy_block,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
 ):  # fmt: skip
@@ -74,17 +74,20 @@ def _attn_bwd_fused_hopper(
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
     dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
-    CONVOY (key_groups 1, `ordered_convoy`): each program waits only on programs started before it. Full
-    attention: every program walks the items from the first, and each item's adds come in program order;
-    causal: a key head's programs start last keys first (`dkdv.dense_program`'s REVERSED), and the causal
-    order of adds (descending programs) is the same as without it."""
+    CONVOY (key_groups 1, `ordered_convoy`): full attention, every program walks the items from the first,
+    and each item's adds come in program order, so each program waits only on programs started before it;
+    causal, a key head's programs start in blocks of convoy_block key tiles, the last block first, each
+    block's in order (`dkdv.dense_program`'s REVERSED), and the causal order of adds (descending programs)
+    is the same as without it: a program waits on programs of earlier blocks, started before it, and on
+    the later ones of its own block, started after it (so a block holds at most half the SMs' worth, as a
+    key group does; with convoy_block 1 it waits only on started programs)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
     # (causal CONVOY: a key head's programs start last keys first, so each waits only on started ones)
     n0, off_hk, off_b, lo, hi = dkdv.dense_program(
-        sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY
+        sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY, convoy_block
     )
     if ORDERED:  # (grid order, sched_slots 0: programs of a key head, then key heads, then batches)
         n_items = group * hi  # (query head, tile) items
@@ -264,6 +267,10 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
+# The causal convoy's launch blocks (`_attn_bwd_fused_hopper`), FLASHTRAIN_CAUSAL_CONVOY_BLOCK: 1 starts a
+# key head's programs last keys first, so the lightest start first and their starts spread further apart
+# with each wave of programs; blocks of programs started heaviest first keep the starts together
+ORDERED_CAUSAL_CONVOY_BLOCK = int(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "1"))
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
 # deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
@@ -298,18 +305,26 @@ ORDERED_CAUSAL_KEY_GROUPS = 1
 
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
-    key_groups=1, convoy=False,
+    key_groups=1, convoy=False, convoy_block=None,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
-    repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start."""
+    repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start.
+    convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
+    ORDERED_CAUSAL_CONVOY_BLOCK."""
     if convoy and (key_groups != 1 or not ordered):
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
             f"got ordered={ordered}, key_groups={key_groups}"
+        )
+    convoy_block = ORDERED_CAUSAL_CONVOY_BLOCK if convoy_block is None else convoy_block
+    if not 1 <= convoy_block <= max(sm_count(q.device) // 2, 1):
+        raise ValueError(
+            f"convoy_block={convoy_block}: a block's programs wait on each other, so it takes 1 to half the "
+            f"GPU's {sm_count(q.device)} SMs"
         )
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
@@ -330,7 +345,7 @@ def flash_attn_bwd_fused_hopper(
             dtype=torch.int32,
         )
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots_for(q.device, causal and not ordered), sems, key_groups)  # fmt: skip
+            sm_scale, sched_slots_for(q.device, causal and not ordered), sems, key_groups, convoy_block)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),

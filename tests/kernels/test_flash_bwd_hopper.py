@@ -244,6 +244,18 @@ def test_convoy_order_needs_an_ordered_call_in_one_key_group(causal, ordered, ke
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("convoy_block", [0, -1, 3])
+def test_convoy_blocks_past_half_the_sms_are_refused(convoy_block):
+    """A causal convoy's launch block holds programs that wait on each other: 0, negative or more than half
+    the SMs (the interpreter counts 4) is a ValueError before any launch."""
+    q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="convoy_block"):
+        fused_hopper.flash_attn_bwd_fused_hopper(
+            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=True, ordered=True, convoy=True,
+            convoy_block=convoy_block,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("key_groups", [1, 2, 3])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch, key_groups, causal):
@@ -322,14 +334,17 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 
 # (the ordered causal adds count on seqlen_q == seqlen_k, `supports_ordered`)
 @over_edges(fused_hopper.CONFIGS, [c for c in EDGES if not (c[5] and c[1] != c[2])])
-@pytest.mark.parametrize("key_groups, convoy", [(1, False), (2, False), (1, True)])
+@pytest.mark.parametrize(
+    "key_groups, convoy, convoy_block", [(1, False, 1), (2, False, 1), (1, True, 1), (1, True, 3)]
+)
 def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
-    case, headdim, dtype, key_groups, convoy
+    case, headdim, dtype, key_groups, convoy, convoy_block
 ):
     """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
-    groups (each adding into its own dq buffer, summed after), or in the convoy order: the gradients pass
-    the tolerance rule on every edge case it takes (full attention; causal on as many queries as keys;
-    the convoy order, full or causal) and come out bitwise the same twice."""
+    groups (each adding into its own dq buffer, summed after), or in the convoy order (causal: launched in
+    blocks of 1 or 3 key tiles, some blocks partial): the gradients pass the tolerance rule on every edge
+    case it takes (full attention; causal on as many queries as keys; the convoy order, full or causal)
+    and come out bitwise the same twice."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
@@ -339,7 +354,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
         acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
         fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=causal, ordered=True,
-            key_groups=key_groups, convoy=convoy,
+            key_groups=key_groups, convoy=convoy, convoy_block=convoy_block,
         )  # fmt: skip
         dq = acc.view(key_groups, *q.shape).sum(0)
         runs.append((dq, dk, dv))
