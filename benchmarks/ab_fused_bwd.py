@@ -45,7 +45,7 @@ def main() -> None:
                         help="the causal convoy's longest call (its ORDERED_CAUSAL_CONVOY_MAX_SEQLEN)")  # fmt: skip
     parser.add_argument("--convoy-blocks", type=int, nargs="+", default=None,
                         help="with --ordered --causal, time the causal convoy with each of these launch blocks "
-                        "(its ORDERED_CAUSAL_CONVOY_BLOCK) instead of the default one")  # fmt: skip
+                        "at every length (its CONVOY_BLOCK_SETTING) instead of causal_convoy_block's")  # fmt: skip
     args = parser.parse_args()
     if args.causal_convoy_upto is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
@@ -64,7 +64,7 @@ def main() -> None:
         variants["ordered"] = (False, True)
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
     # the causal convoy order (variant ordered: without it), with the default launch blocks or each given
-    convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_BLOCK}
+    convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING}  # (None: the rule's)
     if args.convoy_blocks:
         convoys = {f"ordered_causal_convoy_b{block}": block for block in args.convoy_blocks}
     if args.ordered and args.causal:
@@ -73,7 +73,7 @@ def main() -> None:
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_BLOCK = convoys.get(variant, 1)
+        _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING = convoys.get(variant)
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):

@@ -22,6 +22,8 @@
 #       its L2 hit rate fell to 69%): the ordered GPU tests with blocks of 16 (and the edge cases with blocks of 3),
 #       then the backward alone at causal 32k / 48k / 64k with blocks of 1 (today's order), 8, 16 and 33 against the
 #       two kernels and the unordered kernel (ab_fused_bwd.py --convoy-blocks, three rounds)
+#   bash benchmarks/run_gpu_s50.sh 7   # the rule kept from call 6 (blocks of 16 past 32k, the causal convoy up to 64k): the
+#       ordered routing GPU tests (48k in blocks among them) and the determinism switch's
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -80,6 +82,11 @@ case "$1" in
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
   timeout -s KILL 170 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 32768 49152 65536 --rounds 3 \
     --convoy-blocks 1 8 16 33 --causal-convoy-upto 65536 --out "$R/ab_convoy_blocks.json" 2>&1 | quiet
+  ;;
+7)
+  timeout -s KILL 150 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "takes_the_ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
   ;;
 5)
   ncu_backward "convoy 49152 triton causal" "unordered 49152 triton_atomic causal" "full_convoy 65536 triton full" \

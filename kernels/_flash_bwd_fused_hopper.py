@@ -243,14 +243,16 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
 
     Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (as every ordered
     causal call, `supports_ordered`) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
-    key head's programs started last keys first, each tile's adds in the causal order (descending
-    programs), so again each waits only on started programs. The backward alone against the two
-    deterministic kernels, one H200, five rounds alternating, group 1: 1.05-1.08x at 16k, 1.08-1.13x at
-    32k, 1.03x at 48k, 0.96-0.97x at 64k (results/s48/call8, s49/call1-2), bitwise repeats; fwd+bwd
-    against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k, where the two kernels gave 1.012x /
-    0.961x / 0.97x (s49/call1). The 64k loss looks like the head's locality (not measured directly): a
-    key head's programs reuse each other's Q, dO and dq tiles a few steps apart, and interleaving all 16
-    heads' programs tile by tile ran 0.69-0.71x the two kernels at 16k-64k (s49/call2). With GQA
+    key head's programs started last keys first (past 32k in blocks, `causal_convoy_block`), each tile's
+    adds in the causal order (descending programs), so each waits only on started programs (in blocks,
+    also on the later programs of its block). The backward alone against the two deterministic kernels,
+    one H200, five rounds alternating, group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k,
+    0.96-0.97x at 64k (results/s48/call8, s49/call1-2; in blocks of 16, 1.05x at 48k and 64k,
+    s50/call6), bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
+    where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1; blocks not timed fwd+bwd). The 64k loss
+    was the head's locality (`causal_convoy_block`): a key head's programs reuse each other's Q, dO and
+    dq tiles a few steps apart, and interleaving all 16 heads' programs tile by tile ran 0.69-0.71x the
+    two kernels at 16k-64k (s49/call2). With GQA
     (each program walking group x the query tiles) the causal convoy ran 0.97-0.98x the two kernels at
     group 2 (16k-32k) and 0.86-0.90x at group 4 (12k-16k, s49/call5), while full attention's gains
     held: 1.10-1.12x at group 2 (20k, 32k), 1.08x at group 4 (32k, s49/call6)."""
@@ -267,16 +269,35 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
-# The causal convoy's launch blocks (`_attn_bwd_fused_hopper`), FLASHTRAIN_CAUSAL_CONVOY_BLOCK: 1 starts a
-# key head's programs last keys first, so the lightest start first and their starts spread further apart
-# with each wave of programs; blocks of programs started heaviest first keep the starts together
-ORDERED_CAUSAL_CONVOY_BLOCK = int(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "1"))
+def causal_convoy_block(seqlen_q: int) -> int:
+    """The causal convoy's launch block (`_attn_bwd_fused_hopper`) for a call of seqlen_q queries: 1 up to
+    ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE, ORDERED_CAUSAL_CONVOY_BLOCK past it (FLASHTRAIN_CAUSAL_CONVOY_BLOCK
+    sets one block for every length).
+
+    With blocks of 1 a key head's programs start last keys first: the lightest finish first, so the next
+    programs start further apart with each wave, and their reads of a query tile drift apart. Nsight
+    Compute on one H200 (d128, batch 1, 16 heads; results/s50/call4-5): the convoy's L2 hit rate 95% /
+    81% / 69% at causal 32k / 48k / 64k, 5 / 50 / 151 GB of DRAM traffic, against the unordered kernel's
+    96-97% (7 GB at 48k, 12 at 64k) and the full-attention convoy's 97.5% at 64k. Blocks of programs
+    started heaviest first keep their starts together (a list-scheduling model's LRU reuse distances
+    shrank 2-3x, at 4-9% more waiting). The backward alone, two deterministic kernels / convoy, three
+    rounds alternating (results/s50/call6), blocks of 1 / 8 / 16 / 33: 1.112 / 1.093 / 1.065 / 1.042 at
+    32k, 1.033 / 1.051 / 1.049 / 1.036 at 48k, 0.975 / 1.047 / 1.052 / 1.018 at 64k; bitwise repeats."""
+    if CONVOY_BLOCK_SETTING is not None:
+        return CONVOY_BLOCK_SETTING
+    return 1 if seqlen_q <= ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE else ORDERED_CAUSAL_CONVOY_BLOCK
+
+
+ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE = 32768
+ORDERED_CAUSAL_CONVOY_BLOCK = 16
+_block_env = os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK")
+CONVOY_BLOCK_SETTING = int(_block_env) if _block_env else None  # (A/B measurements, tests)
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
 # deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
-# The causal convoy's longest call (`ordered_convoy`), the backward alone against the two kernels: 48k
-# 1.03x, 64k 0.96-0.97x (results/s49/call1-2)
-ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 49152
+# The causal convoy's longest call (`ordered_convoy`): the longest timed (`causal_convoy_block`: 64k 1.05x
+# the two kernels in blocks of 16, 0.96-0.98x in blocks of 1, results/s49/call1-2, s50/call6)
+ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 65536
 # GQA, the backward alone against the two kernels, one H200, five rounds alternating (results/s49/call5,
 # call8, call9): causal with 2 query heads a key head 1.00-1.03x in one key group (4k, 8k) and 0.97-0.98x
 # in the convoy (16k-32k), with 4 0.88-0.94x and 0.86-0.90x; full attention in key groups (the rotation)
@@ -314,13 +335,13 @@ def flash_attn_bwd_fused_hopper(
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
     repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start.
     convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
-    ORDERED_CAUSAL_CONVOY_BLOCK."""
+    `causal_convoy_block`'s."""
     if convoy and (key_groups != 1 or not ordered):
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
             f"got ordered={ordered}, key_groups={key_groups}"
         )
-    convoy_block = ORDERED_CAUSAL_CONVOY_BLOCK if convoy_block is None else convoy_block
+    convoy_block = causal_convoy_block(q.shape[1]) if convoy_block is None else convoy_block
     if not 1 <= convoy_block <= max(sm_count(q.device) // 2, 1):
         raise ValueError(
             f"convoy_block={convoy_block}: a block's programs wait on each other, so it takes 1 to half the "
