@@ -13,6 +13,18 @@ program walks its tiles from the last instead (an order not tried on the GPU).
 prints per length the model's efficiency (work / (slots x makespan)) and the median, 90th and 99th
 percentile of the steps between two programs' reads of one tile. NOTES_attention.md, session 49, cites
 its default run: medians 1.4 / 2.0 / 2.6 / 3.3 steps at 16k / 32k / 48k / 64k (128-query tiles).
+
+With `--schemes`, a step-by-step model instead (session 50), in which a program may also wait on one
+launched after it: a step takes `--step-ticks` ticks, an add waits until the tile's previous adder's add
+is `--latency-ticks` old. Schemes: `blocks:B`, a key head's programs in blocks of B key tiles, the last
+block first, each block's in order (`kernels._flash_bwd_fused_hopper.causal_convoy_block`; blocks:1 is the
+order above), and `unordered`, the unordered kernel's heaviest-first order over chunks of 3 heads with no
+waits. Per scheme it prints the efficiency and the share of tile reads that find the tile among the last
+C distinct tiles read (an LRU cache of C tiles of 128 queries: Q, dO and the fp32 dq, 128 KB each):
+
+    python benchmarks/model_convoy_schedule.py --tiles 256 384 512 --schemes blocks:1 blocks:16 unordered
+
+Session 50 cites it (NOTES_attention.md, "The causal convoy's L2, and launch blocks").
 """
 
 from __future__ import annotations
@@ -54,6 +66,86 @@ def simulate(tiles: int, heads: int, slots: int, latency: float, descending: boo
     )
 
 
+def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
+    """(head, program) in launch order: `blocks:B` or `unordered` (see the module's text)."""
+    if scheme == "unordered":
+        return [
+            (h, j)
+            for first in range(0, heads, 3)
+            for j in range(tiles)
+            for h in range(first, min(first + 3, heads))
+        ]
+    block = int(scheme.removeprefix("blocks:"))
+    starts = list(reversed(range(0, tiles, block)))
+    return [(h, j) for h in range(heads) for first in starts for j in range(first, min(first + block, tiles))]
+
+
+def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_ticks: int, scheme: str):
+    """(efficiency, reads): the step-by-step model's work / (slots x makespan) and every tile read as
+    (tick, head, tile). Program j adds into tile i once its step there is done and program j + 1's add
+    there (if it sees the tile) is latency_ticks old; `unordered` never waits."""
+    order = launch_order(scheme, heads, tiles)
+    added = {}  # (head, program) -> {tile: tick of its add}
+    running, reads, launched, now = [], [], 0, 0
+    while launched < len(order) or running:
+        while len(running) < slots and launched < len(order):
+            head, program = order[launched]
+            launched += 1
+            added[head, program] = {}
+            running.append([head, program, program, now + step_ticks])
+            reads.append((now, head, program))
+        still = []
+        for r in running:
+            head, program, tile, ready = r
+            # (program j + 1 sees tile i >= j + 1; its add there may not have happened, or it not started)
+            waits = False
+            if scheme != "unordered" and program + 1 < tiles and tile > program:
+                before = added.get((head, program + 1), {})
+                waits = tile not in before or before[tile] + latency_ticks > now
+            if now >= ready and not waits:
+                added[head, program][tile] = now
+                if tile + 1 < tiles:
+                    r[2:] = [tile + 1, now + step_ticks]
+                    reads.append((now, head, tile + 1))
+                    still.append(r)
+                continue
+            still.append(r)
+        running = still
+        now += 1
+    work = heads * tiles * (tiles + 1) / 2 * step_ticks
+    return work / (slots * now), reads
+
+
+def lru_distances(reads: list[tuple]) -> list[int]:
+    """For every read of a (head, tile) read before: how many distinct tiles were read since (reads in
+    time order; a Fenwick tree over the latest read of each tile)."""
+    reads = sorted(reads)
+    tree = [0] * (len(reads) + 1)
+
+    def add(i, v):
+        i += 1
+        while i < len(tree):
+            tree[i] += v
+            i += i & -i
+
+    def prefix(i):  # marks at positions 0 .. i
+        total, i = 0, i + 1
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+    latest, distances = {}, []
+    for pos, (_, head, tile) in enumerate(reads):
+        before = latest.get((head, tile))
+        if before is not None:
+            distances.append(prefix(pos - 1) - prefix(before))
+            add(before, -1)
+        add(pos, 1)
+        latest[head, tile] = pos
+    return distances
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiles", type=int, nargs="+", default=[128, 256, 384, 512])
@@ -61,9 +153,23 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=132, help="SMs (one program each)")
     parser.add_argument("--latency", type=float, default=0.3, help="an add's hand-over, in steps")
     parser.add_argument("--descending", action="store_true")
+    parser.add_argument("--schemes", nargs="+", default=None, help="the step-by-step model's launch schemes")
+    parser.add_argument("--step-ticks", type=int, default=2)
+    parser.add_argument("--latency-ticks", type=int, default=2)
+    parser.add_argument("--cache-tiles", type=int, nargs="+", default=[200, 300, 400])
     args = parser.parse_args()
     for tiles in args.tiles:
-        print(simulate(tiles, args.heads, args.slots, args.latency, args.descending), flush=True)
+        if not args.schemes:
+            print(simulate(tiles, args.heads, args.slots, args.latency, args.descending), flush=True)
+        for scheme in args.schemes or ():
+            efficiency, reads = simulate_steps(
+                tiles, args.heads, args.slots, args.step_ticks, args.latency_ticks, scheme
+            )
+            distances = lru_distances(reads)
+            hits = {c: round(sum(d < c for d in distances) / len(reads), 3) for c in args.cache_tiles}
+            print(
+                dict(tiles=tiles, scheme=scheme, efficiency=round(efficiency, 3), lru_hits=hits), flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+"""benchmarks/model_convoy_schedule.py's step-by-step model: its launch orders and its LRU distances."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import model_convoy_schedule as model
+
+
+def test_blocks_of_one_launch_a_heads_last_keys_first_and_larger_blocks_heaviest_first_within():
+    assert model.launch_order("blocks:1", 2, 3) == [(0, 2), (0, 1), (0, 0), (1, 2), (1, 1), (1, 0)]
+    # (5 key tiles in blocks of 2: the partial block 4, then 2-3, then 0-1)
+    assert model.launch_order("blocks:2", 1, 5) == [(0, 4), (0, 2), (0, 3), (0, 0), (0, 1)]
+    order = model.launch_order("unordered", 4, 2)  # (chunks of 3 heads, tile-major)
+    assert order == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (3, 0), (3, 1)]
+
+
+def test_lru_distance_counts_the_distinct_tiles_read_in_between():
+    reads = [(0, 0, "a"), (1, 0, "b"), (2, 0, "b"), (3, 0, "c"), (4, 0, "a"), (5, 0, "c")]
+    assert model.lru_distances(reads) == [0, 2, 1]
+
+
+@pytest.mark.parametrize("scheme", ["blocks:1", "blocks:4", "unordered"])
+def test_every_program_reads_its_tiles_once_and_no_schedule_beats_the_slots(scheme):
+    tiles, heads = 12, 2
+    efficiency, reads = model.simulate_steps(tiles, heads, 4, 2, 2, scheme)
+    assert len(reads) == heads * tiles * (tiles + 1) // 2
+    assert 0 < efficiency <= 1
