@@ -23,10 +23,10 @@ adders before it, and its add is counted once it is complete in global memory, b
 own with a GPU-scope release (`_flash_dkdv_hopper._releaser`: a relaxed count let later adds overtake
 it, session 46). A program may wait on
 any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
-SMs' worth. Full attention past two such key groups, and causal calls past one without GQA up to 48k
+SMs' worth. Full attention past two such key groups, and causal calls past one without GQA up to 64k
 tokens, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
 each tile's adds come in the order the programs started, so a program waits only on ones started before
-it.
+it (causal past 32k: also on the later programs of its launch block, `causal_convoy_block`).
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
 (`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
