@@ -290,8 +290,21 @@ def causal_convoy_block(seqlen_q: int) -> int:
 
 ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE = 32768
 ORDERED_CAUSAL_CONVOY_BLOCK = 16
-_block_env = os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK")
-CONVOY_BLOCK_SETTING = int(_block_env) if _block_env else None  # (A/B measurements, tests)
+
+
+def _block_setting(text: str | None) -> int | None:
+    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK's value: unset or empty, None (the rule's blocks); else a positive
+    integer (how many of the SMs it may take is checked at each call)."""
+    if not text:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(
+            f"FLASHTRAIN_CAUSAL_CONVOY_BLOCK must be a positive integer (programs a block), got {text!r}"
+        )
+    return int(text)
+
+
+CONVOY_BLOCK_SETTING = _block_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK"))  # (A/B runs, tests)
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
 # deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"

@@ -265,6 +265,17 @@ def test_causal_convoy_launches_in_blocks_past_32k(monkeypatch, seqlen, setting,
     assert launches[0][-1] == block  # (the kernel's convoy_block, its last argument)
 
 
+@pytest.mark.parametrize("text, setting", [(None, None), ("", None), ("16", 16), (" 8 ", 8)])
+def test_the_convoy_block_setting_reads_a_positive_integer(text, setting):
+    assert fused_hopper._block_setting(text) == setting
+
+
+@pytest.mark.parametrize("text", ["0", "-4", "sixteen", "1.5"])
+def test_a_convoy_block_setting_that_is_no_positive_integer_is_refused(text):
+    with pytest.raises(ValueError, match="FLASHTRAIN_CAUSAL_CONVOY_BLOCK must be a positive integer"):
+        fused_hopper._block_setting(text)
+
+
 @pytest.mark.parametrize("convoy_block", [0, -1, 3])
 def test_convoy_blocks_past_half_the_sms_are_refused(convoy_block):
     """A causal convoy's launch block holds programs that wait on each other: 0, negative or more than half
