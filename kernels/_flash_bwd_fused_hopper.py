@@ -85,7 +85,7 @@ def _attn_bwd_fused_hopper(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
-    # (causal CONVOY: a key head's programs start last keys first, so each waits only on started ones)
+    # (causal CONVOY: a key head's programs start in blocks, the last block first, `causal_convoy_block`)
     n0, off_hk, off_b, lo, hi = dkdv.dense_program(
         sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY, convoy_block
     )
@@ -256,7 +256,7 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     (each program walking group x the query tiles) the causal convoy ran 0.97-0.98x the two kernels at
     group 2 (16k-32k) and 0.86-0.90x at group 4 (12k-16k, s49/call5), while full attention's gains
     held: 1.10-1.12x at group 2 (20k, 32k), 1.08x at group 4 (32k, s49/call6)."""
-    # (causal: a key head's programs start last keys first, `_attn_bwd_fused_hopper`)
+    # (causal: a key head's programs start in blocks, the last block first, `_attn_bwd_fused_hopper`)
     if not ORDERED_CONVOY:
         return False
     if causal:
@@ -279,10 +279,11 @@ def causal_convoy_block(seqlen_q: int) -> int:
     Compute on one H200 (d128, batch 1, 16 heads; results/s50/call4-5): the convoy's L2 hit rate 95% /
     81% / 69% at causal 32k / 48k / 64k, 5 / 50 / 151 GB of DRAM traffic, against the unordered kernel's
     96-97% (7 GB at 48k, 12 at 64k) and the full-attention convoy's 97.5% at 64k. Blocks of programs
-    started heaviest first keep their starts together (a list-scheduling model's LRU reuse distances
-    shrank 2-3x, at 4-9% more waiting). The backward alone, two deterministic kernels / convoy, three
-    rounds alternating (results/s50/call6), blocks of 1 / 8 / 16 / 33: 1.112 / 1.093 / 1.065 / 1.042 at
-    32k, 1.033 / 1.051 / 1.049 / 1.036 at 48k, 0.975 / 1.047 / 1.052 / 1.018 at 64k; bitwise repeats."""
+    started heaviest first keep their starts together (`benchmarks/model_convoy_schedule.py --schemes`:
+    LRU reuse distances 2-3x shorter, at 2-8% more waiting). The backward alone, two deterministic kernels
+    / convoy, three rounds alternating (results/s50/call6), blocks of 1 / 8 / 16 / 33: 1.112 / 1.093 /
+    1.065 / 1.042 at 32k, 1.033 / 1.051 / 1.049 / 1.036 at 48k, 0.975 / 1.047 / 1.052 / 1.018 at 64k;
+    bitwise repeats."""
     if CONVOY_BLOCK_SETTING is not None:
         return CONVOY_BLOCK_SETTING
     return 1 if seqlen_q <= ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE else ORDERED_CAUSAL_CONVOY_BLOCK
