@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_host_overhead import per_call_ms  # noqa: E402
+from benchmarks.bench_host_overhead import alternating_host_ms  # noqa: E402
 from benchmarks.check_launch_encoding import case_fns  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from kernels import _block_sparse_hopper, _flash_fwd_hopper  # noqa: E402
@@ -47,18 +47,11 @@ def use(way: str) -> None:
 
 def measure(path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
     fwdbwd, _ = case_fns(path, seqlen, headdim)
-    for way in WAYS:  # compile and warm up both ways
-        use(way)
-        for _ in range(10):
-            fwdbwd()
-    times = {way: [] for way in WAYS}
-    for batch in range(batches):
-        for way in list(WAYS) if batch % 2 == 0 else list(WAYS)[::-1]:
-            use(way)
-            times[way].append(per_call_ms(fwdbwd, calls, sync_each=False))
+    switches = {way: (lambda way=way: use(way)) for way in WAYS}
+    times = alternating_host_ms(switches, {"fwdbwd": fwdbwd}, batches, calls)
     use("trimmed")
     row = dict(path=path, seqlen=seqlen, headdim=headdim, nheads=16, batch=1, batches=batches, calls=calls)
-    for way, values in times.items():
+    for (way, _), values in times.items():
         row[f"{way}_fwdbwd_ms"] = round(statistics.median(values), 4)
         row[f"{way}_fwdbwd_range"] = [round(min(values), 4), round(max(values), 4)]
     # untrimmed / trimmed: above 1 where the trims save host time

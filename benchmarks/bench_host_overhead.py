@@ -55,6 +55,26 @@ def per_call_ms(fn, calls: int, sync_each: bool) -> float:
     return 1000 * elapsed / calls
 
 
+def alternating_host_ms(ways: dict, fns: dict, batches: int, calls: int) -> dict:
+    """Host time of several ways of running the same calls, in one process: per (way, fn's name), the
+    `per_call_ms` of fn (calls issued back to back) in each of `batches` batches. ways maps a name to the
+    function that switches to that way; a batch runs every way in turn, the order reversed every other
+    batch, since host time moves by a third between processes (results/s35/call1, s50/call2). Every fn
+    first runs 10 calls each way (compiles, warm-up)."""
+    for switch in ways.values():
+        switch()
+        for fn in fns.values():
+            for _ in range(10):
+                fn()
+    times = {(way, name): [] for way in ways for name in fns}
+    for batch in range(batches):
+        for way in list(ways) if batch % 2 == 0 else list(ways)[::-1]:
+            ways[way]()
+            for name, fn in fns.items():
+                times[way, name].append(per_call_ms(fn, calls, sync_each=False))
+    return times
+
+
 @triton.jit
 def _noop(X, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20,
           a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32, a33, a34, a35, a36, a37,

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_host_overhead import per_call_ms  # noqa: E402
+from benchmarks.bench_host_overhead import alternating_host_ms  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from kernels import _launch, block_sparse_attention, flash_attention  # noqa: E402
 from kernels.layouts import butterfly_layout  # noqa: E402
@@ -46,18 +46,8 @@ def case_fns(path: str, seqlen: int, headdim: int):
 
 def measure(path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
     fns = dict(zip(("fwdbwd_ms", "fwd_ms"), case_fns(path, seqlen, headdim), strict=True))
-    times = {(way, name): [] for way in WAYS for name in fns}
-    for on in WAYS.values():  # compile, then encode
-        _launch.ENCODE_ONCE = on
-        for fn in fns.values():
-            for _ in range(10):
-                fn()
-    for batch in range(batches):
-        order = list(WAYS.items()) if batch % 2 == 0 else list(WAYS.items())[::-1]
-        for way, on in order:
-            _launch.ENCODE_ONCE = on
-            for name, fn in fns.items():
-                times[way, name].append(per_call_ms(fn, calls, sync_each=False))
+    switches = {way: (lambda on=on: setattr(_launch, "ENCODE_ONCE", on)) for way, on in WAYS.items()}
+    times = alternating_host_ms(switches, fns, batches, calls)
     _launch.ENCODE_ONCE = True
     row = dict(path=path, seqlen=seqlen, headdim=headdim, nheads=16, batch=1, batches=batches, calls=calls)
     for (way, name), values in times.items():

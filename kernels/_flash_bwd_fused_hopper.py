@@ -349,17 +349,19 @@ def flash_attn_bwd_fused_hopper(
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
     repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start.
     convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
-    `causal_convoy_block`'s."""
+    `causal_convoy_block`'s for a causal convoy, 1 (unread) otherwise."""
     if convoy and (key_groups != 1 or not ordered):
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
             f"got ordered={ordered}, key_groups={key_groups}"
         )
-    convoy_block = causal_convoy_block(q.shape[1]) if convoy_block is None else convoy_block
-    if not 1 <= convoy_block <= max(sm_count(q.device) // 2, 1):
+    if convoy_block is None:  # (only the causal convoy reads it)
+        convoy_block = causal_convoy_block(q.shape[1]) if causal and convoy else 1
+    sms = sm_count(q.device)
+    if not 1 <= convoy_block <= max(sms // 2, 1):
         raise ValueError(
             f"convoy_block={convoy_block}: a block's programs wait on each other, so it takes 1 to half the "
-            f"GPU's {sm_count(q.device)} SMs"
+            f"GPU's {sms} SMs"
         )
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]

@@ -32,3 +32,19 @@ def test_both_ways_answer_alike_and_the_trimmed_code_comes_back(way):
     finally:
         ab_host_trims.use("trimmed")
     assert (_flash_fwd_hopper.tma_ready, _block_sparse_hopper.usable_backward) == ab_host_trims.TRIMMED
+
+
+def test_alternating_host_times_switch_ways_in_turn_reversed_every_other_batch(monkeypatch):
+    """bench_host_overhead.alternating_host_ms (ab_host_trims.py's and check_launch_encoding.py's loop),
+    its timer stubbed so it runs on CPU: warm-up under every way, then each batch times every function
+    under every way, the order of ways reversed every other batch."""
+    from benchmarks import bench_host_overhead
+
+    log = []
+    monkeypatch.setattr(bench_host_overhead, "per_call_ms", lambda fn, calls, sync_each: fn() or 1.0)
+    ways = {"a": lambda: log.append("to a"), "b": lambda: log.append("to b")}
+    fns = {"f": lambda: log.append("f"), "g": lambda: log.append("g")}
+    times = bench_host_overhead.alternating_host_ms(ways, fns, batches=2, calls=5)
+    assert log[:22] == ["to a"] + ["f"] * 10 + ["g"] * 10 + ["to b"]
+    assert log[42:] == ["to a", "f", "g", "to b", "f", "g", "to b", "f", "g", "to a", "f", "g"]
+    assert times == {(w, n): [1.0, 1.0] for w in ways for n in fns}
