@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 51). Each part is what one call ran; the outputs are in
+# benchmarks/results/s51/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s51.sh 1   # session 50's part 7 (refused): the ordered routing GPU tests with the 48k case
+#       in blocks, and the determinism switch's; then fwd+bwd against SDPA cuDNN at causal 48k / 64k on the blocked
+#       convoy (ab_cudnn.py --two-kernels, five rounds) and the issue's d128 n64k rows again (bench_attention.py)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  timeout -s KILL 150 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "takes_the_ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  timeout -s KILL 230 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
+    --seqlens 49152 65536 --rounds 5 --out "$R/ab_cudnn_d128_causal_blocks.json" 2>&1 | quiet | ratios
+  d128_against_anchors 190 65536
+  ;;
+esac
