@@ -46,6 +46,9 @@ def main() -> None:
     parser.add_argument("--convoy-blocks", type=int, nargs="+", default=None,
                         help="with --ordered --causal, time the causal convoy with each of these launch blocks "
                         "at every length (its CONVOY_BLOCK_SETTING) instead of causal_convoy_block's")  # fmt: skip
+    parser.add_argument("--walk-down", action="store_true",
+                        help="with --ordered --causal, time each causal convoy variant also walking its tiles "
+                        "from the last (its WALK_DOWN_SETTING; the others walk up)")  # fmt: skip
     args = parser.parse_args()
     if args.causal_convoy_upto is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
@@ -67,6 +70,10 @@ def main() -> None:
     convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING}  # (None: the rule's)
     if args.convoy_blocks:
         convoys = {f"ordered_causal_convoy_b{block}": block for block in args.convoy_blocks}
+    walk_down = {name: False for name in convoys} if args.walk_down else {}  # (variant -> its walk)
+    if args.walk_down:
+        walk_down.update({f"{name}_down": True for name in convoys})
+        convoys.update({f"{name}_down": block for name, block in convoys.items()})
     if args.ordered and args.causal:
         variants.update((name, (False, True)) for name in convoys)
 
@@ -74,6 +81,7 @@ def main() -> None:
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
         _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING = convoys.get(variant)
+        _flash_bwd_fused_hopper.WALK_DOWN_SETTING = walk_down.get(variant)
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):

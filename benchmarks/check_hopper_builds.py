@@ -97,7 +97,8 @@ def spills_in_loops(cubin: bytes) -> int | None:
 
 def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
     """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused", "fused_ordered", the one-kernel
-    backward with its dQ adds in a fixed order, or "fused_convoy", in the convoy order) for sm_90, dense
+    backward with its dQ adds in a fixed order, "fused_convoy", in the convoy order, or "fused_convoy_down",
+    the causal convoy walking its tiles from the last) for sm_90, dense
     or block-sparse (walking tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass
     (`_flash_dkdv_hopper.passes`); never raises."""
     import torch
@@ -154,8 +155,9 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["PART"] = part
         if kernel.startswith("fused"):
             del meta["SPARSE"]
-            meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy")
-            meta["CONVOY"] = kernel == "fused_convoy"
+            meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")
+            meta["CONVOY"] = kernel.startswith("fused_convoy")
+            meta["DOWN"] = kernel == "fused_convoy_down"
         if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         compiled = compile_kernel(jit, args, meta)
@@ -249,7 +251,7 @@ def main():
 
         dense_configs = [
             (kernel, d, cfg)
-            for kernel in ("fused", "fused_ordered", "fused_convoy")
+            for kernel in ("fused", "fused_ordered", "fused_convoy", "fused_convoy_down")
             for d, cfg in sorted(_flash_bwd_fused_hopper.CONFIGS.items())
         ]
     configs = [(*c, True, c in sparse_configs) for c in dense_configs]
@@ -259,7 +261,7 @@ def main():
     for kernel, headdim, cfg, dense, listed in configs:
         for sparse in [s for s, wanted in ((False, dense), (True, listed)) if wanted]:
             parts = _flash_dkdv_hopper.passes(headdim) if kernel == "dkdv" else (0,)
-            causals = (True, False)
+            causals = (True,) if kernel == "fused_convoy_down" else (True, False)  # (a causal order alone)
             for part, causal, dtype in itertools.product(parts, causals, (torch.bfloat16, torch.float16)):
                 results.append(build(kernel, headdim, cfg, causal, dtype, sparse, part))
                 r = results[-1]

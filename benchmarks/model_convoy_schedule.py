@@ -18,8 +18,9 @@ With `--schemes`, a step-by-step model instead (session 50), in which a program 
 launched after it: a step takes `--step-ticks` ticks, an add waits until the tile's previous adder's add
 is `--latency-ticks` old. Schemes: `blocks:B`, a key head's programs in blocks of B key tiles, the last
 block first, each block's in order (`kernels._flash_bwd_fused_hopper.causal_convoy_block`; blocks:1 is the
-order above), and `unordered`, the unordered kernel's heaviest-first order over chunks of 3 heads with no
-waits. Per scheme it prints the efficiency and the share of tile reads that find the tile among the last
+order above), `ascending`, a key head's programs launched in grid order (heaviest first) with each tile's
+adds in ascending program order, so program j waits on program j - 1, launched before it (session 51), and
+`unordered`, the unordered kernel's heaviest-first order over chunks of 3 heads with no waits. Per scheme it prints the efficiency and the share of tile reads that find the tile among the last
 C distinct tiles read (an LRU cache of C tiles of 128 queries: Q, dO and the fp32 dq, 128 KB each):
 
     python benchmarks/model_convoy_schedule.py --tiles 256 384 512 --schemes blocks:1 blocks:16 unordered
@@ -67,7 +68,9 @@ def simulate(tiles: int, heads: int, slots: int, latency: float, descending: boo
 
 
 def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
-    """(head, program) in launch order: `blocks:B` or `unordered` (see the module's text)."""
+    """(head, program) in launch order: `blocks:B`, `ascending` or `unordered` (see the module's text)."""
+    if scheme == "ascending":
+        return [(h, j) for h in range(heads) for j in range(tiles)]
     if scheme == "unordered":
         return [
             (h, j)
@@ -83,7 +86,10 @@ def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
 def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_ticks: int, scheme: str):
     """(efficiency, reads): the step-by-step model's work / (slots x makespan) and every tile read as
     (tick, head, tile). Program j adds into tile i once its step there is done and program j + 1's add
-    there (if it sees the tile) is latency_ticks old; `unordered` never waits."""
+    there (if it sees the tile) is latency_ticks old (`ascending`: program j - 1's, which sees every tile
+    program j does); `unordered` never waits."""
+    walk_down = scheme.startswith("down:")  # (each program walks its tiles from the last one down)
+    scheme = scheme.removeprefix("down:")
     order = launch_order(scheme, heads, tiles)
     added = {}  # (head, program) -> {tile: tick of its add}
     running, reads, launched, now = [], [], 0, 0
@@ -92,21 +98,25 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
             head, program = order[launched]
             launched += 1
             added[head, program] = {}
-            running.append([head, program, program, now + step_ticks])
-            reads.append((now, head, program))
+            first = tiles - 1 if walk_down else program
+            running.append([head, program, first, now + step_ticks])
+            reads.append((now, head, first))
         still = []
         for r in running:
             head, program, tile, ready = r
             # (program j + 1 sees tile i >= j + 1; its add there may not have happened, or it not started)
             waits = False
-            if scheme != "unordered" and program + 1 < tiles and tile > program:
-                before = added.get((head, program + 1), {})
+            previous = program - 1 if scheme == "ascending" else program + 1  # (the tile's adder before)
+            sees = 0 <= previous if scheme == "ascending" else previous < tiles and tile > program
+            if scheme != "unordered" and sees:
+                before = added.get((head, previous), {})
                 waits = tile not in before or before[tile] + latency_ticks > now
             if now >= ready and not waits:
                 added[head, program][tile] = now
-                if tile + 1 < tiles:
-                    r[2:] = [tile + 1, now + step_ticks]
-                    reads.append((now, head, tile + 1))
+                following = tile - 1 if walk_down else tile + 1
+                if (following >= program) if walk_down else (following < tiles):
+                    r[2:] = [following, now + step_ticks]
+                    reads.append((now, head, following))
                     still.append(r)
                 continue
             still.append(r)

@@ -4,6 +4,11 @@
 #   bash benchmarks/run_gpu_s51.sh 1   # session 50's part 7 (refused): the ordered routing GPU tests with the 48k case
 #       in blocks, and the determinism switch's; then fwd+bwd against SDPA cuDNN at causal 48k / 64k on the blocked
 #       convoy (ab_cudnn.py --two-kernels, five rounds) and the issue's d128 n64k rows again (bench_attention.py)
+#   bash benchmarks/run_gpu_s51.sh 2   # the causal convoy walking each program's tiles from the last (DOWN, the CPU
+#       model's down:blocks:1): the ordered GPU tests on every edge case (up and down, blocks of 1 and 3), then the
+#       backward alone at causal 32k / 48k / 64k, blocks of 1 and 16, walking up and down, against the two kernels
+#       and the unordered kernel (ab_fused_bwd.py --walk-down, three rounds), and the same with GQA (2 query heads a
+#       key head) at 32k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -15,5 +20,14 @@ case "$1" in
   timeout -s KILL 230 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
     --seqlens 49152 65536 --rounds 5 --out "$R/ab_cudnn_d128_causal_blocks.json" 2>&1 | quiet | ratios
   d128_against_anchors 190 65536
+  ;;
+2)
+  timeout -s KILL 150 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered_fused_backward_matches" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  timeout -s KILL 200 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 32768 49152 65536 --rounds 3 \
+    --convoy-blocks 1 16 --walk-down --causal-convoy-upto 65536 --out "$R/ab_walk_down.json" 2>&1 | quiet
+  timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --ordered-max-group 2 \
+    --seqlens 32768 --rounds 3 --convoy-blocks 1 16 --walk-down --out "$R/ab_walk_down_gqa2.json" 2>&1 | quiet
   ;;
 esac

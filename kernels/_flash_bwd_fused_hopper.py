@@ -66,6 +66,7 @@ def _attn_bwd_fused_hopper(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups, convoy_block,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
+    DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -80,7 +81,10 @@ def _attn_bwd_fused_hopper(
     block's in order (`dkdv.dense_program`'s REVERSED), and the causal order of adds (descending programs)
     is the same as without it: a program waits on programs of earlier blocks, started before it, and on
     the later ones of its own block, started after it (so a block holds at most half the SMs' worth, as a
-    key group does; with convoy_block 1 it waits only on started programs)."""
+    key group does; with convoy_block 1 it waits only on started programs). DOWN (causal CONVOY): each
+    program walks each head's query tiles from the last down to its diagonal's, so a program and the one
+    started before it read a tile a launch interval apart instead of that plus two steps
+    (`causal_convoy_walks_down`); the order of adds is the same."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -141,15 +145,15 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY, DOWN)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY, DOWN)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
-                              0, 1, ORDERED, rot)),
-            (dkdv._releaser, (order, lo, hi, group)),
+                              0, 1, ORDERED, rot, DOWN)),
+            (dkdv._releaser, (order, lo, hi, group, DOWN)),
         ][: 3 + ORDERED],
         [4, 1, 1][: 2 + ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],
@@ -293,6 +297,21 @@ ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE = 32768
 ORDERED_CAUSAL_CONVOY_BLOCK = 16
 
 
+def causal_convoy_walks_down(seqlen_q: int) -> bool:
+    """Whether a causal convoy of seqlen_q queries walks each program's query tiles from the last down
+    (`_attn_bwd_fused_hopper`'s DOWN): WALK_DOWN_SETTING where set (A/B runs), else not (not yet timed on a
+    GPU). The CPU model (`benchmarks/model_convoy_schedule.py --schemes down:blocks:1`, session 51) puts it
+    at 0.973 / 0.961 of the SMs busy at causal 64k / 48k, against 0.942 / 0.933 in blocks of 16, with an
+    LRU cache of 400 tiles hit 99.6% / 99.5% (blocks of 16: 96.9% / 99.4%); at 32k it waits more (0.923
+    against blocks of 1's 0.965): there a program starts less than an add's hand-over after the one before."""
+    if WALK_DOWN_SETTING is not None:
+        return WALK_DOWN_SETTING
+    return False
+
+
+WALK_DOWN_SETTING: bool | None = None  # (A/B runs: benchmarks/ab_fused_bwd.py --walk-down)
+
+
 def _block_setting(text: str | None) -> int | None:
     """FLASHTRAIN_CAUSAL_CONVOY_BLOCK's value: unset or empty, None (the rule's blocks); else a positive
     integer (how many of the SMs it may take is checked at each call)."""
@@ -340,7 +359,7 @@ ORDERED_CAUSAL_KEY_GROUPS = 1
 
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
-    key_groups=1, convoy=False, convoy_block=None,
+    key_groups=1, convoy=False, convoy_block=None, walk_down=None,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
@@ -349,7 +368,9 @@ def flash_attn_bwd_fused_hopper(
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
     repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start.
     convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
-    `causal_convoy_block`'s for a causal convoy, 1 (unread) otherwise."""
+    `causal_convoy_block`'s for a causal convoy, 1 (unread) otherwise. walk_down: a causal convoy's programs
+    walk their query tiles from the last (`_attn_bwd_fused_hopper`'s DOWN); None takes
+    `causal_convoy_walks_down`'s."""
     if convoy and (key_groups != 1 or not ordered):
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
@@ -357,6 +378,10 @@ def flash_attn_bwd_fused_hopper(
         )
     if convoy_block is None:  # (only the causal convoy reads it)
         convoy_block = causal_convoy_block(q.shape[1]) if causal and convoy else 1
+    if walk_down is None:
+        walk_down = causal and convoy and causal_convoy_walks_down(q.shape[1])
+    elif walk_down and not (causal and convoy):
+        raise ValueError("walk_down=True is the causal convoy's order: it needs causal=True and convoy=True")
     sms = sm_count(q.device)
     if not 1 <= convoy_block <= max(sms // 2, 1):
         raise ValueError(
@@ -389,7 +414,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down), num_warps=4),
     )  # fmt: skip
     return dk, dv
 

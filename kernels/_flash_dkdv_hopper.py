@@ -60,13 +60,13 @@ def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
     qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
     qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, HOT_FIRST: gl.constexpr = 0,
-    ORDERED: gl.constexpr = False, rot=0,
+    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
     section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`). ORDERED (the
     ordered one-kernel backward): all (head, tile) items in one run, with full attention from item rot on
-    and round to the items before it (`_steps`)."""
+    and round to the items before it, with DOWN each head's tiles from the last (`_steps`)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -86,7 +86,7 @@ def _producer(
                     off_hk, group, it, 0, hi, tiles, SPARSE, PART)  # fmt: skip
     elif ORDERED:
         _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
-                    off_hk, group, it, lo, hi - lo, tiles, SPARSE, PART, not CAUSAL, rot)  # fmt: skip
+                    off_hk, group, it, lo, hi - lo, tiles, SPARSE, PART, not CAUSAL, rot, DOWN)  # fmt: skip
     else:
         for section in gl.static_range(HOT_FIRST, 3 + HOT_FIRST):  # the consumers' order (see `sections`)
             start, count = sections(
@@ -99,12 +99,12 @@ def _producer(
 @gluon.jit
 def _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b, off_hk,
                 group, it, start, count, tiles, SPARSE: gl.constexpr, PART: gl.constexpr,
-                ROTATED: gl.constexpr = False, rot=0):  # fmt: skip
+                ROTATED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False):  # fmt: skip
     """The Q and dO tiles of one section's steps (`_query_tile`) into the stage ring, from ring position it,
     and their rows' -lse / scale (base 2) and -delta, which the consumers' score products start from (see
     `_steps`); returns the position after them. A stage is ready when its TMA bytes have landed and this
     warp has arrived once more, after storing those rows. ROTATED: the steps start at step rot and wrap
-    round to the ones before it."""
+    round to the ones before it. DOWN: each head's tiles from the last (`_query_tile`)."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale = stats
@@ -117,7 +117,7 @@ def _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_read
                 tiles, gl.where(step >= group * count, step - group * count, step), start, count, SPARSE
             )
         else:
-            t, g = _query_tile(tiles, j, start, count, SPARSE)
+            t, g = _query_tile(tiles, j, start, count, SPARSE, DOWN)
         # the rows' statistics, read while the stage may still be in use (registers, not shared memory)
         rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         row0 = lse_row0 + (off_hk * group + g) * stride_lh
@@ -147,13 +147,15 @@ def _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_read
 
 
 @gluon.jit
-def _query_tile(tiles, j, start, count, SPARSE: gl.constexpr):
+def _query_tile(tiles, j, start, count, SPARSE: gl.constexpr, DOWN: gl.constexpr = False):
     """(query tile, query head within the group) of a section's step j: dense, the section's tiles
-    start .. start + count - 1 of each head in turn; block-sparse, entry start + j of the program's list
-    (`kernels._block_sparse_hopper.col_lists`: head << 16 | tile)."""
+    start .. start + count - 1 of each head in turn (DOWN: from the last down); block-sparse, entry
+    start + j of the program's list (`kernels._block_sparse_hopper.col_lists`: head << 16 | tile)."""
     if SPARSE:
         entry = gl.load(tiles + start + j)
         return entry & 0xFFFF, entry >> 16
+    elif DOWN:
+        return start + count - 1 - j % count, j // count
     else:
         return start + j % count, j // count
 
@@ -190,7 +192,7 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    CONVOY: gl.constexpr = False,
+    CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -207,7 +209,8 @@ def _steps(
     the ones before it, so at any step the programs of a key head are on different items, and each
     item's adders come in the order they reach it (`ordered_rank_step`). CONVOY (full attention, one key
     group): no rotation, every item's adders in program order (`_flash_bwd_fused_hopper`'s convoy).
-    Causal (SECTION 5, no rotation): see `ordered_causal_rank`."""
+    Causal (SECTION 5, no rotation): see `ordered_causal_rank`; DOWN (the causal convoy) walks each head's
+    tiles from the last down to the diagonal's."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -222,6 +225,8 @@ def _steps(
         if not CAUSAL:  # (start 0)
             dq_tile = start + rot % count
             dq_head = rot // count
+        if DOWN:
+            dq_tile = n_tiles - 1
         rank = 0  # programs that add into this step's item before this one
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
@@ -308,8 +313,12 @@ def _steps(
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
-            wrap = dq_tile == start + count - 1
-            dq_tile = gl.where(wrap, start, dq_tile + 1)
+            if DOWN:
+                wrap = dq_tile == start
+                dq_tile = gl.where(wrap, start + count - 1, dq_tile - 1)
+            else:
+                wrap = dq_tile == start + count - 1
+                dq_tile = gl.where(wrap, start, dq_tile + 1)
             dq_head += wrap.to(gl.int32)
             if ORDERED:  # (round to the first head's items)
                 dq_head = gl.where(dq_head == group, 0, dq_head)
@@ -413,7 +422,7 @@ def _hand_over_adds(order, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _releaser(order, lo, hi, group):
+def _releaser(order, lo, hi, group, DOWN: gl.constexpr = False):
     """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
     attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
     the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
@@ -430,7 +439,7 @@ def _releaser(order, lo, hi, group):
     items = group * count
     for j in range(items):
         step = j + rot
-        t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False)
+        t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False, DOWN)
         sem = SEM + sem_off + (g * hi + t) * 2
         for wg in gl.static_range(2):
             slot = wg * 2 + j % 2
@@ -470,13 +479,13 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, CONVOY: gl.constexpr = False,
+    order=None, CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -535,7 +544,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, CONVOY,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles, CONVOY, DOWN,
         )  # fmt: skip
     else:
         for section in gl.static_range(

@@ -155,6 +155,7 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 FUSED_SPILLS = {
     ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 4,
     ("fused_ordered", 128, True): 11, ("fused_convoy", 128, False): 0, ("fused_convoy", 128, True): 11,
+    ("fused_convoy_down", 128, True): 12,
 }  # fmt: skip
 
 
@@ -265,6 +266,34 @@ def test_causal_convoy_launches_in_blocks_past_32k(monkeypatch, seqlen, setting,
     assert launches[0][-1] == block  # (the kernel's convoy_block, its last argument)
 
 
+@pytest.mark.parametrize("setting, causal, convoy, down", [(None, True, True, False), (True, True, True, True),
+                                                            (True, False, True, False), (True, True, False, False)])  # fmt: skip
+def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causal, convoy, down):
+    """The kernel's DOWN (each program walking its tiles from the last): off by the rule
+    (`causal_convoy_walks_down`, not yet timed on a GPU), on where WALK_DOWN_SETTING says, and only in a
+    causal convoy (the kernel stubbed, so this runs on CPU)."""
+    monkeypatch.setattr(fused_hopper, "WALK_DOWN_SETTING", setting)
+    launches = []
+    monkeypatch.setattr(fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append(kw))
+    q = torch.zeros(1, 4096, 1, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 1, 4096)
+    acc = torch.zeros(q.shape, dtype=torch.float32)
+    fused_hopper.flash_attn_bwd_fused_hopper(
+        q, q, q, q, lse, lse, acc, q, q, sm_scale=1.0, causal=causal, ordered=True, convoy=convoy
+    )
+    assert launches[0]["DOWN"] is down
+
+
+@pytest.mark.parametrize("causal, convoy", [(False, True), (True, False)])
+def test_walking_down_outside_a_causal_convoy_is_refused(causal, convoy):
+    q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="walk_down=True is the causal convoy's order"):
+        fused_hopper.flash_attn_bwd_fused_hopper(
+            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=causal, ordered=True, convoy=convoy,
+            walk_down=True,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("text, setting", [(None, None), ("", None), ("16", 16), (" 8 ", 8)])
 def test_the_convoy_block_setting_reads_a_positive_integer(text, setting):
     assert fused_hopper._block_setting(text) == setting
@@ -367,16 +396,18 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 # (the ordered causal adds count on seqlen_q == seqlen_k, `supports_ordered`)
 @over_edges(fused_hopper.CONFIGS, [c for c in EDGES if not (c[5] and c[1] != c[2])])
 @pytest.mark.parametrize(
-    "key_groups, convoy, convoy_block", [(1, False, 1), (2, False, 1), (1, True, 1), (1, True, 3)]
-)
+    "key_groups, convoy, convoy_block, walk_down",
+    [(1, False, 1, False), (2, False, 1, False), (1, True, 1, False), (1, True, 3, False), (1, True, 1, True),
+     (1, True, 3, True)],
+)  # fmt: skip
 def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
-    case, headdim, dtype, key_groups, convoy, convoy_block
+    case, headdim, dtype, key_groups, convoy, convoy_block, walk_down
 ):
     """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
     groups (each adding into its own dq buffer, summed after), or in the convoy order (causal: launched in
-    blocks of 1 or 3 key tiles, some blocks partial): the gradients pass the tolerance rule on every edge
-    case it takes (full attention; causal on as many queries as keys; the convoy order, full or causal)
-    and come out bitwise the same twice."""
+    blocks of 1 or 3 key tiles, some blocks partial, walking the tiles up or down): the gradients pass the
+    tolerance rule on every edge case it takes (full attention; causal on as many queries as keys; the
+    convoy order, full or causal) and come out bitwise the same twice."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
@@ -386,7 +417,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
         acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
         fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=causal, ordered=True,
-            key_groups=key_groups, convoy=convoy, convoy_block=convoy_block,
+            key_groups=key_groups, convoy=convoy, convoy_block=convoy_block, walk_down=walk_down and causal,
         )  # fmt: skip
         dq = acc.view(key_groups, *q.shape).sum(0)
         runs.append((dq, dk, dv))
