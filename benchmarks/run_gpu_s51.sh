@@ -9,6 +9,10 @@
 #       backward alone at causal 32k / 48k / 64k, blocks of 1 and 16, walking up and down, against the two kernels
 #       and the unordered kernel (ab_fused_bwd.py --walk-down, three rounds), and the same with GQA (2 query heads a
 #       key head) at 32k
+#   bash benchmarks/run_gpu_s51.sh 3   # the rule from call 2 (past 32k the causal convoy walks down, blocks of 1): the
+#       ordered routing GPU tests (48k among them) and the determinism switch's, fwd+bwd against SDPA cuDNN at causal
+#       48k / 64k (ab_cudnn.py --two-kernels, five rounds), and the causal convoy with GQA walking up and down
+#       (ab_fused_bwd.py --walk-down, three rounds): 2 query heads a key head at 16k / 48k / 64k, 4 at 32k / 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -29,5 +33,19 @@ case "$1" in
     --convoy-blocks 1 16 --walk-down --causal-convoy-upto 65536 --out "$R/ab_walk_down.json" 2>&1 | quiet
   timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --ordered-max-group 2 \
     --seqlens 32768 --rounds 3 --convoy-blocks 1 16 --walk-down --out "$R/ab_walk_down_gqa2.json" 2>&1 | quiet
+  ;;
+3)
+  timeout -s KILL 150 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "takes_the_ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  timeout -s KILL 200 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes \
+    --seqlens 49152 65536 --rounds 5 --out "$R/ab_cudnn_d128_causal_down.json" 2>&1 | quiet | ratios
+  for point in "2 16384 49152 65536" "4 32768 65536"; do
+    set -- $point
+    timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group $1 --ordered-max-group $1 \
+      --seqlens ${@:2} --rounds 3 --convoy-blocks 1 --walk-down --causal-convoy-upto 65536 \
+      --out "$R/ab_walk_down_gqa$1.json" 2>&1 | quiet | cut -c1-200
+    python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('deterministic_over')}) for r in json.load(open(sys.argv[1]))['rows']]" "$R/ab_walk_down_gqa$1.json"
+  done
   ;;
 esac

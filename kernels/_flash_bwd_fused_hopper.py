@@ -26,7 +26,7 @@ any other of its key head, so all of them must run at once: `supports_ordered` a
 SMs' worth. Full attention past two such key groups, and causal calls past one without GQA up to 64k
 tokens, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
 each tile's adds come in the order the programs started, so a program waits only on ones started before
-it (causal past 32k: also on the later programs of its launch block, `causal_convoy_block`).
+it (causal past 32k each program walks its tiles from the last down, `causal_convoy_walks_down`).
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
 (`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
@@ -247,13 +247,13 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
 
     Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (as every ordered
     causal call, `supports_ordered`) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
-    key head's programs started last keys first (past 32k in blocks, `causal_convoy_block`), each tile's
-    adds in the causal order (descending programs), so each waits only on started programs (in blocks,
-    also on the later programs of its block). The backward alone against the two deterministic kernels,
+    key head's programs started last keys first (past 32k each walking its tiles from the last down,
+    `causal_convoy_walks_down`), each tile's adds in the causal order (descending programs), so each waits
+    only on started programs. The backward alone against the two deterministic kernels,
     one H200, five rounds alternating, group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k,
-    0.96-0.97x at 64k (results/s48/call8, s49/call1-2; in blocks of 16, 1.05x at 48k and 64k,
-    s50/call6), bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
-    where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1; blocks not timed fwd+bwd). The 64k loss
+    0.96-0.97x at 64k (results/s48/call8, s49/call1-2; walking down, 1.08x at 48k and 64k, s51/call2),
+    bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
+    where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1). The 64k loss
     was the head's locality (`causal_convoy_block`): a key head's programs reuse each other's Q, dO and
     dq tiles a few steps apart, and interleaving all 16 heads' programs tile by tile ran 0.69-0.71x the
     two kernels at 16k-64k (s49/call2). With GQA
@@ -273,10 +273,10 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
-def causal_convoy_block(seqlen_q: int) -> int:
-    """The causal convoy's launch block (`_attn_bwd_fused_hopper`) for a call of seqlen_q queries: 1 up to
-    ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE, ORDERED_CAUSAL_CONVOY_BLOCK past it (FLASHTRAIN_CAUSAL_CONVOY_BLOCK
-    sets one block for every length).
+def causal_convoy_block() -> int:
+    """The causal convoy's launch block (`_attn_bwd_fused_hopper`): 1, or FLASHTRAIN_CAUSAL_CONVOY_BLOCK's
+    (A/B runs). Session 50 launched the convoy past 32k in blocks of 16; since session 51 it walks down
+    there instead (`causal_convoy_walks_down`), which measured faster than blocks.
 
     With blocks of 1 a key head's programs start last keys first: the lightest finish first, so the next
     programs start further apart with each wave, and their reads of a query tile drift apart. Nsight
@@ -288,27 +288,32 @@ def causal_convoy_block(seqlen_q: int) -> int:
     / convoy, three rounds alternating (results/s50/call6), blocks of 1 / 8 / 16 / 33: 1.112 / 1.093 /
     1.065 / 1.042 at 32k, 1.033 / 1.051 / 1.049 / 1.036 at 48k, 0.975 / 1.047 / 1.052 / 1.018 at 64k;
     bitwise repeats."""
-    if CONVOY_BLOCK_SETTING is not None:
-        return CONVOY_BLOCK_SETTING
-    return 1 if seqlen_q <= ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE else ORDERED_CAUSAL_CONVOY_BLOCK
-
-
-ORDERED_CAUSAL_CONVOY_BLOCKS_ABOVE = 32768
-ORDERED_CAUSAL_CONVOY_BLOCK = 16
+    return 1 if CONVOY_BLOCK_SETTING is None else CONVOY_BLOCK_SETTING
 
 
 def causal_convoy_walks_down(seqlen_q: int) -> bool:
     """Whether a causal convoy of seqlen_q queries walks each program's query tiles from the last down
-    (`_attn_bwd_fused_hopper`'s DOWN): WALK_DOWN_SETTING where set (A/B runs), else not (not yet timed on a
-    GPU). The CPU model (`benchmarks/model_convoy_schedule.py --schemes down:blocks:1`, session 51) puts it
-    at 0.973 / 0.961 of the SMs busy at causal 64k / 48k, against 0.942 / 0.933 in blocks of 16, with an
-    LRU cache of 400 tiles hit 99.6% / 99.5% (blocks of 16: 96.9% / 99.4%); at 32k it waits more (0.923
-    against blocks of 1's 0.965): there a program starts less than an add's hand-over after the one before."""
+    (`_attn_bwd_fused_hopper`'s DOWN): past ORDERED_CAUSAL_CONVOY_DOWN_ABOVE queries (WALK_DOWN_SETTING,
+    where set, at every length: A/B runs).
+
+    Walking up, program j + 1 (launched a launch interval L before j) is 2 steps ahead of j on a tile
+    they share (its diagonal is 2 tiles later), so j reads each tile L + 2 steps after j + 1; walking
+    down both start on the last tile and j reads it L steps after, but waits when L is under an add's
+    hand-over. L grows with the length: about the mean program's steps / the SMs, ~1 step at 16k, ~4 at
+    64k. The CPU model (`benchmarks/model_convoy_schedule.py --schemes down:blocks:1`, session 51) put it
+    at 0.973 / 0.961 of the SMs busy at causal 64k / 48k, against 0.942 / 0.933 in blocks of 16, its LRU
+    cache of 400 tiles hit 99.6% / 99.5% (blocks of 16: 96.9% / 99.4%), and at 32k it waited more (0.923,
+    against 0.965 walking up). On one H200, the backward alone, two deterministic kernels / convoy, three
+    rounds alternating (results/s51/call2), walking up in blocks of 1 / 16 and down in blocks of 1 / 16:
+    1.090 / 1.056 / 1.071 / 0.990 at 32k, 1.031 / 1.044 / 1.081 / 1.027 at 48k, 1.010 / 1.046 / 1.078 /
+    1.033 at 64k; gradients repeated bit for bit (dk and dv, summed over the tiles in another order, within
+    0.5% of their largest value of the two kernels')."""
     if WALK_DOWN_SETTING is not None:
         return WALK_DOWN_SETTING
-    return False
+    return seqlen_q > ORDERED_CAUSAL_CONVOY_DOWN_ABOVE
 
 
+ORDERED_CAUSAL_CONVOY_DOWN_ABOVE = 32768
 WALK_DOWN_SETTING: bool | None = None  # (A/B runs: benchmarks/ab_fused_bwd.py --walk-down)
 
 
@@ -328,8 +333,8 @@ CONVOY_BLOCK_SETTING = _block_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_B
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
 # deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
-# The causal convoy's longest call (`ordered_convoy`): the longest timed (`causal_convoy_block`: 64k 1.05x
-# the two kernels in blocks of 16, 0.96-0.98x in blocks of 1, results/s49/call1-2, s50/call6)
+# The causal convoy's longest call (`ordered_convoy`): the longest timed (64k: 1.08x the two kernels walking
+# down, `causal_convoy_walks_down`, 0.96-1.01x walking up in blocks of 1, results/s49/call1-2, s51/call2)
 ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 65536
 # GQA, the backward alone against the two kernels, one H200, five rounds alternating (results/s49/call5,
 # call8, call9): causal with 2 query heads a key head 1.00-1.03x in one key group (4k, 8k) and 0.97-0.98x
@@ -377,7 +382,7 @@ def flash_attn_bwd_fused_hopper(
             f"got ordered={ordered}, key_groups={key_groups}"
         )
     if convoy_block is None:  # (only the causal convoy reads it)
-        convoy_block = causal_convoy_block(q.shape[1]) if causal and convoy else 1
+        convoy_block = causal_convoy_block() if causal and convoy else 1
     if walk_down is None:
         walk_down = causal and convoy and causal_convoy_walks_down(q.shape[1])
     elif walk_down and not (causal and convoy):

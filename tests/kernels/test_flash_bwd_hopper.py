@@ -246,16 +246,21 @@ def test_convoy_order_needs_an_ordered_call_in_one_key_group(causal, ordered, ke
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("seqlen, setting, block", [(16384, None, 1), (32768, None, 1), (32769, None, 16),
-                                                   (65536, None, 16), (16384, 8, 8), (65536, 1, 1)])  # fmt: skip
-def test_causal_convoy_launches_in_blocks_past_32k(monkeypatch, seqlen, setting, block):
-    """The causal convoy's launch block: 1 (last keys first) up to 32k queries, 16 past it, where blocks
-    measured faster (`causal_convoy_block`); FLASHTRAIN_CAUSAL_CONVOY_BLOCK's setting at every length. The
-    launch gets it (the kernel stubbed, so this runs on CPU, on a GPU's 132 SMs)."""
+@pytest.mark.parametrize("seqlen, setting, block, down", [(16384, None, 1, False), (32768, None, 1, False),
+                                                         (32769, None, 1, True), (65536, None, 1, True),
+                                                         (16384, 8, 8, False), (65536, 16, 16, True)])  # fmt: skip
+def test_causal_convoy_walks_down_past_32k(monkeypatch, seqlen, setting, block, down):
+    """The causal convoy's launch: blocks of 1 (last keys first) unless FLASHTRAIN_CAUSAL_CONVOY_BLOCK sets
+    one (`causal_convoy_block`), walking each program's tiles up to 32k queries and down past it, where
+    that measured faster (`causal_convoy_walks_down`). The launch gets both (the kernel stubbed, so this
+    runs on CPU, on a GPU's 132 SMs)."""
     monkeypatch.setattr(fused_hopper, "CONVOY_BLOCK_SETTING", setting)
-    assert fused_hopper.causal_convoy_block(seqlen) == block
+    assert fused_hopper.causal_convoy_block() == block
+    assert fused_hopper.causal_convoy_walks_down(seqlen) is down
     launches = []
-    monkeypatch.setattr(fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append(args))
+    monkeypatch.setattr(
+        fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append((args, kw))
+    )
     monkeypatch.setattr(fused_hopper, "sm_count", lambda device: 132)
     q = torch.zeros(1, seqlen, 1, 128, dtype=torch.bfloat16)
     lse = torch.zeros(1, 1, seqlen)
@@ -263,15 +268,17 @@ def test_causal_convoy_launches_in_blocks_past_32k(monkeypatch, seqlen, setting,
     fused_hopper.flash_attn_bwd_fused_hopper(
         q, q, q, q, lse, lse, acc, q, q, sm_scale=1.0, causal=True, ordered=True, convoy=True
     )
-    assert launches[0][-1] == block  # (the kernel's convoy_block, its last argument)
+    args, kw = launches[0]
+    assert args[-1] == block  # (the kernel's convoy_block, its last argument)
+    assert kw["DOWN"] is down
 
 
 @pytest.mark.parametrize("setting, causal, convoy, down", [(None, True, True, False), (True, True, True, True),
                                                             (True, False, True, False), (True, True, False, False)])  # fmt: skip
 def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causal, convoy, down):
-    """The kernel's DOWN (each program walking its tiles from the last): off by the rule
-    (`causal_convoy_walks_down`, not yet timed on a GPU), on where WALK_DOWN_SETTING says, and only in a
-    causal convoy (the kernel stubbed, so this runs on CPU)."""
+    """The kernel's DOWN (each program walking its tiles from the last) at 4k queries: off by the rule
+    (`causal_convoy_walks_down`: past 32k), on where WALK_DOWN_SETTING says, and only in a causal convoy
+    (the kernel stubbed, so this runs on CPU)."""
     monkeypatch.setattr(fused_hopper, "WALK_DOWN_SETTING", setting)
     launches = []
     monkeypatch.setattr(fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append(kw))
@@ -444,7 +451,7 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     says: full attention (GQA with 2 query heads a key head; past 16.9k keys in the convoy order: 20k, and
     32k with GQA), and causal from 2k queries on as many keys in one key group (a partial last query tile
     on the last program's diagonal at 4100 and 4160 tokens, 66 programs a key head at 8448 on 132 SMs;
-    past that in the convoy order: 16k, and 16640, and 48k in launch blocks of 16); the gradients pass the
+    past that in the convoy order: 16k, and 16640, and 48k walking its tiles down); the gradients pass the
     tolerance rule (at the smaller
     sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
     calls = record_calls(
