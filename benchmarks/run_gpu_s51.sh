@@ -13,6 +13,9 @@
 #       ordered routing GPU tests (48k among them) and the determinism switch's, fwd+bwd against SDPA cuDNN at causal
 #       48k / 64k (ab_cudnn.py --two-kernels, five rounds), and the causal convoy with GQA walking up and down
 #       (ab_fused_bwd.py --walk-down, three rounds): 2 query heads a key head at 16k / 48k / 64k, 4 at 32k / 64k
+#   bash benchmarks/run_gpu_s51.sh 4   # the kept tree: the GPU tests of the Hopper backward, Hopper block-sparse, packed
+#       QKV and dense kernel files (the slow portable-autotune test beside them), then the issue's d128 n64k rows
+#       again (bench_attention.py: causal 64k now walks down)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -47,5 +50,9 @@ case "$1" in
       --out "$R/ab_walk_down_gqa$1.json" 2>&1 | quiet | cut -c1-200
     python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('deterministic_over')}) for r in json.load(open(sys.argv[1]))['rows']]" "$R/ab_walk_down_gqa$1.json"
   done
+  ;;
+4)
+  hopper_backward_tests
+  d128_against_anchors 170 65536
   ;;
 esac
