@@ -93,3 +93,18 @@ ordered_ab() {  # ordered_ab CAUSAL_JSON FULL_JSON CAUSAL_SECONDS FULL_SECONDS "
   timeout -s KILL "$full_secs" python benchmarks/ab_fused_bwd.py --ordered "$@" --seqlens $full_seqlens --rounds 5 \
     --out "$R/$full_json" 2>&1 | quiet
 }
+# Nsight Compute's time, L2 hit rate and DRAM bytes of the backward kernels of one d128 fwd+bwd per run "NAME
+# SEQLEN IMPL CAUSAL" (NAME two_kernels*: FLASHTRAIN_ORDERED_BWD=0), the causal convoy's limit lifted to 64k:
+# $R/ncu_NAME_SEQLEN.csv, the metrics printed
+ncu_backward() {
+  local metrics=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
+  for run in "$@"; do
+    set -- $run
+    FLASHTRAIN_ORDERED_BWD=$([ "${1#two_kernels}" != "$1" ] && echo 0 || echo 1) timeout 150 ncu --profile-from-start off \
+      -k regex:attn_bwd --metrics $metrics --csv python benchmarks/ncu_attention.py --impl $3 --seqlen $2 \
+      --headdim 128 --causal $4 --causal-convoy-upto 65536 > "$R/ncu_$1_$2.csv" 2> "$R/ncu_$1_$2.err"
+    echo "$1 $2 exit $?"
+    python -c "import csv, sys; rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('\"'));
+[print(r['Kernel Name'][:24], r['Metric Name'], r['Metric Value']) for r in rows]" "$R/ncu_$1_$2.csv"
+  done
+}

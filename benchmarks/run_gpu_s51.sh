@@ -16,6 +16,10 @@
 #   bash benchmarks/run_gpu_s51.sh 4   # the kept tree: the GPU tests of the Hopper backward, Hopper block-sparse, packed
 #       QKV and dense kernel files (the slow portable-autotune test beside them), then the issue's d128 n64k rows
 #       again (bench_attention.py: causal 64k now walks down)
+#   bash benchmarks/run_gpu_s51.sh 5   # walking down against blocks again, five rounds (the rule rests on call 2's three):
+#       the backward alone at causal 40k / 48k / 64k, blocks of 1 and 16, up and down (ab_fused_bwd.py --walk-down);
+#       then Nsight Compute's L2 hit rate and DRAM bytes of the backward walking down at causal 48k and 64k
+#       (ncu_backward, as session 50's calls 4-5)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -54,5 +58,12 @@ case "$1" in
 4)
   hopper_backward_tests
   d128_against_anchors 170 65536
+  ;;
+5)
+  timeout -s KILL 200 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 40960 49152 65536 --rounds 5 \
+    --convoy-blocks 1 16 --walk-down --causal-convoy-upto 65536 --out "$R/ab_walk_down_r5.json" 2>&1 | quiet \
+    | cut -c1-100
+  python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('deterministic_over')}) for r in json.load(open(sys.argv[1]))['rows']]" "$R/ab_walk_down_r5.json"
+  ncu_backward "down 49152 triton causal" "down 65536 triton causal"
   ;;
 esac
