@@ -25,7 +25,10 @@ C distinct tiles read (an LRU cache of C tiles of 128 queries: Q, dO and the fp3
 
     python benchmarks/model_convoy_schedule.py --tiles 256 384 512 --schemes blocks:1 blocks:16 unordered
 
-Session 50 cites it (NOTES_attention.md, "The causal convoy's L2, and launch blocks").
+Session 50 cites it (NOTES_attention.md, "The causal convoy's L2, and launch blocks"). A scheme prefixed
+`down:` (e.g. `down:blocks:1`) walks each program's tiles from the last down to its diagonal's instead
+(`kernels._flash_bwd_fused_hopper.causal_convoy_walks_down`); session 51 cites `ascending` and
+`down:blocks:1` (NOTES_attention.md, "The causal convoy walking down").
 """
 
 from __future__ import annotations

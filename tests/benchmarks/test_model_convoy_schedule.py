@@ -13,6 +13,7 @@ def test_blocks_of_one_launch_a_heads_last_keys_first_and_larger_blocks_heaviest
     assert model.launch_order("blocks:2", 1, 5) == [(0, 4), (0, 2), (0, 3), (0, 0), (0, 1)]
     order = model.launch_order("unordered", 4, 2)  # (chunks of 3 heads, tile-major)
     assert order == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (3, 0), (3, 1)]
+    assert model.launch_order("ascending", 2, 2) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def test_lru_distance_counts_the_distinct_tiles_read_in_between():
@@ -20,9 +21,20 @@ def test_lru_distance_counts_the_distinct_tiles_read_in_between():
     assert model.lru_distances(reads) == [0, 2, 1]
 
 
-@pytest.mark.parametrize("scheme", ["blocks:1", "blocks:4", "unordered"])
+@pytest.mark.parametrize(
+    "scheme", ["blocks:1", "blocks:4", "unordered", "ascending", "down:blocks:1", "down:blocks:4"]
+)
 def test_every_program_reads_its_tiles_once_and_no_schedule_beats_the_slots(scheme):
     tiles, heads = 12, 2
     efficiency, reads = model.simulate_steps(tiles, heads, 4, 2, 2, scheme)
     assert len(reads) == heads * tiles * (tiles + 1) // 2
+    assert sorted((h, t) for _, h, t in reads) == sorted((h, t) for h in range(heads) for j in range(tiles)
+                                                          for t in range(j, tiles))  # fmt: skip
     assert 0 < efficiency <= 1
+
+
+def test_walking_down_a_program_reads_its_tiles_from_the_last():
+    """One slot, one head of 3 tiles, blocks of 1 walking down: program 2 reads tile 2, then program 1
+    tiles 2 and 1, then program 0 tiles 2, 1 and 0, each read a step (2 ticks) after the last."""
+    _, reads = model.simulate_steps(3, 1, 1, 2, 0, "down:blocks:1")
+    assert [t for _, _, t in sorted(reads)] == [2, 2, 1, 2, 1, 0]
