@@ -291,16 +291,6 @@ def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causa
     assert launches[0]["DOWN"] is down
 
 
-@pytest.mark.parametrize("causal, convoy", [(False, True), (True, False)])
-def test_walking_down_outside_a_causal_convoy_is_refused(causal, convoy):
-    q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="walk_down=True is the causal convoy's order"):
-        fused_hopper.flash_attn_bwd_fused_hopper(
-            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=causal, ordered=True, convoy=convoy,
-            walk_down=True,
-        )  # fmt: skip
-
-
 @pytest.mark.parametrize("text, setting", [(None, None), ("", None), ("16", 16), (" 8 ", 8)])
 def test_the_convoy_block_setting_reads_a_positive_integer(text, setting):
     assert fused_hopper._block_setting(text) == setting
@@ -312,15 +302,24 @@ def test_a_convoy_block_setting_that_is_no_positive_integer_is_refused(text):
         fused_hopper._block_setting(text)
 
 
-@pytest.mark.parametrize("convoy_block", [0, -1, 3])
-def test_convoy_blocks_past_half_the_sms_are_refused(convoy_block):
+_WALK_DOWN_REFUSED = "walk_down=True is the causal convoy's order"
+
+
+@pytest.mark.parametrize(
+    "causal, convoy, options, match",
+    [(True, True, dict(convoy_block=0), "convoy_block"), (True, True, dict(convoy_block=-1), "convoy_block"),
+     (True, True, dict(convoy_block=3), "convoy_block"), (False, True, dict(walk_down=True), _WALK_DOWN_REFUSED),
+     (True, False, dict(walk_down=True), _WALK_DOWN_REFUSED)],
+)  # fmt: skip
+def test_bad_causal_convoy_launches_are_refused(causal, convoy, options, match):
     """A causal convoy's launch block holds programs that wait on each other: 0, negative or more than half
-    the SMs (the interpreter counts 4) is a ValueError before any launch."""
+    the SMs (the interpreter counts 4) is a ValueError before any launch; so is walking down outside a
+    causal convoy (full attention's convoy, or causal calls in key groups)."""
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="convoy_block"):
+    with pytest.raises(ValueError, match=match):
         fused_hopper.flash_attn_bwd_fused_hopper(
-            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=True, ordered=True, convoy=True,
-            convoy_block=convoy_block,
+            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=causal, ordered=True, convoy=convoy,
+            **options,
         )  # fmt: skip
 
 
