@@ -20,6 +20,8 @@
 #       the backward alone at causal 40k / 48k / 64k, blocks of 1 and 16, up and down (ab_fused_bwd.py --walk-down);
 #       then Nsight Compute's L2 hit rate and DRAM bytes of the backward walking down at causal 48k and 64k
 #       (ncu_backward, as session 50's calls 4-5)
+#   bash benchmarks/run_gpu_s51.sh 6   # the kept tree against SDPA cuDNN over the rest of the convoys' range: fwd+bwd at
+#       causal 16k / 32k / 40k (40k walks down) and full 16k / 32k (ab_cudnn.py --two-kernels, five rounds)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -65,5 +67,12 @@ case "$1" in
     | cut -c1-100
   python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('deterministic_over')}) for r in json.load(open(sys.argv[1]))['rows']]" "$R/ab_walk_down_r5.json"
   ncu_backward "down 49152 triton causal" "down 65536 triton causal"
+  ;;
+6)
+  for causal in yes no; do
+    timeout -s KILL 170 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
+      --seqlens 16384 32768 $([ $causal = yes ] && echo 40960) --rounds 5 \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
   ;;
 esac
