@@ -318,8 +318,8 @@ WALK_DOWN_SETTING: bool | None = None  # (A/B runs: benchmarks/ab_fused_bwd.py -
 
 
 def _block_setting(text: str | None) -> int | None:
-    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK's value: unset or empty, None (blocks of 1, `causal_convoy_block`); else a positive
-    integer (how many of the SMs it may take is checked at each call)."""
+    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK's value: unset or empty, None (blocks of 1, `causal_convoy_block`);
+    else a positive integer (how many of the SMs it may take is checked at each call)."""
     if not text:
         return None
     if not text.strip().isdigit() or int(text) < 1:
