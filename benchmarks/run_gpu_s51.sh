@@ -22,6 +22,9 @@
 #       (ncu_backward, as session 50's calls 4-5)
 #   bash benchmarks/run_gpu_s51.sh 6   # the kept tree against SDPA cuDNN over the rest of the convoys' range: fwd+bwd at
 #       causal 16k / 32k / 40k (40k walks down) and full 16k / 32k (ab_cudnn.py --two-kernels, five rounds)
+#   bash benchmarks/run_gpu_s51.sh 7   # the causal convoy with GQA in launch blocks (call 3: walking down in blocks of 1,
+#       0.89-0.96x the two kernels past 32k): the backward alone with 2 query heads a key head at 48k / 64k and 4
+#       at 32k / 64k, blocks of 16 and 32, up and down (ab_fused_bwd.py --walk-down, three rounds)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -73,6 +76,15 @@ case "$1" in
     timeout -s KILL 170 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $causal \
       --seqlens 16384 32768 $([ $causal = yes ] && echo 40960) --rounds 5 \
       --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+7)
+  for point in "2 49152 65536" "4 32768 65536"; do
+    set -- $point
+    timeout -s KILL 110 python benchmarks/ab_fused_bwd.py --ordered --causal --group $1 --ordered-max-group $1 \
+      --seqlens ${@:2} --rounds 3 --convoy-blocks 16 32 --walk-down --causal-convoy-upto 65536 \
+      --out "$R/ab_blocks_gqa$1.json" 2>&1 | quiet | cut -c1-100
+    python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('deterministic_over')}) for r in json.load(open(sys.argv[1]))['rows']]" "$R/ab_blocks_gqa$1.json"
   done
   ;;
 esac
