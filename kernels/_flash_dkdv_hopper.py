@@ -349,7 +349,9 @@ def ordered_causal_rank(tile, program, later_programs, TILES_PER_PROGRAM: gl.con
     together: an item's adders come in descending program order, and those before j are the programs
     j + 1 .. of its key group that see the tile, min(tile // TILES_PER_PROGRAM - j, later_programs) of
     them. In grid order a key group's programs start in ascending order, so a program waits only on
-    programs started after it (which is why all of them must run at once, as in full attention)."""
+    programs started after it (which is why all of them must run at once, as in full attention). The
+    causal convoy (`_flash_bwd_fused_hopper`) starts them last keys first, and walking down (DOWN) program
+    j + 1 reaches each item as many steps before program j as it started before it: the same order."""
     return gl.minimum(tile // TILES_PER_PROGRAM - program, later_programs)
 
 
