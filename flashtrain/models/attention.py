@@ -217,7 +217,8 @@ def auto_picks_triton(
     # 0.90-1.03 at 64 and 0.92-1.03 at 256 (1k-64k, results/s40/call1); GPT-2 medium (head dim 64) trains
     # level with it at 1k-8k and 0.96x at 16k (results/s33). At head dim 128 ours is level or a little
     # ahead since the ordered one-kernel backward: 0.96-1.06 at 1k-64k, causal and full (results/s48/call5,
-    # call7, s49/call1, call3; 0.94-0.99 on the two kernels, s39/call4), within the few percent that
+    # call7, s49/call1, call3; 0.94-0.99 on the two kernels, s39/call4; 1.01-1.04 at causal 16k-64k and
+    # full 16k-32k in five alternating rounds, s51/call3, call6), within the few percent that
     # separate runs move, so `auto` was not changed for it: no end-to-end run at head dim 128 timed the
     # switch. When these were first set cuDNN was 1.12-1.40x ours (results/sdpa_choice_h*).
     if sdpa_runs_cudnn:
