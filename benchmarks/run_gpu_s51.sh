@@ -3,7 +3,8 @@
 # benchmarks/results/s51/callN/ (each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s51.sh 1   # session 50's part 7 (refused): the ordered routing GPU tests with the 48k case
 #       in blocks, and the determinism switch's; then fwd+bwd against SDPA cuDNN at causal 48k / 64k on the blocked
-#       convoy (ab_cudnn.py --two-kernels, five rounds) and the issue's d128 n64k rows again (bench_attention.py)
+#       convoy (ab_cudnn.py --two-kernels, five rounds) and the issue's d128 n64k rows again (bench_attention.py).
+#       Ran on commit 5b73d7f, with session 50's blocks; on a later tree 48k and 64k walk down
 #   bash benchmarks/run_gpu_s51.sh 2   # the causal convoy walking each program's tiles from the last (DOWN, the CPU
 #       model's down:blocks:1): the ordered GPU tests on every edge case (up and down, blocks of 1 and 3), then the
 #       backward alone at causal 32k / 48k / 64k, blocks of 1 and 16, walking up and down, against the two kernels
