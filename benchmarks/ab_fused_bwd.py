@@ -70,10 +70,10 @@ def main() -> None:
     convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING}  # (None: the rule's)
     if args.convoy_blocks:
         convoys = {f"ordered_causal_convoy_b{block}": block for block in args.convoy_blocks}
-    walk_down = {name: False for name in convoys} if args.walk_down else {}  # (variant -> its walk)
+    walk_down = {}  # (variant -> whether it walks down; None, the rule's, for a variant not in it)
     if args.walk_down:
-        walk_down.update({f"{name}_down": True for name in convoys})
-        convoys.update({f"{name}_down": block for name, block in convoys.items()})
+        walk_down = {name: False for name in convoys} | {f"{name}_down": True for name in convoys}
+        convoys |= {f"{name}_down": block for name, block in convoys.items()}
     if args.ordered and args.causal:
         variants.update((name, (False, True)) for name in convoys)
 

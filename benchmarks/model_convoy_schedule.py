@@ -107,9 +107,11 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
         still = []
         for r in running:
             head, program, tile, ready = r
-            # (program j + 1 sees tile i >= j + 1; its add there may not have happened, or it not started)
+            # the tile's adder before this program: program j - 1 (ascending), which sees every tile j
+            # does, or j + 1, which sees tiles i >= j + 1; its add there may not have happened, or it not
+            # started
             waits = False
-            previous = program - 1 if scheme == "ascending" else program + 1  # (the tile's adder before)
+            previous = program - 1 if scheme == "ascending" else program + 1
             sees = 0 <= previous if scheme == "ascending" else previous < tiles and tile > program
             if scheme != "unordered" and sees:
                 before = added.get((head, previous), {})

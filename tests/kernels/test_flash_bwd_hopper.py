@@ -246,6 +246,24 @@ def test_convoy_order_needs_an_ordered_call_in_one_key_group(causal, ordered, ke
         )  # fmt: skip
 
 
+def _stubbed_fused_launch(monkeypatch, seqlen, causal=True, convoy=True):
+    """(args, meta) that an ordered d128 backward of seqlen tokens (batch 1, one head) hands its launch,
+    the kernel stubbed so this runs on CPU, on a GPU's 132 SMs."""
+    launches = []
+    monkeypatch.setattr(
+        fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append((args, kw))
+    )
+    monkeypatch.setattr(fused_hopper, "sm_count", lambda device: 132)
+    q = torch.zeros(1, seqlen, 1, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 1, seqlen)
+    acc = torch.zeros(q.shape, dtype=torch.float32)
+    fused_hopper.flash_attn_bwd_fused_hopper(
+        q, q, q, q, lse, lse, acc, q, q, sm_scale=1.0, causal=causal, ordered=True, convoy=convoy
+    )
+    (launch,) = launches
+    return launch
+
+
 @pytest.mark.parametrize("seqlen, setting, block, down", [(16384, None, 1, False), (32768, None, 1, False),
                                                          (32769, None, 1, True), (65536, None, 1, True),
                                                          (16384, 8, 8, False), (65536, 16, 16, True)])  # fmt: skip
@@ -257,18 +275,7 @@ def test_causal_convoy_walks_down_past_32k(monkeypatch, seqlen, setting, block, 
     monkeypatch.setattr(fused_hopper, "CONVOY_BLOCK_SETTING", setting)
     assert fused_hopper.causal_convoy_block() == block
     assert fused_hopper.causal_convoy_walks_down(seqlen) is down
-    launches = []
-    monkeypatch.setattr(
-        fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append((args, kw))
-    )
-    monkeypatch.setattr(fused_hopper, "sm_count", lambda device: 132)
-    q = torch.zeros(1, seqlen, 1, 128, dtype=torch.bfloat16)
-    lse = torch.zeros(1, 1, seqlen)
-    acc = torch.zeros(q.shape, dtype=torch.float32)
-    fused_hopper.flash_attn_bwd_fused_hopper(
-        q, q, q, q, lse, lse, acc, q, q, sm_scale=1.0, causal=True, ordered=True, convoy=True
-    )
-    args, kw = launches[0]
+    args, kw = _stubbed_fused_launch(monkeypatch, seqlen)
     assert args[-1] == block  # (the kernel's convoy_block, its last argument)
     assert kw["DOWN"] is down
 
@@ -280,15 +287,8 @@ def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causa
     (`causal_convoy_walks_down`: past 32k), on where WALK_DOWN_SETTING says, and only in a causal convoy
     (the kernel stubbed, so this runs on CPU)."""
     monkeypatch.setattr(fused_hopper, "WALK_DOWN_SETTING", setting)
-    launches = []
-    monkeypatch.setattr(fused_hopper, "_launch_fused", lambda grid, descs, args, kw: launches.append(kw))
-    q = torch.zeros(1, 4096, 1, 128, dtype=torch.bfloat16)
-    lse = torch.zeros(1, 1, 4096)
-    acc = torch.zeros(q.shape, dtype=torch.float32)
-    fused_hopper.flash_attn_bwd_fused_hopper(
-        q, q, q, q, lse, lse, acc, q, q, sm_scale=1.0, causal=causal, ordered=True, convoy=convoy
-    )
-    assert launches[0]["DOWN"] is down
+    _, kw = _stubbed_fused_launch(monkeypatch, 4096, causal, convoy)
+    assert kw["DOWN"] is down
 
 
 @pytest.mark.parametrize("text, setting", [(None, None), ("", None), ("16", 16), (" 8 ", 8)])
