@@ -108,10 +108,9 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     from kernels import _flash_dkdv_hopper as dkdv_hopper
     from kernels import _flash_dq_hopper as dq_hopper
     from kernels import _flash_fwd_hopper as hopper
-    from kernels import _launch
 
     result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
-                  dtype=str(dtype).removeprefix("torch."), sparse=sparse, part=part, pdl=_launch.PDL)  # fmt: skip
+                  dtype=str(dtype).removeprefix("torch."), sparse=sparse, part=part)  # fmt: skip
     start = time.time()
     if kernel == "dkdv":  # (the dV pass may stream larger query tiles)
         cfg = cfg.for_pass(part)
@@ -150,7 +149,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             args += [8, 4, 2]
         meta = dict(
             SPARSE=sparse, CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-            PRODUCER_REGS=cfg.producer_regs, PDL=_launch.PDL, num_warps=4,
+            PRODUCER_REGS=cfg.producer_regs, num_warps=4,
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part

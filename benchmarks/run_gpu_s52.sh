@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device calls on one GPU (session 52). Each part is what one call ran; the outputs are in
 # benchmarks/results/s52/callN/ (each call's machine.txt names its GPU).
-#   bash benchmarks/run_gpu_s52.sh 1   # programmatic dependent launch (PDL) of the Gluon kernels: fwd+bwd with it off and
+#   bash benchmarks/run_gpu_s52.sh 1   # (ran on commit 3b30fb1, the PDL experiment; on a later tree apply
+#       results/s52/call1/pdl.patch first) programmatic dependent launch (PDL) of the Gluon kernels: fwd+bwd with it off and
 #       on, alternating (ab_pdl.py: dense d64 / d128 at 1k and 4k, causal and full, against SDPA cuDNN; block-sparse
 #       butterfly up to 11% density at n4k and n16k against FlexAttention; graph and eager, bitwise check), then the GPU
 #       tests of the Hopper block-sparse and forward files with PDL on

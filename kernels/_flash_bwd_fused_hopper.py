@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from . import _flash_dkdv_hopper as dkdv
 from ._common import LOG2E, sched_slots_for, sm_count
 from ._flash_fwd_hopper import descriptor
-from ._launch import CompiledLaunch, grid_dependency
+from ._launch import CompiledLaunch
 
 
 @gluon.jit
@@ -67,7 +67,6 @@ def _attn_bwd_fused_hopper(
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
     DOWN: gl.constexpr = False,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -86,7 +85,6 @@ def _attn_bwd_fused_hopper(
     program walks each head's query tiles from the last down to its diagonal's, so a program and the one
     started before it read a tile a launch interval apart instead of that plus two steps
     (`causal_convoy_walks_down`); the order of adds is the same."""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS

@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import _flash_fwd_hopper as fwd_hopper
 from ._common import LOG2E, sm_count, tile_program_ids
 from ._flash_fwd_hopper import descriptor, list_args, listed_row_program
-from ._launch import CompiledLaunch, grid_dependency
+from ._launch import CompiledLaunch
 
 
 @gluon.jit
@@ -660,7 +660,6 @@ def _attn_bwd_dkdv_hopper(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
@@ -670,7 +669,6 @@ def _attn_bwd_dkdv_hopper(
     TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2: tiles listed, partial
     ones among them), as `kernels._block_sparse_hopper.col_lists` builds them, and whose LSE is in
     natural log; dense calls pass any pointer there (never read)."""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     # block-sparse: grid order, key heads (group 1); lo, hi: the partial tiles first, the tiles listed
@@ -790,7 +788,6 @@ def _attn_bwd_dkdv_hopper_persistent(
     n_key_tiles, nheads_kv, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """`_attn_bwd_dkdv_hopper` for block-sparse calls (SPARSE, PART 0) on a 1-D grid of at most one
     program per SM, each walking its share of the (n_key_tiles, nheads_kv, n_batch) grid's work items
@@ -799,7 +796,6 @@ def _attn_bwd_dkdv_hopper_persistent(
     where this pays: a program of the grid kernel loads K and V, waits for them, and stores dK and dV
     with the tensor cores idle, once per handful of steps. (sched_slots: the grid kernel's argument,
     unused here.)"""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     gl.static_assert(SPARSE and PART == 0, "block-sparse lists, both gradients in one pass")
     # K and V: this item's and the next one's (`_flash_fwd_hopper.item_buffers`, V where the dq kernel has dO)
     k_smem, v_smem, kv_ready, kv_empty = fwd_hopper.item_buffers(k_desc, v_desc, NUM_CONSUMERS, True)

@@ -53,7 +53,7 @@ from ._flash_fwd_hopper import (
     program_rows,
     stream_kv,
 )
-from ._launch import CompiledLaunch, grid_dependency
+from ._launch import CompiledLaunch
 
 
 @gluon.jit
@@ -234,13 +234,11 @@ def _attn_bwd_dq_hopper(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """Descriptors as in `_attn_fwd_hopper` (4-D (batch, heads, seqlen, headdim) views; q's, do's and
     dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
     output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq)).
     SPARSE: a block-sparse call (tile lists and natural-log lse, as in `_attn_fwd_hopper`)."""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = program_rows(
@@ -315,12 +313,10 @@ def _attn_bwd_dq_hopper_persistent(
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`_flash_fwd_hopper.my_items`), with two sets
     of Q and dO buffers so that the next item's load overlaps this one."""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     q_smem, do_smem, qdo_ready, qdo_empty = fwd_hopper.item_buffers(q_desc, do_desc, NUM_CONSUMERS, True)
     k_smem, v_smem, k_ready, v_ready, kv_empty = fwd_hopper.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 

@@ -51,7 +51,7 @@ from ._common import (
     tile_ids,
     tile_program_ids,
 )
-from ._launch import CompiledLaunch, grid_dependency, tma_view
+from ._launch import CompiledLaunch, tma_view
 
 
 @gluon.jit
@@ -483,14 +483,12 @@ def _attn_fwd_hopper(
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, V_STAGES: gl.constexpr = 0,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
     HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows.
     V_STAGES > 0: K and V in rings of their own, of STAGES and V_STAGES tiles (`kv_ring`).
     SPARSE: a block-sparse call, whose key tiles come from TILES and COUNTS (`listed_row_program`) and
     whose lse is stored in natural log; dense calls pass any pointer there (never read)."""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = program_rows(
@@ -651,11 +649,9 @@ def _attn_fwd_hopper_persistent(
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
-    PDL: gl.constexpr = False,
 ):  # fmt: skip
     """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
-    grid_dependency(PDL)  # (programmatic dependent launch: before any global read)
     q_smem, no_do, q_ready, q_empty = item_buffers(q_desc, q_desc, NUM_CONSUMERS, False)
     k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 

@@ -42,13 +42,8 @@ from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 from triton.backends.nvidia.driver import make_tensordesc_arg
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
 
 ENABLED = os.environ.get("FLASHTRAIN_COMPILED_LAUNCH", "1") != "0"
-# Programmatic dependent launch of the kernels that take a PDL constexpr (`grid_dependency`);
-# FLASHTRAIN_PDL=0 launches them plainly (A/B measurements, a safety valve)
-PDL = os.environ.get("FLASHTRAIN_PDL", "1") != "0"
 MAX_ENCODED = 1024  # encoded descriptors kept per compiled kernel; past it the cache starts afresh
 # False (FLASHTRAIN_ENCODE_ONCE=0): the `run` path on every launch (benchmarks/check_launch_encoding.py's A/B)
 ENCODE_ONCE = os.environ.get("FLASHTRAIN_ENCODE_ONCE", "1") != "0"
@@ -81,23 +76,6 @@ def _launch_hooks_set() -> bool:
     # Triton 3.6 keeps each hook as a HookChain, empty unless a tool added to it
     hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     return any(hook is not None and (not isinstance(hook, knobs.HookChain) or hook.calls) for hook in hooks)
-
-
-@gluon.jit
-def grid_dependency(PDL: gl.constexpr):
-    """The first statement of a kernel launched with programmatic dependent launch (PDL, `CompiledLaunch`):
-    wait until the kernels before it on the stream have completed and their writes are visible, then let
-    the next kernel launch. Without PDL a kernel's programs start only once the one before has drained;
-    with it, the next kernel's programs take the SMs the previous one frees and wait here, so the launch
-    and the programs' set-up overlap the previous kernel's tail. The wait comes before every global read
-    (the worker partitions of `gl.warp_specialize` start only when the default warps reach it), and the
-    trigger after the wait, so a kernel that starts early never reads what an earlier kernel is still
-    writing. Both are no-ops in a kernel launched without PDL."""
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
 
 
 def _specialization(arg) -> tuple:
@@ -151,14 +129,11 @@ class _Compiled:
 
 class CompiledLaunch:
     """Launches one kernel whose parameters are its TMA descriptors, then plain arguments, then its
-    constexprs, in that order (checked at the first launch). A kernel with a PDL constexpr (its last,
-    passed to `grid_dependency`) is launched with programmatic dependent launch where PDL (the module's
-    setting, read at each launch) says so."""
+    constexprs, in that order (checked at the first launch)."""
 
     def __init__(self, kernel, make_descriptor):
         self.kernel = kernel
         self.make_descriptor = make_descriptor  # (tensor, rows) -> Gluon TensorDescriptor
-        self.takes_pdl = "PDL" in kernel.arg_names
         self._compiled = {}  # key -> _Compiled
         self.fast_launches = 0  # (tests count them)
         self.encodings = 0  # descriptors encoded on the fast path (tests count them)
@@ -168,8 +143,6 @@ class CompiledLaunch:
         block rows) pairs; kwargs: the constexprs, then launch options (num_warps); views: TmaViews by id
         of their tensor, shared between the launches of one call (on the `run` path)."""
         grid = (*grid, 1, 1)[:3]  # (the compiled launcher takes all three)
-        if self.takes_pdl:  # (the constexpr, and Triton's launch option that sets the launch attribute)
-            kwargs = {**kwargs, "PDL": PDL, "launch_pdl": PDL}
         device = _current_device()
         key = (
             device,

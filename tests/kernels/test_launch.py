@@ -179,50 +179,6 @@ def test_a_kernel_whose_constexprs_are_not_last_is_refused():
         _call(launch, a, b, x, 32)
 
 
-@pytest.mark.parametrize("pdl", [True, False])
-def test_a_kernel_with_a_pdl_constexpr_gets_it_and_the_launch_option_from_the_setting(monkeypatch, pdl):
-    kernel = FakeKernel(arg_names=("a_desc", "b_desc", "X", "n", "scale", "FLAG", "STAGES", "PDL"))
-    launch = CompiledLaunch(kernel, _descriptor)
-    monkeypatch.setattr(_launch, "PDL", pdl)
-    a, b, x = _tensors()
-    for _ in range(2):
-        _call(launch, a, b, x, 32)
-    (_, _, kwargs), = kernel.jit_launches
-    assert kwargs == dict(FLAG=True, STAGES=2, num_warps=4, PDL=pdl, launch_pdl=pdl)
-    (run_args,) = kernel.compiled[0].launches
-    assert run_args[-3:] == (True, 2, pdl)  # the constexprs in parameter order, PDL last
-
-
-def test_the_pdl_setting_read_at_each_launch_picks_its_own_compiled_kernel(monkeypatch):
-    kernel = FakeKernel(arg_names=("a_desc", "b_desc", "X", "n", "scale", "FLAG", "STAGES", "PDL"))
-    launch = CompiledLaunch(kernel, _descriptor)
-    a, b, x = _tensors()
-    for pdl in (True, False, True, False):
-        monkeypatch.setattr(_launch, "PDL", pdl)
-        _call(launch, a, b, x, 32)
-    assert [kw["launch_pdl"] for _, _, kw in kernel.jit_launches] == [True, False]
-    assert [len(c.launches) for c in kernel.compiled] == [1, 1]
-
-
-def test_a_kernel_without_a_pdl_constexpr_is_launched_as_asked(monkeypatch):
-    monkeypatch.setattr(_launch, "PDL", True)
-    kernel = FakeKernel()
-    _call(CompiledLaunch(kernel, _descriptor), *_tensors(), 32)
-    assert "launch_pdl" not in kernel.jit_launches[0][2] and "PDL" not in kernel.jit_launches[0][2]
-
-
-def test_the_gluon_kernels_take_a_pdl_constexpr_last():
-    from kernels import _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper, _flash_fwd_hopper
-
-    launches = [
-        _flash_fwd_hopper._launch_fwd, _flash_fwd_hopper._launch_fwd_persistent, _flash_dq_hopper._launch_dq,
-        _flash_dq_hopper._launch_dq_persistent, _flash_dkdv_hopper._launch_dkdv,
-        _flash_dkdv_hopper._launch_dkdv_persistent, _flash_bwd_fused_hopper._launch_fused,
-    ]  # fmt: skip
-    for launch in launches:
-        assert launch.takes_pdl and launch.kernel.arg_names[-1] == "PDL", launch.kernel.__name__
-
-
 # ---- the C launcher below Triton's descriptor wrapper ----------------------------------------------
 
 
