@@ -6,6 +6,10 @@
 #       on, alternating (ab_pdl.py: dense d64 / d128 at 1k and 4k, causal and full, against SDPA cuDNN; block-sparse
 #       butterfly up to 11% density at n4k and n16k against FlexAttention; graph and eager, bitwise check), then the GPU
 #       tests of the Hopper block-sparse and forward files with PDL on
+#   bash benchmarks/run_gpu_s52.sh 2   # where the ordered backward's consumers stall: Nsight Compute's warp-state sampling
+#       per SASS instruction (SourceCounters) of the one-kernel backward at d128 causal 16k, ordered (the default, the
+#       causal convoy) and unordered (deterministic=False), and ordered at causal 48k (walking down): the .ncu-rep
+#       files and each one's source page as CSV
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -15,5 +19,18 @@ case "$1" in
   timeout -s KILL 220 python -m pytest -q -n 5 -rf -m gpu tests/kernels/test_block_sparse_hopper.py \
     tests/kernels/test_flash_fwd_hopper.py > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  ;;
+2)
+  ncu --version | tail -n 1
+  for run in "ordered_16k triton 16384" "unordered_16k triton_atomic 16384" "ordered_48k triton 49152"; do
+    set -- $run
+    timeout 200 ncu --profile-from-start off -k regex:attn_bwd_fused --section SourceCounters --section WarpStateStats \
+      --import-source no -o "$R/ncu_$1" python benchmarks/ncu_attention.py --impl $2 --seqlen $3 --headdim 128 \
+      --causal causal > "$R/ncu_$1.log" 2>&1
+    echo "$1 exit $?"; tail -n 2 "$R/ncu_$1.log"
+    ncu -i "$R/ncu_$1.ncu-rep" --page source --csv --print-source sass > "$R/src_$1.csv" 2> "$R/src_$1.err"
+    ncu -i "$R/ncu_$1.ncu-rep" --page details --csv > "$R/details_$1.csv" 2>&1
+    wc -l "$R/src_$1.csv" "$R/details_$1.csv"; head -c 600 "$R/src_$1.err"
+  done
   ;;
 esac
