@@ -10,6 +10,11 @@
 #       per SASS instruction (SourceCounters) of the one-kernel backward at d128 causal 16k, ordered (the default, the
 #       causal convoy) and unordered (deterministic=False), and ordered at causal 48k (walking down): the .ncu-rep
 #       files and each one's source page as CSV
+#   bash benchmarks/run_gpu_s52.sh 3   # the ordered backward handing each add over a step late (LAG 1: a consumer waits for
+#       the add of two steps before, not the last one's): the ordered and determinism GPU tests with
+#       FLASHTRAIN_HANDOVER_LAG=1, then the backward alone, every ordered variant with and without the lag, against the
+#       two kernels and the unordered kernel (ab_fused_bwd.py --handover-lag, five rounds) at causal 4k-64k and full
+#       4k-64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -32,5 +37,17 @@ case "$1" in
     ncu -i "$R/ncu_$1.ncu-rep" --page details --csv > "$R/details_$1.csv" 2>&1
     wc -l "$R/src_$1.csv" "$R/details_$1.csv"; head -c 600 "$R/src_$1.err"
   done
+  ;;
+3)
+  FLASHTRAIN_HANDOVER_LAG=1 timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests_lag1.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_lag1.log"
+  summary() { python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if '_over_' in k}) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }
+  timeout -s KILL 190 python benchmarks/ab_fused_bwd.py --ordered --causal --handover-lag --seqlens 4096 8192 16384 32768 \
+    49152 65536 --rounds 5 --out "$R/ab_lag_causal.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_lag_causal.json"
+  timeout -s KILL 130 python benchmarks/ab_fused_bwd.py --ordered --handover-lag --seqlens 4096 16384 32768 65536 \
+    --rounds 5 --out "$R/ab_lag_full.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_lag_full.json"
   ;;
 esac
