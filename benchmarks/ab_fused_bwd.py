@@ -49,9 +49,6 @@ def main() -> None:
     parser.add_argument("--walk-down", action="store_true",
                         help="with --ordered --causal, time each causal convoy variant also walking its tiles "
                         "from the last (its WALK_DOWN_SETTING; the others walk up)")  # fmt: skip
-    parser.add_argument("--handover-lag", action="store_true",
-                        help="with --ordered, time each ordered variant also handing its adds over a step late "
-                        "(its HANDOVER_LAG_SETTING 1, as variant NAME_lag1)")  # fmt: skip
     args = parser.parse_args()
     if args.causal_convoy_upto is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
@@ -79,20 +76,12 @@ def main() -> None:
         convoys |= {f"{name}_down": block for name, block in convoys.items()}
     if args.ordered and args.causal:
         variants.update((name, (False, True)) for name in convoys)
-    if args.handover_lag:  # (each ordered variant's twin, its settings but the hand-over's)
-        for name in [v for v in variants if v.startswith("ordered")]:
-            variants[f"{name}_lag1"] = variants[name]
-            if name in convoys:
-                convoys[f"{name}_lag1"] = convoys[name]
-            if name in walk_down:
-                walk_down[f"{name}_lag1"] = walk_down[name]
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
         _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING = convoys.get(variant)
         _flash_bwd_fused_hopper.WALK_DOWN_SETTING = walk_down.get(variant)
-        _flash_bwd_fused_hopper.HANDOVER_LAG_SETTING = 1 if variant.endswith("_lag1") else None
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):
@@ -111,7 +100,7 @@ def main() -> None:
             row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(
                 "ordered", inputs, 3, two_kernels
             )
-            for name in (v for v in variants if v.startswith("ordered") and v != "ordered"):
+            for name in (v for v in convoys if v in variants):
                 row[f"{name}_repeats_bitwise"], row[f"{name}_vs_deterministic_rel"] = repeats_and_distance(
                     name, inputs, 4, two_kernels
                 )

@@ -66,7 +66,7 @@ def _attn_bwd_fused_hopper(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups, convoy_block,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
-    DOWN: gl.constexpr = False, LAG: gl.constexpr = 0,
+    DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
@@ -84,8 +84,7 @@ def _attn_bwd_fused_hopper(
     key group does; with convoy_block 1 it waits only on started programs). DOWN (causal CONVOY): each
     program walks each head's query tiles from the last down to its diagonal's, so a program and the one
     started before it read a tile a launch interval apart instead of that plus two steps
-    (`causal_convoy_walks_down`); the order of adds is the same. LAG (ORDERED): each add is handed over to
-    be counted LAG + 1 steps after it was issued (`dkdv._steps`, `handover_lag`)."""
+    (`causal_convoy_walks_down`); the order of adds is the same."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -146,10 +145,10 @@ def _attn_bwd_fused_hopper(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY, DOWN, LAG)),
+                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY, DOWN)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                               dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY, DOWN, LAG)),
+                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, CONVOY, DOWN)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
@@ -318,34 +317,6 @@ ORDERED_CAUSAL_CONVOY_DOWN_ABOVE = 32768
 WALK_DOWN_SETTING: bool | None = None  # (A/B runs: benchmarks/ab_fused_bwd.py --walk-down)
 
 
-def handover_lag(ordered: bool, convoy: bool) -> int:
-    """How late an ordered add is handed over to be counted (`_attn_bwd_fused_hopper`'s LAG): 0, at the
-    next step, or 1, at the step after; HANDOVER_LAG_SETTING's where set (A/B runs), else 0.
-
-    With 0 a consumer waits for its last step's add to complete in global memory right after issuing the
-    next step's first products. Nsight Compute's warp sampling of the ordered causal 16k backward (one H200,
-    results/s52/call2): that wait held one consumer warpgroup 3.6% of its samples, and the other waited for
-    it at the dS^T exchange twice as long as in the unordered kernel (24.7k against 12.1k samples)."""
-    if HANDOVER_LAG_SETTING is not None and ordered:
-        return HANDOVER_LAG_SETTING
-    return 0
-
-
-def _lag_setting(text: str | None) -> int | None:
-    """FLASHTRAIN_HANDOVER_LAG's value: unset or empty, None (`handover_lag`'s rule); else 0 or 1."""
-    if not text:
-        return None
-    if text.strip() not in ("0", "1"):
-        raise ValueError(
-            f"FLASHTRAIN_HANDOVER_LAG must be 0 or 1 (steps an ordered add is handed over late), got {text!r}"
-        )
-    return int(text)
-
-
-# (A/B runs: benchmarks/ab_fused_bwd.py --handover-lag; GPU tests: FLASHTRAIN_HANDOVER_LAG=1)
-HANDOVER_LAG_SETTING = _lag_setting(os.environ.get("FLASHTRAIN_HANDOVER_LAG"))
-
-
 def _block_setting(text: str | None) -> int | None:
     """FLASHTRAIN_CAUSAL_CONVOY_BLOCK's value: unset or empty, None (blocks of 1, `causal_convoy_block`);
     else a positive integer (how many of the SMs it may take is checked at each call)."""
@@ -412,9 +383,6 @@ def flash_attn_bwd_fused_hopper(
         )
     if convoy_block is None:  # (only the causal convoy reads it)
         convoy_block = causal_convoy_block() if causal and convoy else 1
-    lag = handover_lag(ordered, convoy)
-    if lag not in (0, 1):
-        raise ValueError(f"an ordered add is handed over 0 or 1 steps late, got {lag}")
     if walk_down is None:
         walk_down = causal and convoy and causal_convoy_walks_down(q.shape[1])
     elif walk_down and not (causal and convoy):
@@ -451,7 +419,7 @@ def flash_attn_bwd_fused_hopper(
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down), LAG=lag, num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down), num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -192,7 +192,7 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False, LAG: gl.constexpr = 0,
+    CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -210,9 +210,7 @@ def _steps(
     item's adders come in the order they reach it (`ordered_rank_step`). CONVOY (full attention, one key
     group): no rotation, every item's adders in program order (`_flash_bwd_fused_hopper`'s convoy).
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`; DOWN (the causal convoy) walks each head's
-    tiles from the last down to the diagonal's. LAG (ORDERED, 0 or 1): a step hands over the adds of LAG
-    + 1 steps before (`_hand_over_adds`), so with 1 an add has a whole step to complete before the
-    consumer waits for it, and its count comes a step later."""
+    tiles from the last down to the diagonal's."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -262,8 +260,8 @@ def _steps(
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
-            if ORDERED:  # step it - 1 - LAG's adds, complete by now, go to be counted while the products run
-                _hand_over_adds(order, it - 1 - LAG, WG, LAG)
+            if ORDERED:  # the last step's adds, complete by now, go to be counted while the products run
+                _hand_over_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
             if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
                 seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
@@ -312,7 +310,7 @@ def _steps(
                     rank = program
                 else:
                     rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank, LAG > 0)
+                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             if DOWN:
@@ -325,10 +323,8 @@ def _steps(
             if ORDERED:  # (round to the first head's items)
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
-    if ORDERED:  # the last adds, once complete in global memory, let their items' next adders go
-        if LAG:
-            _hand_over_adds(order, it - 2, WG, 1)
-        _hand_over_adds(order, it - 1, WG, 0)
+    if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
+        _hand_over_adds(order, it, WG)
     return dk, dv, it
 
 
@@ -389,9 +385,8 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def fused_dq_store(
-    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, cur=0, seen=0, rank=0,
-    READ_WAIT: gl.constexpr = False,
-):  # fmt: skip
+    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, cur=0, seen=0, rank=0
+):
     """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
     reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
     (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first.
@@ -399,17 +394,13 @@ def fused_dq_store(
     earlier into seen, a relaxed read) counts the rank adders before it, in acquire loads. (Each count
     it sees was made by a release add after the adds it counts were complete, so an add issued once the
     count is seen reaches L2 after them. An acquire load for the early read spilled 12 instructions in
-    the loops.) READ_WAIT (ORDERED): the last add may still be in flight (`_steps`' LAG), so wait until
-    its source is read before the buffer is written."""
+    the loops.)"""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
     if ORDERED:
         while seen != rank:
             seen = _load_acquire(sems + cur)
-        if READ_WAIT:
-            tma.store_wait(0)
-            gl.thread_barrier()
     else:
         tma.store_wait(0)
         gl.thread_barrier()  # (the thread that issued the last add has seen it read)
@@ -419,14 +410,14 @@ def fused_dq_store(
 
 
 @gluon.jit
-def _hand_over_adds(order, k, WG: gl.constexpr, PENDING: gl.constexpr = 0):
-    """Step k's dQ adds of this warpgroup (none for k < 0), once complete in global memory, go to the
-    releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a slot once
-    it has counted it). PENDING: the adds issued after step k's (each step's add is one bulk group), which
-    may still be in flight."""
-    _bulk_wait(PENDING)  # (the thread that issued the adds waits for step k's)
+def _hand_over_adds(order, it, WG: gl.constexpr):
+    """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
+    to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
+    slot once it has counted it)."""
+    _bulk_wait_all()  # (the thread that issued the last add waits for it)
     gl.thread_barrier()
     dq_added, released = order[8], order[9]
+    k = it - 1
     slot = WG * 2 + k % 2
     mbarrier.wait(released.index(slot), ((k // 2) & 1) ^ 1, pred=k >= 0)  # (a slot's first use passes)
     mbarrier.arrive(dq_added.index(slot), count=1, pred=k >= 0)
@@ -468,18 +459,10 @@ def _load_acquire(ptr):
 
 
 @gluon.jit
-def _bulk_wait(PENDING: gl.constexpr = 0):
-    """cp.async.bulk.wait_group PENDING: this thread's bulk copies and reduces but the last PENDING are
-    complete in global memory (Gluon's `tma.store_wait` is the .read form: their sources read)."""
-    if PENDING == 0:
-        gl.inline_asm_elementwise(
-            "cp.async.bulk.wait_group 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
-    else:
-        gl.static_assert(PENDING == 1, "one add in flight at most")
-        gl.inline_asm_elementwise(
-            "cp.async.bulk.wait_group 1;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
+def _bulk_wait_all():
+    """cp.async.bulk.wait_group 0: this thread's bulk copies and reduces are complete in global memory
+    (Gluon's `tma.store_wait` is the .read form: their sources read)."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @builtin
@@ -498,13 +481,13 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False, LAG: gl.constexpr = 0,
+    order=None, CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN and LAG)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -563,7 +546,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, CONVOY, DOWN, LAG,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles, CONVOY, DOWN,
         )  # fmt: skip
     else:
         for section in gl.static_range(
