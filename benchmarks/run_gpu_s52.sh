@@ -15,6 +15,11 @@
 #       FLASHTRAIN_HANDOVER_LAG=1, then the backward alone, every ordered variant with and without the lag, against the
 #       two kernels and the unordered kernel (ab_fused_bwd.py --handover-lag, five rounds) at causal 4k-64k and full
 #       4k-64k
+#   bash benchmarks/run_gpu_s52.sh 4   # the ordered backward's consumers only stage their dQ halves; a warp per consumer
+#       adds them in their items' order and counts them (dkdv._releaser): the ordered and determinism GPU tests, the
+#       backward alone against the two kernels and the unordered kernel (ab_fused_bwd.py, five rounds) at causal
+#       4k-64k and full 4k-64k, then fwd+bwd against SDPA cuDNN (ab_cudnn.py --two-kernels, five rounds) at causal
+#       16k / 64k and full 32k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -49,5 +54,22 @@ case "$1" in
   timeout -s KILL 130 python benchmarks/ab_fused_bwd.py --ordered --handover-lag --seqlens 4096 16384 32768 65536 \
     --rounds 5 --out "$R/ab_lag_full.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_lag_full.json"
+  ;;
+4)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  summary() { python -c "import json, sys; [print(r['seqlen'], {k: round(v, 3) for k, v in r.items() if '_over_' in k}) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --ordered --causal --seqlens 4096 8192 16384 32768 49152 65536 \
+    --rounds 5 --out "$R/ab_stage_causal.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_stage_causal.json"
+  timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --seqlens 4096 16384 32768 65536 --rounds 5 \
+    --out "$R/ab_stage_full.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_stage_full.json"
+  for point in "yes 16384 65536" "no 32768"; do
+    set -- $point
+    timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $1 --seqlens ${@:2} \
+      --rounds 5 --out "$R/ab_cudnn_d128_causal_$1.json" 2>&1 | quiet | ratios
+  done
   ;;
 esac

@@ -109,14 +109,15 @@ def _attn_bwd_fused_hopper(
         else:  # (lo = 0)
             spacing = n_items // programs  # the host asks for >= 2
             rot = program * spacing
-        # per consumer, two slots: a step's adds complete (consumer -> releasing warp), and counted
-        dq_added = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        released = gl.allocate_shared_memory(gl.int64, [2 * NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2 * NUM_CONSUMERS):
-            mbarrier.init(dq_added.index(i), count=1)
-            mbarrier.init(released.index(i), count=1)
+        # per consumer: its step's dQ half staged in its buffer (consumer -> its releasing warp), and the
+        # buffer free again (the warp's add has read it)
+        staged = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_CONSUMERS):
+            mbarrier.init(staged.index(i), count=1)
+            mbarrier.init(free.index(i), count=1)
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b,
-                 n0 // KEYS, dq_added, released)  # fmt: skip
+                 n0 // KEYS, staged, free)  # fmt: skip
     else:
         rot = 0
         order = 0
@@ -139,8 +140,8 @@ def _attn_bwd_fused_hopper(
     mbarrier.init(keys_free.index(0), count=NUM_CONSUMERS)
     dq_io = (ds_smem, ds_ready, keys_free.index(0), dq_smem, dq_desc)
 
-    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`); ORDERED adds a
-    # fourth partition, the warp that counts the adds (`dkdv._releaser`)
+    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`); ORDERED adds
+    # two partitions, each consumer's warp that adds its dQ halves in order and counts them (`dkdv._releaser`)
     gl.warp_specialize(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
@@ -153,10 +154,13 @@ def _attn_bwd_fused_hopper(
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
                               0, 1, ORDERED, rot, DOWN)),
-            (dkdv._releaser, (order, lo, hi, group, DOWN)),
-        ][: 3 + ORDERED],
-        [4, 1, 1][: 2 + ORDERED],
-        [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + ORDERED],
+            (dkdv._releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
+                              KEYS // BLOCK_M)),
+            (dkdv._releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
+                              KEYS // BLOCK_M)),
+        ][: 3 + 2 * ORDERED],
+        [4, 1, 1, 1][: 2 + 2 * ORDERED],
+        [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + 2 * ORDERED],
     )  # fmt: skip
 
 

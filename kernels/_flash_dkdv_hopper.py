@@ -203,8 +203,10 @@ def _steps(
     through untouched). FUSED_DQ (PART 0, dense):
     each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
-    order, through a semaphore per item and consumer (order: the semaphores, `_flash_bwd_fused_hopper`'s
-    rotation and rank arguments, and the barriers to the warp that counts each add, `_releaser`). Full
+    order, through a semaphore per item and consumer. The consumer only stages each step's dQ half in
+    shared memory (`fused_dq_stage`); a warp of its own (`_releaser`) waits for the item's turn, adds it
+    and counts it (order: the semaphores, `_flash_bwd_fused_hopper`'s rotation and rank arguments, and
+    the staging barriers). Full
     attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to
     the ones before it, so at any step the programs of a key head are on different items, and each
     item's adders come in the order they reach it (`ordered_rank_step`). CONVOY (full attention, one key
@@ -220,14 +222,12 @@ def _steps(
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if ORDERED:
-        SEM, sem_off, later_programs, spacing, extra, rot, _, program, _, _ = order
-        n_tiles = start + count  # (a head's query tiles: the program's range ends at the last)
+        rot = order[5]
         if not CAUSAL:  # (start 0)
             dq_tile = start + rot % count
             dq_head = rot // count
         if DOWN:
-            dq_tile = n_tiles - 1
-        rank = 0  # programs that add into this step's item before this one
+            dq_tile = start + count - 1
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         if MASKED:  # this tile's queries (columns here), for the causal mask
@@ -260,11 +260,7 @@ def _steps(
         else:
             neg_delta = delta_smem.index(stage).load(col_layout)
             dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
-            if ORDERED:  # the last step's adds, complete by now, go to be counted while the products run
-                _hand_over_adds(order, it, WG)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
-            if ORDERED:  # this step's semaphore, read now and looked at once dQ is in (its latency hidden)
-                seen = gl.load(SEM + sem_off + (dq_head * n_tiles + dq_tile) * 2 + WG, volatile=True)
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
         if MASKED:
@@ -303,14 +299,7 @@ def _steps(
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         if FUSED_DQ:
             if ORDERED:
-                cur = (dq_head * n_tiles + dq_tile) * 2 + WG
-                if CAUSAL:
-                    rank = ordered_causal_rank(dq_tile, program, later_programs, BLOCK_N * 2 // BLOCK_M)
-                elif CONVOY:  # (the programs before this one, in the key head's one key group)
-                    rank = program
-                else:
-                    rank = ordered_rank_step(rank, it, later_programs, spacing, extra)
-                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG, True, SEM + sem_off, cur, seen, rank)
+                fused_dq_stage(dq, it, dq_io, order, WG)
             else:
                 fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             if DOWN:
@@ -323,8 +312,6 @@ def _steps(
             if ORDERED:  # (round to the first head's items)
                 dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
-    if ORDERED:  # the last add, once complete in global memory, lets the item's next adder go
-        _hand_over_adds(order, it, WG)
     return dk, dv, it
 
 
@@ -384,70 +371,81 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def fused_dq_store(
-    dq, t, g, dq_io, WG: gl.constexpr, ORDERED: gl.constexpr = False, sems=None, cur=0, seen=0, rank=0
-):
+def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
     """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
     reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
-    (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first.
-    ORDERED, in each item's fixed order: this step's add waits until its item's semaphore cur (read
-    earlier into seen, a relaxed read) counts the rank adders before it, in acquire loads. (Each count
-    it sees was made by a release add after the adds it counts were complete, so an add issued once the
-    count is seen reaches L2 after them. An acquire load for the early read spilled 12 instructions in
-    the loops.)"""
+    (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first."""
     _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     HALF: gl.constexpr = dq_smem.shape[4]
-    if ORDERED:
-        while seen != rank:
-            seen = _load_acquire(sems + cur)
-    else:
-        tma.store_wait(0)
-        gl.thread_barrier()  # (the thread that issued the last add has seen it read)
+    tma.store_wait(0)
+    gl.thread_barrier()  # (the thread that issued the last add has seen it read)
     dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
     tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
 
 
 @gluon.jit
-def _hand_over_adds(order, it, WG: gl.constexpr):
-    """Step it - 1's dQ adds of this warpgroup (none before step 1), once complete in global memory, go
-    to the releasing warp (`_releaser`), through one of two slots per warpgroup (the releaser frees a
-    slot once it has counted it)."""
-    _bulk_wait_all()  # (the thread that issued the last add waits for it)
-    gl.thread_barrier()
-    dq_added, released = order[8], order[9]
-    k = it - 1
-    slot = WG * 2 + k % 2
-    mbarrier.wait(released.index(slot), ((k // 2) & 1) ^ 1, pred=k >= 0)  # (a slot's first use passes)
-    mbarrier.arrive(dq_added.index(slot), count=1, pred=k >= 0)
+def fused_dq_stage(dq, it, dq_io, order, WG: gl.constexpr):
+    """The ordered backward's store of step it's dQ half (times the softmax scale): into this consumer's
+    dQ buffer, once its releasing warp has read the last step's out of it (`_releaser` arrives on
+    order's free barrier), then handed to that warp (staged barrier), which adds it in its item's turn.
+    The consumer waits for nothing else: not for the item's turn, nor for the add to complete."""
+    _, _, _, _, dq_smem, _, _, _, _, sm_scale = dq_io
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    HALF: gl.constexpr = dq_smem.shape[4]
+    staged, free = order[8], order[9]
+    mbarrier.wait(free.index(WG), (it & 1) ^ 1)  # (the first step's passes)
+    dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's share is stored before the (one-thread) arrive
+    mbarrier.arrive(staged.index(WG), count=1)
 
 
 @gluon.jit
-def _releaser(order, lo, hi, group, DOWN: gl.constexpr = False):
-    """One warp of the ordered one-kernel backward: item by item in the consumers' order (`_steps`; full
-    attention from item rot round, causal from its first: rot 0), once a consumer says its dQ adds into
-    the item are complete in global memory (`_hand_over_adds`), the item's semaphore for that consumer's
-    half += 1 with GPU-scope release semantics, which lets the item's next adder go (`fused_dq_store`).
-    Why a warp of its own:
-    - a relaxed count is not enough. With the programs started lightest first, dq differed in 12 of 12
-      repeats at causal 16k (session 46, results/s46/call1, call3; session 45's call 8 at 4k-32k): a later
-      add overtook one the count said was complete. With a release add, every repeat matched;
-    - made by the consumers, the release (a GPU-wide memory barrier, MEMBAR.ALL.GPU) cost 0.85-0.90x the
-      relaxed count's speed (results/s46/call2). Here it stalls only this warp, and the consumers hand
-      each step's adds over while the next step's first products run (results/s46/call4)."""
-    SEM, sem_off, _, _, _, rot, _, _, dq_added, released = order
+def _releaser(
+    order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
+    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr,
+):  # fmt: skip
+    """One warp of the ordered one-kernel backward per consumer warpgroup WG: item by item in the
+    consumer's order (`_steps`; full attention from item rot round, causal from its first: rot 0), once
+    the consumer has staged its dQ half (`fused_dq_stage`), waits until the item's semaphore for that half
+    counts the programs that add before this one (`ordered_causal_rank`, `ordered_rank_step`; the convoy:
+    its program index), adds the half into dq by TMA, frees the buffer once the add has read it, and once
+    the add is complete in global memory counts it with a GPU-scope release add, which lets the item's
+    next adder go. (Each count it sees was made by a release add after the adds it counts were complete,
+    so an add issued once the count is seen reaches L2 after them.)
+    Why the consumers only stage: when they waited for the turn, for the add's completion and for the
+    count's slot themselves (session 46's design), Nsight Compute's warp sampling of the ordered causal
+    16k backward (one H200, results/s52/call2) put 3.6% of one consumer's samples on the completion wait
+    alone, and the other waited for it at the dS^T exchange twice as long as in the unordered kernel.
+    Why a release add: a relaxed count let a later add overtake one it counted (session 46,
+    results/s46/call1, call3)."""
+    SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
     count = hi - lo
     items = group * count
+    rank = 0  # programs that add into this item before this one
     for j in range(items):
         step = j + rot
         t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False, DOWN)
-        sem = SEM + sem_off + (g * hi + t) * 2
-        for wg in gl.static_range(2):
-            slot = wg * 2 + j % 2
-            mbarrier.wait(dq_added.index(slot), (j // 2) & 1)
-            gl.atomic_add(sem + wg, 1, sem="release", scope="gpu")
-            mbarrier.arrive(released.index(slot), count=1)
+        sem = SEM + sem_off + (g * hi + t) * 2 + WG
+        if CAUSAL:
+            rank = ordered_causal_rank(t, program, later_programs, TILES_PER_PROGRAM)
+        elif CONVOY:  # (the programs before this one, in the key head's one key group)
+            rank = program
+        else:
+            rank = ordered_rank_step(rank, j, later_programs, spacing, extra)
+        seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
+        mbarrier.wait(staged.index(WG), j & 1)
+        while seen != rank:
+            seen = _load_acquire(sem)
+        tma_reduce_add(dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
+        tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
+        mbarrier.arrive(free.index(WG), count=1)
+        _bulk_wait_all()  # (complete in global memory)
+        gl.thread_barrier()
+        gl.atomic_add(sem, 1, sem="release", scope="gpu")
 
 
 @gluon.jit

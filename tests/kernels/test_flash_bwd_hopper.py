@@ -151,11 +151,13 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # fails here. The ordered builds run one loop over the query tiles instead of three sections: full
 # attention spills 1 (session 44), causal 6 (its diagonal's steps masked in a branch, session 45); with the
 # adds handed to a releasing warp mid-step (session 46), 4 and 11. The convoy order: full 0 (session 48),
-# causal 11, as the causal ordered build (only its programs' launch order differs, session 49).
+# causal 11, as the causal ordered build (only its programs' launch order differs, session 49). Since the
+# consumers only stage their dQ halves for the releasing warps to add in order (session 52), no ordered
+# build spills in its loops.
 FUSED_SPILLS = {
-    ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 4,
-    ("fused_ordered", 128, True): 11, ("fused_convoy", 128, False): 0, ("fused_convoy", 128, True): 11,
-    ("fused_convoy_down", 128, True): 12,
+    ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 0,
+    ("fused_ordered", 128, True): 0, ("fused_convoy", 128, False): 0, ("fused_convoy", 128, True): 0,
+    ("fused_convoy_down", 128, True): 0,
 }  # fmt: skip
 
 
@@ -378,7 +380,7 @@ def test_fused_backward_builds_for_sm90(tmp_path):
     )
     for r in results:
         assert r["spills_in_loops"] <= FUSED_SPILLS[r["kernel"], r["headdim"], r["causal"]], r
-        if r["kernel"] in ("fused_ordered", "fused_convoy"):
+        if r["kernel"] in ("fused_ordered", "fused_convoy", "fused_convoy_down"):
             assert r["semaphore_adds"] >= 2 and r["semaphore_adds_without_release"] == 0, r
 
 
