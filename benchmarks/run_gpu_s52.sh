@@ -20,6 +20,9 @@
 #       backward alone against the two kernels and the unordered kernel (ab_fused_bwd.py, five rounds) at causal
 #       4k-64k and full 4k-64k, then fwd+bwd against SDPA cuDNN (ab_cudnn.py --two-kernels, five rounds) at causal
 #       16k / 64k and full 32k
+#   bash benchmarks/run_gpu_s52.sh 5   # the staged ordered backward of call 4, kept: the GPU tests of the Hopper backward,
+#       dense kernel and packed QKV files (the slow portable-autotune test left out), then fwd+bwd against SDPA cuDNN
+#       (ab_cudnn.py --two-kernels, five rounds) at causal 32k / 48k and full 16k / 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -69,6 +72,18 @@ case "$1" in
   for point in "yes 16384 65536" "no 32768"; do
     set -- $point
     timeout -s KILL 150 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $1 --seqlens ${@:2} \
+      --rounds 5 --out "$R/ab_cudnn_d128_causal_$1.json" 2>&1 | quiet | ratios
+  done
+  ;;
+5)
+  T=tests/kernels
+  timeout -s KILL 280 python -m pytest -q -n 5 -rf -m gpu $T/test_flash_bwd_hopper.py $T/test_flash_attention.py \
+    $T/test_qkvpacked.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  for point in "yes 32768 49152" "no 16384 65536"; do
+    set -- $point
+    timeout -s KILL 110 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $1 --seqlens ${@:2} \
       --rounds 5 --out "$R/ab_cudnn_d128_causal_$1.json" 2>&1 | quiet | ratios
   done
   ;;
