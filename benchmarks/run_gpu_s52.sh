@@ -23,6 +23,8 @@
 #   bash benchmarks/run_gpu_s52.sh 5   # the staged ordered backward of call 4, kept: the GPU tests of the Hopper backward,
 #       dense kernel and packed QKV files (the slow portable-autotune test left out), then fwd+bwd against SDPA cuDNN
 #       (ab_cudnn.py --two-kernels, five rounds) at causal 32k / 48k and full 16k / 64k
+#   bash benchmarks/run_gpu_s52.sh 6   # fwd+bwd against SDPA cuDNN (ab_cudnn.py --two-kernels, five rounds) at causal and
+#       full 4k / 8k (on the warm machine of call 5, same tree)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -85,6 +87,12 @@ case "$1" in
     set -- $point
     timeout -s KILL 110 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $1 --seqlens ${@:2} \
       --rounds 5 --out "$R/ab_cudnn_d128_causal_$1.json" 2>&1 | quiet | ratios
+  done
+  ;;
+6)
+  for c in yes no; do
+    timeout -s KILL 100 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal $c --seqlens 4096 8192 \
+      --rounds 5 --out "$R/ab_cudnn_d128_causal_$c.json" 2>&1 | quiet | ratios
   done
   ;;
 esac
