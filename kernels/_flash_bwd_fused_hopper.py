@@ -18,10 +18,15 @@ tile's adders come in the order they reach it, each 2 steps after the last
 (`_flash_dkdv_hopper.ordered_rank_step`). Causal programs need no rotation: each starts on its own
 diagonal, so a later program (later keys) reaches a tile they share 2 steps or more before the one
 before it, and a tile's adders come in descending program order (`_flash_dkdv_hopper.ordered_causal_rank`;
-the diagonal's steps run in the same loop, masked). A program adds once its tile's semaphore counts the
-adders before it, and its add is counted once it is complete in global memory, by a warp of the program's
-own with a GPU-scope release (`_flash_dkdv_hopper._releaser`: a relaxed count let later adds overtake
-it, session 46). A program may wait on
+the diagonal's steps run in the same loop, masked). The consumers do not wait for the order: each only
+stages its step's dQ half in shared memory (`_flash_dkdv_hopper.fused_dq_stage`), and a warp of the
+program's own per consumer (`_flash_dkdv_hopper._releaser`) adds it once the tile's semaphore counts the
+adders before it, and counts the add once it is complete in global memory, with a GPU-scope release (a
+relaxed count let later adds overtake it, session 46). Until session 52 the consumers waited for the
+turn and the add's completion themselves: one H200, five rounds alternating, the backward alone against
+the two deterministic kernels (results/s52/call3, call4) went from 1.068-1.102x to 1.083-1.127x at causal
+16k-64k and from 1.103-1.113x to 1.121-1.147x at full 4k-64k, where the unordered kernel's time is
+now 0.96-1.01x its own (0.93-0.98x before). A program may wait on
 any other of its key head, so all of them must run at once: `supports_ordered` allows at most half the
 SMs' worth. Full attention past two such key groups, and causal calls past one without GQA up to 64k
 tokens, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
@@ -103,7 +108,7 @@ def _attn_bwd_fused_hopper(
         dq_b = key_group * gl.num_programs(2) + off_b
         sem_off = (dq_b * gl.num_programs(1) + off_hk) * (n_items * 2)
         if CAUSAL or CONVOY:  # (no rotation: causal programs are spaced by their own starts,
-            # `dkdv.ordered_causal_rank`; in the convoy each waits on the one started before it, `dkdv._steps`)
+            # `dkdv.ordered_causal_rank`; in the convoy each waits on the one started before it, `dkdv._releaser`)
             spacing = 0
             rot = 0
         else:  # (lo = 0)

@@ -218,9 +218,10 @@ def auto_picks_triton(
     # level with it at 1k-8k and 0.96x at 16k (results/s33). At head dim 128 ours is level or a little
     # ahead since the ordered one-kernel backward: 0.96-1.06 at 1k-64k, causal and full (results/s48/call5,
     # call7, s49/call1, call3; 0.94-0.99 on the two kernels, s39/call4; 1.01-1.04 at causal 16k-64k and
-    # full 16k-32k in five alternating rounds, s51/call3, call6), within the few percent that
-    # separate runs move, so `auto` was not changed for it: no end-to-end run at head dim 128 timed the
-    # switch. When these were first set cuDNN was 1.12-1.40x ours (results/sdpa_choice_h*).
+    # full 16k-32k in five alternating rounds, s51/call3, call6; since its consumers only stage their dQ,
+    # 1.02-1.06 at causal and full 4k-64k, s52/call4-6), within the few percent that separate runs move,
+    # so `auto` was not changed for it: no end-to-end run at head dim 128 timed the switch. When these
+    # were first set cuDNN was 1.12-1.40x ours (results/sdpa_choice_h*).
     if sdpa_runs_cudnn:
         return False
     if dropout_p > 0.0 and head_dim <= AUTO_SDPA_DROPOUT_MAX_HEADDIM:
