@@ -77,7 +77,8 @@ ordered_tests() {
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
 }
 # exp_ordered_sem.py with results/s46/lightest_stress.patch applied (lightest-first launch), then reverted:
-# $R/stress_lightest.json.
+# $R/stress_lightest.json. The patch applies to the trees of sessions 46-48 only; since session 49 the
+# causal convoy launches lightest first by itself (NOTES_attention.md, session 52).
 lightest_stress() {
   git apply benchmarks/results/s46/lightest_stress.patch
   LIGHTEST_PATCH=1 timeout -s KILL 90 python benchmarks/exp_ordered_sem.py --out "$R/stress_lightest.json" 2>&1 | quiet
