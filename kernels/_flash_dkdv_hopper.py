@@ -192,7 +192,7 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False,
+    DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -209,8 +209,9 @@ def _steps(
     the staging barriers). Full
     attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to
     the ones before it, so at any step the programs of a key head are on different items, and each
-    item's adders come in the order they reach it (`ordered_rank_step`). CONVOY (full attention, one key
-    group): no rotation, every item's adders in program order (`_flash_bwd_fused_hopper`'s convoy).
+    item's adders come in the order they reach it (`ordered_rank_step`); in the convoy order (one key
+    group, `_flash_bwd_fused_hopper`'s convoy) without the rotation, every item's adders in program order.
+    The consumer follows the producer's stages and only tracks its tile where the causal mask needs it.
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`; DOWN (the causal convoy) walks each head's
     tiles from the last down to the diagonal's."""
     STAGES: gl.constexpr = q_smem.shape[0]
@@ -221,13 +222,8 @@ def _steps(
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
-    if ORDERED:
-        rot = order[5]
-        if not CAUSAL:  # (start 0)
-            dq_tile = start + rot % count
-            dq_head = rot // count
-        if DOWN:
-            dq_tile = start + count - 1
+    if DOWN:
+        dq_tile = start + count - 1
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
         if MASKED:  # this tile's queries (columns here), for the causal mask
@@ -309,8 +305,6 @@ def _steps(
                 wrap = dq_tile == start + count - 1
                 dq_tile = gl.where(wrap, start, dq_tile + 1)
             dq_head += wrap.to(gl.int32)
-            if ORDERED:  # (round to the first head's items)
-                dq_head = gl.where(dq_head == group, 0, dq_head)
         it += 1
     return dk, dv, it
 
@@ -479,7 +473,7 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, CONVOY: gl.constexpr = False, DOWN: gl.constexpr = False,
+    order=None, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
@@ -544,7 +538,7 @@ def _consumer(
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, lo, hi - lo,
             tiles, group, diag, qk_scale, CAUSAL, 5 if CAUSAL else 1, SPARSE, PART, st_layout, acc_layout, 0, WG,
-            FUSED_DQ, dq_io, ORDERED, order, full_tiles, CONVOY, DOWN,
+            FUSED_DQ, dq_io, ORDERED, order, full_tiles, DOWN,
         )  # fmt: skip
     else:
         for section in gl.static_range(
