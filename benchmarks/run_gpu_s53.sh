@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 53). Each part is what one call ran; the outputs are in
+# benchmarks/results/s53/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s53.sh 1   # session 52's review mend on the GPU (the ordered and determinism tests), many
+#       bitwise repeats of the default d128 backward in each of its orders (check_determinism.py, 300 repeats: one key
+#       group, the causal convoy walking up and down, the full-attention rotation and convoy), then the routing rules
+#       tuned on the consumers before the staged dQ, the backward alone (ab_fused_bwd.py, five rounds): walking down
+#       against up at causal 24k-40k, and causal GQA (2 and 4 query heads a key head) and full GQA (4) in the ordered
+#       kernel against the two kernels
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+summary() { python -c "import json, sys; [print(r['seqlen'], r['group'], {k: round(v, 3) for k, v in r.items() if '_over_' in k}) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }
+case "$1" in
+1)
+  ordered_tests
+  timeout -s KILL 100 python benchmarks/check_determinism.py --impls triton --repeats 300 \
+    --shape 2,8192,16,128,causal --shape 1,16384,16,128,causal --shape 1,49152,16,128,causal \
+    --shape 4,4096,16,128 --shape 1,65536,16,128 --out "$R/stress_repeats.json" 2>&1 | quiet | cut -c1-300
+  timeout -s KILL 110 python benchmarks/ab_fused_bwd.py --ordered --causal --walk-down --seqlens 24576 32768 40960 \
+    --rounds 5 --out "$R/ab_walk_down.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_walk_down.json"
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --ordered-max-group 2 \
+    --seqlens 4096 8192 16384 32768 65536 --rounds 5 --out "$R/ab_causal_gqa2.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_causal_gqa2.json"
+  timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --causal --group 4 --ordered-max-group 4 \
+    --seqlens 8192 32768 --rounds 5 --out "$R/ab_causal_gqa4.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_causal_gqa4.json"
+  timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --group 4 --ordered-max-group 4 \
+    --seqlens 4096 8192 16384 --rounds 5 --out "$R/ab_full_gqa4.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_full_gqa4.json"
+  ;;
+esac
