@@ -7,6 +7,9 @@
 #       tuned on the consumers before the staged dQ, the backward alone (ab_fused_bwd.py, five rounds): walking down
 #       against up at causal 24k-40k, and causal GQA (2 and 4 query heads a key head) and full GQA (4) in the ordered
 #       kernel against the two kernels
+#   bash benchmarks/run_gpu_s53.sh 2   # the backward alone again (ab_fused_bwd.py, five rounds): walking down against up at
+#       causal 16k-32k, causal GQA with 2 query heads a key head in one key group (2k-8k); then the issue's benchmark at
+#       d128 n16k and n64k on session 52's staged dQ (bench_attention.py: ours, SDPA cuDNN, FlexAttention, SDPA flash)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -29,5 +32,14 @@ case "$1" in
   timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --group 4 --ordered-max-group 4 \
     --seqlens 4096 8192 16384 --rounds 5 --out "$R/ab_full_gqa4.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_full_gqa4.json"
+  ;;
+2)
+  timeout -s KILL 110 python benchmarks/ab_fused_bwd.py --ordered --causal --walk-down --seqlens 16384 20480 24576 32768 \
+    --rounds 5 --out "$R/ab_walk_down.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_walk_down.json"
+  timeout -s KILL 60 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --ordered-max-group 2 \
+    --seqlens 2048 4096 6144 8192 --rounds 5 --out "$R/ab_causal_gqa2.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_causal_gqa2.json"
+  d128_against_anchors 280 16384 65536
   ;;
 esac
