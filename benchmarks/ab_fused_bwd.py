@@ -40,7 +40,7 @@ def main() -> None:
                         help="let causal calls of up to this many key groups take the ordered one (its ORDERED_CAUSAL_KEY_GROUPS)")  # fmt: skip
     parser.add_argument("--group", type=int, default=1, help="query heads a key head (GQA)")
     parser.add_argument("--ordered-max-group", type=int, default=None,
-                        help="let calls of up to this many query heads a key head take the ordered one (its ORDERED_CAUSAL_MAX_GROUP and ORDERED_ROTATION_MAX_GROUP)")  # fmt: skip
+                        help="let calls of up to this many query heads a key head take the ordered one (its ORDERED_CAUSAL_MAX_GROUP, ORDERED_CAUSAL_CONVOY_MAX_GROUP and ORDERED_ROTATION_MAX_GROUP)")  # fmt: skip
     parser.add_argument("--causal-convoy-upto", type=int, default=None,
                         help="the causal convoy's longest call (its ORDERED_CAUSAL_CONVOY_MAX_SEQLEN)")  # fmt: skip
     parser.add_argument("--convoy-blocks", type=int, nargs="+", default=None,
@@ -54,6 +54,7 @@ def main() -> None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
     if args.ordered_max_group is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_MAX_GROUP = args.ordered_max_group
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_GROUP = args.ordered_max_group
         _flash_bwd_fused_hopper.ORDERED_ROTATION_MAX_GROUP = args.ordered_max_group
     if args.ordered_causal_key_groups is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups

@@ -10,6 +10,10 @@
 #   bash benchmarks/run_gpu_s53.sh 2   # the backward alone again (ab_fused_bwd.py, five rounds): walking down against up at
 #       causal 16k-32k, causal GQA with 2 query heads a key head in one key group (2k-8k); then the issue's benchmark at
 #       d128 n16k and n64k on session 52's staged dQ (bench_attention.py: ours, SDPA cuDNN, FlexAttention, SDPA flash)
+#   bash benchmarks/run_gpu_s53.sh 3   # the routing of calls 1-2 (walking down past 20k, causal GQA with 2 query heads a
+#       key head in one key group): the ordered and determinism GPU tests, fwd+bwd against SDPA cuDNN at causal 24k /
+#       32k (ab_cudnn.py --two-kernels, five rounds), then GPT-2 medium's width in 8 heads of 128 trained at 8k and 16k
+#       with SDPA pinned to cuDNN and with ours (bench_train.py, each row in a fresh process)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -41,5 +45,12 @@ case "$1" in
     --seqlens 2048 4096 6144 8192 --rounds 5 --out "$R/ab_causal_gqa2.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_causal_gqa2.json"
   d128_against_anchors 280 16384 65536
+  ;;
+3)
+  ordered_tests
+  timeout -s KILL 100 python benchmarks/ab_cudnn.py --two-kernels --headdims 128 --causal yes --seqlens 24576 32768 \
+    --rounds 5 --out "$R/ab_cudnn_d128_causal_yes.json" 2>&1 | quiet | ratios
+  timeout 330 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 8192,16384 --impls sdpa_cudnn,triton \
+    --out "$R/train_medium_d128.json" 2>&1 | quiet | grep "^|" | tail -n 8
   ;;
 esac

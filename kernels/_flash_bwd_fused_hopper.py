@@ -31,7 +31,7 @@ any other of its key head, so all of them must run at once: `supports_ordered` a
 SMs' worth. Full attention past two such key groups, and causal calls past one without GQA up to 64k
 tokens, take the convoy order instead (`ordered_convoy`): each program walks its tiles in order and
 each tile's adds come in the order the programs started, so a program waits only on ones started before
-it (causal past 32k each program walks its tiles from the last down, `causal_convoy_walks_down`).
+it (causal past 20k each program walks its tiles from the last down, `causal_convoy_walks_down`).
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
 (`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
@@ -196,8 +196,8 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
     a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
     (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
-    diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS) or, past it, in the convoy order
-    (`ordered_convoy`), without GQA (ORDERED_CAUSAL_MAX_GROUP), and
+    diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS), with at most ORDERED_CAUSAL_MAX_GROUP query
+    heads a key head, or past it in the convoy order (`ordered_convoy`, without GQA), and
     - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add
       into one dq buffer wait on each other, so all of them must be able to run at once, and a key
       group holds at most half the SMs' worth (sms: the GPU's SMs). Programs start in grid order, so only
@@ -254,9 +254,9 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
 
-    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA (as every ordered
-    causal call, `supports_ordered`) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
-    key head's programs started last keys first (past 32k each walking its tiles from the last down,
+    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA
+    (ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
+    key head's programs started last keys first (past 20k each walking its tiles from the last down,
     `causal_convoy_walks_down`), each tile's adds in the causal order (descending programs), so each waits
     only on started programs. The backward alone against the two deterministic kernels,
     one H200, five rounds alternating, group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k,
@@ -268,7 +268,8 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     two kernels at 16k-64k (s49/call2). With GQA
     (each program walking group x the query tiles) the causal convoy ran 0.97-0.98x the two kernels at
     group 2 (16k-32k) and 0.86-0.90x at group 4 (12k-16k, s49/call5), while full attention's gains
-    held: 1.10-1.12x at group 2 (20k, 32k), 1.08x at group 4 (32k, s49/call6)."""
+    held: 1.10-1.12x at group 2 (20k, 32k), 1.08x at group 4 (32k, s49/call6). With the staged dQ
+    (session 53) the causal convoy at group 2 ran 1.03 / 0.98 / 0.99x at 16k / 32k / 64k (s53/call1)."""
     # (causal: a key head's programs start in blocks, the last block first, `_attn_bwd_fused_hopper`)
     if not ORDERED_CONVOY:
         return False
@@ -276,7 +277,7 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
         return (
             ORDERED_CAUSAL_CONVOY
             and ordered_key_groups(seqlen_k, sms) > ORDERED_CAUSAL_KEY_GROUPS
-            and group <= ORDERED_CAUSAL_MAX_GROUP
+            and group <= ORDERED_CAUSAL_CONVOY_MAX_GROUP
             and seqlen_q <= ORDERED_CAUSAL_CONVOY_MAX_SEQLEN
         )
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
@@ -316,13 +317,17 @@ def causal_convoy_walks_down(seqlen_q: int) -> bool:
     rounds alternating (results/s51/call2), walking up in blocks of 1 / 16 and down in blocks of 1 / 16:
     1.090 / 1.056 / 1.071 / 0.990 at 32k, 1.031 / 1.044 / 1.081 / 1.027 at 48k, 1.010 / 1.046 / 1.078 /
     1.033 at 64k; gradients repeated bit for bit (dk and dv, summed over the tiles in another order, within
-    0.5% of their largest value of the two kernels')."""
+    0.5% of their largest value of the two kernels'). Since session 52's staged dQ the hand-over's wait
+    has left the consumers, and walking down gained at 24k and 32k too (results/s53/call1-2, two calls of
+    five rounds, two kernels / convoy walking up and down): 1.105 / 1.114 at 16k, 1.120 / 1.107 at 20k,
+    1.072 / 1.086 and 1.092 / 1.107 at 24k, 1.094 / 1.113 and 1.104 / 1.129 at 32k, 1.071 / 1.117 at 40k;
+    so past 20k."""
     if WALK_DOWN_SETTING is not None:
         return WALK_DOWN_SETTING
     return seqlen_q > ORDERED_CAUSAL_CONVOY_DOWN_ABOVE
 
 
-ORDERED_CAUSAL_CONVOY_DOWN_ABOVE = 32768
+ORDERED_CAUSAL_CONVOY_DOWN_ABOVE = 20480
 WALK_DOWN_SETTING: bool | None = None  # (A/B runs: benchmarks/ab_fused_bwd.py --walk-down)
 
 
@@ -349,8 +354,12 @@ ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 65536
 # call8, call9): causal with 2 query heads a key head 1.00-1.03x in one key group (4k, 8k) and 0.97-0.98x
 # in the convoy (16k-32k), with 4 0.88-0.94x and 0.86-0.90x; full attention in key groups (the rotation)
 # 1.07x with 2 (8k) and 0.83-0.87x with 4 (4k, 16k). The full-attention convoy kept its gain with 2 and 4
-# (1.08-1.12x at 20k-32k), so it has no such limit.
-ORDERED_CAUSAL_MAX_GROUP = 1
+# (1.08-1.12x at 20k-32k), so it has no such limit. Again with the staged dQ (session 53, results/s53/
+# call1-2): causal with 2 in one key group 1.06 / 1.05-1.07 / 1.03 / 1.04-1.05x at 2k / 4k / 6k / 8k, so
+# it takes those; in the convoy 1.03 / 0.98 / 0.99x at 16k / 32k / 64k, with 4 0.92-0.95x (8k, 32k); full
+# attention in key groups with 4 0.83-0.94x (4k-16k).
+ORDERED_CAUSAL_MAX_GROUP = 2
+ORDERED_CAUSAL_CONVOY_MAX_GROUP = 1
 ORDERED_ROTATION_MAX_GROUP = 2
 # FLASHTRAIN_ORDERED_CONVOY=0 keeps full-attention calls past MAX_KEY_GROUPS key groups on the two kernels
 ORDERED_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CONVOY", "1") != "0"
