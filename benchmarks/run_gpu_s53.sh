@@ -14,6 +14,9 @@
 #       key head in one key group): the ordered and determinism GPU tests, fwd+bwd against SDPA cuDNN at causal 24k /
 #       32k (ab_cudnn.py --two-kernels, five rounds), then GPT-2 medium's width in 8 heads of 128 trained at 8k and 16k
 #       with SDPA pinned to cuDNN and with ours (bench_train.py, each row in a fresh process)
+#   bash benchmarks/run_gpu_s53.sh 4   # `auto` taking ours over cuDNN at head dim 128 without GQA on sm_90: the GPU tests
+#       of the dense kernel file (causal GQA with 2 query heads a key head now takes the ordered backward) and of auto's
+#       choice, then GPT-2 medium's width in heads of 128 at 4k and 8k, SDPA pinned to cuDNN against `auto`
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -52,5 +55,14 @@ case "$1" in
     --rounds 5 --out "$R/ab_cudnn_d128_causal_yes.json" 2>&1 | quiet | ratios
   timeout 330 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 8192,16384 --impls sdpa_cudnn,triton \
     --out "$R/train_medium_d128.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+4)
+  timeout -s KILL 220 python -m pytest -q -n 5 -rf -m gpu tests/kernels/test_flash_attention.py \
+    > "$R/gpu_tests_kernels.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_kernels.log"
+  timeout -s KILL 100 python -m pytest -q -rf -m gpu tests/flashtrain/test_gpt.py > "$R/gpu_tests_auto.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_auto.log"
+  timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 4096,8192 --impls sdpa_cudnn,auto \
+    --out "$R/train_medium_d128_auto.json" 2>&1 | quiet | grep "^|" | tail -n 8
   ;;
 esac

@@ -15,8 +15,9 @@ output viewed as (batch, seqlen, nheads + 2 * nheads_kv, headdim); the model use
 - `triton`: our FlashAttention kernel from `kernels/`.
 - `block_sparse`: our block-sparse kernel with a layout built from the model config.
 - `auto` (default): on CUDA our kernel for long sequences, windows and padding, SDPA for short ones
-  (the measured crossover) and wherever PyTorch would run cuDNN's attention, which is faster than ours
-  (Hopper with cuDNN >= 9.15.1); SDPA on CPU, where the Triton interpreter is far too slow to train with.
+  (the measured crossover) and wherever PyTorch would run cuDNN's attention, which is level with ours or
+  faster (Hopper with cuDNN >= 9.15.1) but at head dim 128 without GQA on an H100/H200; SDPA on CPU,
+  where the Triton interpreter is far too slow to train with.
 
 Sequence parallelism does not add a branch here: the trainer enters `attention_override(fn)` around
 the step and every attention call in the model goes to `fn` (ring or Ulysses) instead.
@@ -219,9 +220,9 @@ def auto_picks_triton(
     # ahead since the ordered one-kernel backward: 0.96-1.06 at 1k-64k, causal and full (results/s48/call5,
     # call7, s49/call1, call3; 0.94-0.99 on the two kernels, s39/call4; 1.01-1.04 at causal 16k-64k and
     # full 16k-32k in five alternating rounds, s51/call3, call6; since its consumers only stage their dQ,
-    # 1.02-1.06 at causal and full 4k-64k, s52/call4-6), within the few percent that separate runs move,
-    # so `auto` was not changed for it: no end-to-end run at head dim 128 timed the switch. When these
-    # were first set cuDNN was 1.12-1.40x ours (results/sdpa_choice_h*).
+    # 1.02-1.06 at causal and full 4k-64k, s52/call4-6, s53/call3), and end to end too, so there the caller
+    # passes sdpa_runs_cudnn=False (`ours_beats_cudnn`). When these were first set cuDNN was 1.12-1.40x
+    # ours (results/sdpa_choice_h*).
     if sdpa_runs_cudnn:
         return False
     if dropout_p > 0.0 and head_dim <= AUTO_SDPA_DROPOUT_MAX_HEADDIM:
@@ -280,6 +281,23 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
     return _sdpa_choice(*key) == int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION)
 
 
+# A trace-time constant, as `sdpa_runs_cudnn`.
+@torch.compiler.assume_constant_result
+def ours_beats_cudnn(
+    device, head_dim: int, nheads: int, nheads_kv: int, one_query: bool, dropout: bool
+) -> bool:
+    """Whether ours trains faster than cuDNN's attention for an unmasked call SDPA would give cuDNN: head
+    dim 128, more than one query, without GQA or dropout, on an H100/H200 (sm_90, where our Gluon kernels
+    and the ordered one-kernel backward run). GPT-2 medium's width in 8 heads of 128, one H200 (results/s53/call3-4):
+    ours ÷ cuDNN tokens/s 1.03 at 8k and 1.00 at 16k in one call, <s53 call 4>; the kernels alone, fwd+bwd,
+    1.02-1.06x at causal and full 4k-64k (results/s52/call4-6, s53/call3). GQA calls run the two
+    deterministic kernels in most of their range (0.94-0.99x cuDNN without GQA), and dropout the portable
+    backward, so those stay with cuDNN, as every other head dim (`auto_picks_triton`)."""
+    if device.type != "cuda" or head_dim != 128 or one_query or nheads != nheads_kv or dropout:
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padding_mask) -> bool:
     masked = window is not None or key_padding_mask is not None
     cudnn = False
@@ -297,7 +315,7 @@ def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padd
         dropout = True if dropout_p > 0.0 else False  # a float argument may be symbolic
         cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
-        )
+        ) and not ours_beats_cudnn(q.device, head_dim, nheads, nheads_kv, one_query, dropout)
     deterministic = torch.are_deterministic_algorithms_enabled()
     return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic)
 

@@ -261,6 +261,74 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
     assert decided == [probe is not None]
 
 
+@pytest.mark.parametrize(
+    "device, capability, head_dim, nheads_kv, one_query, dropout, beats",
+    [
+        ("cuda", (9, 0), 128, 4, False, False, True),
+        ("cuda", (9, 0), 64, 4, False, False, False),  # head dim 64: level with cuDNN or slower
+        ("cuda", (9, 0), 256, 4, False, False, False),
+        ("cuda", (9, 0), 128, 2, False, False, False),  # GQA: mostly the two kernels, under cuDNN
+        ("cuda", (9, 0), 128, 4, True, False, False),  # one query: not timed
+        ("cuda", (9, 0), 128, 4, False, True, False),  # dropout: the portable backward
+        ("cuda", (10, 0), 128, 4, False, False, False),  # no Gluon kernels off sm_90
+        ("cpu", None, 128, 4, False, False, False),
+    ],
+)
+def test_ours_beats_cudnn_at_head_dim_128_on_hopper(
+    device, capability, head_dim, nheads_kv, one_query, dropout, beats, monkeypatch
+):
+    """Where `auto` takes ours although SDPA would run cuDNN: head dim 128 on sm_90 (H100/H200), more
+    than one query, no GQA, no dropout (the GPU's capability faked, so this runs on CPU)."""
+    import flashtrain.models.attention as attention
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    dev = torch.device(device)
+    assert attention.ours_beats_cudnn(dev, head_dim, 4, nheads_kv, one_query, dropout) is beats
+
+
+@pytest.mark.parametrize("beats", [True, False])
+def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
+    """`auto` hands `auto_picks_triton` sdpa_runs_cudnn=False where `ours_beats_cudnn` says so, with the
+    call's device, head dim, head counts, one query or not and dropout."""
+    import flashtrain.models.attention as attention
+
+    asked, decided = [], []
+    monkeypatch.setattr(attention, "sdpa_runs_cudnn", lambda *args: True)
+    monkeypatch.setattr(attention, "ours_beats_cudnn", lambda *args: asked.append(args[1:]) or beats)
+    monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: decided.append(args[5]) or False)
+    q = torch.randn(1, 16, 4, 8)
+    attention.auto_attention(q, q, q, causal=True)
+    assert asked == [(8, 4, 4, False, False)]
+    assert decided == [not beats]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="ours beats cuDNN at head dim 128 on sm_90 (H100/H200) only",
+)
+@pytest.mark.parametrize(
+    "nheads_kv, head_dim, ours", [(8, 128, True), (2, 128, False), (8, 64, False)]
+)  # fmt: skip
+def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(nheads_kv, head_dim, ours, monkeypatch):
+    """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
+    tokens, and SDPA with GQA or at head dim 64 (the backends recorded, still run)."""
+    import flashtrain.models.attention as attention
+
+    q = torch.randn(1, 4096, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 4096, nheads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    if not attention.sdpa_runs_cudnn(q.device, q.dtype, 8, nheads_kv, head_dim, False, False, True, False):
+        pytest.skip("SDPA would not run cuDNN here (cuDNN older than 9.15.1, or not first)")
+    ran = []
+    for name in ("triton_attention", "sdpa_attention"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(
+            attention, name, lambda *a, _n=name, _r=real, **kw: ran.append(_n) or _r(*a, **kw)
+        )
+    attention.auto_attention(q, k, k, causal=True)
+    assert ran == ["triton_attention" if ours else "sdpa_attention"]
+
+
 def test_auto_tells_its_rule_when_torch_deterministic_mode_is_on(monkeypatch):
     import flashtrain.models.attention as attention
 
