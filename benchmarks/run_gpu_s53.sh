@@ -17,6 +17,9 @@
 #   bash benchmarks/run_gpu_s53.sh 4   # `auto` taking ours over cuDNN at head dim 128 without GQA on sm_90: the GPU tests
 #       of the dense kernel file (causal GQA with 2 query heads a key head now takes the ordered backward) and of auto's
 #       choice, then GPT-2 medium's width in heads of 128 at 4k and 8k, SDPA pinned to cuDNN against `auto`
+#   bash benchmarks/run_gpu_s53.sh 5   # the GPU tests of the Hopper backward and packed-QKV files on calls 1-4's routing
+#       (the slow portable-autotune test left out), then GPT-2 medium's width in heads of 128 at 16k again, SDPA pinned
+#       to cuDNN against `auto`
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -63,6 +66,14 @@ case "$1" in
   timeout -s KILL 100 python -m pytest -q -rf -m gpu tests/flashtrain/test_gpt.py > "$R/gpu_tests_auto.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_auto.log"
   timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 4096,8192 --impls sdpa_cudnn,auto \
+    --out "$R/train_medium_d128_auto.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+5)
+  T=tests/kernels
+  timeout -s KILL 280 python -m pytest -q -n 5 -rf -m gpu $T/test_flash_bwd_hopper.py $T/test_qkvpacked.py \
+    --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls sdpa_cudnn,auto \
     --out "$R/train_medium_d128_auto.json" 2>&1 | quiet | grep "^|" | tail -n 8
   ;;
 esac
