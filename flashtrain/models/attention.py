@@ -286,13 +286,15 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 def ours_beats_cudnn(
     device, head_dim: int, nheads: int, nheads_kv: int, one_query: bool, dropout: bool
 ) -> bool:
-    """Whether ours trains faster than cuDNN's attention for an unmasked call SDPA would give cuDNN: head
-    dim 128, more than one query, without GQA or dropout, on an H100/H200 (sm_90, where our Gluon kernels
-    and the ordered one-kernel backward run). GPT-2 medium's width in 8 heads of 128, one H200 (results/s53/call3-4):
-    ours ÷ cuDNN tokens/s 1.03 at 8k and 1.00 at 16k in one call, <s53 call 4>; the kernels alone, fwd+bwd,
-    1.02-1.06x at causal and full 4k-64k (results/s52/call4-6, s53/call3). GQA calls run the two
-    deterministic kernels in most of their range (0.94-0.99x cuDNN without GQA), and dropout the portable
-    backward, so those stay with cuDNN, as every other head dim (`auto_picks_triton`)."""
+    """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give
+    cuDNN: head dim 128, more than one query, without GQA or dropout, on an H100/H200 (sm_90, where our
+    Gluon kernels and the ordered one-kernel backward run). GPT-2 medium's width in 8 heads of 128, one
+    H200, each row in a fresh process (results/s53/call3-5): ours ÷ cuDNN tokens/s 1.025 at 4k, 1.028 and
+    1.024 at 8k, 1.000 and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k
+    in five alternating rounds (results/s52/call4-6, s53/call3). GQA was not timed end to end, and many
+    GQA calls run the two deterministic kernels (0.94-0.99x cuDNN without GQA); dropout runs the portable
+    backward: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
+    gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
     if device.type != "cuda" or head_dim != 128 or one_query or nheads != nheads_kv or dropout:
         return False
     return torch.cuda.get_device_capability(device) == (9, 0)
