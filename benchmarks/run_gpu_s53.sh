@@ -20,6 +20,9 @@
 #   bash benchmarks/run_gpu_s53.sh 5   # the GPU tests of the Hopper backward and packed-QKV files on calls 1-4's routing
 #       (the slow portable-autotune test left out), then GPT-2 medium's width in heads of 128 at 16k again, SDPA pinned
 #       to cuDNN against `auto`
+#   bash benchmarks/run_gpu_s53.sh 6   # the CUDA-graph tests with the ordered backward's cases added (`auto` now gives it
+#       head dim 128 calls, under trainer.cuda_graphs too), then 100 bitwise repeats of full attention at 64k (the
+#       convoy), which call 1's 300 did not reach
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -75,5 +78,11 @@ case "$1" in
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls sdpa_cudnn,auto \
     --out "$R/train_medium_d128_auto.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+6)
+  timeout -s KILL 120 python -m pytest -q -rf tests/kernels/test_cuda_graphs.py > "$R/gpu_tests_graphs.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_graphs.log"
+  timeout -s KILL 100 python benchmarks/check_determinism.py --impls triton --repeats 100 --shape 1,65536,16,128 \
+    --out "$R/stress_repeats_full64k.json" 2>&1 | quiet | cut -c1-300
   ;;
 esac

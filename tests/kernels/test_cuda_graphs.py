@@ -1,8 +1,9 @@
 """Our attention's fwd+bwd inside a CUDA graph (GPU only): captured by PyTorch's recipe (warm-up on a
 side stream, then `torch.cuda.graph`: `benchmarks.common.capture_graph`) and replayed on new values
 copied into the captured inputs, it gives the gradients of an eager call on those values. Dense calls on
-the Gluon kernels and on the portable ones, and block-sparse; also after an eager call on the default
-stream (a user's eager steps before the capture) whose outputs are dropped. (An eager call whose
+the Gluon kernels (the ordered one-kernel backward among them) and on the portable ones, and
+block-sparse; also after an eager call on the default stream (a user's eager steps before the capture)
+whose outputs are dropped. (An eager call whose
 autograd graph stays alive through the capture makes any op's capture fail, SDPA's too:
 pytorch/pytorch#164302; benchmarks/check_graph_capture.py.)
 """
@@ -20,6 +21,11 @@ pytestmark = pytest.mark.gpu
 
 CASES = {  # name -> (batch, seqlen, nheads, nheads_kv, headdim, causal, block-sparse)
     "dense_d128_causal_512": (2, 512, 4, 4, 128, True, False),  # the Gluon kernels on an H100/H200
+    # the ordered one-kernel backward (its semaphores and fp32 dq buffer allocated inside the capture):
+    # full attention in key groups, causal in one key group, the causal convoy walking down
+    "dense_d128_full_1024_ordered": (2, 1024, 4, 4, 128, False, False),
+    "dense_d128_causal_4096_ordered": (1, 4096, 2, 2, 128, True, False),
+    "dense_d128_causal_24576_convoy": (1, 24576, 1, 1, 128, True, False),
     "dense_d64_full_1024_gqa": (1, 1024, 4, 2, 64, False, False),
     "dense_d80_causal_200_gqa": (2, 200, 4, 1, 80, True, False),  # the portable kernels
     "block_sparse_d128_2048": (1, 2048, 4, 4, 128, False, True),
@@ -49,6 +55,14 @@ def _fwdbwd(case: str):
 @pytest.mark.parametrize("eager_first", [False, True], ids=["recipe", "after_eager_call"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_replay_gives_eager_gradients(case, eager_first):
+    batch, seqlen, nheads, nheads_kv, headdim, causal, _ = CASES[case]
+    if "ordered" in case or "convoy" in case:
+        from kernels import _flash_bwd_fused_hopper as fused_hopper
+
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("the ordered one-kernel backward runs on sm_90 (H100/H200) only")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert fused_hopper.supports_ordered(headdim, causal, seqlen, seqlen, nheads // nheads_kv, sms)
     torch.manual_seed(0)
     fwdbwd, inputs = _fwdbwd(case)
     if eager_first:
