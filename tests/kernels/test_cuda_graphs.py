@@ -3,9 +3,8 @@ side stream, then `torch.cuda.graph`: `benchmarks.common.capture_graph`) and rep
 copied into the captured inputs, it gives the gradients of an eager call on those values. Dense calls on
 the Gluon kernels (the ordered one-kernel backward among them) and on the portable ones, and
 block-sparse; also after an eager call on the default stream (a user's eager steps before the capture)
-whose outputs are dropped. (An eager call whose
-autograd graph stays alive through the capture makes any op's capture fail, SDPA's too:
-pytorch/pytorch#164302; benchmarks/check_graph_capture.py.)
+whose outputs are dropped. (An eager call whose autograd graph stays alive through the capture makes any
+op's capture fail, SDPA's too: pytorch/pytorch#164302; benchmarks/check_graph_capture.py.)
 """
 
 from __future__ import annotations
