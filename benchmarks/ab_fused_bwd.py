@@ -46,6 +46,9 @@ def main() -> None:
     parser.add_argument("--convoy-blocks", type=int, nargs="+", default=None,
                         help="with --ordered --causal, time the causal convoy with each of these launch blocks "
                         "at every length (its CONVOY_BLOCK_SETTING) instead of causal_convoy_block's")  # fmt: skip
+    parser.add_argument("--full-convoy", action="store_true",
+                        help="with --ordered (full attention), also time every length in the convoy order "
+                        "(ordered_full_convoy: its MAX_KEY_GROUPS 0), where the rule takes key groups up to 2")  # fmt: skip
     parser.add_argument("--walk-down", action="store_true",
                         help="with --ordered --causal, time each causal convoy variant also walking its tiles "
                         "from the last (its WALK_DOWN_SETTING; the others walk up)")  # fmt: skip
@@ -77,12 +80,19 @@ def main() -> None:
         convoys |= {f"{name}_down": block for name, block in convoys.items()}
     if args.ordered and args.causal:
         variants.update((name, (False, True)) for name in convoys)
+    if args.full_convoy:
+        if args.causal or not args.ordered:
+            parser.error("--full-convoy times full attention's convoy order: give --ordered, not --causal")
+        variants["ordered_full_convoy"] = (False, True)
+    max_key_groups = _flash_bwd_fused_hopper.MAX_KEY_GROUPS
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
         _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING = convoys.get(variant)
         _flash_bwd_fused_hopper.WALK_DOWN_SETTING = walk_down.get(variant)
+        # (0: past no key group, so every full-attention call in the convoy order)
+        _flash_bwd_fused_hopper.MAX_KEY_GROUPS = 0 if variant == "ordered_full_convoy" else max_key_groups
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):
@@ -101,7 +111,7 @@ def main() -> None:
             row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(
                 "ordered", inputs, 3, two_kernels
             )
-            for name in (v for v in convoys if v in variants):
+            for name in (v for v in (*convoys, "ordered_full_convoy") if v in variants):
                 row[f"{name}_repeats_bitwise"], row[f"{name}_vs_deterministic_rel"] = repeats_and_distance(
                     name, inputs, 4, two_kernels
                 )
