@@ -284,18 +284,21 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 # A trace-time constant, as `sdpa_runs_cudnn`.
 @torch.compiler.assume_constant_result
 def ours_beats_cudnn(
-    device, head_dim: int, nheads: int, nheads_kv: int, one_query: bool, dropout: bool
+    device, head_dim: int, nheads: int, nheads_kv: int, one_query: bool, same_length: bool, dropout: bool
 ) -> bool:
     """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give
-    cuDNN: head dim 128, more than one query, without GQA or dropout, on an H100/H200 (sm_90, where our
-    Gluon kernels and the ordered one-kernel backward run). GPT-2 medium's width in 8 heads of 128, one
-    H200, each row in a fresh process (results/s53/call3-5): ours ÷ cuDNN tokens/s 1.025 at 4k, 1.028 and
-    1.024 at 8k, 1.000 and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k
-    in five alternating rounds (results/s52/call4-6, s53/call3). GQA was not timed end to end, and many
-    GQA calls run the two deterministic kernels (0.94-0.99x cuDNN without GQA); dropout runs the portable
-    backward: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
-    gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
-    if device.type != "cuda" or head_dim != 128 or one_query or nheads != nheads_kv or dropout:
+    cuDNN: head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k),
+    without GQA or dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel
+    backward run). GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process
+    (results/s53/call3-5): ours ÷ cuDNN tokens/s 1.025 at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at
+    16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating rounds
+    (results/s52/call4-6, s53/call3). GQA was not timed end to end, and many GQA calls run the two
+    deterministic kernels (0.94-0.99x cuDNN without GQA); dropout runs the portable backward; a
+    full-attention call on fewer queries than keys may run the two kernels too, and was not timed: those
+    stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its gradients bit
+    for bit, cuDNN's backward does not (results/s44/call1)."""
+    timed = head_dim == 128 and same_length and not one_query and nheads == nheads_kv and not dropout
+    if device.type != "cuda" or not timed:
         return False
     return torch.cuda.get_device_capability(device) == (9, 0)
 
@@ -314,10 +317,11 @@ def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padd
         )
         one_query = True if q.shape[1] == 1 else False  # a bool, not a SymBool, under dynamo
         one_key = True if seqlen_k == 1 else False
+        same_length = True if q.shape[1] == seqlen_k else False
         dropout = True if dropout_p > 0.0 else False  # a float argument may be symbolic
         cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
-        ) and not ours_beats_cudnn(q.device, head_dim, nheads, nheads_kv, one_query, dropout)
+        ) and not ours_beats_cudnn(q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout)
     deterministic = torch.are_deterministic_algorithms_enabled()
     return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic)
 

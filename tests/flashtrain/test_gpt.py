@@ -262,34 +262,36 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
 
 
 @pytest.mark.parametrize(
-    "device, capability, head_dim, nheads_kv, one_query, dropout, beats",
+    "device, capability, head_dim, nheads_kv, one_query, same_length, dropout, beats",
     [
-        ("cuda", (9, 0), 128, 4, False, False, True),
-        ("cuda", (9, 0), 64, 4, False, False, False),  # head dim 64: level with cuDNN or slower
-        ("cuda", (9, 0), 256, 4, False, False, False),
-        ("cuda", (9, 0), 128, 2, False, False, False),  # GQA: mostly the two kernels, under cuDNN
-        ("cuda", (9, 0), 128, 4, True, False, False),  # one query: not timed
-        ("cuda", (9, 0), 128, 4, False, True, False),  # dropout: the portable backward
-        ("cuda", (10, 0), 128, 4, False, False, False),  # no Gluon kernels off sm_90
-        ("cpu", None, 128, 4, False, False, False),
+        ("cuda", (9, 0), 128, 4, False, True, False, True),
+        ("cuda", (9, 0), 64, 4, False, True, False, False),  # head dim 64: level with cuDNN or slower
+        ("cuda", (9, 0), 256, 4, False, True, False, False),
+        ("cuda", (9, 0), 128, 2, False, True, False, False),  # GQA: mostly the two kernels, under cuDNN
+        ("cuda", (9, 0), 128, 4, True, False, False, False),  # one query: not timed
+        ("cuda", (9, 0), 128, 4, False, False, False, False),  # fewer queries than keys: not timed
+        ("cuda", (9, 0), 128, 4, False, True, True, False),  # dropout: the portable backward
+        ("cuda", (10, 0), 128, 4, False, True, False, False),  # no Gluon kernels off sm_90
+        ("cpu", None, 128, 4, False, True, False, False),
     ],
 )
 def test_ours_beats_cudnn_at_head_dim_128_on_hopper(
-    device, capability, head_dim, nheads_kv, one_query, dropout, beats, monkeypatch
+    device, capability, head_dim, nheads_kv, one_query, same_length, dropout, beats, monkeypatch
 ):
-    """Where `auto` takes ours although SDPA would run cuDNN: head dim 128 on sm_90 (H100/H200), more
-    than one query, no GQA, no dropout (the GPU's capability faked, so this runs on CPU)."""
+    """Where `auto` takes ours although SDPA would run cuDNN: head dim 128 on sm_90 (H100/H200), as many
+    queries as keys (more than one), no GQA, no dropout (the GPU's capability faked, so this runs on
+    CPU)."""
     import flashtrain.models.attention as attention
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
     dev = torch.device(device)
-    assert attention.ours_beats_cudnn(dev, head_dim, 4, nheads_kv, one_query, dropout) is beats
+    assert attention.ours_beats_cudnn(dev, head_dim, 4, nheads_kv, one_query, same_length, dropout) is beats
 
 
 @pytest.mark.parametrize("beats", [True, False])
 def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
     """`auto` hands `auto_picks_triton` sdpa_runs_cudnn=False where `ours_beats_cudnn` says so, with the
-    call's device, head dim, head counts, one query or not and dropout."""
+    call's device, head dim, head counts, one query or not, as many queries as keys or not and dropout."""
     import flashtrain.models.attention as attention
 
     asked, decided = [], []
@@ -298,8 +300,10 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
     monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: decided.append(args[5]) or False)
     q = torch.randn(1, 16, 4, 8)
     attention.auto_attention(q, q, q, causal=True)
-    assert asked == [(8, 4, 4, False, False)]
-    assert decided == [not beats]
+    k = torch.randn(1, 24, 4, 8)
+    attention.auto_attention(q, k, k, causal=False)
+    assert asked == [(8, 4, 4, False, True, False), (8, 4, 4, False, False, False)]
+    assert decided == [not beats] * 2
 
 
 @pytest.mark.gpu
