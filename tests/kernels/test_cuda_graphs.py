@@ -54,7 +54,7 @@ def _fwdbwd(case: str):
 @pytest.mark.parametrize("eager_first", [False, True], ids=["recipe", "after_eager_call"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_replay_gives_eager_gradients(case, eager_first):
-    batch, seqlen, nheads, nheads_kv, headdim, causal, _ = CASES[case]
+    _, seqlen, nheads, nheads_kv, headdim, causal, _ = CASES[case]
     if "ordered" in case or "convoy" in case:
         from kernels import _flash_bwd_fused_hopper as fused_hopper
 
