@@ -52,7 +52,13 @@ def main() -> None:
     parser.add_argument("--walk-down", action="store_true",
                         help="with --ordered --causal, time each causal convoy variant also walking its tiles "
                         "from the last (its WALK_DOWN_SETTING; the others walk up)")  # fmt: skip
+    parser.add_argument("--causal-convoy-everywhere", action="store_true",
+                        help="with --ordered --causal, let the causal convoy variants take one key group's lengths "
+                        "too (their ORDERED_CAUSAL_KEY_GROUPS 0) while `ordered` keeps the rule's: the convoy "
+                        "against one key group in one run")  # fmt: skip
     args = parser.parse_args()
+    if args.causal_convoy_everywhere and not (args.ordered and args.causal):
+        parser.error("--causal-convoy-everywhere times the causal convoy: give --ordered --causal")
     if args.causal_convoy_upto is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
     if args.ordered_max_group is not None:
@@ -85,6 +91,7 @@ def main() -> None:
             parser.error("--full-convoy times full attention's convoy order: give --ordered, not --causal")
         variants["ordered_full_convoy"] = (False, True)
     max_key_groups = _flash_bwd_fused_hopper.MAX_KEY_GROUPS
+    causal_key_groups = _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
@@ -93,6 +100,9 @@ def main() -> None:
         _flash_bwd_fused_hopper.WALK_DOWN_SETTING = walk_down.get(variant)
         # (0: past no key group, so every full-attention call in the convoy order)
         _flash_bwd_fused_hopper.MAX_KEY_GROUPS = 0 if variant == "ordered_full_convoy" else max_key_groups
+        # (0: past no key group, so every causal call the convoy variants take in the convoy order)
+        everywhere = args.causal_convoy_everywhere and variant in convoys
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = 0 if everywhere else causal_key_groups
         return _backward(*inputs, args.causal, atomic)
 
     def repeats_and_distance(variant, inputs, repeats, reference):

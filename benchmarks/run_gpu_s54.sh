@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 54). Each part is what one call ran; the outputs are in
+# benchmarks/results/s54/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s54.sh 1   # the backward alone (ab_fused_bwd.py, five rounds): full attention in the convoy
+#       order at 4k-16k against the rule's key groups (--full-convoy), then the causal convoy at one key group's lengths
+#       (4k, 8k) against one key group, with 1, 2 and 4 query heads a key head (--causal-convoy-everywhere)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+summary() { python -c "import json, sys; [print(r['seqlen'], r['group'], {k: round(v, 3) for k, v in r.items() if '_over_' in k or k.endswith('bitwise')}) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }
+case "$1" in
+1)
+  timeout -s KILL 160 python benchmarks/ab_fused_bwd.py --ordered --full-convoy --seqlens 4096 8192 16384 \
+    --rounds 5 --out "$R/ab_full_convoy.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_full_convoy.json"
+  for group in 1 2 4; do
+    timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --causal --causal-convoy-everywhere --group $group \
+      --ordered-max-group $group --seqlens 4096 8192 --rounds 5 --out "$R/ab_causal_convoy_g$group.json" 2>&1 \
+      | quiet | cut -c1-150
+    summary "$R/ab_causal_convoy_g$group.json"
+  done
+  ;;
+esac
