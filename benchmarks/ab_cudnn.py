@@ -52,10 +52,16 @@ def _without_ordered(fn):
     return run
 
 
-def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
+def shape(seqlen: int, headdim: int, nheads: int | None) -> tuple[int, int]:
+    """(batch, nheads): the issue's, or its batch with nheads heads (a model's shape, e.g. 8 heads of 128)."""
+    batch, issue_nheads = issue_shape(seqlen, headdim)
+    return batch, nheads or issue_nheads
+
+
+def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | None = None) -> dict:
     """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
     ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors)."""
-    batch, nheads = issue_shape(seqlen, headdim)
+    batch, nheads = shape(seqlen, headdim, nheads)
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -79,15 +85,18 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict) -> dict:
     return calls
 
 
-def case(seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMPLS) -> dict:
-    calls = _calls(seqlen, headdim, causal, impls)
+def case(
+    seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMPLS, nheads: int | None = None
+) -> dict:
+    calls = _calls(seqlen, headdim, causal, impls, nheads)
     times = {(impl, what): [] for impl in impls for what in ("fwd", "fwdbwd")}
     for r in range(rounds):
         for impl in rotated(list(impls), r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
-    flops = fwd_flops(*issue_shape(seqlen, headdim), seqlen, headdim, causal)
-    row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds)
+    batch, nheads = shape(seqlen, headdim, nheads)
+    flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
+    row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds, batch=batch, nheads=nheads)
     for (impl, what), ms in times.items():
         row[f"{impl}_{what}_ms"] = ms
         row[f"{impl}_{what}_tflops"] = (3.5 if what == "fwdbwd" else 1) * flops / statistics.median(ms) / 1e9
@@ -123,8 +132,12 @@ def main() -> None:
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one-kernel backward")  # fmt: skip
+    parser.add_argument("--nheads", type=int, default=None,
+                        help="heads (default: the issue's, 2048 / head dim); the batch stays the issue's")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.nheads is not None and args.nheads < 1:
+        parser.error(f"--nheads must be at least 1, got {args.nheads}")
     if args.ordered_causal_key_groups is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
@@ -136,7 +149,7 @@ def main() -> None:
     for headdim in args.headdims:
         for causal in causals:
             for seqlen in args.seqlens:
-                row = case(seqlen, headdim, causal, args.rounds, impls)
+                row = case(seqlen, headdim, causal, args.rounds, impls, args.nheads)
                 print_summary(row)
                 rows.append(row)
                 write_results(args.out, rows, {"torch_deterministic": args.torch_deterministic})

@@ -4,6 +4,9 @@
 #   bash benchmarks/run_gpu_s54.sh 1   # the backward alone (ab_fused_bwd.py, five rounds): full attention in the convoy
 #       order at 4k-16k against the rule's key groups (--full-convoy), then the causal convoy at one key group's lengths
 #       (4k, 8k) against one key group, with 1, 2 and 4 query heads a key head (--causal-convoy-everywhere)
+#   bash benchmarks/run_gpu_s54.sh 2   # the training shape of gpt2_medium_d128 (8 heads of 128, batch 16k / n): causal
+#       fwd and fwd+bwd against SDPA cuDNN at 8k and 16k (ab_cudnn.py --nheads 8, five rounds), then its 16k step
+#       profiled with SDPA pinned to cuDNN and with `auto` (bench_train.py --profile 2)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -19,5 +22,11 @@ case "$1" in
       | quiet | cut -c1-150
     summary "$R/ab_causal_convoy_g$group.json"
   done
+  ;;
+2)
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --nheads 8 --headdims 128 --causal yes --seqlens 8192 16384 \
+    --rounds 5 --out "$R/ab_cudnn_d128_h8_causal.json" 2>&1 | quiet | ratios
+  timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls sdpa_cudnn,auto \
+    --profile 2 --profile-top 15 --out "$R/train_medium_d128_profile.json" 2>&1 | quiet | grep "^|" | tail -n 8
   ;;
 esac
