@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one (its ORDERED_CAUSAL_KEY_GROUPS)")  # fmt: skip
     parser.add_argument("--group", type=int, default=1, help="query heads a key head (GQA)")
+    parser.add_argument("--nheads", type=int, default=None,
+                        help="query heads (default: the issue's, 16 at head dim 128); the batch stays the issue's")  # fmt: skip
     parser.add_argument("--ordered-max-group", type=int, default=None,
                         help="let calls of up to this many query heads a key head take the ordered one (its ORDERED_CAUSAL_MAX_GROUP, ORDERED_CAUSAL_CONVOY_MAX_GROUP and ORDERED_ROTATION_MAX_GROUP)")  # fmt: skip
     parser.add_argument("--causal-convoy-upto", type=int, default=None,
@@ -57,6 +59,8 @@ def main() -> None:
                         "too (their ORDERED_CAUSAL_KEY_GROUPS 0) while `ordered` keeps the rule's: the convoy "
                         "against one key group in one run")  # fmt: skip
     args = parser.parse_args()
+    if args.nheads is not None and (args.nheads < 1 or args.nheads % args.group):
+        parser.error(f"--nheads must be a positive multiple of --group ({args.group}), got {args.nheads}")
     if args.causal_convoy_everywhere and not (args.ordered and args.causal):
         parser.error("--causal-convoy-everywhere times the causal convoy: give --ordered --causal")
     if args.causal_convoy_upto is not None:
@@ -114,8 +118,9 @@ def main() -> None:
 
     rows = []
     for seqlen in args.seqlens:
-        inputs = saved_forward(seqlen, 128, args.causal, args.group)
+        inputs = saved_forward(seqlen, 128, args.causal, args.group, args.nheads)
         row = dict(seqlen=seqlen, causal=args.causal, group=args.group, rounds=args.rounds)
+        row["batch"], row["nheads"] = inputs[0].shape[0], inputs[0].shape[2]
         if args.ordered:
             two_kernels = backward("deterministic", inputs)
             row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(

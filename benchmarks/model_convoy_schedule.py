@@ -74,6 +74,14 @@ def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
     """(head, program) in launch order: `blocks:B`, `ascending` or `unordered` (see the module's text)."""
     if scheme == "ascending":
         return [(h, j) for h in range(heads) for j in range(tiles)]
+    if scheme.startswith("ascending:"):  # runs of G heads, their programs round robin, heaviest first
+        g = int(scheme.removeprefix("ascending:"))
+        return [
+            (h, j)
+            for first in range(0, heads, g)
+            for j in range(tiles)
+            for h in range(first, min(first + g, heads))
+        ]
     if scheme == "unordered":
         return [
             (h, j)
@@ -93,6 +101,7 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
     program j does); `unordered` never waits."""
     walk_down = scheme.startswith("down:")  # (each program walks its tiles from the last one down)
     scheme = scheme.removeprefix("down:")
+    ascending = scheme.startswith("ascending")
     order = launch_order(scheme, heads, tiles)
     added = {}  # (head, program) -> {tile: tick of its add}
     running, reads, launched, now = [], [], 0, 0
@@ -111,8 +120,8 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
             # does, or j + 1, which sees tiles i >= j + 1; its add there may not have happened, or it not
             # started
             waits = False
-            previous = program - 1 if scheme == "ascending" else program + 1
-            sees = 0 <= previous if scheme == "ascending" else previous < tiles and tile > program
+            previous = program - 1 if ascending else program + 1
+            sees = 0 <= previous if ascending else previous < tiles and tile > program
             if scheme != "unordered" and sees:
                 before = added.get((head, previous), {})
                 waits = tile not in before or before[tile] + latency_ticks > now

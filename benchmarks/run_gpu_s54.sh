@@ -7,6 +7,9 @@
 #   bash benchmarks/run_gpu_s54.sh 2   # the training shape of gpt2_medium_d128 (8 heads of 128, batch 16k / n): causal
 #       fwd and fwd+bwd against SDPA cuDNN at 8k and 16k (ab_cudnn.py --nheads 8, five rounds), then its 16k step
 #       profiled with SDPA pinned to cuDNN and with `auto` (bench_train.py --profile 2)
+#   bash benchmarks/run_gpu_s54.sh 3   # the backward alone at causal 16k (ab_fused_bwd.py, five rounds), 8 heads (the
+#       training shape) and 16: the rule's convoy walking up and down against two key groups
+#       (--ordered-causal-key-groups 2 --causal-convoy-everywhere); then 8 heads at 32k, up against down
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -28,5 +31,16 @@ case "$1" in
     --rounds 5 --out "$R/ab_cudnn_d128_h8_causal.json" 2>&1 | quiet | ratios
   timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls sdpa_cudnn,auto \
     --profile 2 --profile-top 15 --out "$R/train_medium_d128_profile.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+3)
+  for nheads in 8 16; do
+    timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --nheads $nheads --ordered --causal --walk-down \
+      --ordered-causal-key-groups 2 --causal-convoy-everywhere --seqlens 16384 --rounds 5 \
+      --out "$R/ab_causal_16k_h$nheads.json" 2>&1 | quiet | cut -c1-150
+    summary "$R/ab_causal_16k_h$nheads.json"
+  done
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --nheads 8 --ordered --causal --walk-down --seqlens 32768 \
+    --rounds 5 --out "$R/ab_causal_32k_h8.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_causal_32k_h8.json"
   ;;
 esac
