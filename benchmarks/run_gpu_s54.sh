@@ -10,6 +10,9 @@
 #   bash benchmarks/run_gpu_s54.sh 3   # the backward alone at causal 16k (ab_fused_bwd.py, five rounds), 8 heads (the
 #       training shape) and 16: the rule's convoy walking up and down against two key groups
 #       (--ordered-causal-key-groups 2 --causal-convoy-everywhere); then 8 heads at 32k, up against down
+#   bash benchmarks/run_gpu_s54.sh 4   # call 3's finding (two key groups past the convoy at 16k) over lengths: the
+#       backward alone, causal, key groups (--ordered-causal-key-groups 2 at 12k / 16k, 4 at 24k / 32k) against the
+#       rule's convoy, 8 and 16 heads
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -42,5 +45,17 @@ case "$1" in
   timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --nheads 8 --ordered --causal --walk-down --seqlens 32768 \
     --rounds 5 --out "$R/ab_causal_32k_h8.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_causal_32k_h8.json"
+  ;;
+4)
+  for nheads in 8 16; do
+    timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --nheads $nheads --ordered --causal \
+      --ordered-causal-key-groups 2 --causal-convoy-everywhere --seqlens 12288 16384 --rounds 5 \
+      --out "$R/ab_causal_kg2_h$nheads.json" 2>&1 | quiet | cut -c1-150
+    summary "$R/ab_causal_kg2_h$nheads.json"
+    timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --nheads $nheads --ordered --causal \
+      --ordered-causal-key-groups 4 --causal-convoy-everywhere --seqlens 24576 32768 --rounds 5 \
+      --out "$R/ab_causal_kg4_h$nheads.json" 2>&1 | quiet | cut -c1-150
+    summary "$R/ab_causal_kg4_h$nheads.json"
+  done
   ;;
 esac
