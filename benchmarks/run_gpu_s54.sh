@@ -13,6 +13,11 @@
 #   bash benchmarks/run_gpu_s54.sh 4   # call 3's finding (two key groups past the convoy at 16k) over lengths: the
 #       backward alone, causal, key groups (--ordered-causal-key-groups 2 at 12k / 16k, 4 at 24k / 32k) against the
 #       rule's convoy, 8 and 16 heads
+#   bash benchmarks/run_gpu_s54.sh 5   # causal calls in two key groups by default (ORDERED_CAUSAL_KEY_GROUPS 2): the
+#       ordered and determinism GPU tests (new cases: 12k with GQA 2, 16k and 16640 in two key groups, 17000 and 20480
+#       in the convoy walking up), causal GQA with 2 query heads a key head in two key groups against the two kernels
+#       and the convoy (ab_fused_bwd.py, 12k / 16k), then fwd+bwd against SDPA cuDNN (ab_cudnn.py, five rounds) at
+#       causal 12k / 16k, 8 heads and 16
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -56,6 +61,17 @@ case "$1" in
       --ordered-causal-key-groups 4 --causal-convoy-everywhere --seqlens 24576 32768 --rounds 5 \
       --out "$R/ab_causal_kg4_h$nheads.json" 2>&1 | quiet | cut -c1-150
     summary "$R/ab_causal_kg4_h$nheads.json"
+  done
+  ;;
+5)
+  ordered_tests
+  timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --ordered --causal --group 2 --ordered-max-group 2 \
+    --causal-convoy-everywhere --seqlens 12288 16384 --rounds 5 --out "$R/ab_causal_gqa2_kg2.json" 2>&1 \
+    | quiet | cut -c1-150
+  summary "$R/ab_causal_gqa2_kg2.json"
+  for nheads in 8 16; do
+    timeout -s KILL 100 python benchmarks/ab_cudnn.py --nheads $nheads --headdims 128 --causal yes \
+      --seqlens 12288 16384 --rounds 5 --out "$R/ab_cudnn_d128_h${nheads}_causal.json" 2>&1 | quiet | ratios
   done
   ;;
 esac

@@ -196,8 +196,8 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
     a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
     (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
-    diagonal's) in one key group (ORDERED_CAUSAL_KEY_GROUPS), with at most ORDERED_CAUSAL_MAX_GROUP query
-    heads a key head, or past it in the convoy order (`ordered_convoy`, without GQA), and
+    diagonal's) in at most ORDERED_CAUSAL_KEY_GROUPS key groups, with at most ORDERED_CAUSAL_MAX_GROUP
+    query heads a key head, or past them in the convoy order (`ordered_convoy`, without GQA), and
     - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add
       into one dq buffer wait on each other, so all of them must be able to run at once, and a key
       group holds at most half the SMs' worth (sms: the GPU's SMs). Programs start in grid order, so only
@@ -254,12 +254,12 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     fwd+bwd 1.029x / 1.022x SDPA cuDNN's at 32k / 64k, where the two kernels gave 0.966x / 0.950x
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
 
-    Causal calls past ORDERED_CAUSAL_KEY_GROUPS (8448 keys on 132 SMs), without GQA
+    Causal calls past ORDERED_CAUSAL_KEY_GROUPS key groups (16896 keys on 132 SMs), without GQA
     (ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
     key head's programs started last keys first (past 20k each walking its tiles from the last down,
     `causal_convoy_walks_down`), each tile's adds in the causal order (descending programs), so each waits
     only on started programs. The backward alone against the two deterministic kernels,
-    one H200, five rounds alternating, group 1: 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k,
+    one H200, five rounds alternating, group 1 (before session 54 it took 8449-16896 keys too): 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k,
     0.96-0.97x at 64k (results/s48/call8, s49/call1-2; walking down, 1.08x at 48k and 64k, s51/call2),
     bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
     where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1). The 64k loss
@@ -344,8 +344,8 @@ def _block_setting(text: str | None) -> int | None:
 
 
 CONVOY_BLOCK_SETTING = _block_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK"))  # (A/B runs, tests)
-# FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past one key group (8448 keys on 132 SMs) on the two
-# deterministic kernels
+# FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past ORDERED_CAUSAL_KEY_GROUPS key groups (16896
+# keys on 132 SMs) on the two deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
 # The causal convoy's longest call (`ordered_convoy`): the longest timed (64k: 1.08x the two kernels walking
 # down, `causal_convoy_walks_down`, 0.96-1.01x walking up in blocks of 1, results/s49/call1-2, s51/call2)
@@ -376,8 +376,16 @@ MAX_KEY_GROUPS = 2
 # the one before it holds up every lower program of its group), and fwd+bwd level with the two kernels'
 # within the spread of separate runs. So one key group, from 2k queries. (Those ran the relaxed count;
 # with the release warp, one H200: 1.05-1.06x / 1.05-1.07x / 1.11x at 2k / 4k / 8k, results/s46/call4-5.)
+# Two key groups since session 54: with the staged dQ (session 52) they ran past the causal convoy that had
+# taken 8449-16896 keys, the backward alone, two kernels ÷ key groups / ÷ convoy, one H200, five rounds
+# (results/s54/call3-4): 8 heads (a GPT-2 medium-width model's heads of 128) 1.055 / 1.034 at 12k, 1.082 /
+# 1.063 and 1.108 / 1.087 at 16k; 16 heads 1.066 / 1.039 at 12k, 1.138 / 1.136 and 1.111 / 1.098 at 16k.
+# The convoy starts a key head's heaviest program last, so its tail is longer with fewer heads (the convoy
+# model, `benchmarks/model_convoy_schedule.py`: 86% of the SMs busy at 8 heads, 92% at 16). Three and four
+# key groups lost to the convoy walking down at 24k and 32k (1.092 / 1.080, 1.101 / 1.130 at 8 heads;
+# 1.093 / 1.125, 1.110 / 1.158 at 16).
 ORDERED_CAUSAL_FROM = 2048
-ORDERED_CAUSAL_KEY_GROUPS = 1
+ORDERED_CAUSAL_KEY_GROUPS = 2
 
 
 def flash_attn_bwd_fused_hopper(

@@ -183,7 +183,9 @@ def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seq
      (128, True, 4096, 4096, 4, False), (128, True, 8449, 8449, 1, True), (128, True, 16384, 16384, 1, True),
      (128, True, 49152, 49152, 1, True), (128, True, 49153, 49153, 1, True), (128, True, 65536, 65536, 1, True),
      (128, True, 65537, 65537, 1, False),
-     (128, True, 16384, 16384, 2, False), (128, True, 12288, 12288, 4, False), (128, False, 4096, 4096, 2, True),
+     (128, True, 16384, 16384, 2, True), (128, True, 12288, 12288, 4, False), (128, True, 16896, 16896, 1, True),
+     (128, True, 16896, 16896, 2, True), (128, True, 16897, 16897, 1, True), (128, True, 16897, 16897, 2, False),
+     (128, False, 4096, 4096, 2, True),
      (128, False, 4096, 4096, 4, False), (128, False, 16384, 16384, 4, False), (128, False, 32768, 32768, 4, True),
      (128, True, 1024, 1024, 1, False), (128, True, 4096, 8192, 1, False), (128, True, 8192, 4096, 1, False),
      (64, True, 4096, 4096, 1, False)],
@@ -196,17 +198,17 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
     key head (4k with 2, yes; 4k and 16k with 4, no), or past that in the convoy order with at least 2
     query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k, yes, 32k with 4 query
     heads a key head too; 4096 queries on 32k keys: 64 tiles for 256 programs, no; with 8 query heads a
-    key head, 512: yes); causal from 2k queries on as many keys in one key group (8448 keys: 66
-    programs) with at most 2 query heads a key head (4k and 8k with 2, yes; 4k with 4, no) or past that in
-    the convoy order without GQA up to 64k queries (8449 and 16k, yes; 48k, 49153 and 64k, yes; 65537, no;
-    16k with 2 query heads a key head and 12k with 4, no); and at least 2 query tiles of 64 rows (of the
+    key head, 512: yes); causal from 2k queries on as many keys in at most 2 key groups (8448 keys: 66
+    programs, one group; 8449, 16k and 16896: two) with at most 2 query heads a key head (4k, 8k, 16k and
+    16896 with 2, yes; 4k and 12k with 4, no) or past that in the convoy order without GQA up to 64k
+    queries (16897, yes; 48k, 49153 and 64k, yes; 65537, no; 16897 with 2 query heads a key head, no); and at least 2 query tiles of 64 rows (of the
     group's heads) per program of a key group with full attention (1024 queries on 2048 keys: 16 for 16
     programs, no; with 2 query heads per key head, 32: yes; 2048 on 16k: 32 for 64, no; 960: 15 for 8,
     no; 1000: 16 for 8, yes; causal 4100: 65 for 33, yes)."""
     assert fused_hopper.supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, 132) is takes
     convoy = fused_hopper.ordered_convoy(seqlen_q, seqlen_k, causal, group, 132)
     if causal:
-        assert convoy is (seqlen_k > 66 * 128 and group == 1 and seqlen_q <= 64 * 1024)
+        assert convoy is (seqlen_k > 2 * 66 * 128 and group == 1 and seqlen_q <= 64 * 1024)
     else:
         assert convoy is (seqlen_k > 2 * 66 * 128)
     if takes and not convoy:
@@ -447,7 +449,8 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
      (1, 2048, 1024, 4, 2, False), (1, 20480, 20480, 2, 2, False), (1, 32768, 32768, 2, 1, False),
      (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 8, True), (8, 2048, 2048, 16, 16, True),
      (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 8, True),
-     (1, 16384, 16384, 4, 4, True), (1, 16640, 16640, 4, 4, True), (1, 24576, 24576, 2, 2, True),
+     (1, 16384, 16384, 4, 4, True), (1, 16640, 16640, 4, 4, True), (1, 12288, 12288, 8, 4, True),
+     (1, 17000, 17000, 2, 2, True), (1, 20480, 20480, 2, 2, True), (1, 24576, 24576, 2, 2, True),
      (1, 49152, 49152, 2, 2, True), (1, 4096, 4096, 8, 4, True), (1, 8192, 8192, 16, 8, True)],
 )  # fmt: skip
 def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal):
@@ -455,8 +458,9 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     says: full attention (GQA with 2 query heads a key head; past 16.9k keys in the convoy order: 20k, and
     32k with GQA), and causal from 2k queries on as many keys in one key group (a partial last query tile
     on the last program's diagonal at 4100 and 4160 tokens, 66 programs a key head at 8448 on 132 SMs; with
-    2 query heads a key head at 4k and 8k; past that in the convoy order: 16k, and 16640, and 24k and 48k
-    walking its tiles down); the gradients pass the
+    2 query heads a key head at 4k and 8k), in two key groups (16k, 16640 with a partial last program, 12k
+    with 2 query heads a key head), past that in the convoy order (17000, with a partial last query tile,
+    and 20480 walking up, 24k and 48k walking its tiles down); the gradients pass the
     tolerance rule (at the smaller
     sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
     calls = record_calls(
