@@ -18,6 +18,8 @@
 #       in the convoy walking up), causal GQA with 2 query heads a key head in two key groups against the two kernels
 #       and the convoy (ab_fused_bwd.py, 12k / 16k), then fwd+bwd against SDPA cuDNN (ab_cudnn.py, five rounds) at
 #       causal 12k / 16k, 8 heads and 16
+#   bash benchmarks/run_gpu_s54.sh 6   # GPT-2 medium's width in heads of 128 at 16k (its causal calls now in two key
+#       groups), SDPA pinned to cuDNN against `auto`; then the issue's benchmark at d128 n16k (bench_attention.py)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -73,5 +75,10 @@ case "$1" in
     timeout -s KILL 100 python benchmarks/ab_cudnn.py --nheads $nheads --headdims 128 --causal yes \
       --seqlens 12288 16384 --rounds 5 --out "$R/ab_cudnn_d128_h${nheads}_causal.json" 2>&1 | quiet | ratios
   done
+  ;;
+6)
+  timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls sdpa_cudnn,auto \
+    --out "$R/train_medium_d128_auto.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  d128_against_anchors 200 16384
   ;;
 esac
