@@ -20,6 +20,8 @@
 #       causal 12k / 16k, 8 heads and 16
 #   bash benchmarks/run_gpu_s54.sh 6   # GPT-2 medium's width in heads of 128 at 16k (its causal calls now in two key
 #       groups), SDPA pinned to cuDNN against `auto`; then the issue's benchmark at d128 n16k (bench_attention.py)
+#   bash benchmarks/run_gpu_s54.sh 7   # the CUDA-graph tests (new case: causal 12k in two key groups), then the 16k
+#       step with `auto` profiled (bench_train.py --profile 2): its attention kernels' time per step against call 2's
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -80,5 +82,11 @@ case "$1" in
   timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls sdpa_cudnn,auto \
     --out "$R/train_medium_d128_auto.json" 2>&1 | quiet | grep "^|" | tail -n 8
   d128_against_anchors 200 16384
+  ;;
+7)
+  timeout -s KILL 150 python -m pytest -q -rf tests/kernels/test_cuda_graphs.py > "$R/gpu_tests_graphs.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_graphs.log"
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls auto --profile 2 \
+    --profile-top 4 --out "$R/train_medium_d128_profile.json" 2>&1 | quiet | grep "^|" | tail -n 8
   ;;
 esac

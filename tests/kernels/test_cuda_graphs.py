@@ -21,9 +21,10 @@ pytestmark = pytest.mark.gpu
 CASES = {  # name -> (batch, seqlen, nheads, nheads_kv, headdim, causal, block-sparse)
     "dense_d128_causal_512": (2, 512, 4, 4, 128, True, False),  # the Gluon kernels on an H100/H200
     # the ordered one-kernel backward (its semaphores and fp32 dq buffer allocated inside the capture):
-    # full attention in key groups, causal in one key group, the causal convoy walking down
+    # full attention in key groups, causal in one key group and in two, the causal convoy walking down
     "dense_d128_full_1024_ordered": (2, 1024, 4, 4, 128, False, False),
     "dense_d128_causal_4096_ordered": (1, 4096, 2, 2, 128, True, False),
+    "dense_d128_causal_12288_ordered_key_groups": (1, 12288, 1, 1, 128, True, False),
     "dense_d128_causal_24576_convoy": (1, 24576, 1, 1, 128, True, False),
     "dense_d64_full_1024_gqa": (1, 1024, 4, 2, 64, False, False),
     "dense_d80_causal_200_gqa": (2, 200, 4, 1, 80, True, False),  # the portable kernels
