@@ -357,7 +357,8 @@ ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = 65536
 # (1.08-1.12x at 20k-32k), so it has no such limit. Again with the staged dQ (session 53, results/s53/
 # call1-2): causal with 2 in one key group 1.06 / 1.05-1.07 / 1.03 / 1.04-1.05x at 2k / 4k / 6k / 8k, so
 # it takes those; in the convoy 1.03 / 0.98 / 0.99x at 16k / 32k / 64k, with 4 0.92-0.95x (8k, 32k); full
-# attention in key groups with 4 0.83-0.94x (4k-16k).
+# attention in key groups with 4 0.83-0.94x (4k-16k). Causal with 2 in two key groups (session 54,
+# results/s54/call5): 1.019 / 1.053x at 12k / 16k, so it takes those too (ORDERED_CAUSAL_KEY_GROUPS).
 ORDERED_CAUSAL_MAX_GROUP = 2
 ORDERED_CAUSAL_CONVOY_MAX_GROUP = 1
 ORDERED_ROTATION_MAX_GROUP = 2

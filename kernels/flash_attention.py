@@ -257,8 +257,9 @@ def flash_attention(
     deterministic: True (default) gives bitwise reproducible gradients: dq in its own kernel, without
         atomics, or on an H100/H200 at head dim 128 with full attention (at least as many queries, over
         a GQA group, as keys; up to 128 keys per SM, 16896 on 132 SMs, with at most 2 query heads a key
-        head, past that in the convoy order with any) or causal without GQA on as many queries as keys,
-        2048 to 65536, one Gluon kernel adding dQ in fp32 in a fixed order
+        head, past that in the convoy order with any) or causal on as many queries as keys, 2048 to 65536
+        (with 2 query heads a key head up to 16896 on 132 SMs), one Gluon kernel adding dQ in fp32 in a
+        fixed order
         (`kernels._flash_bwd_fused_hopper`, `supports_ordered`). False
         computes dq inside the dk/dv kernel with fp32 atomic adds
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order. On an
