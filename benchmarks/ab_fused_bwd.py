@@ -58,7 +58,14 @@ def main() -> None:
                         help="with --ordered --causal, let the causal convoy variants take one key group's lengths "
                         "too (their ORDERED_CAUSAL_KEY_GROUPS 0) while `ordered` keeps the rule's: the convoy "
                         "against one key group in one run")  # fmt: skip
+    parser.add_argument("--convoy-key-groups", type=int, nargs="+", default=None,
+                        help="with --ordered --causal, also time each causal convoy variant in each of these "
+                        "numbers of key groups (its CAUSAL_CONVOY_KEY_GROUPS; the others in 1)")  # fmt: skip
     args = parser.parse_args()
+    if args.convoy_key_groups and (not (args.ordered and args.causal) or min(args.convoy_key_groups) < 1):
+        parser.error(
+            "--convoy-key-groups takes positive numbers and times the causal convoy: give --ordered --causal"
+        )
     if args.nheads is not None and (args.nheads < 1 or args.nheads % args.group):
         parser.error(f"--nheads must be a positive multiple of --group ({args.group}), got {args.nheads}")
     if args.causal_convoy_everywhere and not (args.ordered and args.causal):
@@ -88,6 +95,14 @@ def main() -> None:
     if args.walk_down:
         walk_down = {name: False for name in convoys} | {f"{name}_down": True for name in convoys}
         convoys |= {f"{name}_down": block for name, block in convoys.items()}
+    convoy_groups = {}  # (variant -> the causal convoy's key groups; 1 for a variant not in it)
+    single = list(convoys)  # (the convoy variants in one key group)
+    for groups in args.convoy_key_groups or ():
+        for name in single:
+            convoys[f"{name}_g{groups}"] = convoys[name]
+            convoy_groups[f"{name}_g{groups}"] = groups
+            if name in walk_down:
+                walk_down[f"{name}_g{groups}"] = walk_down[name]
     if args.ordered and args.causal:
         variants.update((name, (False, True)) for name in convoys)
     if args.full_convoy:
@@ -102,6 +117,7 @@ def main() -> None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
         _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING = convoys.get(variant)
         _flash_bwd_fused_hopper.WALK_DOWN_SETTING = walk_down.get(variant)
+        _flash_bwd_fused_hopper.CAUSAL_CONVOY_KEY_GROUPS = convoy_groups.get(variant, 1)
         # (0: past no key group, so every full-attention call in the convoy order)
         _flash_bwd_fused_hopper.MAX_KEY_GROUPS = 0 if variant == "ordered_full_convoy" else max_key_groups
         # (0: past no key group, so every causal call the convoy variants take in the convoy order)

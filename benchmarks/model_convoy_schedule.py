@@ -89,6 +89,10 @@ def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
             for j in range(tiles)
             for h in range(first, min(first + 3, heads))
         ]
+    if scheme.startswith("groups:"):  # G key groups, the heaviest first, each last keys first
+        per_group = -(-tiles // int(scheme.removeprefix("groups:")))
+        firsts = range(0, tiles, per_group)
+        return [(h, j) for h in range(heads) for f in firsts for j in reversed(range(f, min(f + per_group, tiles)))]
     block = int(scheme.removeprefix("blocks:"))
     starts = list(reversed(range(0, tiles, block)))
     return [(h, j) for h in range(heads) for first in starts for j in range(first, min(first + block, tiles))]
@@ -103,6 +107,8 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
     scheme = scheme.removeprefix("down:")
     ascending = scheme.startswith("ascending")
     order = launch_order(scheme, heads, tiles)
+    # (groups:G: each key group adds into its own dq buffer, so a program waits only within its group)
+    per_group = -(-tiles // int(scheme.removeprefix("groups:"))) if scheme.startswith("groups:") else tiles
     added = {}  # (head, program) -> {tile: tick of its add}
     running, reads, launched, now = [], [], 0, 0
     while launched < len(order) or running:
@@ -122,6 +128,7 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
             waits = False
             previous = program - 1 if ascending else program + 1
             sees = 0 <= previous if ascending else previous < tiles and tile > program
+            sees = sees and previous // per_group == program // per_group
             if scheme != "unordered" and sees:
                 before = added.get((head, previous), {})
                 waits = tile not in before or before[tile] + latency_ticks > now

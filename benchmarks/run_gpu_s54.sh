@@ -22,6 +22,10 @@
 #       groups), SDPA pinned to cuDNN against `auto`; then the issue's benchmark at d128 n16k (bench_attention.py)
 #   bash benchmarks/run_gpu_s54.sh 7   # the CUDA-graph tests (new case: causal 12k in two key groups), then the 16k
 #       step with `auto` profiled (bench_train.py --profile 2): its attention kernels' time per step against call 2's
+#   bash benchmarks/run_gpu_s54.sh 8   # the causal convoy in key groups, the heaviest group first: the ordered and
+#       determinism GPU tests with FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS=2 (its default route in 2 groups; new edge
+#       cases in 2 and 3), then the backward alone (ab_fused_bwd.py --convoy-key-groups, five rounds) at causal
+#       32k / 64k with 8 heads (1, 2, 4 groups) and 32k with 16 (1, 2)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -88,5 +92,14 @@ case "$1" in
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_graphs.log"
   timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 16384 --impls auto --profile 2 \
     --profile-top 4 --out "$R/train_medium_d128_profile.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+8)
+  FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS=2 ordered_tests
+  timeout -s KILL 200 python benchmarks/ab_fused_bwd.py --nheads 8 --ordered --causal --convoy-key-groups 2 4 \
+    --seqlens 32768 65536 --rounds 5 --out "$R/ab_convoy_groups_h8.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_convoy_groups_h8.json"
+  timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --causal --convoy-key-groups 2 \
+    --seqlens 32768 --rounds 5 --out "$R/ab_convoy_groups_h16.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_convoy_groups_h16.json"
   ;;
 esac

@@ -80,13 +80,14 @@ def _attn_bwd_fused_hopper(
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
     dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
-    CONVOY (key_groups 1, `ordered_convoy`): full attention, every program walks the items from the first,
-    and each item's adds come in program order, so each program waits only on programs started before it;
-    causal, a key head's programs start in blocks of convoy_block key tiles, the last block first, each
-    block's in order (`dkdv.dense_program`'s REVERSED), and the causal order of adds (descending programs)
-    is the same as without it: a program waits on programs of earlier blocks, started before it, and on
-    the later ones of its own block, started after it (so a block holds at most half the SMs' worth, as a
-    key group does; with convoy_block 1 it waits only on started programs). DOWN (causal CONVOY): each
+    CONVOY (`ordered_convoy`): full attention (key_groups 1), every program walks the items from the
+    first, and each item's adds come in program order, so each program waits only on programs started
+    before it; causal, each key group's programs (`causal_convoy_key_groups`; the heaviest group first)
+    start in blocks of convoy_block key tiles, the group's last block first, each block's in order
+    (`dkdv.dense_program`'s REVERSED), and the causal order of adds (descending programs, within a key
+    group) is the same as without it: a program waits on its group's programs of earlier blocks, started
+    before it, and on the later ones of its own block, started after it (so a block holds at most half
+    the SMs' worth, as a key group does; with convoy_block 1 it waits only on started programs). DOWN (causal CONVOY): each
     program walks each head's query tiles from the last down to its diagonal's, so a program and the one
     started before it read a tile a launch interval apart instead of that plus two steps
     (`causal_convoy_walks_down`); the order of adds is the same."""
@@ -96,7 +97,7 @@ def _attn_bwd_fused_hopper(
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
     # (causal CONVOY: a key head's programs start in blocks, the last block first, `causal_convoy_block`)
     n0, off_hk, off_b, lo, hi = dkdv.dense_program(
-        sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY, convoy_block
+        sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY, convoy_block, key_groups
     )
     if ORDERED:  # (grid order, sched_slots 0: programs of a key head, then key heads, then batches)
         n_items = group * hi  # (query head, tile) items
@@ -283,6 +284,16 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
+def causal_convoy_key_groups() -> int:
+    """Key groups of the causal convoy (`ordered_convoy`): each its own fp32 dq buffer, its programs a
+    convoy of their own, the heaviest group launched first (`_attn_bwd_fused_hopper`). The convoy starts a
+    key head's programs lightest first, so the last program it starts is a heaviest one, and the kernel
+    ends in a tail: in groups, the last program started is the lightest group's heaviest. The convoy
+    model (`benchmarks/model_convoy_schedule.py --schemes blocks:1 groups:2`) keeps 86 / 89% of the SMs
+    busy at causal 16k, 8 heads, in 1 / 2 groups, 93.5 / 96% at 32k. CAUSAL_CONVOY_KEY_GROUPS (A/B runs)."""
+    return CAUSAL_CONVOY_KEY_GROUPS
+
+
 def causal_convoy_block() -> int:
     """The causal convoy's launch block (`_attn_bwd_fused_hopper`): 1, or FLASHTRAIN_CAUSAL_CONVOY_BLOCK's
     (A/B runs). Session 50 launched the convoy past 32k in blocks of 16; since session 51 it walks down
@@ -344,6 +355,21 @@ def _block_setting(text: str | None) -> int | None:
 
 
 CONVOY_BLOCK_SETTING = _block_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK"))  # (A/B runs, tests)
+
+
+def _key_groups_setting(text: str | None) -> int:
+    """FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS's value: unset or empty, 1; else a positive integer."""
+    if not text:
+        return 1
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(
+            f"FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS must be a positive integer (key groups), got {text!r}"
+        )
+    return int(text)
+
+
+# (`causal_convoy_key_groups`; A/B runs and GPU tests set it)
+CAUSAL_CONVOY_KEY_GROUPS = _key_groups_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS"))
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past ORDERED_CAUSAL_KEY_GROUPS key groups (16896
 # keys on 132 SMs) on the two deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
@@ -398,15 +424,16 @@ def flash_attn_bwd_fused_hopper(
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
-    repeats bit for bit; with convoy (`ordered_convoy`, key_groups 1) in the order the programs start.
+    repeats bit for bit; with convoy (`ordered_convoy`; key_groups 1 with full attention, causal
+    `causal_convoy_key_groups`) in the order the programs start.
     convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
     `causal_convoy_block`'s for a causal convoy, 1 (unread) otherwise. walk_down: a causal convoy's programs
     walk their query tiles from the last (`_attn_bwd_fused_hopper`'s DOWN); None takes
     `causal_convoy_walks_down`'s."""
-    if convoy and (key_groups != 1 or not ordered):
+    if convoy and (not ordered or (key_groups != 1 and not causal)):
         raise ValueError(
-            "convoy=True (ordered_convoy) needs ordered=True and key_groups=1; "
-            f"got ordered={ordered}, key_groups={key_groups}"
+            "convoy=True (ordered_convoy) needs ordered=True, and key_groups=1 with full attention; "
+            f"got ordered={ordered}, key_groups={key_groups}, causal={causal}"
         )
     if convoy_block is None:  # (only the causal convoy reads it)
         convoy_block = causal_convoy_block() if causal and convoy else 1

@@ -587,16 +587,22 @@ def _store_grads(dk, dv, k_out, v_out, dk_desc, dv_desc, coord, sm_scale, PART: 
 @gluon.jit
 def dense_program(
     sched_slots, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
-    REVERSED: gl.constexpr = False, block=1,
+    REVERSED: gl.constexpr = False, block=1, key_groups=1,
 ):  # fmt: skip
     """A dense call's program: (first key n0, key head, batch, lo, hi), the query tiles lo .. hi - 1 that
     see its KEYS keys. (The first key tiles are seen by the most queries (causal), so the grid order is
-    already heaviest first.) REVERSED, with sched_slots 0: a key head's key tiles in blocks of `block`,
-    the last block first, each block's tiles in order (block 1: the last key tile first)."""
+    already heaviest first.) REVERSED, with sched_slots 0: a key head's key tiles split into key_groups
+    runs of cdiv(tiles, key_groups) consecutive tiles, the runs in order (the heaviest first), each run's
+    tiles in blocks of `block`, the last block first, each block's tiles in order (block 1: the run's last
+    key tile first)."""
     pid_n, n_tiles, off_hk, off_b = tile_program_ids(sched_slots)
     if REVERSED:
-        first = pid_n // block * block  # (launch position of this program's block's first program)
-        pid_n = gl.maximum(n_tiles - first - block, 0) + pid_n - first
+        per_group = gl.cdiv(n_tiles, key_groups)
+        group_first = pid_n // per_group * per_group  # (its run's first key tile and launch position)
+        group_tiles = gl.minimum(per_group, n_tiles - group_first)
+        in_group = pid_n - group_first
+        first = in_group // block * block  # (launch position in its run of this program's block's first)
+        pid_n = group_first + gl.maximum(group_tiles - first - block, 0) + in_group - first
     n0 = pid_n * KEYS
     hi = gl.cdiv(seqlen_q, BLOCK_M)
     if CAUSAL:  # queries before the first key's diagonal see none of this program's keys

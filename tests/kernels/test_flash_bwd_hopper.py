@@ -239,10 +239,10 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     assert calls == [deterministic]
 
 
-@pytest.mark.parametrize("causal, ordered, key_groups", [(True, True, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
-def test_convoy_order_needs_an_ordered_call_in_one_key_group(causal, ordered, key_groups):
-    """The convoy order (`ordered_convoy`) asked of an unordered or multi-group call: a ValueError before
-    any launch."""
+@pytest.mark.parametrize("causal, ordered, key_groups", [(True, False, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
+def test_convoy_order_needs_an_ordered_call_and_full_attention_in_one_key_group(causal, ordered, key_groups):
+    """The convoy order (`ordered_convoy`) asked of an unordered call, or of full attention in several key
+    groups (the causal convoy takes them, `causal_convoy_key_groups`): a ValueError before any launch."""
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="convoy"):
         fused_hopper.flash_attn_bwd_fused_hopper(
@@ -297,6 +297,17 @@ def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causa
     assert kw["DOWN"] is down
 
 
+@pytest.mark.parametrize("text, setting", [(None, 1), ("", 1), ("2", 2), (" 4 ", 4)])
+def test_the_causal_convoy_key_groups_setting_reads_a_positive_integer(text, setting):
+    assert fused_hopper._key_groups_setting(text) == setting
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
+def test_a_causal_convoy_key_groups_setting_that_is_no_positive_integer_is_refused(text):
+    with pytest.raises(ValueError, match="FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS must be a positive integer"):
+        fused_hopper._key_groups_setting(text)
+
+
 @pytest.mark.parametrize("text, setting", [(None, None), ("", None), ("16", 16), (" 8 ", 8)])
 def test_the_convoy_block_setting_reads_a_positive_integer(text, setting):
     assert fused_hopper._block_setting(text) == setting
@@ -329,27 +340,32 @@ def test_bad_causal_convoy_launches_are_refused(causal, convoy, options, match):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("key_groups", [1, 2, 3])
-@pytest.mark.parametrize("causal", [False, True])
-def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch, key_groups, causal):
+@pytest.mark.parametrize(
+    "key_groups, causal, convoy",
+    [(1, False, False), (2, False, False), (3, False, False), (1, True, False), (2, True, False),
+     (3, True, False), (1, True, True), (2, True, True), (3, True, True)],
+)  # fmt: skip
+def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch, key_groups, causal, convoy):
     """The ordered backward's dq (its kernel stubbed, so it runs on CPU) is its key groups' fp32 buffers,
-    zero-filled before the kernel, summed in group order and rounded once to q's dtype."""
+    zero-filled before the kernel, summed in group order and rounded once to q's dtype: key groups from
+    `ordered_key_groups`, or in the causal convoy order from `causal_convoy_key_groups`."""
     from kernels import _flash_bwd
 
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda *a: True)
-    monkeypatch.setattr(fused_hopper, "ordered_key_groups", lambda *a: key_groups)
-    # (the key groups' sum is the point: no convoy order, which takes one)
-    monkeypatch.setattr(fused_hopper, "ordered_convoy", lambda *a: False)
+    monkeypatch.setattr(fused_hopper, "ordered_key_groups", lambda *a: 1 if convoy else key_groups)
+    monkeypatch.setattr(fused_hopper, "CAUSAL_CONVOY_KEY_GROUPS", key_groups if convoy else 1)
+    monkeypatch.setattr(fused_hopper, "ordered_convoy", lambda *a: convoy)
     buffers = []
 
-    def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, **kw):
-        assert ordered and dq_acc.shape == (key_groups * q.shape[0], *q.shape[1:])
+    def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, convoy: bool, **kw):
+        assert ordered and convoy is convoy_wanted and dq_acc.shape == (key_groups * q.shape[0], *q.shape[1:])
         filled = not dq_acc.any()
         dq_acc.copy_(torch.randn_like(dq_acc) * 1e3)
         buffers.append((filled, dq_acc.clone()))
 
+    convoy_wanted = convoy
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", kernel)
     torch.manual_seed(key_groups)
     q, k, v, do = (torch.randn(2, 40, 2, 16, dtype=torch.float16) for _ in range(4))
@@ -359,7 +375,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch
     )
     dq, _, _ = _flash_bwd.flash_attn_backward(do, q, k, v, out.half(), lse2, seed=0, **kw)
     ((filled, acc),) = buffers
-    assert filled or not (causal and key_groups > 1)
+    assert filled
     per_group = acc.view(key_groups, *q.shape)
     total = per_group[0]
     for g in range(1, key_groups):
@@ -410,19 +426,28 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
 @pytest.mark.parametrize(
     "key_groups, convoy, convoy_block, walk_down",
     [(1, False, 1, False), (2, False, 1, False), (1, True, 1, False), (1, True, 3, False), (1, True, 1, True),
-     (1, True, 3, True)],
+     (1, True, 3, True), (2, True, 1, False), (2, True, 3, True), (3, True, 1, True)],
 )  # fmt: skip
 def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     case, headdim, dtype, key_groups, convoy, convoy_block, walk_down
 ):
     """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
     groups (each adding into its own dq buffer, summed after), or in the convoy order (causal: launched in
-    blocks of 1 or 3 key tiles, some blocks partial, walking the tiles up or down): the gradients pass the
-    tolerance rule on every edge case it takes (full attention; causal on as many queries as keys; the
-    convoy order, full or causal) and come out bitwise the same twice."""
+    blocks of 1 or 3 key tiles, some blocks partial, walking the tiles up or down, in one key group or in
+    2 or 3, some of them partial or empty): the gradients pass the tolerance rule on every edge case it
+    takes (full attention; causal on as many queries as keys; the convoy order, full or causal) and come
+    out bitwise the same twice. Full attention in the convoy order takes one key group: more raise."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
+    if convoy and key_groups > 1 and not causal:
+        acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
+        with pytest.raises(ValueError, match="key_groups=1 with full attention"):
+            fused_hopper.flash_attn_bwd_fused_hopper(
+                q, k, v, do, lse2, delta, acc, q, q, sm_scale=1.0, causal=causal, ordered=True,
+                key_groups=key_groups, convoy=True,
+            )  # fmt: skip
+        return
     runs = []
     for _ in range(2):
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
