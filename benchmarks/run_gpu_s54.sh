@@ -26,6 +26,8 @@
 #       determinism GPU tests with FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS=2 (its default route in 2 groups; new edge
 #       cases in 2 and 3), then the backward alone (ab_fused_bwd.py --convoy-key-groups, five rounds) at causal
 #       32k / 64k with 8 heads (1, 2, 4 groups) and 32k with 16 (1, 2)
+#   bash benchmarks/run_gpu_s54.sh 9   # call 8's A/B again over more lengths, seven rounds: the causal convoy in 1, 2
+#       and 3 key groups at 24k-64k with 8 heads, in 1 and 2 at 24k / 48k / 64k with 16
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -100,6 +102,14 @@ case "$1" in
   summary "$R/ab_convoy_groups_h8.json"
   timeout -s KILL 90 python benchmarks/ab_fused_bwd.py --ordered --causal --convoy-key-groups 2 \
     --seqlens 32768 --rounds 5 --out "$R/ab_convoy_groups_h16.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_convoy_groups_h16.json"
+  ;;
+9)
+  timeout -s KILL 200 python benchmarks/ab_fused_bwd.py --nheads 8 --ordered --causal --convoy-key-groups 2 3 \
+    --seqlens 24576 32768 40960 49152 65536 --rounds 7 --out "$R/ab_convoy_groups_h8.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_convoy_groups_h8.json"
+  timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --convoy-key-groups 2 \
+    --seqlens 24576 49152 65536 --rounds 7 --out "$R/ab_convoy_groups_h16.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_convoy_groups_h16.json"
   ;;
 esac
