@@ -290,7 +290,12 @@ def causal_convoy_key_groups() -> int:
     key head's programs lightest first, so the last program it starts is a heaviest one, and the kernel
     ends in a tail: in groups, the last program started is the lightest group's heaviest. The convoy
     model (`benchmarks/model_convoy_schedule.py --schemes blocks:1 groups:2`) keeps 86 / 89% of the SMs
-    busy at causal 16k, 8 heads, in 1 / 2 groups, 93.5 / 96% at 32k. CAUSAL_CONVOY_KEY_GROUPS (A/B runs)."""
+    busy at causal 16k, 8 heads, in 1 / 2 groups, 93.5 / 96% at 32k. Measured, the backward alone, two
+    deterministic kernels ÷ the convoy in 1 / 2 / 3 key groups, one H200, seven rounds alternating
+    (results/s54/call9): 8 heads 1.091 / 1.094 / 1.078 at 24k, 1.113 / 1.113 / 1.106 at 32k, 1.141 / 1.129
+    / 1.121 at 40k, 1.106 / 1.111 / 1.119 at 48k, 1.094 / 1.102 / 1.105 at 64k; 16 heads in 1 / 2, 1.102 /
+    1.100 at 24k, 1.125 / 1.126 at 48k, 1.097 / 1.102 at 64k. Level within the 1-2% two identical variants
+    spread by, so one group (CAUSAL_CONVOY_KEY_GROUPS 1, FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS for A/B runs)."""
     return CAUSAL_CONVOY_KEY_GROUPS
 
 
