@@ -92,7 +92,12 @@ def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
     if scheme.startswith("groups:"):  # G key groups, the heaviest first, each last keys first
         per_group = -(-tiles // int(scheme.removeprefix("groups:")))
         firsts = range(0, tiles, per_group)
-        return [(h, j) for h in range(heads) for f in firsts for j in reversed(range(f, min(f + per_group, tiles)))]
+        return [
+            (h, j)
+            for h in range(heads)
+            for f in firsts
+            for j in reversed(range(f, min(f + per_group, tiles)))
+        ]
     block = int(scheme.removeprefix("blocks:"))
     starts = list(reversed(range(0, tiles, block)))
     return [(h, j) for h in range(heads) for first in starts for j in range(first, min(first + block, tiles))]
