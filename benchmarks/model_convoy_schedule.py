@@ -28,7 +28,11 @@ C distinct tiles read (an LRU cache of C tiles of 128 queries: Q, dO and the fp3
 Session 50 cites it (NOTES_attention.md, "The causal convoy's L2, and launch blocks"). A scheme prefixed
 `down:` (e.g. `down:blocks:1`) walks each program's tiles from the last down to its diagonal's instead
 (`kernels._flash_bwd_fused_hopper.causal_convoy_walks_down`); session 51 cites `ascending` and
-`down:blocks:1` (NOTES_attention.md, "The causal convoy walking down").
+`down:blocks:1` (NOTES_attention.md, "The causal convoy walking down"). Session 54 added `ascending:G`
+(`ascending` with runs of G heads, their programs round robin) and `groups:G` (a key head's programs in G
+key groups, each adding into its own dq buffer and waiting only within it, the heaviest group launched
+first, each group's last keys first: `kernels._flash_bwd_fused_hopper.causal_convoy_key_groups`), and
+`--heads 8` for a model's heads of 128 (NOTES_attention.md, "Causal calls in two key groups").
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ def simulate(tiles: int, heads: int, slots: int, latency: float, descending: boo
 
 
 def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
-    """(head, program) in launch order: `blocks:B`, `ascending` or `unordered` (see the module's text)."""
+    """(head, program) in launch order: `blocks:B`, `ascending`, `ascending:G`, `groups:G` or `unordered` (see
+    the module's text)."""
     if scheme == "ascending":
         return [(h, j) for h in range(heads) for j in range(tiles)]
     if scheme.startswith("ascending:"):  # runs of G heads, their programs round robin, heaviest first
