@@ -14,6 +14,20 @@ def test_blocks_of_one_launch_a_heads_last_keys_first_and_larger_blocks_heaviest
     order = model.launch_order("unordered", 4, 2)  # (chunks of 3 heads, tile-major)
     assert order == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (3, 0), (3, 1)]
     assert model.launch_order("ascending", 2, 2) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # (runs of 2 heads, their programs round robin, heaviest first; the third head alone)
+    order = model.launch_order("ascending:2", 3, 2)
+    assert order == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+    # (5 key tiles in 2 groups, 0-2 then 3-4, each last keys first)
+    assert model.launch_order("groups:2", 1, 5) == [(0, 2), (0, 1), (0, 0), (0, 4), (0, 3)]
+
+
+def test_in_key_groups_a_program_waits_only_on_its_own_group():
+    """One slot, one head of 4 tiles in 2 groups, launched 1, 0 (group 0), then 3, 2: program 1 runs
+    first and never waits on program 2, of the other group and not yet started (in one group it would
+    wait for ever), so the slot runs the programs one after another and reads their tiles in launch order."""
+    efficiency, reads = model.simulate_steps(4, 1, 1, 2, 2, "groups:2")
+    assert [t for _, _, t in sorted(reads)] == [1, 2, 3, 0, 1, 2, 3, 3, 2, 3]
+    assert 0 < efficiency <= 1
 
 
 def test_lru_distance_counts_the_distinct_tiles_read_in_between():
@@ -22,7 +36,19 @@ def test_lru_distance_counts_the_distinct_tiles_read_in_between():
 
 
 @pytest.mark.parametrize(
-    "scheme", ["blocks:1", "blocks:4", "unordered", "ascending", "down:blocks:1", "down:blocks:4"]
+    "scheme",
+    [
+        "blocks:1",
+        "blocks:4",
+        "unordered",
+        "ascending",
+        "ascending:2",
+        "groups:2",
+        "groups:3",
+        "down:blocks:1",
+        "down:blocks:4",
+        "down:groups:2",
+    ],
 )
 def test_every_program_reads_its_tiles_once_and_no_schedule_beats_the_slots(scheme):
     tiles, heads = 12, 2
