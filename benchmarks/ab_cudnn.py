@@ -36,6 +36,9 @@ IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "s
 # under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
 STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
+KEY_GROUPS_PREFIX = (
+    "ours_causal_key_groups_"  # (--also-causal-key-groups N: ours, causal in up to N key groups)
+)
 
 
 def _without_ordered(fn):
@@ -56,6 +59,20 @@ def shape(seqlen: int, headdim: int, nheads: int | None) -> tuple[int, int]:
     """(batch, nheads): the issue's, or its batch with nheads heads (a model's shape, e.g. 8 heads of 128)."""
     batch, issue_nheads = issue_shape(seqlen, headdim)
     return batch, nheads or issue_nheads
+
+
+def _with_causal_key_groups(fn, key_groups: int):
+    """fn run with causal ordered calls in up to key_groups key groups (its backward, run inside fn, too)."""
+
+    def run():
+        default = _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = key_groups
+        try:
+            return fn()
+        finally:
+            _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = default
+
+    return run
 
 
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | None = None) -> dict:
@@ -82,6 +99,9 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | N
     }
     if TWO_KERNELS in calls:
         calls[TWO_KERNELS] = tuple(map(_without_ordered, calls[TWO_KERNELS]))
+    for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
+        groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
+        calls[name] = tuple(_with_causal_key_groups(fn, groups) for fn in calls[name])
     return calls
 
 
@@ -132,6 +152,9 @@ def main() -> None:
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one-kernel backward")  # fmt: skip
+    parser.add_argument("--also-causal-key-groups", type=int, default=None, metavar="N",
+                        help=f"also {KEY_GROUPS_PREFIX}N: ours with causal ordered calls in up to N key groups "
+                        "(its ORDERED_CAUSAL_KEY_GROUPS; past them the convoy), alternating with the default")  # fmt: skip
     parser.add_argument("--nheads", type=int, default=None,
                         help="heads (default: the issue's, 2048 / head dim); the batch stays the issue's")  # fmt: skip
     parser.add_argument("--out", required=True)
@@ -144,6 +167,10 @@ def main() -> None:
     impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
     if args.two_kernels:
         impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
+    if args.also_causal_key_groups is not None:
+        if args.also_causal_key_groups < 0:
+            parser.error(f"--also-causal-key-groups must be at least 0, got {args.also_causal_key_groups}")
+        impls = {"ours": "triton", f"{KEY_GROUPS_PREFIX}{args.also_causal_key_groups}": "triton", **impls}
     torch.use_deterministic_algorithms(args.torch_deterministic)
     rows = []
     for headdim in args.headdims:

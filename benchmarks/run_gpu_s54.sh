@@ -28,6 +28,8 @@
 #       32k / 64k with 8 heads (1, 2, 4 groups) and 32k with 16 (1, 2)
 #   bash benchmarks/run_gpu_s54.sh 9   # call 8's A/B again over more lengths, seven rounds: the causal convoy in 1, 2
 #       and 3 key groups at 24k-64k with 8 heads, in 1 and 2 at 24k / 48k / 64k with 16
+#   bash benchmarks/run_gpu_s54.sh 10  # fwd+bwd against SDPA cuDNN at causal 12k / 16k with both routes in the same
+#       rounds: two key groups (the default) and the convoy (ab_cudnn.py --also-causal-key-groups 1), 16 and 8 heads
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -111,5 +113,11 @@ case "$1" in
   timeout -s KILL 120 python benchmarks/ab_fused_bwd.py --ordered --causal --convoy-key-groups 2 \
     --seqlens 24576 49152 65536 --rounds 7 --out "$R/ab_convoy_groups_h16.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_convoy_groups_h16.json"
+  ;;
+10)
+  for nheads in 16 8; do
+    timeout -s KILL 100 python benchmarks/ab_cudnn.py --nheads $nheads --also-causal-key-groups 1 --headdims 128 \
+      --causal yes --seqlens 12288 16384 --rounds 5 --out "$R/ab_cudnn_d128_h${nheads}_routes.json" 2>&1 | quiet | ratios
+  done
   ;;
 esac
