@@ -87,10 +87,10 @@ def _attn_bwd_fused_hopper(
     (`dkdv.dense_program`'s REVERSED), and the causal order of adds (descending programs, within a key
     group) is the same as without it: a program waits on its group's programs of earlier blocks, started
     before it, and on the later ones of its own block, started after it (so a block holds at most half
-    the SMs' worth, as a key group does; with convoy_block 1 it waits only on started programs). DOWN (causal CONVOY): each
-    program walks each head's query tiles from the last down to its diagonal's, so a program and the one
-    started before it read a tile a launch interval apart instead of that plus two steps
-    (`causal_convoy_walks_down`); the order of adds is the same."""
+    the SMs' worth, as a key group does; with convoy_block 1 it waits only on started programs). DOWN
+    (causal CONVOY): each program walks each head's query tiles from the last down to its diagonal's, so
+    a program and the one started before it read a tile a launch interval apart instead of that plus two
+    steps (`causal_convoy_walks_down`); the order of adds is the same."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -259,9 +259,9 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     (ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
     key head's programs started last keys first (past 20k each walking its tiles from the last down,
     `causal_convoy_walks_down`), each tile's adds in the causal order (descending programs), so each waits
-    only on started programs. The backward alone against the two deterministic kernels,
-    one H200, five rounds alternating, group 1 (before session 54 it took 8449-16896 keys too): 1.05-1.08x at 16k, 1.08-1.13x at 32k, 1.03x at 48k,
-    0.96-0.97x at 64k (results/s48/call8, s49/call1-2; walking down, 1.08x at 48k and 64k, s51/call2),
+    only on started programs. The backward alone against the two deterministic kernels, one H200, five
+    rounds alternating, group 1 (before session 54 it took 8449-16896 keys too): 1.05-1.08x at 16k,
+    1.08-1.13x at 32k, 1.03x at 48k, 0.96-0.97x at 64k (results/s48/call8, s49/call1-2; walking down, 1.08x at 48k and 64k, s51/call2),
     bitwise repeats; fwd+bwd against SDPA cuDNN 1.056x / 1.002x / 0.94x at 16k / 32k / 64k,
     where the two kernels gave 1.012x / 0.961x / 0.97x (s49/call1). The 64k loss
     was the head's locality (`causal_convoy_block`): a key head's programs reuse each other's Q, dO and
