@@ -41,16 +41,17 @@ KEY_GROUPS_PREFIX = (
 )
 
 
-def _without_ordered(fn):
-    """fn run with the ordered one-kernel backward off (its backward, run inside fn, too)."""
+def _with_setting(fn, name: str, value):
+    """fn run with `_flash_bwd_fused_hopper`'s setting name at value (its backward, run inside fn, too),
+    e.g. ORDERED_ENABLED False: the ordered one-kernel backward off."""
 
     def run():
-        default = _flash_bwd_fused_hopper.ORDERED_ENABLED
-        _flash_bwd_fused_hopper.ORDERED_ENABLED = False
+        default = getattr(_flash_bwd_fused_hopper, name)
+        setattr(_flash_bwd_fused_hopper, name, value)
         try:
             return fn()
         finally:
-            _flash_bwd_fused_hopper.ORDERED_ENABLED = default
+            setattr(_flash_bwd_fused_hopper, name, default)
 
     return run
 
@@ -59,20 +60,6 @@ def shape(seqlen: int, headdim: int, nheads: int | None) -> tuple[int, int]:
     """(batch, nheads): the issue's, or its batch with nheads heads (a model's shape, e.g. 8 heads of 128)."""
     batch, issue_nheads = issue_shape(seqlen, headdim)
     return batch, nheads or issue_nheads
-
-
-def _with_causal_key_groups(fn, key_groups: int):
-    """fn run with causal ordered calls in up to key_groups key groups (its backward, run inside fn, too)."""
-
-    def run():
-        default = _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = key_groups
-        try:
-            return fn()
-        finally:
-            _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = default
-
-    return run
 
 
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | None = None) -> dict:
@@ -98,10 +85,10 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | N
         for name, impl in impls.items()
     }
     if TWO_KERNELS in calls:
-        calls[TWO_KERNELS] = tuple(map(_without_ordered, calls[TWO_KERNELS]))
+        calls[TWO_KERNELS] = tuple(_with_setting(fn, "ORDERED_ENABLED", False) for fn in calls[TWO_KERNELS])
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
-        calls[name] = tuple(_with_causal_key_groups(fn, groups) for fn in calls[name])
+        calls[name] = tuple(_with_setting(fn, "ORDERED_CAUSAL_KEY_GROUPS", groups) for fn in calls[name])
     return calls
 
 

@@ -31,7 +31,7 @@ Session 50 cites it (NOTES_attention.md, "The causal convoy's L2, and launch blo
 `down:blocks:1` (NOTES_attention.md, "The causal convoy walking down"). Session 54 added `ascending:G`
 (`ascending` with runs of G heads, their programs round robin) and `groups:G` (a key head's programs in G
 key groups, each adding into its own dq buffer and waiting only within it, the heaviest group launched
-first, each group's last keys first: `kernels._flash_bwd_fused_hopper.causal_convoy_key_groups`), and
+first, each group's last keys first: `kernels._flash_bwd_fused_hopper.ordered_dq_groups`), and
 `--heads 8` for a model's heads of 128 (NOTES_attention.md, "Causal calls in two key groups").
 """
 
@@ -74,6 +74,13 @@ def simulate(tiles: int, heads: int, slots: int, latency: float, descending: boo
     )
 
 
+def group_size(scheme: str, tiles: int) -> int:
+    """Key tiles a key group of `groups:G` holds (the last group may hold fewer); other schemes: all."""
+    if not scheme.startswith("groups:"):
+        return tiles
+    return -(-tiles // int(scheme.removeprefix("groups:")))
+
+
 def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
     """(head, program) in launch order: `blocks:B`, `ascending`, `ascending:G`, `groups:G` or `unordered` (see
     the module's text)."""
@@ -95,7 +102,7 @@ def launch_order(scheme: str, heads: int, tiles: int) -> list[tuple[int, int]]:
             for h in range(first, min(first + 3, heads))
         ]
     if scheme.startswith("groups:"):  # G key groups, the heaviest first, each last keys first
-        per_group = -(-tiles // int(scheme.removeprefix("groups:")))
+        per_group = group_size(scheme, tiles)
         firsts = range(0, tiles, per_group)
         return [
             (h, j)
@@ -118,7 +125,7 @@ def simulate_steps(tiles: int, heads: int, slots: int, step_ticks: int, latency_
     ascending = scheme.startswith("ascending")
     order = launch_order(scheme, heads, tiles)
     # (groups:G: each key group adds into its own dq buffer, so a program waits only within its group)
-    per_group = -(-tiles // int(scheme.removeprefix("groups:"))) if scheme.startswith("groups:") else tiles
+    per_group = group_size(scheme, tiles)
     added = {}  # (head, program) -> {tile: tick of its add}
     running, reads, launched, now = [], [], 0, 0
     while launched < len(order) or running:

@@ -561,11 +561,7 @@ def flash_attn_backward(
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
     convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(q.shape[1], k.shape[1], causal, group, sms)
-    key_groups = 1
-    if convoy and causal:
-        key_groups = _flash_bwd_fused_hopper.causal_convoy_key_groups()
-    elif ordered and not convoy:
-        key_groups = _flash_bwd_fused_hopper.ordered_key_groups(k.shape[1], sms)
+    key_groups = _flash_bwd_fused_hopper.ordered_dq_groups(k.shape[1], causal, convoy, sms) if ordered else 1
     dq_acc = None
     if atomic_dq or ordered:
         dq_acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)

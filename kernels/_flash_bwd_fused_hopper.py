@@ -82,7 +82,7 @@ def _attn_bwd_fused_hopper(
     dq buffer (dq_desc's batch key_group x batch + b), so only one run's programs wait on each other.
     CONVOY (`ordered_convoy`): full attention (key_groups 1), every program walks the items from the
     first, and each item's adds come in program order, so each program waits only on programs started
-    before it; causal, each key group's programs (`causal_convoy_key_groups`; the heaviest group first)
+    before it; causal, each key group's programs (`ordered_dq_groups`; the heaviest group first)
     start in blocks of convoy_block key tiles, the group's last block first, each block's in order
     (`dkdv.dense_program`'s REVERSED), and the causal order of adds (descending programs, within a key
     group) is the same as without it: a program waits on its group's programs of earlier blocks, started
@@ -284,19 +284,23 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     return ordered_key_groups(seqlen_k, sms) > MAX_KEY_GROUPS
 
 
-def causal_convoy_key_groups() -> int:
-    """Key groups of the causal convoy (`ordered_convoy`): each its own fp32 dq buffer, its programs a
-    convoy of their own, the heaviest group launched first (`_attn_bwd_fused_hopper`). The convoy starts a
-    key head's programs lightest first, so the last program it starts is a heaviest one, and the kernel
-    ends in a tail: in groups, the last program started is the lightest group's heaviest. The convoy
-    model (`benchmarks/model_convoy_schedule.py --schemes blocks:1 groups:2`) keeps 86 / 89% of the SMs
-    busy at causal 16k, 8 heads, in 1 / 2 groups, 93.5 / 96% at 32k. Measured, the backward alone, two
-    deterministic kernels ÷ the convoy in 1 / 2 / 3 key groups, one H200, seven rounds alternating
-    (results/s54/call9): 8 heads 1.091 / 1.094 / 1.078 at 24k, 1.113 / 1.113 / 1.106 at 32k, 1.141 / 1.129
-    / 1.121 at 40k, 1.106 / 1.111 / 1.119 at 48k, 1.094 / 1.102 / 1.105 at 64k; 16 heads in 1 / 2, 1.102 /
-    1.100 at 24k, 1.125 / 1.126 at 48k, 1.097 / 1.102 at 64k. Level within the 1-2% two identical variants
-    spread by, so one group (CAUSAL_CONVOY_KEY_GROUPS 1, FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS for A/B runs)."""
-    return CAUSAL_CONVOY_KEY_GROUPS
+def ordered_dq_groups(seqlen_k: int, causal: bool, convoy: bool, sms: int) -> int:
+    """Key groups (fp32 dq buffers, summed in order after) of an ordered call: `ordered_key_groups`'s, or
+    in the convoy order (convoy: `ordered_convoy`'s) one with full attention and CAUSAL_CONVOY_KEY_GROUPS
+    causal, each group a convoy of its own, the heaviest launched first (`_attn_bwd_fused_hopper`).
+    The causal convoy starts a key head's programs lightest first, so the last program it starts is a
+    heaviest one, and the kernel ends in a tail: in groups, the last program started is the lightest
+    group's heaviest. The convoy model (`benchmarks/model_convoy_schedule.py --schemes blocks:1
+    groups:2`) keeps 86 / 89% of the SMs busy at causal 16k, 8 heads, in 1 / 2 groups, 93.5 / 96% at 32k.
+    Measured, the backward alone, two deterministic kernels ÷ the convoy in 1 / 2 / 3 key groups, one
+    H200, seven rounds alternating (results/s54/call9): 8 heads 1.091 / 1.094 / 1.078 at 24k, 1.113 /
+    1.113 / 1.106 at 32k, 1.141 / 1.129 / 1.121 at 40k, 1.106 / 1.111 / 1.119 at 48k, 1.094 / 1.102 /
+    1.105 at 64k; 16 heads in 1 / 2, 1.102 / 1.100 at 24k, 1.125 / 1.126 at 48k, 1.097 / 1.102 at 64k.
+    Level within the 1-2% two identical variants spread by, so one group (CAUSAL_CONVOY_KEY_GROUPS 1,
+    FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS for A/B runs)."""
+    if convoy:
+        return CAUSAL_CONVOY_KEY_GROUPS if causal else 1
+    return ordered_key_groups(seqlen_k, sms)
 
 
 def causal_convoy_block() -> int:
@@ -347,34 +351,21 @@ ORDERED_CAUSAL_CONVOY_DOWN_ABOVE = 20480
 WALK_DOWN_SETTING: bool | None = None  # (A/B runs: benchmarks/ab_fused_bwd.py --walk-down)
 
 
-def _block_setting(text: str | None) -> int | None:
-    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK's value: unset or empty, None (blocks of 1, `causal_convoy_block`);
-    else a positive integer (how many of the SMs it may take is checked at each call)."""
+def _positive_int_setting(name: str, unit: str, default, environ=os.environ):
+    """Environment variable name's value: unset or empty, default; else a positive integer (of unit)."""
+    text = environ.get(name)
     if not text:
-        return None
+        return default
     if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(
-            f"FLASHTRAIN_CAUSAL_CONVOY_BLOCK must be a positive integer (programs a block), got {text!r}"
-        )
+        raise ValueError(f"{name} must be a positive integer ({unit}), got {text!r}")
     return int(text)
 
 
-CONVOY_BLOCK_SETTING = _block_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_BLOCK"))  # (A/B runs, tests)
-
-
-def _key_groups_setting(text: str | None) -> int:
-    """FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS's value: unset or empty, 1; else a positive integer."""
-    if not text:
-        return 1
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(
-            f"FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS must be a positive integer (key groups), got {text!r}"
-        )
-    return int(text)
-
-
-# (`causal_convoy_key_groups`; A/B runs and GPU tests set it)
-CAUSAL_CONVOY_KEY_GROUPS = _key_groups_setting(os.environ.get("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS"))
+# (A/B runs, tests) None: blocks of 1, `causal_convoy_block` (how many of the SMs a block may take is
+# checked at each call)
+CONVOY_BLOCK_SETTING = _positive_int_setting("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "programs a block", None)
+# (`ordered_dq_groups`; A/B runs and GPU tests set it)
+CAUSAL_CONVOY_KEY_GROUPS = _positive_int_setting("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS", "key groups", 1)
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past ORDERED_CAUSAL_KEY_GROUPS key groups (16896
 # keys on 132 SMs) on the two deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
@@ -429,8 +420,8 @@ def flash_attn_bwd_fused_hopper(
     dq_acc[g * batch:][:batch], and dq is their sum in that order), given the base-2 lse and delta. The
     caller checked `_flash_dkdv_hopper.supports` and `supports` (with ordered, `supports_ordered`, and
     key_groups from `ordered_key_groups`). ordered: the adds into each dq tile in one fixed order, so dq
-    repeats bit for bit; with convoy (`ordered_convoy`; key_groups 1 with full attention, causal
-    `causal_convoy_key_groups`) in the order the programs start.
+    repeats bit for bit; with convoy (`ordered_convoy`; key_groups from `ordered_dq_groups`: 1 with full
+    attention) in the order the programs start.
     convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
     `causal_convoy_block`'s for a causal convoy, 1 (unread) otherwise. walk_down: a causal convoy's programs
     walk their query tiles from the last (`_attn_bwd_fused_hopper`'s DOWN); None takes

@@ -242,7 +242,7 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
 @pytest.mark.parametrize("causal, ordered, key_groups", [(True, False, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
 def test_convoy_order_needs_an_ordered_call_and_full_attention_in_one_key_group(causal, ordered, key_groups):
     """The convoy order (`ordered_convoy`) asked of an unordered call, or of full attention in several key
-    groups (the causal convoy takes them, `causal_convoy_key_groups`): a ValueError before any launch."""
+    groups (the causal convoy takes them, `ordered_dq_groups`): a ValueError before any launch."""
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="convoy"):
         fused_hopper.flash_attn_bwd_fused_hopper(
@@ -297,26 +297,27 @@ def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causa
     assert kw["DOWN"] is down
 
 
-@pytest.mark.parametrize("text, setting", [(None, 1), ("", 1), ("2", 2), (" 4 ", 4)])
-def test_the_causal_convoy_key_groups_setting_reads_a_positive_integer(text, setting):
-    assert fused_hopper._key_groups_setting(text) == setting
+_SETTINGS = [("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "programs a block", None),
+             ("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS", "key groups", 1)]  # fmt: skip
 
 
-@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
-def test_a_causal_convoy_key_groups_setting_that_is_no_positive_integer_is_refused(text):
-    with pytest.raises(ValueError, match="FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS must be a positive integer"):
-        fused_hopper._key_groups_setting(text)
+@pytest.mark.parametrize("name, unit, default", _SETTINGS)
+@pytest.mark.parametrize(
+    "text, value", [(None, None), ("", None), ("16", 16), (" 8 ", 8), ("2", 2), (" 4 ", 4)]
+)
+def test_the_convoy_settings_read_a_positive_integer(name, unit, default, text, value):
+    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK (unset: None, blocks of 1) and FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS
+    (unset: 1)."""
+    environ = {} if text is None else {name: text}
+    want = default if value is None else value
+    assert fused_hopper._positive_int_setting(name, unit, default, environ) == want
 
 
-@pytest.mark.parametrize("text, setting", [(None, None), ("", None), ("16", 16), (" 8 ", 8)])
-def test_the_convoy_block_setting_reads_a_positive_integer(text, setting):
-    assert fused_hopper._block_setting(text) == setting
-
-
-@pytest.mark.parametrize("text", ["0", "-4", "sixteen", "1.5"])
-def test_a_convoy_block_setting_that_is_no_positive_integer_is_refused(text):
-    with pytest.raises(ValueError, match="FLASHTRAIN_CAUSAL_CONVOY_BLOCK must be a positive integer"):
-        fused_hopper._block_setting(text)
+@pytest.mark.parametrize("name, unit, default", _SETTINGS)
+@pytest.mark.parametrize("text", ["0", "-4", "sixteen", "1.5", "-2", "two"])
+def test_a_convoy_setting_that_is_no_positive_integer_is_refused(name, unit, default, text):
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        fused_hopper._positive_int_setting(name, unit, default, {name: text})
 
 
 _WALK_DOWN_REFUSED = "walk_down=True is the causal convoy's order"
@@ -348,7 +349,7 @@ def test_bad_causal_convoy_launches_are_refused(causal, convoy, options, match):
 def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch, key_groups, causal, convoy):
     """The ordered backward's dq (its kernel stubbed, so it runs on CPU) is its key groups' fp32 buffers,
     zero-filled before the kernel, summed in group order and rounded once to q's dtype: key groups from
-    `ordered_key_groups`, or in the causal convoy order from `causal_convoy_key_groups`."""
+    `ordered_key_groups`, or in the causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`)."""
     from kernels import _flash_bwd
 
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
