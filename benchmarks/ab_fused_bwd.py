@@ -1,6 +1,6 @@
 """The one-kernel backward (`kernels._flash_bwd_fused_hopper`) against the deterministic two kernels,
 alternating in one process for several rounds: the backward alone on a saved forward (do_bench
-median), d128, bf16, batch x seqlen = 16k tokens, 16 heads. Session 42 used it where single runs of
+median), d128 (--headdim), bf16, batch x seqlen = 16k tokens, nheads x headdim = 2048. Session 42 used it where single runs of
 bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
 
     python benchmarks/ab_fused_bwd.py --causal --seqlens 8192 16384 --rounds 5 --out ab.json
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import rotated, time_ms, write_results  # noqa: E402
 from benchmarks.exp_fused_bwd import _backward, rel_distances, saved_forward  # noqa: E402
-from kernels import _flash_bwd_fused_hopper  # noqa: E402
+from kernels import _flash_bwd_fused_hopper, _flash_dkdv_hopper  # noqa: E402
 
 
 def main() -> None:
@@ -58,6 +58,13 @@ def main() -> None:
                         help="with --ordered --causal, let the causal convoy variants take one key group's lengths "
                         "too (their ORDERED_CAUSAL_KEY_GROUPS 0) while `ordered` keeps the rule's: the convoy "
                         "against one key group in one run")  # fmt: skip
+    parser.add_argument("--headdim", type=int, default=128,
+                        help="head dim (default 128; batch x seqlen and nheads x headdim stay the issue's)")  # fmt: skip
+    parser.add_argument("--fused-configs", nargs="+", default=None, metavar="BLOCK_M:STAGES",
+                        help="the one-kernel backward's launch shapes at --headdim (its CONFIGS, two consumers of "
+                        "64 keys, 240 registers): `fused` and `ordered` take the first, and each other one is a "
+                        "variant of its own, ordered_mBLOCK_MsSTAGES (a head dim the kernel does not take by "
+                        "default, 64, takes it only through these)")  # fmt: skip
     parser.add_argument("--convoy-key-groups", type=int, nargs="+", default=None,
                         help="with --ordered --causal, also time each causal convoy variant in each of these "
                         "numbers of key groups (its CAUSAL_CONVOY_KEY_GROUPS; the others in 1)")  # fmt: skip
@@ -86,6 +93,27 @@ def main() -> None:
     variants = {"deterministic": (False, False), "fused": (True, False)}
     if args.ordered:
         variants["ordered"] = (False, True)
+    fused_configs = {}  # (variant -> its one-kernel backward's config at --headdim; others: the first or the rule's)
+    for i, text in enumerate(args.fused_configs or ()):
+        try:
+            block_m, stages = (int(x) for x in text.split(":"))
+        except ValueError:
+            parser.error(f"--fused-configs takes BLOCK_M:STAGES, got {text!r}")
+        cfg = _flash_dkdv_hopper.HopperDkdvConfig(
+            block_m=block_m, block_n=64, consumers=2, stages=stages, consumer_regs=240
+        )
+        if i == 0:
+            _flash_bwd_fused_hopper.CONFIGS[args.headdim] = cfg
+        elif not args.ordered:
+            parser.error("more than one --fused-configs times ordered variants: give --ordered")
+        else:
+            variants[f"ordered_m{block_m}s{stages}"] = (False, True)
+        fused_configs[f"ordered_m{block_m}s{stages}"] = cfg
+    first_config = _flash_bwd_fused_hopper.CONFIGS.get(args.headdim)
+    if first_config is None:
+        parser.error(
+            f"the one-kernel backward takes no head dim {args.headdim} by default: give --fused-configs"
+        )
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
     # the causal convoy order (variant ordered: without it), with the default launch blocks or each given
     convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING}  # (None: the rule's)
@@ -114,6 +142,7 @@ def main() -> None:
 
     def backward(variant, inputs):
         atomic, _flash_bwd_fused_hopper.ORDERED_ENABLED = variants[variant]
+        _flash_bwd_fused_hopper.CONFIGS[args.headdim] = fused_configs.get(variant, first_config)
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY = variant in convoys
         _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING = convoys.get(variant)
         _flash_bwd_fused_hopper.WALK_DOWN_SETTING = walk_down.get(variant)
@@ -134,15 +163,19 @@ def main() -> None:
 
     rows = []
     for seqlen in args.seqlens:
-        inputs = saved_forward(seqlen, 128, args.causal, args.group, args.nheads)
-        row = dict(seqlen=seqlen, causal=args.causal, group=args.group, rounds=args.rounds)
+        inputs = saved_forward(seqlen, args.headdim, args.causal, args.group, args.nheads)
+        row = dict(
+            seqlen=seqlen, headdim=args.headdim, causal=args.causal, group=args.group, rounds=args.rounds
+        )
+        row["fused_configs"] = args.fused_configs
         row["batch"], row["nheads"] = inputs[0].shape[0], inputs[0].shape[2]
         if args.ordered:
             two_kernels = backward("deterministic", inputs)
             row["ordered_repeats_bitwise"], row["ordered_vs_deterministic_rel"] = repeats_and_distance(
                 "ordered", inputs, 3, two_kernels
             )
-            for name in (v for v in (*convoys, "ordered_full_convoy") if v in variants):
+            extra = (*convoys, "ordered_full_convoy", *fused_configs)
+            for name in (v for v in extra if v in variants and v != "ordered"):
                 row[f"{name}_repeats_bitwise"], row[f"{name}_vs_deterministic_rel"] = repeats_and_distance(
                     name, inputs, 4, two_kernels
                 )

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 55). Each part is what one call ran; the outputs are in
+# benchmarks/results/s55/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s55.sh 1   # the one-kernel backward at head dim 64 (GPT-2's heads), which takes no d64
+#       call by default: the backward alone (ab_fused_bwd.py --headdim 64, four rounds), 16 heads (GPT-2 medium's),
+#       the two deterministic kernels against the atomic and the ordered one-kernel backward on 64-query steps with
+#       2 and 3 stages and 128-query steps with 2 (--fused-configs), causal 2k-16k and full 4k / 16k
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+summary() { python -c "import json, sys; [print(r['seqlen'], r['group'], {k: round(v, 3) for k, v in r.items() if '_over_' in k or k.endswith('bitwise')}) for r in json.load(open(sys.argv[1]))['rows']]" "$1"; }
+case "$1" in
+1)
+  timeout -s KILL 240 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --fused-configs 64:2 64:3 128:2 \
+    --ordered --causal --seqlens 2048 4096 8192 16384 --rounds 4 --out "$R/ab_d64_causal.json" 2>&1 | quiet \
+    | cut -c1-150
+  summary "$R/ab_d64_causal.json"
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --fused-configs 64:2 64:3 128:2 \
+    --ordered --seqlens 4096 16384 --rounds 4 --out "$R/ab_d64_full.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_d64_full.json"
+  ;;
+esac
