@@ -5,6 +5,10 @@
 #       call by default: the backward alone (ab_fused_bwd.py --headdim 64, four rounds), 16 heads (GPT-2 medium's),
 #       the two deterministic kernels against the atomic and the ordered one-kernel backward on 64-query steps with
 #       2 and 3 stages and 128-query steps with 2 (--fused-configs), causal 2k-16k and full 4k / 16k
+#   bash benchmarks/run_gpu_s55.sh 2   # d64 takes the one-kernel backward (ordered from 4k queries full and 8k causal,
+#       atomic from 4k): the ordered and determinism GPU tests (new: d64 edge cases and d64 routes), the unordered
+#       kernel's GPU tests, then the backward alone at 16 heads over more lengths and six rounds (ab_fused_bwd.py
+#       --headdim 64): causal 8k-64k (past 16896 keys the causal convoy), full 4k-32k (20k-32k in the convoy order)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -17,6 +21,17 @@ case "$1" in
   summary "$R/ab_d64_causal.json"
   timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --fused-configs 64:2 64:3 128:2 \
     --ordered --seqlens 4096 16384 --rounds 4 --out "$R/ab_d64_full.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_d64_full.json"
+  ;;
+2)
+  timeout -s KILL 280 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic or gpu_fused_backward_matches" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  timeout -s KILL 150 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --ordered --causal \
+    --seqlens 8192 16384 32768 65536 --rounds 6 --out "$R/ab_d64_causal.json" 2>&1 | quiet | cut -c1-150
+  summary "$R/ab_d64_causal.json"
+  timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --ordered \
+    --seqlens 4096 16384 32768 --rounds 6 --out "$R/ab_d64_full.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_d64_full.json"
   ;;
 esac
