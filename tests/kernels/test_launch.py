@@ -114,8 +114,9 @@ def test_tma_view_is_the_batch_heads_seqlen_headdim_view():
 
 @pytest.mark.parametrize(
     "change",
-    ["int_not_divisible_by_16", "int_equal_to_one", "misaligned_pointer", "other_dtype", "other_constexpr"],
-)
+    ["int_not_divisible_by_16", "int_equal_to_one", "misaligned_pointer", "other_dtype", "other_constexpr",
+     "other_head_dim"],
+)  # fmt: skip
 def test_a_launch_triton_would_specialize_differently_takes_the_jit_path(change):
     kernel = FakeKernel()
     launch = CompiledLaunch(kernel, _descriptor)
@@ -130,6 +131,8 @@ def test_a_launch_triton_would_specialize_differently_takes_the_jit_path(change)
         x = x[1:]  # 4 bytes past a 16-byte boundary
     elif change == "other_dtype":
         a, b = a.half(), b.half()
+    elif change == "other_head_dim":  # (the same tile rows: the descriptors' blocks differ in their width)
+        a, b = torch.randn(2, 64, 4, 32), torch.randn(2, 64, 4, 32)
     else:
         flag = False
     _call(launch, a, b, x, n, flag)
