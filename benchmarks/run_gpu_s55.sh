@@ -9,6 +9,9 @@
 #       atomic from 4k): the ordered and determinism GPU tests (new: d64 edge cases and d64 routes), the unordered
 #       kernel's GPU tests, then the backward alone at 16 heads over more lengths and six rounds (ab_fused_bwd.py
 #       --headdim 64): causal 8k-64k (past 16896 keys the causal convoy), full 4k-32k (20k-32k in the convoy order)
+#   bash benchmarks/run_gpu_s55.sh 3   # call 2's GPU tests again after the launch-key fix (a d64 and a d128 launch with
+#       the same tile rows had shared one compiled kernel), then GPT-2 medium 8k with ours, the ordered backward on
+#       and off (FLASHTRAIN_ORDERED_BWD=0: the two kernels), alternating, two runs each
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -33,5 +36,17 @@ case "$1" in
   timeout -s KILL 100 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --ordered \
     --seqlens 4096 16384 32768 --rounds 6 --out "$R/ab_d64_full.json" 2>&1 | quiet | cut -c1-150
   summary "$R/ab_d64_full.json"
+  ;;
+3)
+  timeout -s KILL 280 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    -k "ordered or torch_deterministic or gpu_fused_backward_matches" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests.log"
+  for run in 1 2; do
+    for ordered in 1 0; do
+      FLASHTRAIN_ORDERED_BWD=$ordered timeout 150 python benchmarks/bench_train.py --models gpt2_medium \
+        --seqlens 8192 --impls triton --out "$R/train_medium8k_ordered${ordered}_run$run.json" 2>&1 | quiet \
+        | grep "^| gpt2"
+    done
+  done
   ;;
 esac
