@@ -540,8 +540,8 @@ def flash_attn_backward(
     # Hopper, atomic dq asked for: the one-kernel backward (dQ added per step in fp32, 5 products instead
     # of 7) where it measured faster than the deterministic Gluon kernels (`_flash_bwd_fused_hopper.supports`);
     # elsewhere the deterministic route, dK/dV on the Gluon kernel, faster than the portable atomic variant
-    # (d64 below 4k queries, whose dq kernel is the portable one: fwd+bwd 0.90-1.00x cuDNN against the
-    # atomic variant's 0.77-0.84x on one H100, results/s43/call1)
+    # (d64, whose dq kernel is the portable one: fwd+bwd 0.90-1.00x cuDNN against the atomic variant's
+    # 0.77-0.84x on one H100, results/s43/call1)
     dkdv_ok = (
         only is None and not accumulate and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
     )

@@ -33,8 +33,8 @@ tokens, take the convoy order instead (`ordered_convoy`): each program walks its
 each tile's adds come in the order the programs started, so a program waits only on ones started before
 it (causal past 20k each program walks its tiles from the last down, `causal_convoy_walks_down`).
 
-Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries,
-and at head dim 64 from 4k queries (`supports`; ordered: `supports_ordered`, d64 causal from 8k), dense. delta = rowsum(dO * O) comes from the portable
+Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
+(`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
 preprocess (`_flash_bwd.backward_delta`) before the launch, and dq from the fp32 buffer after it. The
 unordered causal consumers run the full tiles' section first (`_flash_dkdv_hopper.sections`, HOT_FIRST),
 which spills less in that build.
@@ -173,32 +173,24 @@ def _attn_bwd_fused_hopper(
 # FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the deterministic Gluon kernels instead
 ENABLED = os.environ.get("FLASHTRAIN_FUSED_BWD", "1") != "0"
 
-# Per head dim, the kernel's config (two consumers of 64 keys, each owning half of dQ's columns). d128: the
-# dK/dV kernel's. d64: 64-query steps on two stages, not the dK/dV kernel's 128 (whose build spills 5
-# in its loops here, causal); one H200, the backward alone, 16 heads, four rounds alternating
-# (results/s55/call1), two deterministic kernels ÷ ordered on 64-query steps with 2 / 3 stages, 128-query
-# with 2: causal 0.925 / 0.924 / 0.914 at 2k, 0.990 / 0.988 / 0.977 at 4k, 1.033 / 1.029 / 1.013 at 8k,
-# 1.027 / 1.028 / 1.025 at 16k; full 1.032 / 1.014 / 0.987 at 4k, 1.038 / 1.018 / 1.056 at 16k.
-# (Session 42's d64 trial, 64-query steps on three stages with the consumers waiting for the order
-# themselves, had measured 0.98-1.00x: results/s42/call1.)
-CONFIGS = {
-    64: dkdv.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240),
-    128: dkdv.CONFIGS[128],
-}
+# Per head dim, the dK/dV kernel's config (two consumers of 64 keys, each owning half of dQ's columns).
+# d128 only: d64 (64-query tiles, three stages: its own config's 128-query tiles spill here) measured
+# 0.98-1.00x the default backward at 4k-16k and 1.09x at causal 16k in one run (results/s42/call1),
+# against a default whose dq kernel is the portable one. Again in session 55 on 64-query steps and two
+# stages (no spills; `benchmarks/ab_fused_bwd.py --headdim 64 --fused-configs 64:2`), one H200, 16 heads:
+# the backward alone, ordered, 1.02-1.06x the two kernels at causal 8k-64k and full 4k-32k, 0.93-0.99x at
+# causal 2k-4k (results/s55/call1-2); but GPT-2 medium 8k trained slower with it, 125.3k / 125.3k
+# tokens/s against 126.9k / 126.6k on the two kernels (alternating, results/s55/call3), so d64 stays off.
+CONFIGS = {128: dkdv.CONFIGS[128]}
 
 
 def supports(headdim: int, causal: bool, seqlen_q: int) -> bool:
     """Whether a call that `_flash_dkdv_hopper.supports` takes runs here when asked for atomic dq: head
-    dim 128 (CONFIGS), full attention, and causal from CAUSAL_FROM queries; head dim 64 from D64_FROM
-    queries. One H200, fwd+bwd against the deterministic two kernels (results/s42/call9): causal 0.93x
-    at 1k, 1.04x / 1.06x / 1.02x at 4k / 8k / 16k. d64, the backward alone (results/s55/call1): causal
-    1.004 / 1.011 / 1.029 / 1.077x at 2k / 4k / 8k / 16k, full 1.019 / 1.050x at 4k / 16k."""
-    if headdim == 64:
-        return seqlen_q >= D64_FROM
+    dim 128 (CONFIGS), full attention, and causal from CAUSAL_FROM queries. One H200, fwd+bwd against the
+    deterministic two kernels (results/s42/call9): causal 0.93x at 1k, 1.04x / 1.06x / 1.02x at 4k / 8k / 16k."""
     return headdim in CONFIGS and (not causal or seqlen_q >= CAUSAL_FROM)
 
 
-D64_FROM = 4096
 CAUSAL_FROM = 4096
 
 # FLASHTRAIN_ORDERED_BWD=0 keeps deterministic calls on the two Gluon kernels (dq, then dK/dV)
@@ -207,8 +199,7 @@ ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "1") != "0"
 
 def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
-    a fixed order: head dim 128 or 64 (CONFIGS) from `ordered_from`'s query lengths, full attention, or
-    causal on as many keys
+    a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
     (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
     diagonal's) in at most ORDERED_CAUSAL_KEY_GROUPS key groups, with at most ORDERED_CAUSAL_MAX_GROUP
     query heads a key head, or past them in the convoy order (`ordered_convoy`, without GQA), and
@@ -225,13 +216,13 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     - or full attention past MAX_KEY_GROUPS key groups in the convoy order (`ordered_convoy`), with at
       least 2 query tiles per program."""
     cfg = CONFIGS.get(headdim)
-    if not ORDERED_ENABLED or cfg is None or seqlen_q < ordered_from(headdim, causal):
+    if not ORDERED_ENABLED or cfg is None:
         return False
     programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
         return (
-            seqlen_q == seqlen_k
+            seqlen_q == seqlen_k >= ORDERED_CAUSAL_FROM
             and group <= ORDERED_CAUSAL_MAX_GROUP
             and (
                 key_groups <= ORDERED_CAUSAL_KEY_GROUPS
@@ -246,19 +237,6 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
         and group <= ORDERED_ROTATION_MAX_GROUP
         and items >= 2 * triton.cdiv(programs, key_groups)
     )
-
-
-def ordered_from(headdim: int, causal: bool) -> int:
-    """The shortest query length whose deterministic calls take the ordered backward (`supports_ordered`):
-    d128 causal ORDERED_CAUSAL_FROM, full any; d64 (CONFIGS) D64_ORDERED_CAUSAL_FROM and
-    D64_ORDERED_FULL_FROM, where it measured ahead of the two kernels (results/s55/call1)."""
-    if headdim == 64:
-        return D64_ORDERED_CAUSAL_FROM if causal else D64_ORDERED_FULL_FROM
-    return ORDERED_CAUSAL_FROM if causal else 0
-
-
-D64_ORDERED_CAUSAL_FROM = 8192
-D64_ORDERED_FULL_FROM = 4096
 
 
 def ordered_key_groups(seqlen_k: int, sms: int) -> int:

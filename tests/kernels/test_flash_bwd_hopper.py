@@ -153,23 +153,21 @@ def test_gpu_dkdv_kernel_matches_reference(case, headdim, dtype):
 # adds handed to a releasing warp mid-step (session 46), 4 and 11. The convoy order: full 0 (session 48),
 # causal 11, as the causal ordered build (only its programs' launch order differs, session 49). Since the
 # consumers only stage their dQ halves for the releasing warps to add in order (session 52), no ordered
-# build spills in its loops. Head dim 64 (session 55, 64-query steps): none, ordered or not.
+# build spills in its loops.
 FUSED_SPILLS = {
     ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 0,
     ("fused_ordered", 128, True): 0, ("fused_convoy", 128, False): 0, ("fused_convoy", 128, True): 0,
     ("fused_convoy_down", 128, True): 0,
 }  # fmt: skip
-FUSED_SPILLS |= {(kernel, 64, causal): 0 for (kernel, _, causal) in FUSED_SPILLS}
 
 
 @pytest.mark.parametrize(
     "headdim, causal, seqlen_q, takes",
-    [(128, False, 128, True), (128, True, 2048, False), (128, True, 4096, True), (64, False, 4096, True),
-     (64, True, 4096, True), (64, False, 4095, False), (64, True, 2048, False), (256, False, 4096, False)],
+    [(128, False, 128, True), (128, True, 2048, False), (128, True, 4096, True), (64, False, 4096, False),
+     (256, False, 4096, False)],
 )  # fmt: skip
-def test_fused_backward_takes_d128_and_d64_where_it_measured_faster(headdim, causal, seqlen_q, takes):
-    """The one-kernel backward's own rule: head dim 128, full attention, causal from 4k queries; head dim
-    64 from 4k queries."""
+def test_fused_backward_takes_d128_where_it_measured_faster(headdim, causal, seqlen_q, takes):
+    """The one-kernel backward's own rule: head dim 128, full attention, causal from 4k queries."""
     assert fused_hopper.supports(headdim, causal, seqlen_q) is takes
 
 
@@ -178,9 +176,7 @@ def test_fused_backward_takes_d128_and_d64_where_it_measured_faster(headdim, cau
     [(128, False, 4096, 4096, 1, True), (128, False, 8192, 8192, 1, True), (128, False, 16384, 16384, 1, True),
      (128, False, 32768, 32768, 1, True), (128, False, 2048, 16384, 1, False), (128, False, 20480, 20480, 1, True),
      (128, False, 65536, 65536, 1, True), (128, False, 4096, 32768, 1, False), (128, False, 4096, 32768, 8, True),
-     (64, False, 4096, 4096, 1, True), (64, False, 4095, 4095, 1, False), (64, False, 16384, 16384, 1, True),
-     (64, False, 32768, 32768, 1, True), (64, True, 8192, 8192, 1, True), (64, True, 8191, 8191, 1, False),
-     (64, True, 16384, 16384, 2, True), (64, True, 32768, 32768, 1, True), (128, False, 1024, 2048, 1, False),
+     (64, False, 4096, 4096, 1, False), (128, False, 1024, 2048, 1, False),
      (128, False, 1024, 2048, 2, True), (128, False, 960, 960, 1, False), (128, False, 1000, 1000, 1, True),
      (128, True, 4096, 4096, 1, True), (128, True, 4100, 4100, 1, True), (128, True, 2048, 2048, 1, True),
      (128, True, 8448, 8448, 1, True), (128, True, 4096, 4096, 2, True), (128, True, 8192, 8192, 2, True),
@@ -194,12 +190,10 @@ def test_fused_backward_takes_d128_and_d64_where_it_measured_faster(headdim, cau
      (128, True, 1024, 1024, 1, False), (128, True, 4096, 8192, 1, False), (128, True, 8192, 4096, 1, False),
      (64, True, 4096, 4096, 1, False)],
 )  # fmt: skip
-def test_ordered_backward_takes_calls_whose_programs_fit_half_the_sms(
+def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
     headdim, causal, seqlen_q, seqlen_k, group, takes
 ):
-    """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128, and head dim 64 from 4k
-    queries full and 8k causal (4095 full, 8191 causal: no), by the same rules past that; full attention
-    in at most 2
+    """The ordered one-kernel backward's rule on a 132-SM GPU: head dim 128; full attention in at most 2
     key groups of at most 66 programs of 128 keys (16k keys: 2 groups of 64) and at most 2 query heads a
     key head (4k with 2, yes; 4k and 16k with 4, no), or past that in the convoy order with at least 2
     query tiles a program (20k keys: 160 programs, 320 tiles, yes; 32k and 64k, yes, 32k with 4 query
@@ -475,38 +469,33 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    "b, sq, sk, h, hk, causal, headdim",
-    [(2, 1024, 1024, 4, 4, False, 128), (1, 2048, 1500, 8, 4, False, 128), (1, 4096, 4096, 4, 2, False, 128),
-     (4, 4096, 4096, 16, 16, False, 128), (2, 8192, 8192, 16, 16, False, 128), (1, 16384, 16384, 16, 16, False, 128),
-     (1, 2048, 1024, 4, 2, False, 128), (1, 20480, 20480, 2, 2, False, 128), (1, 32768, 32768, 2, 1, False, 128),
-     (1, 4100, 4100, 4, 4, True, 128), (1, 4160, 4160, 8, 8, True, 128), (8, 2048, 2048, 16, 16, True, 128),
-     (4, 4096, 4096, 16, 16, True, 128), (2, 8192, 8192, 16, 16, True, 128), (1, 8448, 8448, 8, 8, True, 128),
-     (1, 16384, 16384, 4, 4, True, 128), (1, 16640, 16640, 4, 4, True, 128), (1, 12288, 12288, 8, 4, True, 128),
-     (1, 17000, 17000, 2, 2, True, 128), (1, 20480, 20480, 2, 2, True, 128), (1, 24576, 24576, 2, 2, True, 128),
-     (1, 49152, 49152, 2, 2, True, 128), (1, 4096, 4096, 8, 4, True, 128), (1, 8192, 8192, 16, 8, True, 128),
-     (4, 4096, 4096, 16, 16, False, 64), (1, 16384, 16384, 16, 16, False, 64), (1, 20480, 20480, 2, 2, False, 64),
-     (2, 8192, 8192, 16, 16, True, 64), (1, 16640, 16640, 4, 4, True, 64), (1, 12288, 12288, 8, 4, True, 64),
-     (1, 24576, 24576, 2, 2, True, 64)],
+    "b, sq, sk, h, hk, causal",
+    [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 4, False), (1, 4096, 4096, 4, 2, False),
+     (4, 4096, 4096, 16, 16, False), (2, 8192, 8192, 16, 16, False), (1, 16384, 16384, 16, 16, False),
+     (1, 2048, 1024, 4, 2, False), (1, 20480, 20480, 2, 2, False), (1, 32768, 32768, 2, 1, False),
+     (1, 4100, 4100, 4, 4, True), (1, 4160, 4160, 8, 8, True), (8, 2048, 2048, 16, 16, True),
+     (4, 4096, 4096, 16, 16, True), (2, 8192, 8192, 16, 16, True), (1, 8448, 8448, 8, 8, True),
+     (1, 16384, 16384, 4, 4, True), (1, 16640, 16640, 4, 4, True), (1, 12288, 12288, 8, 4, True),
+     (1, 17000, 17000, 2, 2, True), (1, 20480, 20480, 2, 2, True), (1, 24576, 24576, 2, 2, True),
+     (1, 49152, 49152, 2, 2, True), (1, 4096, 4096, 8, 4, True), (1, 8192, 8192, 16, 8, True)],
 )  # fmt: skip
-def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal, headdim):
-    """A deterministic d128 or d64 backward runs the ordered one-kernel backward alone where
-    `supports_ordered` says: full attention (GQA with 2 query heads a key head; past 16.9k keys in the
-    convoy order: 20k, and 32k with GQA), and causal from 2k queries on as many keys in one key group (a
-    partial last query tile on the last program's diagonal at 4100 and 4160 tokens, 66 programs a key head
-    at 8448 on 132 SMs; with 2 query heads a key head at 4k and 8k), in two key groups (16k, 16640 with a
-    partial last program, 12k with 2 query heads a key head), past that in the convoy order (17000, with a
-    partial last query tile, and 20480 walking up, 24k and 48k walking its tiles down); at d64 from 4k
-    queries full (16k in two key groups, 20k in the convoy order) and 8k causal (16640 in two key groups,
-    12k with GQA, 24k in the convoy walking down); the gradients pass the tolerance rule (at the smaller
-    sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic
-    kernels'."""
+def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq, sk, h, hk, causal):
+    """A deterministic d128 backward runs the ordered one-kernel backward alone where `supports_ordered`
+    says: full attention (GQA with 2 query heads a key head; past 16.9k keys in the convoy order: 20k, and
+    32k with GQA), and causal from 2k queries on as many keys in one key group (a partial last query tile
+    on the last program's diagonal at 4100 and 4160 tokens, 66 programs a key head at 8448 on 132 SMs; with
+    2 query heads a key head at 4k and 8k), in two key groups (16k, 16640 with a partial last program, 12k
+    with 2 query heads a key head), past that in the convoy order (17000, with a partial last query tile,
+    and 20480 walking up, 24k and 48k walking its tiles down); the gradients pass the
+    tolerance rule (at the smaller
+    sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
     )  # fmt: skip
-    q, k, v = _gpu_inputs(b, sq, sk, h, hk, headdim, seed=sq + h if causal else sq + sk + h)
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + h if causal else sq + sk + h)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert fused_hopper.supports_ordered(headdim, causal, sq, sk, h // hk, sms)
+    assert fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)
     if (b * h * sq <= 8 * 4160) if causal else (sq <= 2048):  # (the float64 reference at these sizes)
         check_against_reference(
             lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal),
