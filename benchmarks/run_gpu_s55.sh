@@ -12,6 +12,9 @@
 #   bash benchmarks/run_gpu_s55.sh 3   # call 2's GPU tests again after the launch-key fix (a d64 and a d128 launch with
 #       the same tile rows had shared one compiled kernel), then GPT-2 medium 8k with ours, the ordered backward on
 #       and off (FLASHTRAIN_ORDERED_BWD=0: the two kernels), alternating, two runs each
+#   bash benchmarks/run_gpu_s55.sh 4   # the end-to-end table again on this tree (d64 on the two kernels): GPT-2 medium
+#       at 8k, 1k and 16k with SDPA flash, SDPA cuDNN and ours (triton), eager attention at 1k, each row a fresh
+#       process, compiled blocks launched kernel by kernel (bench_train.py's default)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -46,6 +49,14 @@ case "$1" in
       FLASHTRAIN_ORDERED_BWD=$ordered timeout 150 python benchmarks/bench_train.py --models gpt2_medium \
         --seqlens 8192 --impls triton --out "$R/train_medium8k_ordered${ordered}_run$run.json" 2>&1 | quiet \
         | grep "^| gpt2"
+    done
+  done
+  ;;
+4)
+  for n in 8192 1024 16384; do
+    for impl in sdpa_flash sdpa_cudnn triton $([ $n = 1024 ] && echo eager); do
+      timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens $n --impls $impl \
+        --out "$R/train_medium${n}_$impl.json" 2>&1 | quiet | grep "^| gpt2"
     done
   done
   ;;
