@@ -15,6 +15,7 @@
 #   bash benchmarks/run_gpu_s55.sh 4   # the end-to-end table again on this tree (d64 on the two kernels): GPT-2 medium
 #       at 8k, 1k and 16k with SDPA flash, SDPA cuDNN and ours (triton), eager attention at 1k, each row a fresh
 #       process, compiled blocks launched kernel by kernel (bench_train.py's default)
+#   bash benchmarks/run_gpu_s55.sh 5   # the same for GPT-2 small at 8k and 1k (SDPA flash, SDPA cuDNN, ours)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -57,6 +58,14 @@ case "$1" in
     for impl in sdpa_flash sdpa_cudnn triton $([ $n = 1024 ] && echo eager); do
       timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens $n --impls $impl \
         --out "$R/train_medium${n}_$impl.json" 2>&1 | quiet | grep "^| gpt2"
+    done
+  done
+  ;;
+5)
+  for n in 8192 1024; do
+    for impl in sdpa_flash sdpa_cudnn triton; do
+      timeout 80 python benchmarks/bench_train.py --models gpt2_small --seqlens $n --impls $impl \
+        --out "$R/train_small${n}_$impl.json" 2>&1 | quiet | grep "^| gpt2"
     done
   done
   ;;
