@@ -9,6 +9,8 @@
 #       atomic from 4k): the ordered and determinism GPU tests (new: d64 edge cases and d64 routes), the unordered
 #       kernel's GPU tests, then the backward alone at 16 heads over more lengths and six rounds (ab_fused_bwd.py
 #       --headdim 64): causal 8k-64k (past 16896 keys the causal convoy), full 4k-32k (20k-32k in the convoy order)
+#       (parts 2-3 ran on the tree that routed d64 there, commit 9f3d075, reverted after part 3: on the final tree
+#       part 2's A/B needs --fused-configs 64:2)
 #   bash benchmarks/run_gpu_s55.sh 3   # call 2's GPU tests again after the launch-key fix (a d64 and a d128 launch with
 #       the same tile rows had shared one compiled kernel), then GPT-2 medium 8k with ours, the ordered backward on
 #       and off (FLASHTRAIN_ORDERED_BWD=0: the two kernels), alternating, two runs each
