@@ -94,27 +94,24 @@ def main() -> None:
     if args.ordered:
         variants["ordered"] = (False, True)
     fused_configs = {}  # (variant -> its one-kernel backward's config at --headdim; others: the first or the rule's)
-    for i, text in enumerate(args.fused_configs or ()):
+    for text in args.fused_configs or ():
         try:
             block_m, stages = (int(x) for x in text.split(":"))
         except ValueError:
             parser.error(f"--fused-configs takes BLOCK_M:STAGES, got {text!r}")
-        cfg = _flash_dkdv_hopper.HopperDkdvConfig(
+        fused_configs[f"ordered_m{block_m}s{stages}"] = _flash_dkdv_hopper.HopperDkdvConfig(
             block_m=block_m, block_n=64, consumers=2, stages=stages, consumer_regs=240
         )
-        if i == 0:
-            _flash_bwd_fused_hopper.CONFIGS[args.headdim] = cfg
-        elif not args.ordered:
-            parser.error("more than one --fused-configs times ordered variants: give --ordered")
-        else:
-            variants[f"ordered_m{block_m}s{stages}"] = (False, True)
-        fused_configs[f"ordered_m{block_m}s{stages}"] = cfg
-    first_config = _flash_bwd_fused_hopper.CONFIGS.get(args.headdim)
+    if len(fused_configs) > 1 and not args.ordered:
+        parser.error("more than one --fused-configs times ordered variants: give --ordered")
+    first_config = next(iter(fused_configs.values()), _flash_bwd_fused_hopper.CONFIGS.get(args.headdim))
     if first_config is None:
         parser.error(
             f"the one-kernel backward takes no head dim {args.headdim} by default: give --fused-configs"
         )
+    variants.update((name, (False, True)) for name in list(fused_configs)[1:])
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
+    configs_default = dict(_flash_bwd_fused_hopper.CONFIGS)
     # the causal convoy order (variant ordered: without it), with the default launch blocks or each given
     convoys = {"ordered_causal_convoy": _flash_bwd_fused_hopper.CONVOY_BLOCK_SETTING}  # (None: the rule's)
     if args.convoy_blocks:
@@ -197,6 +194,8 @@ def main() -> None:
         rows.append(row)
         write_results(args.out, rows)
     _flash_bwd_fused_hopper.ORDERED_ENABLED = ordered_default
+    _flash_bwd_fused_hopper.CONFIGS.clear()
+    _flash_bwd_fused_hopper.CONFIGS.update(configs_default)
 
 
 if __name__ == "__main__":
