@@ -13,8 +13,9 @@ descriptors' layouts mangled into strings) took 13-23 us and the four validated 
   cache) with Gluon's `TensorDescriptor`s, and keeps the compiled kernel it returns.
 - Its key is what Triton specializes on: the device, the constexprs, each descriptor's dtype and block
   (rows and head dim: until session 55 the head dim was left out, so a d64 and a d128 launch of one
-  kernel with the same rows shared the first one's compiled kernel), and Triton's own specialization of every other argument (`native_specialize_impl`: dtype and
-  16-byte alignment of a pointer, width, divisibility by 16 and == 1 of an int).
+  kernel with the same rows shared the first one's compiled kernel), and Triton's own specialization of
+  every other argument (`native_specialize_impl`: dtype and 16-byte alignment of a pointer, width,
+  divisibility by 16 and == 1 of an int).
 - Later launches with that key call the compiled kernel's C launcher itself, the one Triton's
   `wrap_handle_tensordesc` wraps, with each TMA descriptor already encoded: Triton encodes the 128-byte
   CUtensorMap from the tensor's address, its (batch, heads, seqlen, headdim) view's shape and strides,
