@@ -1,7 +1,7 @@
 """The one-kernel backward (`kernels._flash_bwd_fused_hopper`) against the deterministic two kernels,
 alternating in one process for several rounds: the backward alone on a saved forward (do_bench
-median), d128 (--headdim), bf16, batch x seqlen = 16k tokens, nheads x headdim = 2048. Session 42 used it where single runs of
-bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
+median), d128 (--headdim), bf16, batch x seqlen = 16k tokens, nheads x headdim = 2048. Session 42
+used it where single runs of bench_attention.py and exp_fused_bwd.py disagreed (causal 16k).
 
     python benchmarks/ab_fused_bwd.py --causal --seqlens 8192 16384 --rounds 5 --out ab.json
 
@@ -93,7 +93,8 @@ def main() -> None:
     variants = {"deterministic": (False, False), "fused": (True, False)}
     if args.ordered:
         variants["ordered"] = (False, True)
-    fused_configs = {}  # (variant -> its one-kernel backward's config at --headdim; others: the first or the rule's)
+    # variant -> its one-kernel backward's config at --headdim (other variants: the first, or the rule's)
+    fused_configs = {}
     for text in args.fused_configs or ():
         try:
             block_m, stages = (int(x) for x in text.split(":"))
