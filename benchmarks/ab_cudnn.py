@@ -36,9 +36,8 @@ IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "s
 # under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
 STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
-KEY_GROUPS_PREFIX = (
-    "ours_causal_key_groups_"  # (--also-causal-key-groups N: ours, causal in up to N key groups)
-)
+# (--also-causal-key-groups N: ours, causal in up to N key groups)
+KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 
 
 def _with_setting(fn, name: str, value):
@@ -56,16 +55,10 @@ def _with_setting(fn, name: str, value):
     return run
 
 
-def shape(seqlen: int, headdim: int, nheads: int | None) -> tuple[int, int]:
-    """(batch, nheads): the issue's, or its batch with nheads heads (a model's shape, e.g. 8 heads of 128)."""
-    batch, issue_nheads = issue_shape(seqlen, headdim)
-    return batch, nheads or issue_nheads
-
-
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | None = None) -> dict:
     """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
     ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors)."""
-    batch, nheads = shape(seqlen, headdim, nheads)
+    batch, nheads = issue_shape(seqlen, headdim, nheads)
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -101,7 +94,7 @@ def case(
         for impl in rotated(list(impls), r):
             for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
                 times[(impl, what)].append(time_ms(fn))
-    batch, nheads = shape(seqlen, headdim, nheads)
+    batch, nheads = issue_shape(seqlen, headdim, nheads)
     flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds, batch=batch, nheads=nheads)
     for (impl, what), ms in times.items():

@@ -77,22 +77,8 @@ def main() -> None:
         parser.error(f"--nheads must be a positive multiple of --group ({args.group}), got {args.nheads}")
     if args.causal_convoy_everywhere and not (args.ordered and args.causal):
         parser.error("--causal-convoy-everywhere times the causal convoy: give --ordered --causal")
-    if args.causal_convoy_upto is not None:
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
-    if args.ordered_max_group is not None:
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_MAX_GROUP = args.ordered_max_group
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_GROUP = args.ordered_max_group
-        _flash_bwd_fused_hopper.ORDERED_ROTATION_MAX_GROUP = args.ordered_max_group
-    if args.ordered_causal_key_groups is not None:
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
-    if args.causal_from is not None:
-        _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
-    if args.ordered_causal_from is not None:
-        _flash_bwd_fused_hopper.ORDERED_CAUSAL_FROM = args.ordered_causal_from
-    # variant -> (atomic dq, ordered one-kernel backward on)
-    variants = {"deterministic": (False, False), "fused": (True, False)}
-    if args.ordered:
-        variants["ordered"] = (False, True)
+    if args.full_convoy and (args.causal or not args.ordered):
+        parser.error("--full-convoy times full attention's convoy order: give --ordered, not --causal")
     # variant -> its one-kernel backward's config at --headdim (other variants: the first, or the rule's)
     fused_configs = {}
     for text in args.fused_configs or ():
@@ -110,6 +96,23 @@ def main() -> None:
         parser.error(
             f"the one-kernel backward takes no head dim {args.headdim} by default: give --fused-configs"
         )
+    # (every argument checked: the kernels' settings change from here)
+    if args.causal_convoy_upto is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
+    if args.ordered_max_group is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_MAX_GROUP = args.ordered_max_group
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_GROUP = args.ordered_max_group
+        _flash_bwd_fused_hopper.ORDERED_ROTATION_MAX_GROUP = args.ordered_max_group
+    if args.ordered_causal_key_groups is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
+    if args.causal_from is not None:
+        _flash_bwd_fused_hopper.CAUSAL_FROM = args.causal_from
+    if args.ordered_causal_from is not None:
+        _flash_bwd_fused_hopper.ORDERED_CAUSAL_FROM = args.ordered_causal_from
+    # variant -> (atomic dq, ordered one-kernel backward on)
+    variants = {"deterministic": (False, False), "fused": (True, False)}
+    if args.ordered:
+        variants["ordered"] = (False, True)
     variants.update((name, (False, True)) for name in list(fused_configs)[1:])
     ordered_default = _flash_bwd_fused_hopper.ORDERED_ENABLED
     configs_default = dict(_flash_bwd_fused_hopper.CONFIGS)
@@ -132,8 +135,6 @@ def main() -> None:
     if args.ordered and args.causal:
         variants.update((name, (False, True)) for name in convoys)
     if args.full_convoy:
-        if args.causal or not args.ordered:
-            parser.error("--full-convoy times full attention's convoy order: give --ordered, not --causal")
         variants["ordered_full_convoy"] = (False, True)
     max_key_groups = _flash_bwd_fused_hopper.MAX_KEY_GROUPS
     causal_key_groups = _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS

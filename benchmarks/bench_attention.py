@@ -43,10 +43,11 @@ TOKENS = 16384
 MODEL_DIM = 2048
 
 
-def issue_shape(seqlen: int, headdim: int) -> tuple[int, int]:
+def issue_shape(seqlen: int, headdim: int, nheads: int | None = None) -> tuple[int, int]:
     """(batch, nheads) of the issue's shapes: batch x seqlen = TOKENS (one sequence past it) and
-    nheads x headdim = MODEL_DIM."""
-    return max(TOKENS // seqlen, 1), MODEL_DIM // headdim
+    nheads x headdim = MODEL_DIM, or the given nheads with that batch (a model's shape, e.g. 8 heads of
+    128)."""
+    return max(TOKENS // seqlen, 1), nheads or MODEL_DIM // headdim
 
 
 def fwd_flops(batch: int, nheads: int, seqlen: int, headdim: int, causal: bool) -> float:

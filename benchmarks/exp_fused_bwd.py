@@ -81,8 +81,7 @@ def saved_forward(
     """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
     tokens and nheads x headdim = 2048 (or nheads query heads: a model's shape), group query heads a key
     head (q, k, v require grad, for the public API's fwd+bwd too)."""
-    batch, issue_nheads = issue_shape(seqlen, headdim)
-    nheads = nheads or issue_nheads
+    batch, nheads = issue_shape(seqlen, headdim, nheads)
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
