@@ -187,13 +187,21 @@ def bench_one(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap
+        # each step's host time and device time (events between steps), so a run that is slow overall
+        # can be told apart from one step that stalled
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        host_marks = []
         with scheduled_gc(gc_every) as collect_after:
             start = time.perf_counter()
+            marks[0].record()
             for i in range(steps):
                 loss = step()
                 collect_after(i + 1)
+                marks[i + 1].record()
+                host_marks.append(time.perf_counter())
             loss.item()  # host-device sync: all steps finished
             elapsed = time.perf_counter() - start
+        row.update(step_spans(start, host_marks, marks))
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
             p = device_profile(
@@ -226,6 +234,15 @@ def bench_one(
     if marker is not None:  # every attention-looking kernel that ran: which backend a call went to
         row["attention_kernels"] = [n for n in names if any(t in n.lower() for t in ATTENTION_HINTS)][:6]
     return row
+
+
+def step_spans(start: float, host_marks: list[float], marks: list) -> dict:
+    """Per timed step: host ms (from the previous step's end to this one's, perf_counter) and device ms
+    (between CUDA events recorded after each step; the events must have completed). When the host is the
+    bound, the two agree step by step; a stall shows as one step far above the median."""
+    host = [1000 * (b - a) for a, b in zip([start] + host_marks, host_marks)]
+    device = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+    return dict(step_ms_host=[round(t, 2) for t in host], step_ms_device=[round(t, 2) for t in device])
 
 
 def set_inductor_config(parser, setting: str) -> None:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 56). Each part is what one call ran; the outputs are in
+# benchmarks/results/s56/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s56.sh 1   # GPT-2 small 1k (host-bound), each step timed on the host and the device
+#       (bench_train.py's step_ms_host / step_ms_device), 30 steps: ours four times, SDPA cuDNN twice, each a fresh
+#       process, to see whether ours' slow runs (s55: 331.6k / 369.6k / 507.7k tokens/s) are slow every step or stall
+#       in a few; then GPT-2 medium 8k profiled (--profile 2), ours on the two d64 kernels and with the ordered
+#       one-kernel backward at d64 (CONFIGS[64] = 64-query steps on 2 stages, as commit 9f3d075 had it), in-process
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+spans() { python -c "
+import json, statistics as st, sys
+for f in sys.argv[1:]:
+    r = json.load(open(f))['rows'][0]
+    h, d = r.get('step_ms_host', []), r.get('step_ms_device', [])
+    print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), 'host med/max', st.median(h) if h else '-', max(h, default='-'),
+          'device med/max', st.median(d) if d else '-', max(d, default='-'), r.get('error', ''))
+" "$@"; }
+d64_on() {  # d64_on SECONDS OPTION...: the ordered one-kernel backward at head dim 64, then bench_train.py here
+  local secs=$1
+  shift
+  PYTHONPATH=. timeout "$secs" python -c "
+import runpy, sys
+import kernels._flash_bwd_fused_hopper as fused
+fused.CONFIGS[64] = fused.dkdv.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240)
+sys.argv = ['benchmarks/bench_train.py', *sys.argv[1:]]
+runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
+" "$@"
+}
+case "$1" in
+1)
+  for run in 1 2 3 4; do
+    timeout 80 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton --steps 30 \
+      --out "$R/train_small1024_triton_run$run.json" 2>&1 | quiet | grep "^| gpt2"
+    [ $run -le 2 ] && timeout 80 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 \
+      --impls sdpa_cudnn --steps 30 --out "$R/train_small1024_sdpa_cudnn_run$run.json" 2>&1 | quiet | grep "^| gpt2"
+  done
+  spans "$R"/train_small1024_*.json
+  timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton --in-process \
+    --profile 2 --out "$R/train_medium8k_two_kernels.json" 2>&1 | quiet | grep "^| gpt2"
+  d64_on 100 --models gpt2_medium --seqlens 8192 --impls triton --in-process --profile 2 \
+    --out "$R/train_medium8k_d64_ordered.json" 2>&1 | quiet | grep "^| gpt2"
+  ;;
+esac
