@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -190,18 +191,18 @@ def bench_one(
         # each step's host time and device time (events between steps), so a run that is slow overall
         # can be told apart from one step that stalled
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        host_marks = []
         with scheduled_gc(gc_every) as collect_after:
-            start = time.perf_counter()
+            samples = [host_sample()]
+            start = samples[0][0]
             marks[0].record()
             for i in range(steps):
                 loss = step()
                 collect_after(i + 1)
                 marks[i + 1].record()
-                host_marks.append(time.perf_counter())
+                samples.append(host_sample())
             loss.item()  # host-device sync: all steps finished
             elapsed = time.perf_counter() - start
-        row.update(step_spans(start, host_marks, marks))
+        row.update(step_spans(samples, marks))
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
             p = device_profile(
@@ -236,13 +237,46 @@ def bench_one(
     return row
 
 
-def step_spans(start: float, host_marks: list[float], marks: list) -> dict:
-    """Per timed step: host ms (from the previous step's end to this one's, perf_counter) and device ms
-    (between CUDA events recorded after each step; the events must have completed). When the host is the
-    bound, the two agree step by step; a stall shows as one step far above the median."""
-    host = [1000 * (b - a) for a, b in zip([start] + host_marks, host_marks)]
-    device = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-    return dict(step_ms_host=[round(t, 2) for t in host], step_ms_device=[round(t, 2) for t in device])
+def host_sample() -> tuple:
+    """(wall s, this thread's CPU s, this process's CPU s, the machine's (busy, total jiffies, CPUs) or None):
+    read between timed steps, so a slow step can be charged to this thread's own work, to other threads
+    of the process, or to other processes taking the CPUs."""
+    try:
+        with open("/proc/stat") as f:  # Linux: "cpu user nice system idle iowait irq softirq steal ...",
+            lines = f.read().splitlines()  # then a "cpuN ..." line per CPU
+        ticks = [int(t) for t in lines[0].split()[1:9]]
+        cpus = sum(line.startswith("cpu") and line[3:4].isdigit() for line in lines)
+        system = (sum(ticks) - ticks[3] - ticks[4], sum(ticks), cpus)
+    except (OSError, ValueError):
+        system = None
+    return time.perf_counter(), time.thread_time(), time.process_time(), system
+
+
+def busy_cores(before: tuple | None, after: tuple | None) -> float | None:
+    """The machine's busy cores between two /proc/stat readings (busy, total jiffies, CPUs): busy share
+    of all jiffies times the CPU count. None without both readings."""
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]) * after[2], 1)
+
+
+def step_spans(samples: list[tuple], marks: list) -> dict:
+    """Per timed step, from `host_sample`s taken before the first step and after each: wall ms on the
+    host, device ms (between CUDA events recorded after each step; they must have completed), this
+    thread's CPU ms, the CPU ms of the process's other threads, and the machine's busy cores (None
+    without /proc/stat). When the host is the bound, host and device ms agree step by step; a stall
+    shows as steps far above the median."""
+    spans = [
+        (b[0] - a[0], b[1] - a[1], (b[2] - a[2]) - (b[1] - a[1]), busy_cores(a[3], b[3]))
+        for a, b in itertools.pairwise(samples)
+    ]
+    return dict(
+        step_ms_host=[round(1000 * s[0], 2) for s in spans],
+        step_ms_device=[round(a.elapsed_time(b), 2) for a, b in itertools.pairwise(marks)],
+        step_cpu_ms_main=[round(1000 * s[1], 2) for s in spans],
+        step_cpu_ms_other_threads=[round(1000 * s[2], 2) for s in spans],
+        step_busy_cores=[s[3] for s in spans],
+    )
 
 
 def set_inductor_config(parser, setting: str) -> None:

@@ -6,6 +6,10 @@
 #       process, to see whether ours' slow runs (s55: 331.6k / 369.6k / 507.7k tokens/s) are slow every step or stall
 #       in a few; then GPT-2 medium 8k profiled (--profile 2), ours on the two d64 kernels and with the ordered
 #       one-kernel backward at d64 (CONFIGS[64] = 64-query steps on 2 stages, as commit 9f3d075 had it), in-process
+#   bash benchmarks/run_gpu_s56.sh 2   # GPT-2 small 1k again on a fresh machine, 40 steps, SDPA cuDNN first then ours,
+#       alternating, three each, with each step's CPU time (the main thread's, the other threads') and the machine's
+#       busy cores (bench_train.py's step_cpu_ms_main, step_cpu_ms_other_threads, step_busy_cores), and top's
+#       heaviest processes every 2 s beside them ($R/top.txt): who takes the host when a run is slow
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -41,5 +45,18 @@ case "$1" in
     --profile 2 --out "$R/train_medium8k_two_kernels.json" 2>&1 | quiet | grep "^| gpt2"
   d64_on 100 --models gpt2_medium --seqlens 8192 --impls triton --in-process --profile 2 \
     --out "$R/train_medium8k_d64_ordered.json" 2>&1 | quiet | grep "^| gpt2"
+  ;;
+2)
+  (top -b -d 2 -n 150 -w 160 | grep -A 7 "^ *PID" > "$R/top.txt") &
+  top_pid=$!
+  for run in 1 2 3; do
+    for impl in sdpa_cudnn triton; do
+      timeout 80 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls $impl --steps 40 \
+        --out "$R/train_small1024_${impl}_run$run.json" 2>&1 | quiet | grep "^| gpt2"
+      echo "$(date +%T) row done: $impl run $run" >> "$R/top.txt"
+    done
+  done
+  kill $top_pid 2>/dev/null
+  spans "$R"/train_small1024_*.json
   ;;
 esac
