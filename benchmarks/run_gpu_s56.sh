@@ -20,6 +20,10 @@ for f in sys.argv[1:]:
     h, d = r.get('step_ms_host', []), r.get('step_ms_device', [])
     print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), 'host med/max', st.median(h) if h else '-', max(h, default='-'),
           'device med/max', st.median(d) if d else '-', max(d, default='-'), r.get('error', ''))
+    if 'step_cpu_ms_main' in r:  # the medians, then the three slowest steps: (host ms, main CPU ms, other threads ms, busy cores)
+        cols = [h, r['step_cpu_ms_main'], r['step_cpu_ms_other_threads'], r['step_busy_cores']]
+        print('   median', [st.median(c) if None not in c else None for c in cols],
+              'slowest', [tuple(c[i] for c in cols) for i in sorted(range(len(h)), key=lambda i: -h[i])[:3]])
 " "$@"; }
 d64_on() {  # d64_on SECONDS OPTION...: the ordered one-kernel backward at head dim 64, then bench_train.py here
   local secs=$1
@@ -47,16 +51,16 @@ case "$1" in
     --out "$R/train_medium8k_d64_ordered.json" 2>&1 | quiet | grep "^| gpt2"
   ;;
 2)
-  (top -b -d 2 -n 150 -w 160 | grep -A 7 "^ *PID" > "$R/top.txt") &
-  top_pid=$!
+  top -b -d 2 -n 150 -w 160 | awk '/^top -/ {print; n = 0} /^ *PID/ {n = 8} n > 0 {print; n--; fflush()}' \
+    > "$R/top.txt" &
   for run in 1 2 3; do
     for impl in sdpa_cudnn triton; do
       timeout 80 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls $impl --steps 40 \
         --out "$R/train_small1024_${impl}_run$run.json" 2>&1 | quiet | grep "^| gpt2"
-      echo "$(date +%T) row done: $impl run $run" >> "$R/top.txt"
+      echo "$(date +%T) row done: $impl run $run" >> "$R/rows.txt"
     done
   done
-  kill $top_pid 2>/dev/null
+  pkill -x top
   spans "$R"/train_small1024_*.json
   ;;
 esac
