@@ -10,6 +10,10 @@
 #       alternating, three each, with each step's CPU time (the main thread's, the other threads') and the machine's
 #       busy cores (bench_train.py's step_cpu_ms_main, step_cpu_ms_other_threads, step_busy_cores), and top's
 #       heaviest processes every 2 s beside them ($R/top.txt): who takes the host when a run is slow
+#   bash benchmarks/run_gpu_s56.sh 3   # the end-to-end rows session 55 left out: GPT-2 medium 4k with SDPA flash, SDPA
+#       cuDNN, ours and eager attention, and eager attention at medium 8k / 16k and small 1k / 8k
+#   bash benchmarks/run_gpu_s56.sh 4   # GPT-2 small 4k and 16k with SDPA flash, SDPA cuDNN, ours and eager attention
+#       (parts 3-4: each row a fresh process, compiled blocks launched kernel by kernel, bench_train.py's default)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -62,5 +66,23 @@ case "$1" in
   done
   pkill -x top
   spans "$R"/train_small1024_*.json
+  ;;
+3)
+  for impl in sdpa_flash sdpa_cudnn triton eager; do
+    timeout 70 python benchmarks/bench_train.py --models gpt2_medium --seqlens 4096 --impls $impl \
+      --out "$R/train_medium4096_$impl.json" 2>&1 | quiet | grep "^| gpt2"
+  done
+  for row in medium:8192 medium:16384 small:1024 small:8192; do
+    timeout 70 python benchmarks/bench_train.py --models gpt2_${row%:*} --seqlens ${row#*:} --impls eager \
+      --out "$R/train_${row%:*}${row#*:}_eager.json" 2>&1 | quiet | grep "^| gpt2"
+  done
+  ;;
+4)
+  for n in 4096 16384; do
+    for impl in sdpa_flash sdpa_cudnn triton eager; do
+      timeout 70 python benchmarks/bench_train.py --models gpt2_small --seqlens $n --impls $impl \
+        --out "$R/train_small${n}_$impl.json" 2>&1 | quiet | grep "^| gpt2"
+    done
+  done
   ;;
 esac
