@@ -417,8 +417,9 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
 def run_row_in_child(model_name, seqlen, impl, peak) -> dict:
     """One row in a fresh process, with this run's other options, so that no row inherits another's
     compiled graphs, autotuning, allocator state or SDPA pin. (It does not remove the run-to-run spread
-    of host-bound rows: GPT-2 small 1k with our kernel measured 312k-463k tokens/s, in a shared process
-    and in fresh ones alike.)"""
+    of host-bound rows: the lent machine's host runs the same step's work 1.5-2x slower in some
+    processes, so GPT-2 small 1k measured 331k-507k tokens/s with our kernel and 398k-501k with SDPA
+    cuDNN; benchmarks/RESULTS.md, session 56.)"""
     import subprocess
     import tempfile
 
