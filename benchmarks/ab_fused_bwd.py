@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--convoy-key-groups", type=int, nargs="+", default=None,
                         help="with --ordered --causal, also time each causal convoy variant in each of these "
                         "numbers of key groups (its CAUSAL_CONVOY_KEY_GROUPS; the others in 1)")  # fmt: skip
+    parser.add_argument("--packed", action="store_true",
+                        help="q, k, v as views of one packed tensor and the gradients stored into one, as a "
+                        "GPT's attention runs (`exp_fused_bwd.saved_forward`)")  # fmt: skip
     args = parser.parse_args()
     if args.convoy_key_groups and (not (args.ordered and args.causal) or min(args.convoy_key_groups) < 1):
         parser.error(
@@ -151,7 +154,7 @@ def main() -> None:
         # (0: past no key group, so every causal call the convoy variants take in the convoy order)
         everywhere = args.causal_convoy_everywhere and variant in convoys
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = 0 if everywhere else causal_key_groups
-        return _backward(*inputs, args.causal, atomic)
+        return _backward(*inputs, args.causal, atomic, args.packed)
 
     def repeats_and_distance(variant, inputs, repeats, reference):
         """Whether variant's gradients repeat bit for bit over repeats runs, and its first run's largest
@@ -162,10 +165,11 @@ def main() -> None:
 
     rows = []
     for seqlen in args.seqlens:
-        inputs = saved_forward(seqlen, args.headdim, args.causal, args.group, args.nheads)
+        inputs = saved_forward(seqlen, args.headdim, args.causal, args.group, args.nheads, args.packed)
         row = dict(
-            seqlen=seqlen, headdim=args.headdim, causal=args.causal, group=args.group, rounds=args.rounds
-        )
+            seqlen=seqlen, headdim=args.headdim, causal=args.causal, group=args.group, rounds=args.rounds,
+            packed=args.packed,
+        )  # fmt: skip
         row["fused_configs"] = args.fused_configs
         row["batch"], row["nheads"] = inputs[0].shape[0], inputs[0].shape[2]
         if args.ordered:

@@ -31,12 +31,19 @@ from kernels import (  # noqa: E402
     _flash_fwd_hopper,
     flash_attention,  # noqa: E402
 )
+from kernels.reference import split_qkv  # noqa: E402
 
 
-def _backward(q, k, v, do, out, lse2, causal, atomic):
+def _backward(q, k, v, do, out, lse2, causal, atomic, packed=False):
+    """(dq, dk, dv); packed: stored into three views of one fresh (batch, seqlen, heads of q, k and v,
+    headdim) gradient, as the packed-QKV operator that a GPT's attention calls does."""
+    grads_out = None
+    if packed:
+        dqkv = q.new_empty(q.shape[0], q.shape[1], q.shape[2] + 2 * k.shape[2], q.shape[3])
+        grads_out = split_qkv(dqkv, k.shape[2])
     return _flash_bwd.flash_attn_backward(
         do, q, k, v, out, lse2, sm_scale=q.shape[-1] ** -0.5, win_left=None, win_right=0 if causal else None,
-        key_padding_mask=None, dropout_p=0.0, seed=0, atomic_dq=atomic,
+        key_padding_mask=None, dropout_p=0.0, seed=0, atomic_dq=atomic, grads_out=grads_out,
     )  # fmt: skip
 
 
@@ -76,22 +83,31 @@ def reference_check(headdim: int, causal: bool) -> dict:
 
 
 def saved_forward(
-    seqlen: int, headdim: int, causal: bool, group: int = 1, nheads: int | None = None
+    seqlen: int, headdim: int, causal: bool, group: int = 1, nheads: int | None = None, packed: bool = False
 ) -> tuple:
     """(q, k, v, do, out, base-2 lse) of one Hopper forward on seeded bf16 inputs of batch x seqlen = 16k
     tokens and nheads x headdim = 2048 (or nheads query heads: a model's shape), group query heads a key
-    head (q, k, v require grad, for the public API's fwd+bwd too)."""
+    head (q, k, v require grad, for the public API's fwd+bwd too). packed: q, k, v are views of one
+    (batch, seqlen, heads, headdim) tensor (`split_qkv`, a GPT's fused QKV projection); do is contiguous
+    either way (the output projection's gradient)."""
     batch, nheads = issue_shape(seqlen, headdim, nheads)
     torch.manual_seed(seqlen + headdim + causal)
-    q, k, v = (
-        torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for heads in (nheads, nheads // group, nheads // group)
-    )
+    heads = (nheads, nheads // group, nheads // group)
+    if packed:
+        qkv = torch.randn(
+            batch, seqlen, sum(heads), headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True
+        )
+        q, k, v = split_qkv(qkv, heads[1])
+    else:
+        q, k, v = (
+            torch.randn(batch, seqlen, h, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for h in heads
+        )
     with torch.no_grad():
         out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(
             q, k, v, sm_scale=headdim**-0.5, causal=causal
         )
-    return q, k, v, torch.randn_like(q), out, lse2
+    return q, k, v, torch.randn(q.shape, device="cuda", dtype=torch.bfloat16), out, lse2
 
 
 def point(seqlen: int, headdim: int, causal: bool) -> dict:

@@ -14,6 +14,10 @@
 #       cuDNN, ours and eager attention, and eager attention at medium 8k / 16k and small 1k / 8k
 #   bash benchmarks/run_gpu_s56.sh 4   # GPT-2 small 4k and 16k with SDPA flash, SDPA cuDNN, ours and eager attention
 #       (parts 3-4: each row a fresh process, compiled blocks launched kernel by kernel, bench_train.py's default)
+#   bash benchmarks/run_gpu_s56.sh 5   # the d64 one-kernel backward alone at GPT-2 medium 8k's shape (batch 2, 16 heads,
+#       causal), ordered (--fused-configs 64:2) against the two kernels, on separate q, k, v and on views of one
+#       packed tensor with the gradients stored into one (--packed, as training runs it): does the packed layout
+#       cost the one kernel the 5% it lost in the training step (part 1)?
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -83,6 +87,13 @@ case "$1" in
       timeout 70 python benchmarks/bench_train.py --models gpt2_small --seqlens $n --impls $impl \
         --out "$R/train_small${n}_$impl.json" 2>&1 | quiet | grep "^| gpt2"
     done
+  done
+  ;;
+5)
+  for layout in separate packed; do
+    timeout 130 python benchmarks/ab_fused_bwd.py --headdim 64 --nheads 16 --fused-configs 64:2 --ordered --causal \
+      --seqlens 8192 --rounds 8 $([ $layout = packed ] && echo --packed) --out "$R/ab_d64_causal8k_$layout.json" 2>&1 \
+      | quiet | cut -c1-400
   done
   ;;
 esac

@@ -30,3 +30,29 @@ def test_bad_arguments_stop_with_what_to_change_and_leave_the_configs(monkeypatc
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
     assert _flash_bwd_fused_hopper.CONFIGS == configs
+
+
+def test_packed_backward_stores_one_gradient_equal_to_the_separate_ones():
+    """`exp_fused_bwd._backward(packed=True)` (ab_fused_bwd.py --packed) gives the same gradients as the
+    separate tensors, stored into views of one packed gradient (portable kernels on CPU, fp32, GQA)."""
+    import torch
+
+    from benchmarks.exp_fused_bwd import _backward
+    from kernels import _flash_fwd
+    from kernels.reference import split_qkv
+
+    from ..conftest import DEVICE
+
+    torch.manual_seed(0)
+    qkv = torch.randn(1, 40, 4 + 2 * 2, 16, device=DEVICE)
+    q, k, v = split_qkv(qkv, 2)
+    out, lse2 = _flash_fwd.flash_attn_forward(
+        q, k, v, sm_scale=16**-0.5, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0
+    )
+    do = torch.randn(q.shape, device=DEVICE)
+    separate = _backward(*(t.contiguous() for t in (q, k, v)), do, out, lse2, True, False)
+    packed = _backward(q, k, v, do, out, lse2, True, False, packed=True)
+    base = packed[0].untyped_storage().data_ptr()
+    assert all(g.untyped_storage().data_ptr() == base for g in packed)
+    for got, want in zip(packed, separate, strict=True):
+        torch.testing.assert_close(got, want)
