@@ -18,6 +18,9 @@
 #       causal), ordered (--fused-configs 64:2) against the two kernels, on separate q, k, v and on views of one
 #       packed tensor with the gradients stored into one (--packed, as training runs it): does the packed layout
 #       cost the one kernel the 5% it lost in the training step (part 1)?
+#   bash benchmarks/run_gpu_s56.sh 6   # GPT-2 small 1k and 4k (host-bound launched kernel by kernel) replayed from CUDA
+#       graphs (--compile-mode reduce-overhead, as trainer.cuda_graphs=true), SDPA cuDNN against ours, each a fresh
+#       process, 30 steps: the two on the device with the host's speed out of the way
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -95,5 +98,14 @@ case "$1" in
       --seqlens 8192 --rounds 8 $([ $layout = packed ] && echo --packed) --out "$R/ab_d64_causal8k_$layout.json" 2>&1 \
       | quiet | cut -c1-400
   done
+  ;;
+6)
+  for n in 1024 4096; do
+    for impl in sdpa_cudnn triton; do
+      timeout 58 python benchmarks/bench_train.py --models gpt2_small --seqlens $n --impls $impl --steps 30 \
+        --compile-mode reduce-overhead --out "$R/train_small${n}_${impl}_graphs.json" 2>&1 | quiet | grep "^| gpt2"
+    done
+  done
+  spans "$R"/train_small*_graphs.json
   ;;
 esac
