@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
     device_gaps,
     device_profile,
+    gpu_clock_log,
     gpu_slug,
     host_profile,
     is_oom,
@@ -142,6 +143,7 @@ def bench_one(
     compile_mode=None,
     profile_ops=0,
     kernel_callers=None,
+    gpu_clocks=False,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     batch = max(1, tokens_per_step // seqlen)
@@ -187,11 +189,13 @@ def bench_one(
         names = kernel_names(step) if marker is not None else []
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap
         # each step's host time and device time (events between steps), so a run that is slow overall
         # can be told apart from one step that stalled
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        with scheduled_gc(gc_every) as collect_after:
+        # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap; the GPU's
+        # clock and power sampled beside the timed steps when asked
+        clocks = gpu_clock_log() if gpu_clocks else contextlib.nullcontext({})
+        with scheduled_gc(gc_every) as collect_after, clocks as clock_summary:
             samples = [host_sample()]
             start = samples[0][0]
             marks[0].record()
@@ -203,6 +207,8 @@ def bench_one(
             loss.item()  # host-device sync: all steps finished
             elapsed = time.perf_counter() - start
         row.update(step_spans(samples, marks))
+        if gpu_clocks:
+            row["gpu_clocks"] = clock_summary
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
             p = device_profile(
@@ -325,6 +331,9 @@ def main():
                         help="set torch._inductor.config.KEY (e.g. triton.mix_order_reduction_split_size=64); repeatable")  # fmt: skip
     parser.add_argument("--gaps", type=int, default=0, metavar="STEPS",
                         help="then find where the device idles over STEPS steps (CUDA-only profiler)")  # fmt: skip
+    parser.add_argument("--gpu-clocks", action="store_true",
+                        help="sample the GPU's SM clock and power draw (nvidia-smi, every 100 ms) during the "
+                        "timed steps: whether a row ran at the power cap")  # fmt: skip
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
                         help="then cProfile STEPS steps: the host functions with the most own time")  # fmt: skip
     parser.add_argument(
@@ -401,6 +410,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.compile_mode,
             args.profile_ops,
             args.kernel_callers,
+            args.gpu_clocks,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

@@ -6,10 +6,13 @@ triton, date, rows), plus optional markdown and PNG renderings of the rows.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import platform
+import statistics
+import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -307,6 +310,56 @@ def profile_table(
     if path is not None:
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def gpu_clock_log(interval_ms: int = 100):
+    """Sample the current CUDA device's SM clock (MHz) and power draw (W) with nvidia-smi every interval_ms
+    while the block runs. Yields a dict that is filled on exit with `clock_summary`'s figures, or with
+    "error" saying why there are none (no nvidia-smi, or it failed): a training step that runs at the power
+    cap shows as SM clocks under the GPU's boost clock. (nvidia-smi is a separate process: it costs the
+    host a little CPU every interval.)"""
+    summary: dict = {}
+    # (the device by UUID: CUDA_VISIBLE_DEVICES renumbers devices for torch, not for nvidia-smi; torch
+    # versions differ in whether the UUID's string has nvidia-smi's "GPU-" prefix)
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    cmd = ["nvidia-smi", "-i", uuid, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+           f"-lms={interval_ms}"]  # fmt: skip
+    try:
+        sampler = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as e:
+        summary["error"] = f"nvidia-smi did not start: {e}"
+        yield summary
+        return
+    try:
+        yield summary
+    finally:
+        sampler.terminate()
+        output, _ = sampler.communicate()
+        summary.update(clock_summary(output))
+
+
+def clock_summary(output: str) -> dict:
+    """The figures of nvidia-smi's "clocks.sm, power.draw" CSV lines (no header, no units): sample count,
+    SM clock MHz median / min / max, power W median / max. Lines that are not two numbers are skipped;
+    with no sample, "error" holds the output's first line."""
+    samples = []
+    for line in output.splitlines():
+        try:
+            clock, power = (float(x) for x in line.split(","))
+        except ValueError:
+            continue
+        samples.append((clock, power))
+    if not samples:
+        first = output.strip().splitlines()[0] if output.strip() else "no output"
+        return {"error": f"no clock samples from nvidia-smi: {first[:200]}"}
+    clocks, powers = zip(*samples, strict=True)
+    return {
+        "samples": len(samples),
+        "sm_clock_mhz": [statistics.median(clocks), min(clocks), max(clocks)],
+        "power_w": [statistics.median(powers), max(powers)],
+    }
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -39,3 +39,55 @@ def test_alternating_rounds_put_every_name_at_every_position_once_per_cycle(name
     for pos in range(len(names)):
         assert sorted(map(str, (order[pos] for order in orders[: len(names)]))) == sorted(map(str, names))
     assert orders[0] == list(names) and orders[len(names)] == list(names)
+
+
+def test_clock_summary_reads_nvidia_smi_lines_and_says_when_there_are_none():
+    from benchmarks.common import clock_summary
+
+    out = "1980, 690.12\n1755, 699.80\n\n1830, 650.00\n"
+    assert clock_summary(out) == {
+        "samples": 3,
+        "sm_clock_mhz": [1830.0, 1755.0, 1980.0],
+        "power_w": [690.12, 699.8],
+    }
+    assert clock_summary("1980, [N/A]\nNo devices were found\n") == {
+        "error": "no clock samples from nvidia-smi: 1980, [N/A]"
+    }
+    assert clock_summary("") == {"error": "no clock samples from nvidia-smi: no output"}
+
+
+def test_gpu_clock_log_says_when_nvidia_smi_is_missing(monkeypatch):
+    import types
+
+    import torch
+
+    from benchmarks import common
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="58f8-aa"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with common.gpu_clock_log() as summary:
+        pass
+    assert summary["error"].startswith("nvidia-smi did not start")
+
+
+def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(monkeypatch, tmp_path):
+    import time
+    import types
+
+    import torch
+
+    from benchmarks import common
+
+    fake = tmp_path / "nvidia-smi"  # prints two samples, then runs until terminated
+    fake.write_text(
+        f'#!/bin/sh\necho "$2" > {tmp_path}/device\necho "1980, 690.5"\necho "1800, 700"\nexec sleep 30\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="58f8-aa"))
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with common.gpu_clock_log() as summary:
+        time.sleep(0.5)  # (the fake's output arrives while the block runs)
+    assert (tmp_path / "device").read_text().strip() == "GPU-58f8-aa"
+    assert summary == {"samples": 2, "sm_clock_mhz": [1890.0, 1800.0, 1980.0], "power_w": [695.25, 700.0]}
