@@ -8,6 +8,11 @@ the bf16 matmul peak *measured in the same run*.
 For SDPA, the requested backend is pinned with `sdpa_kernel` and then checked: one profiled step must
 show that backend's kernels (under torch.compile a silent fallback to another backend is possible).
 
+Besides the mean, each row keeps every timed step's host and device ms and CPU time (`step_spans`): a
+short-context row is often bound by the host, whose speed varies between processes on a shared machine,
+and these tell such a run from one whose device work is slow. `--gpu-clocks` adds the SM clock and power
+the GPU ran at (nvidia-smi).
+
     python benchmarks/bench_train.py --models gpt2_small,gpt2_medium --seqlens 1024,4096,8192,16384
     python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
         --activation-checkpointing   # as experiment=gpt2_medium_8k trains
