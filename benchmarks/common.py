@@ -325,7 +325,7 @@ def gpu_clock_log(interval_ms: int = 100):
     uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
     uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
     cmd = ["nvidia-smi", "-i", uuid, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-           f"-lms={interval_ms}"]  # fmt: skip
+           f"--loop-ms={interval_ms}"]  # fmt: skip
     try:
         sampler = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     except OSError as e:

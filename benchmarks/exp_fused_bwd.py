@@ -93,16 +93,11 @@ def saved_forward(
     batch, nheads = issue_shape(seqlen, headdim, nheads)
     torch.manual_seed(seqlen + headdim + causal)
     heads = (nheads, nheads // group, nheads // group)
-    if packed:
-        qkv = torch.randn(
-            batch, seqlen, sum(heads), headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True
-        )
-        q, k, v = split_qkv(qkv, heads[1])
-    else:
-        q, k, v = (
-            torch.randn(batch, seqlen, h, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            for h in heads
-        )
+
+    def leaf(h: int) -> torch.Tensor:
+        return torch.randn(batch, seqlen, h, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    q, k, v = split_qkv(leaf(sum(heads)), heads[1]) if packed else map(leaf, heads)
     with torch.no_grad():
         out, lse2 = _flash_fwd_hopper.flash_attn_forward_hopper(
             q, k, v, sm_scale=headdim**-0.5, causal=causal

@@ -56,26 +56,30 @@ def test_clock_summary_reads_nvidia_smi_lines_and_says_when_there_are_none():
     assert clock_summary("") == {"error": "no clock samples from nvidia-smi: no output"}
 
 
-def test_gpu_clock_log_says_when_nvidia_smi_is_missing(monkeypatch):
+@pytest.fixture
+def one_fake_cuda_device(monkeypatch):
+    """torch.cuda answering for device 0 with UUID "58f8-aa" (`gpu_clock_log` asks it which GPU to sample)."""
     import types
 
     import torch
 
-    from benchmarks import common
-
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="58f8-aa"))
+
+
+def test_gpu_clock_log_says_when_nvidia_smi_is_missing(monkeypatch, one_fake_cuda_device):
+    from benchmarks import common
+
     monkeypatch.setenv("PATH", "/nonexistent")
     with common.gpu_clock_log() as summary:
         pass
     assert summary["error"].startswith("nvidia-smi did not start")
 
 
-def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(monkeypatch, tmp_path):
+def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(
+    monkeypatch, tmp_path, one_fake_cuda_device
+):
     import time
-    import types
-
-    import torch
 
     from benchmarks import common
 
@@ -84,8 +88,6 @@ def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(monkeypat
         f'#!/bin/sh\necho "$2" > {tmp_path}/device\necho "1980, 690.5"\necho "1800, 700"\nexec sleep 30\n'
     )
     fake.chmod(0o755)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="58f8-aa"))
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     with common.gpu_clock_log() as summary:
         time.sleep(0.5)  # (the fake's output arrives while the block runs)
