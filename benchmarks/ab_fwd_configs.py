@@ -4,6 +4,7 @@ headdim = 2048): the forward's own call (`flash_attn_forward_hopper` with the co
 milliseconds per round, and per config the median over rounds and cuDNN's ÷ it.
 
     python benchmarks/ab_fwd_configs.py --headdim 128 --causal --seqlens 2048 4096 8192 --rounds 6 --out ab.json
+    python benchmarks/ab_fwd_configs.py --pingpong ...   # each config also with FlashAttention-3's ping-pong
 """
 
 from __future__ import annotations
@@ -34,9 +35,20 @@ CANDIDATES = {  # name: config, per head dim
         "rows": _flash_fwd_hopper.CONFIGS[64],
     },
 }
+# --pingpong: beside each, the same config with its consumers taking turns (`_flash_fwd_hopper.wait_turn`)
+PINGPONG_SUFFIX = "_pingpong"
 
 
-def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
+def candidates(headdim: int, pingpong: bool) -> dict:
+    """The configs timed at this head dim: CANDIDATES', and with pingpong each also with turns."""
+    chosen = dict(CANDIDATES[headdim])
+    if pingpong:
+        for name, cfg in CANDIDATES[headdim].items():
+            chosen[name + PINGPONG_SUFFIX] = dataclasses.replace(cfg, pingpong=True)
+    return chosen
+
+
+def case(headdim: int, seqlen: int, causal: bool, rounds: int, configs: dict) -> dict:
     batch, nheads = issue_shape(seqlen, headdim)
     torch.manual_seed(seqlen)
     q, k, v = (
@@ -53,7 +65,7 @@ def case(headdim: int, seqlen: int, causal: bool, rounds: int) -> dict:
                 q, k, v, sm_scale=scale, causal=causal, config=c
             )
         )
-        for name, cfg in CANDIDATES[headdim].items()
+        for name, cfg in configs.items()
     }
     calls["cudnn"] = cudnn
     want = cudnn().transpose(1, 2).float()
@@ -80,11 +92,14 @@ def main() -> None:
     parser.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--pingpong", action="store_true", help="also each config with its consumers taking turns"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rows = []
     for seqlen in args.seqlens:
-        row = case(args.headdim, seqlen, args.causal, args.rounds)
+        row = case(args.headdim, seqlen, args.causal, args.rounds, candidates(args.headdim, args.pingpong))
         print_summary(row)
         rows.append(row)
     write_results(args.out, rows)

@@ -160,6 +160,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["DOWN"] = kernel == "fused_convoy_down"
         if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
+        if kernel == "fwd" and cfg.pingpong:  # (the forward's consumers taking turns, `wait_turn`)
+            meta["PINGPONG"] = True
         compiled = compile_kernel(jit, args, meta)
         cubin = compiled.asm["cubin"]
         shared, stack = compiled.metadata.shared, stack_bytes(cubin)
@@ -190,7 +192,7 @@ def parse_config(text: str):
 
     kernel, headdim, fields = text.split(":")
     cls = {"fwd": HopperFwdConfig, "dq": HopperDqConfig, "dkdv": HopperDkdvConfig}[kernel]
-    return kernel, int(headdim), cls(*(int(x) for x in fields.split(",")))
+    return kernel, int(headdim), cls(*(int(x) for x in fields.split(",")))  # (bools as 0 / 1)
 
 
 def main():

@@ -36,7 +36,13 @@ from tests.kernels.test_flash_fwd_hopper import EDGES  # noqa: E402  (the GPU te
 LOG2E = 1.4426950408889634
 
 CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CONFIGS)
-    64: [Cfg(64, 128, 2, 3, 240), Cfg(64, 128, 2, 3, 240, persistent=True)],
+    # (pingpong=True: the consumers take turns at issuing their products, `_flash_fwd_hopper.wait_turn`)
+    64: [
+        Cfg(64, 128, 2, 3, 240),
+        Cfg(64, 128, 2, 3, 240, persistent=True),
+        Cfg(64, 128, 2, 3, 240, pingpong=True),
+        Cfg(64, 128, 2, 3, 240, persistent=True, pingpong=True),
+    ],
     # (128-key tiles in K and V rings of 2 and 2 or 3 and 2 tiles (v_stages) from 2k queries, the persistent
     # variant's 64-key ones below; 128-key tiles on three shared stages (224 KB) were fast but gave wrong
     # outputs under the GPU tests, on two shared stages 0.89-0.96x the 64-key ones (session 38))
@@ -46,6 +52,8 @@ CANDIDATES = {  # the first of each list is the one in use (_flash_fwd_hopper.CO
         Cfg(64, 64, 2, 4, 240, persistent=True),
         Cfg(64, 64, 2, 4, 240),
         Cfg(64, 128, 2, 3, 240),
+        Cfg(64, 128, 2, 2, 240, v_stages=2, pingpong=True),
+        Cfg(64, 64, 2, 4, 240, persistent=True, pingpong=True),
     ],
     256: [Cfg(64, 32, 2, 3, 240), Cfg(64, 64, 2, 2, 240), Cfg(64, 32, 2, 4, 240), Cfg(64, 32, 2, 2, 240)],
 }
@@ -216,6 +224,7 @@ def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
         key = f"gluon_{cfg.block_m}x{cfg.block_n}_c{cfg.consumers}_s{cfg.stages}_r{cfg.consumer_regs}"
         key += "_persistent" if cfg.persistent else ""
         key += f"_v{cfg.v_stages}" if cfg.v_stages else ""
+        key += "_pingpong" if cfg.pingpong else ""
         key += f"_round{r}" if rounds > 1 else ""
         try:
             row[key + "_ms"] = time_ms(

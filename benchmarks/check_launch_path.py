@@ -59,7 +59,8 @@ def main() -> None:
     kernel = fh._attn_fwd_hopper
     constexprs = dict(
         CAUSAL=True, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, V_STAGES=cfg.v_stages, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=False, V_STAGES=cfg.v_stages, PINGPONG=cfg.pingpong,
+        num_warps=4,
     )  # fmt: skip
 
     def descriptors(make=fh.descriptor):

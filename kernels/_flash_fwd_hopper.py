@@ -200,6 +200,64 @@ def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b,
 
 
 @gluon.jit
+def _named_barrier(BAR: gl.constexpr, ARRIVE: gl.constexpr):
+    """bar.sync (ARRIVE False: wait) or bar.arrive (signal without waiting) on hardware named barrier
+    BAR (8 or 9) for the two consumer warpgroups, 256 threads: a warpgroup's 128 threads meet the other's
+    128 arrivals. Named barriers, not mbarriers: no shared-memory polling and no extra thread_barrier, the
+    cost that sank session 38's mbarrier turns. Triton's warp specialisation uses ids 0-2 (`bar.sync 0,
+    128` and `2, 128` for the consumer partitions, `barrier.sync 1` for the whole block). Emitted through
+    an elementwise asm over one element per thread of the warpgroup, so each thread runs it once."""
+    one_per_thread: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    x = gl.full([128], 0, gl.int32, one_per_thread)
+    if ARRIVE:
+        if BAR == 8:
+            gl.inline_asm_elementwise("bar.arrive 8, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
+        else:
+            gl.inline_asm_elementwise("bar.arrive 9, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
+    else:
+        if BAR == 8:
+            gl.inline_asm_elementwise("bar.sync 8, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
+        else:
+            gl.inline_asm_elementwise("bar.sync 9, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
+
+
+@gluon.jit
+def wait_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """FlashAttention-3's ping-pong: warpgroup WG waits for its turn at the tensor cores (named barrier
+    8 + WG) before issuing a step's products; `pass_turn` hands the turn to the other once they are
+    issued. So the two warpgroups' products queue alternately and one's softmax runs while the other's
+    products do; left alone, both tend to issue together and then both wait on their exp2 work. Each
+    warpgroup takes one turn a step, and both walk the same steps; `first_turn` and `last_turn` balance
+    the counts."""
+    if PINGPONG:
+        _named_barrier(8 + WG, False)
+
+
+@gluon.jit
+def pass_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Hands the tensor cores to the other warpgroup (`wait_turn`) once this one's products are issued."""
+    if PINGPONG:
+        _named_barrier(9 - WG, True)
+
+
+@gluon.jit
+def first_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Warpgroup 0 goes first: warpgroup 1 gives it the first turn."""
+    if PINGPONG:
+        if WG == 1:
+            _named_barrier(8, True)
+
+
+@gluon.jit
+def last_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Warpgroup 0 takes the turn warpgroup 1's last `pass_turn` gave it, so no arrival is left pending
+    on barrier 8 (a persistent program's next item starts its turns afresh)."""
+    if PINGPONG:
+        if WG == 0:
+            _named_barrier(8, False)
+
+
+@gluon.jit
 def masked_scores(s, start_n, rows, seqlen_k, diag, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
     """Scores of keys past the sequence (or, causal, right of each row's diagonal) set to -inf."""
     BLOCK_N: gl.constexpr = s.shape[1]
@@ -247,11 +305,12 @@ def masked_steps(n_kv, n_listed_masked, first_row, seqlen_k, diag, BLOCK_N: gl.c
 def _consumer_steps(
     acc, p, m_i, l_i, lo, hi, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows, seqlen_k, diag,
     qk_scale, ring0, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPARSE: gl.constexpr,
-    s_layout: gl.constexpr, o_layout: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr, WG: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """Steps i in [lo, hi): scores of tile i issued, then P @ V of tile i - 1 (whose p we hold) beside
     tile i's softmax; tile i - 1's K and V are released once its product is done. ring0: as
-    `stream_kv`'s."""
+    `stream_kv`'s. PINGPONG: warpgroup WG issues each step's two products in its turn (`wait_turn`),
+    with P's operand and V's wait done before the turn, so the turn holds only the issues."""
     STAGES: gl.constexpr = k_smem.shape[0]
     V_STAGES: gl.constexpr = v_smem.shape[0]  # (STAGES unless V has a ring of its own: `kv_ring`)
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -262,11 +321,20 @@ def _consumer_steps(
         prev = (ring0 + i - 1) % V_STAGES
         mbarrier.wait(k_ready.index(stage), ((ring0 + i) // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // V_STAGES) & 1)
-        p_op = gl.convert_layout(p.to(q.dtype), p_layout)
-        v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        if PINGPONG:
+            mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // V_STAGES) & 1)
+            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+            v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+            wait_turn(WG, PINGPONG)
+            s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            pass_turn(WG, PINGPONG)
+        else:
+            s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // V_STAGES) & 1)
+            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+            v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
         s, p_op = warpgroup_mma_wait(1, deps=(s, p_op))  # the scores are in; P @ V may still run
         if MASKED:
             start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N
@@ -283,15 +351,17 @@ def _consumer_steps(
 def _consumer(
     q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE,
     off_b, off_h, m0, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh,
-    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
-    n_kv - 1 (`key_tile`); block-sparse, the first n_listed_masked of them need the element mask."""
+    n_kv - 1 (`key_tile`); block-sparse, the first n_listed_masked of them need the element mask.
+    PINGPONG: the two warpgroups take turns at issuing their products (`wait_turn`)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     first_row = m0 + WG * BLOCK_M
     acc, m_i, l_i, rows = _attend_rows(
         q_smem.index(WG), q_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv,
         tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, q_ready.index(WG), False, CAUSAL, SPARSE, False,
+        WG, PINGPONG,
     )  # fmt: skip
     out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
     # out through this group's Q stage (no product reads it any more)
@@ -302,7 +372,7 @@ def _consumer(
 def _attend_rows(
     q_buf, q_bar, q_phase, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv, tiles, n_listed_masked,
     seqlen_q, seqlen_k, qk_scale, ring0, prev_q_empty, release_prev, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
-    RELEASE: gl.constexpr,
+    RELEASE: gl.constexpr, WG: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """A warpgroup's BLOCK_M query rows from first_row (in shared memory q_buf (1, 1, BLOCK_M, HEAD_DIM)
     once q_bar completes phase q_phase) against the key tiles of steps 0 .. n_kv - 1, whose stages start
@@ -311,7 +381,9 @@ def _attend_rows(
     and every product that read q is done, when it returns.
     RELEASE (the persistent kernel): once the first product is issued, wait for this warpgroup's last
     TMA store (the previous item's out, stored through its Q buffer) and, if release_prev, hand that
-    buffer back on prev_q_empty; the store had the Q and K waits to finish in."""
+    buffer back on prev_q_empty; the store had the Q and K waits to finish in.
+    PINGPONG: warpgroup WG (0 or 1) takes turns with the other at issuing each step's products after the
+    first (`wait_turn`)."""
     BLOCK_M: gl.constexpr = q_buf.shape[2]
     HEAD_DIM: gl.constexpr = q_buf.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -349,14 +421,16 @@ def _attend_rows(
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, True)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    first_turn(WG, PINGPONG)
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, 1, n_masked, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
-        seqlen_k, diag, qk_scale, ring0, CAUSAL, True, SPARSE, s_layout, o_layout,
+        seqlen_k, diag, qk_scale, ring0, CAUSAL, True, SPARSE, s_layout, o_layout, WG, PINGPONG,
     )  # fmt: skip
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, n_masked, n_kv, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
-        seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, o_layout,
+        seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, o_layout, WG, PINGPONG,
     )  # fmt: skip
+    last_turn(WG, PINGPONG)
     # the last tile's P @ V
     V_STAGES: gl.constexpr = v_smem.shape[0]
     last = (ring0 + n_kv - 1) % V_STAGES
@@ -482,11 +556,12 @@ def _attn_fwd_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, V_STAGES: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, V_STAGES: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
     HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows.
     V_STAGES > 0: K and V in rings of their own, of STAGES and V_STAGES tiles (`kv_ring`).
+    PINGPONG: the consumers take turns at issuing their products (`wait_turn`).
     SPARSE: a block-sparse call, whose key tiles come from TILES and COUNTS (`listed_row_program`) and
     whose lse is stored in natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -509,10 +584,10 @@ def _attn_fwd_hopper(
         [
             (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
                          m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 0, CAUSAL,
-                         SPARSE)),
+                         SPARSE, PINGPONG)),
             (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, LSE, off_b, off_h,
                          m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL,
-                         SPARSE)),
+                         SPARSE, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
                          off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
@@ -612,6 +687,7 @@ def _persistent_consumer(
     q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, o_desc, LSE, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+    PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
     work, item after item); out through the item's Q buffer, which the next item hands back."""
@@ -631,7 +707,7 @@ def _persistent_consumer(
         acc, m_i, l_i, rows = _attend_rows(
             q_smem.index(buf), q_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready, v_ready, kv_empty,
             first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, ring0, q_empty.index(prev),
-            j > 0, CAUSAL, SPARSE, True,
+            j > 0, CAUSAL, SPARSE, True, WG, PINGPONG,
         )  # fmt: skip
         out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
         # out through the item's Q buffer (every product that read these Q rows is done); the next
@@ -648,7 +724,7 @@ def _attn_fwd_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
@@ -662,11 +738,11 @@ def _attn_fwd_hopper_persistent(
             (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
-                                    nheads, n_batch, 0, CAUSAL, SPARSE)),
+                                    nheads, n_batch, 0, CAUSAL, SPARSE, PINGPONG)),
             (_persistent_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                     o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale,
                                     sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles,
-                                    nheads, n_batch, 1, CAUSAL, SPARSE)),
+                                    nheads, n_batch, 1, CAUSAL, SPARSE, PINGPONG)),
             (persistent_producer, (q_desc, q_desc, k_desc, v_desc, q_smem, no_do, k_smem, v_smem, q_ready, q_empty,
                                    k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
                                    lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL, SPARSE,
@@ -696,6 +772,8 @@ class HopperFwdConfig:
     # > 0: the forward's K and V in rings of their own, `stages` K tiles and this many V tiles (`kv_ring`;
     # the row-tile forward only)
     v_stages: int = 0
+    # the consumers take turns at issuing their products (FlashAttention-3's ping-pong, `wait_turn`)
+    pingpong: bool = False
     # set by a kernel that keeps K and V in one ring, to say why (then a config of it with v_stages raises)
     one_kv_ring: ClassVar[str | None] = None
 
@@ -875,7 +953,7 @@ def flash_attn_forward_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PINGPONG=cfg.pingpong, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

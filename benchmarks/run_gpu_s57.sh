@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 57). Each part is what one call ran; the outputs are in
+# benchmarks/results/s57/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s57.sh 1   # FlashAttention-3's ping-pong in the Gluon forward, on named barriers
+#       (`_flash_fwd_hopper.wait_turn`): every forward config with it on the edge shapes
+#       (check_hopper_fwd.py, correctness only), then timed alternating against cuDNN's forward
+#       (ab_fwd_configs.py --pingpong, five rounds) at d128 causal / full 2k-16k and d64 causal 4k-16k;
+#       then GPT-2 medium 8k with the GPU's SM clock and power sampled (bench_train.py --gpu-clocks), d64 on the
+#       two kernels and on the ordered one-kernel backward, alternating, in-process
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+d64_on() {  # d64_on SECONDS OPTION...: the ordered one-kernel backward at head dim 64, then bench_train.py here
+  local secs=$1
+  shift
+  PYTHONPATH=. timeout "$secs" python -c "
+import runpy, sys
+import kernels._flash_bwd_fused_hopper as fused
+fused.CONFIGS[64] = fused.dkdv.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240)
+sys.argv = ['benchmarks/bench_train.py', *sys.argv[1:]]
+runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
+" "$@"
+}
+clocks() { python -c "
+import json, sys
+for f in sys.argv[1:]:
+    r = json.load(open(f))['rows'][0]
+    print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), {k: v for k, v in r.items() if 'clock' in k or 'power' in k}, r.get('error', ''))
+" "$@"; }
+case "$1" in
+1)
+  PYTHONPATH=. timeout -s KILL 150 python -c "
+import sys
+import benchmarks.check_hopper_fwd as check
+check.CANDIDATES = {d: [c for c in cfgs if c.pingpong] for d, cfgs in check.CANDIDATES.items() if d in (64, 128)}
+sys.argv = ['check_hopper_fwd.py', '--skip-speed', '--out', '$R/check_fwd_pingpong.json']
+check.main()
+" 2>&1 | quiet | tail -n 3
+  for causal in "--causal" ""; do
+    timeout -s KILL 100 python benchmarks/ab_fwd_configs.py --headdim 128 $causal --seqlens 2048 4096 8192 16384 \
+      --rounds 5 --pingpong --out "$R/ab_fwd_d128${causal:+_causal}.json" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+  done
+  timeout -s KILL 60 python benchmarks/ab_fwd_configs.py --headdim 64 --causal --seqlens 4096 8192 16384 \
+    --rounds 5 --pingpong --out "$R/ab_fwd_d64_causal.json" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+  for run in 1 2; do
+    timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton --in-process \
+      --gpu-clocks --out "$R/train_medium8k_two_kernels_run$run.json" 2>&1 | quiet | grep "^| gpt2"
+    d64_on 100 --models gpt2_medium --seqlens 8192 --impls triton --in-process --gpu-clocks \
+      --out "$R/train_medium8k_d64_ordered_run$run.json" 2>&1 | quiet | grep "^| gpt2"
+  done
+  clocks "$R"/train_medium8k_*.json
+  ;;
+esac
