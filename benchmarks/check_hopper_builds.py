@@ -242,12 +242,12 @@ def main():
         )
         for d, cfg in sorted(module.CONFIGS.items())
     ]
-    if not args.config:  # the persistent variants
+    if not args.config:  # the persistent variants, and the forward's configs whose consumers take turns
         dense_configs += [
             (kernel, d, cfg)
             for kernel, module in (("fwd", _flash_fwd_hopper), ("dq", _flash_dq_hopper))
             for d, cfg in sorted(module.PERSISTENT_CONFIGS.items())
-        ]
+        ] + [("fwd", d, cfg) for d, cfg in sorted(_flash_fwd_hopper.PINGPONG_CONFIGS.items())]
     if args.fused:
         from kernels import _flash_bwd_fused_hopper
 

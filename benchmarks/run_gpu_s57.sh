@@ -7,6 +7,10 @@
 #       (ab_fwd_configs.py --pingpong, five rounds) at d128 causal / full 2k-16k and d64 causal 4k-16k;
 #       then GPT-2 medium 8k with the GPU's SM clock and power sampled (bench_train.py --gpu-clocks), d64 on the
 #       two kernels and on the ordered one-kernel backward, alternating, in-process
+#   bash benchmarks/run_gpu_s57.sh 2   # with the turns on by default (d128 full calls' row-tile kernel, d64's persistent
+#       variant: `_flash_fwd_hopper.PINGPONG_CONFIGS`): the forward's and packed-QKV GPU tests; the forward alone
+#       (ab_fwd_configs.py --pingpong, five rounds) at d64 full 1k-16k and causal 1k-2k, d128 full 32k-64k; then
+#       fwd+bwd against SDPA cuDNN at d128 full 4k-32k (ab_cudnn.py, five rounds)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -49,5 +53,21 @@ check.main()
       --out "$R/train_medium8k_d64_ordered_run$run.json" 2>&1 | quiet | grep "^| gpt2"
   done
   clocks "$R"/train_medium8k_*.json
+  ;;
+2)
+  timeout -s KILL 240 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_qkvpacked.py > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
+    local secs=$1 name=$2
+    shift 2
+    timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
+      2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+  }
+  fwd_ab 70 d64 --headdim 64 --seqlens 1024 4096 16384
+  fwd_ab 40 d64_causal --headdim 64 --causal --seqlens 1024 2048
+  fwd_ab 70 d128 --headdim 128 --seqlens 32768 65536
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 4096 8192 16384 32768 \
+    --rounds 5 --out "$R/ab_cudnn_d128_causal_no.json" 2>&1 | quiet | ratios
   ;;
 esac

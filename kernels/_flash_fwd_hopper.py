@@ -812,6 +812,17 @@ PERSISTENT_CONFIGS = {
     128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240, persistent=True),
 }
 
+# FlashAttention-3's ping-pong (`wait_turn`) where it measured faster: d128's row-tile kernel on full calls
+# and d64's persistent variant. Forward alone, one H200, five alternating rounds, cuDNN's forward time ÷
+# ours without / with (results/s57/call1): d128 full 2k-16k 0.949 / 0.982, 1.022 / 1.033, 1.042 / 1.057,
+# 1.046 / 1.071 (causal 8k-16k 1.055 / 1.049, 1.082 / 1.065: causal d128 goes without); d64 causal
+# persistent 0.975 / 1.024 at 4k, 0.913 / 0.976 at 8k, 0.951 / 1.006 at 16k. Session 38's turns on
+# mbarriers, on 64-key tiles, had lost (0.89-1.01x). The block-sparse path keeps the configs without.
+PINGPONG_CONFIGS = {
+    64: dataclasses.replace(PERSISTENT_CONFIGS[64], pingpong=True),
+    128: dataclasses.replace(CONFIGS[128], pingpong=True),
+}
+
 
 def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
     """The persistent variant where it measured faster: d64 causal calls of up to 4k queries and every full
@@ -821,11 +832,14 @@ def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
     401-417 / 361-363, 2k 441-462 / 434-438 (three shared stages), 4k 506-565 / 531-545; full 1k 520-525 /
     512, 2k 535-552 / 561-576 (three shared stages), 4k 554-587 / 610-612. Alternating in one process, six
     rounds (results/s43/call4, one H200): causal 2k 434 / 435, 4k 476 / 512, 8k 505 / 559; full 1k 498 /
-    497; d64 causal 4k 388 / 389, full 4k 429 / 417."""
+    497; d64 causal 4k 388 / 389, full 4k 429 / 417. Where `PINGPONG_CONFIGS` has the chosen config with
+    its consumers taking turns, that one."""
     if headdim == 128:
-        return PERSISTENT_CONFIGS[128] if seqlen_q < (4096 if causal else 2048) else CONFIGS[128]
+        if seqlen_q < (4096 if causal else 2048):
+            return PERSISTENT_CONFIGS[128]
+        return CONFIGS[128] if causal else PINGPONG_CONFIGS[128]
     if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):
-        return PERSISTENT_CONFIGS[headdim]
+        return PINGPONG_CONFIGS.get(headdim, PERSISTENT_CONFIGS[headdim])
     return CONFIGS[headdim]
 
 

@@ -9,6 +9,7 @@ the GPU-marked tests run it in bf16 and fp16 on shapes that reach every edge of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -70,6 +71,8 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
     assert persistent == {("fwd", d) for d in hopper.PERSISTENT_CONFIGS} | {
         ("dq", d) for d in (*dq_hopper.PERSISTENT_CONFIGS, *bs_hopper.PERSISTENT_DQ)
     } | {("dkdv", d) for d in bs_hopper.PERSISTENT_DKDV}
+    pingpong = {(r["headdim"], r["config"]) for r in results if "pingpong=True" in r["config"]}
+    assert pingpong == {(d, str(cfg)) for d, cfg in hopper.PINGPONG_CONFIGS.items()}
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
     }
@@ -144,7 +147,27 @@ def test_which_calls_take_the_hopper_forward(change, takes):
 def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, persistent):
     cfg = hopper.config_for(headdim, seqlen_q, causal)
     assert cfg.persistent is persistent
-    assert cfg == (hopper.PERSISTENT_CONFIGS if persistent else hopper.CONFIGS)[headdim]
+    assert (
+        dataclasses.replace(cfg, pingpong=False)
+        == (hopper.PERSISTENT_CONFIGS if persistent else hopper.CONFIGS)[headdim]
+    )
+
+
+@pytest.mark.parametrize(
+    "headdim, seqlen_q, causal, pingpong",
+    [
+        (64, 1024, True, True),  # d64's persistent variant takes turns
+        (64, 16384, False, True),
+        (64, 8192, True, False),  # its row-tile kernel does not
+        (128, 16384, False, True),  # d128's row-tile kernel on full calls
+        (128, 2048, False, True),
+        (128, 16384, True, False),  # not causal ones
+        (128, 1024, False, False),  # nor the persistent variant
+        (256, 4096, False, False),
+    ],
+)
+def test_which_calls_take_turns(headdim, seqlen_q, causal, pingpong):
+    assert hopper.config_for(headdim, seqlen_q, causal).pingpong is pingpong
 
 
 def test_persistent_config_refuses_split_kv_rings():
@@ -269,14 +292,25 @@ def test_gpu_persistent_variant_matches_reference(case, headdim, dtype):
     assert_forward_matches(q, k, v, causal, hopper.PERSISTENT_CONFIGS[headdim])
 
 
+@over_edges(hopper.PINGPONG_CONFIGS)
+def test_gpu_pingpong_variant_matches_reference(case, headdim, dtype):
+    """The consumers taking turns (`wait_turn`), in the row-tile kernel (d128) and the persistent one
+    (d64), causal too though the rule sends only full d128 calls there."""
+    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
+    assert_forward_matches(q, k, v, causal, hopper.PINGPONG_CONFIGS[headdim])
+
+
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_persistent_variant_walks_many_items_per_program():
-    """256 heads of 1k queries: 2048 row tiles for ~132 programs, causal (snake order) and full."""
+@pytest.mark.parametrize("pingpong", [False, True], ids=["plain", "pingpong"])
+def test_gpu_persistent_variant_walks_many_items_per_program(pingpong):
+    """256 heads of 1k queries: 2048 row tiles for ~132 programs, causal (snake order) and full; with
+    pingpong the turns go on from item to item."""
     torch.manual_seed(11)
+    cfg = dataclasses.replace(hopper.PERSISTENT_CONFIGS[64], pingpong=pingpong)
     for causal in (True, False):
         q, k, v = (randn(2, 1024, 128, 64, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3))
-        assert_forward_matches(q, k, v, causal, hopper.PERSISTENT_CONFIGS[64])
+        assert_forward_matches(q, k, v, causal, cfg)
 
 
 @pytest.mark.gpu
