@@ -11,6 +11,9 @@
 #       variant: `_flash_fwd_hopper.PINGPONG_CONFIGS`): the forward's and packed-QKV GPU tests; the forward alone
 #       (ab_fwd_configs.py --pingpong, five rounds) at d64 full 1k-16k and causal 1k-2k, d128 full 32k-64k; then
 #       fwd+bwd against SDPA cuDNN at d128 full 4k-32k (ab_cudnn.py, five rounds)
+#   bash benchmarks/run_gpu_s57.sh 3   # d64 fwd+bwd against SDPA cuDNN with the turns (ab_cudnn.py, five rounds, causal
+#       and full 1k / 4k / 16k); GPT-2 medium 1k, ours with the turns and without (FLASHTRAIN_FWD_PINGPONG=0), alternating,
+#       twice, each a fresh process; GPT-2 small 1k from CUDA graphs, ours (the row session 56 cut off at 58 s)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -69,5 +72,19 @@ check.main()
   fwd_ab 70 d128 --headdim 128 --seqlens 32768 65536
   timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal no --seqlens 4096 8192 16384 32768 \
     --rounds 5 --out "$R/ab_cudnn_d128_causal_no.json" 2>&1 | quiet | ratios
+  ;;
+3)
+  for causal in yes no; do
+    timeout -s KILL 90 python benchmarks/ab_cudnn.py --headdims 64 --causal $causal --seqlens 1024 4096 16384 \
+      --rounds 5 --out "$R/ab_cudnn_d64_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  for run in 1 2; do
+    for pp in 1 0; do
+      FLASHTRAIN_FWD_PINGPONG=$pp timeout 70 python benchmarks/bench_train.py --models gpt2_medium --seqlens 1024 \
+        --impls triton --out "$R/train_medium1024_triton_pingpong${pp}_run$run.json" 2>&1 | quiet | grep "^| gpt2"
+    done
+  done
+  timeout 90 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton --steps 30 \
+    --compile-mode reduce-overhead --out "$R/train_small1024_triton_graphs.json" 2>&1 | quiet | grep "^| gpt2"
   ;;
 esac

@@ -813,11 +813,15 @@ PERSISTENT_CONFIGS = {
 }
 
 # FlashAttention-3's ping-pong (`wait_turn`) where it measured faster: d128's row-tile kernel on full calls
-# and d64's persistent variant. Forward alone, one H200, five alternating rounds, cuDNN's forward time ÷
-# ours without / with (results/s57/call1): d128 full 2k-16k 0.949 / 0.982, 1.022 / 1.033, 1.042 / 1.057,
-# 1.046 / 1.071 (causal 8k-16k 1.055 / 1.049, 1.082 / 1.065: causal d128 goes without); d64 causal
-# persistent 0.975 / 1.024 at 4k, 0.913 / 0.976 at 8k, 0.951 / 1.006 at 16k. Session 38's turns on
-# mbarriers, on 64-key tiles, had lost (0.89-1.01x). The block-sparse path keeps the configs without.
+# below 32k queries and d64's persistent variant. Forward alone, one H200, five alternating rounds, cuDNN's
+# forward time ÷ ours without / with (results/s57/call1, call2): d128 full 2k-16k 0.949 / 0.982, 1.022 /
+# 1.033, 1.042 / 1.057, 1.046 / 1.071, but 32k / 64k 1.064 / 1.053, 1.060 / 1.052 (causal 8k-16k 1.055 /
+# 1.049, 1.082 / 1.065: causal d128 goes without); d64 persistent, causal 1k / 2k / 4k / 8k / 16k 0.933 /
+# 0.983, 0.962 / 1.017, 0.975 / 1.024, 0.913 / 0.976, 0.951 / 1.006, full 1k / 4k / 16k 0.980 / 1.008,
+# 0.959 / 0.989, 0.994 / 1.008. Session 38's turns on mbarriers, on 64-key tiles, had lost (0.89-1.01x).
+# The block-sparse path keeps the configs without (unmeasured there).
+# FLASHTRAIN_FWD_PINGPONG=0 turns them off (A/B runs).
+PINGPONG = os.environ.get("FLASHTRAIN_FWD_PINGPONG", "1") != "0"
 PINGPONG_CONFIGS = {
     64: dataclasses.replace(PERSISTENT_CONFIGS[64], pingpong=True),
     128: dataclasses.replace(CONFIGS[128], pingpong=True),
@@ -837,9 +841,13 @@ def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
     if headdim == 128:
         if seqlen_q < (4096 if causal else 2048):
             return PERSISTENT_CONFIGS[128]
-        return CONFIGS[128] if causal else PINGPONG_CONFIGS[128]
+        return PINGPONG_CONFIGS[128] if PINGPONG and not causal and seqlen_q < 32768 else CONFIGS[128]
     if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):
-        return PINGPONG_CONFIGS.get(headdim, PERSISTENT_CONFIGS[headdim])
+        return (
+            PINGPONG_CONFIGS[headdim]
+            if PINGPONG and headdim in PINGPONG_CONFIGS
+            else PERSISTENT_CONFIGS[headdim]
+        )
     return CONFIGS[headdim]
 
 

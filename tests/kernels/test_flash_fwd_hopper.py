@@ -161,13 +161,16 @@ def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, pers
         (64, 8192, True, False),  # its row-tile kernel does not
         (128, 16384, False, True),  # d128's row-tile kernel on full calls
         (128, 2048, False, True),
+        (128, 32768, False, False),  # from 32k queries it lost a percent
         (128, 16384, True, False),  # not causal ones
         (128, 1024, False, False),  # nor the persistent variant
         (256, 4096, False, False),
     ],
 )
-def test_which_calls_take_turns(headdim, seqlen_q, causal, pingpong):
+def test_which_calls_take_turns(headdim, seqlen_q, causal, pingpong, monkeypatch):
     assert hopper.config_for(headdim, seqlen_q, causal).pingpong is pingpong
+    monkeypatch.setattr(hopper, "PINGPONG", False)  # (FLASHTRAIN_FWD_PINGPONG=0)
+    assert not hopper.config_for(headdim, seqlen_q, causal).pingpong
 
 
 def test_persistent_config_refuses_split_kv_rings():
