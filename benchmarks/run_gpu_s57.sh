@@ -14,6 +14,8 @@
 #   bash benchmarks/run_gpu_s57.sh 3   # d64 fwd+bwd against SDPA cuDNN with the turns (ab_cudnn.py, five rounds, causal
 #       and full 1k / 4k / 16k); GPT-2 medium 1k, ours with the turns and without (FLASHTRAIN_FWD_PINGPONG=0), alternating,
 #       twice, each a fresh process; GPT-2 small 1k from CUDA graphs, ours (the row session 56 cut off at 58 s)
+#   bash benchmarks/run_gpu_s57.sh 4   # the other GPU tests whose calls now take the turns through the public API: the
+#       Hopper backward, the dense kernels and Hopper block-sparse files (the slow portable-autotune test left out)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -86,5 +88,12 @@ check.main()
   done
   timeout 90 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton --steps 30 \
     --compile-mode reduce-overhead --out "$R/train_small1024_triton_graphs.json" 2>&1 | quiet | grep "^| gpt2"
+  ;;
+4)
+  T=tests/kernels
+  timeout -s KILL 420 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_flash_attention.py \
+    $T/test_block_sparse_hopper.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
   ;;
 esac
