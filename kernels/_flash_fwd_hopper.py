@@ -8,8 +8,10 @@ by hand in Gluon (Triton's lower-level language, shipped with Triton 3.6):
 - one producer warp streams K and V tiles into a ring of shared-memory stages with TMA bulk copies
   (mbarriers say when a stage is full, and when every consumer is done with it);
 - NUM_CONSUMERS warpgroups each own BLOCK_M query rows of the program's tile and share the K/V stages;
-  while one warpgroup runs its softmax, the other's matrix products can keep the tensor cores busy (the
-  warp schedulers interleave them; there is no explicit ping-pong barrier between the two);
+  while one warpgroup runs its softmax, the other's matrix products can keep the tensor cores busy. The
+  configs of `PINGPONG_CONFIGS` enforce that order (FlashAttention-3's ping-pong: the warpgroups take
+  turns at issuing their products, on two hardware named barriers, `wait_turn`); the others leave it to
+  the warp schedulers;
 - inside a warpgroup the scores of the next key tile are issued (asynchronous wgmma) before the softmax
   of the current one, and P @ V of the current one runs alongside that softmax (intra-warpgroup overlap).
 
