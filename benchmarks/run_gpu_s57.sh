@@ -16,6 +16,8 @@
 #       twice, each a fresh process; GPT-2 small 1k from CUDA graphs, ours (the row session 56 cut off at 58 s)
 #   bash benchmarks/run_gpu_s57.sh 4   # the other GPU tests whose calls now take the turns through the public API: the
 #       Hopper backward, the dense kernels and Hopper block-sparse files (the slow portable-autotune test left out)
+#   bash benchmarks/run_gpu_s57.sh 5   # the issue's benchmark at d64 full 4k and 16k (ours with the turns, SDPA cuDNN,
+#       FlexAttention, SDPA flash): the README's d64 n16k full row on the new forward
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -95,5 +97,9 @@ check.main()
     $T/test_block_sparse_hopper.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
     > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
+  ;;
+5)
+  timeout 160 python benchmarks/bench_attention.py --seqlens 4096 16384 --headdims 64 --causal full \
+    --impls triton sdpa_cudnn flex sdpa_flash --out "$R/attention_d64_full.json" 2>&1 | quiet | grep "^|" | tail -n 12
   ;;
 esac
