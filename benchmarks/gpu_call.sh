@@ -109,3 +109,16 @@ ncu_backward() {
 [print(r['Kernel Name'][:24], r['Metric Name'], r['Metric Value']) for r in rows]" "$R/ncu_$1_$2.csv"
   done
 }
+# bench_train.py (its options follow SECONDS) with the ordered one-kernel backward at head dim 64 as well
+# (CONFIGS[64] = 64-query steps on two stages, as commit 9f3d075 had it), killed after SECONDS
+d64_on() {  # d64_on SECONDS OPTION...: the ordered one-kernel backward at head dim 64, then bench_train.py here
+  local secs=$1
+  shift
+  PYTHONPATH=. timeout "$secs" python -c "
+import runpy, sys
+import kernels._flash_bwd_fused_hopper as fused
+fused.CONFIGS[64] = fused.dkdv.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240)
+sys.argv = ['benchmarks/bench_train.py', *sys.argv[1:]]
+runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
+" "$@"
+}

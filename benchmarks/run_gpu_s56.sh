@@ -36,17 +36,6 @@ for f in sys.argv[1:]:
         print('   median', [st.median(c) if None not in c else None for c in cols],
               'slowest', [tuple(c[i] for c in cols) for i in sorted(range(len(h)), key=lambda i: -h[i])[:3]])
 " "$@"; }
-d64_on() {  # d64_on SECONDS OPTION...: the ordered one-kernel backward at head dim 64, then bench_train.py here
-  local secs=$1
-  shift
-  PYTHONPATH=. timeout "$secs" python -c "
-import runpy, sys
-import kernels._flash_bwd_fused_hopper as fused
-fused.CONFIGS[64] = fused.dkdv.HopperDkdvConfig(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240)
-sys.argv = ['benchmarks/bench_train.py', *sys.argv[1:]]
-runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
-" "$@"
-}
 case "$1" in
 1)
   for run in 1 2 3 4; do
