@@ -69,6 +69,15 @@ def semaphore_adds(cubin: bytes) -> tuple[int, int] | None:
     return len(adds), len(bare)
 
 
+def turn_barriers(cubin: bytes) -> int | None:
+    """Waits and arrivals on named barriers 8 and 9 in the kernel's SASS: the forward's turns
+    (`kernels._flash_fwd_hopper.wait_turn`), present in a build with PINGPONG and in no other."""
+    sass = _cuobjdump(cubin, "-sass")
+    if sass is None:
+        return None
+    return len(re.findall(r"\bBAR\.(?:SYNC(?:\.DEFER_BLOCKING)?|ARV) 0x[89],", sass))
+
+
 def spills_in_loops(cubin: bytes) -> int | None:
     """Local loads and stores (LDL/STL: spilled registers) inside a loop of the kernel's SASS, a loop
     being the code between a conditional backward branch and its target. (Unconditional backward
@@ -174,6 +183,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             status = "ok"
         result.update(status=status, shared=shared, stack=stack, spills_in_loops=in_loops,
                       warps=compiled.metadata.num_warps)  # fmt: skip
+        if kernel == "fwd":
+            result["turn_barriers"] = turn_barriers(cubin)
         if meta.get("ORDERED"):
             counts = semaphore_adds(cubin) or (None, None)
             result["semaphore_adds"], result["semaphore_adds_without_release"] = counts

@@ -205,10 +205,11 @@ def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b,
 def _named_barrier(BAR: gl.constexpr, ARRIVE: gl.constexpr):
     """bar.sync (ARRIVE False: wait) or bar.arrive (signal without waiting) on hardware named barrier
     BAR (8 or 9) for the two consumer warpgroups, 256 threads: a warpgroup's 128 threads meet the other's
-    128 arrivals. Named barriers, not mbarriers: no shared-memory polling and no extra thread_barrier, the
-    cost that sank session 38's mbarrier turns. Triton's warp specialisation uses ids 0-2 (`bar.sync 0,
-    128` and `2, 128` for the consumer partitions, `barrier.sync 1` for the whole block). Emitted through
-    an elementwise asm over one element per thread of the warpgroup, so each thread runs it once."""
+    128 arrivals. Named barriers, not mbarriers: no shared-memory polling and no extra thread_barrier,
+    the costs session 38's turns on mbarriers had (they lost; whether for those costs is not measured).
+    Triton's warp specialisation uses ids 0-2 (`bar.sync 0, 128` and `2, 128` for the consumer
+    partitions, `barrier.sync 1` for the whole block). Emitted through an elementwise asm over one
+    element per thread of the warpgroup, so each thread runs it once."""
     one_per_thread: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     x = gl.full([128], 0, gl.int32, one_per_thread)
     if ARRIVE:
@@ -229,8 +230,10 @@ def wait_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
     8 + WG) before issuing a step's products; `pass_turn` hands the turn to the other once they are
     issued. So the two warpgroups' products queue alternately and one's softmax runs while the other's
     products do; left alone, both tend to issue together and then both wait on their exp2 work. Each
-    warpgroup takes one turn a step, and both walk the same steps; `first_turn` and `last_turn` balance
-    the counts."""
+    warpgroup takes one turn a step, and both walk the same steps; a program's `first_turn` and
+    `last_turn` balance the counts. The turns alternate strictly, so an arrival is always taken before
+    the next one comes: a named barrier counts arrivals, and two of one warpgroup's in a row would
+    complete it without the other."""
     if PINGPONG:
         _named_barrier(8 + WG, False)
 
@@ -244,7 +247,7 @@ def pass_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def first_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Warpgroup 0 goes first: warpgroup 1 gives it the first turn."""
+    """Warpgroup 0 goes first: warpgroup 1 gives it the program's first turn."""
     if PINGPONG:
         if WG == 1:
             _named_barrier(8, True)
@@ -253,7 +256,9 @@ def first_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def last_turn(WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Warpgroup 0 takes the turn warpgroup 1's last `pass_turn` gave it, so no arrival is left pending
-    on barrier 8 (a persistent program's next item starts its turns afresh)."""
+    on barrier 8 when the program ends. Once a program, not once an item: per item, warpgroup 1's next
+    `first_turn` could in principle come before warpgroup 0 took the last one, and two arrivals in a row
+    would complete the barrier without warpgroup 0 (which then waits for ever)."""
     if PINGPONG:
         if WG == 0:
             _named_barrier(8, False)
@@ -360,11 +365,13 @@ def _consumer(
     PINGPONG: the two warpgroups take turns at issuing their products (`wait_turn`)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     first_row = m0 + WG * BLOCK_M
+    first_turn(WG, PINGPONG)
     acc, m_i, l_i, rows = _attend_rows(
         q_smem.index(WG), q_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty, first_row, n_kv,
         tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, 0, q_ready.index(WG), False, CAUSAL, SPARSE, False,
         WG, PINGPONG,
     )  # fmt: skip
+    last_turn(WG, PINGPONG)
     out = _finish_rows(acc, m_i, l_i, LSE, off_b, off_h, rows, seqlen_q, stride_lb, stride_lh, SPARSE)
     # out through this group's Q stage (no product reads it any more)
     store_rows(out.to(q_smem.dtype), q_smem.index(WG), o_desc, [off_b, off_h, first_row, 0], True)
@@ -385,7 +392,7 @@ def _attend_rows(
     TMA store (the previous item's out, stored through its Q buffer) and, if release_prev, hand that
     buffer back on prev_q_empty; the store had the Q and K waits to finish in.
     PINGPONG: warpgroup WG (0 or 1) takes turns with the other at issuing each step's products after the
-    first (`wait_turn`)."""
+    first (`wait_turn`); the caller gives the program's first turn and takes its last."""
     BLOCK_M: gl.constexpr = q_buf.shape[2]
     HEAD_DIM: gl.constexpr = q_buf.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -423,7 +430,6 @@ def _attend_rows(
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     p, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, True)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    first_turn(WG, PINGPONG)
     acc, p, m_i, l_i = _consumer_steps(
         acc, p, m_i, l_i, 1, n_masked, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
         seqlen_k, diag, qk_scale, ring0, CAUSAL, True, SPARSE, s_layout, o_layout, WG, PINGPONG,
@@ -432,7 +438,6 @@ def _attend_rows(
         acc, p, m_i, l_i, n_masked, n_kv, n_kv, tiles, q, k_smem, v_smem, k_ready, v_ready, kv_empty, rows,
         seqlen_k, diag, qk_scale, ring0, CAUSAL, False, SPARSE, s_layout, o_layout, WG, PINGPONG,
     )  # fmt: skip
-    last_turn(WG, PINGPONG)
     # the last tile's P @ V
     V_STAGES: gl.constexpr = v_smem.shape[0]
     last = (ring0 + n_kv - 1) % V_STAGES
@@ -698,6 +703,7 @@ def _persistent_consumer(
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     n_mine, programs, pid = my_items(n_row_tiles * nheads * n_batch)
     ring0 = 0
+    first_turn(WG, PINGPONG)  # (once a program: the turns alternate strictly from item to item)
     for j in range(n_mine):
         m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = work_rows(
             j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
@@ -716,6 +722,7 @@ def _persistent_consumer(
         # item's _attend_rows waits for the store
         store_rows(out.to(q_smem.dtype), q_smem.index(buf), o_desc, [off_b, off_h, first_row, 0], False)
         ring0 += n_kv
+    last_turn(WG, PINGPONG)
     tma.store_wait(0)
 
 

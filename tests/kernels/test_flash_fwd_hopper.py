@@ -73,6 +73,10 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
     } | {("dkdv", d) for d in bs_hopper.PERSISTENT_DKDV}
     pingpong = {(r["headdim"], r["config"]) for r in results if "pingpong=True" in r["config"]}
     assert pingpong == {(d, str(cfg)) for d, cfg in hopper.PINGPONG_CONFIGS.items()}
+    # the turns' named barriers are in those builds' SASS and in no other forward build
+    for r in results:
+        if r["kernel"] == "fwd":
+            assert (r["turn_barriers"] > 0) is ("pingpong=True" in r["config"]), r
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
     }
