@@ -122,3 +122,18 @@ sys.argv = ['benchmarks/bench_train.py', *sys.argv[1:]]
 runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " "$@"
 }
+# Per bench_train.py results file: its row's tokens/s and error, each timed step's host and device ms (median,
+# max) with, where recorded, the CPU medians and the three slowest steps (host ms, main-thread CPU ms, other
+# threads' CPU ms, busy cores), and the GPU's clocks where sampled (--gpu-clocks)
+train_rows() { python -c "
+import json, statistics as st, sys
+for f in sys.argv[1:]:
+    r = json.load(open(f))['rows'][0]
+    h, d = r.get('step_ms_host', []), r.get('step_ms_device', [])
+    print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), 'host med/max', st.median(h) if h else '-', max(h, default='-'),
+          'device med/max', st.median(d) if d else '-', max(d, default='-'), r.get('gpu_clocks', ''), r.get('error', ''))
+    if 'step_cpu_ms_main' in r:
+        cols = [h, r['step_cpu_ms_main'], r['step_cpu_ms_other_threads'], r['step_busy_cores']]
+        print('   median', [st.median(c) if None not in c else None for c in cols],
+              'slowest', [tuple(c[i] for c in cols) for i in sorted(range(len(h)), key=lambda i: -h[i])[:3]])
+" "$@"; }

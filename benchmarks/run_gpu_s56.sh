@@ -24,18 +24,6 @@
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
-spans() { python -c "
-import json, statistics as st, sys
-for f in sys.argv[1:]:
-    r = json.load(open(f))['rows'][0]
-    h, d = r.get('step_ms_host', []), r.get('step_ms_device', [])
-    print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), 'host med/max', st.median(h) if h else '-', max(h, default='-'),
-          'device med/max', st.median(d) if d else '-', max(d, default='-'), r.get('error', ''))
-    if 'step_cpu_ms_main' in r:  # the medians, then the three slowest steps: (host ms, main CPU ms, other threads ms, busy cores)
-        cols = [h, r['step_cpu_ms_main'], r['step_cpu_ms_other_threads'], r['step_busy_cores']]
-        print('   median', [st.median(c) if None not in c else None for c in cols],
-              'slowest', [tuple(c[i] for c in cols) for i in sorted(range(len(h)), key=lambda i: -h[i])[:3]])
-" "$@"; }
 case "$1" in
 1)
   for run in 1 2 3 4; do
@@ -44,7 +32,7 @@ case "$1" in
     [ $run -le 2 ] && timeout 80 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 \
       --impls sdpa_cudnn --steps 30 --out "$R/train_small1024_sdpa_cudnn_run$run.json" 2>&1 | quiet | grep "^| gpt2"
   done
-  spans "$R"/train_small1024_*.json
+  train_rows "$R"/train_small1024_*.json
   timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton --in-process \
     --profile 2 --out "$R/train_medium8k_two_kernels.json" 2>&1 | quiet | grep "^| gpt2"
   d64_on 100 --models gpt2_medium --seqlens 8192 --impls triton --in-process --profile 2 \
@@ -61,7 +49,7 @@ case "$1" in
     done
   done
   pkill -x top
-  spans "$R"/train_small1024_*.json
+  train_rows "$R"/train_small1024_*.json
   ;;
 3)
   for impl in sdpa_flash sdpa_cudnn triton eager; do
@@ -95,6 +83,6 @@ case "$1" in
         --compile-mode reduce-overhead --out "$R/train_small${n}_${impl}_graphs.json" 2>&1 | quiet | grep "^| gpt2"
     done
   done
-  spans "$R"/train_small*_graphs.json
+  train_rows "$R"/train_small*_graphs.json
   ;;
 esac

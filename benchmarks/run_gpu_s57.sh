@@ -21,12 +21,6 @@
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
-clocks() { python -c "
-import json, sys
-for f in sys.argv[1:]:
-    r = json.load(open(f))['rows'][0]
-    print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), {k: v for k, v in r.items() if 'clock' in k or 'power' in k}, r.get('error', ''))
-" "$@"; }
 case "$1" in
 1)
   PYTHONPATH=. timeout -s KILL 150 python -c "
@@ -48,7 +42,7 @@ check.main()
     d64_on 100 --models gpt2_medium --seqlens 8192 --impls triton --in-process --gpu-clocks \
       --out "$R/train_medium8k_d64_ordered_run$run.json" 2>&1 | quiet | grep "^| gpt2"
   done
-  clocks "$R"/train_medium8k_*.json
+  train_rows "$R"/train_medium8k_*.json
   ;;
 2)
   timeout -s KILL 240 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \

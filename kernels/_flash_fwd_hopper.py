@@ -211,17 +211,11 @@ def _named_barrier(BAR: gl.constexpr, ARRIVE: gl.constexpr):
     partitions, `barrier.sync 1` for the whole block). Emitted through an elementwise asm over one
     element per thread of the warpgroup, so each thread runs it once."""
     one_per_thread: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    x = gl.full([128], 0, gl.int32, one_per_thread)
+    bar = gl.full([128], BAR, gl.int32, one_per_thread)  # (the id as an operand: ptxas folds the constant)
     if ARRIVE:
-        if BAR == 8:
-            gl.inline_asm_elementwise("bar.arrive 8, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
-        else:
-            gl.inline_asm_elementwise("bar.arrive 9, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
+        gl.inline_asm_elementwise("bar.arrive $1, 256; mov.b32 $0, $1;", "=r,r", [bar], gl.int32, False, 1)
     else:
-        if BAR == 8:
-            gl.inline_asm_elementwise("bar.sync 8, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
-        else:
-            gl.inline_asm_elementwise("bar.sync 9, 256; mov.b32 $0, $1;", "=r,r", [x], gl.int32, False, 1)
+        gl.inline_asm_elementwise("bar.sync $1, 256; mov.b32 $0, $1;", "=r,r", [bar], gl.int32, False, 1)
 
 
 @gluon.jit
@@ -328,20 +322,18 @@ def _consumer_steps(
         prev = (ring0 + i - 1) % V_STAGES
         mbarrier.wait(k_ready.index(stage), ((ring0 + i) // STAGES) & 1)
         k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        if PINGPONG:
+        if PINGPONG:  # (P's operand ready before the turn: the turn holds only the two issues)
             mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // V_STAGES) & 1)
             p_op = gl.convert_layout(p.to(q.dtype), p_layout)
             v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
             wait_turn(WG, PINGPONG)
-            s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v, acc, is_async=True)
-            pass_turn(WG, PINGPONG)
-        else:
-            s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
+        s = warpgroup_mma(q, k_t, gl.zeros(p.shape, gl.float32, s_layout), use_acc=False, is_async=True)
+        if not PINGPONG:  # (without turns: after S is issued, so the wait and the conversion overlap it)
             mbarrier.wait(v_ready.index(prev), ((ring0 + i - 1) // V_STAGES) & 1)
             p_op = gl.convert_layout(p.to(q.dtype), p_layout)
             v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        pass_turn(WG, PINGPONG)
         s, p_op = warpgroup_mma_wait(1, deps=(s, p_op))  # the scores are in; P @ V may still run
         if MASKED:
             start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N
