@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 58). Each part is what one call ran; the outputs are in
+# benchmarks/results/s58/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s58.sh 1   # the forward's turns given and taken once a program (strict alternation,
+#       session 57's last change, not yet run): the forward's and packed-QKV GPU tests; d64 forward alone with and
+#       without turns (ab_fwd_configs.py --pingpong, five rounds, full 1k-16k, causal 1k-8k); then the branch
+#       experiment fwd-causal-turns (results/s58/unmasked_turns.patch, applied for the run and reverted): d128 causal
+#       row-tile kernel without turns, with turns in every step, with turns only in the unmasked steps, 4k-16k
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
+    2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+}
+case "$1" in
+1)
+  timeout -s KILL 240 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \
+    tests/kernels/test_qkvpacked.py > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  fwd_ab 80 d64 --headdim 64 --seqlens 1024 4096 16384
+  fwd_ab 80 d64_causal --headdim 64 --causal --seqlens 1024 4096 8192
+  patch -s -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch applied"
+  PYTHONPATH=. timeout -s KILL 150 python -c "
+import sys
+import benchmarks.ab_fwd_configs as ab
+ab.CANDIDATES[128] = {'rows_128key_rings2': ab.CANDIDATES[128]['rows_128key_rings2']}
+sys.argv = ['ab_fwd_configs.py', '--headdim', '128', '--causal', '--seqlens', '4096', '8192', '16384', '--rounds', '5',
+            '--pingpong', '--out', '$R/ab_fwd_d128_causal_unmasked_turns.json']
+ab.main()
+" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+  patch -s -R -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch reverted"
+  ;;
+esac
