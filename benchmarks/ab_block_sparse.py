@@ -13,6 +13,7 @@ state the run started from.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -48,22 +49,44 @@ def _d128_row_tile_forward(on: bool) -> None:
     bs.PERSISTENT_FORWARD[128] = (bs.PERSISTENT_FORWARD[128][0], -1 if on else math.inf)
 
 
+def _row_tile_forward_turns(on: bool) -> None:
+    """The row-tile forward's consumers taking turns (`_flash_fwd_hopper.wait_turn`) on, off (both head dims)."""
+    for d, (fwd, dq, dkdv) in bs.CONFIGS.items():
+        bs.CONFIGS[d] = (dataclasses.replace(fwd, pingpong=on), dq, dkdv)
+
+
+def _persistent_forward_turns(on: bool) -> None:
+    """The persistent forward's consumers taking turns on, off (both head dims)."""
+    for d, (cfg, up_to) in bs.PERSISTENT_FORWARD.items():
+        bs.PERSISTENT_FORWARD[d] = (dataclasses.replace(cfg, pingpong=on), up_to)
+
+
 # name: set(on), for routes read at every call
 VARIANTS = {
     "persistent_dq": _persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
     "persistent_dkdv": _persistent_dkdv,
     "d128_row_tile_forward": _d128_row_tile_forward,
+    "row_tile_forward_turns": _row_tile_forward_turns,
+    "persistent_forward_turns": _persistent_forward_turns,
 }
 
 
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
-    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV)
+    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV), dict(bs.CONFIGS)
 
 
 def restore_routes(state: tuple) -> None:
-    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV = state
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS = state
+
+
+def _outputs(fn, args) -> list:
+    """fn's output and q's, k's and v's gradients for the upstream gradient args[-1], as fp32 copies."""
+    q, k, v, do = args
+    out = fn(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    return [t.detach().float() for t in (out, *grads)]
 
 
 def timings(fn, args) -> tuple[float, float]:
@@ -72,8 +95,14 @@ def timings(fn, args) -> tuple[float, float]:
 
 
 def ab_point(variant: str, fn, args) -> dict:
-    """The variant off and on, alternating; the routes are as they were when this returns."""
+    """The variant off and on, alternating; the routes are as they were when this returns. Also the
+    largest difference between the two settings' outputs and gradients (so a timing is of a right answer)."""
     state = routes()
+    results = {}
+    for setting in (False, True):
+        VARIANTS[variant](setting)
+        results[setting] = _outputs(fn, args)
+    max_diff = max((a - b).abs().max().item() for a, b in zip(results[False], results[True], strict=True))
     runs = {False: [], True: []}
     for setting in (False, True, False, True):
         VARIANTS[variant](setting)
@@ -81,7 +110,7 @@ def ab_point(variant: str, fn, args) -> dict:
     restore_routes(state)
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
-    return dict(off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,
+    return dict(max_diff_off_on=max_diff, off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,
                 on_speedup_graph=off_graph / on_graph, on_speedup_eager=off_eager / on_eager)  # fmt: skip
 
 

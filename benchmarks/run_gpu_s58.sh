@@ -6,6 +6,9 @@
 #       without turns (ab_fwd_configs.py --pingpong, five rounds, full 1k-16k, causal 1k-8k); then the branch
 #       experiment fwd-causal-turns (results/s58/unmasked_turns.patch, applied for the run and reverted): d128 causal
 #       row-tile kernel without turns, with turns in every step, with turns only in the unmasked steps, 4k-16k
+#   bash benchmarks/run_gpu_s58.sh 2   # the unmasked-turns branch again at causal 8k-32k (patch applied and reverted);
+#       block-sparse d128 n4k and n16k up to 50% density with the forward's turns off and on, row-tile and persistent
+#       kernels each (ab_block_sparse.py, new variants row_tile_forward_turns, persistent_forward_turns)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -15,6 +18,30 @@ fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
   timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
     2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
 }
+unmasked_turns_ab() {  # unmasked_turns_ab SECONDS NAME SEQLEN...: the d128 causal row-tile kernel three ways
+  local secs=$1 name=$2
+  shift 2
+  patch -s -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch applied"
+  PYTHONPATH=. timeout -s KILL "$secs" python -c "
+import sys
+import benchmarks.ab_fwd_configs as ab
+ab.CANDIDATES[128] = {'rows_128key_rings2': ab.CANDIDATES[128]['rows_128key_rings2']}
+sys.argv = ['ab_fwd_configs.py', '--headdim', '128', '--causal', '--seqlens', *'$*'.split(), '--rounds', '5',
+            '--pingpong', '--out', '$R/ab_fwd_d128_causal_$name.json']
+ab.main()
+" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+  patch -s -R -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch reverted"
+}
+bs_turns() {  # bs_turns SECONDS NAME OPTION...: ab_block_sparse.py with both turn variants, a summary line a point
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py --variants persistent_forward_turns \
+    row_tile_forward_turns "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
+import ast, sys
+keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
+        'on_vs_flex_graph')
+[print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
+}
 case "$1" in
 1)
   timeout -s KILL 240 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \
@@ -22,15 +49,10 @@ case "$1" in
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   fwd_ab 80 d64 --headdim 64 --seqlens 1024 4096 16384
   fwd_ab 80 d64_causal --headdim 64 --causal --seqlens 1024 4096 8192
-  patch -s -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch applied"
-  PYTHONPATH=. timeout -s KILL 150 python -c "
-import sys
-import benchmarks.ab_fwd_configs as ab
-ab.CANDIDATES[128] = {'rows_128key_rings2': ab.CANDIDATES[128]['rows_128key_rings2']}
-sys.argv = ['ab_fwd_configs.py', '--headdim', '128', '--causal', '--seqlens', '4096', '8192', '16384', '--rounds', '5',
-            '--pingpong', '--out', '$R/ab_fwd_d128_causal_unmasked_turns.json']
-ab.main()
-" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
-  patch -s -R -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch reverted"
+  unmasked_turns_ab 150 unmasked_turns 4096 8192 16384
+  ;;
+2)
+  unmasked_turns_ab 170 unmasked_turns_again 8192 16384 32768
+  bs_turns 380 d128 --seqlens 4096 16384 --headdims 128 --max-density 0.5
   ;;
 esac

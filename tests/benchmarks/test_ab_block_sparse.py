@@ -22,11 +22,42 @@ def test_ab_point_alternates_the_settings_and_restores_the_routes(monkeypatch, v
         seen.append(ab.routes())
         return (1.0, 2.0) if len(seen) % 2 else (0.5, 1.0)
 
+    def fake_outputs(fn, args):
+        # off's and on's outputs are compared: on's differ by 0.25 here
+        outputs = [torch.zeros(3)] if len(outputs_seen) == 0 else [torch.full((3,), 0.25)]
+        outputs_seen.append(ab.routes())
+        return outputs
+
+    outputs_seen = []
     monkeypatch.setattr(ab, "timings", fake_timings)
+    monkeypatch.setattr(ab, "_outputs", fake_outputs)
     row = ab.ab_point(variant, None, None)
     assert len(seen) == 4 and seen[0] == seen[2] and seen[1] == seen[3] and seen[0] != seen[1]
+    assert outputs_seen == seen[:2]
     assert row["on_speedup_graph"] == 2.0 and row["on_speedup_eager"] == 2.0
+    assert row["max_diff_off_on"] == 0.25
     assert ab.routes() == before
+
+
+@pytest.mark.parametrize("variant", ["row_tile_forward_turns", "persistent_forward_turns"])
+def test_turn_variants_reach_the_forwards_config(monkeypatch, variant):
+    """On: the chosen forward config with its consumers taking turns; off: without. The row-tile variant
+    reaches long lists, the persistent one short lists (d128: past / within PERSISTENT_FORWARD's 20 tiles)."""
+    configs = []
+    monkeypatch.setattr(
+        bs.fwd_hopper, "flash_attn_forward_hopper", lambda *a, config, **kw: configs.append(config)
+    )
+    state = ab.routes()
+    q = torch.randn(1, 4096, 2, 128, dtype=torch.bfloat16)
+    band = 16 if variant == "row_tile_forward_turns" else 1  # (~24 or ~2.9 64-key tiles a program)
+    try:
+        for on in (True, False):
+            ab.VARIANTS[variant](on)
+            bs.block_sparse_forward_hopper(q, q, q, local_layout(4096, 128, band), False, 0.1)
+    finally:
+        ab.restore_routes(state)
+    assert [c.pingpong for c in configs] == [True, False]
+    assert {c.persistent for c in configs} == {variant == "persistent_forward_turns"}
 
 
 def test_d64_persistent_forward_variant_reaches_the_forwards_choice(monkeypatch):
