@@ -32,6 +32,11 @@ def _persistent_dq(on: bool) -> None:
     bs.PERSISTENT_DQ_ENABLED = on
 
 
+def _d128_persistent_dq(on: bool) -> None:
+    """On: the d128 dq kernel's persistent variant at every list length, off: never."""
+    bs.PERSISTENT_DQ[128] = (bs.PERSISTENT_DQ[128][0], math.inf if on else -1)
+
+
 def _d64_persistent_forward(on: bool) -> None:
     """On: the d64 forward's persistent variant at every list length, off: never."""
     bs.PERSISTENT_FORWARD[64] = (bs.PERSISTENT_FORWARD[64][0], math.inf if on else -1)
@@ -64,6 +69,7 @@ def _persistent_forward_turns(on: bool) -> None:
 # name: set(on), for routes read at every call
 VARIANTS = {
     "persistent_dq": _persistent_dq,
+    "d128_persistent_dq": _d128_persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
     "persistent_dkdv": _persistent_dkdv,
     "d128_row_tile_forward": _d128_row_tile_forward,
@@ -74,11 +80,12 @@ VARIANTS = {
 
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
-    return bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV), dict(bs.CONFIGS)
+    return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
+            dict(bs.CONFIGS))  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
-    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS = state
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS = state
 
 
 def _outputs(fn, args) -> list:

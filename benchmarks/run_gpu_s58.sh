@@ -9,6 +9,10 @@
 #   bash benchmarks/run_gpu_s58.sh 2   # the unmasked-turns branch again at causal 8k-32k (patch applied and reverted);
 #       block-sparse d128 n4k and n16k up to 50% density with the forward's turns off and on, row-tile and persistent
 #       kernels each (ab_block_sparse.py, new variants row_tile_forward_turns, persistent_forward_turns)
+#   bash benchmarks/run_gpu_s58.sh 3   # block-sparse d128 at n4k / n16k up to 20% density: the dq kernel's persistent
+#       variant everywhere against nowhere (new variant d128_persistent_dq; the rule takes it up to 2 tiles), and the
+#       dK/dV kernel's (persistent_dkdv); then the Hopper backward, dense and Hopper block-sparse GPU tests on the
+#       strict-alternation forward (the slow portable-autotune test left out)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -32,11 +36,10 @@ ab.main()
 " 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
   patch -s -R -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch reverted"
 }
-bs_turns() {  # bs_turns SECONDS NAME OPTION...: ab_block_sparse.py with both turn variants, a summary line a point
+bs_ab() {  # bs_ab SECONDS NAME OPTION...: ab_block_sparse.py, a summary line a point
   local secs=$1 name=$2
   shift 2
-  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py --variants persistent_forward_turns \
-    row_tile_forward_turns "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
+  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
 import ast, sys
 keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
         'on_vs_flex_graph')
@@ -53,6 +56,16 @@ case "$1" in
   ;;
 2)
   unmasked_turns_ab 170 unmasked_turns_again 8192 16384 32768
-  bs_turns 380 d128 --seqlens 4096 16384 --headdims 128 --max-density 0.5
+  bs_ab 380 d128 --variants persistent_forward_turns row_tile_forward_turns --seqlens 4096 16384 --headdims 128 \
+    --max-density 0.5
+  ;;
+3)
+  bs_ab 150 d128_persistent_bwd --variants d128_persistent_dq persistent_dkdv --seqlens 4096 16384 --headdims 128 \
+    --max-density 0.2
+  T=tests/kernels
+  timeout -s KILL 400 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_flash_attention.py \
+    $T/test_block_sparse_hopper.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
   ;;
 esac
