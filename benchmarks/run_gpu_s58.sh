@@ -13,6 +13,8 @@
 #       variant everywhere against nowhere (new variant d128_persistent_dq; the rule takes it up to 2 tiles), and the
 #       dK/dV kernel's (persistent_dkdv); then the Hopper backward, dense and Hopper block-sparse GPU tests on the
 #       strict-alternation forward (the slow portable-autotune test left out)
+#   bash benchmarks/run_gpu_s58.sh 4   # with the d128 persistent dq kernel up to 4 tiles (was 2): its A/B again at n4k,
+#       the issue's block-sparse benchmark at n4k (d128, d64), the Hopper block-sparse GPU tests
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -67,5 +69,13 @@ case "$1" in
     $T/test_block_sparse_hopper.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
     > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 4 "$R/gpu_tests.log"
+  ;;
+4)
+  bs_ab 100 d128_persistent_dq_n4k --variants d128_persistent_dq --seqlens 4096 --headdims 128 --max-density 0.1
+  timeout 250 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
+    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
+  timeout -s KILL 200 python -m pytest -q -n 5 -m gpu -rf tests/kernels/test_block_sparse_hopper.py \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   ;;
 esac

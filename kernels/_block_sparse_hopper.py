@@ -95,10 +95,13 @@ PERSISTENT_FORWARD = {
 # fwd+bwd with it off / on, alternating in one process (ab_block_sparse.py, results/s36/call1/), from
 # graphs: d128 1.09x at n4k 3% and n16k 0.8% (the only points it takes there), d64 1.00-1.08x at
 # 3-10%; the block-sparse GPU tests passed with it (178). FLASHTRAIN_PERSISTENT_DQ=0 turns it off.
+# d128 everywhere against nowhere (session 58, results/s58/call3/ and call4/): 1.08x at 2 tiles (n4k 3%,
+# n16k 0.8%), 1.04x at 4 (n4k 6.25%: 1.25 -> 1.30x Flex), 1.00x and 0.97x at 6 (n4k 9.4%, n16k 2.3%),
+# 0.88-0.96x from 12; so up to 4.
 PERSISTENT_DQ_ENABLED = os.environ.get("FLASHTRAIN_PERSISTENT_DQ", "1") != "0"
 PERSISTENT_DQ = {
     64: (dataclasses.replace(CONFIGS[64][1], persistent=True), math.inf),
-    128: (dq_hopper.PERSISTENT_CONFIGS[128], 2),
+    128: (dq_hopper.PERSISTENT_CONFIGS[128], 4),
 }
 # The dK/dV kernel's persistent variant (one program per SM walking its share of the key tiles' lists,
 # the next tile's K and V loads under this one's steps, each list in one loop: see NOTES_attention.md,

@@ -127,12 +127,12 @@ def test_the_autograd_function_hands_the_forwards_choice_to_the_backward(monkeyp
 
 @pytest.mark.parametrize(
     "headdim, n_factors, persistent",
-    [(128, 0, True), (128, 2, False), (128, None, False), (64, 0, True), (64, None, True)],
+    [(128, 0, True), (128, 1, True), (128, 2, False), (128, None, False), (64, 0, True), (64, None, True)],
 )
 def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
     monkeypatch, headdim, n_factors, persistent
 ):
-    """PERSISTENT_DQ: d128 from one 128-key block per row (2 of the dq kernel's 64-key tiles), d64 always,
+    """PERSISTENT_DQ: d128 up to two 128-key blocks per row (4 of the dq kernel's 64-key tiles), d64 always,
     while on (the default; FLASHTRAIN_PERSISTENT_DQ=0 turns it off); off, the row-tile kernel."""
     monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", True)
     configs = []
@@ -141,7 +141,7 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
     )
     monkeypatch.setattr(bs_hopper.dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: None)
     q = torch.randn(1, 2048, 2, headdim, dtype=BF16)
-    layout = butterfly_layout(2048, 128, n_factors=n_factors)  # blocks per row: 1, 3, 5
+    layout = butterfly_layout(2048, 128, n_factors=n_factors)  # blocks per row: 1, 2, 3, 5
     bs_hopper.block_sparse_backward_hopper(q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1)
     (config,) = configs
     assert config.persistent == persistent
