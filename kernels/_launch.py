@@ -201,8 +201,10 @@ class CompiledLaunch:
             tma.append(view)
         return tma
 
-    def _jit_launch(self, key, grid, descriptors, args, kwargs):
-        """Triton's own launch, with Gluon descriptors; keeps the compiled kernel under key."""
+    def check_parameters(self, descriptors, args, kwargs) -> list:
+        """The kernel's constexpr names (its parameters after the descriptors and arguments); a TypeError
+        unless kwargs gives each of them (a constexpr left at its default would leave the compiled
+        launcher's constexpr values short)."""
         names = self.kernel.arg_names
         constexprs = names[len(descriptors) + len(args) :]
         if sorted(constexprs) != sorted(name for name in kwargs if name in names):
@@ -211,6 +213,11 @@ class CompiledLaunch:
                 f"constexprs; after {len(descriptors)} + {len(args)} come {constexprs}, the keyword arguments "
                 f"are {list(kwargs)}"
             )
+        return constexprs
+
+    def _jit_launch(self, key, grid, descriptors, args, kwargs):
+        """Triton's own launch, with Gluon descriptors; keeps the compiled kernel under key."""
+        constexprs = self.check_parameters(descriptors, args, kwargs)
         gluon_descs = [self.make_descriptor(t, rows) for t, rows in descriptors]
         compiled = self.kernel[grid](*gluon_descs, *args, **kwargs)
         constexpr_values = tuple(kwargs[name] for name in constexprs)

@@ -353,3 +353,50 @@ def test_encode_once_off_takes_the_run_path(fake_encoding, monkeypatch):
     assert launch.fast_launches == 1 and launch.encodings == 0
     (through_run,) = runner.c_launches  # Triton's wrapper encoded it, from the views it was given
     assert through_run[13] == ("tensor-map", a.data_ptr(), (2, 4, 64, 16), (4096, 16, 64, 1), 64)
+
+
+def _gluon_launches(monkeypatch) -> list:
+    """Records (kernel name, constexpr names) of every CompiledLaunch call instead of launching, each
+    checked with `check_parameters` (which raises as the first real launch would)."""
+    calls = []
+
+    def record(self, grid, descriptors, args, kwargs, views=None):
+        calls.append((self.kernel.__name__, self.check_parameters(descriptors, args, kwargs)))
+
+    monkeypatch.setattr(CompiledLaunch, "__call__", record)
+    return calls
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_gluon_launch_gives_each_of_its_kernels_constexprs(monkeypatch, causal):
+    """The Gluon kernels' launches (forward, dq, dK/dV, the one-kernel backward; every config table's
+    configs) give each constexpr of their kernel by name: the check runs only at a GPU's first launch, so
+    a constexpr left at its default would otherwise fail there first."""
+    from kernels import _block_sparse_hopper as bs
+    from kernels import _flash_bwd_fused_hopper as fused
+    from kernels import _flash_dkdv_hopper as dkdv
+    from kernels import _flash_dq_hopper as dq
+    from kernels import _flash_fwd_hopper as fwd
+
+    calls = _gluon_launches(monkeypatch)
+    for d in (64, 128):
+        q = torch.randn(1, 256, 2, d, dtype=torch.bfloat16)
+        lse = torch.zeros(1, 2, 256)
+        fwd_configs = [fwd.CONFIGS[d], fwd.PERSISTENT_CONFIGS[d], fwd.PINGPONG_CONFIGS[d], bs.CONFIGS[d][0]]
+        for cfg in fwd_configs:
+            fwd.flash_attn_forward_hopper(q, q, q, sm_scale=0.1, causal=causal, config=cfg)
+        dq_configs = [bs.CONFIGS[d][1], bs.PERSISTENT_DQ[d][0], *([dq.CONFIGS[d]] if d in dq.CONFIGS else [])]
+        for cfg in dq_configs:
+            dq.flash_attn_dq_hopper(q, q, q, q, q, lse, lse, q, sm_scale=0.1, causal=causal, config=cfg)
+        for cfg in (dkdv.CONFIGS[d], bs.CONFIGS[d][2], bs.PERSISTENT_DKDV[d][0]):
+            dkdv.flash_attn_dkdv_hopper(q, q, q, q, q, q, lse, lse, sm_scale=0.1, causal=causal, config=cfg)
+        acc = torch.zeros(1, 256, 2, d)
+        for ordered, convoy in ((False, False), (True, False), (True, True)) if d in fused.CONFIGS else ():
+            fused.flash_attn_bwd_fused_hopper(
+                q, q, q, q, lse, lse, acc, q, q, sm_scale=0.1, causal=causal, ordered=ordered, convoy=convoy
+            )
+    kernels = {name for name, _ in calls}
+    assert len(calls) == 2 * (4 + 2 + 3) + 1 + 3  # (d128's dq CONFIGS entry, its one-kernel backward's)
+    assert {"_attn_fwd_hopper", "_attn_fwd_hopper_persistent", "_attn_bwd_dq_hopper",
+            "_attn_bwd_dq_hopper_persistent", "_attn_bwd_dkdv_hopper", "_attn_bwd_dkdv_hopper_persistent",
+            "_attn_bwd_fused_hopper"} == kernels  # fmt: skip
