@@ -15,6 +15,9 @@
 #       strict-alternation forward (the slow portable-autotune test left out)
 #   bash benchmarks/run_gpu_s58.sh 4   # with the d128 persistent dq kernel up to 4 tiles (was 2): its A/B again at n4k,
 #       the issue's block-sparse benchmark at n4k (d128, d64), the Hopper block-sparse GPU tests
+# Call 5 ran part 5 of this script as branch dkdv-turns has it (the dK/dV kernel's consumers taking turns): its
+# default configs failed their first launch there (the branch left the TURNS constexpr out of their launch), the
+# turn configs passed the edge-shape checks, nothing was timed; run it again from the branch (fixed there).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"

@@ -839,6 +839,7 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
     dv_stages: int | None = None
 
     one_kv_ring = "the dK/dV kernel streams Q and dO, not K and V"
+    no_turns = "the dK/dV kernel's consumers take no turns"
 
     def for_pass(self, part: int) -> HopperDkdvConfig:
         """The launch shape of pass `part` (0 both gradients, 1 dV, 2 dK)."""

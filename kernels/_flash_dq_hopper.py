@@ -354,6 +354,7 @@ class HopperDqConfig(fwd_hopper.HopperFwdConfig):
     v_stages: K and V share one ring here)."""
 
     one_kv_ring = "the dq kernel's K and V share one ring"
+    no_turns = "the dq kernel's consumers take no turns"
 
 
 # Head dim 64 is left to the portable kernel: there the three products of a 64 x 128 tile are no longer

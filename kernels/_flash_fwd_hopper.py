@@ -777,6 +777,8 @@ class HopperFwdConfig:
     pingpong: bool = False
     # set by a kernel that keeps K and V in one ring, to say why (then a config of it with v_stages raises)
     one_kv_ring: ClassVar[str | None] = None
+    # set by a kernel whose consumers take no turns, to say so (then a config of it with pingpong raises)
+    no_turns: ClassVar[str | None] = None
 
     def __post_init__(self):
         refused = self.one_kv_ring or (
@@ -784,6 +786,8 @@ class HopperFwdConfig:
         )
         if self.v_stages and refused:
             raise ValueError(f"{self}: {refused}; leave v_stages at 0")
+        if self.pingpong and self.no_turns:
+            raise ValueError(f"{self}: {self.no_turns}; leave pingpong False")
 
 
 # Per head dim. Register budget: consumers * 128 * consumer_regs + 128 * producer_regs <= 65536.

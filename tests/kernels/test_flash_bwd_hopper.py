@@ -64,6 +64,14 @@ def test_backward_configs_refuse_split_kv_rings(config_class):
     assert config_class(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240).v_stages == 0
 
 
+@pytest.mark.parametrize("config_class", [dq_hopper.HopperDqConfig, dkdv_hopper.HopperDkdvConfig])
+def test_backward_configs_refuse_turns(config_class):
+    """pingpong (the consumers taking turns) is the forward's option: a backward config that sets it
+    raises instead of being launched without turns."""
+    with pytest.raises(ValueError, match="pingpong"):
+        config_class(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240, pingpong=True)
+
+
 @pytest.mark.parametrize(
     "seqlen_q, causal, takes",
     [(4096, True, True), (16384, False, True), (1024, True, True), (1000, False, False), (512, True, False)],
