@@ -117,8 +117,9 @@ def ab_point(variant: str, fn, args) -> dict:
     restore_routes(state)
     off_graph, off_eager = (min(t[i] for t in runs[False]) for i in (0, 1))
     on_graph, on_eager = (min(t[i] for t in runs[True]) for i in (0, 1))
-    return dict(max_diff_off_on=max_diff, off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager, on_eager_ms=on_eager,
-                on_speedup_graph=off_graph / on_graph, on_speedup_eager=off_eager / on_eager)  # fmt: skip
+    return dict(max_diff_off_on=max_diff, off_graph_ms=off_graph, on_graph_ms=on_graph, off_eager_ms=off_eager,
+                on_eager_ms=on_eager, on_speedup_graph=off_graph / on_graph,
+                on_speedup_eager=off_eager / on_eager)  # fmt: skip
 
 
 def main() -> None:
