@@ -32,26 +32,32 @@ def _persistent_dq(on: bool) -> None:
     bs.PERSISTENT_DQ_ENABLED = on
 
 
+def _persistent_everywhere(table: dict, headdim: int, on: bool) -> None:
+    """A persistent-variant rule (`bs.PERSISTENT_FORWARD`, `PERSISTENT_DQ` or `PERSISTENT_DKDV`) at
+    headdim: on, its persistent config at every list length; off, at none."""
+    table[headdim] = (table[headdim][0], math.inf if on else -1)
+
+
 def _d128_persistent_dq(on: bool) -> None:
     """On: the d128 dq kernel's persistent variant at every list length, off: never."""
-    bs.PERSISTENT_DQ[128] = (bs.PERSISTENT_DQ[128][0], math.inf if on else -1)
+    _persistent_everywhere(bs.PERSISTENT_DQ, 128, on)
 
 
 def _d64_persistent_forward(on: bool) -> None:
     """On: the d64 forward's persistent variant at every list length, off: never."""
-    bs.PERSISTENT_FORWARD[64] = (bs.PERSISTENT_FORWARD[64][0], math.inf if on else -1)
+    _persistent_everywhere(bs.PERSISTENT_FORWARD, 64, on)
 
 
 def _persistent_dkdv(on: bool) -> None:
     """On: the dK/dV kernel's persistent variant at every list length, off: never (both head dims)."""
-    for d, (cfg, _) in bs.PERSISTENT_DKDV.items():
-        bs.PERSISTENT_DKDV[d] = (cfg, math.inf if on else -1)
+    for d in bs.PERSISTENT_DKDV:
+        _persistent_everywhere(bs.PERSISTENT_DKDV, d, on)
 
 
 def _d128_row_tile_forward(on: bool) -> None:
     """On: the d128 forward's row-tile kernel (128-key tiles) at every list length, off: its persistent
     variant (64-key tiles) at every length."""
-    bs.PERSISTENT_FORWARD[128] = (bs.PERSISTENT_FORWARD[128][0], -1 if on else math.inf)
+    _persistent_everywhere(bs.PERSISTENT_FORWARD, 128, not on)
 
 
 def _row_tile_forward_turns(on: bool) -> None:

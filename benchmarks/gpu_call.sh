@@ -137,3 +137,13 @@ for f in sys.argv[1:]:
         print('   median', [st.median(c) if None not in c else None for c in cols],
               'slowest', [tuple(c[i] for c in cols) for i in sorted(range(len(h)), key=lambda i: -h[i])[:3]])
 " "$@"; }
+# ab_fwd_configs.py's printed rows (standard input) as one line: each length and its configs' cudnn_over_* ratios
+fwd_ratios() { grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '; }
+# ab_fwd_configs.py, five rounds, each config also with its consumers taking turns (--pingpong), killed after
+# SECONDS: $R/ab_fwd_NAME.json, its ratios printed
+fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
+    2>&1 | quiet | fwd_ratios
+}

@@ -31,11 +31,9 @@ sys.argv = ['check_hopper_fwd.py', '--skip-speed', '--out', '$R/check_fwd_pingpo
 check.main()
 " 2>&1 | quiet | tail -n 3
   for causal in "--causal" ""; do
-    timeout -s KILL 100 python benchmarks/ab_fwd_configs.py --headdim 128 $causal --seqlens 2048 4096 8192 16384 \
-      --rounds 5 --pingpong --out "$R/ab_fwd_d128${causal:+_causal}.json" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+    fwd_ab 100 d128${causal:+_causal} --headdim 128 $causal --seqlens 2048 4096 8192 16384
   done
-  timeout -s KILL 60 python benchmarks/ab_fwd_configs.py --headdim 64 --causal --seqlens 4096 8192 16384 \
-    --rounds 5 --pingpong --out "$R/ab_fwd_d64_causal.json" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+  fwd_ab 60 d64_causal --headdim 64 --causal --seqlens 4096 8192 16384
   for run in 1 2; do
     timeout 100 python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton --in-process \
       --gpu-clocks --out "$R/train_medium8k_two_kernels_run$run.json" 2>&1 | quiet | grep "^| gpt2"
@@ -48,12 +46,6 @@ check.main()
   timeout -s KILL 240 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \
     tests/kernels/test_qkvpacked.py > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
-  fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
-    local secs=$1 name=$2
-    shift 2
-    timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
-      2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
-  }
   fwd_ab 70 d64 --headdim 64 --seqlens 1024 4096 16384
   fwd_ab 40 d64_causal --headdim 64 --causal --seqlens 1024 2048
   fwd_ab 70 d128 --headdim 128 --seqlens 32768 65536

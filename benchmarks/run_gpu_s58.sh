@@ -21,12 +21,6 @@
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
-fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
-  local secs=$1 name=$2
-  shift 2
-  timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
-    2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
-}
 unmasked_turns_ab() {  # unmasked_turns_ab SECONDS NAME SEQLEN...: the d128 causal row-tile kernel three ways
   local secs=$1 name=$2
   shift 2
@@ -38,7 +32,7 @@ ab.CANDIDATES[128] = {'rows_128key_rings2': ab.CANDIDATES[128]['rows_128key_ring
 sys.argv = ['ab_fwd_configs.py', '--headdim', '128', '--causal', '--seqlens', *'$*'.split(), '--rounds', '5',
             '--pingpong', '--out', '$R/ab_fwd_d128_causal_$name.json']
 ab.main()
-" 2>&1 | quiet | grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '
+" 2>&1 | quiet | fwd_ratios
   patch -s -R -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch reverted"
 }
 bs_ab() {  # bs_ab SECONDS NAME OPTION...: ab_block_sparse.py, a summary line a point
