@@ -14,7 +14,6 @@ Exit status 1 when a config fails a correctness check; the configs that pass are
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import sys
@@ -25,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.check_hopper_dq import backward, backward_inputs, check_all, dispatching, forward  # noqa: E402
 from benchmarks.check_hopper_fwd import add_tflops, finish, max_err, parser_for, start  # noqa: E402
-from benchmarks.common import time_ms  # noqa: E402
+from benchmarks.common import rotated, time_ms  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper, _flash_dq_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig as Cfg  # noqa: E402
 from kernels.reference import attention_reference  # noqa: E402
@@ -33,10 +32,22 @@ from kernels.reference import attention_reference  # noqa: E402
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS)
     # (branch dkdv-carry-ds holds a variant that issues each step's dK product in the next step: on one
     # H200 it was 0.92-1.06x these, results/carry_ds/call1)
-    128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
+    # (turns: the consumers taking turns at the tensor cores, 1 at S^T and dP^T, 2 also at dV and dK)
+    128: [
+        Cfg(64, 64, 2, 2, 240),
+        Cfg(64, 64, 2, 2, 240, turns=1),
+        Cfg(64, 64, 2, 2, 240, turns=2),
+        Cfg(64, 64, 2, 3, 240),
+    ],
     # (branch dkdv-kv-regs holds K and V as register operands: at d128 they spill; at d64 on one H200 no
     # faster, and GPT-2 medium 8k 0.99x, results/s34/call4)
-    64: [Cfg(128, 64, 2, 2, 240), Cfg(64, 64, 2, 4, 240), Cfg(128, 64, 2, 3, 240)],
+    64: [
+        Cfg(128, 64, 2, 2, 240),
+        Cfg(128, 64, 2, 2, 240, turns=1),
+        Cfg(128, 64, 2, 2, 240, turns=2),
+        Cfg(64, 64, 2, 4, 240),
+        Cfg(128, 64, 2, 3, 240),
+    ],
     # (dv_block_m, dv_stages: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
     256: [
         Cfg(32, 64, 2, 2, 240, producer_regs=32, dv_block_m=64, dv_stages=2),
@@ -96,7 +107,8 @@ def guarded_check(cfg, d, dtype, shapes):
 
 def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
     """The backward's time with each config; rounds > 1 times them round-robin that many times (keys
-    end in _r0, _r1, ...), for configs whose order between machines or runs is in doubt."""
+    end in _r0, _r1, ...; each round in a rotated order), for configs whose order between machines or
+    runs is in doubt."""
     row, q, k, v, do, out, lse, scale, flops = backward_inputs(d, causal, seqlen, packed)
     row["bwd_portable_ms"] = time_ms(lambda: backward(do, q, k, v, out, lse, causal, scale, False, False))
     # the Hopper dq kernel with its config in use, whatever its faster_here says at this head dim; where
@@ -108,10 +120,12 @@ def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
             row["bwd_hopper_dq_ms"] = time_ms(
                 lambda: backward(do, q, k, v, out, lse, causal, scale, True, False)
             )
-        for r, cfg in itertools.product(range(rounds), cfgs):
+        # (each round starts one config later: timed in a fixed order, the later ones lose, `rotated`)
+        for r, cfg in ((i, cfg) for i in range(rounds) for cfg in rotated(cfgs, i)):
             key = f"bwd_{'hopper_dq_' if hopper_dq else ''}dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
             if cfg.dv_block_m or cfg.dv_stages:
                 key += f"_dv{cfg.for_pass(1).block_m}s{cfg.for_pass(1).stages}"
+            key += f"_turns{cfg.turns}" if cfg.turns else ""
             key += f"_r{r}" if rounds > 1 else ""
             try:
                 with dispatching(_flash_dkdv_hopper, d, cfg):
