@@ -3,36 +3,34 @@
 # benchmarks/results/s59/callN/ (each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s59.sh 1   # the dK/dV kernel's consumers taking turns (HopperDkdvConfig.turns 1: at
 #       S^T and dP^T, 2: also at dV and dK), first run: check_hopper_dkdv.py with the config in use and its two
-#       turn variants (edge shapes bf16 / fp16, then the backward timed three rounds, rotated) at d64 (causal and
-#       full 1k / 4k / 16k, GPT-2 medium's packed layer at 8k) and d128 (causal and full 1k / 4k / 16k); then
-#       GPT-2 medium 8k training with d64's dK/dV config as it is and with the turns the packed layer timed best
+#       turn variants at d64 and d128. Ran the edge-shape checks (d64 all three, d128 turns 0 and 1 passed) but
+#       the time limits killed both before any timing (the portable backward it also times autotunes first), and
+#       d128 turns 2's check printed nothing; the GPT-2 medium 8k run with turns 0 is the one row it left (its
+#       commands: this script at commit 3422e17)
+#   bash benchmarks/run_gpu_s59.sh 2   # the same turns timed on the kernel alone (ab_dkdv_configs.py, five rounds
+#       rotated): d64 GPT-2 medium's packed layer, causal and full 1k / 4k / 16k; d128 causal and full 1k / 2k
+#       (from 4k the one-kernel backward runs instead); then GPT-2 medium 8k with the packed layer's best turns
+#       against none, alternating (a second pair where the call has time)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
-dkdv_turns() {  # dkdv_turns SECONDS HEADDIM SPEED_CASE...: check_hopper_dkdv.py, the config in use and its turns
-  local secs=$1 d=$2
+dkdv_ab() {  # dkdv_ab SECONDS NAME OPTION...: ab_dkdv_configs.py, its ratio lines printed
+  local secs=$1 name=$2
   shift 2
-  PYTHONPATH=. timeout -s KILL "$secs" python -c "
-import sys
-import benchmarks.check_hopper_dkdv as check
-base = check.CANDIDATES[$d][0]
-check.CANDIDATES = {$d: [cfg for cfg in check.CANDIDATES[$d] if cfg.block_m == base.block_m and cfg.stages == base.stages]}
-sys.argv = ['check_hopper_dkdv.py', '--headdims', '$d', '--speed', *'$*'.split(), '--rounds', '3',
-            '--out', '$R/check_dkdv_turns_d$d.json']
-check.main()
-" 2>&1 | quiet | grep -e "^ok" -e "^FAIL" -e "TFLOP" -e "correct"
-}
-best_packed_turns() {  # the d64 packed layer's fastest turns (0, 1 or 2) by its median over the rounds
+  timeout -s KILL "$secs" python benchmarks/ab_dkdv_configs.py "$@" --out "$R/ab_dkdv_$name.json" 2>&1 | quiet \
+    | grep -e "^first" -e "Traceback" -e "Error" -e "Fatal" | sort | uniq -c
   python -c "
-import json, re, statistics as st
-rows = json.load(open('$R/check_dkdv_turns_d64.json'))['rows']
-row = [r for r in rows if r.get('packed')][0]
-ms = {}
-for k, v in row.items():
-    m = re.match(r'bwd_dkdv_128x64_s2(_turns(\d))?_r\d_ms$', k)
-    if m:
-        ms.setdefault(int(m.group(2) or 0), []).append(v)
-print(min(ms, key=lambda t: st.median(ms[t])))"
+import json, sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(r['seqlen'], r['causal'], r['packed'], {k: round(v, 3) for k, v in r.items() if 'over' in k})" "$R/ab_dkdv_$name.json"
+}
+best_packed_turns() {  # the d64 packed layer's turns whose median beat the config in use most (0: none did)
+  python -c "
+import json
+row = json.load(open('$R/ab_dkdv_d64_packed.json'))['rows'][0]
+gains = {int(k[-1]): v for k, v in row.items() if k.startswith('in_use_over_turns')}
+best = max(gains, key=gains.get)
+print(best if gains[best] > 1.0 else 0)" 2>/dev/null || echo 0
 }
 train_turns() {  # train_turns SECONDS TURNS NAME: GPT-2 medium 8k with d64's dK/dV config taking TURNS turns
   PYTHONPATH=. timeout "$1" python -c "
@@ -45,14 +43,20 @@ runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " 2>&1 | quiet | grep "^| gpt2"
 }
 case "$1" in
-1)
-  dkdv_turns 210 64 64:causal 64:full 64:packed
-  dkdv_turns 150 128 128:causal 128:full
+2)
+  dkdv_ab 100 d64_packed --headdim 64 --packed
+  dkdv_ab 100 d64_causal --headdim 64 --causal
+  dkdv_ab 100 d64_full --headdim 64
+  dkdv_ab 100 d128_causal --headdim 128 --causal --seqlens 1024 2048
+  dkdv_ab 100 d128_full --headdim 128 --seqlens 1024 2048
   best=$(best_packed_turns)
   echo "d64 packed layer's best turns: $best"
   if [ "$best" != 0 ]; then
-    train_turns 90 0 turns0
-    train_turns 90 "$best" "turns$best"
+    for run in 1 2; do  # (the second pair only while the call has time left)
+      [ "$run" = 2 ] && [ "$SECONDS" -gt 380 ] && break
+      train_turns 90 0 "turns0_run$run"
+      train_turns 90 "$best" "turns${best}_run$run"
+    done
   fi
   ;;
 esac
