@@ -11,6 +11,10 @@
 #       rotated): d64 GPT-2 medium's packed layer, causal and full 1k / 4k / 16k; d128 causal and full 1k / 2k
 #       (from 4k the one-kernel backward runs instead); then GPT-2 medium 8k with the packed layer's best turns
 #       against none, alternating (a second pair where the call has time)
+#   bash benchmarks/run_gpu_s59.sh 3   # block-sparse d128 with the dK/dV grid kernel's turns (1) off and on
+#       (ab_block_sparse.py, new variant d128_dkdv_turns) at n4k and n16k up to 25% density; then the per-kernel
+#       device time of GPT-2 medium's attention layer (b2 n8k h16 d64 causal), ours against SDPA cuDNN
+#       (profile_attention.py): where the d64 backward's time goes
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -42,7 +46,21 @@ sys.argv = ['benchmarks/bench_train.py', '--models', 'gpt2_medium', '--seqlens',
 runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " 2>&1 | quiet | grep "^| gpt2"
 }
+bs_ab() {  # bs_ab SECONDS NAME OPTION...: ab_block_sparse.py, a summary line a point
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
+import ast, sys
+keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
+        'on_vs_flex_graph')
+[print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
+}
 case "$1" in
+3)
+  bs_ab 220 d128_dkdv_turns --variants d128_dkdv_turns --seqlens 4096 16384 --headdims 128 --max-density 0.25
+  timeout 150 python benchmarks/profile_attention.py --shape 2,8192,16,64,causal --impls triton sdpa_cudnn \
+    --out "$R/profile_d64_packed_shape.json" 2>&1 | quiet | tail -n 40
+  ;;
 2)
   dkdv_ab 100 d64_packed --headdim 64 --packed
   dkdv_ab 100 d64_causal --headdim 64 --causal
