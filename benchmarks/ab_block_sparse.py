@@ -72,13 +72,6 @@ def _persistent_forward_turns(on: bool) -> None:
         bs.PERSISTENT_FORWARD[d] = (dataclasses.replace(cfg, pingpong=on), up_to)
 
 
-def _d128_dkdv_turns(on: bool) -> None:
-    """The d128 dK/dV grid kernel's consumers taking turns at S^T and dP^T (`HopperDkdvConfig.turns` 1) on,
-    off (its persistent variant, which short lists take, has none)."""
-    fwd, dq, dkdv = bs.CONFIGS[128]
-    bs.CONFIGS[128] = (fwd, dq, dataclasses.replace(dkdv, turns=1 if on else 0))
-
-
 # name: set(on), for routes read at every call
 VARIANTS = {
     "persistent_dq": _persistent_dq,
@@ -88,7 +81,6 @@ VARIANTS = {
     "d128_row_tile_forward": _d128_row_tile_forward,
     "row_tile_forward_turns": _row_tile_forward_turns,
     "persistent_forward_turns": _persistent_forward_turns,
-    "d128_dkdv_turns": _d128_dkdv_turns,
 }
 
 

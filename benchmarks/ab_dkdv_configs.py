@@ -1,10 +1,11 @@
-"""The Gluon Hopper dK/dV kernel (`kernels._flash_dkdv_hopper`) alone, its config in use against the same
-config with its consumers taking turns (`HopperDkdvConfig.turns` 1 and 2), in alternating rounds (each
-round starting one entry later), on the issue's shapes (bf16, batch x seqlen = 16k tokens, nheads x
+"""The Gluon Hopper dK/dV kernel (`kernels._flash_dkdv_hopper`) alone, its config in use against the other
+candidates of check_hopper_dkdv.py (one-pass head dims), in alternating rounds (each round starting one
+entry later), on the issue's shapes (bf16, batch x seqlen = 16k tokens, nheads x
 headdim = 2048) or GPT-2 medium's packed layer (b2 n8k h16 d64, causal): median milliseconds per round of
 `flash_attn_dkdv_hopper` given the forward's lse and the delta, and per variant the median over rounds and
 the in-use config's time ÷ it. Each variant first runs once, synchronised, with its name printed, so a
 launch that never ends names itself (HANG_S seconds, 120 by default, then a traceback and exit).
+(Session 59 timed its consumers taking turns with it: results/s59/dkdv_turns.patch, call2/.)
 
     python benchmarks/ab_dkdv_configs.py --headdim 64 --causal --seqlens 1024 4096 16384 --rounds 5 --out ab.json
     python benchmarks/ab_dkdv_configs.py --headdim 64 --packed --out ab.json
@@ -13,7 +14,6 @@ launch that never ends names itself (HANG_S seconds, 120 by default, then a trac
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import faulthandler
 import os
 import statistics
@@ -23,16 +23,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.check_hopper_dkdv import CANDIDATES  # noqa: E402
 from benchmarks.check_hopper_dq import forward  # noqa: E402
 from benchmarks.check_hopper_fwd import speed_inputs  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper  # noqa: E402
 
 
-def variants(headdim: int, turns: list[int]) -> dict:
-    """name: config, the config in use first ("in_use"), then it with each number of turns."""
+def variants(headdim: int) -> dict:
+    """name: config, the config in use first ("in_use"), then check_hopper_dkdv.py's other candidates."""
     in_use = _flash_dkdv_hopper.CONFIGS[headdim]
-    return {"in_use": in_use, **{f"turns{t}": dataclasses.replace(in_use, turns=t) for t in turns}}
+    others = [cfg for cfg in CANDIDATES[headdim] if cfg != in_use]
+    return {"in_use": in_use, **{f"{c.block_m}x{c.block_n}_s{c.stages}": c for c in others}}
 
 
 def case(headdim: int, seqlen: int, causal: bool, packed: bool, rounds: int, configs: dict) -> dict:
@@ -76,14 +78,15 @@ def main():
         "--packed", action="store_true", help="GPT-2 medium's packed layer (b2 n8k h16, causal)"
     )
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--turns", type=int, nargs="+", default=[1, 2], help="the turn variants beside it")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if _flash_dkdv_hopper.passes(args.headdim) != (0,):
-        parser.error(f"head dim {args.headdim} runs two passes, which take no turns")
+        parser.error(
+            f"head dim {args.headdim} runs two passes, each with its own config: use check_hopper_dkdv.py"
+        )
     faulthandler.dump_traceback_later(timeout=float(os.environ.get("HANG_S", "120")), exit=True)
-    configs = variants(args.headdim, args.turns)
+    configs = variants(args.headdim)
     shapes = [(8192, True, True)] if args.packed else [(n, args.causal, False) for n in args.seqlens]
     rows = []
     for seqlen, causal, packed in shapes:

@@ -70,9 +70,8 @@ def semaphore_adds(cubin: bytes) -> tuple[int, int] | None:
 
 
 def turn_barriers(cubin: bytes) -> int | None:
-    """Waits and arrivals on named barriers 8 and 9 in the kernel's SASS: the consumers' turns
-    (`kernels._flash_fwd_hopper.wait_turn`), present in a build with PINGPONG (the forward) or TURNS (the
-    dK/dV kernel) and in no other."""
+    """Waits and arrivals on named barriers 8 and 9 in the kernel's SASS: the forward's turns
+    (`kernels._flash_fwd_hopper.wait_turn`), present in a build with PINGPONG and in no other."""
     sass = _cuobjdump(cubin, "-sass")
     if sass is None:
         return None
@@ -163,8 +162,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
-            if not cfg.persistent:  # (the grid kernel's consumers' turns, `_flash_dkdv_hopper._steps`)
-                meta["TURNS"] = cfg.turns
         if kernel.startswith("fused"):
             del meta["SPARSE"]
             meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")
@@ -186,7 +183,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             status = "ok"
         result.update(status=status, shared=shared, stack=stack, spills_in_loops=in_loops,
                       warps=compiled.metadata.num_warps)  # fmt: skip
-        if kernel in ("fwd", "dkdv"):
+        if kernel == "fwd":
             result["turn_barriers"] = turn_barriers(cubin)
         if meta.get("ORDERED"):
             counts = semaphore_adds(cubin) or (None, None)
@@ -215,9 +212,8 @@ def main():
     parser.add_argument(
         "--config", action="append", default=[],
         help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs[,persistent[,v_stages"
-        "[,pingpong[,dv_block_m,dv_stages[,turns]]]]]] (KERNEL fwd, dq or dkdv; the fields of its config class in "
-        "order: v_stages the row-tile forward's V ring, pingpong the forward's turns, then the dK/dV kernel's dV "
-        "pass and its consumers' turns) instead of the CONFIGS",
+        "[,dv_block_m,dv_stages]]]] (KERNEL fwd, dq or dkdv; the fields of its config class in order: v_stages the "
+        "row-tile forward's V ring, the last two the dK/dV kernel's dV pass) instead of the CONFIGS",
     )  # fmt: skip
     parser.add_argument(
         "--fused", action="store_true",

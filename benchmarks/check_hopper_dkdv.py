@@ -32,22 +32,13 @@ from kernels.reference import attention_reference  # noqa: E402
 CANDIDATES = {  # the first of each list is the one in use (_flash_dkdv_hopper.CONFIGS)
     # (branch dkdv-carry-ds holds a variant that issues each step's dK product in the next step: on one
     # H200 it was 0.92-1.06x these, results/carry_ds/call1)
-    # (turns: the consumers taking turns at the tensor cores, 1 at S^T and dP^T, 2 also at dV and dK)
-    128: [
-        Cfg(64, 64, 2, 2, 240),
-        Cfg(64, 64, 2, 2, 240, turns=1),
-        Cfg(64, 64, 2, 2, 240, turns=2),
-        Cfg(64, 64, 2, 3, 240),
-    ],
+    # (results/s59/dkdv_turns.patch: this kernel's consumers taking turns at the tensor cores, as the
+    # forward's; on one H200 the kernel alone 0.99-1.02x at d64 and d128 causal, 1.03-1.04x at d128 full
+    # 1k-2k, which the one-kernel backward takes; block-sparse d128 0.93-1.00x: results/s59/call2, call3)
+    128: [Cfg(64, 64, 2, 2, 240), Cfg(64, 64, 2, 3, 240)],
     # (branch dkdv-kv-regs holds K and V as register operands: at d128 they spill; at d64 on one H200 no
     # faster, and GPT-2 medium 8k 0.99x, results/s34/call4)
-    64: [
-        Cfg(128, 64, 2, 2, 240),
-        Cfg(128, 64, 2, 2, 240, turns=1),
-        Cfg(128, 64, 2, 2, 240, turns=2),
-        Cfg(64, 64, 2, 4, 240),
-        Cfg(128, 64, 2, 3, 240),
-    ],
+    64: [Cfg(128, 64, 2, 2, 240), Cfg(64, 64, 2, 4, 240), Cfg(128, 64, 2, 3, 240)],
     # (dv_block_m, dv_stages: the dV pass's query tile and stages, `HopperDkdvConfig.for_pass`)
     256: [
         Cfg(32, 64, 2, 2, 240, producer_regs=32, dv_block_m=64, dv_stages=2),
@@ -125,7 +116,6 @@ def speed(d, causal, seqlen, cfgs, packed=False, rounds=1):
             key = f"bwd_{'hopper_dq_' if hopper_dq else ''}dkdv_{cfg.block_m}x{cfg.block_n}_s{cfg.stages}"
             if cfg.dv_block_m or cfg.dv_stages:
                 key += f"_dv{cfg.for_pass(1).block_m}s{cfg.for_pass(1).stages}"
-            key += f"_turns{cfg.turns}" if cfg.turns else ""
             key += f"_r{r}" if rounds > 1 else ""
             try:
                 with dispatching(_flash_dkdv_hopper, d, cfg):

@@ -15,6 +15,16 @@
 #       (ab_block_sparse.py, new variant d128_dkdv_turns) at n4k and n16k up to 25% density; then the per-kernel
 #       device time of GPT-2 medium's attention layer (b2 n8k h16 d64 causal), ours against SDPA cuDNN
 #       (profile_attention.py): where the d64 backward's time goes
+# Calls 4-7 ran on the warm machine without this script (their commands, from the project root, after
+# `source .whl/install.sh`; results in call4/-call7/):
+#   4: python benchmarks/profile_attention.py --shape 4,4096,32,64,causal --shape 4,4096,32,64 \
+#        --shape 1,16384,32,64,causal --shape 1,16384,32,64 --impls triton sdpa_cudnn
+#   5: python benchmarks/ab_fwd_configs.py --headdim 64 --causal --seqlens 8192 16384 32768 --rounds 5 --pingpong
+#   6: GPT-2 medium 16k, bench_train.py --models gpt2_medium --seqlens 16384 --impls triton, as it is and with the
+#        ordered one-kernel backward at d64 (gpu_call.sh's d64_on), one run each
+#   7: the same row with --impls sdpa_cudnn then triton, each with --profile 2 --profile-top 8
+#   bash benchmarks/run_gpu_s59.sh 8   # after reverting the turns (kernels as at d7082ca): the Hopper backward,
+#       block-sparse, packed-QKV and dense GPU test files to the end (session 58's call 3 was cut short)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -56,6 +66,9 @@ keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_sp
 [print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
 }
 case "$1" in
+8)
+  hopper_backward_tests
+  ;;
 3)
   bs_ab 220 d128_dkdv_turns --variants d128_dkdv_turns --seqlens 4096 16384 --headdims 128 --max-density 0.25
   timeout 150 python benchmarks/profile_attention.py --shape 2,8192,16,64,causal --impls triton sdpa_cudnn \

@@ -450,9 +450,6 @@ def flash_attn_bwd_fused_hopper(
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
-    if cfg.turns:
-        raise ValueError(f"{cfg}: the one-kernel backward's consumers take no turns (their dS^T exchange "
-                         "pairs them every step); set turns 0")  # fmt: skip
     grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
     # each head's two column halves as heads of their own, so a TMA block is one consumer's half
     dq_halves = dq_acc.view(-1, seqlen_q, 2 * nheads, headdim // 2)

@@ -192,7 +192,7 @@ def _steps(
     group, diag, qk_scale, CAUSAL: gl.constexpr, SECTION: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     st_layout: gl.constexpr, acc_layout: gl.constexpr, n_partial=0, WG: gl.constexpr = 0,
     FUSED_DQ: gl.constexpr = False, dq_io=None, ORDERED: gl.constexpr = False, order=None, full_tiles=None,
-    DOWN: gl.constexpr = False, TURNS: gl.constexpr = 0,
+    DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """Query tiles start .. start + count - 1 of each query head of the group (head-major), all in one
     of `sections` (block-sparse: entries start .. start + count - 1 of the list; SECTION 3, its partial
@@ -213,17 +213,12 @@ def _steps(
     group, `_flash_bwd_fused_hopper`'s convoy) without the rotation, every item's adders in program order.
     The consumer follows the producer's stages and only tracks its tile where the causal mask needs it.
     Causal (SECTION 5, no rotation): see `ordered_causal_rank`; DOWN (the causal convoy) walks each head's
-    tiles from the last down to the diagonal's.
-    TURNS (PART 0, not FUSED_DQ): the two consumers take turns at the tensor cores, as the forward's
-    (`_flash_fwd_hopper.wait_turn`): 1 at issuing S^T and dP^T, 2 also at issuing dV and dK (two turns a
-    step). Both consumers walk the same steps, so the turns balance (`_consumer` gives the first and
-    takes the last)."""
+    tiles from the last down to the diagonal's."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k.shape[0]
     MASKED: gl.constexpr = CAUSAL and SECTION != 1
-    gl.static_assert(TURNS == 0 or (PART == 0 and not FUSED_DQ), "turns: one pass, no fused dQ")
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
@@ -255,17 +250,12 @@ def _steps(
             s_init = lse_smem.index(stage).load(col_layout)[None, :] + dq_io[0][:, None]
         else:
             s_init = zeros + lse_smem.index(stage).load(col_layout)[None, :]
-        if TURNS > 0:  # (-delta read before the turn is taken: the turn covers the products' issue alone)
-            dp_init = zeros + delta_smem.index(stage).load(col_layout)[None, :]
-        fwd_hopper.wait_turn(WG, TURNS > 0)
         s_t = warpgroup_mma(k, q.permute((1, 0)), s_init, is_async=True)
         if PART == 1:
             s_t = warpgroup_mma_wait(0, deps=(s_t,))
         else:
-            if TURNS == 0:  # (read under S^T's product)
-                dp_init = zeros + delta_smem.index(stage).load(col_layout)[None, :]
-            dp_t = warpgroup_mma(v, do.permute((1, 0)), dp_init, is_async=True)
-            fwd_hopper.pass_turn(WG, TURNS > 0)
+            neg_delta = delta_smem.index(stage).load(col_layout)
+            dp_t = warpgroup_mma(v, do.permute((1, 0)), zeros + neg_delta[None, :], is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # S^T is in; dP^T may still run
         # queries past the sequence need no mask: their Q and dO rows are zeros (TMA fills them), lse and
         # delta 0, so P^T = 1 multiplies dO = 0 into dV and dS^T = 1 * (0 - 0) adds nothing to dK
@@ -282,13 +272,11 @@ def _steps(
         p_t = gl.exp2(s_t * qk_scale)
         if PART == 0:
             p_op = gl.convert_layout(p_t.to(q.dtype), op_layout)
-            fwd_hopper.wait_turn(WG, TURNS > 1)
             dv = warpgroup_mma(p_op, do, dv, is_async=True)
             dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T - delta is in; dV may still run
             ds_t = (p_t * dp_t).to(q.dtype)
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-            fwd_hopper.pass_turn(WG, TURNS > 1)
             if FUSED_DQ:
                 dq = fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
                 dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
@@ -485,14 +473,13 @@ def _consumer(
     off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, sm_scale,
     WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr,
     FUSED_DQ: gl.constexpr = False, dq_io=None, HOT_FIRST: gl.constexpr = 0, ORDERED: gl.constexpr = False,
-    order=None, DOWN: gl.constexpr = False, TURNS: gl.constexpr = 0,
+    order=None, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
     too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
-    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN).
-    TURNS: the consumers take turns at the tensor cores (`_steps`)."""
+    the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -533,16 +520,14 @@ def _consumer(
     else:
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     it = 0
-    gl.static_assert(TURNS == 0 or not FUSED_DQ, "turns: not with fused dQ")
-    fwd_hopper.first_turn(WG, TURNS > 0)
     if SPARSE:  # the partial tiles, then the full ones
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, 0, lo, tiles,
-            group, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout, 0, WG, TURNS=TURNS,
+            group, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, lo, hi - lo, tiles,
-            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout, 0, WG, TURNS=TURNS,
+            group, diag, qk_scale, CAUSAL, 1, SPARSE, PART, st_layout, acc_layout,
         )  # fmt: skip
     elif ORDERED:  # (every tile in one loop: causal, the diagonal's and a partial last tile's steps masked)
         if CAUSAL:
@@ -564,9 +549,8 @@ def _consumer(
                 dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty,
                 first_key if FUSED_DQ else keys, start, count,
                 tiles, group, diag, qk_scale, CAUSAL, section % 3, SPARSE, PART, st_layout, acc_layout, 0, WG,
-                FUSED_DQ, dq_io, TURNS=TURNS,
+                FUSED_DQ, dq_io,
             )  # fmt: skip
-    fwd_hopper.last_turn(WG, TURNS > 0)
     if FUSED_DQ:  # the other consumer's dQ products are done reading this one's K before dK overwrites it
         keys_free = dq_io[3]
         gl.thread_barrier()
@@ -673,7 +657,7 @@ def _attn_bwd_dkdv_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0, TURNS: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
@@ -682,7 +666,7 @@ def _attn_bwd_dkdv_hopper(
     (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose query tiles come from
     TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2: tiles listed, partial
     ones among them), as `kernels._block_sparse_hopper.col_lists` builds them, and whose LSE is in
-    natural log; dense calls pass any pointer there (never read). TURNS: see `_steps`."""
+    natural log; dense calls pass any pointer there (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     # block-sparse: grid order, key heads (group 1); lo, hi: the partial tiles first, the tiles listed
@@ -706,10 +690,10 @@ def _attn_bwd_dkdv_hopper(
         [
             (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                          dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
-                         sm_scale, 0, CAUSAL, SPARSE, PART, False, None, 0, False, None, False, TURNS)),
+                         sm_scale, 0, CAUSAL, SPARSE, PART)),
             (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
                          dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
-                         sm_scale, 1, CAUSAL, SPARSE, PART, False, None, 0, False, None, False, TURNS)),
+                         sm_scale, 1, CAUSAL, SPARSE, PART)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                          off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
@@ -849,23 +833,13 @@ class HopperDkdvConfig(fwd_hopper.HopperFwdConfig):
     """One launch shape of `_attn_bwd_dkdv_hopper`: the forward's fields with the roles of the two tiles
     swapped (block_n keys per consumer warpgroup, wgmma's M: 64; block_m queries per streamed Q/dO
     tile; stages: Q/dO tiles in flight). dv_block_m, dv_stages: the dV pass's own (`passes`: it holds
-    no V, so larger Q/dO tiles fit there); None takes block_m, stages. turns: the consumers' turns at the
-    tensor cores (`_steps`: 0 none, 1 at S^T and dP^T, 2 also at dV and dK; the grid kernel's one pass)."""
+    no V, so larger Q/dO tiles fit there); None takes block_m, stages."""
 
     dv_block_m: int | None = None
     dv_stages: int | None = None
-    turns: int = 0
 
     one_kv_ring = "the dK/dV kernel streams Q and dO, not K and V"
-    no_turns = "the dK/dV kernel's turns are set by `turns` (0, 1 or 2)"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.turns not in (0, 1, 2):
-            raise ValueError(f"{self}: turns is 0 (none), 1 (at S^T and dP^T) or 2 (also at dV and dK)")
-        if self.turns and (self.persistent or self.dv_block_m or self.dv_stages):
-            raise ValueError(f"{self}: turns are taken in the grid kernel's one pass; leave persistent False "
-                             "and dv_block_m, dv_stages None, or turns 0")  # fmt: skip
+    no_turns = "the dK/dV kernel's consumers take no turns"
 
     def for_pass(self, part: int) -> HopperDkdvConfig:
         """The launch shape of pass `part` (0 both gradients, 1 dV, 2 dK)."""
@@ -946,8 +920,6 @@ def flash_attn_dkdv_hopper(
         launch = _launch_dkdv_persistent
         args = (*args, *grid)
         grid = (min(grid[0] * grid[1] * grid[2], sm_count(q.device)),)
-    if config.turns and len(passes(headdim)) > 1:
-        raise ValueError(f"{config}: head dim {headdim} runs two passes, which take no turns; set turns 0")
     for part in passes(headdim):
         cfg = config.for_pass(part)
         launch(
@@ -956,8 +928,7 @@ def flash_attn_dkdv_hopper(
              (dv, cfg.block_n)),
             args,
             dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part,
-                 **({} if config.persistent else dict(TURNS=cfg.turns)), num_warps=4),
+                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4),
             views,
         )  # fmt: skip
     return dk, dv

@@ -8,8 +8,6 @@ Their sm_90 builds (and the spill check) are in test_flash_fwd_hopper.py with th
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -72,38 +70,6 @@ def test_backward_configs_refuse_turns(config_class):
     raises instead of being launched without turns."""
     with pytest.raises(ValueError, match="pingpong"):
         config_class(block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240, pingpong=True)
-
-
-@pytest.mark.parametrize(
-    "fields, match",
-    [
-        (dict(turns=3), "turns is 0"),
-        (dict(turns=1, persistent=True), "grid kernel's one pass"),
-        (dict(turns=2, dv_block_m=64), "grid kernel's one pass"),
-    ],
-)
-def test_dkdv_turns_outside_the_grid_kernels_one_pass_raise(fields, match):
-    """The dK/dV kernel's turns (`HopperDkdvConfig.turns`) are taken in its grid kernel's one pass: a
-    config that asks for other turns, or for them in the persistent kernel or a two-pass launch, raises."""
-    with pytest.raises(ValueError, match=match):
-        dkdv_hopper.HopperDkdvConfig(
-            block_m=64, block_n=64, consumers=2, stages=2, consumer_regs=240, **fields
-        )
-
-
-def test_dkdv_turns_refused_where_no_kernel_takes_them():
-    """Head dim 256 runs the dK/dV kernel twice and the one-kernel backward pairs its consumers every
-    step: neither takes turns, so a config with turns raises there instead of launching without them."""
-    cfg = dataclasses.replace(dkdv_hopper.CONFIGS[128], turns=1)
-    q = torch.zeros(1, 256, 2, 256, dtype=torch.bfloat16)
-    lse = torch.zeros(1, 2, 256)
-    with pytest.raises(ValueError, match="two passes"):
-        dkdv_hopper.flash_attn_dkdv_hopper(q, q, q, q, q, q, lse, lse, sm_scale=0.1, causal=False, config=cfg)
-    q = q[..., :128]
-    with pytest.raises(ValueError, match="take no turns"):
-        fused_hopper.flash_attn_bwd_fused_hopper(
-            q, q, q, q, lse, lse, torch.zeros(1, 256, 2, 128), q, q, sm_scale=0.1, causal=False, config=cfg
-        )
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,6 @@ an sm_90 GPU; tests/kernels/test_flash_*_hopper.py run them through this path on
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from triton import knobs
@@ -390,8 +388,7 @@ def test_every_gluon_launch_gives_each_of_its_kernels_constexprs(monkeypatch, ca
         dq_configs = [bs.CONFIGS[d][1], bs.PERSISTENT_DQ[d][0], *([dq.CONFIGS[d]] if d in dq.CONFIGS else [])]
         for cfg in dq_configs:
             dq.flash_attn_dq_hopper(q, q, q, q, q, lse, lse, q, sm_scale=0.1, causal=causal, config=cfg)
-        turns = dataclasses.replace(dkdv.CONFIGS[d], turns=1)  # (the grid kernel's consumers taking turns)
-        for cfg in (dkdv.CONFIGS[d], bs.CONFIGS[d][2], bs.PERSISTENT_DKDV[d][0], turns):
+        for cfg in (dkdv.CONFIGS[d], bs.CONFIGS[d][2], bs.PERSISTENT_DKDV[d][0]):
             dkdv.flash_attn_dkdv_hopper(q, q, q, q, q, q, lse, lse, sm_scale=0.1, causal=causal, config=cfg)
         acc = torch.zeros(1, 256, 2, d)
         for ordered, convoy in ((False, False), (True, False), (True, True)) if d in fused.CONFIGS else ():
@@ -399,7 +396,7 @@ def test_every_gluon_launch_gives_each_of_its_kernels_constexprs(monkeypatch, ca
                 q, q, q, q, lse, lse, acc, q, q, sm_scale=0.1, causal=causal, ordered=ordered, convoy=convoy
             )
     kernels = {name for name, _ in calls}
-    assert len(calls) == 2 * (4 + 2 + 4) + 1 + 3  # (d128's dq CONFIGS entry, its one-kernel backward's)
+    assert len(calls) == 2 * (4 + 2 + 3) + 1 + 3  # (d128's dq CONFIGS entry, its one-kernel backward's)
     assert {"_attn_fwd_hopper", "_attn_fwd_hopper_persistent", "_attn_bwd_dq_hopper",
             "_attn_bwd_dq_hopper_persistent", "_attn_bwd_dkdv_hopper", "_attn_bwd_dkdv_hopper_persistent",
             "_attn_bwd_fused_hopper"} == kernels  # fmt: skip
