@@ -147,3 +147,13 @@ fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
   timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
     2>&1 | quiet | fwd_ratios
 }
+# ab_block_sparse.py with its options, killed after SECONDS: $R/ab_bs_NAME.{json,md}, a summary line a point printed
+bs_ab() {  # bs_ab SECONDS NAME OPTION...
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
+import ast, sys
+keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
+        'on_vs_flex_graph')
+[print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
+}

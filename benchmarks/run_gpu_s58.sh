@@ -35,15 +35,6 @@ ab.main()
 " 2>&1 | quiet | fwd_ratios
   patch -s -R -p1 < benchmarks/results/s58/unmasked_turns.patch && echo "patch reverted"
 }
-bs_ab() {  # bs_ab SECONDS NAME OPTION...: ab_block_sparse.py, a summary line a point
-  local secs=$1 name=$2
-  shift 2
-  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
-import ast, sys
-keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
-        'on_vs_flex_graph')
-[print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
-}
 case "$1" in
 1)
   timeout -s KILL 240 python -m pytest -q -n 4 -m gpu -rf tests/kernels/test_flash_fwd_hopper.py \

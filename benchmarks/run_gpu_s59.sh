@@ -56,15 +56,6 @@ sys.argv = ['benchmarks/bench_train.py', '--models', 'gpt2_medium', '--seqlens',
 runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " 2>&1 | quiet | grep "^| gpt2"
 }
-bs_ab() {  # bs_ab SECONDS NAME OPTION...: ab_block_sparse.py, a summary line a point
-  local secs=$1 name=$2
-  shift 2
-  timeout -s KILL "$secs" python benchmarks/ab_block_sparse.py "$@" --out "$R/ab_bs_$name.json" 2>&1 | quiet | python -c "
-import ast, sys
-keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
-        'on_vs_flex_graph')
-[print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
-}
 case "$1" in
 8)
   hopper_backward_tests
