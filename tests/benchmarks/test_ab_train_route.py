@@ -1,0 +1,49 @@
+"""benchmarks/ab_train_route.py's routes and arguments (the training steps need a GPU): each route reaches
+the setting the kernels read at every call, and the settings come back as they were."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks import ab_train_route as ab
+from kernels import _flash_bwd_fused_hopper as fused
+
+
+def test_d64_one_kernel_route_gives_head_dim_64_the_one_kernel_backward_and_takes_it_back():
+    state = ab.route_state()
+    try:
+        ab.ROUTES["d64_one_kernel"](True)
+        assert fused.supports(64, True, 8192) and fused.CONFIGS[64].block_m == 64
+        ab.ROUTES["d64_one_kernel"](False)
+        assert not fused.supports(64, True, 8192)
+    finally:
+        ab.restore_routes(state)
+    assert ab.route_state() == state and 64 not in fused.CONFIGS
+
+
+def test_ordered_backward_route_switches_the_ordered_kernel_and_restore_puts_it_back():
+    state = ab.route_state()
+    try:
+        ab.ROUTES["ordered_backward"](False)
+        assert fused.ORDERED_ENABLED is False
+    finally:
+        ab.restore_routes(state)
+    assert fused.ORDERED_ENABLED is state[1]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--route", "d64_one_kernel", "--steps", "1"], "--steps must be >= 2"),
+        (["--route", "d64_one_kernel"], "needs a CUDA GPU"),
+        (["--route", "no_such_route"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_say_what_to_change(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(ab.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["ab_train_route.py", *argv, "--out", "unused.json"])
+    with pytest.raises(SystemExit):
+        ab.main()
+    assert message in capsys.readouterr().err
