@@ -59,7 +59,7 @@ def stack_bytes(cubin: bytes) -> int | None:
 def semaphore_adds(cubin: bytes) -> tuple[int, int] | None:
     """(global adds, those not right after a GPU-wide memory barrier) in the kernel's SASS: the ordered
     one-kernel backward's semaphore counts (REDG, not the TMA's UTMAREDG) must be release adds, a
-    MEMBAR.*.GPU among the 3 instructions before each (`kernels._flash_dkdv_hopper._releaser`)."""
+    MEMBAR.*.GPU among the 3 instructions before each (`kernels._flash_bwd_fused_hopper._releaser`)."""
     sass = _cuobjdump(cubin, "-sass")
     if sass is None:
         return None

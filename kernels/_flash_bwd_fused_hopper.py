@@ -3,7 +3,7 @@
 The default backward runs two kernels, dq (`_flash_dq_hopper`) and dK/dV (`_flash_dkdv_hopper`), each
 summing its gradient in registers, so the dq kernel recomputes S and dP: 7 products of the attention
 matrix's size against the 5 a single kernel needs. Here the dK/dV kernel's consumers also run FlashAttention-3's
-dQ step (`_flash_dkdv_hopper.fused_dq_product`): each writes its dS^T (its 64 keys x the step's queries)
+dQ step (`_fused_dq_hopper.fused_dq_product`): each writes its dS^T (its 64 keys x the step's queries)
 to shared memory, and once both have, each multiplies all 128 keys' dS by its half of K's columns and
 adds that half of the step's dQ tile into an fp32 buffer in global memory with a TMA reduce-add. Those
 adds arrive in no fixed order, so dq differs from run to run in its last bits: this path is opt-in
@@ -15,12 +15,12 @@ counting the adds done). The order has to follow the programs' own pace, or they
 tile. With full attention program p of a key head walks the query tiles from tile p * spacing on and
 round (spacing = tiles // programs, >= 2), so at any step the programs are on different tiles, and a
 tile's adders come in the order they reach it, each 2 steps after the last
-(`_flash_dkdv_hopper.ordered_rank_step`). Causal programs need no rotation: each starts on its own
+(`_fused_dq_hopper.ordered_rank_step`). Causal programs need no rotation: each starts on its own
 diagonal, so a later program (later keys) reaches a tile they share 2 steps or more before the one
-before it, and a tile's adders come in descending program order (`_flash_dkdv_hopper.ordered_causal_rank`;
+before it, and a tile's adders come in descending program order (`_fused_dq_hopper.ordered_causal_rank`;
 the diagonal's steps run in the same loop, masked). The consumers do not wait for the order: each only
-stages its step's dQ half in shared memory (`_flash_dkdv_hopper.fused_dq_stage`), and a warp of the
-program's own per consumer (`_flash_dkdv_hopper._releaser`) adds it once the tile's semaphore counts the
+stages its step's dQ half in shared memory (`_fused_dq_hopper.fused_dq_stage`), and a warp of the
+program's own per consumer (`_releaser`) adds it once the tile's semaphore counts the
 adders before it, and counts the add once it is complete in global memory, with a GPU-scope release (a
 relaxed count let later adds overtake it, session 46). Until session 52 the consumers waited for the
 turn and the add's completion themselves: one H200, five rounds alternating, the backward alone against
@@ -57,9 +57,10 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import _flash_dkdv_hopper as dkdv
+from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, sched_slots_for, sm_count
 from ._flash_fwd_hopper import descriptor
 from ._launch import CompiledLaunch
@@ -74,7 +75,7 @@ def _attn_bwd_fused_hopper(
     DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
-    2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`fused_dq_store`), blocks (1, 1,
+    2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`_fused_dq_hopper.fused_dq_store`), blocks (1, 1,
     BLOCK_M, headdim / 2); LSE is base 2. ORDERED (causal: seqlen_q == seqlen_k): each (query head,
     tile) item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch,
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
@@ -109,7 +110,7 @@ def _attn_bwd_fused_hopper(
         dq_b = key_group * gl.num_programs(2) + off_b
         sem_off = (dq_b * gl.num_programs(1) + off_hk) * (n_items * 2)
         if CAUSAL or CONVOY:  # (no rotation: causal programs are spaced by their own starts,
-            # `dkdv.ordered_causal_rank`; in the convoy each waits on the one started before it, `dkdv._releaser`)
+            # `fused_dq.ordered_causal_rank`; in the convoy each waits on the one started before it, `_releaser`)
             spacing = 0
             rot = 0
         else:  # (lo = 0)
@@ -147,7 +148,7 @@ def _attn_bwd_fused_hopper(
     dq_io = (ds_smem, ds_ready, keys_free.index(0), dq_smem, dq_desc)
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`); ORDERED adds
-    # two partitions, each consumer's warp that adds its dQ halves in order and counts them (`dkdv._releaser`)
+    # two partitions, each consumer's warp that adds its dQ halves in order and counts them (`_releaser`)
     gl.warp_specialize(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
@@ -160,14 +161,75 @@ def _attn_bwd_fused_hopper(
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
                               0, 1, ORDERED, rot, DOWN)),
-            (dkdv._releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
+            (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
                               KEYS // BLOCK_M)),
-            (dkdv._releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
+            (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
                               KEYS // BLOCK_M)),
         ][: 3 + 2 * ORDERED],
         [4, 1, 1, 1][: 2 + 2 * ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + 2 * ORDERED],
     )  # fmt: skip
+
+
+@gluon.jit
+def _releaser(
+    order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
+    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr,
+):  # fmt: skip
+    """One warp of the ordered one-kernel backward per consumer warpgroup WG: item by item in the
+    consumer's order (`_steps`; full attention from item rot round, causal from its first: rot 0), once
+    the consumer has staged its dQ half (`fused_dq.fused_dq_stage`), waits until the item's semaphore for that half
+    counts the programs that add before this one (`fused_dq.ordered_causal_rank`, `ordered_rank_step`; the convoy:
+    its program index), adds the half into dq by TMA, frees the buffer once the add has read it, and once
+    the add is complete in global memory counts it with a GPU-scope release add, which lets the item's
+    next adder go. (Each count it sees was made by a release add after the adds it counts were complete,
+    so an add issued once the count is seen reaches L2 after them.)
+    Why the consumers only stage: when they waited for the turn, for the add's completion and for the
+    count's slot themselves (session 46's design), Nsight Compute's warp sampling of the ordered causal
+    16k backward (one H200, results/s52/call2) put 3.6% of one consumer's samples on the completion wait
+    alone, and the other waited for it at the dS^T exchange twice as long as in the unordered kernel.
+    Why a release add: a relaxed count let a later add overtake one it counted (session 46,
+    results/s46/call1, call3)."""
+    SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    count = hi - lo
+    items = group * count
+    rank = 0  # programs that add into this item before this one
+    for j in range(items):
+        step = j + rot
+        t, g = dkdv._query_tile(None, gl.where(step >= items, step - items, step), lo, count, False, DOWN)
+        sem = SEM + sem_off + (g * hi + t) * 2 + WG
+        if CAUSAL:
+            rank = fused_dq.ordered_causal_rank(t, program, later_programs, TILES_PER_PROGRAM)
+        elif CONVOY:  # (the programs before this one, in the key head's one key group)
+            rank = program
+        else:
+            rank = fused_dq.ordered_rank_step(rank, j, later_programs, spacing, extra)
+        seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
+        mbarrier.wait(staged.index(WG), j & 1)
+        while seen != rank:
+            seen = _load_acquire(sem)
+        fused_dq.tma_reduce_add(dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
+        tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
+        mbarrier.arrive(free.index(WG), count=1)
+        _bulk_wait_all()  # (complete in global memory)
+        gl.thread_barrier()
+        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _load_acquire(ptr):
+    """ptr's int32, loaded with GPU-scope acquire semantics (Gluon's load has none)."""
+    return gl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _bulk_wait_all():
+    """cp.async.bulk.wait_group 0: this thread's bulk copies and reduces are complete in global memory
+    (Gluon's `tma.store_wait` is the .read form: their sources read)."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 # FLASHTRAIN_FUSED_BWD=0 sends deterministic=False calls to the deterministic Gluon kernels instead
@@ -200,7 +262,7 @@ ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "1") != "0"
 def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
     """Whether a deterministic call that `_flash_dkdv_hopper.supports` takes runs here with its dQ adds in
     a fixed order: head dim 128, full attention, or causal from ORDERED_CAUSAL_FROM queries on as many keys
-    (`_flash_dkdv_hopper.ordered_causal_rank` counts on each program's first query tile being its
+    (`_fused_dq_hopper.ordered_causal_rank` counts on each program's first query tile being its
     diagonal's) in at most ORDERED_CAUSAL_KEY_GROUPS key groups, with at most ORDERED_CAUSAL_MAX_GROUP
     query heads a key head, or past them in the convoy order (`ordered_convoy`, without GQA), and
     - at most MAX_KEY_GROUPS key groups (`ordered_key_groups`): the programs (128 keys each) that add

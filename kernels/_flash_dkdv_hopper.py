@@ -37,10 +37,8 @@ import os
 from dataclasses import dataclass, replace
 
 import triton
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -50,6 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import _flash_fwd_hopper as fwd_hopper
+from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, sm_count, tile_program_ids
 from ._flash_fwd_hopper import descriptor, list_args, listed_row_program
 from ._launch import CompiledLaunch
@@ -200,20 +199,20 @@ def _steps(
     partial, masks step by step; SECTION 5, with FUSED_DQ, a dense causal program's whole range, whose
     steps outside the full tiles full_tiles = (first, end) are masked); `it` counts the steps taken (the
     stage ring's position). PART 0 sums dK and dV, 1 dV alone, 2 dK alone (the other one is passed
-    through untouched). FUSED_DQ (PART 0, dense):
-    each step's dQ too, added into fp32 global memory (`_flash_bwd_fused_hopper`, which gives dq_io).
+    through untouched). FUSED_DQ (PART 0, dense): each step's dQ too, added into fp32 global memory
+    (`_flash_bwd_fused_hopper`, which gives dq_io; the dQ steps: `_fused_dq_hopper`).
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer. The consumer only stages each step's dQ half in
-    shared memory (`fused_dq_stage`); a warp of its own (`_releaser`) waits for the item's turn, adds it
-    and counts it (order: the semaphores, `_flash_bwd_fused_hopper`'s rotation and rank arguments, and
-    the staging barriers). Full
-    attention (start 0, one loop): program p walks the items from item rot = p * spacing on, round to
-    the ones before it, so at any step the programs of a key head are on different items, and each
-    item's adders come in the order they reach it (`ordered_rank_step`); in the convoy order (one key
+    shared memory (`_fused_dq_hopper.fused_dq_stage`); a warp of its own (`_flash_bwd_fused_hopper.
+    _releaser`) waits for the item's turn, adds it and counts it (order: the semaphores,
+    `_flash_bwd_fused_hopper`'s rotation and rank arguments, and the staging barriers). Full attention
+    (start 0, one loop): program p walks the items from item rot = p * spacing on, round to the ones
+    before it, so at any step the programs of a key head are on different items, and each item's adders
+    come in the order they reach it (`_fused_dq_hopper.ordered_rank_step`); in the convoy order (one key
     group, `_flash_bwd_fused_hopper`'s convoy) without the rotation, every item's adders in program order.
     The consumer follows the producer's stages and only tracks its tile where the causal mask needs it.
-    Causal (SECTION 5, no rotation): see `ordered_causal_rank`; DOWN (the causal convoy) walks each head's
-    tiles from the last down to the diagonal's."""
+    Causal (SECTION 5, no rotation): see `_fused_dq_hopper.ordered_causal_rank`; DOWN (the causal
+    convoy) walks each head's tiles from the last down to the diagonal's."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -278,7 +277,7 @@ def _steps(
             ds_op = gl.convert_layout(ds_t, op_layout)
             dk = warpgroup_mma(ds_op, q, dk, is_async=True)
             if FUSED_DQ:
-                dq = fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
+                dq = fused_dq.fused_dq_product(ds_t, it, dq_io, WG, BLOCK_M)
                 dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
             else:
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
@@ -295,9 +294,9 @@ def _steps(
         mbarrier.arrive(qdo_empty.index(stage), count=1)
         if FUSED_DQ:
             if ORDERED:
-                fused_dq_stage(dq, it, dq_io, order, WG)
+                fused_dq.fused_dq_stage(dq, it, dq_io, order, WG)
             else:
-                fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
+                fused_dq.fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
             if DOWN:
                 wrap = dq_tile == start
                 dq_tile = gl.where(wrap, start + count - 1, dq_tile - 1)
@@ -307,164 +306,6 @@ def _steps(
             dq_head += wrap.to(gl.int32)
         it += 1
     return dk, dv, it
-
-
-@gluon.jit
-def ordered_rank_step(rank, step, later_programs, spacing, extra):
-    """The ordered backward's rank at this step: how many programs of the key head add into this step's
-    item before this one, given the rank at the step before. Program p starts at item p * spacing
-    (spacing = items // programs >= 1); another program q reached this step's item d steps earlier,
-    where d = (q - p) * spacing for the later_programs = programs - 1 - p programs after p, and
-    d = items - (p - q) * spacing for those before it: the k-th smallest d is k * spacing, plus extra =
-    items - programs * spacing once k passes later_programs. Each step passes at most one of them."""
-    return rank + (step >= (rank + 1) * spacing + gl.where(rank >= later_programs, extra, 0)).to(gl.int32)
-
-
-@gluon.jit
-def ordered_causal_rank(tile, program, later_programs, TILES_PER_PROGRAM: gl.constexpr):
-    """The ordered causal backward's rank at a step on query tile `tile` (seqlen_q == seqlen_k): how many
-    programs of this one's key group add into the step's item before it. Program j (keys from j * KEYS)
-    first meets query tile j * TILES_PER_PROGRAM (TILES_PER_PROGRAM = KEYS // BLOCK_M: its diagonal's)
-    and walks the tiles from there to the last in one loop, head by head of its GQA group (SECTION 5).
-    So program j + 1 reaches item (head g, tile t) 2 (g + 1) steps before program j does, if both started
-    together: an item's adders come in descending program order, and those before j are the programs
-    j + 1 .. of its key group that see the tile, min(tile // TILES_PER_PROGRAM - j, later_programs) of
-    them. In grid order a key group's programs start in ascending order, so a program waits only on
-    programs started after it (which is why all of them must run at once, as in full attention). The
-    causal convoy (`_flash_bwd_fused_hopper`) starts them last keys first, and walking down (DOWN) program
-    j + 1 reaches each item as many steps before program j as it started before it: the same order."""
-    return gl.minimum(tile // TILES_PER_PROGRAM - program, later_programs)
-
-
-@gluon.jit
-def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
-    """A fused step's dQ product (`_flash_bwd_fused_hopper`), issued asynchronously: dS^T (this
-    consumer's keys x the step's queries, 16 bits) goes to shared memory, and once the other consumer's
-    has too, this one computes its half of dQ's columns over both consumers' keys:
-    dQ[:, WG half] = dS (queries x all keys) K[:, WG half]. The dS^T buffers alternate between steps: a
-    consumer writes a buffer again only two steps later, after the other one arrived at the buffer in
-    between, which it does after its wait for the products that read this one."""
-    _, ds_smem, ds_ready, keys_free, dq_smem, dq_desc, k_smem, _, _, _ = dq_io
-    BLOCK_N: gl.constexpr = k_smem.shape[3]
-    HEAD_DIM: gl.constexpr = k_smem.shape[4]
-    HALF: gl.constexpr = HEAD_DIM // 2
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16]
-    )
-    buf = (it % 2) * 2
-    ds_smem.index(buf + WG).store(ds_t)
-    fence_async_shared()
-    gl.thread_barrier()  # every warp's share is stored before the (one-thread) arrive
-    mbarrier.arrive(ds_ready.index(it % 2), count=1)
-    mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
-    k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=1)
-    k1 = k_smem.index(1).reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=1)
-    dq = gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout)
-    dq = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k0, dq, use_acc=False, is_async=True)
-    return warpgroup_mma(ds_smem.index(buf + 1).permute((1, 0)), k1, dq, is_async=True)
-
-
-@gluon.jit
-def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
-    """Adds a fused step's dQ half (times the softmax scale) into the fp32 dq through TMA (a bulk
-    reduce-add: the global memory's adds run in L2, asynchronously). dq_desc views dq (B, Sq, H, D) as
-    (B, 2H, Sq, D / 2): head h's half WG is view head 2h + WG. The buffer's last add is waited for first."""
-    _, _, _, _, dq_smem, dq_desc, _, off_b, head0, sm_scale = dq_io
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
-    HALF: gl.constexpr = dq_smem.shape[4]
-    tma.store_wait(0)
-    gl.thread_barrier()  # (the thread that issued the last add has seen it read)
-    dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
-    fence_async_shared()
-    tma_reduce_add(dq_desc, [off_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
-
-
-@gluon.jit
-def fused_dq_stage(dq, it, dq_io, order, WG: gl.constexpr):
-    """The ordered backward's store of step it's dQ half (times the softmax scale): into this consumer's
-    dQ buffer, once its releasing warp has read the last step's out of it (`_releaser` arrives on
-    order's free barrier), then handed to that warp (staged barrier), which adds it in its item's turn.
-    The consumer waits for nothing else: not for the item's turn, nor for the add to complete."""
-    _, _, _, _, dq_smem, _, _, _, _, sm_scale = dq_io
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
-    HALF: gl.constexpr = dq_smem.shape[4]
-    staged, free = order[8], order[9]
-    mbarrier.wait(free.index(WG), (it & 1) ^ 1)  # (the first step's passes)
-    dq_smem.index(WG).reshape([BLOCK_M, HALF]).store(dq * sm_scale)
-    fence_async_shared()
-    gl.thread_barrier()  # every warp's share is stored before the (one-thread) arrive
-    mbarrier.arrive(staged.index(WG), count=1)
-
-
-@gluon.jit
-def _releaser(
-    order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
-    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr,
-):  # fmt: skip
-    """One warp of the ordered one-kernel backward per consumer warpgroup WG: item by item in the
-    consumer's order (`_steps`; full attention from item rot round, causal from its first: rot 0), once
-    the consumer has staged its dQ half (`fused_dq_stage`), waits until the item's semaphore for that half
-    counts the programs that add before this one (`ordered_causal_rank`, `ordered_rank_step`; the convoy:
-    its program index), adds the half into dq by TMA, frees the buffer once the add has read it, and once
-    the add is complete in global memory counts it with a GPU-scope release add, which lets the item's
-    next adder go. (Each count it sees was made by a release add after the adds it counts were complete,
-    so an add issued once the count is seen reaches L2 after them.)
-    Why the consumers only stage: when they waited for the turn, for the add's completion and for the
-    count's slot themselves (session 46's design), Nsight Compute's warp sampling of the ordered causal
-    16k backward (one H200, results/s52/call2) put 3.6% of one consumer's samples on the completion wait
-    alone, and the other waited for it at the dS^T exchange twice as long as in the unordered kernel.
-    Why a release add: a relaxed count let a later add overtake one it counted (session 46,
-    results/s46/call1, call3)."""
-    SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
-    count = hi - lo
-    items = group * count
-    rank = 0  # programs that add into this item before this one
-    for j in range(items):
-        step = j + rot
-        t, g = _query_tile(None, gl.where(step >= items, step - items, step), lo, count, False, DOWN)
-        sem = SEM + sem_off + (g * hi + t) * 2 + WG
-        if CAUSAL:
-            rank = ordered_causal_rank(t, program, later_programs, TILES_PER_PROGRAM)
-        elif CONVOY:  # (the programs before this one, in the key head's one key group)
-            rank = program
-        else:
-            rank = ordered_rank_step(rank, j, later_programs, spacing, extra)
-        seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
-        mbarrier.wait(staged.index(WG), j & 1)
-        while seen != rank:
-            seen = _load_acquire(sem)
-        tma_reduce_add(dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
-        tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
-        mbarrier.arrive(free.index(WG), count=1)
-        _bulk_wait_all()  # (complete in global memory)
-        gl.thread_barrier()
-        gl.atomic_add(sem, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def _load_acquire(ptr):
-    """ptr's int32, loaded with GPU-scope acquire semantics (Gluon's load has none)."""
-    return gl.inline_asm_elementwise(
-        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1
-    )
-
-
-@gluon.jit
-def _bulk_wait_all():
-    """cp.async.bulk.wait_group 0: this thread's bulk copies and reduces are complete in global memory
-    (Gluon's `tma.store_wait` is the .read form: their sources read)."""
-    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@builtin
-def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """`tma.async_copy_shared_to_global` that adds into global memory instead of storing
-    (cp.reduce.async.bulk.tensor .add): Triton 3.6 builds the op, its Gluon has no wrapper for it."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(
-        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
-    )
 
 
 @gluon.jit
@@ -478,7 +319,7 @@ def _consumer(
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
-    too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `fused_dq_product`). HOT_FIRST:
+    too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `_fused_dq_hopper.fused_dq_product`). HOT_FIRST:
     the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
