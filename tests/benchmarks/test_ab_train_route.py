@@ -3,6 +3,7 @@ the setting the kernels read at every call, and the settings come back as they w
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
@@ -47,3 +48,23 @@ def test_bad_arguments_say_what_to_change(monkeypatch, capsys, argv, message):
     with pytest.raises(SystemExit):
         ab.main()
     assert message in capsys.readouterr().err
+
+
+def test_compare_times_each_route_in_rotated_rounds_and_reports_off_over_on(monkeypatch):
+    """The bookkeeping, with the step's timing replaced: each round times both routes, the first one
+    alternating, every block under its own route's setting."""
+    setting_now, order = [None], []
+
+    def setting(on):
+        setting_now[0] = on
+
+    def fake_block(step, steps):
+        order.append(setting_now[0])
+        return [2.0 if setting_now[0] else 3.0] * (steps - 1)
+
+    monkeypatch.setattr(ab, "timed_block", fake_block)
+    args = argparse.Namespace(warmup=1, rounds=4, steps=3, profile=False)
+    row = ab.compare(lambda: None, setting, ("off", "on"), args)
+    assert order == [False, True, True, False, False, True, True, False]
+    assert row["off_step_ms"] == [3.0] * 8 and row["on_step_ms"] == [2.0] * 8
+    assert row["off_over_on"] == 1.5
