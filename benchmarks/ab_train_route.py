@@ -35,6 +35,7 @@ from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
 from flashtrain.parallelize import apply_compile  # noqa: E402
 from kernels import _flash_bwd_fused_hopper as fused  # noqa: E402
+from kernels import _flash_fwd_hopper as fwd_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig  # noqa: E402
 
 
@@ -53,17 +54,27 @@ def _ordered_backward(on: bool) -> None:
     fused.ORDERED_ENABLED = on
 
 
+def _forward_turns(on: bool) -> None:
+    """On: the forward's consumers take turns where `_flash_fwd_hopper.config_for` gives them (d128 full
+    below 32k, d64's persistent variant); off: nowhere (FLASHTRAIN_FWD_PINGPONG=0)."""
+    fwd_hopper.PINGPONG = on
+
+
 # name: set(on), for route settings the kernels read at every call
-ROUTES = {"d64_one_kernel": _d64_one_kernel, "ordered_backward": _ordered_backward}
+ROUTES = {
+    "d64_one_kernel": _d64_one_kernel,
+    "ordered_backward": _ordered_backward,
+    "forward_turns": _forward_turns,
+}
 
 
 def route_state() -> tuple:
     """A copy of every setting a route changes (`restore_routes` puts it back)."""
-    return dict(fused.CONFIGS), fused.ORDERED_ENABLED
+    return dict(fused.CONFIGS), fused.ORDERED_ENABLED, fwd_hopper.PINGPONG
 
 
 def restore_routes(state: tuple) -> None:
-    configs, fused.ORDERED_ENABLED = state
+    configs, fused.ORDERED_ENABLED, fwd_hopper.PINGPONG = state
     fused.CONFIGS.clear()
     fused.CONFIGS.update(configs)
 

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import ab_train_route as ab
 from kernels import _flash_bwd_fused_hopper as fused
+from kernels import _flash_fwd_hopper as fwd_hopper
 
 
 def test_d64_one_kernel_route_gives_head_dim_64_the_one_kernel_backward_and_takes_it_back():
@@ -32,6 +33,18 @@ def test_ordered_backward_route_switches_the_ordered_kernel_and_restore_puts_it_
     finally:
         ab.restore_routes(state)
     assert fused.ORDERED_ENABLED is state[1]
+
+
+def test_forward_turns_route_reaches_the_forwards_config_choice_and_restore_puts_it_back():
+    state = ab.route_state()
+    try:
+        ab.ROUTES["forward_turns"](False)
+        assert not fwd_hopper.config_for(128, 8192, False).pingpong
+        ab.ROUTES["forward_turns"](True)
+        assert fwd_hopper.config_for(128, 8192, False).pingpong
+    finally:
+        ab.restore_routes(state)
+    assert fwd_hopper.PINGPONG is state[2]
 
 
 @pytest.mark.parametrize(
