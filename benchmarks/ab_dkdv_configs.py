@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.check_hopper_dkdv import CANDIDATES  # noqa: E402
 from benchmarks.check_hopper_dq import forward  # noqa: E402
 from benchmarks.check_hopper_fwd import speed_inputs  # noqa: E402
-from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
+from benchmarks.common import alternating_ms, print_summary, write_results  # noqa: E402
 from kernels import _flash_bwd, _flash_dkdv_hopper  # noqa: E402
 
 
@@ -54,11 +54,7 @@ def case(headdim: int, seqlen: int, causal: bool, packed: bool, rounds: int, con
         print(f"first launch: {name}", flush=True)
         run(cfg)()
         torch.cuda.synchronize()
-    per_round = {name: [] for name in configs}
-    for r in range(rounds):
-        for name in rotated(list(configs), r):
-            per_round[name].append(time_ms(run(configs[name])))
-    for name, times in per_round.items():
+    for name, times in alternating_ms({name: run(cfg) for name, cfg in configs.items()}, rounds).items():
         row[f"{name}_ms"] = times
         row[f"{name}_median_ms"] = statistics.median(times)
         # (the kernel's products: S^T, dP^T, dV and dK, 4 of the forward's 2)

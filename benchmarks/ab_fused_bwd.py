@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import rotated, time_ms, write_results  # noqa: E402
+from benchmarks.common import alternating_ms, write_results  # noqa: E402
 from benchmarks.exp_fused_bwd import _backward, rel_distances, saved_forward  # noqa: E402
 from kernels import _flash_bwd_fused_hopper, _flash_dkdv_hopper  # noqa: E402
 
@@ -182,10 +182,7 @@ def main() -> None:
                 row[f"{name}_repeats_bitwise"], row[f"{name}_vs_deterministic_rel"] = repeats_and_distance(
                     name, inputs, 4, two_kernels
                 )
-        times = {variant: [] for variant in variants}
-        for r in range(args.rounds):
-            for variant in rotated(list(variants), r):
-                times[variant].append(time_ms(lambda v=variant, t=inputs: backward(v, t)))
+        times = alternating_ms({v: lambda v=v, t=inputs: backward(v, t) for v in variants}, args.rounds)
         for variant, ms in times.items():
             row[f"{variant}_ms"] = ms
         row["median_ratio"] = statistics.median(times["deterministic"]) / statistics.median(times["fused"])

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
-from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
+from benchmarks.common import alternating_ms, print_summary, write_results  # noqa: E402
 from kernels import _flash_fwd_hopper  # noqa: E402
 from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
 
@@ -74,10 +74,7 @@ def case(headdim: int, seqlen: int, causal: bool, rounds: int, configs: dict) ->
     names = list(calls)
     for name in names[:-1]:  # (each config's output against cuDNN's, so a timing is of a right answer)
         row[f"{name}_max_err"] = (calls[name]()[0].float() - want).abs().max().item()
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        for name in rotated(names, r):
-            times[name].append(time_ms(calls[name]))
+    times = alternating_ms(calls, rounds)
     flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     for name, ms in times.items():
         row[f"{name}_ms"] = ms

@@ -66,6 +66,16 @@ def rotated(names: list | tuple, round_index: int) -> list:
     return list(names[shift:]) + list(names[:shift])
 
 
+def alternating_ms(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Each call's `time_ms` once a round for `rounds` rounds, each round in the `rotated` order: name ->
+    its milliseconds, round by round."""
+    times = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in rotated(list(calls), r):
+            times[name].append(time_ms(calls[name]))
+    return times
+
+
 def print_summary(row: dict) -> None:
     """A result row on one line, floats rounded, the per-round lists (keys ending in _ms) left out."""
     print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()

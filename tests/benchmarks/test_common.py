@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.common import idle_gaps, rotated
+from benchmarks import common
+from benchmarks.common import alternating_ms, idle_gaps, rotated
 
 
 def test_overlapping_kernels_leave_no_gap_and_a_late_start_is_charged_to_its_neighbours():
@@ -39,6 +40,15 @@ def test_alternating_rounds_put_every_name_at_every_position_once_per_cycle(name
     for pos in range(len(names)):
         assert sorted(map(str, (order[pos] for order in orders[: len(names)]))) == sorted(map(str, names))
     assert orders[0] == list(names) and orders[len(names)] == list(names)
+
+
+def test_alternating_ms_times_each_call_once_a_round_in_the_rotated_order(monkeypatch):
+    order = []
+    monkeypatch.setattr(common, "time_ms", lambda fn: float(fn()))
+    calls = {name: (lambda n=name, i=i: order.append(n) or i) for i, name in enumerate("abc")}
+    times = alternating_ms(calls, 4)
+    assert order == [*"abc", *"bca", *"cab", *"abc"]
+    assert times == {"a": [0.0] * 4, "b": [1.0] * 4, "c": [2.0] * 4}
 
 
 def test_clock_summary_reads_nvidia_smi_lines_and_says_when_there_are_none():
