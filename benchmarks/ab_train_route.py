@@ -29,11 +29,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_train import ATTENTION_HINTS, MODELS  # noqa: E402
-from benchmarks.common import rotated, write_results  # noqa: E402
-from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
-from flashtrain.optim import OptimConfig, build_optimizer  # noqa: E402
-from flashtrain.parallelize import apply_compile  # noqa: E402
+from benchmarks.bench_train import ATTENTION_HINTS, MODELS, training_step  # noqa: E402
+from benchmarks.common import device_profile, rotated, write_results  # noqa: E402
 from kernels import _flash_bwd_fused_hopper as fused  # noqa: E402
 from kernels import _flash_fwd_hopper as fwd_hopper  # noqa: E402
 from kernels._flash_dkdv_hopper import HopperDkdvConfig  # noqa: E402
@@ -79,28 +76,6 @@ def restore_routes(state: tuple) -> None:
     fused.CONFIGS.update(configs)
 
 
-def build(model_name: str, seqlen: int, tokens_per_step: int):
-    """(step function, batch): the model as bench_train.py trains it (per-block torch.compile, bf16
-    autocast, fused AdamW) on our attention backend."""
-    batch = max(1, tokens_per_step // seqlen)
-    cfg = GPTConfig(**MODELS[model_name], vocab_size=50304, max_seq_len=seqlen, attention="triton")
-    torch.manual_seed(0)
-    model = GPT(cfg).cuda()
-    apply_compile(model)
-    optimizer = build_optimizer(model, OptimConfig(lr=1e-4, fused=True))
-    x = torch.randint(0, 50257, (batch, seqlen), device="cuda")
-    y = torch.randint(0, 50257, (batch, seqlen), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step, batch
-
-
 def timed_block(step, steps: int) -> list[float]:
     """Device ms of each of `steps` steps but the first (events between steps; one sync at the end)."""
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
@@ -113,17 +88,9 @@ def timed_block(step, steps: int) -> list[float]:
 
 
 def attention_kernels_ms(step) -> dict[str, float]:
-    """Device ms of each attention kernel in one profiled step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    return {
-        e.key: e.device_time_total / 1000
-        for e in prof.key_averages()
-        if e.device_type.name == "CUDA" and any(t in e.key.lower() for t in ATTENTION_HINTS)
-    }
+    """Device ms of each attention kernel in one profiled step (`device_profile`'s heaviest kernels)."""
+    top = device_profile(step, 1, top=40)["top_kernels_ms"]
+    return {name: ms for name, ms in top.items() if any(t in name.lower() for t in ATTENTION_HINTS)}
 
 
 def main():
@@ -145,7 +112,7 @@ def main():
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (the routes are the Hopper kernels')")
     setting, state = ROUTES[args.route], route_state()
-    step, batch = build(args.model, args.seqlen, args.tokens_per_step)
+    step, _, _, batch = training_step(args.model, args.seqlen, "triton", args.tokens_per_step)
     routes = ("off", "on")
     try:
         row = compare(step, setting, routes, args)
@@ -176,8 +143,7 @@ def compare(step, setting, routes, args) -> dict:
     row["off_over_on"] = row["off_median_ms"] / row["on_median_ms"]
     if args.profile:
         for route in routes:
-            setting(route == "on")
-            step()  # (the switch's step)
+            setting(route == "on")  # (`device_profile` runs the switch's step unprofiled)
             row[f"{route}_attention_kernels_ms"] = attention_kernels_ms(step)
     return row
 

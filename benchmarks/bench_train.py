@@ -128,29 +128,13 @@ def chosen_attention_tiles() -> dict[str, list[str]]:
     return {name: sorted({str(c) for c in t.cache.values()}) for name, t in tuners.items() if t.cache}
 
 
-def bench_one(
-    model_name,
-    seqlen,
-    impl,
-    tokens_per_step,
-    steps,
-    warmup,
-    compile_scope,
-    peak,
-    checkpointing=False,
-    loss_chunk=None,
-    profile_steps=0,
-    host_profile_steps=0,
-    gc_every=50,
-    attn_dropout=0.0,
-    profile_top=12,
-    gap_steps=0,
-    compile_mode=None,
-    profile_ops=0,
-    kernel_callers=None,
-    gpu_clocks=False,
-):
-    backend, sdpa_backend, marker = IMPLS[impl]
+def training_step(
+    model_name, seqlen, backend, tokens_per_step, compile_scope="blocks", checkpointing=False, loss_chunk=None,
+    attn_dropout=0.0, compile_mode=None,
+):  # fmt: skip
+    """(step, model, its config, batch): one training step of the model on the attention backend as a
+    real run takes it (bf16 autocast, fused AdamW, compiled per compile_scope, a fixed batch of random
+    tokens); step() returns the loss."""
     batch = max(1, tokens_per_step // seqlen)
     chunk = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)  # None: the model's default
     cfg = GPTConfig(
@@ -184,6 +168,37 @@ def bench_one(
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    return step, model, cfg, batch
+
+
+def bench_one(
+    model_name,
+    seqlen,
+    impl,
+    tokens_per_step,
+    steps,
+    warmup,
+    compile_scope,
+    peak,
+    checkpointing=False,
+    loss_chunk=None,
+    profile_steps=0,
+    host_profile_steps=0,
+    gc_every=50,
+    attn_dropout=0.0,
+    profile_top=12,
+    gap_steps=0,
+    compile_mode=None,
+    profile_ops=0,
+    kernel_callers=None,
+    gpu_clocks=False,
+):
+    backend, sdpa_backend, marker = IMPLS[impl]
+    step, model, cfg, batch = training_step(
+        model_name, seqlen, backend, tokens_per_step, compile_scope, checkpointing, loss_chunk, attn_dropout,
+        compile_mode,
+    )  # fmt: skip
+    graphs = compile_mode == "reduce-overhead"
     row = dict(model=model_name, impl=impl, seqlen=seqlen, batch=batch, tokens_per_step=batch * seqlen,
                activation_checkpointing=checkpointing, compile=compile_scope, compile_mode=compile_mode, loss_chunk=cfg.loss_chunk,
                attn_dropout=attn_dropout,
