@@ -11,6 +11,9 @@
 #       rotated): d64 GPT-2 medium's packed layer, causal and full 1k / 4k / 16k; d128 causal and full 1k / 2k
 #       (from 4k the one-kernel backward runs instead); then GPT-2 medium 8k with the packed layer's best turns
 #       against none, alternating (a second pair where the call has time)
+#   (Parts 2 and 3 time `HopperDkdvConfig.turns`, reverted afterwards to results/s59/dkdv_turns.patch: they run
+#   as recorded at commit 071cc8b, where the option, ab_dkdv_configs.py's --turns and ab_block_sparse.py's
+#   d128_dkdv_turns variant exist.)
 #   bash benchmarks/run_gpu_s59.sh 3   # block-sparse d128 with the dK/dV grid kernel's turns (1) off and on
 #       (ab_block_sparse.py, new variant d128_dkdv_turns) at n4k and n16k up to 25% density; then the per-kernel
 #       device time of GPT-2 medium's attention layer (b2 n8k h16 d64 causal), ours against SDPA cuDNN
