@@ -41,3 +41,40 @@ def test_host_sample_reads_this_machine():
     if os.path.exists("/proc/stat"):
         busy, total, cpus = system
         assert 0 <= busy <= total and cpus >= 1
+
+
+def launched_kernel_names() -> set[str]:
+    """The names our attention kernels run under in a profile: every kernel the kernels package launches
+    (autotuned, through CompiledLaunch, or launched directly as name[grid](...)) but the loss's."""
+    import importlib
+    import pkgutil
+    import re
+
+    import triton
+
+    import kernels
+    from kernels._launch import CompiledLaunch
+
+    names = set()
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"kernels.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, triton.runtime.Autotuner):
+                names.add(value.fn.__name__)
+            elif isinstance(value, CompiledLaunch):
+                names.add(value.kernel.__name__)
+        source = open(module.__file__).read()
+        for name in re.findall(r"^\s*(_\w+)\[[^\]\n]*\]\(", source, flags=re.MULTILINE):
+            kernel = getattr(module, name)
+            names.add(kernel.fn.__name__ if isinstance(kernel, triton.runtime.Autotuner) else kernel.__name__)
+    return names - {"_cross_entropy_rows"}
+
+
+def test_every_attention_kernel_of_ours_counts_as_attention_in_profiles():
+    # the portable dq ("_bwd_dq") once dropped out of ab_train_route's attention tally (results/s60/call1)
+    from benchmarks.bench_train import ATTENTION_HINTS
+
+    names = launched_kernel_names()
+    assert {"_bwd_dq", "_bwd_dkdv", "_attn_fwd_hopper", "_bs_fwd_kernel", "_decode_split"} <= names
+    missed = [n for n in sorted(names) if not any(hint in n.lower() for hint in ATTENTION_HINTS)]
+    assert not missed, f"add a hint for {missed} to ATTENTION_HINTS"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 60). Each part is what one call ran; the outputs are in
+# benchmarks/results/s60/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s60.sh 1   # d64's ordered one-kernel backward in GPT-2 medium 8k's step, both routes
+#       in one training process alternating (ab_train_route.py, first GPU run) with each route's attention
+#       kernels profiled; the per-kernel device time of block-sparse fwd+bwd at n4k (d64 and d128; butterfly
+#       6.25% and 19%; ours and Flex, our dense kernel beside) and the device's copy bandwidth: where n4k's
+#       fixed cost goes against the bytes each kernel must move
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+copy_bandwidth() {  # the device's copy bandwidth (read + write bytes / s) on 1 GiB, median of 20 copies
+  python -c "
+import json, statistics, torch
+src = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); dst = torch.empty_like(src)
+for _ in range(3): dst.copy_(src)
+ms = []
+for _ in range(20):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); dst.copy_(src); b.record(); torch.cuda.synchronize(); ms.append(a.elapsed_time(b))
+med = statistics.median(ms)
+row = {'bytes_moved': 2 * src.numel(), 'median_ms': med, 'tb_per_s': 2 * src.numel() / med / 1e9}
+print(row); json.dump(row, open('$R/copy_bandwidth.json', 'w'))"
+}
+case "$1" in
+1)
+  copy_bandwidth
+  timeout 260 python benchmarks/ab_train_route.py --route d64_one_kernel --seqlen 8192 --profile \
+    --out "$R/ab_train_d64_one_kernel_8k.json" 2>&1 | quiet | tail -n 12
+  timeout 200 python benchmarks/profile_attention.py --shape 1,4096,16,64 --shape 1,4096,16,128 \
+    --impls triton bs:1:0 bs:5:0 flexbs:1:0 --iters 20 --out "$R/profile_bs_n4k.json" 2>&1 | quiet | tail -n 60
+  ;;
+esac
