@@ -6,6 +6,10 @@
 #       kernels profiled; the per-kernel device time of block-sparse fwd+bwd at n4k (d64 and d128; butterfly
 #       6.25% and 19%; ours and Flex, our dense kernel beside) and the device's copy bandwidth: where n4k's
 #       fixed cost goes against the bytes each kernel must move
+#   bash benchmarks/run_gpu_s60.sh 2   # the dq kernel's O load before its Q/dO wait (DELTA_ORDER 1) and also its
+#       delta summed under step 0's products (2), each against the order in use (0), block-sparse fwd+bwd
+#       (ab_block_sparse.py) at n4k d64 and d128 up to 19%, then n16k d128 up to 10%; then ab_train_route's
+#       d64 one-kernel route at GPT-2 medium 8k again with the portable dq in its attention tally
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -23,6 +27,14 @@ row = {'bytes_moved': 2 * src.numel(), 'median_ms': med, 'tb_per_s': 2 * src.num
 print(row); json.dump(row, open('$R/copy_bandwidth.json', 'w'))"
 }
 case "$1" in
+2)
+  bs_ab 200 dq_delta_n4k --variants dq_o_early dq_delta_under_products --seqlens 4096 --headdims 64 128 \
+    --max-density 0.19
+  bs_ab 150 dq_delta_n16k --variants dq_o_early dq_delta_under_products --seqlens 16384 --headdims 128 \
+    --max-density 0.1
+  timeout 200 python benchmarks/ab_train_route.py --route d64_one_kernel --seqlen 8192 --profile --rounds 6 \
+    --out "$R/ab_train_d64_one_kernel_8k.json" 2>&1 | quiet | tail -n 3
+  ;;
 1)
   copy_bandwidth
   timeout 260 python benchmarks/ab_train_route.py --route d64_one_kernel --seqlen 8192 --profile \
