@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_block_sparse import butterfly_points, flex_block_mask, flex_fn, graph_timed, timed  # noqa: E402
 from benchmarks.common import markdown_table, write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
-from kernels import _flash_dq_hopper as dq_hopper  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 
 
@@ -73,20 +72,8 @@ def _persistent_forward_turns(on: bool) -> None:
         bs.PERSISTENT_FORWARD[d] = (dataclasses.replace(cfg, pingpong=on), up_to)
 
 
-def _dq_o_early(on: bool) -> None:
-    """The dq kernel's consumers load O for delta before waiting for Q and dO (on) or after (off)."""
-    dq_hopper.DELTA_ORDER = 1 if on else 0
-
-
-def _dq_delta_under_products(on: bool) -> None:
-    """On: O loaded early and delta summed after step 0's S and dP are issued; off: as `_dq_o_early` off."""
-    dq_hopper.DELTA_ORDER = 2 if on else 0
-
-
 # name: set(on), for routes read at every call
 VARIANTS = {
-    "dq_o_early": _dq_o_early,
-    "dq_delta_under_products": _dq_delta_under_products,
     "persistent_dq": _persistent_dq,
     "d128_persistent_dq": _d128_persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
@@ -100,12 +87,11 @@ VARIANTS = {
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
-            dict(bs.CONFIGS), dq_hopper.DELTA_ORDER)  # fmt: skip
+            dict(bs.CONFIGS))  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
-    (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
-     dq_hopper.DELTA_ORDER) = state  # fmt: skip
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS = state
 
 
 def _outputs(fn, args) -> list:

@@ -162,8 +162,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
-        if kernel == "dq":  # (where its consumers load O and sum delta, `_flash_dq_hopper.DELTA_ORDER`)
-            meta["DELTA_ORDER"] = dq_hopper.DELTA_ORDER
         if kernel.startswith("fused"):
             del meta["SPARSE"]
             meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")

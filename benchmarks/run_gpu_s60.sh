@@ -9,7 +9,11 @@
 #   bash benchmarks/run_gpu_s60.sh 2   # the dq kernel's O load before its Q/dO wait (DELTA_ORDER 1) and also its
 #       delta summed under step 0's products (2), each against the order in use (0), block-sparse fwd+bwd
 #       (ab_block_sparse.py) at n4k d64 and d128 up to 19%, then n16k d128 up to 10%; then ab_train_route's
-#       d64 one-kernel route at GPT-2 medium 8k again with the portable dq in its attention tally
+#       d64 one-kernel route at GPT-2 medium 8k again with the portable dq in its attention tally (part 2 runs
+#       from commit 7671d0a, where the dq kernel's DELTA_ORDER and the two variants exist; the n16k A/B printed
+#       nothing before its time limit)
+#   bash benchmarks/run_gpu_s60.sh 3   # O loaded before the wait kept (DELTA_ORDER 1's SASS): the Hopper backward
+#       and block-sparse GPU test files, then the issue's block-sparse benchmark at n4k (d128, d64)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -27,6 +31,14 @@ row = {'bytes_moved': 2 * src.numel(), 'median_ms': med, 'tb_per_s': 2 * src.num
 print(row); json.dump(row, open('$R/copy_bandwidth.json', 'w'))"
 }
 case "$1" in
+3)
+  T=tests/kernels
+  timeout -s INT 330 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
+    --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests.log" 2>&1
+  tail -n 3 "$R/gpu_tests.log"
+  timeout 230 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
+    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
+  ;;
 2)
   bs_ab 200 dq_delta_n4k --variants dq_o_early dq_delta_under_products --seqlens 4096 --headdims 64 128 \
     --max-density 0.19

@@ -128,7 +128,7 @@ def _consumer(
     q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE, DELTA,  # noqa: E741
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     off_b, off_h, m0, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, sm_scale,
-    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, DELTA_ORDER: gl.constexpr,
+    WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: dq of query rows m0 + WG * BLOCK_M .. + BLOCK_M against the key tiles of steps 0 ..
     n_kv - 1 (`key_tile`; block-sparse, the first n_listed_masked need the element mask)."""
@@ -136,18 +136,8 @@ def _consumer(
         q_smem.index(WG), do_smem.index(WG), qdo_ready.index(WG), 0, k_smem, v_smem, k_ready, v_ready, kv_empty,
         dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h,
         m0 + WG * q_smem.shape[3], n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 0,
-        qdo_ready.index(WG), False, CAUSAL, SPARSE, False, DELTA_ORDER,
+        qdo_ready.index(WG), False, CAUSAL, SPARSE, False,
     )  # fmt: skip
-
-
-@gluon.jit
-def _stored_delta(o, do, delta_ptrs, row_ok, tile_layout: gl.constexpr, row_layout: gl.constexpr):
-    """delta = rowsum(dO * O) of a warpgroup's rows (O in registers, dO in shared memory), stored to
-    delta_ptrs where row_ok, and returned in row_layout."""
-    delta = gl.sum(o.to(gl.float32) * do.load(tile_layout).to(gl.float32), axis=1)
-    delta = gl.convert_layout(delta, row_layout)
-    gl.store(delta_ptrs, delta, mask=row_ok)
-    return delta
 
 
 @gluon.jit
@@ -156,7 +146,6 @@ def _dq_rows(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     off_b, off_h, first_row, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, ring0,
     prev_qdo_empty, release_prev, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, RELEASE: gl.constexpr,
-    DELTA_ORDER: gl.constexpr,
 ):  # fmt: skip
     """A warpgroup's BLOCK_M query rows from first_row (Q and dO in shared memory q_buf and do_buf, (1, 1,
     BLOCK_M, HEAD_DIM) each, once qdo_bar completes phase qdo_phase) against the key tiles of steps 0 ..
@@ -187,30 +176,27 @@ def _dq_rows(
     if SPARSE:  # kernels.block_sparse_attention's lse is in natural log
         lse = lse * 1.4426950408889634  # log2(e)
     lse = gl.where(lse == float("-inf"), 0.0, lse)  # rows that saw no key: every score is masked anyway
-    # delta = rowsum(dO * O) of this group's rows (rows past the sequence: dO and O are 0). DELTA_ORDER
-    # (A/B, session 60): 0 loads O once Q and dO are in, and sums before step 0's products; 1 loads O
-    # before waiting for them (its latency under theirs); 2 also sums after issuing step 0's S and dP
+    # delta = rowsum(dO * O) of this group's rows (rows past the sequence: dO and O are 0). O is loaded
+    # before waiting for Q and dO, its latency under theirs: block-sparse fwd+bwd at n4k 1.00-1.01x at d64
+    # and 1.01-1.04x at d128, where each program's item holds one or two key tiles (session 60, against
+    # loading it after the wait; summing delta under step 0's products instead gained less)
     o_rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, tile_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, tile_layout))
     o_ptrs = (
         O + off_b.to(gl.int64) * stride_ob + off_h * stride_oh + o_rows[:, None] * stride_om + o_cols[None, :]
     )
-    if DELTA_ORDER > 0:
-        o = gl.load(o_ptrs, mask=(o_rows < seqlen_q)[:, None], other=0.0)
+    o = gl.load(o_ptrs, mask=(o_rows < seqlen_q)[:, None], other=0.0)
     mbarrier.wait(qdo_bar, qdo_phase)
     q = q_buf.reshape([BLOCK_M, HEAD_DIM])
     do = do_buf.reshape([BLOCK_M, HEAD_DIM])
-    if DELTA_ORDER == 0:
-        o = gl.load(o_ptrs, mask=(o_rows < seqlen_q)[:, None], other=0.0)
-    if DELTA_ORDER < 2:
-        delta = _stored_delta(o, do, DELTA + lse_rows, rows < seqlen_q, tile_layout, row_s)
+    delta = gl.sum(o.to(gl.float32) * do.load(tile_layout).to(gl.float32), axis=1)
+    delta = gl.convert_layout(delta, row_s)
+    gl.store(DELTA + lse_rows, delta, mask=rows < seqlen_q)
 
     # step 0 (always masked: the only step of n_kv = 1)
     s, dp = _issue_scores(
         q, do, k_smem, v_smem, k_ready, v_ready, ring0 % STAGES, (ring0 // STAGES) & 1, s_layout
     )
-    if DELTA_ORDER == 2:
-        delta = _stored_delta(o, do, DELTA + lse_rows, rows < seqlen_q, tile_layout, row_s)
     if RELEASE:
         tma.store_wait(0)
         gl.thread_barrier()
@@ -250,7 +236,7 @@ def _attn_bwd_dq_hopper(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, DELTA_ORDER: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """Descriptors as in `_attn_fwd_hopper` (4-D (batch, heads, seqlen, headdim) views; q's, do's and
     dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
@@ -278,10 +264,10 @@ def _attn_bwd_dq_hopper(
         [
             (_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE,
                          DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
-                         tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE, DELTA_ORDER)),
+                         tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, SPARSE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty, dq_desc, O, LSE,
                          DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
-                         tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE, DELTA_ORDER)),
+                         tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready,
                          v_ready, kv_empty, off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
@@ -296,7 +282,6 @@ def _persistent_consumer(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
-    DELTA_ORDER: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
     work, item after item); dq through the item's Q buffer, whose store the next item waits for before
@@ -317,7 +302,7 @@ def _persistent_consumer(
             q_smem.index(buf), do_smem.index(buf), qdo_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready,
             v_ready, kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
             off_b, off_h, m0 + WG * BLOCK_M, n_kv, tiles, n_listed_masked, seqlen_q, seqlen_k, qk_scale,
-            sm_scale, ring0, qdo_empty.index(prev), j > 0, CAUSAL, SPARSE, True, DELTA_ORDER,
+            sm_scale, ring0, qdo_empty.index(prev), j > 0, CAUSAL, SPARSE, True,
         )  # fmt: skip
         ring0 += n_kv
     tma.store_wait(0)
@@ -330,7 +315,7 @@ def _attn_bwd_dq_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, DELTA_ORDER: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`_flash_fwd_hopper.my_items`), with two sets
@@ -346,12 +331,12 @@ def _attn_bwd_dq_hopper_persistent(
                                     kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 0,
-                                    CAUSAL, SPARSE, DELTA_ORDER)),
+                                    CAUSAL, SPARSE)),
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
                                     kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 1,
-                                    CAUSAL, SPARSE, DELTA_ORDER)),
+                                    CAUSAL, SPARSE)),
             (fwd_hopper.persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                                               qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k,
                                               group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
@@ -387,9 +372,6 @@ CONFIGS = {
 # The persistent variant (`_attn_bwd_dq_hopper_persistent`): two sets of Q and dO buffers (128 KB at
 # d128) leave room for two K/V stages.
 PERSISTENT_CONFIGS = {128: dataclasses.replace(CONFIGS[128], stages=2, persistent=True)}
-
-# where the consumers load O and sum delta (`_dq_rows`; an A/B of session 60)
-DELTA_ORDER = int(os.environ.get("FLASHTRAIN_DQ_DELTA_ORDER", "0"))
 
 # FLASHTRAIN_HOPPER_DQ=0 sends every backward to the portable dq kernel (A/B measurements, a safety valve)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DQ", "1") != "0"
@@ -433,8 +415,7 @@ def flash_attn_dq_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, DELTA_ORDER=DELTA_ORDER,
-        num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]
