@@ -4,7 +4,8 @@ anchors (our FlashAttention, SDPA flash), in one run.
 Butterfly layouts on 128-blocks (issue 4): batch 1, 16 heads, bf16, n = 4k / 16k / 64k, d = 64 / 128,
 densities from ~1% to ~50% (fewer butterfly factors below the all-factor density, a local band above
 it). For each point: fwd and fwd+bwd time of ours and of compiled FlexAttention given the same mask
-through `create_block_mask`, and the ideal `our dense fwd+bwd x density`.
+through `create_block_mask`, and the ideal `our dense fwd+bwd x density`; from CUDA graphs also the time the call's fewest bytes take at
+the device's copy bandwidth (measured first in the same run), the floor no density goes under.
 
     python benchmarks/bench_block_sparse.py                      # full sweep
     python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 64 --tune
@@ -26,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (  # noqa: E402
+    copy_bandwidth,
     error_note,
     gpu_slug,
     graph_time_ms,
@@ -217,8 +219,10 @@ def bench_shape(
     torch.cuda.empty_cache()
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """Per (n, d, density): ours vs flex and vs the ideal our-dense x density."""
+def summarize(rows: list[dict], copy_tb_per_s: float | None = None) -> list[dict]:
+    """Per (n, d, density): ours vs flex and vs the ideal our-dense x density (eagerly and from graphs),
+    and, given the device's copy bandwidth (TB/s, read + write), the time its fewest bytes take
+    (`min_fwdbwd_bytes`) against ours from graphs."""
     out = []
     dense = {(r["seqlen"], r["headdim"]): r for r in rows if r["impl"] == "ours_dense" and "fwdbwd_ms" in r}
     for r in rows:
@@ -242,8 +246,27 @@ def summarize(rows: list[dict]) -> list[dict]:
         if d:
             ideal = d["fwdbwd_ms"] * r["density"]
             s.update(ideal_fwdbwd_ms=ideal, ours_over_ideal=r["fwdbwd_ms"] / ideal)
+            if "fwdbwd_graph_ms" in r and "fwdbwd_graph_ms" in d:
+                ideal_graph = d["fwdbwd_graph_ms"] * r["density"]
+                s.update(
+                    ideal_fwdbwd_graph_ms=ideal_graph,
+                    ours_over_ideal_graph=r["fwdbwd_graph_ms"] / ideal_graph,
+                )
+        if copy_tb_per_s and "fwdbwd_graph_ms" in r:
+            floor = min_fwdbwd_bytes(r["batch"], r["seqlen"], r["nheads"], r["headdim"]) / copy_tb_per_s / 1e9
+            s.update(bytes_floor_ms=floor, ours_over_bytes_floor=r["fwdbwd_graph_ms"] / floor)
         out.append(s)
     return out
+
+
+def min_fwdbwd_bytes(batch: int, seqlen: int, nheads: int, headdim: int, elem_bytes: int = 2) -> int:
+    """The fewest bytes one fwd+bwd must move to and from memory whatever the density: the forward reads
+    q, k, v and writes o and lse; the backward reads q, k, v, o, dO and lse and writes dq, dk, dv. At low
+    density these are what a call costs, not the tiles: the ideal `dense x density` scales the products
+    only, and falls under this floor wherever a row holds few tiles (n = 4k)."""
+    tensor = batch * seqlen * nheads * headdim * elem_bytes
+    lse = batch * nheads * seqlen * 4  # float32
+    return (4 + 8) * tensor + 2 * lse
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -299,20 +322,24 @@ def main():
     out = args.out or os.path.join(os.path.dirname(__file__), "results", f"block_sparse_{gpu_slug()}.json")
 
     tuning = {d: tune(d, args.nheads) for d in args.headdims} if args.tune else None
+    bandwidth = copy_bandwidth()
+    print(
+        f"copy bandwidth {bandwidth['tb_per_s']:.2f} TB/s (read + write, {bandwidth['bytes_moved'] >> 30} GiB)"
+    )
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
             bench_shape(n, d, args.nheads, rows, graphs=n <= args.graph_upto, portable=args.portable)
             # rewritten after every shape, so a run cut short still leaves its numbers
-            summary = summarize(rows)
-            extra = dict(
-                dtype="bfloat16", tile_configs=block_sparse._GPU_CONFIGS, tuning=tuning, summary=summary
-            )
+            summary = summarize(rows, bandwidth["tb_per_s"])
+            extra = dict(dtype="bfloat16", tile_configs=block_sparse._GPU_CONFIGS, tuning=tuning,
+                         copy_bandwidth=bandwidth, summary=summary)  # fmt: skip
             write_results(out, rows, extra)
     cols = ["seqlen", "headdim", "density_pct", "ours_fwd_ms", "flex_fwd_ms", "portable_fwd_ms", "ours_fwdbwd_ms",
             "flex_fwdbwd_ms", "portable_fwdbwd_ms",
             "speedup_vs_flex_fwdbwd", "ideal_fwdbwd_ms", "ours_over_ideal", "ours_fwdbwd_graph_ms",
-            "flex_fwdbwd_graph_ms", "speedup_vs_flex_fwdbwd_graph"]  # fmt: skip
+            "flex_fwdbwd_graph_ms", "speedup_vs_flex_fwdbwd_graph", "ideal_fwdbwd_graph_ms", "ours_over_ideal_graph",
+            "bytes_floor_ms", "ours_over_bytes_floor"]  # fmt: skip
     table = markdown_table(summary, cols, floatfmt="{:.3g}")
     with open(out.replace(".json", ".md"), "w") as f:
         f.write(

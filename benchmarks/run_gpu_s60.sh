@@ -14,23 +14,24 @@
 #       nothing before its time limit)
 #   bash benchmarks/run_gpu_s60.sh 3   # O loaded before the wait kept (DELTA_ORDER 1's SASS): the Hopper backward
 #       and block-sparse GPU test files, then the issue's block-sparse benchmark at n4k (d128, d64)
+#   (call 3's test run reached 100% with every test passed, 524, and was interrupted in pytest's summary)
+#   bash benchmarks/run_gpu_s60.sh 4   # the issue's block-sparse benchmark at n16k (d128, d64) on the dq kernel's
+#       O loaded early, with the new graph ideal and bytes-floor columns
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 copy_bandwidth() {  # the device's copy bandwidth (read + write bytes / s) on 1 GiB, median of 20 copies
   python -c "
-import json, statistics, torch
-src = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); dst = torch.empty_like(src)
-for _ in range(3): dst.copy_(src)
-ms = []
-for _ in range(20):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(); dst.copy_(src); b.record(); torch.cuda.synchronize(); ms.append(a.elapsed_time(b))
-med = statistics.median(ms)
-row = {'bytes_moved': 2 * src.numel(), 'median_ms': med, 'tb_per_s': 2 * src.numel() / med / 1e9}
+import json
+from benchmarks.common import copy_bandwidth
+row = copy_bandwidth()
 print(row); json.dump(row, open('$R/copy_bandwidth.json', 'w'))"
 }
 case "$1" in
+4)
+  timeout 480 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep -e "^|" -e "^copy"
+  ;;
 3)
   T=tests/kernels
   timeout -s INT 330 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
