@@ -17,6 +17,11 @@
 #   (call 3's test run reached 100% with every test passed, 524, and was interrupted in pytest's summary)
 #   bash benchmarks/run_gpu_s60.sh 4   # the issue's block-sparse benchmark at n16k (d128, d64) on the dq kernel's
 #       O loaded early, with the new graph ideal and bytes-floor columns
+# Call 5 (from the project root at commit 7671d0a's kernels/_flash_dq_hopper.py and ab_block_sparse.py):
+#   source benchmarks/gpu_call.sh; bs_ab 215 dq_o_early_n16k --variants dq_o_early --seqlens 16384 --headdims 128 \
+#     --max-density 0.11
+#   (the A/B of the O load's place at n16k, after call 4 read d128 10% and d64 25% about 5% slower than sessions 47
+#   and 50: no point finished inside the limit, nothing came back)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
