@@ -4,7 +4,7 @@ and s50/call2).
 
 The trims: a block-sparse backward takes its forward's answer on the Hopper kernels
 (`_block_sparse_hopper.usable_backward`'s forward_hopper) instead of checking q, k and v again, and
-`_flash_fwd_hopper.tma_ready` is a plain loop. "untrimmed" puts back the full check and the all()-over-a-
+`_hopper_pipeline.tma_ready` is a plain loop. "untrimmed" puts back the full check and the all()-over-a-
 generator form (the patch: results/s50/host_trim.patch; its third change, dq/dk/dv by empty_like, stays
 in both ways). Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse
 (butterfly, 2 factors) and dense causal; `fwdbwd_ms` one eager fwd+bwd, calls issued back to back.
@@ -24,9 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_host_overhead import alternating_host_ms  # noqa: E402
 from benchmarks.check_launch_encoding import case_fns  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
-from kernels import _block_sparse_hopper, _flash_fwd_hopper  # noqa: E402
+from kernels import _block_sparse_hopper, _hopper_pipeline  # noqa: E402
 
-TRIMMED = (_flash_fwd_hopper.tma_ready, _block_sparse_hopper.usable_backward)
+TRIMMED = (_hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward)
 
 
 def _tma_ready_untrimmed(t) -> bool:
@@ -42,7 +42,7 @@ WAYS = {"trimmed": TRIMMED, "untrimmed": (_tma_ready_untrimmed, _usable_backward
 
 
 def use(way: str) -> None:
-    _flash_fwd_hopper.tma_ready, _block_sparse_hopper.usable_backward = WAYS[way]
+    _hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward = WAYS[way]
 
 
 def measure(path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:

@@ -117,6 +117,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     from kernels import _flash_dkdv_hopper as dkdv_hopper
     from kernels import _flash_dq_hopper as dq_hopper
     from kernels import _flash_fwd_hopper as hopper
+    from kernels import _hopper_pipeline as pipeline
 
     result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
                   dtype=str(dtype).removeprefix("torch."), sparse=sparse, part=part)  # fmt: skip
@@ -126,14 +127,14 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     try:
         q = torch.randn(2, 1000, 4, headdim, dtype=dtype)  # a length that is no multiple of any tile
         lse = torch.empty(2, 4, 1000)
-        rows, keys = hopper.descriptor(q, cfg.block_m), hopper.descriptor(q, cfg.block_n)
+        rows, keys = pipeline.descriptor(q, cfg.block_m), pipeline.descriptor(q, cfg.block_n)
         if kernel == "fwd":
             jit = hopper._attn_fwd_hopper
             args = [rows, keys, keys, rows, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264]
         elif kernel.startswith("fused"):  # (its dq view's blocks are half a head wide)
             # (a causal convoy block of 8, not 1, which Triton would build as a constant: the general build)
             jit = fused_hopper._attn_bwd_fused_hopper
-            halves = hopper.descriptor(torch.zeros(2, 1000, 8, headdim // 2), cfg.block_m)
+            halves = pipeline.descriptor(torch.zeros(2, 1000, 8, headdim // 2), cfg.block_m)
             args = [rows, keys, keys, rows, keys, keys, halves, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000,
                     2, 0.18, 0.125, 264, torch.zeros(16, dtype=torch.int32), 2, 8]  # fmt: skip
         elif kernel == "dkdv":

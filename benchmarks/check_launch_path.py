@@ -31,6 +31,7 @@ import triton  # noqa: E402
 
 from benchmarks.common import gpu_slug, write_results  # noqa: E402
 from kernels import _flash_fwd_hopper as fh  # noqa: E402
+from kernels import _hopper_pipeline as pipeline  # noqa: E402
 from kernels._launch import tma_view  # noqa: E402
 
 
@@ -63,14 +64,14 @@ def main() -> None:
         num_warps=4,
     )  # fmt: skip
 
-    def descriptors(make=fh.descriptor):
+    def descriptors(make=pipeline.descriptor):
         return make(q, cfg.block_m), make(k, cfg.block_n), make(v, cfg.block_n), make(out, cfg.block_m)
 
     def plain(t, rows):  # the record kernels/_launch.py passes (its block shape comes from the kernel)
         return tma_view(t)
 
     def runtime_args(descs):
-        sched = fh.list_args(None, lse, q.device, True)
+        sched = pipeline.list_args(None, lse, q.device, True)
         return (*descs, lse, lse.stride(0), lse.stride(1), 256, 256, 1, 0.125 * fh.LOG2E, *sched)
 
     fixed = descriptors()

@@ -39,6 +39,7 @@ import triton
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_dq_hopper as dq_hopper
 from . import _flash_fwd_hopper as fwd_hopper
+from . import _hopper_pipeline as pipeline
 from ._common import INTERPRET, compute_capability
 from .layouts import FULL, PARTIAL, BlockLayout, BlockLists
 
@@ -166,7 +167,7 @@ def _usable(layout: BlockLayout, dropout_p: float, *tensors: torch.Tensor) -> bo
         return False
     if triton.cdiv(q.shape[1], CONFIGS[q.shape[-1]][2].block_m) > MAX_LIST_TILE:
         return False
-    return fwd_hopper.all_tma_ready(tensors)
+    return pipeline.all_tma_ready(tensors)
 
 
 def usable_forward(q, k, v, layout: BlockLayout, dropout_p: float) -> bool:
@@ -191,7 +192,7 @@ def usable_backward(
     if forward_hopper is None:
         return _usable(layout, dropout_p, q, k, v, do)
     # (ENABLED again: it may have been switched off since the forward; tests and benchmarks do)
-    return forward_hopper and ENABLED and fwd_hopper.tma_ready(do)
+    return forward_hopper and ENABLED and pipeline.tma_ready(do)
 
 
 def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):

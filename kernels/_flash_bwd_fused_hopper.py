@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, sched_slots_for, sm_count
-from ._flash_fwd_hopper import descriptor
+from ._hopper_pipeline import descriptor
 from ._launch import CompiledLaunch
 
 

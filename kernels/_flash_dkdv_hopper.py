@@ -49,8 +49,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _fused_dq_hopper as fused_dq
+from . import _hopper_pipeline as pipeline
 from ._common import LOG2E, sm_count, tile_program_ids
-from ._flash_fwd_hopper import descriptor, list_args, listed_row_program
+from ._hopper_pipeline import descriptor, list_args, listed_row_program
 from ._launch import CompiledLaunch
 
 
@@ -556,14 +557,14 @@ def _persistent_producer(
     listed into the stage ring, which goes on from the last item's."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_mine, programs, pid = fwd_hopper.my_items(n_key_tiles * nheads_kv * n_batch)
+    n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
     it = 0
     for j in range(n_mine):
-        n0, off_hk, _, off_b, hi, _, tiles = fwd_hopper.work_rows(
+        n0, off_hk, _, off_b, hi, _, tiles = pipeline.work_rows(
             j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
             n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
         )  # fmt: skip
-        fwd_hopper.load_item_rows(
+        pipeline.load_item_rows(
             k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
         )
         stats = (LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh, seqlen_q, qk_scale)
@@ -591,10 +592,10 @@ def _persistent_consumer(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     diag = seqlen_k - seqlen_q
-    n_mine, programs, pid = fwd_hopper.my_items(n_key_tiles * nheads_kv * n_batch)
+    n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
     it = 0
     for j in range(n_mine):
-        n0, off_hk, _, off_b, hi, lo, tiles = fwd_hopper.work_rows(
+        n0, off_hk, _, off_b, hi, lo, tiles = pipeline.work_rows(
             j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
             n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
         )  # fmt: skip
@@ -630,14 +631,14 @@ def _attn_bwd_dkdv_hopper_persistent(
 ):  # fmt: skip
     """`_attn_bwd_dkdv_hopper` for block-sparse calls (SPARSE, PART 0) on a 1-D grid of at most one
     program per SM, each walking its share of the (n_key_tiles, nheads_kv, n_batch) grid's work items
-    (`_flash_fwd_hopper.my_items`), with two sets of K and V buffers so that the next item's loads run
+    (`_hopper_pipeline.my_items`), with two sets of K and V buffers so that the next item's loads run
     under this one's steps and stores; the Q/dO stage ring runs on from item to item. Short lists are
     where this pays: a program of the grid kernel loads K and V, waits for them, and stores dK and dV
     with the tensor cores idle, once per handful of steps. (sched_slots: the grid kernel's argument,
     unused here.)"""
     gl.static_assert(SPARSE and PART == 0, "block-sparse lists, both gradients in one pass")
-    # K and V: this item's and the next one's (`_flash_fwd_hopper.item_buffers`, V where the dq kernel has dO)
-    k_smem, v_smem, kv_ready, kv_empty = fwd_hopper.item_buffers(k_desc, v_desc, NUM_CONSUMERS, True)
+    # K and V: this item's and the next one's (`_hopper_pipeline.item_buffers`, V where the dq kernel has dO)
+    k_smem, v_smem, kv_ready, kv_empty = pipeline.item_buffers(k_desc, v_desc, NUM_CONSUMERS, True)
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = _qdo_ring(
         q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
     )

@@ -43,8 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_fwd_hopper as fwd_hopper
+from . import _hopper_pipeline as pipeline
 from ._common import LOG2E, sm_count
-from ._flash_fwd_hopper import (
+from ._hopper_pipeline import (
     descriptor,
     key_tile,
     list_args,
@@ -225,9 +226,9 @@ def _dq_rows(
     # dq through this group's Q buffer (no product reads it any more)
     coord = [off_b, off_h, first_row, 0]
     if RELEASE:
-        fwd_hopper.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, False)
+        pipeline.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, False)
     else:
-        fwd_hopper.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, True)
+        pipeline.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, True)
 
 
 @gluon.jit
@@ -256,7 +257,7 @@ def _attn_bwd_dq_hopper(
     qdo_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(qdo_ready.index(c), count=1)
-    k_smem, v_smem, k_ready, v_ready, kv_empty = fwd_hopper.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = pipeline.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
@@ -289,10 +290,10 @@ def _persistent_consumer(
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_mine, programs, pid = fwd_hopper.my_items(n_row_tiles * nheads * n_batch)
+    n_mine, programs, pid = pipeline.my_items(n_row_tiles * nheads * n_batch)
     ring0 = 0
     for j in range(n_mine):
-        m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = fwd_hopper.work_rows(
+        m0, off_h, off_hk, off_b, n_kv, n_listed_masked, tiles = pipeline.work_rows(
             j, programs, pid, n_row_tiles, nheads, n_batch, sched_slots, seqlen_q, seqlen_k, group, TILES, COUNTS,
             lay_heads, n_list_rows, list_len, BLOCK_M * NUM_CONSUMERS, BLOCK_N, CAUSAL, SPARSE,
         )  # fmt: skip
@@ -318,10 +319,10 @@ def _attn_bwd_dq_hopper_persistent(
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
-    work items of the (n_row_tiles, nheads, n_batch) grid (`_flash_fwd_hopper.my_items`), with two sets
+    work items of the (n_row_tiles, nheads, n_batch) grid (`_hopper_pipeline.my_items`), with two sets
     of Q and dO buffers so that the next item's load overlaps this one."""
-    q_smem, do_smem, qdo_ready, qdo_empty = fwd_hopper.item_buffers(q_desc, do_desc, NUM_CONSUMERS, True)
-    k_smem, v_smem, k_ready, v_ready, kv_empty = fwd_hopper.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
+    q_smem, do_smem, qdo_ready, qdo_empty = pipeline.item_buffers(q_desc, do_desc, NUM_CONSUMERS, True)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = pipeline.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
@@ -337,7 +338,7 @@ def _attn_bwd_dq_hopper_persistent(
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 1,
                                     CAUSAL, SPARSE)),
-            (fwd_hopper.persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
+            (pipeline.persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                                               qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k,
                                               group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
                                               n_row_tiles, nheads, n_batch, CAUSAL, SPARSE, True)),

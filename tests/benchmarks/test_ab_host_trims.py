@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks import ab_host_trims
-from kernels import _block_sparse_hopper, _flash_fwd_hopper
+from kernels import _block_sparse_hopper, _hopper_pipeline
 from kernels.layouts import butterfly_layout
 
 
@@ -21,17 +21,17 @@ def test_both_ways_answer_alike_and_the_trimmed_code_comes_back(way):
         flat[1:].view(q.shape),
         torch.randn(1, 256, 2, 4, dtype=torch.bfloat16),
     ]
-    want = [_flash_fwd_hopper.tma_ready(t) for t in tensors]
+    want = [_hopper_pipeline.tma_ready(t) for t in tensors]
     layout = butterfly_layout(256, 128)
     try:
         ab_host_trims.use(way)
-        assert [_flash_fwd_hopper.tma_ready(t) for t in tensors] == want == [True, False, False, False]
+        assert [_hopper_pipeline.tma_ready(t) for t in tensors] == want == [True, False, False, False]
         # (CPU tensors: the forward's answer decides in the trimmed way, the full check says no in the other)
         got = _block_sparse_hopper.usable_backward(q, q, q, q, q, layout, 0.0, False, forward_hopper=True)
         assert got == (way == "trimmed")
     finally:
         ab_host_trims.use("trimmed")
-    assert (_flash_fwd_hopper.tma_ready, _block_sparse_hopper.usable_backward) == ab_host_trims.TRIMMED
+    assert (_hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward) == ab_host_trims.TRIMMED
 
 
 def test_alternating_host_times_switch_ways_in_turn_reversed_every_other_batch(monkeypatch):

@@ -22,6 +22,7 @@ from kernels import _block_sparse_hopper as bs_hopper
 from kernels import _flash_dkdv_hopper as dkdv_hopper
 from kernels import _flash_dq_hopper as dq_hopper
 from kernels import _flash_fwd_hopper as hopper
+from kernels import _hopper_pipeline as pipeline
 from kernels import flash_attention, flash_attention_qkvpacked
 from kernels._common import lse_to_natural
 from kernels.reference import attention_qkvpacked_reference, attention_reference
@@ -194,14 +195,14 @@ def test_tma_ready_wants_a_unit_last_stride_and_16_byte_base_and_strides():
     """TMA's rules for a descriptor's tensor, on fresh tensors: a contiguous bf16 tensor of 8-element
     rows passes; an offset of one element, a row of 4 elements (8 bytes) or a transposed last dim fails."""
     t = torch.randn(2, 40, 3, 16, dtype=BF16)
-    assert hopper.tma_ready(t) and hopper.all_tma_ready((t, t.float()))
+    assert pipeline.tma_ready(t) and pipeline.all_tma_ready((t, t.float()))
     flat = torch.randn(2 * 40 * 3 * 16 + 1, dtype=BF16)
     shifted = flat[1:].view(2, 40, 3, 16)  # base 2 bytes past an aligned one
-    assert flat.data_ptr() % 16 == 0 and not hopper.tma_ready(shifted)
-    assert not hopper.all_tma_ready((t, shifted))
-    assert not hopper.tma_ready(torch.randn(2, 40, 3, 4, dtype=BF16))  # head stride 8 bytes
-    assert not hopper.tma_ready(t.transpose(-1, -2))
-    assert hopper.tma_ready(torch.randn(2, 40, 3, 4, dtype=torch.float32))  # 16-byte rows
+    assert flat.data_ptr() % 16 == 0 and not pipeline.tma_ready(shifted)
+    assert not pipeline.all_tma_ready((t, shifted))
+    assert not pipeline.tma_ready(torch.randn(2, 40, 3, 4, dtype=BF16))  # head stride 8 bytes
+    assert not pipeline.tma_ready(t.transpose(-1, -2))
+    assert pipeline.tma_ready(torch.randn(2, 40, 3, 4, dtype=torch.float32))  # 16-byte rows
 
 
 # ---------------------------------------------------------------------------------------------------
