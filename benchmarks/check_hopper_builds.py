@@ -220,7 +220,7 @@ def main():
         "--fused", action="store_true",
         help="build the one-kernel backward's configs (kernels._flash_bwd_fused_hopper, also with ordered dQ adds, "
         "full attention) alone; its builds spill "
-        "(tests/kernels/test_flash_bwd_hopper.py records how much), so only a failed build or one over shared "
+        "(tests/kernels/test_flash_bwd_fused_hopper.py records how much), so only a failed build or one over shared "
         "memory fails",
     )  # fmt: skip
     args = parser.parse_args()

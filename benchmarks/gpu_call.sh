@@ -41,12 +41,12 @@ gpu_tests_beside_slow() {  # gpu_tests_beside_slow SLOW_SECONDS SECONDS WORKERS 
   wait
   tail -n 4 "$R/gpu_tests.log" "$R/gpu_tests_slow_portable.log"
 }
-# The GPU tests of the Hopper backward, Hopper block-sparse, packed QKV and dense kernel files, the slow
-# test beside them.
+# The GPU tests of the Hopper backward (dq and dK/dV kernels, one-kernel backward), Hopper block-sparse,
+# packed QKV and dense kernel files, the slow test beside them.
 hopper_backward_tests() {
   local T=tests/kernels
-  gpu_tests_beside_slow 500 540 5 $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py $T/test_qkvpacked.py \
-    $T/test_flash_attention.py
+  gpu_tests_beside_slow 500 540 5 $T/test_flash_bwd_hopper.py $T/test_flash_bwd_fused_hopper.py \
+    $T/test_block_sparse_hopper.py $T/test_qkvpacked.py $T/test_flash_attention.py
 }
 # d128 fwd+bwd, ours against SDPA cuDNN, FlexAttention and SDPA flash (also replayed from CUDA graphs) at the
 # given lengths: $R/attention_d128.{json,md,png}, and its table printed.
