@@ -128,15 +128,28 @@ def ab_point(variant: str, fn, args) -> dict:
                 on_speedup_eager=off_eager / on_eager)  # fmt: skip
 
 
+def selected_points(seqlen: int, min_density: float, max_density: float) -> list:
+    """The butterfly points (`bench_block_sparse.butterfly_points`) of seqlen whose density lies in
+    [min_density, max_density]: an A/B can go straight to the points in question (each new point builds
+    kernels on a fresh machine, and at n16k a whole range ran past a call's limit, results/s60)."""
+    return [(cfg, lay) for cfg, lay in butterfly_points(seqlen) if min_density <= lay.density <= max_density]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", required=True, choices=sorted(VARIANTS))
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--max-density", type=float, default=0.11)
+    parser.add_argument("--min-density", type=float, default=0.0)
+    parser.add_argument(
+        "--no-flex", action="store_true", help="leave FlexAttention out (its compiles take time)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    flex = flex_fn()
+    if args.min_density > args.max_density:
+        parser.error(f"--min-density {args.min_density} is above --max-density {args.max_density}: no point")
+    flex = None if args.no_flex else flex_fn()
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
@@ -145,23 +158,23 @@ def main() -> None:
             q, k, v = (x.requires_grad_() for x in (q, k, v))
             qh, kh, vh, doh = (x.detach().transpose(1, 2).contiguous() for x in (q, k, v, do))
             qh, kh, vh = (x.requires_grad_() for x in (qh, kh, vh))
-            for cfg, layout in butterfly_points(n):
-                if layout.density > args.max_density:
-                    continue
+            for cfg, layout in selected_points(n, args.min_density, args.max_density):
                 layout = layout.cuda()
                 ours = lambda q, k, v, lay=layout: block_sparse_attention(q, k, v, lay)  # noqa: E731
-                mask = flex_block_mask(layout, n)
-                flex_graph, flex_eager = timings(
-                    lambda q, k, v, m=mask: flex(q, k, v, block_mask=m), (qh, kh, vh, doh)
-                )
+                if flex is not None:
+                    mask = flex_block_mask(layout, n)
+                    flex_graph, flex_eager = timings(
+                        lambda q, k, v, m=mask: flex(q, k, v, block_mask=m), (qh, kh, vh, doh)
+                    )
                 for variant in args.variants:
                     row = dict(
                         variant=variant, seqlen=n, headdim=d, density_pct=100 * layout.density, layout=cfg
                     )
                     row |= ab_point(variant, ours, (q, k, v, do))
-                    row |= dict(flex_graph_ms=flex_graph, flex_eager_ms=flex_eager,
-                                off_vs_flex_graph=flex_graph / row["off_graph_ms"],
-                                on_vs_flex_graph=flex_graph / row["on_graph_ms"])  # fmt: skip
+                    if flex is not None:
+                        row |= dict(flex_graph_ms=flex_graph, flex_eager_ms=flex_eager,
+                                    off_vs_flex_graph=flex_graph / row["off_graph_ms"],
+                                    on_vs_flex_graph=flex_graph / row["on_graph_ms"])  # fmt: skip
                     rows.append(row)
                     print(
                         {k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True

@@ -155,5 +155,5 @@ bs_ab() {  # bs_ab SECONDS NAME OPTION...
 import ast, sys
 keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_speedup_graph', 'off_vs_flex_graph',
         'on_vs_flex_graph')
-[print({k: ast.literal_eval(l)[k] for k in keys}) for l in sys.stdin if l.startswith('{')]"
+[print({k: ast.literal_eval(l).get(k) for k in keys}) for l in sys.stdin if l.startswith('{')]"
 }

@@ -72,3 +72,16 @@ def test_d64_persistent_forward_variant_reaches_the_forwards_choice(monkeypatch)
         ab.VARIANTS["d64_persistent_forward"](on)
         bs.block_sparse_forward_hopper(q, q, q, local_layout(4096, 128, 10), False, 0.1)  # ~17.6 tiles
     assert [c.persistent for c in configs] == [True, False]
+
+
+@pytest.mark.parametrize("seqlen", [4096, 16384])
+@pytest.mark.parametrize("low, high", [(0.0, 0.11), (0.09, 0.11), (0.2, 0.3), (0.5, 0.4)])
+def test_selected_points_keep_the_densities_asked_for(seqlen, low, high):
+    from benchmarks.bench_block_sparse import butterfly_points
+
+    every = butterfly_points(seqlen)
+    picked = ab.selected_points(seqlen, low, high)
+    assert [cfg for cfg, _ in picked] == [cfg for cfg, lay in every if low <= lay.density <= high]
+    assert all(low <= lay.density <= high for _, lay in picked)
+    if low <= high:  # the sweep has a point in each of these ranges
+        assert picked
