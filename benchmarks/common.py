@@ -58,23 +58,13 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> dict:
-    """The device's copy bandwidth: one device-to-device copy of nbytes, median of reps (CUDA events),
-    counted as read + write: {"bytes_moved", "median_ms", "tb_per_s"}. What a memory-bound kernel can
-    reach at best (an H200 gave 4.15 TB/s, results/s60/call1)."""
+def copy_bandwidth(nbytes: int = 1 << 30) -> dict:
+    """The device's copy bandwidth: one device-to-device copy of nbytes (`time_ms`'s median), counted as
+    read + write: {"bytes_moved", "median_ms", "tb_per_s"}. What a memory-bound kernel can reach at best
+    (an H200 gave 4.15 TB/s, results/s60/call1)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    median = statistics.median(times)
+    median = time_ms(lambda: dst.copy_(src))
     return {"bytes_moved": 2 * nbytes, "median_ms": median, "tb_per_s": 2 * nbytes / median / 1e9}
 
 

@@ -225,10 +225,7 @@ def _dq_rows(
     mbarrier.arrive(kv_empty.index(last), count=1)
     # dq through this group's Q buffer (no product reads it any more)
     coord = [off_b, off_h, first_row, 0]
-    if RELEASE:
-        pipeline.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, False)
-    else:
-        pipeline.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, True)
+    pipeline.store_rows((dq * sm_scale).to(q.dtype), q_buf, dq_desc, coord, not RELEASE)
 
 
 @gluon.jit
