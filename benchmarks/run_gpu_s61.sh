@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 61). Each part is what one call ran; the outputs are in
+# benchmarks/results/s61/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s61.sh 1   # block-sparse producers loading list entries a step ahead (the dK/dV
+#       kernel's also its rows' lse and delta after the step's TMA; `LIST_PREFETCH`), each against the order in
+#       use, fwd+bwd (ab_block_sparse.py) at n4k d64 and d128 up to 25%; then the Hopper block-sparse GPU tests
+#       (prefetch on) and the Hopper forward's GPU tests (the code moved to `_hopper_pipeline.py` in session 60)
+#   bash benchmarks/run_gpu_s61.sh 2   # the Hopper backward's GPU test files (dq and dK/dV, one-kernel
+#       backward: moved in session 60), then the issue's block-sparse benchmark at n4k
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+T=tests/kernels
+case "$1" in
+2)
+  timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_flash_bwd_fused_hopper.py \
+    --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests_bwd.log" 2>&1
+  tail -n 3 "$R/gpu_tests_bwd.log"
+  timeout 230 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
+    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
+  ;;
+1)
+  bs_ab 230 list_prefetch_n4k --variants dkdv_list_prefetch kv_list_prefetch --seqlens 4096 --headdims 64 128 \
+    --max-density 0.25
+  timeout -s INT 150 python -m pytest -q -n 5 -m gpu -rf $T/test_block_sparse_hopper.py > "$R/gpu_tests_bs.log" 2>&1
+  tail -n 3 "$R/gpu_tests_bs.log"
+  timeout -s INT 170 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_fwd_hopper.py > "$R/gpu_tests_fwd.log" 2>&1
+  tail -n 3 "$R/gpu_tests_fwd.log"
+  ;;
+esac
