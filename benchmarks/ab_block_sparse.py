@@ -25,8 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_block_sparse import butterfly_points, flex_block_mask, flex_fn, graph_timed, timed  # noqa: E402
 from benchmarks.common import markdown_table, write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
-from kernels import _flash_dkdv_hopper as dkdv_hopper  # noqa: E402
-from kernels import _hopper_pipeline as pipeline  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 
 
@@ -74,29 +72,8 @@ def _persistent_forward_turns(on: bool) -> None:
         bs.PERSISTENT_FORWARD[d] = (dataclasses.replace(cfg, pingpong=on), up_to)
 
 
-def _dkdv_list_prefetch(on: bool) -> None:
-    """The dK/dV kernel's producer loads each step's list entry a step ahead and the rows' lse and delta
-    after the step's TMA (on), or entry, statistics, then TMA (off): `_flash_dkdv_hopper.LIST_PREFETCH`."""
-    dkdv_hopper.LIST_PREFETCH = on
-
-
-def _kv_list_prefetch(on: bool) -> None:
-    """The forward's and dq kernel's producers load each step's list entry a step ahead (on) or at the top
-    of the step (off): `_hopper_pipeline.LIST_PREFETCH`."""
-    pipeline.LIST_PREFETCH = on
-
-
-def _list_prefetch(on: bool) -> None:
-    """Both of the above."""
-    _dkdv_list_prefetch(on)
-    _kv_list_prefetch(on)
-
-
 # name: set(on), for routes read at every call
 VARIANTS = {
-    "dkdv_list_prefetch": _dkdv_list_prefetch,
-    "kv_list_prefetch": _kv_list_prefetch,
-    "list_prefetch": _list_prefetch,
     "persistent_dq": _persistent_dq,
     "d128_persistent_dq": _d128_persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
@@ -110,12 +87,11 @@ VARIANTS = {
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
-            dict(bs.CONFIGS), dkdv_hopper.LIST_PREFETCH, pipeline.LIST_PREFETCH)  # fmt: skip
+            dict(bs.CONFIGS))  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
-    (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
-     dkdv_hopper.LIST_PREFETCH, pipeline.LIST_PREFETCH) = state  # fmt: skip
+    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS = state
 
 
 def _outputs(fn, args) -> list:

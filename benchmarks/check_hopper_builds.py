@@ -163,8 +163,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
-        if sparse:  # (the producers' list entries a step ahead, `LIST_PREFETCH`)
-            meta["LIST_PREFETCH"] = (dkdv_hopper if kernel == "dkdv" else pipeline).LIST_PREFETCH
         if kernel.startswith("fused"):
             del meta["SPARSE"]
             meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")

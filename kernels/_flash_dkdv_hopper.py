@@ -60,7 +60,7 @@ def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
     qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
     qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, HOT_FIRST: gl.constexpr = 0,
-    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False, LIST_PREFETCH: gl.constexpr = False,
+    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
@@ -81,10 +81,7 @@ def _producer(
             tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
     stats = (LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale)
     it = 0  # (a variable: a literal 0 would be passed as a constant, and the loop changes it)
-    if SPARSE and LIST_PREFETCH:
-        _stream_listed_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats,
-                           off_b, off_hk, group, it, hi, tiles, PART)  # fmt: skip
-    elif SPARSE:
+    if SPARSE:
         _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
                     off_hk, group, it, 0, hi, tiles, SPARSE, PART)  # fmt: skip
     elif ORDERED:
@@ -147,63 +144,6 @@ def _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_read
         mbarrier.arrive(bar, count=1)
         it += 1
     return it
-
-
-@gluon.jit
-def _stream_listed_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
-                       off_hk, group, it, count, tiles, PART: gl.constexpr):  # fmt: skip
-    """`_stream_qdo` over a block-sparse list (entries 0 .. count - 1 of tiles: head << 16 | tile), each
-    step's entry loaded a step ahead and its rows' lse and delta after its TMA is issued: a step's TMA
-    then waits for its stage alone, where `_stream_qdo`'s waits for two round trips to global memory
-    first (the entry, then the rows it names). Lists of a few steps (n4k) are where those trips are not
-    hidden under the stage's wait (LIST_PREFETCH). (Loading the rows' statistics a step ahead as well,
-    carried in registers, compiled to their loads at the top of the next step, the transform right
-    after them and before the TMA: SASS, sm_90, session 61.)"""
-    STAGES: gl.constexpr = q_smem.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.shape[3]
-    qk_scale = stats[5]
-    entry = gl.load(tiles, mask=count > 0, other=0)
-    for j in range(count):
-        stage = it % STAGES
-        # (the last step reloads its own entry: a masked load of tiles + j + 1 had the compiler keep
-        # tiles + 1 from the kernel's start, which the producer's 24 registers spilled)
-        next_entry = gl.load(tiles + gl.minimum(j + 1, count - 1))
-        # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
-        mbarrier.wait(qdo_empty.index(stage), ((it // STAGES) & 1) ^ 1)
-        bar = qdo_ready.index(stage)
-        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        coord = [off_b, off_hk * group + (entry >> 16), (entry & 0xFFFF) * BLOCK_M, 0]
-        tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(stage))
-        tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(stage))
-        lse, delta = _listed_stats(stats, off_hk, group, entry, BLOCK_M, PART)
-        # natural log to base 2, and -inf (a query that saw no key) to 0, as in `_stream_qdo`
-        lse = lse * 1.4426950408889634  # log2(e)
-        lse = gl.where(lse == float("-inf"), 0.0, lse)
-        lse_smem.index(stage).store(0.0 - lse / qk_scale)
-        if PART != 1:
-            delta_smem.index(stage).store(0.0 - delta)
-        gl.thread_barrier()  # every lane's rows are stored before the (one-thread) arrive releases them
-        mbarrier.arrive(bar, count=1)
-        entry = next_entry
-        it += 1
-    return it
-
-
-@gluon.jit
-def _listed_stats(stats, off_hk, group, entry, BLOCK_M: gl.constexpr, PART: gl.constexpr):
-    """(lse, delta) as stored, natural-log lse, of the rows of list entry `entry` (0 for queries past the
-    sequence); the dV pass loads no delta (lse stands in)."""
-    LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale = stats
-    row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    rows = (entry & 0xFFFF) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-    row0 = lse_row0 + (off_hk * group + (entry >> 16)) * stride_lh
-    in_seq = rows < seqlen_q
-    lse = gl.load(LSE + row0 + rows, mask=in_seq, other=0.0)
-    if PART != 1:
-        delta = gl.load(DELTA + row0 + rows, mask=in_seq, other=0.0)
-    else:
-        delta = lse
-    return lse, delta
 
 
 @gluon.jit
@@ -559,7 +499,7 @@ def _attn_bwd_dkdv_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0, LIST_PREFETCH: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
@@ -599,7 +539,7 @@ def _attn_bwd_dkdv_hopper(
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                          off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
-                         PART, 0, False, 0, False, LIST_PREFETCH)),
+                         PART)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -610,7 +550,7 @@ def _attn_bwd_dkdv_hopper(
 def _persistent_producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
     qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS,
-    lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch, LIST_PREFETCH: gl.constexpr = False,
+    lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch,
 ):  # fmt: skip
     """One warp: per work item (`_producer`'s program), each consumer's K and V rows into the item's
     buffers, once the consumers have stored the item two before through them, then the Q and dO tiles
@@ -628,12 +568,8 @@ def _persistent_producer(
             k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
         )
         stats = (LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh, seqlen_q, qk_scale)
-        if LIST_PREFETCH:
-            it = _stream_listed_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty,
-                                    stats, off_b, off_hk, group, it, hi, tiles, 0)  # fmt: skip
-        else:
-            it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats,
-                             off_b, off_hk, group, it, 0, hi, tiles, True, 0)  # fmt: skip
+        it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
+                         off_hk, group, it, 0, hi, tiles, True, 0)  # fmt: skip
 
 
 @gluon.jit
@@ -691,7 +627,7 @@ def _attn_bwd_dkdv_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_key_tiles, nheads_kv, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0, LIST_PREFETCH: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
 ):  # fmt: skip
     """`_attn_bwd_dkdv_hopper` for block-sparse calls (SPARSE, PART 0) on a 1-D grid of at most one
     program per SM, each walking its share of the (n_key_tiles, nheads_kv, n_batch) grid's work items
@@ -722,7 +658,7 @@ def _attn_bwd_dkdv_hopper_persistent(
             (_persistent_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                                     delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, LSE, DELTA, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS, lay_heads,
-                                    n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch, LIST_PREFETCH)),
+                                    n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -766,11 +702,6 @@ CONFIGS = {
     256: HopperDkdvConfig(block_m=32, block_n=64, consumers=2, stages=2, consumer_regs=240, producer_regs=32,
                           dv_block_m=64, dv_stages=2),
 }  # fmt: skip
-
-# Block-sparse calls: the producer loads each step's list entry a step ahead and its rows' lse and delta
-# after issuing its TMA (`_stream_listed_qdo`); False: the entry, the statistics, then the TMA, as dense
-# calls (`_stream_qdo`). (A/B, session 61)
-LIST_PREFETCH = True
 
 # FLASHTRAIN_HOPPER_DKDV=0 sends every backward to the portable dK/dV kernel (A/B measurements)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
@@ -839,8 +770,7 @@ def flash_attn_dkdv_hopper(
              (dv, cfg.block_n)),
             args,
             dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part,
-                 LIST_PREFETCH=LIST_PREFETCH and lists is not None, num_warps=4),
+                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4),
             views,
         )  # fmt: skip
     return dk, dv

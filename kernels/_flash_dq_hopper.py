@@ -61,7 +61,6 @@ from ._launch import CompiledLaunch
 def _producer(
     q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready, v_ready, kv_empty,
     off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE: gl.constexpr,
-    LIST_PREFETCH: gl.constexpr = False,
 ):  # fmt: skip
     """One warp: each consumer's Q and dO rows once, then the key tiles' K and V into the ring."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
@@ -73,9 +72,8 @@ def _producer(
         tma.async_copy_global_to_shared(q_desc, coord, bar, q_smem.index(c))
         tma.async_copy_global_to_shared(do_desc, coord, bar, do_smem.index(c))
     stream_kv(
-        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, 0, SPARSE,
-        LIST_PREFETCH,
-    )  # fmt: skip
+        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, 0, SPARSE
+    )
 
 
 @gluon.jit
@@ -236,7 +234,7 @@ def _attn_bwd_dq_hopper(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, LIST_PREFETCH: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """Descriptors as in `_attn_fwd_hopper` (4-D (batch, heads, seqlen, headdim) views; q's, do's and
     dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
@@ -269,7 +267,7 @@ def _attn_bwd_dq_hopper(
                          DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, off_b, off_h, m0, n_kv,
                          tiles, n_masked, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, SPARSE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, k_ready,
-                         v_ready, kv_empty, off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE, LIST_PREFETCH)),
+                         v_ready, kv_empty, off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -315,7 +313,7 @@ def _attn_bwd_dq_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, LIST_PREFETCH: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
 ):  # fmt: skip
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`_hopper_pipeline.my_items`), with two sets
@@ -340,7 +338,7 @@ def _attn_bwd_dq_hopper_persistent(
             (pipeline.persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                                               qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k,
                                               group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-                                              n_row_tiles, nheads, n_batch, CAUSAL, SPARSE, True, LIST_PREFETCH)),
+                                              n_row_tiles, nheads, n_batch, CAUSAL, SPARSE, True)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -415,8 +413,7 @@ def flash_attn_dq_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None,
-        LIST_PREFETCH=pipeline.LIST_PREFETCH and lists is not None, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

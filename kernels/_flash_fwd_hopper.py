@@ -41,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from . import _hopper_pipeline as pipeline
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -71,7 +70,6 @@ from ._launch import CompiledLaunch
 def _producer(
     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
     off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE: gl.constexpr,
-    LIST_PREFETCH: gl.constexpr = False,
 ):  # fmt: skip
     """One warp: each consumer's Q rows once, then the key tiles' K and V into the stage ring."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0]
@@ -82,9 +80,8 @@ def _producer(
             q_desc, [off_b, off_h, m0 + c * BLOCK_M, 0], q_ready.index(c), q_smem.index(c)
         )
     stream_kv(
-        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, 0, SPARSE,
-        LIST_PREFETCH,
-    )  # fmt: skip
+        k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, 0, SPARSE
+    )
 
 
 @gluon.jit
@@ -343,7 +340,6 @@ def _attn_fwd_hopper(
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, V_STAGES: gl.constexpr = 0, PINGPONG: gl.constexpr = False,
-    LIST_PREFETCH: gl.constexpr = False,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views; q's and o's blocks are (1, 1, BLOCK_M,
     HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM). A program covers NUM_CONSUMERS * BLOCK_M rows.
@@ -376,7 +372,7 @@ def _attn_fwd_hopper(
                          m0, n_kv, tiles, n_masked, seqlen_q, seqlen_k, qk_scale, stride_lb, stride_lh, 1, CAUSAL,
                          SPARSE, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
-                         off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE, LIST_PREFETCH)),
+                         off_b, off_h, off_hk, m0, n_kv, tiles, SPARSE)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -440,7 +436,6 @@ def _attn_fwd_hopper_persistent(
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr = False,
-    LIST_PREFETCH: gl.constexpr = False,
 ):  # fmt: skip
     """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
@@ -462,7 +457,7 @@ def _attn_fwd_hopper_persistent(
             (persistent_producer, (q_desc, q_desc, k_desc, v_desc, q_smem, no_do, k_smem, v_smem, q_ready, q_empty,
                                    k_ready, v_ready, kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS,
                                    lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, CAUSAL, SPARSE,
-                                   False, LIST_PREFETCH)),
+                                   False)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -651,8 +646,7 @@ def flash_attn_forward_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PINGPONG=cfg.pingpong,
-        LIST_PREFETCH=pipeline.LIST_PREFETCH and lists is not None, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PINGPONG=cfg.pingpong, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

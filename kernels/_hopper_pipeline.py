@@ -26,10 +26,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ._common import sched_slots_for, tile_ids, tile_program_ids
 from ._launch import tma_view
 
-# Block-sparse calls: the forward's and dq kernel's producers load each step's list entry a step ahead
-# (`stream_kv`); False: at the top of its step, under the stage's wait only. (A/B, session 61)
-LIST_PREFETCH = True
-
 # ---------------------------------------------------------------------------------------------------
 # shared memory rings fed by TMA, and the rows' stores
 # ---------------------------------------------------------------------------------------------------
@@ -120,26 +116,18 @@ def key_tile(tiles, i, n_kv, SPARSE: gl.constexpr):
 
 @gluon.jit
 def stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0,
-              SPARSE: gl.constexpr, LIST_PREFETCH: gl.constexpr = False):  # fmt: skip
+              SPARSE: gl.constexpr):  # fmt: skip
     """The K and V tiles of steps 0 .. n_kv - 1 (`key_tile`) of one key head into the ring of stages
     (the producer's loop; the Hopper dq kernel streams K and V the same way). ring0: the ring position
     of step 0 (0 for a program's only rows; a persistent program's later rows go on where the last
-    ones ended, so every stage's barrier phases stay in step). LIST_PREFETCH (block-sparse): each step's
-    list entry loaded a step ahead, so its TMA waits for its stage alone (`LIST_PREFETCH`)."""
+    ones ended, so every stage's barrier phases stay in step)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     V_STAGES: gl.constexpr = v_smem.shape[0]
     SPLIT: gl.constexpr = kv_empty.shape[0] != STAGES  # (`kv_ring` with V_STAGES)
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    if LIST_PREFETCH:
-        tile = gl.load(tiles, mask=n_kv > 0, other=0)
     for i in range(n_kv):
         stage = (ring0 + i) % STAGES
-        if LIST_PREFETCH:
-            start_n = tile * BLOCK_N
-            # (the last step reloads its own entry: see `_flash_dkdv_hopper._stream_listed_qdo`)
-            tile = gl.load(tiles + gl.minimum(i + 1, n_kv - 1))
-        else:
-            start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N  # (a listed tile's load overlaps the wait)
+        start_n = key_tile(tiles, i, n_kv, SPARSE) * BLOCK_N  # (a listed tile's load overlaps the wait)
         # a stage's first use passes at once: a fresh mbarrier counts as having completed phase 1
         mbarrier.wait(kv_empty.index(stage), (((ring0 + i) // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
@@ -160,7 +148,6 @@ def persistent_producer(
     q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
     kv_empty, seqlen_q, seqlen_k, group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, WITH_DO: gl.constexpr,
-    LIST_PREFETCH: gl.constexpr = False,
 ):  # fmt: skip
     """One warp: per work item, each consumer's Q rows, and with WITH_DO (the Hopper dq kernel) its dO
     rows beside them on the same barrier, into the item's buffers (once the consumers have let the item
@@ -178,8 +165,7 @@ def persistent_producer(
         )  # fmt: skip
         load_item_rows(q_desc, do_desc, q_smem, do_smem, q_ready, q_empty, j, off_b, off_h, m0, WITH_DO)
         stream_kv(
-            k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE,
-            LIST_PREFETCH,
+            k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, off_b, off_hk, n_kv, tiles, ring0, SPARSE
         )  # fmt: skip
         ring0 += n_kv
 
