@@ -7,11 +7,20 @@
 #       (prefetch on) and the Hopper forward's GPU tests (the code moved to `_hopper_pipeline.py` in session 60)
 #   bash benchmarks/run_gpu_s61.sh 2   # the Hopper backward's GPU test files (dq and dK/dV, one-kernel
 #       backward: moved in session 60), then the issue's block-sparse benchmark at n4k
+#   (calls 1 and 2 ran at commit c609582, where LIST_PREFETCH and the A/B variants exist; call 2 with both knobs set
+#   False first, `sed -i 's/^LIST_PREFETCH = True/LIST_PREFETCH = False/' kernels/_flash_dkdv_hopper.py
+#   kernels/_hopper_pipeline.py`: the code main has, the prefetch reverted after call 1)
+#   bash benchmarks/run_gpu_s61.sh 3   # the issue's block-sparse benchmark at n16k (d128, d64) on main: session 60
+#       read d128 10% at 1.248x Flex (1.27-1.30 in sessions 39-50)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels
 case "$1" in
+3)
+  timeout 520 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
+    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|"
+  ;;
 2)
   timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_flash_bwd_fused_hopper.py \
     --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests_bwd.log" 2>&1
