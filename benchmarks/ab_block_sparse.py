@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_block_sparse import butterfly_points, flex_block_mask, flex_fn, graph_timed, timed  # noqa: E402
 from benchmarks.common import markdown_table, write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
+from kernels import _flash_dkdv_hopper as dkdv_hopper  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 
 
@@ -72,8 +73,20 @@ def _persistent_forward_turns(on: bool) -> None:
         bs.PERSISTENT_FORWARD[d] = (dataclasses.replace(cfg, pingpong=on), up_to)
 
 
+def _d64_dkdv_128_query_steps(on: bool) -> None:
+    """On: the d64 dK/dV kernel (grid and persistent) on the dense path's 128-query steps, two stages
+    (`_flash_dkdv_hopper.CONFIGS[64]`); off: 64-query steps, four stages (`bs.CONFIGS`' own)."""
+    steps = dkdv_hopper.CONFIGS[64] if on else BS_D64_DKDV
+    fwd, dq, _ = bs.CONFIGS[64]
+    bs.CONFIGS[64] = (fwd, dq, steps)
+    bs.PERSISTENT_DKDV[64] = (dataclasses.replace(steps, persistent=True), bs.PERSISTENT_DKDV[64][1])
+
+
+BS_D64_DKDV = bs.CONFIGS[64][2]
+
 # name: set(on), for routes read at every call
 VARIANTS = {
+    "d64_dkdv_128_query_steps": _d64_dkdv_128_query_steps,
     "persistent_dq": _persistent_dq,
     "d128_persistent_dq": _d128_persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,

@@ -12,11 +12,19 @@
 #   kernels/_hopper_pipeline.py`: the code main has, the prefetch reverted after call 1)
 #   bash benchmarks/run_gpu_s61.sh 3   # the issue's block-sparse benchmark at n16k (d128, d64) on main: session 60
 #       read d128 10% at 1.248x Flex (1.27-1.30 in sessions 39-50)
+#   bash benchmarks/run_gpu_s61.sh 4   # block-sparse d64's dK/dV kernel on the dense path's 128-query steps (two
+#       stages) against its 64-query steps (four stages), which were never timed on tile lists: fwd+bwd
+#       (ab_block_sparse.py) at n4k to 50%, then n16k 5-25% without Flex
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels
 case "$1" in
+4)
+  bs_ab 170 d64_dkdv_steps_n4k --variants d64_dkdv_128_query_steps --seqlens 4096 --headdims 64 --max-density 0.5
+  bs_ab 250 d64_dkdv_steps_n16k --variants d64_dkdv_128_query_steps --seqlens 16384 --headdims 64 \
+    --min-density 0.05 --max-density 0.26 --no-flex
+  ;;
 3)
   timeout 520 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
     --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|"
