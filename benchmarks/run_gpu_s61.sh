@@ -14,12 +14,26 @@
 #       read d128 10% at 1.248x Flex (1.27-1.30 in sessions 39-50)
 #   bash benchmarks/run_gpu_s61.sh 4   # block-sparse d64's dK/dV kernel on the dense path's 128-query steps (two
 #       stages) against its 64-query steps (four stages), which were never timed on tile lists: fwd+bwd
-#       (ab_block_sparse.py) at n4k to 50%, then n16k 5-25% without Flex
+#       (ab_block_sparse.py) at n4k to 50%, then n16k 5-25% without Flex (calls 4 and 5: the same part twice)
+# Call 6 (from commit 1b7c1c4 with kernels/_block_sparse_hopper.py's PERSISTENT_DKDV[64] set to
+# `dataclasses.replace(dkdv_hopper.CONFIGS[64], persistent=True)`, as main has it since):
+#   source benchmarks/gpu_call.sh; timeout -s INT 200 python -m pytest -q -n 5 -m gpu -rf \
+#     tests/kernels/test_block_sparse_hopper.py > "$R/gpu_tests_bs.log" 2>&1
+#   bs_ab 100 d64_dkdv_steps_n4k_third --variants d64_dkdv_128_query_steps --seqlens 4096 --headdims 64 \
+#     --max-density 0.3 --no-flex
+#   (the A/B's files were written as ab_bs_d64_dkdv_steps_n4k_causal.*, renamed: its layouts are not causal; the
+#   tail of its output kept the last three points, the .md has all five)
+#   bash benchmarks/run_gpu_s61.sh 7   # the issue's block-sparse benchmark at n4k d64 on main, its persistent dK/dV
+#       kernel on 128-query steps
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels
 case "$1" in
+7)
+  timeout 200 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 64 \
+    --out "$R/block_sparse_n4k_d64.json" 2>&1 | quiet | grep "^|"
+  ;;
 4)
   bs_ab 170 d64_dkdv_steps_n4k --variants d64_dkdv_128_query_steps --seqlens 4096 --headdims 64 --max-density 0.5
   bs_ab 250 d64_dkdv_steps_n16k --variants d64_dkdv_128_query_steps --seqlens 16384 --headdims 64 \

@@ -111,8 +111,13 @@ PERSISTENT_DQ = {
 # equal to the grid kernel in 54 checks (results/s37/call1/). Block-sparse fwd+bwd off / on, alternating
 # in one process (ab_block_sparse.py, results/s37/call2/ and call3/), from graphs: d128 1.06-1.10x at
 # 2-6 tiles, 0.99-1.04x from 12 on; d64 1.06-1.16x at 1-6, 1.01-1.06x at 8-16, 0.95-0.97x at 32-58.
+# d64's walks the dense path's 128-query steps on two stages, not the grid kernel's 64-query steps on four
+# (half the steps a list, each twice as long): fwd+bwd from graphs, three alternating runs at n4k
+# (results/s61/call4-6/), 64- / 128-query steps: 1.017-1.027x at 9-49% density, 1.003-1.009x at 6.25%,
+# 0.985-0.994x at 3%; n16k 6-10% 1.003-1.021x (two runs). (The grid kernel on them at n16k 25%: 0.997x
+# and 1.021x, and its causal build spills at two stages: it keeps 64.)
 PERSISTENT_DKDV = {
-    64: (dataclasses.replace(CONFIGS[64][2], persistent=True), 16),
+    64: (dataclasses.replace(dkdv_hopper.CONFIGS[64], persistent=True), 16),
     128: (dataclasses.replace(CONFIGS[128][2], persistent=True), 6),
 }
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)

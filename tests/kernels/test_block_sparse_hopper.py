@@ -160,18 +160,25 @@ def test_backward_takes_the_persistent_dkdv_kernel_where_lists_are_short(
 ):
     """PERSISTENT_DKDV: d128 up to 6 of the dq kernel's 64-key tiles a program on average (one block each
     side at n4k: 5.9 tiles; two: 9.6), d64 up to 16 of its 128-key tiles (a band of 7
-    blocks each side: 13.25, of 10: 17.6)."""
-    configs = []
+    blocks each side: 13.25, of 10: 17.6). d64's persistent variant steps over 128 queries, the grid
+    kernel over 64: the query-tile lists are built for the config taken."""
+    calls = []
     monkeypatch.setattr(bs_hopper.dq_hopper, "flash_attn_dq_hopper", lambda *a, **kw: None)
     monkeypatch.setattr(
-        bs_hopper.dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, config, **kw: configs.append(config)
+        bs_hopper.dkdv_hopper,
+        "flash_attn_dkdv_hopper",
+        lambda *a, config, lists, **kw: calls.append((config, lists)),
     )
     q = torch.randn(1, 4096, 2, headdim, dtype=BF16)
     layout = local_layout(4096, 128, local_blocks)
     bs_hopper.block_sparse_backward_hopper(q, q, q, q, q, torch.zeros(1, 2, 4096), layout, False, 0.1)
-    (config,) = configs
+    ((config, (tiles, counts)),) = calls
     assert config.persistent == persistent
-    assert config.block_m == bs_hopper.CONFIGS[headdim][2].block_m  # (the lists are built for it)
+    expected = bs_hopper.PERSISTENT_DKDV if persistent else {d: (c[2],) for d, c in bs_hopper.CONFIGS.items()}
+    assert config == expected[headdim][0]
+    # one list per 128 keys (the program's), each entry a query tile of config.block_m rows
+    assert tiles.shape[1] == 4096 // 128 and tiles.shape[2] == 4096 // config.block_m
+    assert int(counts[..., 0].max()) <= tiles.shape[2]
 
 
 @pytest.mark.parametrize(
