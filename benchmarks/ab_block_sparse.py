@@ -74,8 +74,9 @@ def _persistent_forward_turns(on: bool) -> None:
 
 
 def _d64_dkdv_128_query_steps(on: bool) -> None:
-    """On: the d64 dK/dV kernel (grid and persistent) on the dense path's 128-query steps, two stages
-    (`_flash_dkdv_hopper.CONFIGS[64]`); off: 64-query steps, four stages (`bs.CONFIGS`' own)."""
+    """On: the d64 dK/dV kernel, grid and persistent, on the dense path's 128-query steps, two stages
+    (`_flash_dkdv_hopper.CONFIGS[64]`); off: both on the grid kernel's 64-query steps, four stages (the
+    routes before session 61, which kept 128 for the persistent variant alone)."""
     steps = dkdv_hopper.CONFIGS[64] if on else BS_D64_DKDV
     fwd, dq, _ = bs.CONFIGS[64]
     bs.CONFIGS[64] = (fwd, dq, steps)
