@@ -109,6 +109,19 @@ ncu_backward() {
 [print(r['Kernel Name'][:24], r['Metric Name'], r['Metric Value']) for r in rows]" "$R/ncu_$1_$2.csv"
   done
 }
+# Nsight Compute's speed of light (duration, compute and memory throughput as % of peak) of each kernel of one
+# block-sparse fwd+bwd per run "NAME SEQLEN HEADDIM IMPL" (IMPL bs:F:L or flexbs:F:L, ncu_attention.py):
+# $R/ncu_bs_NAME.csv, the rows printed
+ncu_block_sparse() {
+  for run in "$@"; do
+    set -- $run
+    timeout 150 ncu --profile-from-start off --section SpeedOfLight --csv python benchmarks/ncu_attention.py \
+      --impl $4 --seqlen $2 --headdim $3 > "$R/ncu_bs_$1.csv" 2> "$R/ncu_bs_$1.err"
+    echo "$1 exit $?"
+    python -c "import csv, sys; rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('\"'));
+[print(r['Kernel Name'][:28], r['Metric Name'], r['Metric Value'], r['Metric Unit']) for r in rows]" "$R/ncu_bs_$1.csv"
+  done
+}
 # bench_train.py (its options follow SECONDS) with the ordered one-kernel backward at head dim 64 as well
 # (CONFIGS[64] = 64-query steps on two stages, as commit 9f3d075 had it), killed after SECONDS
 d64_on() {  # d64_on SECONDS OPTION...: the ordered one-kernel backward at head dim 64, then bench_train.py here

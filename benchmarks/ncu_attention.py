@@ -5,6 +5,9 @@ cudaProfilerStart and Stop, after warm-up calls (compiles, autotuning), so run n
 
     ncu --profile-from-start off --set full -o bwd python benchmarks/ncu_attention.py --impl triton \\
         --seqlen 16384 --headdim 128 --causal full
+
+Block-sparse impls (`bs:F:L` ours, `flexbs:F:L` FlexAttention: a butterfly layout on 128-blocks, as in
+profile_attention.py) run the block-sparse benchmark's shape, batch 1 and 16 heads.
 """
 
 from __future__ import annotations
@@ -18,6 +21,17 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import issue_shape, make_impl, native_shape  # noqa: E402
+from benchmarks.profile_attention import block_sparse_impl  # noqa: E402
+
+BLOCK_SPARSE_HEADS = 16  # bench_block_sparse.py's shape: batch 1, 16 heads
+
+
+def batch_and_heads(impl: str, seqlen: int, headdim: int) -> tuple[int, int]:
+    """(batch, nheads) of the profiled call: the attention benchmark's (16k tokens, 2048 wide) for dense
+    impls, the block-sparse benchmark's for `bs:`/`flexbs:` ones."""
+    if ":" in impl:
+        return 1, BLOCK_SPARSE_HEADS
+    return issue_shape(seqlen, headdim)
 
 
 def main() -> None:
@@ -37,11 +51,11 @@ def main() -> None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_CONVOY_MAX_SEQLEN = args.causal_convoy_upto
     if not torch.cuda.is_available():
         raise SystemExit("ncu_attention needs a CUDA device")
-    (batch, nheads), causal = issue_shape(args.seqlen, args.headdim), args.causal == "causal"
+    (batch, nheads), causal = batch_and_heads(args.impl, args.seqlen, args.headdim), args.causal == "causal"
     shape = native_shape(args.impl, batch, args.seqlen, nheads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    attend = make_impl(args.impl)
+    attend = block_sparse_impl(args.impl, args.seqlen, causal) if ":" in args.impl else make_impl(args.impl)
 
     def fwdbwd():
         return torch.autograd.grad(attend(q, k, v, causal), (q, k, v), do)
