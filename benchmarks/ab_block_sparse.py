@@ -83,11 +83,21 @@ def _d64_dkdv_128_query_steps(on: bool) -> None:
     bs.PERSISTENT_DKDV[64] = (dataclasses.replace(steps, persistent=True), bs.PERSISTENT_DKDV[64][1])
 
 
+def _d64_grid_dkdv_128_query_steps(on: bool) -> None:
+    """On: the d64 grid dK/dV kernel (long lists; the persistent variant takes 128-query steps already)
+    on 128-query steps with three stages (at two its causal build spills in its loops); off: 64-query
+    steps, four stages."""
+    steps = dataclasses.replace(dkdv_hopper.CONFIGS[64], stages=3) if on else BS_D64_DKDV
+    fwd, dq, _ = bs.CONFIGS[64]
+    bs.CONFIGS[64] = (fwd, dq, steps)
+
+
 BS_D64_DKDV = bs.CONFIGS[64][2]
 
 # name: set(on), for routes read at every call
 VARIANTS = {
     "d64_dkdv_128_query_steps": _d64_dkdv_128_query_steps,
+    "d64_grid_dkdv_128_query_steps": _d64_grid_dkdv_128_query_steps,
     "persistent_dq": _persistent_dq,
     "d128_persistent_dq": _d128_persistent_dq,
     "d64_persistent_forward": _d64_persistent_forward,
