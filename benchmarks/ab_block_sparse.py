@@ -73,26 +73,32 @@ def _persistent_forward_turns(on: bool) -> None:
         bs.PERSISTENT_FORWARD[d] = (dataclasses.replace(cfg, pingpong=on), up_to)
 
 
+BS_D64_DKDV = bs.CONFIGS[64][2]  # (block-sparse d64's grid dK/dV config, 64-query steps)
+
+
 def _d64_dkdv_128_query_steps(on: bool) -> None:
     """On: the d64 dK/dV kernel, grid and persistent, on the dense path's 128-query steps, two stages
     (`_flash_dkdv_hopper.CONFIGS[64]`); off: both on the grid kernel's 64-query steps, four stages (the
     routes before session 61, which kept 128 for the persistent variant alone)."""
     steps = dkdv_hopper.CONFIGS[64] if on else BS_D64_DKDV
-    fwd, dq, _ = bs.CONFIGS[64]
-    bs.CONFIGS[64] = (fwd, dq, steps)
-    bs.PERSISTENT_DKDV[64] = (dataclasses.replace(steps, persistent=True), bs.PERSISTENT_DKDV[64][1])
+    _set_d64_dkdv(steps, persistent=steps)
 
 
 def _d64_grid_dkdv_128_query_steps(on: bool) -> None:
     """On: the d64 grid dK/dV kernel (long lists; the persistent variant takes 128-query steps already)
     on 128-query steps with three stages (at two its causal build spills in its loops); off: 64-query
     steps, four stages."""
-    steps = dataclasses.replace(dkdv_hopper.CONFIGS[64], stages=3) if on else BS_D64_DKDV
+    _set_d64_dkdv(dataclasses.replace(dkdv_hopper.CONFIGS[64], stages=3) if on else BS_D64_DKDV)
+
+
+def _set_d64_dkdv(grid, persistent=None) -> None:
+    """The d64 dK/dV kernel's config for long lists (`bs.CONFIGS`), and with persistent that of its
+    persistent variant (`bs.PERSISTENT_DKDV`, its list-length rule kept)."""
     fwd, dq, _ = bs.CONFIGS[64]
-    bs.CONFIGS[64] = (fwd, dq, steps)
+    bs.CONFIGS[64] = (fwd, dq, grid)
+    if persistent is not None:
+        bs.PERSISTENT_DKDV[64] = (dataclasses.replace(persistent, persistent=True), bs.PERSISTENT_DKDV[64][1])
 
-
-BS_D64_DKDV = bs.CONFIGS[64][2]
 
 # name: set(on), for routes read at every call
 VARIANTS = {

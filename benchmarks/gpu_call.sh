@@ -94,6 +94,9 @@ ordered_ab() {  # ordered_ab CAUSAL_JSON FULL_JSON CAUSAL_SECONDS FULL_SECONDS "
   timeout -s KILL "$full_secs" python benchmarks/ab_fused_bwd.py --ordered "$@" --seqlens $full_seqlens --rounds 5 \
     --out "$R/$full_json" 2>&1 | quiet
 }
+# The metric rows of an `ncu --csv` output file (its lines that start with a quote): kernel, metric, value, unit
+ncu_rows() { python -c "import csv, sys; rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('\"'));
+[print(r['Kernel Name'][:28], r['Metric Name'], r['Metric Value'], r['Metric Unit']) for r in rows]" "$1"; }
 # Nsight Compute's time, L2 hit rate and DRAM bytes of the backward kernels of one d128 fwd+bwd per run "NAME
 # SEQLEN IMPL CAUSAL" (NAME two_kernels*: FLASHTRAIN_ORDERED_BWD=0), the causal convoy's limit lifted to 64k:
 # $R/ncu_NAME_SEQLEN.csv, the metrics printed
@@ -105,8 +108,7 @@ ncu_backward() {
       -k regex:attn_bwd --metrics $metrics --csv python benchmarks/ncu_attention.py --impl $3 --seqlen $2 \
       --headdim 128 --causal $4 --causal-convoy-upto 65536 > "$R/ncu_$1_$2.csv" 2> "$R/ncu_$1_$2.err"
     echo "$1 $2 exit $?"
-    python -c "import csv, sys; rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('\"'));
-[print(r['Kernel Name'][:24], r['Metric Name'], r['Metric Value']) for r in rows]" "$R/ncu_$1_$2.csv"
+    ncu_rows "$R/ncu_$1_$2.csv"
   done
 }
 # Nsight Compute's speed of light (duration, compute and memory throughput as % of peak) of each kernel of one
@@ -118,8 +120,7 @@ ncu_block_sparse() {
     timeout 150 ncu --profile-from-start off --section SpeedOfLight --csv python benchmarks/ncu_attention.py \
       --impl $4 --seqlen $2 --headdim $3 > "$R/ncu_bs_$1.csv" 2> "$R/ncu_bs_$1.err"
     echo "$1 exit $?"
-    python -c "import csv, sys; rows = csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('\"'));
-[print(r['Kernel Name'][:28], r['Metric Name'], r['Metric Value'], r['Metric Unit']) for r in rows]" "$R/ncu_bs_$1.csv"
+    ncu_rows "$R/ncu_bs_$1.csv"
   done
 }
 # bench_train.py (its options follow SECONDS) with the ordered one-kernel backward at head dim 64 as well
@@ -159,6 +160,13 @@ fwd_ab() {  # fwd_ab SECONDS NAME OPTION...
   shift 2
   timeout -s KILL "$secs" python benchmarks/ab_fwd_configs.py --rounds 5 --pingpong "$@" --out "$R/ab_fwd_$name.json" \
     2>&1 | quiet | fwd_ratios
+}
+# The issue's block-sparse benchmark (bench_block_sparse.py) with its options, after SECONDS cut short:
+# $R/NAME.{json,md,png}, its table printed
+bs_bench() {  # bs_bench SECONDS NAME OPTION...
+  local secs=$1 name=$2
+  shift 2
+  timeout "$secs" python benchmarks/bench_block_sparse.py "$@" --out "$R/$name.json" 2>&1 | quiet | grep "^|"
 }
 # ab_block_sparse.py with its options, killed after SECONDS: $R/ab_bs_NAME.{json,md}, a summary line a point printed
 bs_ab() {  # bs_ab SECONDS NAME OPTION...

@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import issue_shape, make_impl, native_shape  # noqa: E402
-from benchmarks.profile_attention import block_sparse_impl  # noqa: E402
+from benchmarks.bench_attention import issue_shape, native_shape  # noqa: E402
+from benchmarks.profile_attention import attention_fn  # noqa: E402
 
 BLOCK_SPARSE_HEADS = 16  # bench_block_sparse.py's shape: batch 1, 16 heads
 
@@ -55,7 +55,7 @@ def main() -> None:
     shape = native_shape(args.impl, batch, args.seqlen, nheads, args.headdim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    attend = block_sparse_impl(args.impl, args.seqlen, causal) if ":" in args.impl else make_impl(args.impl)
+    attend = attention_fn(args.impl, args.seqlen, causal)
 
     def fwdbwd():
         return torch.autograd.grad(attend(q, k, v, causal), (q, k, v), do)

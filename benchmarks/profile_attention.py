@@ -32,7 +32,7 @@ def kernel_times(impl: str, shape: dict, iters: int) -> tuple[dict[str, float], 
     layout = native_shape(impl, b, n, h, d)
     q, k, v = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(layout, device="cuda", dtype=torch.bfloat16)
-    fn = block_sparse_impl(impl, n, shape["causal"]) if ":" in impl else make_impl(impl)
+    fn = attention_fn(impl, n, shape["causal"])
 
     def step():
         out = fn(q, k, v, shape["causal"])
@@ -53,6 +53,11 @@ def kernel_times(impl: str, shape: dict, iters: int) -> tuple[dict[str, float], 
             launches[event.name[:90]] += 1 / iters
     totals = dict(sorted(totals.items(), key=lambda kv: -kv[1]))
     return totals, {name: launches[name] for name in totals}
+
+
+def attention_fn(impl: str, seqlen: int, causal: bool):
+    """fn(q, k, v, causal) of impl: a bench_attention impl, or a block-sparse one (`block_sparse_impl`)."""
+    return block_sparse_impl(impl, seqlen, causal) if ":" in impl else make_impl(impl)
 
 
 def block_sparse_impl(impl: str, seqlen: int, causal: bool):

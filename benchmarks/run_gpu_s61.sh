@@ -31,8 +31,7 @@ head -n 2 "$R/machine.txt"
 T=tests/kernels
 case "$1" in
 7)
-  timeout 200 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 64 \
-    --out "$R/block_sparse_n4k_d64.json" 2>&1 | quiet | grep "^|"
+  bs_bench 200 block_sparse_n4k_d64 --seqlens 4096 --headdims 64
   ;;
 4)
   bs_ab 170 d64_dkdv_steps_n4k --variants d64_dkdv_128_query_steps --seqlens 4096 --headdims 64 --max-density 0.5
@@ -40,15 +39,13 @@ case "$1" in
     --min-density 0.05 --max-density 0.26 --no-flex
   ;;
 3)
-  timeout 520 python benchmarks/bench_block_sparse.py --seqlens 16384 --headdims 128 64 \
-    --out "$R/block_sparse_n16k.json" 2>&1 | quiet | grep "^|"
+  bs_bench 520 block_sparse_n16k --seqlens 16384 --headdims 128 64
   ;;
 2)
   timeout -s INT 300 python -m pytest -q -n 5 -m gpu -rf $T/test_flash_bwd_hopper.py $T/test_flash_bwd_fused_hopper.py \
     --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/gpu_tests_bwd.log" 2>&1
   tail -n 3 "$R/gpu_tests_bwd.log"
-  timeout 230 python benchmarks/bench_block_sparse.py --seqlens 4096 --headdims 128 64 \
-    --out "$R/block_sparse_n4k.json" 2>&1 | quiet | grep "^|"
+  bs_bench 230 block_sparse_n4k --seqlens 4096 --headdims 128 64
   ;;
 1)
   bs_ab 230 list_prefetch_n4k --variants dkdv_list_prefetch kv_list_prefetch --seqlens 4096 --headdims 64 128 \
