@@ -112,13 +112,16 @@ ncu_backward() {
   done
 }
 # Nsight Compute's speed of light (duration, compute and memory throughput as % of peak) of each kernel of one
-# block-sparse fwd+bwd per run "NAME SEQLEN HEADDIM IMPL" (IMPL bs:F:L or flexbs:F:L, ncu_attention.py):
-# $R/ncu_bs_NAME.csv, the rows printed
+# block-sparse fwd+bwd per run "NAME SEQLEN HEADDIM IMPL" (IMPL bs:F:L or flexbs:F:L, ncu_attention.py), and
+# the sections named in NCU_SECTIONS and the metrics in NCU_METRICS (comma-separated) besides: $R/ncu_bs_NAME.csv,
+# the rows printed
 ncu_block_sparse() {
+  local sections="--section SpeedOfLight" s
+  for s in ${NCU_SECTIONS:-}; do sections="$sections --section $s"; done
   for run in "$@"; do
     set -- $run
-    timeout 150 ncu --profile-from-start off --section SpeedOfLight --csv python benchmarks/ncu_attention.py \
-      --impl $4 --seqlen $2 --headdim $3 > "$R/ncu_bs_$1.csv" 2> "$R/ncu_bs_$1.err"
+    timeout 150 ncu --profile-from-start off $sections ${NCU_METRICS:+--metrics $NCU_METRICS} --csv \
+      python benchmarks/ncu_attention.py --impl $4 --seqlen $2 --headdim $3 > "$R/ncu_bs_$1.csv" 2> "$R/ncu_bs_$1.err"
     echo "$1 exit $?"
     ncu_rows "$R/ncu_bs_$1.csv"
   done

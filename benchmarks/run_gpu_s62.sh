@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 62). Each part is what one call ran; the outputs are in
+# benchmarks/results/s62/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s62.sh 1   # Nsight Compute on one block-sparse fwd+bwd at n4k (d64 and d128 at 6.25% and
+#       19%, and FlexAttention's at d128 6.25%): each kernel's duration, memory and compute throughput against peak,
+#       its SM-active against elapsed cycles and its warps' stall reasons: do the n4k kernels wait on bytes or on
+#       latency?
+#   bash benchmarks/run_gpu_s62.sh 2   # the grid d64 dK/dV kernel on 128-query steps, three stages, against 64-query
+#       steps on four (fwd+bwd, ab_block_sparse.py) at n16k from 20% density
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  stalls=long_scoreboard,barrier,membar,wait,math_pipe_throttle,mio_throttle,short_scoreboard,lg_throttle,sleeping
+  stalls=$stalls,no_instruction,dispatch_stall,drain,branch_resolving,selected,not_selected,misc,imc_miss,tex_throttle
+  NCU_METRICS=$(echo $stalls | sed -E 's/([a-z_]+)/smsp__average_warps_issue_stalled_\1_per_issue_active.ratio/g') \
+  NCU_SECTIONS="WarpStateStats LaunchStats Occupancy" ncu_block_sparse "d64_6 4096 64 bs:1:0" "d64_19 4096 64 bs:5:0" \
+    "d128_6 4096 128 bs:1:0" "d128_19 4096 128 bs:5:0" "flex_d128_6 4096 128 flexbs:1:0" 2>&1 | \
+    grep -e exit -e Duration -e Throughput -e "Cycles" -e "Registers" -e "Grid Size" -e stalled -e "Warp Cycles"
+  ;;
+2)
+  bs_ab 250 d64_grid_steps --variants d64_grid_dkdv_128_query_steps --seqlens 16384 --headdims 64 --min-density 0.2 \
+    --no-flex
+  ;;
+esac
