@@ -21,6 +21,6 @@ case "$1" in
   ;;
 2)
   bs_ab 250 d64_grid_steps --variants d64_grid_dkdv_128_query_steps --seqlens 16384 --headdims 64 --min-density 0.2 \
-    --no-flex
+    --max-density 0.5 --no-flex
   ;;
 esac
