@@ -100,8 +100,19 @@ def _set_d64_dkdv(grid, persistent=None) -> None:
         bs.PERSISTENT_DKDV[64] = (dataclasses.replace(persistent, persistent=True), bs.PERSISTENT_DKDV[64][1])
 
 
+def _d128_one_kernel(ordered: bool):
+    def set_route(on: bool) -> None:
+        """On: d128's backward through the one-kernel backward (`bs.ONE_KERNEL_BACKWARD`) at every list
+        length, its dQ adds in key-tile order (ordered) or as they land; off: the two kernels."""
+        bs.ONE_KERNEL_BACKWARD[128] = (ordered, 0.0) if on else None
+
+    return set_route
+
+
 # name: set(on), for routes read at every call
 VARIANTS = {
+    "d128_one_kernel_backward": _d128_one_kernel(True),
+    "d128_one_kernel_backward_unordered": _d128_one_kernel(False),
     "d64_dkdv_128_query_steps": _d64_dkdv_128_query_steps,
     "d64_grid_dkdv_128_query_steps": _d64_grid_dkdv_128_query_steps,
     "persistent_dq": _persistent_dq,
@@ -117,11 +128,12 @@ VARIANTS = {
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
-            dict(bs.CONFIGS))  # fmt: skip
+            dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD))  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
-    bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS = state
+    (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
+     bs.ONE_KERNEL_BACKWARD) = state  # fmt: skip
 
 
 def _outputs(fn, args) -> list:

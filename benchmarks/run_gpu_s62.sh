@@ -7,10 +7,25 @@
 #       latency?
 #   bash benchmarks/run_gpu_s62.sh 2   # the grid d64 dK/dV kernel on 128-query steps, three stages, against 64-query
 #       steps on four (fwd+bwd, ab_block_sparse.py) at n16k from 20% density
+#   bash benchmarks/run_gpu_s62.sh 3   # block-sparse d128 through the one-kernel backward (`ONE_KERNEL_BACKWARD`,
+#       the dK/dV kernel's lists with dQ added per step, in key-tile order or as the adds land): its GPU tests, then
+#       fwd+bwd against the two kernels (ab_block_sparse.py) at n4k, 3-49%
+#   bash benchmarks/run_gpu_s62.sh 4   # the same A/B at n16k, 5-45%
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
+T=tests/kernels/test_block_sparse_hopper.py
 case "$1" in
+4)
+  bs_ab 560 one_kernel_n16k --variants d128_one_kernel_backward d128_one_kernel_backward_unordered --seqlens 16384 \
+    --headdims 128 --min-density 0.04 --max-density 0.5 --no-flex
+  ;;
+3)
+  timeout -s INT 240 python -m pytest -q -n 6 -m gpu -rf $T -k "one_kernel" > "$R/gpu_tests_one_kernel.log" 2>&1
+  tail -n 3 "$R/gpu_tests_one_kernel.log"
+  bs_ab 320 one_kernel_n4k --variants d128_one_kernel_backward d128_one_kernel_backward_unordered --seqlens 4096 \
+    --headdims 128 --max-density 0.5 --no-flex
+  ;;
 1)
   stalls=long_scoreboard,barrier,membar,wait,math_pipe_throttle,mio_throttle,short_scoreboard,lg_throttle,sleeping
   stalls=$stalls,no_instruction,dispatch_stall,drain,branch_resolving,selected,not_selected,misc,imc_miss,tex_throttle

@@ -36,12 +36,14 @@ import os
 import torch
 import triton
 
+from . import _flash_bwd_fused_hopper as fused_bwd
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_dq_hopper as dq_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
 from ._common import INTERPRET, compute_capability
-from .layouts import FULL, PARTIAL, BlockLayout, BlockLists
+from ._flash_bwd import backward_delta
+from .layouts import FULL, PARTIAL, SKIP, BlockLayout, BlockLists
 
 # FLASHTRAIN_HOPPER_BLOCK_SPARSE=0 sends every block-sparse call to the portable kernels, =fwd only the
 # backward (A/B measurements, a safety valve)
@@ -122,6 +124,12 @@ PERSISTENT_DKDV = {
     64: (dataclasses.replace(dkdv_hopper.CONFIGS[64], persistent=True), 16),
     128: (dataclasses.replace(CONFIGS[128][2], persistent=True), 6),
 }
+# The one-kernel backward (`_flash_bwd_fused_hopper` walking the dK/dV kernel's lists: 5 products of each
+# tile instead of the two kernels' 7, dQ added per step in fp32) per head dim: (ordered, from this mean
+# number of the dq kernel's key tiles a program) where it runs, ordered meaning each dq tile's adds in
+# key-tile order (bitwise repeatable). None: the two kernels. (A/B: ab_block_sparse.py's one_kernel
+# variants; not measured yet, so off.)
+ONE_KERNEL_BACKWARD: dict[int, tuple[bool, float] | None] = {64: None, 128: None}
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 
@@ -140,21 +148,37 @@ def row_lists(lists: BlockLists) -> tuple[torch.Tensor, torch.Tensor]:
     return tiles.contiguous(), counts.to(torch.int32).contiguous()
 
 
+def _col_kind(lists: BlockLists, group: int) -> torch.Tensor:
+    """lists' tile kinds per key tile of a key head: (Hk, C, group * R), item g * R + r the query tile
+    r of the group's head g (Hk as `col_lists` says)."""
+    kind = lists.tile_kind.long()  # (H, R, C)
+    heads, n_rows, n_cols = kind.shape
+    if heads == 1:
+        kind = kind.expand(group, n_rows, n_cols)  # every head of the group sees the same tiles
+    return kind.reshape(-1, group, n_rows, n_cols).permute(0, 3, 1, 2).reshape(-1, n_cols, group * n_rows)
+
+
 def col_lists(lists: BlockLists, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per key tile of a key head, the (query head in its GQA group, query tile) pairs that see it,
     partial first, packed head << 16 | tile: tiles (Hk, C, group * R) int32 and counts (Hk, C, 2)
     int32 (pairs listed, partial ones among them). Hk is 1 for a layout shared by every head, else the
     number of key heads (the layout's heads // group)."""
-    kind = lists.tile_kind.long()  # (H, R, C)
-    heads, n_rows, n_cols = kind.shape
-    if heads == 1:
-        kind = kind.expand(group, n_rows, n_cols)  # every head of the group sees the same tiles
-    kind = kind.reshape(-1, group, n_rows, n_cols).permute(0, 3, 1, 2).reshape(-1, n_cols, group * n_rows)
+    n_rows = lists.tile_kind.shape[1]
+    kind = _col_kind(lists, group)
     order = _partial_first(kind)  # indices g * R + r
     tiles = (order // n_rows) << 16 | (order % n_rows)
     n_partial = (kind == PARTIAL).sum(-1)
     counts = torch.stack([n_partial + (kind == FULL).sum(-1), n_partial], dim=-1)
     return tiles.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+
+
+def col_ranks(lists: BlockLists, group: int) -> torch.Tensor:
+    """Per entry of `col_lists`, how many lower key tiles of its key head list the entry's item: the
+    ordered one-kernel backward adds each item's dQ in key-tile order (`_flash_bwd_fused_hopper.
+    _sparse_releases`). int32, shaped as col_lists' tiles (entries past a list's count: any value)."""
+    listed = (_col_kind(lists, group) != SKIP).int()
+    before = torch.cumsum(listed, dim=1) - listed  # (Hk, C, items): listing key tiles below each one
+    return torch.gather(before, -1, _partial_first(_col_kind(lists, group))).to(torch.int32).contiguous()
 
 
 def _partial_first(kind: torch.Tensor) -> torch.Tensor:
@@ -222,6 +246,15 @@ def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group):
     return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group), build)
 
 
+def _col_ranks(layout, seqlen_q, seqlen_k, causal, tile_m, group):
+    """`col_ranks` of `_col_lists`' lists, cached on the layout."""
+
+    def build():
+        return col_ranks(layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS), group)
+
+    return layout.derived(("hopper_col_ranks", seqlen_q, seqlen_k, causal, tile_m, group), build)
+
+
 def _persistent_where_short(cfg, persistent_rule: tuple, mean_tiles: float):
     """cfg, or the persistent config of (`PERSISTENT_FORWARD`, `PERSISTENT_DQ` or `PERSISTENT_DKDV`)'s
     (config, up_to) where a program walks at most up_to key tiles on average."""
@@ -251,10 +284,15 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     seqlen_q, seqlen_k, headdim = q.shape[1], k.shape[1], q.shape[-1]
     # (empty_like: a third of torch.empty's host time given dtype and device; contiguous whatever t's strides)
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    delta = torch.empty_like(lse)
     dq_cfg, dkdv_cfg = CONFIGS[headdim][1:]
     assert dq_cfg.block_m * dq_cfg.consumers == PROGRAM_ROWS == dkdv_cfg.block_n * dkdv_cfg.consumers
     tiles, counts, mean_tiles = _row_lists(layout, seqlen_q, seqlen_k, causal, dq_cfg.block_n)
+    one_kernel = ONE_KERNEL_BACKWARD.get(headdim)
+    if one_kernel is not None and mean_tiles >= one_kernel[1]:
+        return _one_kernel_backward(
+            do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk, dv, one_kernel[0]
+        )
+    delta = torch.empty_like(lse)
     if PERSISTENT_DQ_ENABLED:
         dq_cfg = _persistent_where_short(dq_cfg, PERSISTENT_DQ[headdim], mean_tiles)
     # (the dq kernel's tiles per program measure the list lengths of both)
@@ -278,4 +316,34 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
     dkdv_hopper.flash_attn_dkdv_hopper(
         q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=causal, config=dkdv_cfg, lists=lists
     )
+    return dq, dk, dv
+
+
+def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk, dv, ordered: bool):
+    """`block_sparse_backward_hopper` through the one-kernel backward (`_flash_bwd_fused_hopper` over the
+    dK/dV kernel's lists): delta from the portable preprocess, dQ added per step into an fp32 buffer,
+    with ordered in key-tile order (bitwise repeatable), else as the adds land."""
+    cfg = fused_bwd.CONFIGS[q.shape[-1]]
+    group = q.shape[2] // k.shape[2]
+    tiles, counts = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group)
+    ranks = _col_ranks(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group) if ordered else tiles
+    delta = backward_delta(out, do, lse)
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    fused_bwd.flash_attn_bwd_fused_hopper(
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq_acc,
+        dk,
+        dv,
+        sm_scale=sm_scale,
+        causal=causal,
+        config=cfg,
+        ordered=ordered,
+        lists=(tiles, counts, ranks),
+    )
+    dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
     return dq, dk, dv

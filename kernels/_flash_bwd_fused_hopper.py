@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, sched_slots_for, sm_count
-from ._hopper_pipeline import descriptor
+from ._hopper_pipeline import descriptor, listed_row_program
 from ._launch import CompiledLaunch
 
 
@@ -70,9 +70,10 @@ from ._launch import CompiledLaunch
 def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups, convoy_block,
+    TILES, COUNTS, RANKS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
-    DOWN: gl.constexpr = False,
+    DOWN: gl.constexpr = False, SPARSE: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`_fused_dq_hopper.fused_dq_store`), blocks (1, 1,
@@ -91,16 +92,49 @@ def _attn_bwd_fused_hopper(
     the SMs' worth, as a key group does; with convoy_block 1 it waits only on started programs). DOWN
     (causal CONVOY): each program walks each head's query tiles from the last down to its diagonal's, so
     a program and the one started before it read a tile a launch interval apart instead of that plus two
-    steps (`causal_convoy_walks_down`); the order of adds is the same."""
+    steps (`causal_convoy_walks_down`); the order of adds is the same.
+    SPARSE: a block-sparse call (key_groups 1, no CONVOY or DOWN), whose query tiles come from TILES and
+    COUNTS as in `_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (LSE in natural log); ORDERED, each item's
+    adders in key-tile order, which is the grid's: RANKS (shaped as TILES) gives, per list entry, how
+    many key tiles before this program's list the entry's item (`_sparse_releases`). Dense calls pass
+    any pointer for TILES, COUNTS and RANKS (never read)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups, each computing half of dQ's columns")
-    # (causal CONVOY: a key head's programs start in blocks, the last block first, `causal_convoy_block`)
-    n0, off_hk, off_b, lo, hi = dkdv.dense_program(
-        sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY, convoy_block, key_groups
-    )
-    if ORDERED:  # (grid order, sched_slots 0: programs of a key head, then key heads, then batches)
+    gl.static_assert(not (SPARSE and (CONVOY or DOWN)), "block-sparse lists add in their own order")
+    if SPARSE:  # (grid order; lo: the partial tiles, first in the list of hi)
+        n0, off_hk, _, off_b, hi, lo, tiles = listed_row_program(
+            TILES, COUNTS, lay_heads, n_list_rows, list_len, 1, KEYS
+        )
+    else:
+        # (causal CONVOY: a key head's programs start in blocks, the last block first, `causal_convoy_block`)
+        n0, off_hk, off_b, lo, hi = dkdv.dense_program(
+            sched_slots,
+            seqlen_q,
+            seqlen_k,
+            BLOCK_M,
+            KEYS,
+            CAUSAL,
+            CAUSAL and CONVOY,
+            convoy_block,
+            key_groups,
+        )
+        tiles = TILES
+    if ORDERED and SPARSE:
+        # per consumer: its step's dQ half staged (consumer -> its releasing warp), and the buffer free again
+        staged = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_CONSUMERS):
+            mbarrier.init(staged.index(i), count=1)
+            mbarrier.init(free.index(i), count=1)
+        n_query_tiles = gl.cdiv(seqlen_q, BLOCK_M)
+        sem_off = (off_b * gl.num_programs(1) + off_hk) * (group * n_query_tiles * 2)
+        ranks = RANKS + ((off_hk % lay_heads) * n_list_rows + gl.program_id(0)).to(gl.int64) * list_len
+        # (the order tuple's shape is the dense one's: the consumers read dq_b, staged and free from it)
+        order = (SEM, sem_off, ranks, n_query_tiles, 0, 0, off_b, 0, staged, free)
+        rot = 0
+    elif ORDERED:  # (grid order, sched_slots 0: programs of a key head, then key heads, then batches)
         n_items = group * hi  # (query head, tile) items
         all_programs = gl.cdiv(seqlen_k, KEYS)
         per_group = gl.cdiv(all_programs, key_groups)
@@ -152,19 +186,19 @@ def _attn_bwd_fused_hopper(
     gl.warp_specialize(
         [
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
-                              dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 0, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, DOWN)),
+                              dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
+                              sm_scale, 0, CAUSAL, SPARSE, 0, True, dq_io, 1, ORDERED, order, DOWN)),
             (dkdv._consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready, qdo_empty,
-                              dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale,
-                              sm_scale, 1, CAUSAL, False, 0, True, dq_io, 1, ORDERED, order, DOWN)),
+                              dk_desc, dv_desc, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale,
+                              sm_scale, 1, CAUSAL, SPARSE, 0, True, dq_io, 1, ORDERED, order, DOWN)),
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
-                              off_b, off_hk, n0, group, lo, hi, LSE, seqlen_q, seqlen_k, qk_scale, CAUSAL, False,
+                              off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
                               0, 1, ORDERED, rot, DOWN)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
-                              KEYS // BLOCK_M)),
+                              KEYS // BLOCK_M, SPARSE, tiles)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
-                              KEYS // BLOCK_M)),
+                              KEYS // BLOCK_M, SPARSE, tiles)),
         ][: 3 + 2 * ORDERED],
         [4, 1, 1, 1][: 2 + 2 * ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + 2 * ORDERED],
@@ -174,7 +208,8 @@ def _attn_bwd_fused_hopper(
 @gluon.jit
 def _releaser(
     order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
-    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr,
+    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr, SPARSE: gl.constexpr = False,
+    tiles=None,
 ):  # fmt: skip
     """One warp of the ordered one-kernel backward per consumer warpgroup WG: item by item in the
     consumer's order (`_steps`; full attention from item rot round, causal from its first: rot 0), once
@@ -189,7 +224,22 @@ def _releaser(
     16k backward (one H200, results/s52/call2) put 3.6% of one consumer's samples on the completion wait
     alone, and the other waited for it at the dS^T exchange twice as long as in the unordered kernel.
     Why a release add: a relaxed count let a later add overtake one it counted (session 46,
-    results/s46/call1, call3)."""
+    results/s46/call1, call3).
+    SPARSE: a block-sparse program's, entry by entry of its list of hi (`_sparse_releases`)."""
+    if SPARSE:
+        _sparse_releases(order, hi, tiles, dq_smem, dq_desc, head0, WG)
+    else:
+        _dense_releases(
+            order, lo, hi, group, dq_smem, dq_desc, head0, WG, CAUSAL, CONVOY, DOWN, TILES_PER_PROGRAM
+        )
+
+
+@gluon.jit
+def _dense_releases(
+    order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
+    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr,
+):  # fmt: skip
+    """`_releaser` of a dense program."""
     SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
     count = hi - lo
@@ -205,6 +255,34 @@ def _releaser(
             rank = program
         else:
             rank = fused_dq.ordered_rank_step(rank, j, later_programs, spacing, extra)
+        seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
+        mbarrier.wait(staged.index(WG), j & 1)
+        while seen != rank:
+            seen = _load_acquire(sem)
+        fused_dq.tma_reduce_add(dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
+        tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
+        mbarrier.arrive(free.index(WG), count=1)
+        _bulk_wait_all()  # (complete in global memory)
+        gl.thread_barrier()
+        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _sparse_releases(order, count, tiles, dq_smem, dq_desc, head0, WG: gl.constexpr):
+    """`_releaser` of a block-sparse program: entry by entry of its list (the consumers' order), once the
+    consumer has staged the entry's dQ half, waits until the item's semaphore counts the key tiles before
+    this one that list the item (order's ranks, `_block_sparse_hopper.col_ranks`), adds the half, frees
+    the buffer once the add has read it, and counts the add with a GPU-scope release once it is complete
+    in global memory. A program waits only on programs of its key head with lower key tiles, started
+    before it (grid order), so none waits on one that cannot run."""
+    SEM, sem_off, ranks, n_query_tiles, _, _, dq_b, _, staged, free = order
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    for j in range(count):
+        entry = gl.load(tiles + j)
+        t = entry & 0xFFFF
+        g = entry >> 16
+        rank = gl.load(ranks + j)
+        sem = SEM + sem_off + (g * n_query_tiles + t) * 2 + WG
         seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
         mbarrier.wait(staged.index(WG), j & 1)
         while seen != rank:
@@ -479,7 +557,7 @@ ORDERED_CAUSAL_KEY_GROUPS = 2
 
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
-    key_groups=1, convoy=False, convoy_block=None, walk_down=None,
+    key_groups=1, convoy=False, convoy_block=None, walk_down=None, lists=None,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
@@ -491,7 +569,15 @@ def flash_attn_bwd_fused_hopper(
     convoy_block: a causal convoy's launch blocks (`_attn_bwd_fused_hopper`), 1 to half the SMs; None takes
     `causal_convoy_block`'s for a causal convoy, 1 (unread) otherwise. walk_down: a causal convoy's programs
     walk their query tiles from the last (`_attn_bwd_fused_hopper`'s DOWN); None takes
-    `causal_convoy_walks_down`'s."""
+    `causal_convoy_walks_down`'s.
+    lists: a block-sparse call's (tiles, counts, ranks) (`kernels._block_sparse_hopper.col_lists` and
+    `col_ranks`: ranks read only when ordered), whose lse (passed as lse2) is in natural log; one key group,
+    no convoy."""
+    if lists is not None and (key_groups != 1 or convoy or walk_down):
+        raise ValueError(
+            "a block-sparse call (lists) adds each dq tile in its key tiles' order: it takes key_groups=1, "
+            f"convoy=False and walk_down False or None; got {key_groups}, {convoy}, {walk_down}"
+        )
     if convoy and (not ordered or (key_groups != 1 and not causal)):
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True, and key_groups=1 with full attention; "
@@ -527,15 +613,22 @@ def flash_attn_bwd_fused_hopper(
             device=q.device,
             dtype=torch.int32,
         )
+    if lists is None:  # (the list arguments never read)
+        sched_slots = sched_slots_for(q.device, causal and not ordered)
+        list_args = (lse2, lse2, lse2, 1, 1, 1)
+    else:  # (grid order: a key head's key tiles in turn, the order of each item's adds)
+        tiles, counts, ranks = lists
+        sched_slots, list_args = 0, (tiles, counts, ranks, *tiles.shape)
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots_for(q.device, causal and not ordered), sems, key_groups, convoy_block)  # fmt: skip
+            sm_scale, sched_slots, sems, key_groups, convoy_block, *list_args)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
          (dv, cfg.block_n), (dq_halves, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down), num_warps=4),
+             PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down),
+             SPARSE=lists is not None, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -224,13 +224,16 @@ def _steps(
     dq_tile, dq_head = start, 0  # (FUSED_DQ: the step's tile, counted along: no division by count)
     if DOWN:
         dq_tile = start + count - 1
+    # (block-sparse with unordered dQ: the step's item, where its dQ is added)
+    LIST_ITEM: gl.constexpr = SPARSE and FUSED_DQ and not ORDERED
     for j in range(count if SPARSE else group * count):
         stage = it % STAGES
-        if MASKED:  # this tile's queries (columns here), for the causal mask
+        if MASKED or LIST_ITEM:
             if SECTION == 5:
                 t = dq_tile
             else:
                 t, g = _query_tile(tiles, j, start, count, SPARSE)
+        if MASKED:  # this tile's queries (columns here), for the causal mask
             rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
             if FUSED_DQ:  # (keys: the first key, the rows' keys made here, not held through the loops)
                 key_rows = keys + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
@@ -296,8 +299,11 @@ def _steps(
         if FUSED_DQ:
             if ORDERED:
                 fused_dq.fused_dq_stage(dq, it, dq_io, order, WG)
+            elif SPARSE:
+                fused_dq.fused_dq_store(dq, t, g, dq_io, WG)
             else:
                 fused_dq.fused_dq_store(dq, dq_tile, dq_head, dq_io, WG)
+        if FUSED_DQ and not SPARSE:
             if DOWN:
                 wrap = dq_tile == start
                 dq_tile = gl.where(wrap, start + count - 1, dq_tile - 1)
@@ -362,7 +368,13 @@ def _consumer(
     else:
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     it = 0
-    if SPARSE:  # the partial tiles, then the full ones
+    if SPARSE and FUSED_DQ:  # the whole list in one loop, its first lo entries masked (two loops spilled)
+        dk, dv, it = _steps(
+            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, first_key, 0, hi, tiles,
+            group, diag, qk_scale, CAUSAL, 4, SPARSE, PART, st_layout, acc_layout, lo, WG, FUSED_DQ, dq_io, ORDERED,
+            order,
+        )  # fmt: skip
+    elif SPARSE:  # the partial tiles, then the full ones
         dk, dv, it = _steps(
             dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, 0, lo, tiles,
             group, diag, qk_scale, CAUSAL, 3, SPARSE, PART, st_layout, acc_layout,

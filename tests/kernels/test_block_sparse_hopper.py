@@ -85,6 +85,40 @@ def test_col_lists_name_each_key_tiles_head_and_query_tiles_partial_first(case, 
             assert listed + len(pairs(SKIP)) == group * rows
 
 
+@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("group", [1, 2])
+def test_col_ranks_count_the_lower_key_tiles_that_list_each_item(case, group):
+    """The ordered one-kernel backward adds each (query head, query tile) item's dQ in key-tile order:
+    an entry's rank is how many lower key tiles of its key head list the same item."""
+    layout, sq, sk, causal = _random_layout_cases()[case]
+    lists = layout.block_lists(sq, sk, causal, 16, 16)
+    tiles, counts = bs_hopper.col_lists(lists, group)
+    ranks = bs_hopper.col_ranks(lists, group)
+    assert ranks.shape == tiles.shape and ranks.dtype == torch.int32
+    for hk in range(tiles.shape[0]):
+        seen: dict[int, int] = {}  # item -> key tiles below that listed it
+        for c in range(tiles.shape[1]):
+            listed = counts[hk, c, 0].item()
+            for entry, rank in zip(
+                tiles[hk, c, :listed].tolist(), ranks[hk, c, :listed].tolist(), strict=True
+            ):
+                assert rank == seen.get(entry, 0)
+                seen[entry] = seen.get(entry, 0) + 1
+
+
+def test_the_one_kernel_backward_takes_block_sparse_lists_in_one_key_group():
+    from kernels import _flash_bwd_fused_hopper as fused
+
+    q = torch.randn(1, 256, 2, 128, dtype=BF16)
+    lse = torch.zeros(1, 2, 256)
+    lists = (torch.zeros(1, 2, 4, dtype=torch.int32),) * 3
+    for kw in (dict(key_groups=2), dict(convoy=True, ordered=True), dict(walk_down=True)):
+        with pytest.raises(ValueError, match="key_groups=1, convoy=False"):
+            fused.flash_attn_bwd_fused_hopper(
+                q, q, q, q, lse, lse, q.float(), q, q, sm_scale=0.1, causal=True, lists=lists, **kw
+            )
+
+
 def test_cpu_calls_and_unfit_calls_take_the_portable_kernels():
     q = torch.randn(1, 1024, 2, 128, dtype=BF16)
     layout = butterfly_layout(1024, 128)
@@ -379,3 +413,49 @@ def test_gpu_backward_takes_the_hopper_kernels_at_any_list_length(headdim, local
         q, k, v, local_layout(4096, 128, local_blocks=local_blocks).cuda()
     ).sum().backward()
     assert calls == ["block_sparse_backward_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
+@pytest.mark.parametrize("kind", ["butterfly", "butterfly_global_local", "local", "random_per_head", "empty"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k", [(1000, 1000), (2048 + 77, 2048 + 77), (700, 1500), (1500, 700)]
+)
+def test_gpu_one_kernel_backward_matches_reference(
+    ordered, kind, causal, dtype, seqlen_q, seqlen_k, monkeypatch
+):  # fmt: skip
+    """The one-kernel backward over the dK/dV kernel's lists (`ONE_KERNEL_BACKWARD`), its dQ adds in
+    key-tile order or as they land: the tolerance rule of the float64 reference, GQA, odd lengths."""
+    calls = record_calls(monkeypatch, (bs_hopper, "_one_kernel_backward"))
+    monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, (ordered, 0.0))
+    torch.manual_seed(seqlen_q + seqlen_k)
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, 4, 2, 128, dtype, "cuda")
+    layout = _gpu_layout(kind, max(seqlen_q, seqlen_k), causal, 4).cuda()
+    check_against_reference(q, k, v, layout, causal)
+    assert calls == ["_one_kernel_backward"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_ordered_one_kernel_backward_repeats_bit_for_bit(causal, monkeypatch):
+    """Ordered, each dq tile's adds come in key-tile order whatever the programs' pace: five runs give
+    the same bits (GQA, a per-head layout and butterfly's many adders a tile)."""
+    monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, (True, 0.0))
+    torch.manual_seed(11)
+    q, k, v = _inputs(1, 8192, 8192, 8, 4, 128, BF16, "cuda")
+    do = torch.randn_like(q)
+    for kind in ("butterfly", "random_per_head"):
+        layout = _gpu_layout(kind, 8192, causal, 8).cuda()
+
+        def fn(q, k, v, layout=layout):
+            return block_sparse_attention(q, k, v, layout, causal=causal, return_lse=True)
+
+        first = fwd_bwd_results(fn, (q, k, v), do)
+        for _ in range(4):
+            again = fwd_bwd_results(fn, (q, k, v), do)
+            for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), first, again, strict=True):
+                assert torch.equal(a, b), (kind, name)
