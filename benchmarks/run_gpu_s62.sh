@@ -11,11 +11,21 @@
 #       the dK/dV kernel's lists with dQ added per step, in key-tile order or as the adds land): its GPU tests, then
 #       fwd+bwd against the two kernels (ab_block_sparse.py) at n4k, 3-49%
 #   bash benchmarks/run_gpu_s62.sh 4   # the same A/B at n16k, 5-45%
+#   bash benchmarks/run_gpu_s62.sh 5   # the ordered one-kernel backward walking each key tile's list from the last
+#       item down (part 3-4's walked up: 0.29-0.87x, waiting in chains): its GPU tests, the A/B at n16k and n4k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels/test_block_sparse_hopper.py
 case "$1" in
+5)
+  timeout -s INT 200 python -m pytest -q -n 6 -m gpu -rf $T -k "one_kernel" > "$R/gpu_tests_one_kernel.log" 2>&1
+  tail -n 3 "$R/gpu_tests_one_kernel.log"
+  bs_ab 250 ordered_down_n16k --variants d128_one_kernel_backward --seqlens 16384 --headdims 128 --min-density 0.04 \
+    --max-density 0.5 --no-flex
+  bs_ab 120 ordered_down_n4k --variants d128_one_kernel_backward --seqlens 4096 --headdims 128 --max-density 0.5 \
+    --no-flex
+  ;;
 4)
   bs_ab 560 one_kernel_n16k --variants d128_one_kernel_backward d128_one_kernel_backward_unordered --seqlens 16384 \
     --headdims 128 --min-density 0.04 --max-density 0.5 --no-flex

@@ -158,27 +158,47 @@ def _col_kind(lists: BlockLists, group: int) -> torch.Tensor:
     return kind.reshape(-1, group, n_rows, n_cols).permute(0, 3, 1, 2).reshape(-1, n_cols, group * n_rows)
 
 
-def col_lists(lists: BlockLists, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def col_lists(lists: BlockLists, group: int, down: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per key tile of a key head, the (query head in its GQA group, query tile) pairs that see it,
     partial first, packed head << 16 | tile: tiles (Hk, C, group * R) int32 and counts (Hk, C, 2)
     int32 (pairs listed, partial ones among them). Hk is 1 for a layout shared by every head, else the
-    number of key heads (the layout's heads // group)."""
+    number of key heads (the layout's heads // group).
+    down: the pairs from the last item (g * R + r) down, partial or not, and every one counted as
+    possibly partial (the ordered one-kernel backward's walk, `col_ranks`)."""
     n_rows = lists.tile_kind.shape[1]
     kind = _col_kind(lists, group)
-    order = _partial_first(kind)  # indices g * R + r
+    order = _walk_order(kind, down)  # indices g * R + r
     tiles = (order // n_rows) << 16 | (order % n_rows)
     n_partial = (kind == PARTIAL).sum(-1)
-    counts = torch.stack([n_partial + (kind == FULL).sum(-1), n_partial], dim=-1)
+    listed = n_partial + (kind == FULL).sum(-1)
+    counts = torch.stack([listed, listed if down else n_partial], dim=-1)
     return tiles.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
 
 
 def col_ranks(lists: BlockLists, group: int) -> torch.Tensor:
-    """Per entry of `col_lists`, how many lower key tiles of its key head list the entry's item: the
-    ordered one-kernel backward adds each item's dQ in key-tile order (`_flash_bwd_fused_hopper.
-    _sparse_releases`). int32, shaped as col_lists' tiles (entries past a list's count: any value)."""
-    listed = (_col_kind(lists, group) != SKIP).int()
+    """Per entry of `col_lists(lists, group, down=True)`, how many lower key tiles of its key head list
+    the entry's item: the ordered one-kernel backward adds each item's dQ in key-tile order, the grid's
+    (`_flash_bwd_fused_hopper._sparse_releases`), so a program waits only on programs started before it.
+    Walking down, the lower key tiles that list an item reach it earlier in their walks, as in the dense
+    convoy: a butterfly key tile c's items c ^ 2^k above c come first in its walk and those below last.
+    (Walking up, each program's first steps waited on the last steps of lower ones, in chains: one H200,
+    fwd+bwd 0.29-0.87x the two kernels at d128 n16k, results/s62/call4.) int32, shaped as the lists'
+    tiles (entries past a list's count: any value)."""
+    kind = _col_kind(lists, group)
+    listed = (kind != SKIP).int()
     before = torch.cumsum(listed, dim=1) - listed  # (Hk, C, items): listing key tiles below each one
-    return torch.gather(before, -1, _partial_first(_col_kind(lists, group))).to(torch.int32).contiguous()
+    return torch.gather(before, -1, _walk_order(kind, down=True)).to(torch.int32).contiguous()
+
+
+def _walk_order(kind: torch.Tensor, down: bool) -> torch.Tensor:
+    """Indices along the last dim of kind's listed entries, first: `_partial_first`'s, or with down
+    from the last listed index down."""
+    if not down:
+        return _partial_first(kind)
+    index = torch.arange(kind.shape[-1], device=kind.device)
+    return torch.sort(
+        torch.where(kind == SKIP, kind.shape[-1] + index, kind.shape[-1] - 1 - index), dim=-1
+    ).indices
 
 
 def _partial_first(kind: torch.Tensor) -> torch.Tensor:
@@ -237,13 +257,13 @@ def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
     return layout.derived(("hopper_rows", seqlen_q, seqlen_k, causal, tile_n), build)
 
 
-def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group):
+def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group, down=False):
     """`col_lists` for tile_m-row query tiles and 128-key tiles, cached on the layout."""
 
     def build():
-        return col_lists(layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS), group)
+        return col_lists(layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS), group, down)
 
-    return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group), build)
+    return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group, down), build)
 
 
 def _col_ranks(layout, seqlen_q, seqlen_k, causal, tile_m, group):
@@ -325,7 +345,7 @@ def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk
     with ordered in key-tile order (bitwise repeatable), else as the adds land."""
     cfg = fused_bwd.CONFIGS[q.shape[-1]]
     group = q.shape[2] // k.shape[2]
-    tiles, counts = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group)
+    tiles, counts = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group, down=ordered)
     ranks = _col_ranks(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group) if ordered else tiles
     delta = backward_delta(out, do, lse)
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)

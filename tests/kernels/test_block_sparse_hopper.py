@@ -92,8 +92,15 @@ def test_col_ranks_count_the_lower_key_tiles_that_list_each_item(case, group):
     an entry's rank is how many lower key tiles of its key head list the same item."""
     layout, sq, sk, causal = _random_layout_cases()[case]
     lists = layout.block_lists(sq, sk, causal, 16, 16)
-    tiles, counts = bs_hopper.col_lists(lists, group)
+    tiles, counts = bs_hopper.col_lists(lists, group, down=True)
     ranks = bs_hopper.col_ranks(lists, group)
+    up_tiles, up_counts = bs_hopper.col_lists(lists, group)
+    for hk in range(tiles.shape[0]):  # the same entries, from the last item down, each one maybe partial
+        for c in range(tiles.shape[1]):
+            listed = up_counts[hk, c, 0].item()
+            assert counts[hk, c].tolist() == [listed, listed]
+            entries = tiles[hk, c, :listed].tolist()
+            assert entries == sorted(up_tiles[hk, c, :listed].tolist(), reverse=True)
     assert ranks.shape == tiles.shape and ranks.dtype == torch.int32
     for hk in range(tiles.shape[0]):
         seen: dict[int, int] = {}  # item -> key tiles below that listed it
