@@ -14,11 +14,18 @@
 #   bash benchmarks/run_gpu_s62.sh 5   # the ordered one-kernel backward walking each key tile's list from the last
 #       item down (part 3-4's walked up: 0.29-0.87x, waiting in chains): its GPU tests, the A/B at n16k and n4k
 #   bash benchmarks/run_gpu_s62.sh 6   # the same A/B at n64k from 4% density
+#   bash benchmarks/run_gpu_s62.sh 7   # with d128's ordered one-kernel backward from 30 tiles a program (the default
+#       since call 6): the block-sparse GPU tests, then the issue's block-sparse benchmark at n16k d128
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels/test_block_sparse_hopper.py
 case "$1" in
+7)
+  timeout -s INT 170 python -m pytest -q -n 6 -m gpu -rf $T > "$R/gpu_tests_bs.log" 2>&1
+  tail -n 3 "$R/gpu_tests_bs.log"
+  bs_bench 380 block_sparse_n16k_d128 --seqlens 16384 --headdims 128
+  ;;
 6)
   bs_ab 560 ordered_down_n64k --variants d128_one_kernel_backward --seqlens 65536 --headdims 128 --min-density 0.04 \
     --max-density 0.5 --no-flex

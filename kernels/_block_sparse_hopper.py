@@ -127,9 +127,17 @@ PERSISTENT_DKDV = {
 # The one-kernel backward (`_flash_bwd_fused_hopper` walking the dK/dV kernel's lists: 5 products of each
 # tile instead of the two kernels' 7, dQ added per step in fp32) per head dim: (ordered, from this mean
 # number of the dq kernel's key tiles a program) where it runs, ordered meaning each dq tile's adds in
-# key-tile order (bitwise repeatable). None: the two kernels. (A/B: ab_block_sparse.py's one_kernel
-# variants; not measured yet, so off.)
-ONE_KERNEL_BACKWARD: dict[int, tuple[bool, float] | None] = {64: None, 128: None}
+# key-tile order (bitwise repeatable, as the two kernels are; `col_ranks`). None: the two kernels.
+# Its fixed cost is bytes (delta's preprocess, the fp32 dq buffer zeroed and converted) against 2 of 7
+# products saved per tile, so it pays on long lists. d128 ordered, fwd+bwd from graphs, two kernels ÷ it,
+# one H200, alternating (ab_block_sparse.py, results/s62/call5-6), by mean tiles a dq program:
+#   n4k 2 / 4 / 6 / 12 / 15.6 / 31.5 tiles (3-49%): 0.78 / 0.86 / 0.86 / 0.92 / 0.97 / 1.02;
+#   n16k 12 / 16 / 25.7 / 63.8 / 115 (4.7-45%): 0.91 / 0.93 / 0.94 / 1.02 / 1.07;
+#   n64k 43.7 / 126 / 246 / 451 (4.3-44%): 1.05 / 1.12 / 1.09 / 1.07.
+# So from 30 tiles. (Unordered, as the adds land: n16k 0.94-0.95 at 4.7-6.25%, 1.02-1.11 at 10-45%, n4k
+# 0.79-0.99, results/s62/call3-4; the block-sparse op has no nondeterministic switch, so it is not taken.)
+# d64: no one-kernel config (`_flash_bwd_fused_hopper.CONFIGS`).
+ONE_KERNEL_BACKWARD: dict[int, tuple[bool, float] | None] = {64: None, 128: (True, 30.0)}
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits
 

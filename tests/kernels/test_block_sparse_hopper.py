@@ -192,6 +192,40 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
     assert configs[1] == bs_hopper.CONFIGS[headdim][1]
 
 
+@pytest.mark.parametrize("local_blocks, one_kernel", [(0, False), (3, False), (16, True)])
+def test_d128_backward_takes_the_ordered_one_kernel_backward_on_long_lists(
+    monkeypatch, local_blocks, one_kernel
+):
+    """ONE_KERNEL_BACKWARD: d128 from 30 of the dq kernel's 64-key tiles a program on average (a band of 16
+    blocks each side at n2k lists all 16 blocks: 32 tiles; of 3, ~12), ordered, on the lists walked down
+    with their ranks; below it the two kernels."""
+    calls = []
+    for module, name in (
+        (bs_hopper.dq_hopper, "flash_attn_dq_hopper"),
+        (bs_hopper.dkdv_hopper, "flash_attn_dkdv_hopper"),
+    ):
+        monkeypatch.setattr(module, name, lambda *a, name=name, **kw: calls.append(name))
+
+    def fused(q, k, v, do, lse, delta, dq_acc, dk, dv, *, ordered, lists, **kw):
+        calls.append(("one_kernel", ordered))
+        tiles, counts, ranks = lists
+        lay = layout.block_lists(2048, 2048, False, 64, 128)
+        assert torch.equal(tiles, bs_hopper.col_lists(lay, 1, down=True)[0])
+        assert torch.equal(ranks, bs_hopper.col_ranks(lay, 1))
+        dq_acc.fill_(2.0)
+
+    monkeypatch.setattr(bs_hopper.fused_bwd, "flash_attn_bwd_fused_hopper", fused)
+    q = torch.randn(1, 2048, 2, 128, dtype=BF16)
+    layout = local_layout(2048, 128, local_blocks)
+    dq, _, _ = bs_hopper.block_sparse_backward_hopper(
+        q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1
+    )
+    if one_kernel:
+        assert calls == [("one_kernel", True)] and (dq == 2.0).all()  # (dq: the fp32 buffer, rounded)
+    else:
+        assert calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
 @pytest.mark.parametrize(
     "headdim, local_blocks, persistent",
     [(128, 0, True), (128, 1, True), (128, 2, False), (64, 0, True), (64, 7, True), (64, 10, False)],
