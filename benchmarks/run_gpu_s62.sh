@@ -16,7 +16,7 @@
 #   bash benchmarks/run_gpu_s62.sh 6   # the same A/B at n64k from 4% density
 #   bash benchmarks/run_gpu_s62.sh 7   # with d128's ordered one-kernel backward from 30 tiles a program (the default
 #       since call 6): the block-sparse GPU tests, then the issue's block-sparse benchmark at n16k d128
-# Calls 8 and 9 (commit 5c3c1e1 and after; the machine of call 7, warm), the issue's block-sparse benchmark on the
+# Calls 8 and 9 (commit 1f1aad9; the machine of call 7, warm), the issue's block-sparse benchmark on the
 # default routes at n64k and n4k, d128:
 #   source benchmarks/gpu_call.sh; machine_info; bs_bench 440 block_sparse_n64k_d128 --seqlens 65536 --headdims 128
 #   source benchmarks/gpu_call.sh; machine_info; bs_bench 200 block_sparse_n4k_d128 --seqlens 4096 --headdims 128
