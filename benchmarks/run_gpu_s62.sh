@@ -14,6 +14,9 @@
 #   bash benchmarks/run_gpu_s62.sh 5   # the ordered one-kernel backward walking each key tile's list from the last
 #       item down (part 3-4's walked up: 0.29-0.87x, waiting in chains): its GPU tests, the A/B at n16k and n4k
 #   bash benchmarks/run_gpu_s62.sh 6   # the same A/B at n64k from 4% density
+#   bash benchmarks/run_gpu_s62.sh 10  # after the releasing warps' shared hand-over (`_add_in_turn`: the dense ordered
+#       builds' SASS differs from before in register numbers and order only, same instructions): the ordered
+#       backward's GPU tests and the block-sparse one-kernel ones
 #   bash benchmarks/run_gpu_s62.sh 7   # with d128's ordered one-kernel backward from 30 tiles a program (the default
 #       since call 6): the block-sparse GPU tests, then the issue's block-sparse benchmark at n16k d128
 # Calls 8 and 9 (commit 1f1aad9; the machine of call 7, warm), the issue's block-sparse benchmark on the
@@ -25,6 +28,13 @@ machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels/test_block_sparse_hopper.py
 case "$1" in
+10)
+  timeout -s KILL 200 python -m pytest -q -n 6 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_flash_bwd_fused_hopper.py -k "ordered or torch_deterministic" > "$R/gpu_tests_ordered.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_ordered.log"
+  timeout -s INT 120 python -m pytest -q -n 6 -m gpu -rf $T -k "one_kernel" > "$R/gpu_tests_one_kernel.log" 2>&1
+  tail -n 2 "$R/gpu_tests_one_kernel.log"
+  ;;
 7)
   timeout -s INT 170 python -m pytest -q -n 6 -m gpu -rf $T > "$R/gpu_tests_bs.log" 2>&1
   tail -n 3 "$R/gpu_tests_bs.log"

@@ -13,6 +13,10 @@ tiles only. The lists are compiled here from `BlockLayout.block_lists` once per 
   tile) pairs that see it, partial ones first, packed as head << 16 | tile; summed in registers, as the
   dense kernel sums a group's heads (no atomics).
 
+At d128, where a dq program's list holds 30 tiles or more on average, the backward is one kernel instead
+(`ONE_KERNEL_BACKWARD`: `_flash_bwd_fused_hopper` walking the dK/dV kernel's lists, each from its last item
+down, dQ added per step in key-tile order: `col_ranks`).
+
 Where the lists are short, each of the three passes runs its persistent variant instead (one program per
 SM walking many lists, the next list's loads under this one's work): `PERSISTENT_FORWARD`,
 `PERSISTENT_DQ` and `PERSISTENT_DKDV` say up to which mean list length.

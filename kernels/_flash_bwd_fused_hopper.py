@@ -34,7 +34,8 @@ each tile's adds come in the order the programs started, so a program waits only
 it (causal past 20k each program walks its tiles from the last down, `causal_convoy_walks_down`).
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
-(`supports`; ordered: `supports_ordered`), dense. delta = rowsum(dO * O) comes from the portable
+(`supports`; ordered: `supports_ordered`), dense; and block-sparse calls' long lists
+(`kernels._block_sparse_hopper.ONE_KERNEL_BACKWARD`, SPARSE). delta = rowsum(dO * O) comes from the portable
 preprocess (`_flash_bwd.backward_delta`) before the launch, and dq from the fp32 buffer after it. The
 unordered causal consumers run the full tiles' section first (`_flash_dkdv_hopper.sections`, HOT_FIRST),
 which spills less in that build.
@@ -255,16 +256,9 @@ def _dense_releases(
             rank = program
         else:
             rank = fused_dq.ordered_rank_step(rank, j, later_programs, spacing, extra)
-        seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
-        mbarrier.wait(staged.index(WG), j & 1)
-        while seen != rank:
-            seen = _load_acquire(sem)
-        fused_dq.tma_reduce_add(dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
-        tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
-        mbarrier.arrive(free.index(WG), count=1)
-        _bulk_wait_all()  # (complete in global memory)
-        gl.thread_barrier()
-        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+        _add_in_turn(
+            sem, rank, j, staged, free, dq_smem, dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], WG
+        )
 
 
 @gluon.jit
@@ -283,16 +277,26 @@ def _sparse_releases(order, count, tiles, dq_smem, dq_desc, head0, WG: gl.conste
         g = entry >> 16
         rank = gl.load(ranks + j)
         sem = SEM + sem_off + (g * n_query_tiles + t) * 2 + WG
-        seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
-        mbarrier.wait(staged.index(WG), j & 1)
-        while seen != rank:
-            seen = _load_acquire(sem)
-        fused_dq.tma_reduce_add(dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], dq_smem.index(WG))
-        tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
-        mbarrier.arrive(free.index(WG), count=1)
-        _bulk_wait_all()  # (complete in global memory)
-        gl.thread_barrier()
-        gl.atomic_add(sem, 1, sem="release", scope="gpu")
+        _add_in_turn(
+            sem, rank, j, staged, free, dq_smem, dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], WG
+        )
+
+
+@gluon.jit
+def _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG: gl.constexpr):
+    """A releasing warp's step j: once its consumer has staged the step's dQ half (staged) and the item's
+    count sem has reached rank, adds the half into dq at coord, frees the buffer once the add has read it,
+    and counts the add with a GPU-scope release once it is complete in global memory."""
+    seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
+    mbarrier.wait(staged.index(WG), j & 1)
+    while seen != rank:
+        seen = _load_acquire(sem)
+    fused_dq.tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
+    tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
+    mbarrier.arrive(free.index(WG), count=1)
+    _bulk_wait_all()  # (complete in global memory)
+    gl.thread_barrier()
+    gl.atomic_add(sem, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
