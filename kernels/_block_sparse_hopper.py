@@ -140,7 +140,8 @@ PERSISTENT_DKDV = {
 #   n64k 43.7 / 126 / 246 / 451 (4.3-44%): 1.05 / 1.12 / 1.09 / 1.07.
 # So from 30 tiles. (Unordered, as the adds land: n16k 0.94-0.95 at 4.7-6.25%, 1.02-1.11 at 10-45%, n4k
 # 0.79-0.99, results/s62/call3-4; the block-sparse op has no nondeterministic switch, so it is not taken.)
-# d64: no one-kernel config (`_flash_bwd_fused_hopper.CONFIGS`).
+# d64: no one-kernel config (`_flash_bwd_fused_hopper.CONFIGS`). Memory: the fp32 dq buffer, twice dq's
+# bytes, lives through the backward (512 MiB at 64k tokens, 16 heads of 128).
 ONE_KERNEL_BACKWARD: dict[int, tuple[bool, float] | None] = {64: None, 128: (True, 30.0)}
 PROGRAM_ROWS = 128  # query rows of a forward/dq program and keys of a dK/dV program (2 warpgroups x 64)
 MAX_LIST_TILE = 0xFFFF  # col_lists packs a query tile into 16 bits

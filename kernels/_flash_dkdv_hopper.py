@@ -201,7 +201,8 @@ def _steps(
     steps outside the full tiles full_tiles = (first, end) are masked); `it` counts the steps taken (the
     stage ring's position). PART 0 sums dK and dV, 1 dV alone, 2 dK alone (the other one is passed
     through untouched). FUSED_DQ (PART 0, dense): each step's dQ too, added into fp32 global memory
-    (`_flash_bwd_fused_hopper`, which gives dq_io; the dQ steps: `_fused_dq_hopper`).
+    (`_flash_bwd_fused_hopper`, which gives dq_io; the dQ steps: `_fused_dq_hopper`); block-sparse, a
+    whole list in one SECTION 4 loop, each step's dQ added to the item its entry names.
     ORDERED (with FUSED_DQ): every program of a key head adds each (head, tile) item's dQ in one fixed
     order, through a semaphore per item and consumer. The consumer only stages each step's dQ half in
     shared memory (`_fused_dq_hopper.fused_dq_stage`); a warp of its own (`_flash_bwd_fused_hopper.
