@@ -41,11 +41,14 @@ BF16, F16 = torch.bfloat16, torch.float16
 # adds handed to a releasing warp mid-step (session 46), 4 and 11. The convoy order: full 0 (session 48),
 # causal 11, as the causal ordered build (only its programs' launch order differs, session 49). Since the
 # consumers only stage their dQ halves for the releasing warps to add in order (session 52), no ordered
-# build spills in its loops.
+# build spills in its loops. Keys (kernel, head dim, causal, block-sparse): the block-sparse builds
+# (session 62) walk a list in one loop, and spill 1 (unordered causal, not taken by default) or none.
 FUSED_SPILLS = {
-    ("fused", 128, False): 21, ("fused", 128, True): 71, ("fused_ordered", 128, False): 0,
-    ("fused_ordered", 128, True): 0, ("fused_convoy", 128, False): 0, ("fused_convoy", 128, True): 0,
-    ("fused_convoy_down", 128, True): 0,
+    ("fused", 128, False, False): 21, ("fused", 128, True, False): 71, ("fused_ordered", 128, False, False): 0,
+    ("fused_ordered", 128, True, False): 0, ("fused_convoy", 128, False, False): 0,
+    ("fused_convoy", 128, True, False): 0, ("fused_convoy_down", 128, True, False): 0,
+    ("fused", 128, False, True): 0, ("fused", 128, True, True): 1, ("fused_ordered", 128, False, True): 0,
+    ("fused_ordered", 128, True, True): 0,
 }  # fmt: skip
 
 
@@ -274,21 +277,23 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch
 
 def test_fused_backward_builds_for_sm90(tmp_path):
     """The one-kernel backward compiles for sm_90 with Triton's own compiler on CPU (bf16 and fp16, causal
-    and full), within an H100's shared memory and no more spills inside its loops than FUSED_SPILLS; the
+    and full, dense and block-sparse), within an H100's shared memory and no more spills inside its loops than FUSED_SPILLS; the
     ordered builds' semaphore counts (one per consumer half) are release adds, a GPU-wide memory barrier
     before each (a relaxed count let later adds overtake the ones it counted, results/s46/call1)."""
     from tests.kernels.test_flash_fwd_hopper import run_build_tool
 
     rc, results = run_build_tool(tmp_path, "--fused")
     assert rc == 0, results
-    assert sorted((r["kernel"], r["headdim"], r["causal"], r["dtype"]) for r in results) == sorted(
-        (kernel, d, c, t)
-        for kernel, d, c in FUSED_SPILLS
+    assert sorted(
+        (r["kernel"], r["headdim"], r["causal"], r["sparse"], r["dtype"]) for r in results
+    ) == sorted(
+        (kernel, d, c, sparse, t)
+        for kernel, d, c, sparse in FUSED_SPILLS
         if d in fused_hopper.CONFIGS
         for t in ("bfloat16", "float16")
     )
     for r in results:
-        assert r["spills_in_loops"] <= FUSED_SPILLS[r["kernel"], r["headdim"], r["causal"]], r
+        assert r["spills_in_loops"] <= FUSED_SPILLS[r["kernel"], r["headdim"], r["causal"], r["sparse"]], r
         if r["kernel"] in ("fused_ordered", "fused_convoy", "fused_convoy_down"):
             assert r["semaphore_adds"] >= 2 and r["semaphore_adds_without_release"] == 0, r
 
