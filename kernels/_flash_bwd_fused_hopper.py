@@ -111,24 +111,11 @@ def _attn_bwd_fused_hopper(
     else:
         # (causal CONVOY: a key head's programs start in blocks, the last block first, `causal_convoy_block`)
         n0, off_hk, off_b, lo, hi = dkdv.dense_program(
-            sched_slots,
-            seqlen_q,
-            seqlen_k,
-            BLOCK_M,
-            KEYS,
-            CAUSAL,
-            CAUSAL and CONVOY,
-            convoy_block,
-            key_groups,
-        )
+            sched_slots, seqlen_q, seqlen_k, BLOCK_M, KEYS, CAUSAL, CAUSAL and CONVOY, convoy_block, key_groups
+        )  # fmt: skip
         tiles = TILES
     if ORDERED and SPARSE:
-        # per consumer: its step's dQ half staged (consumer -> its releasing warp), and the buffer free again
-        staged = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        free = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_CONSUMERS):
-            mbarrier.init(staged.index(i), count=1)
-            mbarrier.init(free.index(i), count=1)
+        staged, free = _handover_barriers(NUM_CONSUMERS)
         n_query_tiles = gl.cdiv(seqlen_q, BLOCK_M)
         sem_off = (off_b * gl.num_programs(1) + off_hk) * (group * n_query_tiles * 2)
         ranks = RANKS + ((off_hk % lay_heads) * n_list_rows + gl.program_id(0)).to(gl.int64) * list_len
@@ -151,13 +138,7 @@ def _attn_bwd_fused_hopper(
         else:  # (lo = 0)
             spacing = n_items // programs  # the host asks for >= 2
             rot = program * spacing
-        # per consumer: its step's dQ half staged in its buffer (consumer -> its releasing warp), and the
-        # buffer free again (the warp's add has read it)
-        staged = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        free = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_CONSUMERS):
-            mbarrier.init(staged.index(i), count=1)
-            mbarrier.init(free.index(i), count=1)
+        staged, free = _handover_barriers(NUM_CONSUMERS)
         order = (SEM, sem_off, programs - 1 - program, spacing, n_items - programs * spacing, rot, dq_b,
                  n0 // KEYS, staged, free)  # fmt: skip
     else:
@@ -204,6 +185,19 @@ def _attn_bwd_fused_hopper(
         [4, 1, 1, 1][: 2 + 2 * ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + 2 * ORDERED],
     )  # fmt: skip
+
+
+@gluon.jit
+def _handover_barriers(NUM_CONSUMERS: gl.constexpr):
+    """The ordered backward's hand-over barriers, initialised: per consumer, (staged) its step's dQ half
+    staged in its buffer (consumer -> its releasing warp) and (free) the buffer free again (the warp's
+    add has read it)."""
+    staged = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(staged.index(i), count=1)
+        mbarrier.init(free.index(i), count=1)
+    return staged, free
 
 
 @gluon.jit
