@@ -146,15 +146,16 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             jit = dq_hopper._attn_bwd_dq_hopper
             args = [rows, rows, keys, keys, rows, q, lse, lse, q.stride(0), q.stride(1), q.stride(2),
                     lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 0.125, 264]  # fmt: skip
-        if sparse:  # tile lists (layout heads, list rows, list length) and their counts (fused: and ranks)
-            tiles, counts = torch.zeros(1, 8, 16, dtype=torch.int32), torch.ones(1, 8, 2, dtype=torch.int32)
-            args += (
-                [tiles, counts, tiles, 4, 8, 16] if kernel.startswith("fused") else [tiles, counts, 4, 8, 16]
+        # tile lists and their counts (the one-kernel backward: and ranks, shaped as the lists), then (layout
+        # heads, list rows, list length); a dense build gets placeholders, never read
+        if sparse:
+            lists, shape = (
+                [torch.zeros(1, 8, 16, dtype=torch.int32), torch.ones(1, 8, 2, dtype=torch.int32)],
+                [4, 8, 16],
             )
-        elif kernel.startswith("fused"):
-            args += [lse, lse, lse, 1, 1, 1]
         else:
-            args += [lse, lse, 1, 1, 1]
+            lists, shape = [lse, lse], [1, 1, 1]
+        args += lists + (lists[:1] if kernel.startswith("fused") else []) + shape
         if cfg.persistent:  # a persistent variant: the grid it walks
             jit = {
                 "fwd": hopper._attn_fwd_hopper_persistent,

@@ -270,22 +270,17 @@ def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
     return layout.derived(("hopper_rows", seqlen_q, seqlen_k, causal, tile_n), build)
 
 
-def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group, down=False):
-    """`col_lists` for tile_m-row query tiles and 128-key tiles, cached on the layout."""
+def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group, ordered=False):
+    """`col_lists` for tile_m-row query tiles and 128-key tiles, cached on the layout: (tiles, counts), or
+    with ordered the ordered one-kernel backward's (tiles, counts, ranks), walked down (`col_ranks`)."""
 
     def build():
-        return col_lists(layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS), group, down)
+        lists = layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS)
+        if ordered:
+            return (*col_lists(lists, group, down=True), col_ranks(lists, group))
+        return col_lists(lists, group)
 
-    return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group, down), build)
-
-
-def _col_ranks(layout, seqlen_q, seqlen_k, causal, tile_m, group):
-    """`col_ranks` of `_col_lists`' lists, cached on the layout."""
-
-    def build():
-        return col_ranks(layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS), group)
-
-    return layout.derived(("hopper_col_ranks", seqlen_q, seqlen_k, causal, tile_m, group), build)
+    return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group, ordered), build)
 
 
 def _persistent_where_short(cfg, persistent_rule: tuple, mean_tiles: float):
@@ -358,25 +353,14 @@ def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk
     with ordered in key-tile order (bitwise repeatable), else as the adds land."""
     cfg = fused_bwd.CONFIGS[q.shape[-1]]
     group = q.shape[2] // k.shape[2]
-    tiles, counts = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group, down=ordered)
-    ranks = _col_ranks(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group) if ordered else tiles
+    lists = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group, ordered)
+    if not ordered:  # (ranks unread: the tiles stand in)
+        lists = (*lists, lists[0])
     delta = backward_delta(out, do, lse)
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     fused_bwd.flash_attn_bwd_fused_hopper(
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq_acc,
-        dk,
-        dv,
-        sm_scale=sm_scale,
-        causal=causal,
-        config=cfg,
-        ordered=ordered,
-        lists=(tiles, counts, ranks),
-    )
+        q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, config=cfg, ordered=ordered,
+        lists=lists,
+    )  # fmt: skip
     dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
     return dq, dk, dv
