@@ -109,10 +109,18 @@ def _d128_one_kernel(ordered: bool):
     return set_route
 
 
+def _d128_first_stores(on: bool) -> None:
+    """The ordered one-kernel backward at every list length (d128), each item's first adder storing (on)
+    or adding into a zero-filled buffer (off: `_flash_bwd_fused_hopper.FIRST_STORES`)."""
+    bs.ONE_KERNEL_BACKWARD[128] = (True, 0.0)
+    bs.fused_bwd.FIRST_STORES = on
+
+
 # name: set(on), for routes read at every call
 VARIANTS = {
     "d128_one_kernel_backward": _d128_one_kernel(True),
     "d128_one_kernel_backward_unordered": _d128_one_kernel(False),
+    "d128_first_stores": _d128_first_stores,
     "d64_dkdv_128_query_steps": _d64_dkdv_128_query_steps,
     "d64_grid_dkdv_128_query_steps": _d64_grid_dkdv_128_query_steps,
     "persistent_dq": _persistent_dq,
@@ -128,12 +136,12 @@ VARIANTS = {
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
-            dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD))  # fmt: skip
+            dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD), bs.fused_bwd.FIRST_STORES)  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
     (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
-     bs.ONE_KERNEL_BACKWARD) = state  # fmt: skip
+     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES) = state  # fmt: skip
 
 
 def _outputs(fn, args) -> list:

@@ -36,6 +36,7 @@ IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "s
 # under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
 STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
+ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 
@@ -79,6 +80,8 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | N
     }
     if TWO_KERNELS in calls:
         calls[TWO_KERNELS] = tuple(_with_setting(fn, "ORDERED_ENABLED", False) for fn in calls[TWO_KERNELS])
+    if ZERO_FILLED in calls:
+        calls[ZERO_FILLED] = tuple(_with_setting(fn, "FIRST_STORES", False) for fn in calls[ZERO_FILLED])
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
         calls[name] = tuple(_with_setting(fn, "ORDERED_CAUSAL_KEY_GROUPS", groups) for fn in calls[name])
@@ -106,9 +109,12 @@ def case(
             for what in ("fwd", "fwdbwd"):
                 key = f"{anchor}_over_{impl}_{what}"
                 row[key], row[f"{key}_range"] = _ratio(times[(anchor, what)], times[(impl, what)])
-    if TWO_KERNELS in impls:  # (above 1: the ordered one-kernel backward faster)
-        key = "two_kernels_over_ours_fwdbwd"
-        row[key], row[f"{key}_range"] = _ratio(times[(TWO_KERNELS, "fwdbwd")], times[("ours", "fwdbwd")])
+    for variant, key in (
+        (TWO_KERNELS, "two_kernels_over_ours_fwdbwd"),
+        (ZERO_FILLED, "zero_filled_over_ours_fwdbwd"),
+    ):
+        if variant in impls:  # (above 1: the default faster)
+            row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
     return row
 
 
@@ -130,6 +136,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--two-kernels", action="store_true",
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
+    parser.add_argument("--zero-filled", action="store_true",
+                        help=f"also {ZERO_FILLED}: ours with the ordered backward's first adders adding into a "
+                        "zero-filled buffer instead of storing (its FIRST_STORES off)")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one-kernel backward")  # fmt: skip
     parser.add_argument("--also-causal-key-groups", type=int, default=None, metavar="N",
@@ -147,6 +156,8 @@ def main() -> None:
     impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
     if args.two_kernels:
         impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
+    if args.zero_filled:
+        impls = {"ours": "triton", ZERO_FILLED: "triton", **impls}
     if args.also_causal_key_groups is not None:
         if args.also_causal_key_groups < 0:
             parser.error(f"--also-causal-key-groups must be at least 0, got {args.also_causal_key_groups}")

@@ -173,6 +173,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")
             meta["CONVOY"] = kernel.startswith("fused_convoy")
             meta["DOWN"] = kernel == "fused_convoy_down"
+            meta["FIRST_STORES"] = meta["ORDERED"] and fused_hopper.FIRST_STORES  # (the default route's)
         if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         if kernel == "fwd" and cfg.pingpong:  # (the forward's consumers taking turns, `wait_turn`)

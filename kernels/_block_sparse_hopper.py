@@ -272,12 +272,15 @@ def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
 
 def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group, ordered=False):
     """`col_lists` for tile_m-row query tiles and 128-key tiles, cached on the layout: (tiles, counts), or
-    with ordered the ordered one-kernel backward's (tiles, counts, ranks), walked down (`col_ranks`)."""
+    with ordered the ordered one-kernel backward's ((tiles, counts, ranks), walked down (`col_ranks`), and
+    whether every query tile is listed: then each has a first adder, which stores, and its dq buffer needs
+    no zeros; the check syncs with the GPU once, when the lists are built)."""
 
     def build():
         lists = layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS)
         if ordered:
-            return (*col_lists(lists, group, down=True), col_ranks(lists, group))
+            every_item_listed = bool((lists.tile_kind != SKIP).any(-1).all().item())
+            return (*col_lists(lists, group, down=True), col_ranks(lists, group)), every_item_listed
         return col_lists(lists, group)
 
     return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group, ordered), build)
@@ -350,17 +353,25 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
 def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk, dv, ordered: bool):
     """`block_sparse_backward_hopper` through the one-kernel backward (`_flash_bwd_fused_hopper` over the
     dK/dV kernel's lists): delta from the portable preprocess, dQ added per step into an fp32 buffer,
-    with ordered in key-tile order (bitwise repeatable), else as the adds land."""
+    with ordered in key-tile order (bitwise repeatable; each item's first add a store where every item is
+    listed, so the buffer is not zero-filled), else as the adds land."""
     cfg = fused_bwd.CONFIGS[q.shape[-1]]
     group = q.shape[2] // k.shape[2]
     lists = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group, ordered)
-    if not ordered:  # (ranks unread: the tiles stand in)
+    first_stores = False
+    if ordered:  # (each item's first adder stores where every item has one)
+        lists, every_item_listed = lists
+        first_stores = every_item_listed and fused_bwd.FIRST_STORES
+    else:  # (ranks unread: the tiles stand in)
         lists = (*lists, lists[0])
     delta = backward_delta(out, do, lse)
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    if ordered:
+        dq_acc = fused_bwd.ordered_dq_buffer(q, k.shape[1], causal, 1, first_stores)
+    else:
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     fused_bwd.flash_attn_bwd_fused_hopper(
         q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, config=cfg, ordered=ordered,
-        lists=lists,
+        lists=lists, first_stores=first_stores,
     )  # fmt: skip
     dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
     return dq, dk, dv

@@ -563,8 +563,11 @@ def flash_attn_backward(
     convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(q.shape[1], k.shape[1], causal, group, sms)
     key_groups = _flash_bwd_fused_hopper.ordered_dq_groups(k.shape[1], causal, convoy, sms) if ordered else 1
     dq_acc = None
-    if atomic_dq or ordered:
-        dq_acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
+    first_stores = ordered and _flash_bwd_fused_hopper.FIRST_STORES
+    if ordered:  # (first stores: zeros only where no program adds)
+        dq_acc = _flash_bwd_fused_hopper.ordered_dq_buffer(q, k.shape[1], causal, key_groups, first_stores)
+    elif atomic_dq:
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
@@ -590,7 +593,7 @@ def flash_attn_backward(
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, ordered=ordered,
-            key_groups=key_groups, convoy=convoy,
+            key_groups=key_groups, convoy=convoy, first_stores=first_stores,
         )  # fmt: skip
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
         # last sum written into dq: in fp32, rounded once, as a copy of the total)

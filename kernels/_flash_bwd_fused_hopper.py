@@ -74,7 +74,7 @@ def _attn_bwd_fused_hopper(
     TILES, COUNTS, RANKS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
-    DOWN: gl.constexpr = False, SPARSE: gl.constexpr = False,
+    DOWN: gl.constexpr = False, SPARSE: gl.constexpr = False, FIRST_STORES: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`_fused_dq_hopper.fused_dq_store`), blocks (1, 1,
@@ -98,7 +98,9 @@ def _attn_bwd_fused_hopper(
     COUNTS as in `_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (LSE in natural log); ORDERED, each item's
     adders in key-tile order, which is the grid's: RANKS (shaped as TILES) gives, per list entry, how
     many key tiles before this program's list the entry's item (`_sparse_releases`). Dense calls pass
-    any pointer for TILES, COUNTS and RANKS (never read)."""
+    any pointer for TILES, COUNTS and RANKS (never read).
+    FIRST_STORES (ORDERED): each item's first adder (rank 0) stores its dQ half instead of adding it, so
+    the dq buffer needs zeros only where no program adds (`ordered_dq_buffer`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -178,9 +180,9 @@ def _attn_bwd_fused_hopper(
                               off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
                               0, 1, ORDERED, rot, DOWN)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
-                              KEYS // BLOCK_M, SPARSE, tiles)),
+                              KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
-                              KEYS // BLOCK_M, SPARSE, tiles)),
+                              KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES)),
         ][: 3 + 2 * ORDERED],
         [4, 1, 1, 1][: 2 + 2 * ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + 2 * ORDERED],
@@ -204,7 +206,7 @@ def _handover_barriers(NUM_CONSUMERS: gl.constexpr):
 def _releaser(
     order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
     CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr, SPARSE: gl.constexpr = False,
-    tiles=None,
+    tiles=None, FIRST_STORES: gl.constexpr = False,
 ):  # fmt: skip
     """One warp of the ordered one-kernel backward per consumer warpgroup WG: item by item in the
     consumer's order (`_steps`; full attention from item rot round, causal from its first: rot 0), once
@@ -220,19 +222,20 @@ def _releaser(
     alone, and the other waited for it at the dS^T exchange twice as long as in the unordered kernel.
     Why a release add: a relaxed count let a later add overtake one it counted (session 46,
     results/s46/call1, call3).
-    SPARSE: a block-sparse program's, entry by entry of its list of hi (`_sparse_releases`)."""
+    SPARSE: a block-sparse program's, entry by entry of its list of hi (`_sparse_releases`).
+    FIRST_STORES: an item's first add (rank 0) is a TMA store (`_add_in_turn`)."""
     if SPARSE:
-        _sparse_releases(order, hi, tiles, dq_smem, dq_desc, head0, WG)
+        _sparse_releases(order, hi, tiles, dq_smem, dq_desc, head0, WG, FIRST_STORES)
     else:
         _dense_releases(
-            order, lo, hi, group, dq_smem, dq_desc, head0, WG, CAUSAL, CONVOY, DOWN, TILES_PER_PROGRAM
-        )
+            order, lo, hi, group, dq_smem, dq_desc, head0, WG, CAUSAL, CONVOY, DOWN, TILES_PER_PROGRAM, FIRST_STORES
+        )  # fmt: skip
 
 
 @gluon.jit
 def _dense_releases(
     order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
-    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr,
+    CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr, FIRST_STORES: gl.constexpr,
 ):  # fmt: skip
     """`_releaser` of a dense program."""
     SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
@@ -250,13 +253,14 @@ def _dense_releases(
             rank = program
         else:
             rank = fused_dq.ordered_rank_step(rank, j, later_programs, spacing, extra)
-        _add_in_turn(
-            sem, rank, j, staged, free, dq_smem, dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], WG
-        )
+        coord = [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0]
+        _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG, FIRST_STORES)
 
 
 @gluon.jit
-def _sparse_releases(order, count, tiles, dq_smem, dq_desc, head0, WG: gl.constexpr):
+def _sparse_releases(
+    order, count, tiles, dq_smem, dq_desc, head0, WG: gl.constexpr, FIRST_STORES: gl.constexpr
+):
     """`_releaser` of a block-sparse program: entry by entry of its list (the consumers' order), once the
     consumer has staged the entry's dQ half, waits until the item's semaphore counts the key tiles before
     this one that list the item (order's ranks, `_block_sparse_hopper.col_ranks`), adds the half, frees
@@ -271,26 +275,46 @@ def _sparse_releases(order, count, tiles, dq_smem, dq_desc, head0, WG: gl.conste
         g = entry >> 16
         rank = gl.load(ranks + j)
         sem = SEM + sem_off + (g * n_query_tiles + t) * 2 + WG
-        _add_in_turn(
-            sem, rank, j, staged, free, dq_smem, dq_desc, [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0], WG
-        )
+        coord = [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0]
+        _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG, FIRST_STORES)
 
 
 @gluon.jit
-def _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG: gl.constexpr):
+def _add_in_turn(
+    sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG: gl.constexpr, FIRST_STORES: gl.constexpr
+):
     """A releasing warp's step j: once its consumer has staged the step's dQ half (staged) and the item's
-    count sem has reached rank, adds the half into dq at coord, frees the buffer once the add has read it,
-    and counts the add with a GPU-scope release once it is complete in global memory."""
+    count sem has reached rank, adds the half into dq at coord (FIRST_STORES: the item's first adder, rank 0,
+    stores it), frees the buffer once the add has read it, and counts the add with a GPU-scope release once
+    it is complete in global memory.
+    Why the first add may store: the buffer's zero fill then goes (a dq-sized fp32 write, ~35 us at 16k
+    tokens of 16 heads of 128). Session 47 had the consumers branch between store and add, which cost 4-8%
+    in their loop (results/s47/call1); here it is this warp's, off the consumers' path. Both ops are
+    issued, one on rows past the buffer, instead of a branch between them: with the branch the sm_90
+    builds spilled 6-13 instructions in the consumers' loops (none without; session 63, CPU builds)."""
     seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
     mbarrier.wait(staged.index(WG), j & 1)
     while seen != rank:
         seen = _load_acquire(sem)
-    fused_dq.tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
+    if FIRST_STORES:  # (both issued, the one not meant aimed past the buffer, where TMA writes nothing)
+        rows, first = coord[2], rank == 0
+        tma.async_copy_shared_to_global(
+            dq_desc, [coord[0], coord[1], gl.where(first, rows, _PAST_ROWS), 0], dq_smem.index(WG)
+        )
+        fused_dq.tma_reduce_add(
+            dq_desc, [coord[0], coord[1], gl.where(first, _PAST_ROWS, rows), 0], dq_smem.index(WG)
+        )
+    else:
+        fused_dq.tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
     tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
     mbarrier.arrive(free.index(WG), count=1)
     _bulk_wait_all()  # (complete in global memory)
     gl.thread_barrier()
     gl.atomic_add(sem, 1, sem="release", scope="gpu")
+
+
+# A row coordinate past any dq buffer (TMA's coordinates are int32): a box there is wholly out of bounds
+_PAST_ROWS = gl.constexpr(1 << 30)
 
 
 @gluon.jit
@@ -553,9 +577,43 @@ ORDERED_CAUSAL_FROM = 2048
 ORDERED_CAUSAL_KEY_GROUPS = 2
 
 
+# FLASHTRAIN_FIRST_STORES=0: the ordered backward's first adder of each item adds too, into a zero-filled
+# buffer (A/B runs, a safety valve)
+FIRST_STORES = os.environ.get("FLASHTRAIN_FIRST_STORES", "1") != "0"
+# (tests) what `ordered_dq_buffer` fills the elements it leaves to the first stores with: None leaves
+# torch.empty's bytes; NaN shows any element read before it is written
+UNWRITTEN_FILL: float | None = None
+
+
+def ordered_dq_buffer(q, seqlen_k: int, causal: bool, key_groups: int, first_stores: bool) -> torch.Tensor:
+    """The ordered backward's fp32 dq buffers, (key_groups x batch, *q's other dims): zeros, or with
+    first_stores (`_add_in_turn`: each item's first adder stores) zeros only where no program of a key
+    group adds: a key group without programs, and causal (seqlen_q == seqlen_k), the queries before the
+    group's first key (its programs start on their diagonals). For a block-sparse call (one key group) the
+    caller passes first_stores only when every item is listed (`_block_sparse_hopper._col_lists`)."""
+    shape = (key_groups * q.shape[0], *q.shape[1:])
+    if not first_stores:
+        return torch.zeros(shape, device=q.device, dtype=torch.float32)
+    buffer = torch.empty(shape, device=q.device, dtype=torch.float32)
+    if UNWRITTEN_FILL is not None:
+        buffer.fill_(UNWRITTEN_FILL)
+    cfg = CONFIGS[128]  # (a program's keys, as `ordered_key_groups` counts them)
+    keys = cfg.consumers * cfg.block_n
+    programs = triton.cdiv(seqlen_k, keys)
+    per_group = triton.cdiv(programs, key_groups)
+    per_key_group = buffer.view(key_groups, *q.shape)
+    for g in range(1, key_groups):  # (group 0 holds program 0, which adds into every item)
+        first_program = g * per_group
+        if first_program >= programs:
+            per_key_group[g].zero_()
+        elif causal:
+            per_key_group[g, :, : first_program * keys].zero_()
+    return buffer
+
+
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
-    key_groups=1, convoy=False, convoy_block=None, walk_down=None, lists=None,
+    key_groups=1, convoy=False, convoy_block=None, walk_down=None, lists=None, first_stores=False,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
@@ -570,7 +628,9 @@ def flash_attn_bwd_fused_hopper(
     `causal_convoy_walks_down`'s.
     lists: a block-sparse call's (tiles, counts, ranks) (`kernels._block_sparse_hopper.col_lists` and
     `col_ranks`: ranks read only when ordered), whose lse (passed as lse2) is in natural log; one key group,
-    no convoy."""
+    no convoy.
+    first_stores (ordered): each item's first adder stores its dQ half instead of adding it, so dq_acc
+    needs zeros only where no program adds (`ordered_dq_buffer`)."""
     if lists is not None and (key_groups != 1 or convoy or walk_down):
         raise ValueError(
             "a block-sparse call (lists) adds each dq tile in its key tiles' order: it takes key_groups=1, "
@@ -581,6 +641,8 @@ def flash_attn_bwd_fused_hopper(
             "convoy=True (ordered_convoy) needs ordered=True, and key_groups=1 with full attention; "
             f"got ordered={ordered}, key_groups={key_groups}, causal={causal}"
         )
+    if first_stores and not ordered:
+        raise ValueError("first_stores=True stores each item's first add in its turn: it needs ordered=True")
     if convoy_block is None:  # (only the causal convoy reads it)
         convoy_block = causal_convoy_block() if causal and convoy else 1
     if walk_down is None:
@@ -626,7 +688,7 @@ def flash_attn_bwd_fused_hopper(
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
              PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down),
-             SPARSE=lists is not None, num_warps=4),
+             SPARSE=lists is not None, FIRST_STORES=first_stores, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

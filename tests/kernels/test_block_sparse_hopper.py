@@ -206,8 +206,8 @@ def test_d128_backward_takes_the_ordered_one_kernel_backward_on_long_lists(
     ):
         monkeypatch.setattr(module, name, lambda *a, name=name, **kw: calls.append(name))
 
-    def fused(q, k, v, do, lse, delta, dq_acc, dk, dv, *, ordered, lists, **kw):
-        calls.append(("one_kernel", ordered))
+    def fused(q, k, v, do, lse, delta, dq_acc, dk, dv, *, ordered, lists, first_stores, **kw):
+        calls.append(("one_kernel", ordered, first_stores))  # (a band lists every query tile: first stores)
         tiles, counts, ranks = lists
         lay = layout.block_lists(2048, 2048, False, 64, 128)
         assert torch.equal(tiles, bs_hopper.col_lists(lay, 1, down=True)[0])
@@ -221,9 +221,40 @@ def test_d128_backward_takes_the_ordered_one_kernel_backward_on_long_lists(
         q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1
     )
     if one_kernel:
-        assert calls == [("one_kernel", True)] and (dq == 2.0).all()  # (dq: the fp32 buffer, rounded)
+        assert calls == [("one_kernel", True, True)] and (dq == 2.0).all()  # (dq: the fp32 buffer, rounded)
     else:
         assert calls == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+@pytest.mark.parametrize("empty", [None, "query_block", "per_head"])
+@pytest.mark.parametrize("setting", [True, False], ids=["first_stores", "switched_off"])
+def test_ordered_one_kernel_backward_stores_first_adds_where_every_query_tile_is_listed(
+    monkeypatch, empty, setting
+):
+    """The ordered one-kernel backward's first adder of each item stores instead of adding (FIRST_STORES),
+    so its fp32 dq buffer is not zero-filled, where every (query head, query tile) item is listed; a layout
+    with a query block no key block is listed for (in every head, or in one head of a per-head layout)
+    gets a zero-filled buffer and adds only. Kernel stubbed: on CPU."""
+    monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, (True, 0.0))
+    monkeypatch.setattr(bs_hopper.fused_bwd, "FIRST_STORES", setting)
+    monkeypatch.setattr(bs_hopper.fused_bwd, "UNWRITTEN_FILL", float("nan"))
+    seen = []
+
+    def fused(q, k, v, do, lse, delta, dq_acc, dk, dv, *, ordered, lists, first_stores, **kw):
+        seen.append((first_stores, bool(dq_acc.isnan().all()), not dq_acc.any()))
+
+    monkeypatch.setattr(bs_hopper.fused_bwd, "flash_attn_bwd_fused_hopper", fused)
+    mask = local_layout(1024, 128, 1).mask.expand(2, -1, -1).clone()
+    if empty == "query_block":
+        mask[:, 3] = False
+    elif empty == "per_head":
+        mask[1, 5] = False
+    q = torch.randn(1, 1024, 2, 128, dtype=BF16)
+    bs_hopper.block_sparse_backward_hopper(
+        q, q, q, q, q, torch.zeros(1, 2, 1024), BlockLayout(mask, 128), False, 0.1
+    )
+    stores = setting and empty is None
+    assert seen == [(stores, stores, not stores)]
 
 
 @pytest.mark.parametrize(
@@ -469,9 +500,11 @@ def test_gpu_one_kernel_backward_matches_reference(
     ordered, kind, causal, dtype, seqlen_q, seqlen_k, monkeypatch
 ):  # fmt: skip
     """The one-kernel backward over the dK/dV kernel's lists (`ONE_KERNEL_BACKWARD`), its dQ adds in
-    key-tile order or as they land: the tolerance rule of the float64 reference, GQA, odd lengths."""
+    key-tile order or as they land: the tolerance rule of the float64 reference, GQA, odd lengths. Ordered,
+    each item's first adder stores where every item is listed, into a buffer left NaN."""
     calls = record_calls(monkeypatch, (bs_hopper, "_one_kernel_backward"))
     monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, (ordered, 0.0))
+    monkeypatch.setattr(bs_hopper.fused_bwd, "UNWRITTEN_FILL", float("nan"))
     torch.manual_seed(seqlen_q + seqlen_k)
     q, k, v = _inputs(2, seqlen_q, seqlen_k, 4, 2, 128, dtype, "cuda")
     layout = _gpu_layout(kind, max(seqlen_q, seqlen_k), causal, 4).cuda()
@@ -484,8 +517,10 @@ def test_gpu_one_kernel_backward_matches_reference(
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_ordered_one_kernel_backward_repeats_bit_for_bit(causal, monkeypatch):
     """Ordered, each dq tile's adds come in key-tile order whatever the programs' pace: five runs give
-    the same bits (GQA, a per-head layout and butterfly's many adders a tile)."""
+    the same bits (GQA, a per-head layout and butterfly's many adders a tile), each item's first adder
+    storing into a buffer left NaN; and the same values as adds into a zero-filled buffer."""
     monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, (True, 0.0))
+    monkeypatch.setattr(bs_hopper.fused_bwd, "UNWRITTEN_FILL", float("nan"))
     torch.manual_seed(11)
     q, k, v = _inputs(1, 8192, 8192, 8, 4, 128, BF16, "cuda")
     do = torch.randn_like(q)
@@ -496,7 +531,8 @@ def test_gpu_ordered_one_kernel_backward_repeats_bit_for_bit(causal, monkeypatch
             return block_sparse_attention(q, k, v, layout, causal=causal, return_lse=True)
 
         first = fwd_bwd_results(fn, (q, k, v), do)
-        for _ in range(4):
+        for run in range(5):
+            monkeypatch.setattr(bs_hopper.fused_bwd, "FIRST_STORES", run < 4)
             again = fwd_bwd_results(fn, (q, k, v), do)
             for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), first, again, strict=True):
-                assert torch.equal(a, b), (kind, name)
+                assert torch.equal(a, b), (kind, name, run)

@@ -237,10 +237,15 @@ def test_bad_causal_convoy_launches_are_refused(causal, convoy, options, match):
     [(1, False, False), (2, False, False), (3, False, False), (1, True, False), (2, True, False),
      (3, True, False), (1, True, True), (2, True, True), (3, True, True)],
 )  # fmt: skip
-def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch, key_groups, causal, convoy):
+@pytest.mark.parametrize("first_stores", [True, False], ids=["first_stores", "zero_filled"])
+def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
+    monkeypatch, key_groups, causal, convoy, first_stores
+):
     """The ordered backward's dq (its kernel stubbed, so it runs on CPU) is its key groups' fp32 buffers,
-    zero-filled before the kernel, summed in group order and rounded once to q's dtype: key groups from
-    `ordered_key_groups`, or in the causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`)."""
+    summed in group order and rounded once to q's dtype: key groups from `ordered_key_groups`, or in the
+    causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`). The buffers come zero-filled, or
+    with FIRST_STORES (each item's first adder stores) as `ordered_dq_buffer` leaves them: here, 40 keys, a
+    single program, so every key group past the first has none and is all zeros."""
     from kernels import _flash_bwd
 
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
@@ -249,15 +254,23 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch
     monkeypatch.setattr(fused_hopper, "ordered_key_groups", lambda *a: 1 if convoy else key_groups)
     monkeypatch.setattr(fused_hopper, "CAUSAL_CONVOY_KEY_GROUPS", key_groups if convoy else 1)
     monkeypatch.setattr(fused_hopper, "ordered_convoy", lambda *a: convoy)
+    monkeypatch.setattr(fused_hopper, "FIRST_STORES", first_stores)
+    monkeypatch.setattr(fused_hopper, "UNWRITTEN_FILL", float("nan"))
     buffers = []
 
-    def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, convoy: bool, **kw):
+    def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, convoy: bool, first_stores,
+               **kw):  # fmt: skip
         assert ordered and convoy is convoy_wanted and dq_acc.shape == (key_groups * q.shape[0], *q.shape[1:])
-        filled = not dq_acc.any()
+        assert first_stores is first_stores_wanted
+        per_group = dq_acc.view(key_groups, *q.shape)
+        # (the one program is key group 0's and adds into every item; later groups have none)
+        filled = (per_group[0].isnan().all() if first_stores else not per_group[0].any()) and not per_group[
+            1:
+        ].any()
         dq_acc.copy_(torch.randn_like(dq_acc) * 1e3)
         buffers.append((filled, dq_acc.clone()))
 
-    convoy_wanted = convoy
+    convoy_wanted, first_stores_wanted = convoy, first_stores
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", kernel)
     torch.manual_seed(key_groups)
     q, k, v, do = (torch.randn(2, 40, 2, 16, dtype=torch.float16) for _ in range(4))
@@ -273,6 +286,45 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(monkeypatch
     for g in range(1, key_groups):
         total = total + per_group[g]
     assert dq.dtype == q.dtype and torch.equal(dq, total.to(q.dtype))
+
+
+@pytest.mark.parametrize(
+    "seqlen, key_groups, causal",
+    [(4096, 1, False), (4096, 1, True), (16384, 2, False), (16384, 2, True), (16640, 2, True), (1000, 3, True),
+     (1000, 3, False), (640, 3, True), (640, 3, False), (300, 2, True)],
+)  # fmt: skip
+def test_first_stores_buffer_zeroes_exactly_the_rows_no_program_adds_into(
+    monkeypatch, seqlen, key_groups, causal
+):
+    """`ordered_dq_buffer` with first stores: each item's first adder stores, so the buffer holds zeros
+    only where no program of a key group adds (its other elements are left unwritten: NaN here). Program p
+    adds into every query row with full attention, causal into the rows from its first key on (its
+    diagonal, seqlen_q == seqlen_k); key group g holds programs g * per_group .. (some partial or empty).
+    Without first stores the buffer is all zeros."""
+    monkeypatch.setattr(fused_hopper, "UNWRITTEN_FILL", float("nan"))
+    q = torch.empty(2, seqlen, 3, 128)
+    keys = fused_hopper.CONFIGS[128].consumers * fused_hopper.CONFIGS[128].block_n
+    programs = -(-seqlen // keys)
+    per_group = -(-programs // key_groups)
+    buffer = fused_hopper.ordered_dq_buffer(q, seqlen, causal, key_groups, True)
+    assert buffer.shape == (key_groups * 2, seqlen, 3, 128) and buffer.dtype == torch.float32
+    for g, rows in enumerate(buffer.view(key_groups, 2, seqlen, 3, 128).unbind(0)):
+        first = [p for p in range(programs) if p // per_group == g]
+        added = torch.zeros(seqlen, dtype=torch.bool)
+        for p in first:
+            added[p * keys if causal else 0 :] = True
+        assert rows[:, added].isnan().all() and (rows[:, ~added] == 0).all(), (g, first)
+    zeros = fused_hopper.ordered_dq_buffer(q, seqlen, causal, key_groups, False)
+    assert zeros.shape == buffer.shape and not zeros.any()
+
+
+def test_first_stores_need_the_ordered_backward():
+    """first_stores=True (each item's first adder stores in its turn) is refused without ordered=True."""
+    q = torch.empty(1, 256, 2, 128, dtype=BF16)
+    with pytest.raises(ValueError, match="first_stores=True .* needs ordered=True"):
+        fused_hopper.flash_attn_bwd_fused_hopper(
+            q, q, q, q, None, None, None, q, q, sm_scale=1.0, causal=False, first_stores=True
+        )
 
 
 def test_fused_backward_builds_for_sm90(tmp_path):
@@ -323,14 +375,16 @@ def test_gpu_fused_backward_matches_reference(case, headdim, dtype):
      (1, True, 3, True), (2, True, 1, False), (2, True, 3, True), (3, True, 1, True)],
 )  # fmt: skip
 def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
-    case, headdim, dtype, key_groups, convoy, convoy_block, walk_down
+    case, headdim, dtype, key_groups, convoy, convoy_block, walk_down, monkeypatch
 ):
     """The one-kernel backward with each dq tile's adds in a fixed order, its programs in one or two key
     groups (each adding into its own dq buffer, summed after), or in the convoy order (causal: launched in
     blocks of 1 or 3 key tiles, some blocks partial, walking the tiles up or down, in one key group or in
     2 or 3, some of them partial or empty): the gradients pass the tolerance rule on every edge case it
     takes (full attention; causal on as many queries as keys; the convoy order, full or causal) and come
-    out bitwise the same twice. Full attention in the convoy order takes one key group: more raise."""
+    out bitwise the same twice. Each item's first adder stores (`ordered_dq_buffer`'s other elements NaN
+    here), and the sums equal those added into zero-filled buffers. Full attention in the convoy order
+    takes one key group: more raise."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
     out, lse2 = _forward(q, k, v, causal)
     delta = backward_delta(out, do, lse2)
@@ -342,21 +396,24 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
                 key_groups=key_groups, convoy=True,
             )  # fmt: skip
         return
+    monkeypatch.setattr(fused_hopper, "UNWRITTEN_FILL", float("nan"))
     runs = []
-    for _ in range(2):
+    for first_stores in (True, True, False):
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        acc = torch.zeros((key_groups * q.shape[0], *q.shape[1:]), device=q.device, dtype=torch.float32)
+        acc = fused_hopper.ordered_dq_buffer(q, k.shape[1], causal, key_groups, first_stores)
         fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=causal, ordered=True,
             key_groups=key_groups, convoy=convoy, convoy_block=convoy_block, walk_down=walk_down and causal,
+            first_stores=first_stores,
         )  # fmt: skip
         dq = acc.view(key_groups, *q.shape).sum(0)
         runs.append((dq, dk, dv))
     ref64, ref_lp = _ref_grads(q, k, v, do, causal)
     for name, got, i in (("dq", runs[0][0].to(dtype), 0), ("dk", runs[0][1], 1), ("dv", runs[0][2], 2)):
         assert_close_rule(name, got, ref64[i], ref_lp[i], dtype)
-    for first, again in zip(*runs, strict=True):
-        assert torch.equal(first, again)
+    for again in runs[1:]:  # (equal values: a first store of -0.0 where the zero-filled add gives +0.0)
+        for first, other in zip(runs[0], again, strict=True):
+            assert torch.equal(first, other)
 
 
 @pytest.mark.gpu
@@ -381,11 +438,14 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     with 2 query heads a key head), past that in the convoy order (17000, with a partial last query tile,
     and 20480 walking up, 24k and 48k walking its tiles down); the gradients pass the
     tolerance rule (at the smaller
-    sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'."""
+    sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'.
+    Each item's first adder stores into a buffer whose unwritten elements are NaN (`ordered_dq_buffer`)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
     )  # fmt: skip
+    # (each item's first adder stores: any element of the dq buffers read before it is written shows)
+    monkeypatch.setattr(fused_hopper, "UNWRITTEN_FILL", float("nan"))
     q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + h if causal else sq + sk + h)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)

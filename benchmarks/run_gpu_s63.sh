@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 63). Each part is what one call ran; the outputs are in
+# benchmarks/results/s63/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s63.sh 1   # the ordered one-kernel backward's first adder of each item storing instead of
+#       adding (FIRST_STORES; no zero fill of the fp32 dq buffer): the ordered and block-sparse one-kernel GPU tests
+#       (buffers' unwritten elements NaN), then fwd+bwd against SDPA cuDNN with it off and on (ab_cudnn.py
+#       --zero-filled, five rounds) at d128 causal 4k-16k and full 4k-16k
+#   bash benchmarks/run_gpu_s63.sh 2   # block-sparse d128 through the ordered one-kernel backward at every density,
+#       first stores off / on (ab_block_sparse.py d128_first_stores) at n4k and n16k
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+T=tests/kernels/test_block_sparse_hopper.py
+case "$1" in
+1)
+  timeout -s KILL 220 python -m pytest -q -n 6 -rf -m gpu tests/kernels/test_flash_bwd_hopper.py \
+    tests/kernels/test_flash_bwd_fused_hopper.py -k "ordered or torch_deterministic" > "$R/gpu_tests_ordered.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_ordered.log"
+  timeout -s INT 120 python -m pytest -q -n 6 -m gpu -rf $T -k "one_kernel" > "$R/gpu_tests_one_kernel.log" 2>&1
+  tail -n 2 "$R/gpu_tests_one_kernel.log"
+  for causal in yes no; do
+    timeout -s KILL 110 python benchmarks/ab_cudnn.py --zero-filled --headdims 128 --causal $causal \
+      --seqlens 4096 8192 16384 --rounds 5 --out "$R/ab_cudnn_first_stores_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+2)
+  bs_ab 250 first_stores_n16k --variants d128_first_stores --seqlens 16384 --headdims 128 --min-density 0.04 \
+    --max-density 0.5 --no-flex
+  bs_ab 120 first_stores_n4k --variants d128_first_stores --seqlens 4096 --headdims 128 --max-density 0.5 --no-flex
+  ;;
+esac
