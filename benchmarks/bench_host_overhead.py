@@ -9,7 +9,9 @@ on a (1, n, 16, d) bf16 problem:
   (the host's rate when it cannot keep ahead of nothing but itself);
 - `fwdbwd_synced_ms`: the same with a device sync after every call (host and device in series);
 - `fwd_host_ms`: the forward alone under no_grad;
-- `host_top`: cProfile's top functions by own time per fwd+bwd call (`common.host_profile`, 100 calls).
+- `host_top`: cProfile's top functions by own time per fwd+bwd call (`common.host_profile`, 100 calls),
+  autograd's backward run on the calling thread so that the profile sees it (it runs on autograd's
+  device thread otherwise).
 
 `parts` (dense path, on a (1, --parts-seqlen, 16, d) problem small enough that the GPU never sets the
 pace): host time per call of each layer alone, from a bare Triton launch of as many arguments as our
@@ -249,7 +251,8 @@ def main():
         row["fwdbwd_synced_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=True)
         with torch.no_grad():
             row["fwd_host_ms"] = per_call_ms(forward, args.calls, sync_each=False)
-        row["host_top"] = host_profile(fwdbwd, steps=100, top=args.top)
+        with torch.autograd.set_multithreading_enabled(False):  # (the backward on this thread: profiled)
+            row["host_top"] = host_profile(fwdbwd, steps=100, top=args.top)
         rows.append(row)
         print({key: val for key, val in row.items() if key != "host_top"}, flush=True)
         for entry in row["host_top"]:

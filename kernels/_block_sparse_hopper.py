@@ -132,14 +132,20 @@ PERSISTENT_DKDV = {
 # tile instead of the two kernels' 7, dQ added per step in fp32) per head dim: (ordered, from this mean
 # number of the dq kernel's key tiles a program) where it runs, ordered meaning each dq tile's adds in
 # key-tile order (bitwise repeatable, as the two kernels are; `col_ranks`). None: the two kernels.
-# Its fixed cost is bytes (delta's preprocess, the fp32 dq buffer zeroed and converted) against 2 of 7
-# products saved per tile, so it pays on long lists. d128 ordered, fwd+bwd from graphs, two kernels ÷ it,
+# Its fixed cost is bytes (delta's preprocess, the fp32 dq buffer converted; until session 63 also zeroed)
+# against 2 of 7 products saved per tile, so it pays on long lists. d128 ordered, fwd+bwd from graphs, two kernels ÷ it,
 # one H200, alternating (ab_block_sparse.py, results/s62/call5-6), by mean tiles a dq program:
 #   n4k 2 / 4 / 6 / 12 / 15.6 / 31.5 tiles (3-49%): 0.78 / 0.86 / 0.86 / 0.92 / 0.97 / 1.02;
 #   n16k 12 / 16 / 25.7 / 63.8 / 115 (4.7-45%): 0.91 / 0.93 / 0.94 / 1.02 / 1.07;
 #   n64k 43.7 / 126 / 246 / 451 (4.3-44%): 1.05 / 1.12 / 1.09 / 1.07.
 # So from 30 tiles. (Unordered, as the adds land: n16k 0.94-0.95 at 4.7-6.25%, 1.02-1.11 at 10-45%, n4k
 # 0.79-0.99, results/s62/call3-4; the block-sparse op has no nondeterministic switch, so it is not taken.)
+# Since session 63 each item's first adder stores instead of adding (`_flash_bwd_fused_hopper.FIRST_STORES`),
+# and the buffer's zero fill is gone: the ordered kernel 1.03-1.13x faster at n4k, 1.00-1.06x at n16k
+# (results/s63/call2). Two kernels ÷ it then (results/s63/call3, call5): n4k 2 / 4 / 6 / 12 / 15.6 / 31.5
+# tiles 0.89 / 0.96 / 0.93 / 0.95 and 0.95 / 1.02 and 1.01 / 1.03; n16k 12 / 16 / 25.7 / 63.8 / 115 tiles
+# 0.95 / 0.97 / 1.01 and 0.96 / 1.09 / 1.06. Between 16 and 26 tiles the two runs disagree within their
+# spread, so the rule stays at 30.
 # d64: no one-kernel config (`_flash_bwd_fused_hopper.CONFIGS`). Memory: the fp32 dq buffer, twice dq's
 # bytes, lives through the backward (512 MiB at 64k tokens, 16 heads of 128).
 ONE_KERNEL_BACKWARD: dict[int, tuple[bool, float] | None] = {64: None, 128: (True, 30.0)}

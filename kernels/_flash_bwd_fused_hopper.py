@@ -577,8 +577,12 @@ ORDERED_CAUSAL_FROM = 2048
 ORDERED_CAUSAL_KEY_GROUPS = 2
 
 
-# FLASHTRAIN_FIRST_STORES=0: the ordered backward's first adder of each item adds too, into a zero-filled
-# buffer (A/B runs, a safety valve)
+# The ordered backward's first adder of each item stores (`_add_in_turn`), so its fp32 dq buffers are not
+# zero-filled (`ordered_dq_buffer`). One H200, d128, 16k tokens x 16 heads, fwd+bwd, five rounds alternating,
+# zero-filled ÷ first stores (results/s63/call1, call4): causal 4k / 8k / 16k 1.032 / 1.024 / 1.003, full
+# 1.006 / 0.999 / 1.014, 32k-64k 0.995-1.004 (the fill is a smaller share there); block-sparse d128 on the
+# ordered kernel 1.03-1.13x at n4k, 1.00-1.06x at n16k (call2); gradients bitwise the same.
+# FLASHTRAIN_FIRST_STORES=0 adds into zero-filled buffers instead (A/B runs, a safety valve).
 FIRST_STORES = os.environ.get("FLASHTRAIN_FIRST_STORES", "1") != "0"
 # (tests) what `ordered_dq_buffer` fills the elements it leaves to the first stores with: None leaves
 # torch.empty's bytes; NaN shows any element read before it is written
