@@ -19,6 +19,7 @@
 #   7: bs_bench 220 block_sparse_n4k_d128 --seqlens 4096 --headdims 128
 #   8: bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly F:L --no-parts --top 18 for 5:8 and 5:2
 #   9: the GPU tests of tests/kernels/test_flash_bwd_fused_hopper.py and test_block_sparse_hopper.py, whole
+#  10 (a fresh machine): ab_train_route.py --route d64_one_kernel --seqlen 8192 --rounds 8
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
