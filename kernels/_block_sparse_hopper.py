@@ -132,9 +132,10 @@ PERSISTENT_DKDV = {
 # tile instead of the two kernels' 7, dQ added per step in fp32) per head dim: (ordered, from this mean
 # number of the dq kernel's key tiles a program) where it runs, ordered meaning each dq tile's adds in
 # key-tile order (bitwise repeatable, as the two kernels are; `col_ranks`). None: the two kernels.
-# Its fixed cost is bytes (delta's preprocess, the fp32 dq buffer converted; until session 63 also zeroed)
-# against 2 of 7 products saved per tile, so it pays on long lists. d128 ordered, fwd+bwd from graphs, two kernels ÷ it,
-# one H200, alternating (ab_block_sparse.py, results/s62/call5-6), by mean tiles a dq program:
+# Its fixed cost is bytes (delta's preprocess, the fp32 dq buffer converted; until session 63 also
+# zeroed) against 2 of 7 products saved per tile, so it pays on long lists. d128 ordered, fwd+bwd from
+# graphs, two kernels ÷ it, one H200, alternating (ab_block_sparse.py, results/s62/call5-6), by mean tiles
+# a dq program:
 #   n4k 2 / 4 / 6 / 12 / 15.6 / 31.5 tiles (3-49%): 0.78 / 0.86 / 0.86 / 0.92 / 0.97 / 1.02;
 #   n16k 12 / 16 / 25.7 / 63.8 / 115 (4.7-45%): 0.91 / 0.93 / 0.94 / 1.02 / 1.07;
 #   n64k 43.7 / 126 / 246 / 451 (4.3-44%): 1.05 / 1.12 / 1.09 / 1.07.
@@ -364,17 +365,14 @@ def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk
     cfg = fused_bwd.CONFIGS[q.shape[-1]]
     group = q.shape[2] // k.shape[2]
     lists = _col_lists(layout, q.shape[1], k.shape[1], causal, cfg.block_m, group, ordered)
-    first_stores = False
     if ordered:  # (each item's first adder stores where every item has one)
         lists, every_item_listed = lists
         first_stores = every_item_listed and fused_bwd.FIRST_STORES
-    else:  # (ranks unread: the tiles stand in)
-        lists = (*lists, lists[0])
-    delta = backward_delta(out, do, lse)
-    if ordered:
         dq_acc = fused_bwd.ordered_dq_buffer(q, k.shape[1], causal, 1, first_stores)
-    else:
+    else:  # (ranks unread: the tiles stand in)
+        lists, first_stores = (*lists, lists[0]), False
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    delta = backward_delta(out, do, lse)
     fused_bwd.flash_attn_bwd_fused_hopper(
         q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, config=cfg, ordered=ordered,
         lists=lists, first_stores=first_stores,
