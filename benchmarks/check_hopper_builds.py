@@ -116,6 +116,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     from benchmarks.check_kernel_builds import compile_kernel
     from kernels import _flash_bwd_fused_hopper as fused_hopper
     from kernels import _flash_dkdv_hopper as dkdv_hopper
+    from kernels import _flash_dkdv_persistent_hopper as persistent_dkdv
     from kernels import _flash_dq_hopper as dq_hopper
     from kernels import _flash_fwd_hopper as hopper
     from kernels import _hopper_pipeline as pipeline
@@ -160,7 +161,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             jit = {
                 "fwd": hopper._attn_fwd_hopper_persistent,
                 "dq": dq_hopper._attn_bwd_dq_hopper_persistent,
-                "dkdv": dkdv_hopper._attn_bwd_dkdv_hopper_persistent,
+                "dkdv": persistent_dkdv._attn_bwd_dkdv_hopper_persistent,
             }[kernel]
             args += [8, 4, 2]
         meta = dict(

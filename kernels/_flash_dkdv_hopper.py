@@ -24,8 +24,8 @@ At head dim 256 dK and dV would hold 256 registers, so the kernel runs twice (`p
 
 Scope as the Hopper dq kernel (`_flash_dq_hopper`). With SPARSE=True both walk a block-sparse layout's
 tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_hopper`). For short
-lists, `_attn_bwd_dkdv_hopper_persistent` runs the same work on one program per SM, each walking many
-key tiles' lists with the next one's K and V loads under the current one's steps. With FUSED_DQ the
+lists, its persistent variant (`_flash_dkdv_persistent_hopper`) runs the same work on one program per SM,
+each walking many key tiles' lists with the next one's K and V loads under the current one's steps. With FUSED_DQ the
 consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`: the opt-in
 nondeterministic backward, and with ORDERED the deterministic one, whose adds into each dq tile come in
 a fixed order).
@@ -49,7 +49,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _fused_dq_hopper as fused_dq
-from . import _hopper_pipeline as pipeline
 from ._common import LOG2E, sm_count, tile_program_ids
 from ._hopper_pipeline import descriptor, list_args, listed_row_program
 from ._launch import CompiledLaunch
@@ -559,125 +558,6 @@ def _attn_bwd_dkdv_hopper(
     )  # fmt: skip
 
 
-@gluon.jit
-def _persistent_producer(
-    q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-    qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS,
-    lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch,
-):  # fmt: skip
-    """One warp: per work item (`_producer`'s program), each consumer's K and V rows into the item's
-    buffers, once the consumers have stored the item two before through them, then the Q and dO tiles
-    listed into the stage ring, which goes on from the last item's."""
-    NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
-    BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
-    it = 0
-    for j in range(n_mine):
-        n0, off_hk, _, off_b, hi, _, tiles = pipeline.work_rows(
-            j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
-            n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
-        )  # fmt: skip
-        pipeline.load_item_rows(
-            k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
-        )
-        stats = (LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh, seqlen_q, qk_scale)
-        it = _stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats, off_b,
-                         off_hk, group, it, 0, hi, tiles, True, 0)  # fmt: skip
-
-
-@gluon.jit
-def _persistent_consumer(
-    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, dk_desc,
-    dv_desc, seqlen_q, seqlen_k, group, qk_scale, sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-    n_key_tiles, nheads_kv, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr,
-):  # fmt: skip
-    """One warpgroup: keys WG * BLOCK_N .. + BLOCK_N of each work item of this program (`_consumer`'s
-    work on a block-sparse list, item after item); dK and dV through the item's K and V buffers, which
-    go back to the producer once the stores have read them."""
-    NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
-    BLOCK_N: gl.constexpr = k_smem.shape[3]
-    HEAD_DIM: gl.constexpr = k_smem.shape[4]
-    BLOCK_M: gl.constexpr = q_smem.shape[3]
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
-    diag = seqlen_k - seqlen_q
-    n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
-    it = 0
-    for j in range(n_mine):
-        n0, off_hk, _, off_b, hi, lo, tiles = pipeline.work_rows(
-            j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
-            n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
-        )  # fmt: skip
-        buf = (j % 2) * NUM_CONSUMERS + WG
-        first_key = n0 + WG * BLOCK_N
-        keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
-        mbarrier.wait(kv_ready.index(buf), (j // 2) & 1)
-        k = k_smem.index(buf).reshape([BLOCK_N, HEAD_DIM])
-        v = v_smem.index(buf).reshape([BLOCK_N, HEAD_DIM])
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        # the whole list in one loop, its partial tiles (the first lo) masked step by step: with a loop
-        # over them and one over the full tiles, as the grid kernel runs, calls whose first loop ran no
-        # step read shared memory out of range (one H200, results/s36/call5-8)
-        dk, dv, it = _steps(
-            dk, dv, it, k, v, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, keys, 0, hi, tiles,
-            group, diag, qk_scale, CAUSAL, 4, True, 0, st_layout, acc_layout, n_partial=lo,
-        )  # fmt: skip
-        _store_grads(dk, dv, k_smem.index(buf), v_smem.index(buf), dk_desc, dv_desc, [off_b, off_hk, first_key, 0],
-                     sm_scale, 0)  # fmt: skip
-        gl.thread_barrier()  # every warp's share of the stores has been read before the buffers go back
-        mbarrier.arrive(kv_empty.index(buf), count=1)
-
-
-@gluon.jit
-def _attn_bwd_dkdv_hopper_persistent(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA,
-    stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-    n_key_tiles, nheads_kv, n_batch,
-    CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
-):  # fmt: skip
-    """`_attn_bwd_dkdv_hopper` for block-sparse calls (SPARSE, PART 0) on a 1-D grid of at most one
-    program per SM, each walking its share of the (n_key_tiles, nheads_kv, n_batch) grid's work items
-    (`_hopper_pipeline.my_items`), with two sets of K and V buffers so that the next item's loads run
-    under this one's steps and stores; the Q/dO stage ring runs on from item to item. Short lists are
-    where this pays: a program of the grid kernel loads K and V, waits for them, and stores dK and dV
-    with the tensor cores idle, once per handful of steps. (sched_slots: the grid kernel's argument,
-    unused here.)"""
-    gl.static_assert(SPARSE and PART == 0, "block-sparse lists, both gradients in one pass")
-    # K and V: this item's and the next one's (`_hopper_pipeline.item_buffers`, V where the dq kernel has dO)
-    k_smem, v_smem, kv_ready, kv_empty = pipeline.item_buffers(k_desc, v_desc, NUM_CONSUMERS, True)
-    q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = _qdo_ring(
-        q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
-    )
-
-    # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
-    gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
-    gl.warp_specialize(
-        [
-            (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-                                    qdo_ready, qdo_empty, dk_desc, dv_desc, seqlen_q, seqlen_k, group, qk_scale,
-                                    sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
-                                    nheads_kv, n_batch, 0, CAUSAL)),
-            (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-                                    qdo_ready, qdo_empty, dk_desc, dv_desc, seqlen_q, seqlen_k, group, qk_scale,
-                                    sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
-                                    nheads_kv, n_batch, 1, CAUSAL)),
-            (_persistent_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
-                                    delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, LSE, DELTA, stride_lb,
-                                    stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS, lay_heads,
-                                    n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
-
-
 # ---------------------------------------------------------------------------------------------------
 # configs and launcher
 # ---------------------------------------------------------------------------------------------------
@@ -772,7 +652,7 @@ def flash_attn_dkdv_hopper(
     views = {}  # (the passes read the same tensors in other tiles)
     launch = _launch_dkdv
     if config.persistent:  # (block-sparse lists, one pass: the kernel asserts both)
-        launch = _launch_dkdv_persistent
+        launch = persistent_dkdv.launch
         args = (*args, *grid)
         grid = (min(grid[0] * grid[1] * grid[2], sm_count(q.device)),)
     for part in passes(headdim):
@@ -790,7 +670,6 @@ def flash_attn_dkdv_hopper(
 
 
 _launch_dkdv = CompiledLaunch(_attn_bwd_dkdv_hopper, descriptor)
-_launch_dkdv_persistent = CompiledLaunch(_attn_bwd_dkdv_hopper_persistent, descriptor)
 
 
 def passes(headdim: int) -> tuple[int, ...]:
@@ -800,3 +679,7 @@ def passes(headdim: int) -> tuple[int, ...]:
 
 
 SPLIT_ABOVE = 128
+
+
+# (last: the persistent variant's kernel walks this module's steps)
+from . import _flash_dkdv_persistent_hopper as persistent_dkdv  # noqa: E402

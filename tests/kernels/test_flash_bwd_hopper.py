@@ -198,7 +198,7 @@ def assert_compiled_launches_match_jit_ones(monkeypatch, fn, inputs, do) -> None
     launchers = (
         (fwd_hopper._launch_fwd, fwd_hopper._launch_fwd_persistent),
         (dq_hopper._launch_dq, dq_hopper._launch_dq_persistent),
-        (dkdv_hopper._launch_dkdv, dkdv_hopper._launch_dkdv_persistent),
+        (dkdv_hopper._launch_dkdv, dkdv_hopper.persistent_dkdv.launch),
     )
     fast = lambda: [sum(launcher.fast_launches for launcher in kernel) for kernel in launchers]  # noqa: E731
     run = lambda: fwd_bwd_results(fn, inputs, do)  # noqa: E731
