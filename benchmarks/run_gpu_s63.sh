@@ -20,6 +20,8 @@
 #   8: bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly F:L --no-parts --top 18 for 5:8 and 5:2
 #   9: the GPU tests of tests/kernels/test_flash_bwd_fused_hopper.py and test_block_sparse_hopper.py, whole
 #  10 (a fresh machine): ab_train_route.py --route d64_one_kernel --seqlen 8192 --rounds 8
+#  11 (a fresh machine, commit e7330d3: the persistent dK/dV kernel moved to its own file): the GPU tests of
+#      test_block_sparse_hopper.py and test_flash_bwd_hopper.py -k "persistent or compiled or short or any_list_length"
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
