@@ -368,10 +368,9 @@ def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk
     if ordered:  # (each item's first adder stores where every item has one)
         lists, every_item_listed = lists
         first_stores = every_item_listed and fused_bwd.FIRST_STORES
-        dq_acc = fused_bwd.ordered_dq_buffer(q, k.shape[1], causal, 1, first_stores)
     else:  # (ranks unread: the tiles stand in)
         lists, first_stores = (*lists, lists[0]), False
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dq_acc = fused_bwd.dq_buffer(q, k.shape[1], causal, first_stores=first_stores)
     delta = backward_delta(out, do, lse)
     fused_bwd.flash_attn_bwd_fused_hopper(
         q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, config=cfg, ordered=ordered,

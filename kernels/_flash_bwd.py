@@ -564,10 +564,8 @@ def flash_attn_backward(
     key_groups = _flash_bwd_fused_hopper.ordered_dq_groups(k.shape[1], causal, convoy, sms) if ordered else 1
     dq_acc = None
     first_stores = ordered and _flash_bwd_fused_hopper.FIRST_STORES
-    if ordered:  # (first stores: zeros only where no program adds)
-        dq_acc = _flash_bwd_fused_hopper.ordered_dq_buffer(q, k.shape[1], causal, key_groups, first_stores)
-    elif atomic_dq:
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    if atomic_dq or ordered:  # (first stores: zeros only where no program adds)
+        dq_acc = _flash_bwd_fused_hopper.dq_buffer(q, k.shape[1], causal, key_groups, first_stores)
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k

@@ -100,7 +100,7 @@ def _attn_bwd_fused_hopper(
     many key tiles before this program's list the entry's item (`_sparse_releases`). Dense calls pass
     any pointer for TILES, COUNTS and RANKS (never read).
     FIRST_STORES (ORDERED): each item's first adder (rank 0) stores its dQ half instead of adding it, so
-    the dq buffer needs zeros only where no program adds (`ordered_dq_buffer`)."""
+    the dq buffer needs zeros only where no program adds (`dq_buffer`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -301,11 +301,8 @@ def _add_in_turn(
         tma.async_copy_shared_to_global(
             dq_desc, [coord[0], coord[1], gl.where(first, rows, _PAST_ROWS), 0], dq_smem.index(WG)
         )
-        fused_dq.tma_reduce_add(
-            dq_desc, [coord[0], coord[1], gl.where(first, _PAST_ROWS, rows), 0], dq_smem.index(WG)
-        )
-    else:
-        fused_dq.tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
+        coord = [coord[0], coord[1], gl.where(first, _PAST_ROWS, rows), 0]
+    fused_dq.tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
     tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
     mbarrier.arrive(free.index(WG), count=1)
     _bulk_wait_all()  # (complete in global memory)
@@ -578,23 +575,26 @@ ORDERED_CAUSAL_KEY_GROUPS = 2
 
 
 # The ordered backward's first adder of each item stores (`_add_in_turn`), so its fp32 dq buffers are not
-# zero-filled (`ordered_dq_buffer`). One H200, d128, 16k tokens x 16 heads, fwd+bwd, five rounds alternating,
+# zero-filled (`dq_buffer`). One H200, d128, 16k tokens x 16 heads, fwd+bwd, five rounds alternating,
 # zero-filled ÷ first stores (results/s63/call1, call4): causal 4k / 8k / 16k 1.032 / 1.024 / 1.003, full
 # 1.006 / 0.999 / 1.014, 32k-64k 0.995-1.004 (the fill is a smaller share there); block-sparse d128 on the
 # ordered kernel 1.03-1.13x at n4k, 1.00-1.06x at n16k (call2); gradients bitwise the same.
 # FLASHTRAIN_FIRST_STORES=0 adds into zero-filled buffers instead (A/B runs, a safety valve).
 FIRST_STORES = os.environ.get("FLASHTRAIN_FIRST_STORES", "1") != "0"
-# (tests) what `ordered_dq_buffer` fills the elements it leaves to the first stores with: None leaves
+# (tests) what `dq_buffer` fills the elements it leaves to the first stores with: None leaves
 # torch.empty's bytes; NaN shows any element read before it is written
 UNWRITTEN_FILL: float | None = None
 
 
-def ordered_dq_buffer(q, seqlen_k: int, causal: bool, key_groups: int, first_stores: bool) -> torch.Tensor:
-    """The ordered backward's fp32 dq buffers, (key_groups x batch, *q's other dims): zeros, or with
-    first_stores (`_add_in_turn`: each item's first adder stores) zeros only where no program of a key
-    group adds: a key group without programs, and causal (seqlen_q == seqlen_k), the queries before the
-    group's first key (its programs start on their diagonals). For a block-sparse call (one key group) the
-    caller passes first_stores only when every item is listed (`_block_sparse_hopper._col_lists`)."""
+def dq_buffer(
+    q, seqlen_k: int, causal: bool, key_groups: int = 1, first_stores: bool = False
+) -> torch.Tensor:
+    """The one-kernel backward's fp32 dq buffers (ordered: one per key group), (key_groups x batch, *q's
+    other dims): zeros, or with first_stores (ordered, `_add_in_turn`: each item's first adder stores)
+    zeros only where no program of a key group adds: a key group without programs, and causal (seqlen_q ==
+    seqlen_k), the queries before the group's first key (its programs start on their diagonals). For a
+    block-sparse call (one key group) the caller passes first_stores only when every item is listed
+    (`_block_sparse_hopper._col_lists`)."""
     shape = (key_groups * q.shape[0], *q.shape[1:])
     if not first_stores:
         return torch.zeros(shape, device=q.device, dtype=torch.float32)
@@ -634,7 +634,7 @@ def flash_attn_bwd_fused_hopper(
     `col_ranks`: ranks read only when ordered), whose lse (passed as lse2) is in natural log; one key group,
     no convoy.
     first_stores (ordered): each item's first adder stores its dQ half instead of adding it, so dq_acc
-    needs zeros only where no program adds (`ordered_dq_buffer`)."""
+    needs zeros only where no program adds (`dq_buffer`)."""
     if lists is not None and (key_groups != 1 or convoy or walk_down):
         raise ValueError(
             "a block-sparse call (lists) adds each dq tile in its key tiles' order: it takes key_groups=1, "

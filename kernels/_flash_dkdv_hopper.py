@@ -24,9 +24,9 @@ At head dim 256 dK and dV would hold 256 registers, so the kernel runs twice (`p
 
 Scope as the Hopper dq kernel (`_flash_dq_hopper`). With SPARSE=True both walk a block-sparse layout's
 tile lists instead of ranges, reading a natural-log lse (`kernels._block_sparse_hopper`). For short
-lists, its persistent variant (`_flash_dkdv_persistent_hopper`) runs the same work on one program per SM,
-each walking many key tiles' lists with the next one's K and V loads under the current one's steps. With FUSED_DQ the
-consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`: the opt-in
+lists, its persistent variant (`_flash_dkdv_persistent_hopper`) runs the same work on one program per
+SM, each walking many key tiles' lists with the next one's K and V loads under the current one's steps.
+With FUSED_DQ the consumers also add each step's dQ into global memory (`_flash_bwd_fused_hopper`: the opt-in
 nondeterministic backward, and with ORDERED the deterministic one, whose adds into each dq tile come in
 a fixed order).
 """
@@ -326,17 +326,13 @@ def _consumer(
     """One warpgroup: keys n0 + WG * BLOCK_N .. + BLOCK_N against query tiles lo .. hi - 1 of each query
     head of the group (block-sparse: the hi tiles listed, of which the first lo are partial); then dK
     (times the softmax scale) and dV through TMA stores (PART 1: dV alone, 2: dK alone). FUSED_DQ: dQ
-    too (dense, PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `_fused_dq_hopper.fused_dq_product`). HOT_FIRST:
+    too (PART 0; dq_io: `_flash_bwd_fused_hopper`'s buffers, see `_fused_dq_hopper.fused_dq_product`). HOT_FIRST:
     the sections' order (`sections`). ORDERED: dQ added in a fixed order (see `_steps`, also DOWN)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    st_layout: gl.constexpr = wgmma_layout(BLOCK_M)  # S^T, dP^T: keys x the step's queries
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)  # dK, dV
     first_key = n0 + WG * BLOCK_N
     keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     diag = seqlen_k - seqlen_q
@@ -412,6 +408,12 @@ def _consumer(
         mbarrier.wait(keys_free, 0)
     _store_grads(dk, dv, k_smem.index(WG), v_smem.index(WG), dk_desc, dv_desc, [off_b, off_hk, first_key, 0],
                  sm_scale, PART)  # fmt: skip
+
+
+@gluon.constexpr_function
+def wgmma_layout(n):
+    """A consumer warpgroup's wgmma accumulator layout for products n columns wide."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
 @gluon.jit

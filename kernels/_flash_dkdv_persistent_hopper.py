@@ -21,6 +21,20 @@ from ._launch import CompiledLaunch
 
 
 @gluon.jit
+def _item(
+    j, programs, pid, seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv,
+    n_batch, NUM_CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    """This program's work item j (`_hopper_pipeline.work_rows` on the key tiles' lists): its first key n0,
+    key head, batch, list length hi, partial entries lo and list."""
+    n0, off_hk, _, off_b, hi, lo, tiles = pipeline.work_rows(
+        j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
+        n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
+    )  # fmt: skip
+    return n0, off_hk, off_b, hi, lo, tiles
+
+
+@gluon.jit
 def _persistent_producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
     qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS,
@@ -34,9 +48,9 @@ def _persistent_producer(
     n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
     it = 0
     for j in range(n_mine):
-        n0, off_hk, _, off_b, hi, _, tiles = pipeline.work_rows(
-            j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
-            n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
+        n0, off_hk, off_b, hi, _, tiles = _item(
+            j, programs, pid, seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
+            nheads_kv, n_batch, NUM_CONSUMERS, BLOCK_N,
         )  # fmt: skip
         pipeline.load_item_rows(
             k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
@@ -58,20 +72,15 @@ def _persistent_consumer(
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
-    BLOCK_M: gl.constexpr = q_smem.shape[3]
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    st_layout: gl.constexpr = dkdv.wgmma_layout(q_smem.shape[3])  # S^T, dP^T: keys x the step's queries
+    acc_layout: gl.constexpr = dkdv.wgmma_layout(HEAD_DIM)  # dK, dV
     diag = seqlen_k - seqlen_q
     n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
     it = 0
     for j in range(n_mine):
-        n0, off_hk, _, off_b, hi, lo, tiles = pipeline.work_rows(
-            j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
-            n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
+        n0, off_hk, off_b, hi, lo, tiles = _item(
+            j, programs, pid, seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
+            nheads_kv, n_batch, NUM_CONSUMERS, BLOCK_N,
         )  # fmt: skip
         buf = (j % 2) * NUM_CONSUMERS + WG
         first_key = n0 + WG * BLOCK_N

@@ -244,7 +244,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
     """The ordered backward's dq (its kernel stubbed, so it runs on CPU) is its key groups' fp32 buffers,
     summed in group order and rounded once to q's dtype: key groups from `ordered_key_groups`, or in the
     causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`). The buffers come zero-filled, or
-    with FIRST_STORES (each item's first adder stores) as `ordered_dq_buffer` leaves them: here, 40 keys, a
+    with FIRST_STORES (each item's first adder stores) as `dq_buffer` leaves them: here, 40 keys, a
     single program, so every key group past the first has none and is all zeros."""
     from kernels import _flash_bwd
 
@@ -296,7 +296,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
 def test_first_stores_buffer_zeroes_exactly_the_rows_no_program_adds_into(
     monkeypatch, seqlen, key_groups, causal
 ):
-    """`ordered_dq_buffer` with first stores: each item's first adder stores, so the buffer holds zeros
+    """`dq_buffer` with first stores: each item's first adder stores, so the buffer holds zeros
     only where no program of a key group adds (its other elements are left unwritten: NaN here). Program p
     adds into every query row with full attention, causal into the rows from its first key on (its
     diagonal, seqlen_q == seqlen_k); key group g holds programs g * per_group .. (some partial or empty).
@@ -306,7 +306,7 @@ def test_first_stores_buffer_zeroes_exactly_the_rows_no_program_adds_into(
     keys = fused_hopper.CONFIGS[128].consumers * fused_hopper.CONFIGS[128].block_n
     programs = -(-seqlen // keys)
     per_group = -(-programs // key_groups)
-    buffer = fused_hopper.ordered_dq_buffer(q, seqlen, causal, key_groups, True)
+    buffer = fused_hopper.dq_buffer(q, seqlen, causal, key_groups, True)
     assert buffer.shape == (key_groups * 2, seqlen, 3, 128) and buffer.dtype == torch.float32
     for g, rows in enumerate(buffer.view(key_groups, 2, seqlen, 3, 128).unbind(0)):
         first = [p for p in range(programs) if p // per_group == g]
@@ -314,7 +314,7 @@ def test_first_stores_buffer_zeroes_exactly_the_rows_no_program_adds_into(
         for p in first:
             added[p * keys if causal else 0 :] = True
         assert rows[:, added].isnan().all() and (rows[:, ~added] == 0).all(), (g, first)
-    zeros = fused_hopper.ordered_dq_buffer(q, seqlen, causal, key_groups, False)
+    zeros = fused_hopper.dq_buffer(q, seqlen, causal, key_groups, False)
     assert zeros.shape == buffer.shape and not zeros.any()
 
 
@@ -382,7 +382,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     blocks of 1 or 3 key tiles, some blocks partial, walking the tiles up or down, in one key group or in
     2 or 3, some of them partial or empty): the gradients pass the tolerance rule on every edge case it
     takes (full attention; causal on as many queries as keys; the convoy order, full or causal) and come
-    out bitwise the same twice. Each item's first adder stores (`ordered_dq_buffer`'s other elements NaN
+    out bitwise the same twice. Each item's first adder stores (`dq_buffer`'s other elements NaN
     here), and the sums equal those added into zero-filled buffers. Full attention in the convoy order
     takes one key group: more raise."""
     q, k, v, do, causal = edge_inputs(case, headdim, dtype)
@@ -400,7 +400,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     runs = []
     for first_stores in (True, True, False):
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        acc = fused_hopper.ordered_dq_buffer(q, k.shape[1], causal, key_groups, first_stores)
+        acc = fused_hopper.dq_buffer(q, k.shape[1], causal, key_groups, first_stores)
         fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse2, delta, acc, dk, dv, sm_scale=headdim**-0.5, causal=causal, ordered=True,
             key_groups=key_groups, convoy=convoy, convoy_block=convoy_block, walk_down=walk_down and causal,
@@ -439,7 +439,7 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     and 20480 walking up, 24k and 48k walking its tiles down); the gradients pass the
     tolerance rule (at the smaller
     sizes), repeat bit for bit and stay within 1% of their largest value of the two deterministic kernels'.
-    Each item's first adder stores into a buffer whose unwritten elements are NaN (`ordered_dq_buffer`)."""
+    Each item's first adder stores into a buffer whose unwritten elements are NaN (`dq_buffer`)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
