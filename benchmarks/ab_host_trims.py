@@ -1,15 +1,21 @@
-"""Host time of eager attention calls with session 50's host trims against without them, the two
+"""Host time of eager attention calls with a session's host trims against without them, the two
 alternating in one process (GPU only; host time varies by a third between processes, results/s35/call1
 and s50/call2).
 
-The trims: a block-sparse backward takes its forward's answer on the Hopper kernels
+`--trims s50`: a block-sparse backward takes its forward's answer on the Hopper kernels
 (`_block_sparse_hopper.usable_backward`'s forward_hopper) instead of checking q, k and v again, and
 `_hopper_pipeline.tma_ready` is a plain loop. "untrimmed" puts back the full check and the all()-over-a-
 generator form (the patch: results/s50/host_trim.patch; its third change, dq/dk/dv by empty_like, stays
-in both ways). Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse
-(butterfly, 2 factors) and dense causal; `fwdbwd_ms` one eager fwd+bwd, calls issued back to back.
+in both ways).
+`--trims s64`: host-side `cdiv` is plain integer arithmetic (`kernels._common.cdiv`) instead of Triton
+3.6's `triton.cdiv`, a constexpr function, and the backward's delta preprocess launches through
+`_launch.CompiledLaunch` instead of `kernel[grid](...)`; "untrimmed" puts both back.
 
-    python benchmarks/ab_host_trims.py --out host_trims.json
+Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
+block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal;
+`fwdbwd_ms` one eager fwd+bwd, calls issued back to back.
+
+    python benchmarks/ab_host_trims.py --trims s64 --out host_trims.json
 """
 
 from __future__ import annotations
@@ -19,12 +25,25 @@ import os
 import statistics
 import sys
 
+import triton
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_host_overhead import alternating_host_ms  # noqa: E402
 from benchmarks.check_launch_encoding import case_fns  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
-from kernels import _block_sparse_hopper, _hopper_pipeline  # noqa: E402
+from kernels import (  # noqa: E402
+    _block_sparse_hopper,
+    _common,
+    _flash_bwd,
+    _flash_bwd_fused_hopper,
+    _flash_dkdv_hopper,
+    _flash_dq_hopper,
+    _flash_fwd,
+    _flash_fwd_hopper,
+    _hopper_pipeline,
+    decode,
+)
 
 TRIMMED = (_hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward)
 
@@ -45,12 +64,39 @@ def use(way: str) -> None:
     _hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward = WAYS[way]
 
 
-def measure(path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
+# session 64's: the modules that call cdiv on the host, and the delta preprocess's launch
+CDIV_MODULES = (_block_sparse_hopper, _flash_bwd, _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper,
+                _flash_fwd, _flash_fwd_hopper, decode)  # fmt: skip
+
+
+def _preprocess_through_jit(grid, descriptors, args, kwargs) -> None:
+    _flash_bwd._bwd_preprocess[grid](*args, **kwargs)  # (as before session 64)
+
+
+WAYS_S64 = {
+    "trimmed": (_common.cdiv, _flash_bwd._launch_preprocess),
+    "untrimmed": (triton.cdiv, _preprocess_through_jit),
+}
+
+
+def use_s64(way: str) -> None:
+    cdiv, launch_preprocess = WAYS_S64[way]
+    for module in CDIV_MODULES:
+        module.cdiv = cdiv
+    _flash_bwd._launch_preprocess = launch_preprocess
+
+
+TRIM_SETS = {"s50": use, "s64": use_s64}
+
+
+def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
+    switch = TRIM_SETS[trims]
     fwdbwd, _ = case_fns(path, seqlen, headdim)
-    switches = {way: (lambda way=way: use(way)) for way in WAYS}
+    switches = {way: (lambda way=way: switch(way)) for way in ("trimmed", "untrimmed")}
     times = alternating_host_ms(switches, {"fwdbwd": fwdbwd}, batches, calls)
-    use("trimmed")
-    row = dict(path=path, seqlen=seqlen, headdim=headdim, nheads=16, batch=1, batches=batches, calls=calls)
+    switch("trimmed")
+    row = dict(trims=trims, path=path, seqlen=seqlen, headdim=headdim, nheads=16, batch=1, batches=batches,
+               calls=calls)  # fmt: skip
     for (way, _), values in times.items():
         row[f"{way}_fwdbwd_ms"] = round(statistics.median(values), 4)
         row[f"{way}_fwdbwd_range"] = [round(min(values), 4), round(max(values), 4)]
@@ -61,6 +107,9 @@ def measure(path: str, seqlen: int, headdim: int, batches: int, calls: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
+    parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
+                        choices=["block_sparse", "block_sparse_long", "dense"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)
@@ -69,12 +118,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for headdim in args.headdims:
-        for path in ("block_sparse", "dense"):
-            row = measure(path, args.seqlen, headdim, args.batches, args.calls)
+        for path in args.paths:
+            row = measure(args.trims, path, args.seqlen, headdim, args.batches, args.calls)
             rows.append(row)
             print(
-                f"{path:12s} n{args.seqlen} d{headdim}: fwd+bwd {row['trimmed_fwdbwd_ms']:.3f} ms trimmed, "
-                f"{row['untrimmed_fwdbwd_ms']:.3f} untrimmed ({row['ratio']:.3f}x)",
+                f"{args.trims} {path:17s} n{args.seqlen} d{headdim}: fwd+bwd {row['trimmed_fwdbwd_ms']:.3f} ms "
+                f"trimmed, {row['untrimmed_fwdbwd_ms']:.3f} untrimmed ({row['ratio']:.3f}x)",
                 flush=True,
             )
     write_results(args.out, rows, extra=dict(dtype="bfloat16"))

@@ -34,8 +34,10 @@ WAYS = {"encoded_once": True, "run_path": False}
 def case_fns(path: str, seqlen: int, headdim: int):
     q, k, v, do = (torch.randn(1, seqlen, 16, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    if path == "block_sparse":
-        layout = butterfly_layout(seqlen, 128, n_factors=2).cuda()
+    if path.startswith("block_sparse"):
+        # (block_sparse_long: lists long enough for d128's one-kernel backward, ~56% at n4k)
+        factors, local = (5, 8) if path == "block_sparse_long" else (2, 0)
+        layout = butterfly_layout(seqlen, 128, n_factors=factors, local_blocks=local).cuda()
         forward = lambda: block_sparse_attention(q, k, v, layout)  # noqa: E731
     else:
         forward = lambda: flash_attention(q, k, v, causal=True)  # noqa: E731

@@ -38,14 +38,13 @@ import math
 import os
 
 import torch
-import triton
 
 from . import _flash_bwd_fused_hopper as fused_bwd
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_dq_hopper as dq_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
-from ._common import INTERPRET, compute_capability
+from ._common import INTERPRET, cdiv, compute_capability
 from ._flash_bwd import backward_delta
 from .layouts import FULL, PARTIAL, SKIP, BlockLayout, BlockLists
 
@@ -236,7 +235,7 @@ def _usable(layout: BlockLayout, dropout_p: float, *tensors: torch.Tensor) -> bo
         return False
     if layout.block_m % PROGRAM_ROWS or layout.block_n % PROGRAM_ROWS:
         return False
-    if triton.cdiv(q.shape[1], CONFIGS[q.shape[-1]][2].block_m) > MAX_LIST_TILE:
+    if cdiv(q.shape[1], CONFIGS[q.shape[-1]][2].block_m) > MAX_LIST_TILE:
         return False
     return pipeline.all_tma_ready(tensors)
 

@@ -130,6 +130,13 @@ def _cached_config_run(tuned):
     return run
 
 
+# Host-side integer helpers: Triton 3.6's triton.cdiv and triton.next_power_of_2 are constexpr functions,
+# ~2 us a host call (each argument unwrapped through Triton's constexpr machinery), and a short eager
+# attention call made ~17 of them (results/s63/call8's profiles)
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << (max(int(n), 1) - 1).bit_length()
 

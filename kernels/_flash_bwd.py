@@ -14,6 +14,7 @@ from ._common import (
     INTERPRET,
     LOG2E,
     autotune,
+    cdiv,
     dot_precision,
     dropout_keep_tile,
     dropout_mode,
@@ -29,6 +30,7 @@ from ._common import (
     visible_range,
 )
 from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket, without_narrow_key_tiles
+from ._launch import CompiledLaunch
 
 
 @triton.jit
@@ -437,6 +439,12 @@ _bwd_dq_tuned = autotune(
 # ---------------------------------------------------------------------------------------------------
 
 
+# Through the compiled kernel's own launcher after the first call (`_launch.CompiledLaunch`): Triton's
+# `kernel[grid](...)` binds and specializes every argument in Python each call, ~0.08 ms of a one-kernel
+# backward's host time under cProfile (results/s63/call8), where eager short calls are host-bound
+_launch_preprocess = CompiledLaunch(_bwd_preprocess)
+
+
 def backward_delta(
     out, do, lse, cu_seqlens_q=None, max_seqlen_q=None, dlse=None, dlse_scale=1.0
 ) -> torch.Tensor:
@@ -455,10 +463,12 @@ def backward_delta(
     nheads, headdim = out.shape[-2], out.shape[-1]
     delta = torch.empty_like(lse)
     pre_m = 32 if INTERPRET else 64
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), nheads, batch)](
-        out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen),
-        stride_lb, stride_lh, seqlen_q,
-        HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen, BLOCK_M=pre_m,
+    _launch_preprocess(
+        (cdiv(seqlen_q, pre_m), nheads, batch),
+        (),
+        (out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen), stride_lb,
+         stride_lh, seqlen_q),
+        dict(HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen, BLOCK_M=pre_m),
     )  # fmt: skip
     if dlse is not None:
         delta.sub_(dlse, alpha=dlse_scale)  # in place: keeps lse's layout, which the kernels index it by
@@ -630,7 +640,7 @@ def flash_attn_backward(
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)
     if not hopper_dq and only != "dkdv" and not atomic_dq:
-        grid_q = lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
+        grid_q = lambda m: (cdiv(seqlen_q, m["BLOCK_M"]), nheads, batch)  # noqa: E731
         _bwd_dq_tuned[grid_q](
             q, k, v, do, dq, lse, delta, *kpm_args, cu_seqlens_q, cu_seqlens_k, out if delta_here else lse,
             *strides_qkv_do, *token_strides(dq, varlen), *(token_strides(out, varlen) if delta_here else (0, 0, 0)),
@@ -641,7 +651,7 @@ def flash_attn_backward(
             q, k, v, do, dk, dv, lse, delta, sm_scale=sm_scale, causal=causal
         )
         return dq, dk, dv
-    grid_kv = lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
+    grid_kv = lambda m: (cdiv(seqlen_k, m["BLOCK_N"]), nheads_kv, batch)  # noqa: E731
     dq_strides = token_strides(dq_acc, varlen) if atomic_dq else (0, 0, 0)
     # wide heads: dv and dk in two passes, each holding one fp32 accumulator (see SPLIT_DKDV_ABOVE)
     for part in () if only == "dq" else (1, 2) if block_d > SPLIT_DKDV_ABOVE else (0,):

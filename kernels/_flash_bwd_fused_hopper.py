@@ -55,14 +55,13 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
-from ._common import LOG2E, sched_slots_for, sm_count
+from ._common import LOG2E, cdiv, sched_slots_for, sm_count
 from ._hopper_pipeline import descriptor, listed_row_program
 from ._launch import CompiledLaunch
 
@@ -377,7 +376,7 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
     cfg = CONFIGS.get(headdim)
     if not ORDERED_ENABLED or cfg is None:
         return False
-    programs = triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n)
+    programs = cdiv(seqlen_k, cfg.consumers * cfg.block_n)
     key_groups = ordered_key_groups(seqlen_k, sms)
     if causal:
         return (
@@ -388,13 +387,13 @@ def supports_ordered(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, g
                 or ordered_convoy(seqlen_q, seqlen_k, causal, group, sms)
             )
         )
-    items = group * triton.cdiv(seqlen_q, cfg.block_m)
+    items = group * cdiv(seqlen_q, cfg.block_m)
     if ordered_convoy(seqlen_q, seqlen_k, causal, group, sms):
         return items >= 2 * programs
     return (
         key_groups <= MAX_KEY_GROUPS
         and group <= ORDERED_ROTATION_MAX_GROUP
-        and items >= 2 * triton.cdiv(programs, key_groups)
+        and items >= 2 * cdiv(programs, key_groups)
     )
 
 
@@ -403,7 +402,7 @@ def ordered_key_groups(seqlen_k: int, sms: int) -> int:
     as keep a key group's programs to half the SMs (a call in the convoy order, `ordered_convoy`, takes
     one instead)."""
     cfg = CONFIGS[128]
-    return triton.cdiv(triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
+    return cdiv(cdiv(seqlen_k, cfg.consumers * cfg.block_n), max(sms // 2, 1))
 
 
 def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: int) -> bool:
@@ -603,8 +602,8 @@ def dq_buffer(
         buffer.fill_(UNWRITTEN_FILL)
     cfg = CONFIGS[128]  # (a program's keys, as `ordered_key_groups` counts them)
     keys = cfg.consumers * cfg.block_n
-    programs = triton.cdiv(seqlen_k, keys)
-    per_group = triton.cdiv(programs, key_groups)
+    programs = cdiv(seqlen_k, keys)
+    per_group = cdiv(programs, key_groups)
     per_key_group = buffer.view(key_groups, *q.shape)
     for g in range(1, key_groups):  # (group 0 holds program 0, which adds into every item)
         first_program = g * per_group
@@ -662,7 +661,7 @@ def flash_attn_bwd_fused_hopper(
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
-    grid = (triton.cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
+    grid = (cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
     # each head's two column halves as heads of their own, so a TMA block is one consumer's half
     dq_halves = dq_acc.view(-1, seqlen_q, 2 * nheads, headdim // 2)
     # ordered: per (key group and batch, query head, query tile, half) the adds done so far (else a
@@ -672,7 +671,7 @@ def flash_attn_bwd_fused_hopper(
         sems = torch.zeros(
             key_groups * batch,
             nheads,
-            triton.cdiv(seqlen_q, cfg.block_m),
+            cdiv(seqlen_q, cfg.block_m),
             2,
             device=q.device,
             dtype=torch.int32,

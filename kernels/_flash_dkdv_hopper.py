@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -49,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _fused_dq_hopper as fused_dq
-from ._common import LOG2E, sm_count, tile_program_ids
+from ._common import LOG2E, cdiv, sm_count, tile_program_ids
 from ._hopper_pipeline import descriptor, list_args, listed_row_program
 from ._launch import CompiledLaunch
 
@@ -648,7 +647,7 @@ def flash_attn_dkdv_hopper(
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     config = config or CONFIGS[headdim]
-    grid = (triton.cdiv(seqlen_k, config.consumers * config.block_n), nheads_kv, batch)
+    grid = (cdiv(seqlen_k, config.consumers * config.block_n), nheads_kv, batch)
     args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv,
             sm_scale * LOG2E, sm_scale, *list_args(lists, lse2, q.device, causal))  # fmt: skip
     views = {}  # (the passes read the same tensors in other tiles)

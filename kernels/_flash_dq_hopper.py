@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -44,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
-from ._common import LOG2E, sm_count
+from ._common import LOG2E, cdiv, sm_count
 from ._hopper_pipeline import (
     descriptor,
     key_tile,
@@ -406,7 +405,7 @@ def flash_attn_dq_hopper(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
     rows = cfg.block_m * cfg.consumers
-    grid = (triton.cdiv(seqlen_q, rows), nheads, batch)
+    grid = (cdiv(seqlen_q, rows), nheads, batch)
     descriptors = ((q, cfg.block_m), (do, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (dq, cfg.block_m))
     args = (out, lse, delta, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
             seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E, sm_scale,

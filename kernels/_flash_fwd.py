@@ -16,6 +16,7 @@ from . import _flash_fwd_hopper
 from ._common import (
     INTERPRET,
     autotune,
+    cdiv,
     dot_precision,
     dropout_keep_tile,
     dropout_mode,
@@ -359,7 +360,7 @@ def flash_attn_forward(
     kpm = key_padding_mask.view(torch.uint8) if key_padding_mask is not None else None
     drop = dropout_row_ids(dropout_rows, stride_lb, stride_lh)
     drop_mode = dropout_mode(dropout_p, col0=drop[3], varlen=varlen)  # drop: (sb, sh, row0, col0)
-    grid = lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
+    grid = lambda meta: (cdiv(seqlen_q, meta["BLOCK_M"]), nheads, batch)  # noqa: E731
     _attn_fwd_tuned[grid](
         q, k, v, out, lse, kpm if kpm is not None else lse, cu_seqlens_q, cu_seqlens_k,
         *token_strides(q, varlen), *token_strides(k, varlen), *token_strides(v, varlen), *token_strides(out, varlen),

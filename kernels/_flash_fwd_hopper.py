@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -44,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._common import (
     INTERPRET,
     LOG2E,
+    cdiv,
     compute_capability,
     sm_count,
 )
@@ -640,7 +640,7 @@ def flash_attn_forward_hopper(
     cfg = config or config_for(headdim, seqlen_q, causal)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # (B, Sq, H, D), contiguous
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(seqlen_q, cfg.block_m * cfg.consumers), nheads, batch)
+    grid = (cdiv(seqlen_q, cfg.block_m * cfg.consumers), nheads, batch)
     descriptors = ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m))
     args = (lse, lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
             *list_args(lists, lse, q.device, causal))  # fmt: skip

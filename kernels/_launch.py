@@ -99,11 +99,16 @@ class _CLauncher(NamedTuple):
 def _c_launcher(compiled, n_descriptors: int) -> _CLauncher | None:
     """The C launcher below Triton 3.6's `wrap_handle_tensordesc`, if the compiled kernel's launcher is
     that wrapper over descriptors 0..n_descriptors-1, each with its metadata, and needs no scratch
-    memory; else None (the `run` path)."""
+    memory; with no descriptors, the C launcher itself (the wrapper returns it unwrapped then); else None
+    (the `run` path)."""
     runner = compiled.run
     if getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
         return None
     wrapper = getattr(runner, "launch", None)
+    if n_descriptors == 0:  # (a Python function there is not the C launcher this was written against)
+        if not callable(wrapper) or hasattr(wrapper, "__code__"):
+            return None
+        return _CLauncher(wrapper, (), runner.launch_cooperative_grid, runner.launch_pdl)
     code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
     if code is None or cells is None:
         return None
@@ -130,12 +135,14 @@ class _Compiled:
 
 
 class CompiledLaunch:
-    """Launches one kernel whose parameters are its TMA descriptors, then plain arguments, then its
-    constexprs, in that order (checked at the first launch)."""
+    """Launches one kernel whose parameters are its TMA descriptors (none for a plain Triton kernel),
+    then plain arguments, then its constexprs, in that order (checked at the first launch)."""
 
-    def __init__(self, kernel, make_descriptor):
+    def __init__(self, kernel, make_descriptor=None):
         self.kernel = kernel
-        self.make_descriptor = make_descriptor  # (tensor, rows) -> Gluon TensorDescriptor
+        self.make_descriptor = make_descriptor  # (tensor, rows) -> Gluon TensorDescriptor (None: none)
+        # (a kernel defined under Triton's interpreter, as the CPU tests run: no compiled kernel, no device)
+        self.interpreted = knobs.runtime.interpret
         self._compiled = {}  # key -> _Compiled
         self.fast_launches = 0  # (tests count them)
         self.encodings = 0  # descriptors encoded on the fast path (tests count them)
@@ -145,6 +152,13 @@ class CompiledLaunch:
         block rows) pairs; kwargs: the constexprs, then launch options (num_warps); views: TmaViews by id
         of their tensor, shared between the launches of one call (on the `run` path)."""
         grid = (*grid, 1, 1)[:3]  # (the compiled launcher takes all three)
+        if self.interpreted:  # (only plain Triton kernels: Gluon kernels do not run there)
+            if descriptors:
+                raise RuntimeError(
+                    f"{self.kernel.__name__} takes TMA descriptors: Triton's interpreter cannot run it"
+                )
+            self.kernel[grid](*args, **kwargs)
+            return
         device = _current_device()
         key = (
             device,

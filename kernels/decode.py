@@ -16,6 +16,7 @@ import triton.language as tl
 from ._common import (
     INTERPRET,
     LOG2E,
+    cdiv,
     check_causal,
     check_device,
     check_dtype,
@@ -163,8 +164,8 @@ def _default_num_splits(work_items: int, max_len: int, block_n: int, device: tor
     GPU, but no split shorter than a few tiles."""
     sms = sm_count(device)
     per_sm = SPLITS_PER_SM_SMALL_WORK if work_items <= SMALL_WORK else SPLITS_PER_SM
-    want = triton.cdiv(per_sm * sms, max(work_items, 1))
-    return max(1, min(want, triton.cdiv(max_len, 4 * block_n), 128))
+    want = cdiv(per_sm * sms, max(work_items, 1))
+    return max(1, min(want, cdiv(max_len, 4 * block_n), 128))
 
 
 def flash_decode(
@@ -219,10 +220,10 @@ def flash_decode(
     n_rows = seqlen_q * group
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
     block_n = 32 if INTERPRET else 64
-    m_blocks = triton.cdiv(n_rows, block_m)
+    m_blocks = cdiv(n_rows, block_m)
     if num_splits is None:
         num_splits = _default_num_splits(batch * nheads_kv * m_blocks, max_len, block_n, q.device)
-    chunk = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), block_n) * block_n
+    chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
     block_d = padded_head_dim(headdim)
     with torch.no_grad():
         opart = torch.empty(

@@ -48,3 +48,37 @@ def test_alternating_host_times_switch_ways_in_turn_reversed_every_other_batch(m
     assert log[:22] == ["to a"] + ["f"] * 10 + ["g"] * 10 + ["to b"]
     assert log[42:] == ["to a", "f", "g", "to b", "f", "g", "to b", "f", "g", "to a", "f", "g"]
     assert times == {(w, n): [1.0, 1.0] for w in ways for n in fns}
+
+
+@pytest.mark.parametrize("way", list(ab_host_trims.WAYS_S64))
+def test_session_64s_ways_answer_alike_and_the_trimmed_code_comes_back(way):
+    """Both ways of `--trims s64`: the same cdiv in every module that calls it, the same delta."""
+    from kernels import _common, _flash_bwd
+
+    out, do = torch.randn(1, 70, 2, 16), torch.randn(1, 70, 2, 16)
+    lse = torch.zeros(1, 2, 70)
+    want = _flash_bwd.backward_delta(out, do, lse)
+    try:
+        ab_host_trims.use_s64(way)
+        for module in ab_host_trims.CDIV_MODULES:
+            assert [module.cdiv(a, b) for a, b in ((1, 64), (64, 64), (65, 64), (0, 7))] == [1, 1, 2, 0]
+        torch.testing.assert_close(_flash_bwd.backward_delta(out, do, lse), want, rtol=0, atol=0)
+    finally:
+        ab_host_trims.use_s64("trimmed")
+    assert all(module.cdiv is _common.cdiv for module in ab_host_trims.CDIV_MODULES)
+    assert _flash_bwd._launch_preprocess is ab_host_trims.WAYS_S64["trimmed"][1]
+
+
+def test_the_modules_switched_are_every_kernels_module_calling_cdiv():
+    """A module that imports `cdiv` but is missing from CDIV_MODULES would keep its plain cdiv in both ways."""
+    import importlib
+    import pathlib
+
+    import kernels
+
+    callers = set()
+    for path in pathlib.Path(kernels.__file__).parent.glob("*.py"):
+        module = importlib.import_module(f"kernels.{path.stem}")
+        if path.stem != "_common" and getattr(module, "cdiv", None) is not None:
+            callers.add(module)
+    assert callers == set(ab_host_trims.CDIV_MODULES)

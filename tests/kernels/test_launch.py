@@ -43,6 +43,7 @@ class FakeKernel:
 
 @pytest.fixture(autouse=True)
 def _no_gpu(monkeypatch):
+    monkeypatch.setattr(knobs.runtime, "interpret", False)  # (as kernels defined for a GPU; CI sets it)
     monkeypatch.setattr(_launch, "_current_device", lambda: 0)
     monkeypatch.setattr(_launch, "_current_stream", lambda device: 1234)
     monkeypatch.setattr(_launch, "ENABLED", True)
@@ -400,3 +401,113 @@ def test_every_gluon_launch_gives_each_of_its_kernels_constexprs(monkeypatch, ca
     assert {"_attn_fwd_hopper", "_attn_fwd_hopper_persistent", "_attn_bwd_dq_hopper",
             "_attn_bwd_dq_hopper_persistent", "_attn_bwd_dkdv_hopper", "_attn_bwd_dkdv_hopper_persistent",
             "_attn_bwd_fused_hopper"} == kernels  # fmt: skip
+
+
+# ---- plain Triton kernels (no descriptors: the backward's delta preprocess) ------------------------
+
+
+class FakeCLauncher:
+    """A compiled extension's launch function: callable, no Python code object (as Triton's C launcher)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __call__(self, *args):
+        self.launches.append(args)
+
+
+class FakePlainCudaLauncher:
+    """Triton 3.6's CudaLauncher for a kernel without descriptors: `wrap_handle_tensordesc` returned the C
+    launcher itself."""
+
+    launch_cooperative_grid = False
+    launch_pdl = False
+
+    def __init__(self, launch=None, scratch=0):
+        self.launch = launch if launch is not None else FakeCLauncher()
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.runs = []
+
+    def __call__(self, *args):
+        self.runs.append(args)
+
+
+class FakePlainKernel(FakeKernel):
+    def __init__(self, **launcher_options):
+        super().__init__(arg_names=("X", "Y", "n", "BLOCK", "FLAG"))
+        self.launcher_options = launcher_options
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            compiled = FakeCompiled()
+            compiled.run = FakePlainCudaLauncher(**self.launcher_options)
+            self.compiled.append(compiled)
+            return compiled
+
+        return launch
+
+
+def _plain_call(launch, x, y, n):
+    launch((5, 2, 1), (), (x, y, n), dict(BLOCK=64, FLAG=False))
+
+
+def test_a_plain_kernel_after_its_first_launch_goes_to_the_c_launcher_with_every_parameter():
+    kernel = FakePlainKernel()
+    launch = CompiledLaunch(kernel)
+    x = torch.zeros(32)
+    _plain_call(launch, x, None, 64)
+    assert len(kernel.jit_launches) == 1 and launch.fast_launches == 0
+    assert kernel.jit_launches[0][1:] == ((x, None, 64), dict(BLOCK=64, FLAG=False))
+    x2 = torch.zeros(48)
+    _plain_call(
+        launch, x2, None, 96
+    )  # (None: Triton makes it a constexpr, passed in its place as jit.py does)
+    assert len(kernel.jit_launches) == 1 and launch.fast_launches == 1
+    (c_args,) = kernel.compiled[0].run.launch.launches
+    # CudaLauncher.__call__'s arguments to its C launcher, then `run`'s: jit.py's order
+    assert c_args == (5, 2, 1, 1234, "function-handle", False, False, None, None, "packed-metadata", None, None,
+                      None, x2, None, 96, 64, False)  # fmt: skip
+    assert kernel.compiled[0].run.runs == []  # (not through `run`)
+    _plain_call(launch, x2, x, 96)  # a pointer where None was: another specialization, compiled again
+    assert len(kernel.jit_launches) == 2
+
+
+@pytest.mark.parametrize("launcher", ["python_wrapper", "scratch"])
+def test_a_plain_kernel_whose_launcher_is_not_the_c_one_keeps_the_run_path(launcher):
+    options = dict(launch=lambda *args: None) if launcher == "python_wrapper" else dict(scratch=128)
+    kernel = FakePlainKernel(**options)
+    launch = CompiledLaunch(kernel)
+    x = torch.zeros(32)
+    for _ in range(2):
+        _plain_call(launch, x, None, 64)
+    runner = kernel.compiled[0].run
+    assert launch.fast_launches == 1
+    assert runner.runs == [(5, 2, 1, 1234, "function-handle", "packed-metadata", None, None, None, x, None, 64, 64,
+                            False)]  # fmt: skip
+
+
+def test_under_the_interpreter_every_launch_is_tritons_own(monkeypatch):
+    monkeypatch.setattr(knobs.runtime, "interpret", True)
+    monkeypatch.setattr(_launch, "_current_device", lambda: pytest.fail("no device under the interpreter"))
+    kernel = FakePlainKernel()
+    launch = CompiledLaunch(kernel)
+    x = torch.zeros(32)
+    for _ in range(3):
+        _plain_call(launch, x, None, 64)
+    assert len(kernel.jit_launches) == 3 and launch.fast_launches == 0
+    gluon = CompiledLaunch(FakeKernel(), _descriptor)
+    a, b, x = _tensors()
+    with pytest.raises(RuntimeError, match="takes TMA descriptors"):
+        _call(gluon, a, b, x, 32)
+
+
+def test_the_delta_preprocess_under_the_interpreter_matches_its_reference():
+    """backward_delta through its CompiledLaunch on CPU (the interpreter's path): rowsum(dO * O)."""
+    from kernels._flash_bwd import backward_delta
+
+    out, do = torch.randn(2, 37, 3, 40), torch.randn(2, 37, 3, 40)
+    lse = torch.zeros(2, 3, 37)
+    delta = backward_delta(out, do, lse)
+    torch.testing.assert_close(delta, (out * do).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
