@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 64). Each part is what one call ran; the outputs are in
+# benchmarks/results/s64/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s64.sh 1   # host trims (plain cdiv on the host; the delta preprocess through a
+#       compiled launch): the GPU tests that run the preprocess (one-kernel backward, ordered, block-sparse one
+#       kernel, compiled launches), the trims A/B in one process (ab_host_trims.py --trims s64, d128 and d64), and
+#       bench_host_overhead.py's profiles of the block-sparse routes at n4k d128 after them
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+T=tests/kernels
+case "$1" in
+1)
+  timeout -s KILL 240 python -m pytest -q -n 6 -rf -m gpu $T/test_flash_bwd_fused_hopper.py \
+    $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py $T/test_varlen.py \
+    -k "ordered or one_kernel or compiled or lse or varlen or fused" > "$R/gpu_tests_preprocess.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_preprocess.log"
+  timeout -s KILL 150 python benchmarks/ab_host_trims.py --trims s64 --headdims 128 64 \
+    --out "$R/ab_host_trims_s64.json" 2>&1 | quiet
+  for fl in 5:8 5:2; do
+    timeout -s KILL 60 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly $fl \
+      --no-parts --top 30 --out "$R/host_bs_n4k_${fl/:/_}.json" 2>&1 | quiet | tail -n 4
+  done
+  ;;
+esac
