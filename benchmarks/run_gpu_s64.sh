@@ -4,7 +4,9 @@
 #   bash benchmarks/run_gpu_s64.sh 1   # host trims (plain cdiv on the host; the delta preprocess through a
 #       compiled launch): the GPU tests that run the preprocess (one-kernel backward, ordered, block-sparse one
 #       kernel, compiled launches), the trims A/B in one process (ab_host_trims.py --trims s64, d128 and d64), and
-#       bench_host_overhead.py's profiles of the block-sparse routes at n4k d128 after them
+#       bench_host_overhead.py's profiles of the block-sparse routes at n4k d128 after them (the tests were killed
+#       at 240 s, the -k selecting whole files, and 5:8's profile at 60 s, before it wrote its file: part 2 again)
+#   bash benchmarks/run_gpu_s64.sh 2   # part 1's GPU tests with a longer limit, and the 5:8 profile
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -21,5 +23,13 @@ case "$1" in
     timeout -s KILL 60 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly $fl \
       --no-parts --top 30 --out "$R/host_bs_n4k_${fl/:/_}.json" 2>&1 | quiet | tail -n 4
   done
+  ;;
+2)
+  timeout -s KILL 300 python -m pytest -q -n 6 -rf -m gpu $T/test_flash_bwd_fused_hopper.py \
+    $T/test_block_sparse_hopper.py $T/test_flash_attention.py $T/test_flash_bwd_hopper.py \
+    -k "test_flash_bwd_fused_hopper or one_kernel or lse or compiled" > "$R/gpu_tests_preprocess.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_preprocess.log"
+  timeout -s KILL 200 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly 5:8 \
+    --no-parts --top 30 --out "$R/host_bs_n4k_5_8.json" 2>&1 | quiet | tail -n 4
   ;;
 esac
