@@ -7,6 +7,7 @@
 #       bench_host_overhead.py's profiles of the block-sparse routes at n4k d128 after them (the tests were killed
 #       at 240 s, the -k selecting whole files, and 5:8's profile at 60 s, before it wrote its file: part 2 again)
 #   bash benchmarks/run_gpu_s64.sh 2   # part 1's GPU tests with a longer limit, and the 5:8 profile
+#   bash benchmarks/run_gpu_s64.sh 3   # the issue's block-sparse benchmark at n4k, d128 and d64, with the trims
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -31,5 +32,8 @@ case "$1" in
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_preprocess.log"
   timeout -s KILL 200 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim 128 --butterfly 5:8 \
     --no-parts --top 30 --out "$R/host_bs_n4k_5_8.json" 2>&1 | quiet | tail -n 4
+  ;;
+3)
+  bs_bench 330 block_sparse_n4k --seqlens 4096 --headdims 128 64
   ;;
 esac
