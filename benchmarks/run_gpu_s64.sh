@@ -8,6 +8,7 @@
 #       at 240 s, the -k selecting whole files, and 5:8's profile at 60 s, before it wrote its file: part 2 again)
 #   bash benchmarks/run_gpu_s64.sh 2   # part 1's GPU tests with a longer limit, and the 5:8 profile
 #   bash benchmarks/run_gpu_s64.sh 3   # the issue's block-sparse benchmark at n4k, d128 and d64, with the trims
+#   bash benchmarks/run_gpu_s64.sh 4   # the trims A/B again (30 batches), a second sample on the same machine
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -35,5 +36,9 @@ case "$1" in
   ;;
 3)
   bs_bench 330 block_sparse_n4k --seqlens 4096 --headdims 128 64
+  ;;
+4)
+  timeout -s KILL 240 python benchmarks/ab_host_trims.py --trims s64 --headdims 128 64 --batches 30 \
+    --out "$R/ab_host_trims_s64.json" 2>&1 | quiet
   ;;
 esac
