@@ -9,6 +9,7 @@
 #   bash benchmarks/run_gpu_s64.sh 2   # part 1's GPU tests with a longer limit, and the 5:8 profile
 #   bash benchmarks/run_gpu_s64.sh 3   # the issue's block-sparse benchmark at n4k, d128 and d64, with the trims
 #   bash benchmarks/run_gpu_s64.sh 4   # the trims A/B again (30 batches), a second sample on the same machine
+#   bash benchmarks/run_gpu_s64.sh 5   # the trims A/B with its per-batch ratios (ab_host_trims.py now reports them), 40 batches
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -39,6 +40,10 @@ case "$1" in
   ;;
 4)
   timeout -s KILL 240 python benchmarks/ab_host_trims.py --trims s64 --headdims 128 64 --batches 30 \
+    --out "$R/ab_host_trims_s64.json" 2>&1 | quiet
+  ;;
+5)
+  timeout -s KILL 300 python benchmarks/ab_host_trims.py --trims s64 --headdims 128 64 --batches 40 \
     --out "$R/ab_host_trims_s64.json" 2>&1 | quiet
   ;;
 esac

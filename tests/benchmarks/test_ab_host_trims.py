@@ -82,3 +82,19 @@ def test_the_modules_switched_are_every_kernels_module_calling_cdiv():
         if path.stem != "_common" and getattr(module, "cdiv", None) is not None:
             callers.add(module)
     assert callers == set(ab_host_trims.CDIV_MODULES)
+
+
+def test_measure_reports_the_medians_and_the_per_batch_ratios(monkeypatch):
+    """ab_host_trims.measure on stubbed timings: each way's median, and the median of the per-batch ratios,
+    which a drift shared by both ways of a batch leaves alone."""
+    batches = {"trimmed": [1.0, 2.0, 4.0], "untrimmed": [1.1, 2.2, 4.4]}  # the host's pace drifting 4x
+    monkeypatch.setattr(ab_host_trims, "case_fns", lambda path, seqlen, headdim: (None, None))
+    monkeypatch.setattr(
+        ab_host_trims,
+        "alternating_host_ms",
+        lambda ways, fns, batches_, calls: {(way, "fwdbwd"): batches[way] for way in ways},
+    )
+    row = ab_host_trims.measure("s64", "dense", 4096, 128, batches=3, calls=40)
+    assert row["trimmed_fwdbwd_ms"] == 2.0 and row["untrimmed_fwdbwd_ms"] == 2.2
+    assert row["paired_ratio"] == 1.1 and row["paired_ratio_range"] == [1.1, 1.1]
+    assert row["trimmed_fwdbwd_range"] == [1.0, 4.0]
