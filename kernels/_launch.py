@@ -1,4 +1,5 @@
-"""Launching the Gluon (Hopper) kernels with less host work than `kernel[grid](...)`.
+"""Launching the Gluon (Hopper) kernels, and the backward's plain Triton delta preprocess, with less host
+work than `kernel[grid](...)`.
 
 A short attention call is host-bound: one eager d128 fwd+bwd at 4k tokens needs ~0.13 ms of GPU time
 and ~0.8-1.2 ms of host time. Per Gluon forward launch, on the host of an H200 machine
@@ -32,6 +33,12 @@ descriptors' layouts mangled into strings) took 13-23 us and the four validated 
 Encoding once, against the `run` path, alternating in one process on one H200 (results/s35/call3,
 benchmarks/check_launch_encoding.py): host time of one eager fwd+bwd 1.06-1.26x less (block-sparse d128
 n4k 0.64 against 0.77 ms), of a forward 1.17-1.26x less.
+
+A plain Triton kernel (no descriptors: `_flash_bwd._bwd_preprocess`) goes the same way, its C launcher
+called directly (Triton's descriptor wrapper returns it unwrapped). With cdiv off Triton's constexpr
+functions, one eager fwd+bwd on the one-kernel backward took 1.08-1.12x less host time in three runs
+(results/s64/call1, call4, call5; benchmarks/ab_host_trims.py --trims s64). Under Triton's interpreter
+(CPU tests) every launch is Triton's own.
 """
 
 from __future__ import annotations
