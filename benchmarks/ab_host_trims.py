@@ -8,12 +8,14 @@ and s50/call2).
 generator form (the patch: results/s50/host_trim.patch; its third change, dq/dk/dv by empty_like, stays
 in both ways).
 `--trims s64`: host-side `cdiv` is plain integer arithmetic (`kernels._common.cdiv`) instead of Triton
-3.6's `triton.cdiv`, a constexpr function, and the backward's delta preprocess launches through
-`_launch.CompiledLaunch` instead of `kernel[grid](...)`; "untrimmed" puts both back.
+3.6's `triton.cdiv`, a constexpr function, and the plain Triton kernels (the backward's delta preprocess,
+the decode split and merge kernels) launch through `_launch.CompiledLaunch` instead of
+`kernel[grid](...)`; "untrimmed" puts them back.
 
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal;
-`fwdbwd_ms` one eager fwd+bwd, calls issued back to back.
+`fwdbwd_ms` one eager fwd+bwd, calls issued back to back; `decode`: one token against a full cache of
+seqlen entries (`flash_decode`, 16 heads), `decode_ms`.
 
     python benchmarks/ab_host_trims.py --trims s64 --out host_trims.json
 """
@@ -25,6 +27,7 @@ import os
 import statistics
 import sys
 
+import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +46,7 @@ from kernels import (  # noqa: E402
     _flash_fwd_hopper,
     _hopper_pipeline,
     decode,
+    flash_decode,
 )
 
 TRIMMED = (_hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward)
@@ -64,47 +68,67 @@ def use(way: str) -> None:
     _hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward = WAYS[way]
 
 
-# session 64's: the modules that call cdiv on the host, and the delta preprocess's launch
+# session 64's: the modules that call cdiv on the host, and the plain kernels' launches (the delta
+# preprocess, the decode split and merge kernels)
 CDIV_MODULES = (_block_sparse_hopper, _flash_bwd, _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper,
                 _flash_fwd, _flash_fwd_hopper, decode)  # fmt: skip
+LAUNCHES = ((_flash_bwd, "_launch_preprocess", _flash_bwd._bwd_preprocess), (decode, "_launch_split",
+            decode._decode_split), (decode, "_launch_merge", decode._decode_merge))  # fmt: skip
 
 
-def _preprocess_through_jit(grid, descriptors, args, kwargs) -> None:
-    _flash_bwd._bwd_preprocess[grid](*args, **kwargs)  # (as before session 64)
+def through_jit(kernel):
+    """A CompiledLaunch's call signature over Triton's own `kernel[grid](...)` (as before session 64)."""
+
+    def launch(grid, descriptors, args, kwargs) -> None:
+        kernel[grid](*args, **kwargs)
+
+    return launch
 
 
 WAYS_S64 = {
-    "trimmed": (_common.cdiv, _flash_bwd._launch_preprocess),
-    "untrimmed": (triton.cdiv, _preprocess_through_jit),
+    "trimmed": (_common.cdiv, *(getattr(module, name) for module, name, _ in LAUNCHES)),
+    "untrimmed": (triton.cdiv, *(through_jit(kernel) for _, _, kernel in LAUNCHES)),
 }
 
 
 def use_s64(way: str) -> None:
-    cdiv, launch_preprocess = WAYS_S64[way]
+    cdiv, *launches = WAYS_S64[way]
     for module in CDIV_MODULES:
         module.cdiv = cdiv
-    _flash_bwd._launch_preprocess = launch_preprocess
+    for (module, name, _), launch in zip(LAUNCHES, launches, strict=True):
+        setattr(module, name, launch)
 
 
 TRIM_SETS = {"s50": use, "s64": use_s64}
 
 
+def decode_step(seqlen: int, headdim: int):
+    """One new token of (1, 1, 16, headdim) bf16 against a full cache of seqlen entries (`flash_decode`)."""
+    q, k_cache, v_cache = (
+        torch.randn(1, n, 16, headdim, device="cuda", dtype=torch.bfloat16) for n in (1, seqlen, seqlen)
+    )
+    lengths = torch.full((1,), seqlen, device="cuda", dtype=torch.int32)
+    return lambda: flash_decode(q, k_cache, v_cache, lengths)
+
+
 def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
+    """Host time per call both ways: `{way}_{fn}_ms`, fn "fwdbwd" (attention paths) or "decode"."""
     switch = TRIM_SETS[trims]
-    fwdbwd, _ = case_fns(path, seqlen, headdim)
+    fn_name = "decode" if path == "decode" else "fwdbwd"
+    fn = decode_step(seqlen, headdim) if path == "decode" else case_fns(path, seqlen, headdim)[0]
     switches = {way: (lambda way=way: switch(way)) for way in ("trimmed", "untrimmed")}
-    times = alternating_host_ms(switches, {"fwdbwd": fwdbwd}, batches, calls)
+    times = alternating_host_ms(switches, {fn_name: fn}, batches, calls)
     switch("trimmed")
     row = dict(trims=trims, path=path, seqlen=seqlen, headdim=headdim, nheads=16, batch=1, batches=batches,
                calls=calls)  # fmt: skip
     for (way, _), values in times.items():
-        row[f"{way}_fwdbwd_ms"] = round(statistics.median(values), 4)
-        row[f"{way}_fwdbwd_range"] = [round(min(values), 4), round(max(values), 4)]
+        row[f"{way}_{fn_name}_ms"] = round(statistics.median(values), 4)
+        row[f"{way}_{fn_name}_range"] = [round(min(values), 4), round(max(values), 4)]
     # untrimmed / trimmed: above 1 where the trims save host time
-    row["ratio"] = round(row["untrimmed_fwdbwd_ms"] / row["trimmed_fwdbwd_ms"], 3)
+    row["ratio"] = round(row[f"untrimmed_{fn_name}_ms"] / row[f"trimmed_{fn_name}_ms"], 3)
     # the same per batch (both ways back to back): the host's pace drifts within a process by up to 2x
     # (results/s64/call4), which the medians of each way see and the pairs mostly do not
-    paired = paired_ratios(times["untrimmed", "fwdbwd"], times["trimmed", "fwdbwd"])
+    paired = paired_ratios(times["untrimmed", fn_name], times["trimmed", fn_name])
     row["paired_ratio"] = round(statistics.median(paired), 3)
     row["paired_ratio_range"] = [round(min(paired), 3), round(max(paired), 3)]
     return row
@@ -119,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
-                        choices=["block_sparse", "block_sparse_long", "dense"])  # fmt: skip
+                        choices=["block_sparse", "block_sparse_long", "dense", "decode"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)
@@ -131,9 +155,10 @@ def main() -> None:
         for path in args.paths:
             row = measure(args.trims, path, args.seqlen, headdim, args.batches, args.calls)
             rows.append(row)
+            fn_name = "decode" if path == "decode" else "fwdbwd"
             print(
-                f"{args.trims} {path:17s} n{args.seqlen} d{headdim}: fwd+bwd {row['trimmed_fwdbwd_ms']:.3f} ms "
-                f"trimmed, {row['untrimmed_fwdbwd_ms']:.3f} untrimmed ({row['ratio']:.3f}x; per batch "
+                f"{args.trims} {path:17s} n{args.seqlen} d{headdim}: {fn_name} {row[f'trimmed_{fn_name}_ms']:.3f} ms "
+                f"trimmed, {row[f'untrimmed_{fn_name}_ms']:.3f} untrimmed ({row['ratio']:.3f}x; per batch "
                 f"{row['paired_ratio']:.3f}x, {row['paired_ratio_range'][0]:.3f}-{row['paired_ratio_range'][1]:.3f})",
                 flush=True,
             )

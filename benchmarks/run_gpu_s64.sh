@@ -10,6 +10,8 @@
 #   bash benchmarks/run_gpu_s64.sh 3   # the issue's block-sparse benchmark at n4k, d128 and d64, with the trims
 #   bash benchmarks/run_gpu_s64.sh 4   # the trims A/B again (30 batches), a second sample on the same machine
 #   bash benchmarks/run_gpu_s64.sh 5   # the trims A/B with its per-batch ratios (ab_host_trims.py now reports them), 40 batches
+#   bash benchmarks/run_gpu_s64.sh 6   # the decode kernels through compiled launches too: the plain kernels' GPU tests
+#       (compiled against Triton's launches, bitwise), decode's bf16 test, and the decode A/B at 4k and 64k caches
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -45,5 +47,14 @@ case "$1" in
 5)
   timeout -s KILL 300 python benchmarks/ab_host_trims.py --trims s64 --headdims 128 64 --batches 40 \
     --out "$R/ab_host_trims_s64.json" 2>&1 | quiet
+  ;;
+6)
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu $T/test_launch.py $T/test_decode.py \
+    > "$R/gpu_tests_plain_launches.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_plain_launches.log"
+  for n in 4096 65536; do
+    timeout -s KILL 150 python benchmarks/ab_host_trims.py --trims s64 --paths decode --headdims 128 64 \
+      --seqlen $n --batches 30 --out "$R/ab_host_trims_s64_decode_$n.json" 2>&1 | quiet
+  done
   ;;
 esac

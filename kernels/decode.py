@@ -30,6 +30,7 @@ from ._common import (
     visible_range,
 )
 from ._flash_fwd import _fwd_inner
+from ._launch import CompiledLaunch
 
 
 @triton.jit
@@ -146,6 +147,13 @@ def _decode_merge(
              out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)  # fmt: skip
 
 
+# A decode step's kernels do a few microseconds of work at short caches, so a generation loop is bound by
+# the host: both launch through the compiled kernels' own launchers after their first call
+# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding.
+_launch_split = CompiledLaunch(_decode_split)
+_launch_merge = CompiledLaunch(_decode_merge)
+
+
 # Launch shape of the split kernel: programs per SM the default split count aims at, and the split
 # kernel's warps and pipeline stages (module-level so `benchmarks/bench_decode.py` can sweep them).
 # Measured on an H200 (benchmarks/results/decode_{launch_sweep,small_work}_h200.json, d128, one token):
@@ -230,27 +238,31 @@ def flash_decode(
             num_splits, batch, nheads, seqlen_q, headdim, device=q.device, dtype=torch.float32
         )
         lpart = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-        _decode_split[(num_splits, m_blocks, batch * nheads_kv)](
-            q, k_cache, v_cache, cache_seqlens, opart, lpart,
-            q.stride(0), q.stride(1), q.stride(2),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
-            lpart.stride(0), lpart.stride(1), lpart.stride(2),
-            seqlen_q, max_len, nheads_kv, group, chunk,
-            scale * LOG2E, left or 0, right or 0,
-            HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
-            DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES,
+        _launch_split(
+            (num_splits, m_blocks, batch * nheads_kv),
+            (),
+            (q, k_cache, v_cache, cache_seqlens, opart, lpart,
+             q.stride(0), q.stride(1), q.stride(2),
+             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+             opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
+             lpart.stride(0), lpart.stride(1), lpart.stride(2),
+             seqlen_q, max_len, nheads_kv, group, chunk,
+             scale * LOG2E, left or 0, right or 0),
+            dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
+                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES),
         )  # fmt: skip
         out = torch.empty_like(q)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-        _decode_merge[(batch * nheads * seqlen_q,)](
-            opart, lpart, out, lse, num_splits,
-            opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
-            lpart.stride(0), lpart.stride(1), lpart.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            nheads, seqlen_q,
-            HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_S=max(2, next_power_of_2(num_splits)),
+        _launch_merge(
+            (batch * nheads * seqlen_q,),
+            (),
+            (opart, lpart, out, lse, num_splits,
+             opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
+             lpart.stride(0), lpart.stride(1), lpart.stride(2),
+             out.stride(0), out.stride(1), out.stride(2),
+             nheads, seqlen_q),
+            dict(HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_S=max(2, next_power_of_2(num_splits))),
         )  # fmt: skip
     return (out, lse) if return_lse else out

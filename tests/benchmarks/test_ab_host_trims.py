@@ -7,6 +7,7 @@ import torch
 
 from benchmarks import ab_host_trims
 from kernels import _block_sparse_hopper, _hopper_pipeline
+from kernels._launch import CompiledLaunch
 from kernels.layouts import butterfly_layout
 
 
@@ -52,21 +53,32 @@ def test_alternating_host_times_switch_ways_in_turn_reversed_every_other_batch(m
 
 @pytest.mark.parametrize("way", list(ab_host_trims.WAYS_S64))
 def test_session_64s_ways_answer_alike_and_the_trimmed_code_comes_back(way):
-    """Both ways of `--trims s64`: the same cdiv in every module that calls it, the same delta."""
-    from kernels import _common, _flash_bwd
+    """Both ways of `--trims s64`: the same cdiv in every module that calls it, the same delta and decode."""
+    from kernels import _common, _flash_bwd, decode, flash_decode
 
     out, do = torch.randn(1, 70, 2, 16), torch.randn(1, 70, 2, 16)
     lse = torch.zeros(1, 2, 70)
-    want = _flash_bwd.backward_delta(out, do, lse)
+    q, k_cache, v_cache = torch.randn(2, 1, 4, 16), torch.randn(2, 40, 2, 16), torch.randn(2, 40, 2, 16)
+    lengths = torch.tensor([40, 17], dtype=torch.int32)
+    want = (
+        _flash_bwd.backward_delta(out, do, lse),
+        flash_decode(q, k_cache, v_cache, lengths, return_lse=True),
+    )
     try:
         ab_host_trims.use_s64(way)
         for module in ab_host_trims.CDIV_MODULES:
             assert [module.cdiv(a, b) for a, b in ((1, 64), (64, 64), (65, 64), (0, 7))] == [1, 1, 2, 0]
-        torch.testing.assert_close(_flash_bwd.backward_delta(out, do, lse), want, rtol=0, atol=0)
+        got = (
+            _flash_bwd.backward_delta(out, do, lse),
+            flash_decode(q, k_cache, v_cache, lengths, return_lse=True),
+        )
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
     finally:
         ab_host_trims.use_s64("trimmed")
     assert all(module.cdiv is _common.cdiv for module in ab_host_trims.CDIV_MODULES)
-    assert _flash_bwd._launch_preprocess is ab_host_trims.WAYS_S64["trimmed"][1]
+    trimmed_launches = ab_host_trims.WAYS_S64["trimmed"][1:]
+    assert (_flash_bwd._launch_preprocess, decode._launch_split, decode._launch_merge) == trimmed_launches
+    assert all(isinstance(launch, CompiledLaunch) for launch in trimmed_launches)
 
 
 def test_the_modules_switched_are_every_kernels_module_calling_cdiv():

@@ -511,3 +511,60 @@ def test_the_delta_preprocess_under_the_interpreter_matches_its_reference():
     lse = torch.zeros(2, 3, 37)
     delta = backward_delta(out, do, lse)
     torch.testing.assert_close(delta, (out * do).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+# ---- on a GPU: the plain kernels' compiled launches against Triton's own ---------------------------
+
+
+def _compiled_against_jit(monkeypatch, launches, run) -> None:
+    """run() once through Triton's launches, then twice more through the compiled ones: each of launches
+    took its C launcher (not the `run` fallback), and every output is bit-identical."""
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    expected = run()
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    before = [launch.fast_launches for launch in launches]
+    for _ in range(2):
+        got = run()
+    assert all(launch.fast_launches > n for launch, n in zip(launches, before, strict=True))
+    assert all(entry.c_launcher is not None for launch in launches for entry in launch._compiled.values())
+    for want, have in zip(expected, got, strict=True):
+        assert torch.equal(want, have)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["dense", "varlen", "dlse"])
+def test_gpu_the_delta_preprocess_compiled_launch_matches_tritons(monkeypatch, case):
+    from kernels import _flash_bwd
+
+    monkeypatch.undo()  # (the autouse CPU fakes: this one runs on the device)
+    torch.manual_seed(0)
+    out, do = (torch.randn(2, 300, 4, 80, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 300, device="cuda")
+    if case == "varlen":  # packed (total, heads, dim), lse (heads, total)
+        out, do = out.view(600, 4, 80), do.view(600, 4, 80)
+        lse = torch.randn(4, 600, device="cuda")
+        cu = torch.tensor([0, 17, 450, 600], device="cuda", dtype=torch.int32)
+        run = lambda: [_flash_bwd.backward_delta(out, do, lse, cu, 433)]  # noqa: E731
+    elif case == "dlse":
+        dlse = torch.randn_like(lse)
+        run = lambda: [_flash_bwd.backward_delta(out, do, lse, dlse=dlse, dlse_scale=1.4426950408889634)]  # noqa: E731
+    else:
+        run = lambda: [_flash_bwd.backward_delta(out, do, lse)]  # noqa: E731
+    _compiled_against_jit(monkeypatch, [_flash_bwd._launch_preprocess], run)
+    if case == "dense":  # and against rowsum(dO * O)
+        want = (out.float() * do.float()).sum(-1).transpose(1, 2)
+        torch.testing.assert_close(run()[0], want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, causal, window", [(1, False, None), (3, True, (100, 0))])
+def test_gpu_the_decode_kernels_compiled_launches_match_tritons(monkeypatch, seqlen_q, causal, window):
+    from kernels import decode, flash_decode
+
+    monkeypatch.undo()
+    torch.manual_seed(1)
+    q = torch.randn(3, seqlen_q, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(3, 2000, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lengths = torch.tensor([2000, 1, 777], device="cuda", dtype=torch.int32)
+    run = lambda: flash_decode(q, k_cache, v_cache, lengths, causal=causal, window=window, return_lse=True)  # noqa: E731
+    _compiled_against_jit(monkeypatch, [decode._launch_split, decode._launch_merge], run)
