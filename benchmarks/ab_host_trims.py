@@ -15,7 +15,8 @@ the decode split and merge kernels) launch through `_launch.CompiledLaunch` inst
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal;
 `fwdbwd_ms` one eager fwd+bwd, calls issued back to back; `decode`: one token against a full cache of
-seqlen entries (`flash_decode`, 16 heads), `decode_ms`.
+seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `generate`: GPT-2 medium's shape in heads of
+headdim, a seqlen-token prompt and 16 greedy tokens a call, `generate_ms`.
 
     python benchmarks/ab_host_trims.py --trims s64 --out host_trims.json
 """
@@ -111,11 +112,33 @@ def decode_step(seqlen: int, headdim: int):
     return lambda: flash_decode(q, k_cache, v_cache, lengths)
 
 
+NEW_TOKENS = 16  # (the generate path's tokens a call)
+
+
+def generation(seqlen: int, headdim: int):
+    """GPT-2 medium's shape (24 layers, width 1024 in heads of headdim), bf16, random weights: a prompt of
+    seqlen tokens, then NEW_TOKENS greedy tokens, each attending to its layers' caches (`flash_decode`)."""
+    from flashtrain.generate import generate
+    from flashtrain.models.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(n_layer=24, n_head=1024 // headdim, d_model=1024, vocab_size=50304,
+                    max_seq_len=seqlen + NEW_TOKENS)  # fmt: skip
+    model = GPT(cfg).to("cuda", torch.bfloat16)
+    prompt = torch.randint(0, cfg.vocab_size, (1, seqlen), device="cuda")
+    return lambda: generate(model, prompt, NEW_TOKENS, temperature=0)
+
+
 def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
-    """Host time per call both ways: `{way}_{fn}_ms`, fn "fwdbwd" (attention paths) or "decode"."""
+    """Host time per call both ways: `{way}_{fn}_ms`, fn "fwdbwd" (attention paths), "decode" or
+    "generate" (one call: a prompt's prefill and NEW_TOKENS tokens)."""
     switch = TRIM_SETS[trims]
-    fn_name = "decode" if path == "decode" else "fwdbwd"
-    fn = decode_step(seqlen, headdim) if path == "decode" else case_fns(path, seqlen, headdim)[0]
+    fn_name = path if path in ("decode", "generate") else "fwdbwd"
+    if path == "decode":
+        fn = decode_step(seqlen, headdim)
+    elif path == "generate":
+        fn = generation(seqlen, headdim)
+    else:
+        fn = case_fns(path, seqlen, headdim)[0]
     switches = {way: (lambda way=way: switch(way)) for way in ("trimmed", "untrimmed")}
     times = alternating_host_ms(switches, {fn_name: fn}, batches, calls)
     switch("trimmed")
@@ -143,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
-                        choices=["block_sparse", "block_sparse_long", "dense", "decode"])  # fmt: skip
+                        choices=["block_sparse", "block_sparse_long", "dense", "decode", "generate"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)
@@ -155,7 +178,7 @@ def main() -> None:
         for path in args.paths:
             row = measure(args.trims, path, args.seqlen, headdim, args.batches, args.calls)
             rows.append(row)
-            fn_name = "decode" if path == "decode" else "fwdbwd"
+            fn_name = path if path in ("decode", "generate") else "fwdbwd"
             print(
                 f"{args.trims} {path:17s} n{args.seqlen} d{headdim}: {fn_name} {row[f'trimmed_{fn_name}_ms']:.3f} ms "
                 f"trimmed, {row[f'untrimmed_{fn_name}_ms']:.3f} untrimmed ({row['ratio']:.3f}x; per batch "

@@ -12,6 +12,8 @@
 #   bash benchmarks/run_gpu_s64.sh 5   # the trims A/B with its per-batch ratios (ab_host_trims.py now reports them), 40 batches
 #   bash benchmarks/run_gpu_s64.sh 6   # the decode kernels through compiled launches too: the plain kernels' GPU tests
 #       (compiled against Triton's launches, bitwise), decode's bf16 test, and the decode A/B at 4k and 64k caches
+#   bash benchmarks/run_gpu_s64.sh 7   # the trims in generation: GPT-2 medium's shape, 512- and 4096-token prompts, 16 new
+#       tokens a call (ab_host_trims.py --paths generate), heads of 64 and 128
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -55,6 +57,12 @@ case "$1" in
   for n in 4096 65536; do
     timeout -s KILL 150 python benchmarks/ab_host_trims.py --trims s64 --paths decode --headdims 128 64 \
       --seqlen $n --batches 30 --out "$R/ab_host_trims_s64_decode_$n.json" 2>&1 | quiet
+  done
+  ;;
+7)
+  for n in 512 4096; do
+    timeout -s KILL 200 python benchmarks/ab_host_trims.py --trims s64 --paths generate --headdims 64 128 \
+      --seqlen $n --batches 12 --calls 3 --out "$R/ab_host_trims_s64_generate_$n.json" 2>&1 | quiet
   done
   ;;
 esac
