@@ -9,11 +9,12 @@ generator form (the patch: results/s50/host_trim.patch; its third change, dq/dk/
 in both ways).
 `--trims s64`: host-side `cdiv` is plain integer arithmetic (`kernels._common.cdiv`) instead of Triton
 3.6's `triton.cdiv`, a constexpr function, and the plain Triton kernels (the backward's delta preprocess,
-the decode split and merge kernels) launch through `_launch.CompiledLaunch` instead of
-`kernel[grid](...)`; "untrimmed" puts them back.
+the decode split and merge kernels, the portable kernels' tuned keys) launch through
+`_launch.CompiledLaunch` instead of `kernel[grid](...)`; "untrimmed" puts them back.
 
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
-block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal;
+block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal
+(dense_window: with a window of a quarter of the sequence, the portable kernels);
 `fwdbwd_ms` one eager fwd+bwd, calls issued back to back; `decode`: one token against a full cache of
 seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `generate`: GPT-2 medium's shape in heads of
 headdim, a seqlen-token prompt and 16 greedy tokens a call, `generate_ms`.
@@ -73,8 +74,14 @@ def use(way: str) -> None:
 # preprocess, the decode split and merge kernels)
 CDIV_MODULES = (_block_sparse_hopper, _flash_bwd, _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper,
                 _flash_fwd, _flash_fwd_hopper, decode)  # fmt: skip
-LAUNCHES = ((_flash_bwd, "_launch_preprocess", _flash_bwd._bwd_preprocess), (decode, "_launch_split",
-            decode._decode_split), (decode, "_launch_merge", decode._decode_merge))  # fmt: skip
+LAUNCHES = (
+    (_flash_bwd, "_launch_preprocess", _flash_bwd._bwd_preprocess),
+    (decode, "_launch_split", decode._decode_split),
+    (decode, "_launch_merge", decode._decode_merge),
+    # the autotuned portable kernels' tuned keys (`_common._cached_config_run`)
+    *((tuned, "compiled_launch", tuned.fn) for tuned in (_flash_fwd._attn_fwd_tuned, _flash_bwd._bwd_dq_tuned,
+                                                         _flash_bwd._bwd_dkdv_tuned)),
+)  # fmt: skip
 
 
 def through_jit(kernel):
@@ -166,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
-                        choices=["block_sparse", "block_sparse_long", "dense", "decode", "generate"])  # fmt: skip
+                        choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", "generate"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)

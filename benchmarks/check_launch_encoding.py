@@ -39,6 +39,8 @@ def case_fns(path: str, seqlen: int, headdim: int):
         factors, local = (5, 8) if path == "block_sparse_long" else (2, 0)
         layout = butterfly_layout(seqlen, 128, n_factors=factors, local_blocks=local).cuda()
         forward = lambda: block_sparse_attention(q, k, v, layout)  # noqa: E731
+    elif path == "dense_window":  # (a sliding window: the portable kernels, forward and backward)
+        forward = lambda: flash_attention(q, k, v, causal=True, window=(seqlen // 4, 0))  # noqa: E731
     else:
         forward = lambda: flash_attention(q, k, v, causal=True)  # noqa: E731
     fwdbwd = lambda: torch.autograd.grad(forward(), (q, k, v), do)  # noqa: E731

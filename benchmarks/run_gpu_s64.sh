@@ -14,6 +14,9 @@
 #       (compiled against Triton's launches, bitwise), decode's bf16 test, and the decode A/B at 4k and 64k caches
 #   bash benchmarks/run_gpu_s64.sh 7   # the trims in generation: GPT-2 medium's shape, 512- and 4096-token prompts, 16 new
 #       tokens a call (ab_host_trims.py --paths generate), heads of 64 and 128
+#   bash benchmarks/run_gpu_s64.sh 8   # the autotuned portable kernels' tuned keys through compiled launches: the GPU tests
+#       of every compiled launch in test_launch.py (the portable ones: window, key padding, varlen, dropout, d64's dq),
+#       and the A/B on a windowed call (dense_window, n4k d128)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -64,5 +67,11 @@ case "$1" in
     timeout -s KILL 200 python benchmarks/ab_host_trims.py --trims s64 --paths generate --headdims 64 128 \
       --seqlen $n --batches 12 --calls 3 --out "$R/ab_host_trims_s64_generate_$n.json" 2>&1 | quiet
   done
+  ;;
+8)
+  timeout -s KILL 130 python -m pytest -q -n 4 -rf -m gpu $T/test_launch.py > "$R/gpu_tests_launches.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_launches.log"
+  timeout -s KILL 60 python benchmarks/ab_host_trims.py --trims s64 --paths dense_window --headdims 128 \
+    --batches 15 --out "$R/ab_host_trims_s64_window.json" 2>&1 | quiet
   ;;
 esac

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from . import reference
+from ._launch import CompiledLaunch
 
 # The Triton interpreter is chosen when kernels are defined, so this is read once at import.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -99,6 +100,8 @@ def autotune(fn, **kwargs):
             return [float("inf")] * 3
 
     tuned._bench = bench_or_skip
+    # (the tuned keys' launches, `_cached_config_run`; with one config, as under the interpreter, unread)
+    tuned.compiled_launch = CompiledLaunch(tuned.fn)
     if len(tuned.configs) > 1:
         tuned.run = _cached_config_run(tuned)
     return tuned
@@ -109,7 +112,9 @@ def _cached_config_run(tuned):
     dicts of all ~40 kernel arguments and formats every tensor's dtype on each launch, 60-90 us of host
     time per launch on an H200 machine, three launches per attention forward and backward. The key here
     is the same information (the tuning-key arguments and the tensors' dtypes), read straight from the
-    arguments; an untuned key goes through Triton's own run, which tunes and records the config."""
+    arguments; an untuned key goes through Triton's own run, which tunes and records the config. The
+    recorded config then launches through `_launch.CompiledLaunch` (`tuned.compiled_launch`): the compiled
+    kernel's own launcher after its first launch, not the JIT binder's per-call argument specialization."""
     base_run = tuned.run
     positions = [(name, tuned.arg_names.index(name)) for name in tuned.keys if name in tuned.arg_names]
     chosen = {}
@@ -125,7 +130,12 @@ def _cached_config_run(tuned):
             chosen[key] = tuned.best_config
             return ret
         tuned.best_config = config
-        return tuned.fn.run(*args, **kwargs, **config.all_kwargs())
+        # (kwargs: the constexprs, and `kernel[grid]`'s grid and warmup)
+        grid, meta = kwargs["grid"], {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+        meta.update(config.all_kwargs())
+        if callable(grid):  # (as jit.py calls it: every argument by name)
+            grid = grid(dict(zip(tuned.arg_names, args, strict=False)) | meta)
+        tuned.compiled_launch(grid, (), args, meta)
 
     return run
 

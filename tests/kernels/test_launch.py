@@ -568,3 +568,52 @@ def test_gpu_the_decode_kernels_compiled_launches_match_tritons(monkeypatch, seq
     lengths = torch.tensor([2000, 1, 777], device="cuda", dtype=torch.int32)
     run = lambda: flash_decode(q, k_cache, v_cache, lengths, causal=causal, window=window, return_lse=True)  # noqa: E731
     _compiled_against_jit(monkeypatch, [decode._launch_split, decode._launch_merge], run)
+
+
+def _portable_case(case):
+    """(fn of no arguments -> (out, dq, dk, dv), the tuned portable kernels it launches): bf16 calls
+    that the Gluon kernels do not take (or, at d64, take but for dq)."""
+    from kernels import _flash_bwd, _flash_fwd, flash_attention, flash_attention_varlen
+
+    fwd, dq, dkdv = _flash_fwd._attn_fwd_tuned, _flash_bwd._bwd_dq_tuned, _flash_bwd._bwd_dkdv_tuned
+    shape = (2, 384, 4, 64) if case != "d64" else (2, 1024, 4, 64)
+    q, k, v, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    kwargs, tuned = dict(causal=True), (fwd, dq, dkdv)
+    if case == "window":
+        kwargs["window"] = (100, 0)
+    elif case == "key_padding":
+        kwargs = dict(
+            key_padding_mask=torch.arange(384, device="cuda")[None, :]
+            < torch.tensor([[300], [384]], device="cuda")
+        )
+    elif case == "dropout":
+        kwargs["dropout_p"] = 0.1
+    elif case == "d64":  # (the Gluon forward and dK/dV, the portable dq)
+        tuned = (dq,)
+    if case == "varlen":
+        cu = torch.tensor([0, 100, 768], device="cuda", dtype=torch.int32)
+        q, k, v, do = (t.view(768, 4, 64) for t in (q, k, v, do))
+        forward = lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, 668, 668, causal=True)  # noqa: E731
+    else:
+        forward = lambda q, k, v: flash_attention(q, k, v, **kwargs)  # noqa: E731
+
+    def run():
+        torch.manual_seed(3)  # (dropout's seed is drawn from it)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = forward(*leaves)
+        out.backward(do)
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    return run, tuned
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["window", "key_padding", "varlen", "dropout", "d64"])
+def test_gpu_the_portable_kernels_compiled_launches_match_tritons(monkeypatch, case):
+    """The autotuned portable kernels, once a key is tuned, launch through `CompiledLaunch`
+    (`_common._cached_config_run`): out and every gradient bit-identical to Triton's launches."""
+    monkeypatch.undo()
+    torch.manual_seed(2)
+    run, tuned = _portable_case(case)
+    run()  # (tunes each key: the compiled launches start from the second call)
+    _compiled_against_jit(monkeypatch, [t.compiled_launch for t in tuned], run)

@@ -223,3 +223,8 @@ def test_a_tuned_key_launches_its_config_without_retuning(monkeypatch):
     assert timed == [16, 32, 16, 32, 16, 32]
     assert through_triton == [5, 6, 5]  # five launches, three of them tuning
     assert tuned.best_config.kwargs["BLOCK"] == 32
+    # a tuned key's launch through `tuned.compiled_launch` evaluates a grid function as jit.py does: every
+    # argument by name, the config's meta-parameters beside them (0 programs if either were missing)
+    x = torch.zeros(1, dtype=torch.int32)
+    tuned[lambda meta: (int(meta["n"] == 5 and meta["BLOCK"] == 32),)](x, 5)
+    assert int(x[0]) == 32 and through_triton == [5, 6, 5]
