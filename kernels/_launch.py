@@ -1,5 +1,5 @@
-"""Launching the Gluon (Hopper) kernels, and the backward's plain Triton delta preprocess, with less host
-work than `kernel[grid](...)`.
+"""Launching the Gluon (Hopper) kernels, and the plain Triton ones (the backward's delta preprocess, the
+decode kernels, the portable kernels' tuned configs), with less host work than `kernel[grid](...)`.
 
 A short attention call is host-bound: one eager d128 fwd+bwd at 4k tokens needs ~0.13 ms of GPU time
 and ~0.8-1.2 ms of host time. Per Gluon forward launch, on the host of an H200 machine
@@ -34,11 +34,12 @@ Encoding once, against the `run` path, alternating in one process on one H200 (r
 benchmarks/check_launch_encoding.py): host time of one eager fwd+bwd 1.06-1.26x less (block-sparse d128
 n4k 0.64 against 0.77 ms), of a forward 1.17-1.26x less.
 
-A plain Triton kernel (no descriptors: `_flash_bwd._bwd_preprocess`) goes the same way, its C launcher
-called directly (Triton's descriptor wrapper returns it unwrapped). With cdiv off Triton's constexpr
-functions, one eager fwd+bwd on the one-kernel backward took 1.08-1.12x less host time in three runs
-(results/s64/call1, call4, call5; benchmarks/ab_host_trims.py --trims s64). Under Triton's interpreter
-(CPU tests) every launch is Triton's own.
+A plain Triton kernel (no descriptors) goes the same way, its C launcher called directly (Triton's
+descriptor wrapper returns it unwrapped): with cdiv off Triton's constexpr functions, one eager fwd+bwd on
+the one-kernel backward took 1.08-1.12x less host time in three runs, a decode call 1.40-1.44x less,
+generation in GPT-2 medium's shape ran 1.13-1.16x faster, a windowed (portable) fwd+bwd 1.17x less
+(results/s64/call1-8; benchmarks/ab_host_trims.py --trims s64). Under Triton's interpreter (CPU tests)
+every launch is Triton's own.
 """
 
 from __future__ import annotations
