@@ -21,12 +21,21 @@ from ._launch import CompiledLaunch
 
 
 @gluon.jit
-def _item(
-    j, programs, pid, seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv,
-    n_batch, NUM_CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr,
-):  # fmt: skip
+def _my_items(work):
+    """(items of this program, programs, this program) of the grid of work items (`_hopper_pipeline.my_items`).
+    work: the kernel's (seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
+    nheads_kv, n_batch)."""
+    n_key_tiles, nheads_kv, n_batch = work[7], work[8], work[9]
+    return pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
+
+
+@gluon.jit
+def _item(j, programs, pid, work, NUM_CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr):
     """This program's work item j (`_hopper_pipeline.work_rows` on the key tiles' lists): its first key n0,
     key head, batch, list length hi, partial entries lo and list."""
+    seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch = (
+        work
+    )
     n0, off_hk, _, off_b, hi, lo, tiles = pipeline.work_rows(
         j, programs, pid, n_key_tiles, nheads_kv, n_batch, 0, seqlen_q, seqlen_k, 1, TILES, COUNTS, lay_heads,
         n_list_rows, list_len, BLOCK_N * NUM_CONSUMERS, BLOCK_N, False, True,
@@ -37,21 +46,18 @@ def _item(
 @gluon.jit
 def _persistent_producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-    qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS,
-    lay_heads, n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch,
+    qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, group, qk_scale, work,
 ):  # fmt: skip
     """One warp: per work item (`_flash_dkdv_hopper._producer`'s program), each consumer's K and V rows into
     the item's buffers, once the consumers have stored the item two before through them, then the Q and dO
     tiles listed into the stage ring, which goes on from the last item's."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
+    seqlen_q = work[0]
+    n_mine, programs, pid = _my_items(work)
     it = 0
     for j in range(n_mine):
-        n0, off_hk, off_b, hi, _, tiles = _item(
-            j, programs, pid, seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
-            nheads_kv, n_batch, NUM_CONSUMERS, BLOCK_N,
-        )  # fmt: skip
+        n0, off_hk, off_b, hi, _, tiles = _item(j, programs, pid, work, NUM_CONSUMERS, BLOCK_N)
         pipeline.load_item_rows(
             k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
         )
@@ -63,8 +69,7 @@ def _persistent_producer(
 @gluon.jit
 def _persistent_consumer(
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, dk_desc,
-    dv_desc, seqlen_q, seqlen_k, group, qk_scale, sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len,
-    n_key_tiles, nheads_kv, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr,
+    dv_desc, group, qk_scale, sm_scale, work, WG: gl.constexpr, CAUSAL: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys WG * BLOCK_N .. + BLOCK_N of each work item of this program
     (`_flash_dkdv_hopper._consumer`'s work on a block-sparse list, item after item); dK and dV through the
@@ -74,14 +79,11 @@ def _persistent_consumer(
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
     st_layout: gl.constexpr = dkdv.wgmma_layout(q_smem.shape[3])  # S^T, dP^T: keys x the step's queries
     acc_layout: gl.constexpr = dkdv.wgmma_layout(HEAD_DIM)  # dK, dV
-    diag = seqlen_k - seqlen_q
-    n_mine, programs, pid = pipeline.my_items(n_key_tiles * nheads_kv * n_batch)
+    diag = work[1] - work[0]  # (seqlen_k - seqlen_q)
+    n_mine, programs, pid = _my_items(work)
     it = 0
     for j in range(n_mine):
-        n0, off_hk, off_b, hi, lo, tiles = _item(
-            j, programs, pid, seqlen_q, seqlen_k, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
-            nheads_kv, n_batch, NUM_CONSUMERS, BLOCK_N,
-        )  # fmt: skip
+        n0, off_hk, off_b, hi, lo, tiles = _item(j, programs, pid, work, NUM_CONSUMERS, BLOCK_N)
         buf = (j % 2) * NUM_CONSUMERS + WG
         first_key = n0 + WG * BLOCK_N
         keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
@@ -125,23 +127,33 @@ def _attn_bwd_dkdv_hopper_persistent(
     q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty = dkdv._qdo_ring(
         q_desc, do_desc, STAGES, NUM_CONSUMERS, PART
     )
+    # (what both partitions walk the work items by: `_my_items`, `_item`)
+    work = (
+        seqlen_q,
+        seqlen_k,
+        TILES,
+        COUNTS,
+        lay_heads,
+        n_list_rows,
+        list_len,
+        n_key_tiles,
+        nheads_kv,
+        n_batch,
+    )
 
     # (partition tuples written out in the call: see `_flash_fwd_hopper._attn_fwd_hopper`)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups")
     gl.warp_specialize(
         [
             (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-                                    qdo_ready, qdo_empty, dk_desc, dv_desc, seqlen_q, seqlen_k, group, qk_scale,
-                                    sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
-                                    nheads_kv, n_batch, 0, CAUSAL)),
+                                    qdo_ready, qdo_empty, dk_desc, dv_desc, group, qk_scale, sm_scale, work, 0,
+                                    CAUSAL)),
             (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-                                    qdo_ready, qdo_empty, dk_desc, dv_desc, seqlen_q, seqlen_k, group, qk_scale,
-                                    sm_scale, TILES, COUNTS, lay_heads, n_list_rows, list_len, n_key_tiles,
-                                    nheads_kv, n_batch, 1, CAUSAL)),
+                                    qdo_ready, qdo_empty, dk_desc, dv_desc, group, qk_scale, sm_scale, work, 1,
+                                    CAUSAL)),
             (_persistent_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                                     delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, LSE, DELTA, stride_lb,
-                                    stride_lh, seqlen_q, seqlen_k, group, qk_scale, TILES, COUNTS, lay_heads,
-                                    n_list_rows, list_len, n_key_tiles, nheads_kv, n_batch)),
+                                    stride_lh, group, qk_scale, work)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
