@@ -1,4 +1,5 @@
-"""Shared checks for the FlashAttention tests: the flash-attention tolerance rule, bad-input tables.
+"""Shared checks for the FlashAttention tests: the flash-attention tolerance rule, bad-input tables,
+compiled launches against Triton's.
 
 The kernel's error against a float64 reference must be at most 2x the error of PyTorch's own
 computation of the same reference in the kernel's dtype, plus a small absolute floor.
@@ -120,3 +121,24 @@ def assert_bad_input_raises(table, name, device):
     _, call, match = next(case for case in table(device) if case[0] == name)
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def assert_compiled_launches_match_jit(monkeypatch, launch_groups, run, names=None) -> None:
+    """run() -> tensors, once through Triton's own launches, then twice more with kernels/_launch.py's
+    compiled launches on: in each group of `CompiledLaunch`es (one kernel's variants, any of which the call
+    may take) some launch took the compiled path, every compiled entry calls its C launcher (not the `run`
+    fallback), and every output is bit-identical (names: the outputs', for the failure message)."""
+    from kernels import _launch
+
+    fast = lambda: [sum(launch.fast_launches for launch in group) for group in launch_groups]  # noqa: E731
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    expected = run()
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    before = fast()
+    for _ in range(2):
+        got = run()
+    assert all(now > n for now, n in zip(fast(), before, strict=True))
+    entries = [entry for group in launch_groups for launch in group for entry in launch._compiled.values()]
+    assert all(entry.c_launcher is not None for entry in entries)  # (not the `run` fallback)
+    for name, want, have in zip(names or range(len(expected)), expected, got, strict=True):
+        assert torch.equal(want, have), name

@@ -22,6 +22,7 @@ from kernels._flash_fwd import flash_attn_forward
 from kernels.reference import attention_qkvpacked_reference, attention_reference
 from tests.kernels._flash_utils import (
     assert_close_rule,
+    assert_compiled_launches_match_jit,
     check_against_reference,
     check_public_api,
     randn,
@@ -200,19 +201,8 @@ def assert_compiled_launches_match_jit_ones(monkeypatch, fn, inputs, do) -> None
         (dq_hopper._launch_dq, dq_hopper._launch_dq_persistent),
         (dkdv_hopper._launch_dkdv, dkdv_hopper.persistent_dkdv.launch),
     )
-    fast = lambda: [sum(launcher.fast_launches for launcher in kernel) for kernel in launchers]  # noqa: E731
     run = lambda: fwd_bwd_results(fn, inputs, do)  # noqa: E731
-    monkeypatch.setattr(_launch, "ENABLED", False)
-    expected = run()
-    monkeypatch.setattr(_launch, "ENABLED", True)
-    before = fast()
-    for _ in range(2):
-        got = run()
-    assert all(now > n for now, n in zip(fast(), before, strict=True))
-    entries = [entry for kernel in launchers for launcher in kernel for entry in launcher._compiled.values()]
-    assert all(entry.c_launcher is not None for entry in entries)  # (not the `run` fallback)
-    for name, want, have in zip(("out", "lse", "dq", "dk", "dv"), expected, got, strict=True):
-        assert torch.equal(want, have), name
+    assert_compiled_launches_match_jit(monkeypatch, launchers, run, ("out", "lse", "dq", "dk", "dv"))
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ from triton.backends.nvidia import driver
 
 from kernels import _launch
 from kernels._launch import CompiledLaunch, TmaView, tma_view
+from tests.kernels._flash_utils import assert_compiled_launches_match_jit
 
 
 class FakeCompiled:
@@ -516,21 +517,6 @@ def test_the_delta_preprocess_under_the_interpreter_matches_its_reference():
 # ---- on a GPU: the plain kernels' compiled launches against Triton's own ---------------------------
 
 
-def _compiled_against_jit(monkeypatch, launches, run) -> None:
-    """run() once through Triton's launches, then twice more through the compiled ones: each of launches
-    took its C launcher (not the `run` fallback), and every output is bit-identical."""
-    monkeypatch.setattr(_launch, "ENABLED", False)
-    expected = run()
-    monkeypatch.setattr(_launch, "ENABLED", True)
-    before = [launch.fast_launches for launch in launches]
-    for _ in range(2):
-        got = run()
-    assert all(launch.fast_launches > n for launch, n in zip(launches, before, strict=True))
-    assert all(entry.c_launcher is not None for launch in launches for entry in launch._compiled.values())
-    for want, have in zip(expected, got, strict=True):
-        assert torch.equal(want, have)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["dense", "varlen", "dlse"])
 def test_gpu_the_delta_preprocess_compiled_launch_matches_tritons(monkeypatch, case):
@@ -550,7 +536,7 @@ def test_gpu_the_delta_preprocess_compiled_launch_matches_tritons(monkeypatch, c
         run = lambda: [_flash_bwd.backward_delta(out, do, lse, dlse=dlse, dlse_scale=1.4426950408889634)]  # noqa: E731
     else:
         run = lambda: [_flash_bwd.backward_delta(out, do, lse)]  # noqa: E731
-    _compiled_against_jit(monkeypatch, [_flash_bwd._launch_preprocess], run)
+    assert_compiled_launches_match_jit(monkeypatch, [[_flash_bwd._launch_preprocess]], run)
     if case == "dense":  # and against rowsum(dO * O)
         want = (out.float() * do.float()).sum(-1).transpose(1, 2)
         torch.testing.assert_close(run()[0], want, rtol=1e-3, atol=1e-3)
@@ -567,7 +553,7 @@ def test_gpu_the_decode_kernels_compiled_launches_match_tritons(monkeypatch, seq
     k_cache, v_cache = (torch.randn(3, 2000, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lengths = torch.tensor([2000, 1, 777], device="cuda", dtype=torch.int32)
     run = lambda: flash_decode(q, k_cache, v_cache, lengths, causal=causal, window=window, return_lse=True)  # noqa: E731
-    _compiled_against_jit(monkeypatch, [decode._launch_split, decode._launch_merge], run)
+    assert_compiled_launches_match_jit(monkeypatch, [[decode._launch_split], [decode._launch_merge]], run)
 
 
 def _portable_case(case):
@@ -616,4 +602,4 @@ def test_gpu_the_portable_kernels_compiled_launches_match_tritons(monkeypatch, c
     torch.manual_seed(2)
     run, tuned = _portable_case(case)
     run()  # (tunes each key: the compiled launches start from the second call)
-    _compiled_against_jit(monkeypatch, [t.compiled_launch for t in tuned], run)
+    assert_compiled_launches_match_jit(monkeypatch, [[t.compiled_launch] for t in tuned], run)
