@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 65). Each part is what one call ran; the outputs are in
+# benchmarks/results/s65/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s65.sh 1   # session 64's two review mends on the GPU: the compiled-launch tests that now share
+#       one helper (test_launch.py's GPU tests, test_flash_bwd_hopper's compiled-launch test) and the persistent dK/dV
+#       kernel whose partitions take one work tuple (test_block_sparse_hopper's persistent tests)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+T=tests/kernels
+case "$1" in
+1)
+  timeout -s KILL 400 python -m pytest -q -n 6 -rf -m gpu $T/test_launch.py $T/test_flash_bwd_hopper.py \
+    $T/test_block_sparse_hopper.py -k "test_launch or compiled_launches or persistent" \
+    > "$R/gpu_tests_review_mends.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_review_mends.log"
+  ;;
+esac
