@@ -4,6 +4,9 @@
 #   bash benchmarks/run_gpu_s65.sh 1   # session 64's two review mends on the GPU: the compiled-launch tests that now share
 #       one helper (test_launch.py's GPU tests, test_flash_bwd_hopper's compiled-launch test) and the persistent dK/dV
 #       kernel whose partitions take one work tuple (test_block_sparse_hopper's persistent tests)
+#   bash benchmarks/run_gpu_s65.sh 2   # generation through a captured CUDA graph a token (flashtrain.generate.DecodeStep) and
+#       the prompt's prefill through flash_attention: test_generate.py's GPU tests, then bench_generate.py (GPT-2 and
+#       GPT-2 medium shapes, batch 1 and 8, 512- and 4096-token prompts, 64 new tokens)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -14,5 +17,10 @@ case "$1" in
     $T/test_block_sparse_hopper.py -k "test_launch or compiled_launches or persistent" \
     > "$R/gpu_tests_review_mends.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests_review_mends.log"
+  ;;
+2)
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
+  timeout -s KILL 360 python benchmarks/bench_generate.py --out "$R/generate_h200.json" 2>&1 | quiet | tail -n 14
   ;;
 esac

@@ -1,8 +1,9 @@
 """Text generation with a KV cache.
 
-Prefill runs the prompt through the model once, filling one cache per layer; each new token then
-attends to the cache through `kernels.flash_decode` (Flash-Decoding) on CUDA, or the torch reference
-on CPU.
+Prefill runs the prompt through the model once, filling one cache per layer (its attention through
+`kernels.flash_attention` on CUDA); each new token then attends to the cache through
+`kernels.flash_decode` (Flash-Decoding) on CUDA, or the torch reference on CPU. On CUDA the new tokens'
+steps replay one captured CUDA graph (`DecodeStep`).
 
     python -m flashtrain.generate --run runs/default --prompt "def main(" --max-new-tokens 200
 """
@@ -24,17 +25,37 @@ class KVCache:
             batch, max_len, n_kv_head, head_dim, dtype=dtype, device=device
         )  # (B, S, Hkv, D)
         self.v = torch.empty_like(self.k)
-        self.seqlen = 0
+        self.seqlen = 0  # tokens cached, counted on the host
+        # Set by DecodeStep: the slots of a step's tokens (T,) int64 and the caches' lengths after it (B,)
+        # int32, both on the device, so that one captured CUDA graph serves every position.
+        self.slots: torch.Tensor | None = None
+        self.lengths: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
 
     def attend(self, q, k, v, *, window=None):
         """Append this step's k/v (B, T, Hkv, D) and attend q (B, T, H, D) to everything cached so far."""
         new = q.shape[1]
-        if self.seqlen + new > self.k.shape[1]:
-            raise ValueError(f"KV cache holds {self.k.shape[1]} tokens; cannot add {new} to {self.seqlen}")
-        self.k[:, self.seqlen : self.seqlen + new] = k
-        self.v[:, self.seqlen : self.seqlen + new] = v
-        self.seqlen += new
-        lengths = torch.full((q.shape[0],), self.seqlen, dtype=torch.int32, device=q.device)
+        if self.slots is None:
+            if self.seqlen + new > self.capacity:
+                raise ValueError(f"KV cache holds {self.capacity} tokens; cannot add {new} to {self.seqlen}")
+            start = self.seqlen
+            self.k[:, start : start + new] = k
+            self.v[:, start : start + new] = v
+            self.seqlen += new
+            if (
+                start == 0 and q.is_cuda
+            ):  # a prompt: its queries are many, the training kernel's tiles fit them
+                from kernels import flash_attention
+
+                return flash_attention(q, k, v, causal=True, window=window)
+            lengths = torch.full((q.shape[0],), self.seqlen, dtype=torch.int32, device=q.device)
+        else:  # DecodeStep checked the capacity on the host and counts seqlen
+            self.k.index_copy_(1, self.slots, k)
+            self.v.index_copy_(1, self.slots, v)
+            lengths = self.lengths
         if q.is_cuda:
             from kernels import flash_decode
 
@@ -42,6 +63,87 @@ class KVCache:
         from kernels.reference import decode_reference
 
         return decode_reference(q, self.k, self.v, lengths, causal=True, window=window)
+
+
+class DecodeStep:
+    """The model on one new token per sequence, with that token's position kept on the device, so that
+    the step can be captured once as a CUDA graph and replayed at every position (`capture=True`).
+
+    Eagerly, a step of a GPT-2 medium-sized model is ~400 small kernel launches, which the host issues
+    more slowly than the GPU runs them; a replay issues them all at once. What changes between steps
+    lives on the device: the token, its slot in every cache (which is also its position) and the caches'
+    lengths. `flash_decode`'s grid depends only on the caches' capacity, so one capture serves every
+    length. Without `capture` the same step runs eagerly (what the CPU tests check).
+    """
+
+    def __init__(self, model: GPT, caches: list[KVCache], *, capture: bool):
+        first = caches[0]
+        device = first.k.device
+        if capture and device.type != "cuda":
+            raise ValueError(
+                f"CUDA graphs need the model on a CUDA device, not {device}; pass cuda_graph=False"
+            )
+        self.model, self.caches = model, caches
+        self.token = torch.zeros(first.k.shape[0], 1, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(first.k.shape[0], dtype=torch.int32, device=device)
+        for cache in caches:
+            cache.slots, cache.lengths = self.slot, self.lengths
+        self.graph = None
+        if capture:
+            self._capture()
+
+    def _forward(self) -> torch.Tensor:
+        self.lengths.copy_(self.slot + 1)
+        return self.model(self.token, positions=self.slot, caches=self.caches)
+
+    def _capture(self, warmup: int = 2) -> None:
+        # Warm-up writes go to the next free slot, which the first real step overwrites. It runs on a side
+        # stream, as torch.cuda.graphs asks: Triton compiles there, the compiled launches set themselves up
+        # on their second call, cuBLAS picks its kernels.
+        self.slot.fill_(self.caches[0].seqlen)
+        side = torch.cuda.Stream(self.slot.device)
+        side.wait_stream(torch.cuda.current_stream(self.slot.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._forward()
+        torch.cuda.current_stream(self.slot.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._forward()  # overwritten by every replay
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits (B, 1, V) after token (B, 1); with a graph, its output buffer, valid until the next call."""
+        seqlen = self.caches[0].seqlen
+        if seqlen >= self.caches[0].capacity:
+            raise ValueError(f"KV cache holds {self.caches[0].capacity} tokens; cannot add one more")
+        self.token.copy_(token)
+        self.slot.fill_(seqlen)
+        if self.graph is None:
+            logits = self._forward()
+        else:
+            self.graph.replay()
+            logits = self.logits
+        for cache in self.caches:
+            cache.seqlen += 1
+        return logits
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    """Next tokens (B, 1) from last-position logits (B, V): greedy at temperature 0."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+# Decode steps from which generation captures its step as a CUDA graph by default (cuda_graph=None): the
+# capture (two warm-up steps and the capture itself) costs about GRAPH_MIN_STEPS eager steps.
+GRAPH_MIN_STEPS = 8
 
 
 @torch.no_grad()
@@ -53,9 +155,12 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    cuda_graph: bool | None = None,
 ) -> torch.Tensor:
     """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy; top_k keeps the
-    k most likely tokens before sampling (None: all)."""
+    k most likely tokens before sampling (None: all). cuda_graph: replay each new token's step as one
+    captured CUDA graph (`DecodeStep`); None = on a CUDA device when at least GRAPH_MIN_STEPS steps follow
+    the prompt. The tokens are the same either way."""
     cfg = model.cfg
     if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
         raise ValueError(
@@ -68,6 +173,8 @@ def generate(
         raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
+    if cuda_graph and not idx.is_cuda:
+        raise ValueError(f"cuda_graph=True needs the prompt and model on a CUDA device, not {idx.device}")
     total = idx.shape[1] + max_new_tokens
     if total > cfg.max_seq_len:
         raise ValueError(f"prompt + new tokens = {total} exceeds the model's max_seq_len={cfg.max_seq_len}")
@@ -78,19 +185,16 @@ def generate(
         for _ in range(cfg.n_layer)
     ]
     logits = model(idx, caches=caches)  # prefill: (B, 1, V)
+    steps = max_new_tokens - 1  # the last sampled token is not run through the model
+    if cuda_graph is None:
+        cuda_graph = idx.is_cuda and steps >= GRAPH_MIN_STEPS
+    step = DecodeStep(model, caches, capture=True) if cuda_graph and steps > 0 else None
     out = [idx]
-    for _ in range(max_new_tokens):
-        logits = logits[:, -1, :].float()
-        if temperature == 0:
-            nxt = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+    for i in range(max_new_tokens):
+        nxt = sample(logits[:, -1, :], temperature, top_k, generator)
         out.append(nxt)
-        logits = model(nxt, caches=caches)
+        if i < steps:
+            logits = step(nxt) if step is not None else model(nxt, caches=caches)
     return torch.cat(out, dim=1)
 
 
@@ -132,6 +236,12 @@ def main(argv=None):
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--cuda-graph",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, for 8+ new tokens)",
+    )
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         parser.error(f"--num-samples {args.num_samples}: need at least 1")
@@ -156,6 +266,7 @@ def main(argv=None):
         temperature=args.temperature,
         top_k=args.top_k or None,
         generator=generator,
+        cuda_graph={"auto": None, "on": True, "off": False}[args.cuda_graph],
     )
     for row in tokens.tolist():
         print(tokenizer.decode([t for t in row if t < tokenizer.vocab_size]))

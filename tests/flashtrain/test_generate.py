@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashtrain.generate import generate
+from flashtrain.generate import DecodeStep, KVCache, generate
 from flashtrain.models.gpt import GPT, GPTConfig
 
 
@@ -30,6 +30,106 @@ def test_cached_greedy_equals_recompute(pos, window):
         for _ in range(12):
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, seq)
+
+
+def _small_gpt(
+    pos="rotary", window=None, n_kv_head=2, dtype=torch.float64, device="cpu", attention="reference"
+):
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=64, vocab_size=50, max_seq_len=48,
+                    pos_embedding=pos, window=window, attention=attention)  # fmt: skip
+    return GPT(cfg).to(device, dtype).eval()
+
+
+def _caches(model, batch, capacity):
+    cfg = model.cfg
+    param = next(model.parameters())
+    return [KVCache(batch, capacity, cfg.kv_heads, cfg.head_dim, dtype=param.dtype, device=param.device)
+            for _ in range(cfg.n_layer)]  # fmt: skip
+
+
+@pytest.mark.parametrize("pos, window", [("learned", None), ("rotary", None), ("rotary", 5)])
+def test_a_decode_step_with_its_position_on_the_device_gives_the_eager_steps_logits(pos, window):
+    """DecodeStep (what a CUDA graph captures) places each token by device-side slots and lengths; run
+    eagerly it must give, step by step, the logits of the host-placed steps."""
+    model = _small_gpt(pos, window)
+    prompt = torch.randint(0, 50, (3, 9))
+    host, device_side = _caches(model, 3, 20), _caches(model, 3, 20)
+    with torch.no_grad():
+        assert torch.equal(model(prompt, caches=host), model(prompt, caches=device_side))
+        step = DecodeStep(model, device_side, capture=False)
+        for _ in range(11):
+            nxt = torch.randint(0, 50, (3, 1))
+            expected = model(nxt, caches=host)
+            assert torch.equal(step(nxt), expected)
+            assert device_side[0].seqlen == host[0].seqlen
+        for a, b in zip(host, device_side, strict=True):
+            assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+        with pytest.raises(ValueError, match="KV cache holds 20 tokens; cannot add one more"):
+            step(nxt)
+
+
+def test_a_cuda_graph_off_cuda_is_refused_with_what_to_change():
+    model = _small_gpt()
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(
+        ValueError, match="cuda_graph=True needs the prompt and model on a CUDA device, not cpu"
+    ):
+        generate(model, prompt, 4, cuda_graph=True)
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device, not cpu"):
+        DecodeStep(model, _caches(model, 1, 8), capture=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "pos, window, n_kv_head", [("learned", None, 4), ("rotary", 7, 1), ("rotary", None, 2)]
+)
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_gpu_generation_through_a_cuda_graph_gives_the_eager_tokens(pos, window, n_kv_head, temperature):
+    """The captured step replays the eager step's kernels (flash_decode included) on the same inputs, so
+    greedy and seeded sampled tokens are the same, in bf16, at batch 2 over 30 new tokens."""
+    model = _small_gpt(pos, window, n_kv_head, torch.bfloat16, "cuda", attention="triton")
+    prompt = torch.randint(0, 50, (2, 13), device="cuda")
+    runs = [
+        generate(
+            model,
+            prompt,
+            30,
+            temperature=temperature,
+            top_k=20,
+            cuda_graph=graph,
+            generator=torch.Generator("cuda").manual_seed(3),
+        )  # fmt: skip
+        for graph in (False, True)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.gpu
+def test_gpu_a_captured_step_replays_the_eager_logits_at_every_position():
+    model = _small_gpt("rotary", 6, 2, torch.bfloat16, "cuda", attention="triton")
+    prompt = torch.randint(0, 50, (3, 5), device="cuda")
+    eager, graphed = _caches(model, 3, 40), _caches(model, 3, 40)
+    with torch.no_grad():
+        model(prompt, caches=eager), model(prompt, caches=graphed)
+        step = DecodeStep(model, graphed, capture=True)
+        for _ in range(35):
+            nxt = torch.randint(0, 50, (3, 1), device="cuda")
+            assert torch.equal(step(nxt), model(nxt, caches=eager))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 40])
+def test_gpu_a_prompt_prefilled_through_flash_attention_matches_the_float32_reference(window):
+    """An empty cache's prompt goes through `flash_attention` (many queries), not `flash_decode`."""
+    model = _small_gpt("rotary", window, 2, torch.bfloat16, "cuda", "triton", max_seq_len=300)
+    prompt = torch.randint(0, 50, (2, 300), device="cuda")
+    with torch.no_grad():
+        logits = model(prompt, caches=_caches(model, 2, 300)).float()
+        reference = _small_gpt("rotary", window, 2, torch.float32, "cuda", max_seq_len=300)
+        reference.load_state_dict(model.state_dict())
+        expected = reference(prompt)
+    assert (logits - expected).abs().max() <= 0.05 * expected.abs().max()
 
 
 def test_sampling_is_seeded_and_bounded():

@@ -1,0 +1,175 @@
+"""Generation speed: eager decode steps against one captured CUDA graph replayed per token, and the
+prompt's prefill through the training kernel against the decode kernel.
+
+GPT-2 shapes in bf16 with random weights (speed does not depend on the weights): a prompt of `prompt`
+tokens, then `new_tokens` greedy tokens. Per configuration, in alternating rounds:
+
+- `eager_step_ms` / `graph_step_ms`: one new token's step (milliseconds a token, over `new_tokens` steps
+  timed together with a sync at each end), eagerly or replaying `flashtrain.generate.DecodeStep`'s graph;
+  `capture_ms`: building that graph (two warm-up steps and the capture);
+- `eager_generate_ms` / `graph_generate_ms`: one whole `generate` call (prefill, capture, sampling);
+- `prefill_flash_ms` / `prefill_decode_ms`: the prompt through the model, its attention through
+  `flash_attention` (what `KVCache` does) or through `flash_decode` (what it did before session 65).
+
+Each row also says whether both ways gave the same tokens, and the peak memory of a generate call each way.
+
+    python benchmarks/bench_generate.py --out benchmarks/results/generate_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import markdown_table, print_summary, rotated, write_results  # noqa: E402
+from flashtrain.generate import DecodeStep, KVCache, generate  # noqa: E402
+from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
+
+MODELS = {  # name -> (n_layer, d_model, n_head)
+    "gpt2": (12, 768, 12),
+    "gpt2-medium": (24, 1024, 16),
+    "gpt2-medium-d128": (24, 1024, 8),
+}
+
+
+class DecodeKernelPrefill(KVCache):
+    """The cache as it was before session 65: the prompt's attention through `flash_decode` too."""
+
+    def attend(self, q, k, v, *, window=None):
+        from kernels import flash_decode
+
+        start, new = self.seqlen, q.shape[1]
+        self.k[:, start : start + new] = k
+        self.v[:, start : start + new] = v
+        self.seqlen += new
+        lengths = torch.full((q.shape[0],), self.seqlen, dtype=torch.int32, device=q.device)
+        return flash_decode(q, self.k, self.v, lengths, causal=True, window=window)
+
+
+def wall_ms(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def caches_for(model: GPT, batch: int, capacity: int, kind=KVCache) -> list[KVCache]:
+    cfg = model.cfg
+    return [kind(batch, capacity, cfg.kv_heads, cfg.head_dim, dtype=torch.bfloat16, device="cuda")
+            for _ in range(cfg.n_layer)]  # fmt: skip
+
+
+def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> tuple[float, float]:
+    """(ms a token over new_tokens steps after the prompt's prefill, ms of the capture or 0)."""
+    caches = caches_for(model, prompt.shape[0], prompt.shape[1] + new_tokens)
+    logits = model(prompt, caches=caches)
+    step = None
+    capture = 0.0
+    if graph:
+        built = []
+        capture = wall_ms(lambda: built.append(DecodeStep(model, caches, capture=True)))
+        step = built[0]
+
+    def run():
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(new_tokens):
+            out = step(nxt) if step is not None else model(nxt, caches=caches)
+            nxt = out[:, -1].argmax(-1, keepdim=True)
+
+    return wall_ms(run) / new_tokens, capture
+
+
+def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int) -> dict:
+    n_layer, d_model, n_head = MODELS[name]
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, vocab_size=50304,
+                    max_seq_len=prompt_len + new_tokens, attention="triton")  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg).to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device="cuda")
+    capacity = prompt_len + new_tokens
+    calls = {
+        "eager_step": lambda: steps_ms(model, prompt, new_tokens, graph=False),
+        "graph_step": lambda: steps_ms(model, prompt, new_tokens, graph=True),
+        "eager_generate": lambda: wall_ms(lambda: generate(model, prompt, new_tokens, temperature=0, cuda_graph=False)),
+        "graph_generate": lambda: wall_ms(lambda: generate(model, prompt, new_tokens, temperature=0, cuda_graph=True)),
+        "prefill_flash": lambda: wall_ms(lambda: model(prompt, caches=caches_for(model, batch, capacity))),
+        "prefill_decode": lambda: wall_ms(
+            lambda: model(prompt, caches=caches_for(model, batch, capacity, DecodeKernelPrefill))
+        ),
+    }  # fmt: skip
+    with torch.no_grad():
+        for fn in calls.values():  # compile and warm everything once
+            fn()
+        times = {key: [] for key in calls}
+        captures = []
+        for r in range(rounds):
+            for key in rotated(list(calls), r):
+                got = calls[key]()
+                if key.endswith("_step"):
+                    got, capture = got
+                    if key == "graph_step":
+                        captures.append(capture)
+                times[key].append(got)
+        same = torch.equal(
+            generate(model, prompt, new_tokens, temperature=0, cuda_graph=False),
+            generate(model, prompt, new_tokens, temperature=0, cuda_graph=True),
+        )
+        peaks = {}
+        for graph in (False, True):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            generate(model, prompt, new_tokens, temperature=0, cuda_graph=graph)
+            torch.cuda.synchronize()
+            peaks["graph" if graph else "eager"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    row = dict(model=name, n_layer=n_layer, d_model=d_model, nheads=n_head, headdim=d_model // n_head,
+               batch=batch, prompt=prompt_len, new_tokens=new_tokens, dtype="bfloat16", same_tokens=same)  # fmt: skip
+    for key, vals in times.items():
+        row[key] = statistics.median(vals)
+        row[f"{key}_ms"] = vals  # every round, for the spread
+    row["capture"] = statistics.median(captures)
+    row["capture_ms"] = captures
+    row["step_speedup"] = row["eager_step"] / row["graph_step"]
+    row["generate_speedup"] = row["eager_generate"] / row["graph_generate"]
+    row["prefill_speedup"] = row["prefill_decode"] / row["prefill_flash"]
+    row["graph_tokens_per_s"] = 1e3 * batch / row["graph_step"]
+    row["eager_tokens_per_s"] = 1e3 * batch / row["eager_step"]
+    row["eager_peak_mib"], row["graph_peak_mib"] = peaks["eager"], peaks["graph"]
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "gpt2-medium"], choices=list(MODELS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--prompts", nargs="+", type=int, default=[512, 4096])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("this benchmark times CUDA graphs and the CUDA kernels; run it on a GPU (`device`)")
+    rows = []
+    for name in args.models:
+        for batch in args.batches:
+            for prompt in args.prompts:
+                rows.append(measure(name, batch, prompt, args.new_tokens, args.rounds))
+                print_summary(rows[-1])
+    columns = ["model", "batch", "prompt", "eager_step", "graph_step", "step_speedup", "capture",
+               "eager_generate", "graph_generate", "generate_speedup", "prefill_decode", "prefill_flash",
+               "prefill_speedup", "same_tokens"]  # fmt: skip
+    print(markdown_table(rows, columns, floatfmt="{:.2f}"))
+    if args.out:
+        write_results(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
