@@ -87,7 +87,7 @@ def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> 
     return wall_ms(run) / new_tokens, capture
 
 
-def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int) -> dict:
+def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool) -> dict:
     n_layer, d_model, n_head = MODELS[name]
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, vocab_size=50304,
                     max_seq_len=prompt_len + new_tokens, attention="triton")  # fmt: skip
@@ -105,6 +105,8 @@ def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int
             lambda: model(prompt, caches=caches_for(model, batch, capacity, DecodeKernelPrefill))
         ),
     }  # fmt: skip
+    if prefill_only:
+        calls = {key: fn for key, fn in calls.items() if key.startswith("prefill")}
     with torch.no_grad():
         for fn in calls.values():  # compile and warm everything once
             fn()
@@ -118,31 +120,34 @@ def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int
                     if key == "graph_step":
                         captures.append(capture)
                 times[key].append(got)
-        same = torch.equal(
+    row = dict(model=name, n_layer=n_layer, d_model=d_model, nheads=n_head, headdim=d_model // n_head,
+               batch=batch, prompt=prompt_len, new_tokens=new_tokens, dtype="bfloat16")  # fmt: skip
+    for key, vals in times.items():
+        row[key] = statistics.median(vals)
+        row[f"{key}_ms"] = vals  # every round, for the spread
+    row["prefill_speedup"] = row["prefill_decode"] / row["prefill_flash"]
+    if prefill_only:
+        return row
+    with torch.no_grad():
+        row["same_tokens"] = torch.equal(
             generate(model, prompt, new_tokens, temperature=0, cuda_graph=False),
             generate(model, prompt, new_tokens, temperature=0, cuda_graph=True),
         )
-        peaks = {}
         for graph in (False, True):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
             generate(model, prompt, new_tokens, temperature=0, cuda_graph=graph)
             torch.cuda.synchronize()
-            peaks["graph" if graph else "eager"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-    row = dict(model=name, n_layer=n_layer, d_model=d_model, nheads=n_head, headdim=d_model // n_head,
-               batch=batch, prompt=prompt_len, new_tokens=new_tokens, dtype="bfloat16", same_tokens=same)  # fmt: skip
-    for key, vals in times.items():
-        row[key] = statistics.median(vals)
-        row[f"{key}_ms"] = vals  # every round, for the spread
+            row["graph_peak_mib" if graph else "eager_peak_mib"] = (
+                torch.cuda.max_memory_allocated() - base
+            ) / 2**20
     row["capture"] = statistics.median(captures)
     row["capture_ms"] = captures
     row["step_speedup"] = row["eager_step"] / row["graph_step"]
     row["generate_speedup"] = row["eager_generate"] / row["graph_generate"]
-    row["prefill_speedup"] = row["prefill_decode"] / row["prefill_flash"]
     row["graph_tokens_per_s"] = 1e3 * batch / row["graph_step"]
     row["eager_tokens_per_s"] = 1e3 * batch / row["eager_step"]
-    row["eager_peak_mib"], row["graph_peak_mib"] = peaks["eager"], peaks["graph"]
     return row
 
 
@@ -153,6 +158,9 @@ def main():
     parser.add_argument("--prompts", nargs="+", type=int, default=[512, 4096])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--prefill-only", action="store_true", help="time only the prompt's prefill both ways"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -161,11 +169,12 @@ def main():
     for name in args.models:
         for batch in args.batches:
             for prompt in args.prompts:
-                rows.append(measure(name, batch, prompt, args.new_tokens, args.rounds))
+                rows.append(measure(name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only))
                 print_summary(rows[-1])
-    columns = ["model", "batch", "prompt", "eager_step", "graph_step", "step_speedup", "capture",
-               "eager_generate", "graph_generate", "generate_speedup", "prefill_decode", "prefill_flash",
-               "prefill_speedup", "same_tokens"]  # fmt: skip
+    columns = ["model", "batch", "prompt", "prefill_decode", "prefill_flash", "prefill_speedup"]
+    if not args.prefill_only:
+        columns += ["eager_step", "graph_step", "step_speedup", "capture",
+               "eager_generate", "graph_generate", "generate_speedup", "same_tokens"]  # fmt: skip
     print(markdown_table(rows, columns, floatfmt="{:.2f}"))
     if args.out:
         write_results(args.out, rows)

@@ -7,6 +7,9 @@
 #   bash benchmarks/run_gpu_s65.sh 2   # generation through a captured CUDA graph a token (flashtrain.generate.DecodeStep) and
 #       the prompt's prefill through flash_attention: test_generate.py's GPU tests, then bench_generate.py (GPT-2 and
 #       GPT-2 medium shapes, batch 1 and 8, 512- and 4096-token prompts, 64 new tokens)
+#   bash benchmarks/run_gpu_s65.sh 3   # test_generate.py's GPU tests again (call 2's prefill test had a helper's keyword
+#       missing), and where the prompt's prefill through flash_attention starts to pay (call 2: slower up to 4096 tokens,
+#       where prefill is bound by the host, faster at 32k): bench_generate.py --prefill-only over batch x prompt
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -22,5 +25,13 @@ case "$1" in
   timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
   timeout -s KILL 360 python benchmarks/bench_generate.py --out "$R/generate_h200.json" 2>&1 | quiet | tail -n 14
+  ;;
+3)
+  timeout -s KILL 120 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
+  timeout -s KILL 240 python benchmarks/bench_generate.py --prefill-only --models gpt2-medium gpt2-medium-d128 \
+    --batches 1 2 4 --prompts 2048 4096 8192 16384 --out "$R/prefill_h200.json" 2>&1 | quiet | tail -n 26
+  timeout -s KILL 150 python benchmarks/bench_generate.py --prefill-only --models gpt2-medium --batches 1 \
+    --prompts 65536 --rounds 3 --out "$R/prefill_64k_h200.json" 2>&1 | quiet | tail -n 3
   ;;
 esac
