@@ -10,6 +10,9 @@
 #   bash benchmarks/run_gpu_s65.sh 3   # test_generate.py's GPU tests again (call 2's prefill test had a helper's keyword
 #       missing), and where the prompt's prefill through flash_attention starts to pay (call 2: slower up to 4096 tokens,
 #       where prefill is bound by the host, faster at 32k): bench_generate.py --prefill-only over batch x prompt
+#       (the GPU tests failed again on the same keyword: call 2's fix had not reached the file)
+#   bash benchmarks/run_gpu_s65.sh 4   # the prompt's prefill routed by size (flash_attention from 8192 tokens, call 3):
+#       test_generate.py's GPU tests (both prefill routes forced), and bench_generate.py's generation rows again
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -33,5 +36,11 @@ case "$1" in
     --batches 1 2 4 --prompts 2048 4096 8192 16384 --out "$R/prefill_h200.json" 2>&1 | quiet | tail -n 26
   timeout -s KILL 150 python benchmarks/bench_generate.py --prefill-only --models gpt2-medium --batches 1 \
     --prompts 65536 --rounds 3 --out "$R/prefill_64k_h200.json" 2>&1 | quiet | tail -n 3
+  ;;
+4)
+  timeout -s KILL 120 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
+  timeout -s KILL 400 python benchmarks/bench_generate.py --prompts 512 4096 16384 --out "$R/generate_h200.json" 2>&1 \
+    | quiet | tail -n 16
   ;;
 esac

@@ -16,6 +16,12 @@ import torch
 
 from flashtrain.models.gpt import GPT
 
+# A prompt of at least this many tokens (batch x length) into an empty cache takes the training kernel
+# (`flash_attention`, tiles for many queries) rather than `flash_decode`. Measured on an H200 in GPT-2
+# medium's shape (benchmarks/results/s65/call3/): from 8192 tokens up to 64k, 1.14-1.46x faster
+# prefill; at 2048-4096 tokens, where a prefill is bound by the host, 0.70-0.96x (one point 1.18).
+PREFILL_FLASH_TOKENS = 8192
+
 
 class KVCache:
     """Keys and values of one layer for `batch` sequences of at most `max_len` tokens."""
@@ -45,9 +51,8 @@ class KVCache:
             self.k[:, start : start + new] = k
             self.v[:, start : start + new] = v
             self.seqlen += new
-            if (
-                start == 0 and q.is_cuda
-            ):  # a prompt: its queries are many, the training kernel's tiles fit them
+            # a prompt of many queries: the training kernel's tiles fit it better than flash_decode's
+            if start == 0 and q.is_cuda and q.shape[0] * new >= PREFILL_FLASH_TOKENS:
                 from kernels import flash_attention
 
                 return flash_attention(q, k, v, causal=True, window=window)
@@ -141,9 +146,10 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generato
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
-# Decode steps from which generation captures its step as a CUDA graph by default (cuda_graph=None): the
-# capture (two warm-up steps and the capture itself) costs about GRAPH_MIN_STEPS eager steps.
-GRAPH_MIN_STEPS = 8
+# Decode steps from which generation captures its step as a CUDA graph by default (cuda_graph=None). On an
+# H200 (benchmarks/results/s65/call2/: GPT-2 and GPT-2 medium shapes, batch 1 and 8, 512- and 4096-token
+# prompts) the capture took 13-44 ms and each replayed step saved 3.5-13 ms: it paid back after 3-5 steps.
+GRAPH_MIN_STEPS = 6
 
 
 @torch.no_grad()
@@ -240,7 +246,7 @@ def main(argv=None):
         "--cuda-graph",
         choices=["auto", "on", "off"],
         default="auto",
-        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, for 8+ new tokens)",
+        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, from 7 new tokens)",
     )
     args = parser.parse_args(argv)
     if args.num_samples < 1:

@@ -33,10 +33,11 @@ def test_cached_greedy_equals_recompute(pos, window):
 
 
 def _small_gpt(
-    pos="rotary", window=None, n_kv_head=2, dtype=torch.float64, device="cpu", attention="reference"
-):
+    pos="rotary", window=None, n_kv_head=2, dtype=torch.float64, device="cpu", attention="reference",
+    max_seq_len=48,
+):  # fmt: skip
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=64, vocab_size=50, max_seq_len=48,
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=64, vocab_size=50, max_seq_len=max_seq_len,
                     pos_embedding=pos, window=window, attention=attention)  # fmt: skip
     return GPT(cfg).to(device, dtype).eval()
 
@@ -120,8 +121,22 @@ def test_gpu_a_captured_step_replays_the_eager_logits_at_every_position():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("window", [None, 40])
-def test_gpu_a_prompt_prefilled_through_flash_attention_matches_the_float32_reference(window):
-    """An empty cache's prompt goes through `flash_attention` (many queries), not `flash_decode`."""
+@pytest.mark.parametrize("route", ["flash_attention", "flash_decode"])
+def test_gpu_a_prompt_prefilled_either_way_matches_the_float32_reference(monkeypatch, window, route):
+    """An empty cache's prompt goes through `flash_attention` from PREFILL_FLASH_TOKENS tokens on, else
+    through `flash_decode`; both give the reference's logits within bf16's error."""
+    import flashtrain.generate as gen
+    import kernels
+
+    monkeypatch.setattr(gen, "PREFILL_FLASH_TOKENS", 0 if route == "flash_attention" else 10**9)
+    calls = []
+    kernel = getattr(kernels, route)
+
+    def counted(*args, **kwargs):
+        calls.append(route)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, route, counted)
     model = _small_gpt("rotary", window, 2, torch.bfloat16, "cuda", "triton", max_seq_len=300)
     prompt = torch.randint(0, 50, (2, 300), device="cuda")
     with torch.no_grad():
@@ -129,6 +144,7 @@ def test_gpu_a_prompt_prefilled_through_flash_attention_matches_the_float32_refe
         reference = _small_gpt("rotary", window, 2, torch.float32, "cuda", max_seq_len=300)
         reference.load_state_dict(model.state_dict())
         expected = reference(prompt)
+    assert len(calls) == model.cfg.n_layer
     assert (logits - expected).abs().max() <= 0.05 * expected.abs().max()
 
 
