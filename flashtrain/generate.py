@@ -147,9 +147,10 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generato
 
 
 # Decode steps from which generation captures its step as a CUDA graph by default (cuda_graph=None). On an
-# H200 (benchmarks/results/s65/call2/: GPT-2 and GPT-2 medium shapes, batch 1 and 8, 512- and 4096-token
-# prompts) the capture took 13-44 ms and each replayed step saved 3.5-13 ms: it paid back after 3-5 steps.
-GRAPH_MIN_STEPS = 6
+# H200 (benchmarks/results/s65/call2/, call4/: GPT-2 and GPT-2 medium shapes, batch 1 and 8, prompts of 512
+# to 16k tokens) the capture took 13-44 ms and paid back after 3-5 replayed steps, 6-8 at batch 8 x 16k
+# (where the steps are bound by the caches' reads, so a replay saves less).
+GRAPH_MIN_STEPS = 8
 
 
 @torch.no_grad()
@@ -246,7 +247,7 @@ def main(argv=None):
         "--cuda-graph",
         choices=["auto", "on", "off"],
         default="auto",
-        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, from 7 new tokens)",
+        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, from 9 new tokens)",
     )
     args = parser.parse_args(argv)
     if args.num_samples < 1:
