@@ -167,7 +167,8 @@ def generate(
     """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy; top_k keeps the
     k most likely tokens before sampling (None: all). cuda_graph: replay each new token's step as one
     captured CUDA graph (`DecodeStep`); None = on a CUDA device when at least GRAPH_MIN_STEPS steps follow
-    the prompt. The tokens are the same either way."""
+    the prompt. The tokens are the same either way. A block-sparse model recomputes the whole sequence for
+    each token instead (`_generate_by_recompute`)."""
     cfg = model.cfg
     if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
         raise ValueError(
@@ -180,12 +181,24 @@ def generate(
         raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
+    if cuda_graph and cfg.attention == "block_sparse":
+        raise ValueError(
+            "cuda_graph=True: a block-sparse model generates without a KV cache, so there is no decode "
+            "step to capture; pass cuda_graph=None or False"
+        )
     if cuda_graph and not idx.is_cuda:
         raise ValueError(f"cuda_graph=True needs the prompt and model on a CUDA device, not {idx.device}")
     total = idx.shape[1] + max_new_tokens
     if total > cfg.max_seq_len:
         raise ValueError(f"prompt + new tokens = {total} exceeds the model's max_seq_len={cfg.max_seq_len}")
+    if not cfg.causal:
+        raise ValueError(
+            "generation continues a sequence left to right, which needs a causal model (model.causal=true); "
+            "this one attends both ways"
+        )
     model.eval()
+    if cfg.attention == "block_sparse":
+        return _generate_by_recompute(model, idx, max_new_tokens, temperature, top_k, generator)
     dtype = next(model.parameters()).dtype
     caches = [
         KVCache(idx.shape[0], total, cfg.kv_heads, cfg.head_dim, dtype=dtype, device=idx.device)
@@ -203,6 +216,18 @@ def generate(
         if i < steps:
             logits = step(nxt) if step is not None else model(nxt, caches=caches)
     return torch.cat(out, dim=1)
+
+
+def _generate_by_recompute(model, idx, max_new_tokens, temperature, top_k, generator) -> torch.Tensor:
+    """Each token from a forward over the whole sequence so far. A block-sparse model takes this path: its
+    layout is built for the sequence's length (a butterfly's factors grow with the block count), so the
+    keys a token sees are those of a forward at that length, while a KV cache's decode would attend to
+    every cached key, including those the layout hides."""
+    seq = idx
+    for _ in range(max_new_tokens):
+        nxt = sample(model(seq)[:, -1, :], temperature, top_k, generator)
+        seq = torch.cat([seq, nxt], dim=1)
+    return seq
 
 
 def language_model_checkpoint(run_or_checkpoint: str) -> str:

@@ -148,6 +148,34 @@ def test_gpu_a_prompt_prefilled_either_way_matches_the_float32_reference(monkeyp
     assert (logits - expected).abs().max() <= 0.05 * expected.abs().max()
 
 
+def test_a_block_sparse_model_generates_what_its_forward_over_the_sequence_gives():
+    """A KV cache's decode attends to every cached key; a block-sparse model's layout hides some (here a
+    local band of 16-token blocks: at 40+ tokens the last query no longer sees block 0), so generation
+    recomputes the sequence instead, giving exactly the greedy tokens of its own forward."""
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, d_model=32, vocab_size=50, max_seq_len=48, pos_embedding="rotary")
+    sparse = GPT(GPTConfig(**cfg, attention="block_sparse", block_sparse_kind="local", block_sparse_block=16,
+                           block_sparse_local=1)).eval()  # fmt: skip
+    dense = GPT(GPTConfig(**cfg, attention="reference")).eval()
+    dense.load_state_dict(sparse.state_dict())
+    prompt = torch.randint(0, 50, (2, 40))
+    out = generate(sparse, prompt, 4, temperature=0)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(4):
+            seq = torch.cat([seq, sparse(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert not torch.allclose(sparse(seq), dense(seq))  # the layout matters at this length
+    assert torch.equal(out, seq)
+    with pytest.raises(ValueError, match="a block-sparse model generates without a KV cache"):
+        generate(sparse, prompt, 4, cuda_graph=True)
+
+
+def test_a_model_that_attends_both_ways_is_refused():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, causal=False))
+    with pytest.raises(ValueError, match=r"needs a causal model \(model.causal=true\)"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 4)
+
+
 def test_sampling_is_seeded_and_bounded():
     torch.manual_seed(0)
     model = GPT(
