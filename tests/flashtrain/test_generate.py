@@ -24,12 +24,16 @@ def test_cached_greedy_equals_recompute(pos, window):
     )
     model = GPT(cfg).double()
     prompt = torch.randint(0, 50, (3, 7))
-    out = generate(model, prompt, 12, temperature=0)
+    assert torch.equal(generate(model, prompt, 12, temperature=0), _greedy_by_recompute(model, prompt, 12))
+
+
+@torch.no_grad()
+def _greedy_by_recompute(model, prompt, new_tokens):
+    """The greedy continuation from a forward over the whole sequence for each token (no cache)."""
     seq = prompt
-    with torch.no_grad():
-        for _ in range(12):
-            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out, seq)
+    for _ in range(new_tokens):
+        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq
 
 
 def _small_gpt(
@@ -159,13 +163,10 @@ def test_a_block_sparse_model_generates_what_its_forward_over_the_sequence_gives
     dense = GPT(GPTConfig(**cfg, attention="reference")).eval()
     dense.load_state_dict(sparse.state_dict())
     prompt = torch.randint(0, 50, (2, 40))
-    out = generate(sparse, prompt, 4, temperature=0)
-    seq = prompt
+    seq = _greedy_by_recompute(sparse, prompt, 4)
+    assert torch.equal(generate(sparse, prompt, 4, temperature=0), seq)
     with torch.no_grad():
-        for _ in range(4):
-            seq = torch.cat([seq, sparse(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
         assert not torch.allclose(sparse(seq), dense(seq))  # the layout matters at this length
-    assert torch.equal(out, seq)
     with pytest.raises(ValueError, match="a block-sparse model generates without a KV cache"):
         generate(sparse, prompt, 4, cuda_graph=True)
 
