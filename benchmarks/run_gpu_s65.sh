@@ -13,6 +13,9 @@
 #       (the GPU tests failed again on the same keyword: call 2's fix had not reached the file)
 #   bash benchmarks/run_gpu_s65.sh 4   # the prompt's prefill routed by size (flash_attention from 8192 tokens, call 3):
 #       test_generate.py's GPU tests (both prefill routes forced), and bench_generate.py's generation rows again
+#   bash benchmarks/run_gpu_s65.sh 5   # the decode kernel's launch at GPT-2 medium's heads (16 of 64 or 128, MHA): call 4's
+#       batch 8 x 16k step read caches and weights at 2.9 TB/s; bench_decode.py --launch, the key tile (SPLIT_BLOCK_N)
+#       swept too, against SDPA cuDNN and flash
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -42,5 +45,13 @@ case "$1" in
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
   timeout -s KILL 400 python benchmarks/bench_generate.py --prompts 512 4096 16384 --out "$R/generate_h200.json" 2>&1 \
     | quiet | tail -n 16
+  ;;
+5)
+  for d in 64 128; do
+    timeout -s KILL 200 python benchmarks/bench_decode.py --batches 1 8 --cache-lens 4096 16384 65536 --nheads 16 \
+      --nheads-kv 16 --headdim $d --impls triton sdpa_cudnn sdpa_flash \
+      --launch default 2,4,2,128 4,4,2 4,4,3 2,4,3,128 2,8,2,128 4,4,3,128 2,8,3,128 \
+      --out "$R/decode_launch_d${d}_h200.json" 2>&1 | quiet | tail -n 60
+  done
   ;;
 esac

@@ -155,7 +155,7 @@ _launch_merge = CompiledLaunch(_decode_merge)
 
 
 # Launch shape of the split kernel: programs per SM the default split count aims at, and the split
-# kernel's warps and pipeline stages (module-level so `benchmarks/bench_decode.py` can sweep them).
+# kernel's warps, pipeline stages and key tile (module-level so `benchmarks/bench_decode.py` can sweep them).
 # Measured on an H200 (benchmarks/results/decode_{launch_sweep,small_work}_h200.json, d128, one token):
 # with at most SMALL_WORK (batch x kv heads x row blocks) work items, 4 programs per SM read the cache
 # up to 11% faster than 2 (128k: batch 1 MHA 0.532 -> 0.510 ms, batch 2 GQA 0.283 -> 0.255); at 64 items
@@ -165,6 +165,7 @@ SPLITS_PER_SM_SMALL_WORK = 4
 SMALL_WORK = 32
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
+SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
 
 
 def _default_num_splits(work_items: int, max_len: int, block_n: int, device: torch.device) -> int:
@@ -227,7 +228,7 @@ def flash_decode(
     group = nheads // nheads_kv
     n_rows = seqlen_q * group
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
-    block_n = 32 if INTERPRET else 64
+    block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     m_blocks = cdiv(n_rows, block_m)
     if num_splits is None:
         num_splits = _default_num_splits(batch * nheads_kv * m_blocks, max_len, block_n, q.device)
