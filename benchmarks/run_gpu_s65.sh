@@ -16,6 +16,9 @@
 #   bash benchmarks/run_gpu_s65.sh 5   # the decode kernel's launch at GPT-2 medium's heads (16 of 64 or 128, MHA): call 4's
 #       batch 8 x 16k step read caches and weights at 2.9 TB/s; bench_decode.py --launch, the key tile (SPLIT_BLOCK_N)
 #       swept too, against SDPA cuDNN and flash
+#   bash benchmarks/run_gpu_s65.sh 6   # decode's small-work rule by work items x head dim (call 5: d64 at batch 8, 128 items,
+#       1.09-1.19x faster at 4 programs per SM): decode's and generation's GPU tests, bench_decode.py's default launch at
+#       GPT-2 medium's heads against SDPA cuDNN, and bench_generate.py at batch 8 (GPT-2 medium, 4096- and 16k-token prompts)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -53,5 +56,16 @@ case "$1" in
       --launch default 2,4,2,128 4,4,2 4,4,3 2,4,3,128 2,8,2,128 4,4,3,128 2,8,3,128 \
       --out "$R/decode_launch_d${d}_h200.json" 2>&1 | quiet | tail -n 60
   done
+  ;;
+6)
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/kernels/test_decode.py tests/kernels/test_launch.py \
+    tests/flashtrain/test_generate.py -k "decode or generat or prefill or captured" > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_decode.log"
+  for d in 64 128; do
+    timeout -s KILL 100 python benchmarks/bench_decode.py --batches 1 8 --cache-lens 4096 16384 65536 --nheads 16 \
+      --nheads-kv 16 --headdim $d --impls triton sdpa_cudnn --out "$R/decode_d${d}_h200.json" 2>&1 | quiet | tail -n 13
+  done
+  timeout -s KILL 200 python benchmarks/bench_generate.py --models gpt2-medium --batches 8 --prompts 4096 16384 \
+    --out "$R/generate_b8_h200.json" 2>&1 | quiet | tail -n 4
   ;;
 esac

@@ -156,23 +156,29 @@ _launch_merge = CompiledLaunch(_decode_merge)
 
 # Launch shape of the split kernel: programs per SM the default split count aims at, and the split
 # kernel's warps, pipeline stages and key tile (module-level so `benchmarks/bench_decode.py` can sweep them).
-# Measured on an H200 (benchmarks/results/decode_{launch_sweep,small_work}_h200.json, d128, one token):
-# with at most SMALL_WORK (batch x kv heads x row blocks) work items, 4 programs per SM read the cache
-# up to 11% faster than 2 (128k: batch 1 MHA 0.532 -> 0.510 ms, batch 2 GQA 0.283 -> 0.255); at 64 items
-# the two were within 4% either way, and at 256 (batch 8, MHA) 4 per SM was 20% slower.
+# Measured on an H200, one token: at d128 (results/decode_{launch_sweep,small_work}_h200.json) with at most
+# 32 (batch x kv heads x row blocks) work items, 4 programs per SM read the cache up to 11% faster than 2
+# (128k: batch 1 MHA 0.532 -> 0.510 ms, batch 2 GQA 0.283 -> 0.255); at 64 and 128 items the two were
+# within 4% either way, and at 256 (batch 8, MHA) 4 per SM was 20% slower. At d64 a program reads half
+# the bytes a tile, and 128 items (GPT-2 medium's 16 heads at batch 8) read 1.09-1.19x faster at 4 per SM
+# (results/s65/call5/: 16k 0.160 -> 0.138 ms, 64k 0.580 -> 0.492). So the rule counts work items times
+# the (padded) head dim: up to SMALL_WORK_COLUMNS, 4 programs per SM.
 SPLITS_PER_SM = 2
 SPLITS_PER_SM_SMALL_WORK = 4
-SMALL_WORK = 32
+SMALL_WORK_COLUMNS = 8192  # 64 work items at d128, 128 at d64
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
 
 
-def _default_num_splits(work_items: int, max_len: int, block_n: int, device: torch.device) -> int:
-    """Enough programs for about SPLITS_PER_SM (few work items: SPLITS_PER_SM_SMALL_WORK) waves of the
+def _default_num_splits(
+    work_items: int, block_d: int, max_len: int, block_n: int, device: torch.device
+) -> int:
+    """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) waves of the
     GPU, but no split shorter than a few tiles."""
     sms = sm_count(device)
-    per_sm = SPLITS_PER_SM_SMALL_WORK if work_items <= SMALL_WORK else SPLITS_PER_SM
+    small = work_items * block_d <= SMALL_WORK_COLUMNS
+    per_sm = SPLITS_PER_SM_SMALL_WORK if small else SPLITS_PER_SM
     want = cdiv(per_sm * sms, max(work_items, 1))
     return max(1, min(want, cdiv(max_len, 4 * block_n), 128))
 
@@ -230,10 +236,10 @@ def flash_decode(
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
     block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     m_blocks = cdiv(n_rows, block_m)
-    if num_splits is None:
-        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, max_len, block_n, q.device)
-    chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
     block_d = padded_head_dim(headdim)
+    if num_splits is None:
+        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, max_len, block_n, q.device)
+    chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
     with torch.no_grad():
         opart = torch.empty(
             num_splits, batch, nheads, seqlen_q, headdim, device=q.device, dtype=torch.float32

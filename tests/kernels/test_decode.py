@@ -100,14 +100,22 @@ def test_gpu_decode_bf16():
     assert_close_rule("lse", lse, lse64, lselp, dt)
 
 
-def test_default_split_count_follows_the_work():
-    """Few (batch x kv heads x row blocks) work items get more programs per SM (measured faster at batch
-    1 on an H200), many get fewer; no split is shorter than four key tiles."""
+def test_default_split_count_follows_the_work(monkeypatch):
+    """Little work (batch x kv heads x row blocks, times the head dim) gets more programs per SM (measured
+    faster on an H200), more work fewer; no split is shorter than four key tiles, none past 128 splits."""
     from kernels import decode
 
-    sms = 4  # what the interpreter reports (kernels._common.INTERPRETER_SMS)
+    sms = 132  # an H200's
+    monkeypatch.setattr(decode, "sm_count", lambda device: sms)
     cpu = torch.device("cpu")
-    assert decode._default_num_splits(1, 1 << 20, 64, cpu) == decode.SPLITS_PER_SM_SMALL_WORK * sms
-    many = decode.SMALL_WORK + 1
-    assert decode._default_num_splits(many, 1 << 20, 64, cpu) == -(-decode.SPLITS_PER_SM * sms // many)
-    assert decode._default_num_splits(1, 512, 64, cpu) == 2  # 512 keys: two splits of four 64-key tiles
+    small, many = decode.SPLITS_PER_SM_SMALL_WORK, decode.SPLITS_PER_SM
+    assert decode._default_num_splits(1, 128, 1 << 20, 64, cpu) == 128
+    assert decode._default_num_splits(16, 64, 1 << 20, 64, cpu) == small * sms // 16  # GPT-2 medium, batch 1
+    for block_d in (64, 128, 256):
+        last_small = decode.SMALL_WORK_COLUMNS // block_d  # d64: 128 items (GPT-2 medium's heads at batch 8)
+        assert decode._default_num_splits(last_small, block_d, 1 << 20, 64, cpu) == -(
+            -small * sms // last_small
+        )
+        more = last_small + 1
+        assert decode._default_num_splits(more, block_d, 1 << 20, 64, cpu) == -(-many * sms // more)
+    assert decode._default_num_splits(1, 128, 512, 64, cpu) == 2  # 512 keys: two splits of four 64-key tiles
