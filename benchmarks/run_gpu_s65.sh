@@ -19,6 +19,9 @@
 #   bash benchmarks/run_gpu_s65.sh 6   # decode's small-work rule by work items x head dim (call 5: d64 at batch 8, 128 items,
 #       1.09-1.19x faster at 4 programs per SM): decode's and generation's GPU tests, bench_decode.py's default launch at
 #       GPT-2 medium's heads against SDPA cuDNN, and bench_generate.py at batch 8 (GPT-2 medium, 4096- and 16k-token prompts)
+#   bash benchmarks/run_gpu_s65.sh 7   # the capture under the model's device made current: generation's GPU tests, and the
+#       command line end to end on CUDA (a 2-step CPU-debug run, then `python -m flashtrain.generate` greedy with the graph
+#       on and off, which must print the same text)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -67,5 +70,17 @@ case "$1" in
   done
   timeout -s KILL 200 python benchmarks/bench_generate.py --models gpt2-medium --batches 8 --prompts 4096 16384 \
     --out "$R/generate_b8_h200.json" 2>&1 | quiet | tail -n 4
+  ;;
+7)
+  timeout -s KILL 120 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
+  S=$(mktemp -d)
+  (cd "$S" && timeout -s KILL 120 python "$OLDPWD/train.py" debug=cpu trainer.max_steps=2 trainer.run_name=smoke \
+    > "$R/smoke_train.log" 2>&1; echo "train exit $?"
+   for g in on off; do
+     timeout -s KILL 60 python -m flashtrain.generate --run runs/smoke --device cuda --cuda-graph $g --temperature 0 \
+       --prompt "ab" --max-new-tokens 40 > "$R/smoke_generate_$g.txt" 2> "$R/smoke_generate_$g.err"; echo "generate $g exit $?"
+   done)
+  cmp "$R/smoke_generate_on.txt" "$R/smoke_generate_off.txt" && echo "same text with the graph on and off"
   ;;
 esac

@@ -105,17 +105,20 @@ class DecodeStep:
     def _capture(self, warmup: int = 2) -> None:
         # Warm-up writes go to the next free slot, which the first real step overwrites. It runs on a side
         # stream, as torch.cuda.graphs asks: Triton compiles there, the compiled launches set themselves up
-        # on their second call, cuBLAS picks its kernels.
+        # on their second call, cuBLAS picks its kernels. The model's device is made current, as a capture
+        # records the current device's work only.
+        device = self.slot.device
         self.slot.fill_(self.caches[0].seqlen)
-        side = torch.cuda.Stream(self.slot.device)
-        side.wait_stream(torch.cuda.current_stream(self.slot.device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                self._forward()
-        torch.cuda.current_stream(self.slot.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._forward()  # overwritten by every replay
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self._forward()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._forward()  # overwritten by every replay
 
     def __call__(self, token: torch.Tensor) -> torch.Tensor:
         """Logits (B, 1, V) after token (B, 1); with a graph, its output buffer, valid until the next call."""
