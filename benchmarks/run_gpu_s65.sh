@@ -75,6 +75,7 @@ case "$1" in
   timeout -s KILL 120 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
   S=$(mktemp -d)
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, from the run's own directory
   (cd "$S" && timeout -s KILL 120 python "$OLDPWD/train.py" debug=cpu trainer.max_steps=2 trainer.run_name=smoke \
     > "$R/smoke_train.log" 2>&1; echo "train exit $?"
    for g in on off; do
