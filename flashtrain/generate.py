@@ -199,10 +199,23 @@ def generate(
             "generation continues a sequence left to right, which needs a causal model (model.causal=true); "
             "this one attends both ways"
         )
+    was_training = model.training
     model.eval()
-    if cfg.attention == "block_sparse":
-        return _generate_by_recompute(model, idx, max_new_tokens, temperature, top_k, generator)
+    try:
+        if cfg.attention == "block_sparse":
+            return _generate_by_recompute(model, idx, max_new_tokens, temperature, top_k, generator)
+        return _generate_with_cache(model, idx, max_new_tokens, temperature, top_k, generator, cuda_graph)
+    finally:
+        model.train(was_training)  # a caller sampling in the middle of training keeps its dropout
+
+
+def _generate_with_cache(
+    model, idx, max_new_tokens, temperature, top_k, generator, cuda_graph
+) -> torch.Tensor:
+    """The prompt's prefill fills one KV cache per layer; each new token's step then attends to them."""
+    cfg = model.cfg
     dtype = next(model.parameters()).dtype
+    total = idx.shape[1] + max_new_tokens
     caches = [
         KVCache(idx.shape[0], total, cfg.kv_heads, cfg.head_dim, dtype=dtype, device=idx.device)
         for _ in range(cfg.n_layer)

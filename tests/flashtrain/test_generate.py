@@ -171,6 +171,18 @@ def test_a_block_sparse_model_generates_what_its_forward_over_the_sequence_gives
         generate(sparse, prompt, 4, cuda_graph=True)
 
 
+def test_generation_leaves_a_training_model_in_training_mode():
+    """Sampling in the middle of training must not switch the caller's dropout off for the steps after."""
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, dropout=0.1,
+                          attention="reference"))  # fmt: skip
+    model.train()
+    generate(model, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0)
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    generate(model, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0)
+    assert not model.training
+
+
 def test_a_model_that_attends_both_ways_is_refused():
     model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, causal=False))
     with pytest.raises(ValueError, match=r"needs a causal model \(model.causal=true\)"):
