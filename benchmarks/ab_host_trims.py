@@ -132,7 +132,9 @@ def generation(seqlen: int, headdim: int):
                     max_seq_len=seqlen + NEW_TOKENS)  # fmt: skip
     model = GPT(cfg).to("cuda", torch.bfloat16)
     prompt = torch.randint(0, cfg.vocab_size, (1, seqlen), device="cuda")
-    return lambda: generate(model, prompt, NEW_TOKENS, temperature=0)
+    # eager steps, as session 64 measured them: the host-bound loop these trims target (since session 65
+    # `generate` replays a captured graph per token from 8 steps on)
+    return lambda: generate(model, prompt, NEW_TOKENS, temperature=0, cuda_graph=False)
 
 
 def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
