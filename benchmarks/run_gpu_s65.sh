@@ -22,6 +22,8 @@
 #   bash benchmarks/run_gpu_s65.sh 7   # the capture under the model's device made current: generation's GPU tests, and the
 #       command line end to end on CUDA (a 2-step CPU-debug run, then `python -m flashtrain.generate` greedy with the graph
 #       on and off, which must print the same text)
+#   bash benchmarks/run_gpu_s65.sh 8   # generate's cached path in its own function, the model's mode restored: generation's
+#       and decode's GPU tests again
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -83,5 +85,10 @@ case "$1" in
        --prompt "ab" --max-new-tokens 40 > "$R/smoke_generate_$g.txt" 2> "$R/smoke_generate_$g.err"; echo "generate $g exit $?"
    done)
   cmp "$R/smoke_generate_on.txt" "$R/smoke_generate_off.txt" && echo "same text with the graph on and off"
+  ;;
+8)
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/kernels/test_decode.py tests/flashtrain/test_generate.py \
+    > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
   ;;
 esac
