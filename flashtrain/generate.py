@@ -70,6 +70,14 @@ class KVCache:
         return decode_reference(q, self.k, self.v, lengths, causal=True, window=window)
 
 
+def new_caches(model: GPT, batch: int, capacity: int) -> list[KVCache]:
+    """One empty KV cache per layer of the model, for batch sequences of at most capacity tokens, in the
+    model's dtype and on its device."""
+    cfg, param = model.cfg, next(model.parameters())
+    return [KVCache(batch, capacity, cfg.kv_heads, cfg.head_dim, dtype=param.dtype, device=param.device)
+            for _ in range(cfg.n_layer)]  # fmt: skip
+
+
 class DecodeStep:
     """The model on one new token per sequence, with that token's position kept on the device, so that
     the step can be captured once as a CUDA graph and replayed at every position (`capture=True`).
@@ -213,13 +221,7 @@ def _generate_with_cache(
     model, idx, max_new_tokens, temperature, top_k, generator, cuda_graph
 ) -> torch.Tensor:
     """The prompt's prefill fills one KV cache per layer; each new token's step then attends to them."""
-    cfg = model.cfg
-    dtype = next(model.parameters()).dtype
-    total = idx.shape[1] + max_new_tokens
-    caches = [
-        KVCache(idx.shape[0], total, cfg.kv_heads, cfg.head_dim, dtype=dtype, device=idx.device)
-        for _ in range(cfg.n_layer)
-    ]
+    caches = new_caches(model, idx.shape[0], idx.shape[1] + max_new_tokens)
     logits = model(idx, caches=caches)  # prefill: (B, 1, V)
     steps = max_new_tokens - 1  # the last sampled token is not run through the model
     if cuda_graph is None:

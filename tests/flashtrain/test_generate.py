@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashtrain.generate import DecodeStep, KVCache, generate
+from flashtrain.generate import DecodeStep, generate, new_caches
 from flashtrain.models.gpt import GPT, GPTConfig
 
 
@@ -46,20 +46,13 @@ def _small_gpt(
     return GPT(cfg).to(device, dtype).eval()
 
 
-def _caches(model, batch, capacity):
-    cfg = model.cfg
-    param = next(model.parameters())
-    return [KVCache(batch, capacity, cfg.kv_heads, cfg.head_dim, dtype=param.dtype, device=param.device)
-            for _ in range(cfg.n_layer)]  # fmt: skip
-
-
 @pytest.mark.parametrize("pos, window", [("learned", None), ("rotary", None), ("rotary", 5)])
 def test_a_decode_step_with_its_position_on_the_device_gives_the_eager_steps_logits(pos, window):
     """DecodeStep (what a CUDA graph captures) places each token by device-side slots and lengths; run
     eagerly it must give, step by step, the logits of the host-placed steps."""
     model = _small_gpt(pos, window)
     prompt = torch.randint(0, 50, (3, 9))
-    host, device_side = _caches(model, 3, 20), _caches(model, 3, 20)
+    host, device_side = new_caches(model, 3, 20), new_caches(model, 3, 20)
     with torch.no_grad():
         assert torch.equal(model(prompt, caches=host), model(prompt, caches=device_side))
         step = DecodeStep(model, device_side, capture=False)
@@ -82,7 +75,7 @@ def test_a_cuda_graph_off_cuda_is_refused_with_what_to_change():
     ):
         generate(model, prompt, 4, cuda_graph=True)
     with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device, not cpu"):
-        DecodeStep(model, _caches(model, 1, 8), capture=True)
+        DecodeStep(model, new_caches(model, 1, 8), capture=True)
 
 
 @pytest.mark.gpu
@@ -114,7 +107,7 @@ def test_gpu_generation_through_a_cuda_graph_gives_the_eager_tokens(pos, window,
 def test_gpu_a_captured_step_replays_the_eager_logits_at_every_position():
     model = _small_gpt("rotary", 6, 2, torch.bfloat16, "cuda", attention="triton")
     prompt = torch.randint(0, 50, (3, 5), device="cuda")
-    eager, graphed = _caches(model, 3, 40), _caches(model, 3, 40)
+    eager, graphed = new_caches(model, 3, 40), new_caches(model, 3, 40)
     with torch.no_grad():
         model(prompt, caches=eager), model(prompt, caches=graphed)
         step = DecodeStep(model, graphed, capture=True)
@@ -144,7 +137,7 @@ def test_gpu_a_prompt_prefilled_either_way_matches_the_float32_reference(monkeyp
     model = _small_gpt("rotary", window, 2, torch.bfloat16, "cuda", "triton", max_seq_len=300)
     prompt = torch.randint(0, 50, (2, 300), device="cuda")
     with torch.no_grad():
-        logits = model(prompt, caches=_caches(model, 2, 300)).float()
+        logits = model(prompt, caches=new_caches(model, 2, 300)).float()
         reference = _small_gpt("rotary", window, 2, torch.float32, "cuda", max_seq_len=300)
         reference.load_state_dict(model.state_dict())
         expected = reference(prompt)
