@@ -9,7 +9,8 @@ tokens, then `new_tokens` greedy tokens. Per configuration, in alternating round
   `capture_ms`: building that graph (two warm-up steps and the capture);
 - `eager_generate_ms` / `graph_generate_ms`: one whole `generate` call (prefill, capture, sampling);
 - `prefill_flash_ms` / `prefill_decode_ms`: the prompt through the model, its attention through
-  `flash_attention` (what `KVCache` does) or through `flash_decode` (what it did before session 65).
+  `flash_attention` or through `flash_decode` (`KVCache` takes the first from PREFILL_FLASH_TOKENS
+  tokens; before session 65 it always took the second).
 
 Each row also says whether both ways gave the same tokens, and the peak memory of a generate call each way.
 
@@ -28,8 +29,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import flashtrain.generate as gen  # noqa: E402
 from benchmarks.common import markdown_table, print_summary, rotated, write_results  # noqa: E402
-from flashtrain.generate import DecodeStep, KVCache, generate  # noqa: E402
+from flashtrain.generate import DecodeStep, generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 
 MODELS = {  # name -> (n_layer, d_model, n_head)
@@ -37,20 +39,6 @@ MODELS = {  # name -> (n_layer, d_model, n_head)
     "gpt2-medium": (24, 1024, 16),
     "gpt2-medium-d128": (24, 1024, 8),
 }
-
-
-class DecodeKernelPrefill(KVCache):
-    """The cache as it was before session 65: the prompt's attention through `flash_decode` too."""
-
-    def attend(self, q, k, v, *, window=None):
-        from kernels import flash_decode
-
-        start, new = self.seqlen, q.shape[1]
-        self.k[:, start : start + new] = k
-        self.v[:, start : start + new] = v
-        self.seqlen += new
-        lengths = torch.full((q.shape[0],), self.seqlen, dtype=torch.int32, device=q.device)
-        return flash_decode(q, self.k, self.v, lengths, causal=True, window=window)
 
 
 def wall_ms(fn) -> float:
@@ -61,15 +49,20 @@ def wall_ms(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def caches_for(model: GPT, batch: int, capacity: int, kind=KVCache) -> list[KVCache]:
-    cfg = model.cfg
-    return [kind(batch, capacity, cfg.kv_heads, cfg.head_dim, dtype=torch.bfloat16, device="cuda")
-            for _ in range(cfg.n_layer)]  # fmt: skip
+def prefill_ms(model: GPT, prompt: torch.Tensor, capacity: int, through_flash: bool) -> float:
+    """One prefill of the prompt, its attention through `flash_attention` or `flash_decode` whatever the
+    prompt's size (`flashtrain.generate.PREFILL_FLASH_TOKENS` set for the call)."""
+    threshold = gen.PREFILL_FLASH_TOKENS
+    gen.PREFILL_FLASH_TOKENS = 0 if through_flash else sys.maxsize
+    try:
+        return wall_ms(lambda: model(prompt, caches=new_caches(model, prompt.shape[0], capacity)))
+    finally:
+        gen.PREFILL_FLASH_TOKENS = threshold
 
 
 def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> tuple[float, float]:
     """(ms a token over new_tokens steps after the prompt's prefill, ms of the capture or 0)."""
-    caches = caches_for(model, prompt.shape[0], prompt.shape[1] + new_tokens)
+    caches = new_caches(model, prompt.shape[0], prompt.shape[1] + new_tokens)
     logits = model(prompt, caches=caches)
     step = None
     capture = 0.0
@@ -100,10 +93,8 @@ def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int
         "graph_step": lambda: steps_ms(model, prompt, new_tokens, graph=True),
         "eager_generate": lambda: wall_ms(lambda: generate(model, prompt, new_tokens, temperature=0, cuda_graph=False)),
         "graph_generate": lambda: wall_ms(lambda: generate(model, prompt, new_tokens, temperature=0, cuda_graph=True)),
-        "prefill_flash": lambda: wall_ms(lambda: model(prompt, caches=caches_for(model, batch, capacity))),
-        "prefill_decode": lambda: wall_ms(
-            lambda: model(prompt, caches=caches_for(model, batch, capacity, DecodeKernelPrefill))
-        ),
+        "prefill_flash": lambda: prefill_ms(model, prompt, capacity, through_flash=True),
+        "prefill_decode": lambda: prefill_ms(model, prompt, capacity, through_flash=False),
     }  # fmt: skip
     if prefill_only:
         calls = {key: fn for key, fn in calls.items() if key.startswith("prefill")}
