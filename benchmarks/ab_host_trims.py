@@ -137,11 +137,16 @@ def generation(seqlen: int, headdim: int):
     return lambda: generate(model, prompt, NEW_TOKENS, temperature=0, cuda_graph=False)
 
 
+def timed_fn_name(path: str) -> str:
+    """What a path's rows time: "decode", "generate", or an attention call's "fwdbwd"."""
+    return path if path in ("decode", "generate") else "fwdbwd"
+
+
 def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
     """Host time per call both ways: `{way}_{fn}_ms`, fn "fwdbwd" (attention paths), "decode" or
     "generate" (one call: a prompt's prefill and NEW_TOKENS tokens)."""
     switch = TRIM_SETS[trims]
-    fn_name = path if path in ("decode", "generate") else "fwdbwd"
+    fn_name = timed_fn_name(path)
     if path == "decode":
         fn = decode_step(seqlen, headdim)
     elif path == "generate":
@@ -187,7 +192,7 @@ def main() -> None:
         for path in args.paths:
             row = measure(args.trims, path, args.seqlen, headdim, args.batches, args.calls)
             rows.append(row)
-            fn_name = path if path in ("decode", "generate") else "fwdbwd"
+            fn_name = timed_fn_name(path)
             print(
                 f"{args.trims} {path:17s} n{args.seqlen} d{headdim}: {fn_name} {row[f'trimmed_{fn_name}_ms']:.3f} ms "
                 f"trimmed, {row[f'untrimmed_{fn_name}_ms']:.3f} untrimmed ({row['ratio']:.3f}x; per batch "
