@@ -24,6 +24,8 @@
 #       on and off, which must print the same text)
 #   bash benchmarks/run_gpu_s65.sh 8   # generate's cached path in its own function, the model's mode restored: generation's
 #       and decode's GPU tests again
+#   bash benchmarks/run_gpu_s65.sh 9   # review mends (one cache-list constructor; the benchmark's prefill routed through
+#       PREFILL_FLASH_TOKENS): generation's GPU tests, and bench_generate.py --prefill-only on two of call 3's points
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -90,5 +92,11 @@ case "$1" in
   timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/kernels/test_decode.py tests/flashtrain/test_generate.py \
     > "$R/gpu_tests_generate.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
+  ;;
+9)
+  timeout -s KILL 120 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_generate.log"
+  timeout -s KILL 120 python benchmarks/bench_generate.py --prefill-only --models gpt2-medium --batches 1 4 \
+    --prompts 2048 8192 --out "$R/prefill_h200.json" 2>&1 | quiet | tail -n 6
   ;;
 esac
