@@ -19,7 +19,8 @@ from flashtrain.models.gpt import GPT
 # A prompt of at least this many tokens (batch x length) into an empty cache takes the training kernel
 # (`flash_attention`, tiles for many queries) rather than `flash_decode`. Measured on an H200 in GPT-2
 # medium's shape (benchmarks/results/s65/call3/): from 8192 tokens up to 64k, 1.14-1.46x faster
-# prefill; at 2048-4096 tokens, where a prefill is bound by the host, 0.70-0.96x (one point 1.18).
+# prefill (at 4 x 2048, still host-bound, 1.27 once and 0.92 in a second run, s65/call9/); at 2048-4096
+# tokens, where a prefill is bound by the host, 0.70-0.96x (one point 1.18).
 PREFILL_FLASH_TOKENS = 8192
 
 
