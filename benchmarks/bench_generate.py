@@ -33,6 +33,7 @@ import flashtrain.generate as gen  # noqa: E402
 from benchmarks.common import markdown_table, print_summary, rotated, write_results  # noqa: E402
 from flashtrain.generate import DecodeStep, generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
+from kernels import decode  # noqa: E402
 
 MODELS = {  # name -> (n_layer, d_model, n_head)
     "gpt2": (12, 768, 12),
@@ -80,7 +81,22 @@ def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> 
     return wall_ms(run) / new_tokens, capture
 
 
-def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool) -> dict:
+def with_merge_kernel(fn):
+    """fn with `flash_decode` merging its splits in the separate kernel (`decode.MERGE_IN_SPLIT` off)."""
+
+    def run():
+        decode.MERGE_IN_SPLIT = False
+        try:
+            return fn()
+        finally:
+            decode.MERGE_IN_SPLIT = True
+
+    return run
+
+
+def measure(
+    name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool, merge_ab: bool
+) -> dict:
     n_layer, d_model, n_head = MODELS[name]
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, vocab_size=50304,
                     max_seq_len=prompt_len + new_tokens, attention="triton")  # fmt: skip
@@ -98,6 +114,9 @@ def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int
     }  # fmt: skip
     if prefill_only:
         calls = {key: fn for key, fn in calls.items() if key.startswith("prefill")}
+    elif merge_ab:  # the decode steps with flash_decode's separate merge kernel (before session 66)
+        for key in ("eager_step", "graph_step"):
+            calls[f"{key}_merge_kernel"] = with_merge_kernel(calls[key])
     with torch.no_grad():
         for fn in calls.values():  # compile and warm everything once
             fn()
@@ -106,7 +125,7 @@ def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int
         for r in range(rounds):
             for key in rotated(list(calls), r):
                 got = calls[key]()
-                if key.endswith("_step"):
+                if "_step" in key:
                     got, capture = got
                     if key == "graph_step":
                         captures.append(capture)
@@ -136,6 +155,9 @@ def measure(name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int
     row["capture"] = statistics.median(captures)
     row["capture_ms"] = captures
     row["step_speedup"] = row["eager_step"] / row["graph_step"]
+    if merge_ab:
+        for key in ("eager_step", "graph_step"):
+            row[f"{key}_merge_in_split_speedup"] = row[f"{key}_merge_kernel"] / row[key]
     row["generate_speedup"] = row["eager_generate"] / row["graph_generate"]
     row["graph_tokens_per_s"] = 1e3 * batch / row["graph_step"]
     row["eager_tokens_per_s"] = 1e3 * batch / row["eager_step"]
@@ -152,6 +174,10 @@ def main():
     parser.add_argument(
         "--prefill-only", action="store_true", help="time only the prompt's prefill both ways"
     )
+    parser.add_argument(
+        "--merge-ab", action="store_true",
+        help="also time the steps with flash_decode's separate merge kernel (decode.MERGE_IN_SPLIT off)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -160,12 +186,18 @@ def main():
     for name in args.models:
         for batch in args.batches:
             for prompt in args.prompts:
-                rows.append(measure(name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only))
+                rows.append(
+                    measure(
+                        name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only, args.merge_ab
+                    )
+                )
                 print_summary(rows[-1])
     columns = ["model", "batch", "prompt", "prefill_decode", "prefill_flash", "prefill_speedup"]
     if not args.prefill_only:
         columns += ["eager_step", "graph_step", "step_speedup", "capture",
                "eager_generate", "graph_generate", "generate_speedup", "same_tokens"]  # fmt: skip
+        if args.merge_ab:
+            columns += ["eager_step_merge_in_split_speedup", "graph_step_merge_in_split_speedup"]
     print(markdown_table(rows, columns, floatfmt="{:.2f}"))
     if args.out:
         write_results(args.out, rows)

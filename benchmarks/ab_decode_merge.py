@@ -1,0 +1,101 @@
+"""flash_decode's two ways of merging the splits: by each work item's last split (one launch a call,
+`decode.MERGE_IN_SPLIT = True`) against the separate merge kernel, with SDPA cuDNN alongside, in
+alternating rounds in one process. One query token, bf16, full caches; each point timed as launched
+(`time_ms`) and replayed from a CUDA graph (`graph_time_ms`; a captured merging call zeroes its own
+counters, a memset node in the graph). Reports per point the medians over rounds and the ratios.
+
+    python benchmarks/ab_decode_merge.py --rounds 5 --out ab_decode_merge.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.bench_decode import make_call  # noqa: E402
+from benchmarks.common import graph_time_ms, print_summary, rotated, time_ms, write_results  # noqa: E402
+from kernels import decode  # noqa: E402
+
+# (nheads, nheads_kv, headdim): GPT-2 medium's heads, a Llama-like GQA and MHA at d128
+HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
+
+
+def merge_route(fn, in_split: bool):
+    """fn with decode.MERGE_IN_SPLIT set to in_split for its duration (also while it is captured)."""
+
+    def run():
+        default = decode.MERGE_IN_SPLIT
+        decode.MERGE_IN_SPLIT = in_split
+        try:
+            return fn()
+        finally:
+            decode.MERGE_IN_SPLIT = default
+
+    return run
+
+
+def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
+    nheads, nheads_kv, headdim = HEADS[heads]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, 1, nheads, headdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(batch, cache_len, nheads_kv, headdim, device="cuda", dtype=torch.bfloat16,
+                        generator=gen) for _ in range(2))  # fmt: skip
+    seqlens = torch.full((batch,), cache_len, device="cuda", dtype=torch.int32)
+    ours = make_call("triton", q, k, v, seqlens)
+    calls = {
+        "merge_in_split": merge_route(ours, True),
+        "merge_kernel": merge_route(ours, False),
+        "cudnn": make_call("sdpa_cudnn", q, k, v, seqlens),
+    }
+    a, b = calls["merge_in_split"](), calls["merge_kernel"]()
+    row = dict(heads=heads, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv,
+               headdim=headdim, max_abs_diff=(a.float() - b.float()).abs().max().item())  # fmt: skip
+    times = {f"{name}_{how}_ms": [] for name in calls for how in ("eager", "graph")}
+    for r in range(rounds):
+        for name in rotated(list(calls), r):
+            times[f"{name}_eager_ms"].append(time_ms(calls[name]))
+            times[f"{name}_graph_ms"].append(graph_time_ms(calls[name]))
+    row.update(times)
+    for key, values in times.items():
+        row[key.replace("_ms", "_median")] = statistics.median(values)
+    for how in ("eager", "graph"):
+        split = times[f"merge_in_split_{how}_ms"]
+        for other in ("merge_kernel", "cudnn"):
+            ratios = [o / s for o, s in zip(times[f"{other}_{how}_ms"], split, strict=True)]
+            row[f"{other}_over_in_split_{how}"] = statistics.median(ratios)
+            row[f"{other}_over_in_split_{how}_range"] = [min(ratios), max(ratios)]
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--heads", nargs="+", choices=list(HEADS), default=list(HEADS))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default="ab_decode_merge.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: this A/B times GPU kernels")
+    rows = []
+    for heads in args.heads:
+        for batch in args.batches:
+            for cache_len in args.cache_lens:
+                rows.append(point(heads, batch, cache_len, args.rounds))
+                print_summary(rows[-1])
+                write_results(
+                    args.out, rows, extra={"seqlen_q": 1, "dtype": "bfloat16", "rounds": args.rounds}
+                )
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device calls on one GPU (session 66). Each part is what one call ran; the outputs are in
+# benchmarks/results/s66/callN/ (each call's machine.txt names its GPU).
+#   bash benchmarks/run_gpu_s66.sh 1   # flash_decode in one launch (each work item's last split merges, through a
+#       counter per item): decode's tests on CUDA (all, the merge both ways; the one-launch merge against the merge
+#       kernel eagerly and from a graph) and generation's GPU tests; ab_decode_merge.py (both merges and SDPA cuDNN,
+#       alternating rounds); bench_generate.py --merge-ab (GPT-2 medium's steps both ways)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+T=tests/kernels
+case "$1" in
+1)
+  timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py tests/flashtrain/test_generate.py \
+    > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests_decode.log"
+  timeout -s KILL 200 python benchmarks/ab_decode_merge.py --rounds 5 --out "$R/ab_decode_merge.json" 2>&1 | quiet \
+    | python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    print(r['heads'], r['batch'], r['cache_len'], 'diff %.1e' % r['max_abs_diff'],
+          'in_split eager/graph %.4f/%.4f' % (r['merge_in_split_eager_median'], r['merge_in_split_graph_median']),
+          'kernel/in_split %.3f/%.3f' % (r['merge_kernel_over_in_split_eager'], r['merge_kernel_over_in_split_graph']),
+          'cudnn/in_split %.3f/%.3f' % (r['cudnn_over_in_split_eager'], r['cudnn_over_in_split_graph']))"
+  timeout -s KILL 200 python benchmarks/bench_generate.py --merge-ab --models gpt2-medium --batches 1 8 \
+    --prompts 512 4096 --rounds 3 --out "$R/generate_merge_ab_h200.json" 2>&1 | quiet | tail -n 6
+  ;;
+esac
