@@ -81,21 +81,22 @@ def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> 
     return wall_ms(run) / new_tokens, capture
 
 
-def with_merge_kernel(fn):
-    """fn with `flash_decode` merging its splits in the separate kernel (`decode.MERGE_IN_SPLIT` off)."""
+def with_ordinary_launches(fn):
+    """fn with `flash_decode`'s kernels launched the ordinary way (`decode.DECODE_PDL` off)."""
 
     def run():
-        decode.MERGE_IN_SPLIT = False
+        default = decode.DECODE_PDL
+        decode.DECODE_PDL = False
         try:
             return fn()
         finally:
-            decode.MERGE_IN_SPLIT = True
+            decode.DECODE_PDL = default
 
     return run
 
 
 def measure(
-    name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool, merge_ab: bool
+    name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool, pdl_ab: bool
 ) -> dict:
     n_layer, d_model, n_head = MODELS[name]
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, vocab_size=50304,
@@ -114,9 +115,9 @@ def measure(
     }  # fmt: skip
     if prefill_only:
         calls = {key: fn for key, fn in calls.items() if key.startswith("prefill")}
-    elif merge_ab:  # the decode steps with flash_decode's separate merge kernel (before session 66)
+    elif pdl_ab:  # the decode steps with flash_decode's kernels launched the ordinary way (before session 66)
         for key in ("eager_step", "graph_step"):
-            calls[f"{key}_merge_kernel"] = with_merge_kernel(calls[key])
+            calls[f"{key}_ordinary"] = with_ordinary_launches(calls[key])
     with torch.no_grad():
         for fn in calls.values():  # compile and warm everything once
             fn()
@@ -155,9 +156,9 @@ def measure(
     row["capture"] = statistics.median(captures)
     row["capture_ms"] = captures
     row["step_speedup"] = row["eager_step"] / row["graph_step"]
-    if merge_ab:
+    if pdl_ab:
         for key in ("eager_step", "graph_step"):
-            row[f"{key}_merge_in_split_speedup"] = row[f"{key}_merge_kernel"] / row[key]
+            row[f"{key}_pdl_speedup"] = row[f"{key}_ordinary"] / row[key]
     row["generate_speedup"] = row["eager_generate"] / row["graph_generate"]
     row["graph_tokens_per_s"] = 1e3 * batch / row["graph_step"]
     row["eager_tokens_per_s"] = 1e3 * batch / row["eager_step"]
@@ -175,8 +176,8 @@ def main():
         "--prefill-only", action="store_true", help="time only the prompt's prefill both ways"
     )
     parser.add_argument(
-        "--merge-ab", action="store_true",
-        help="also time the steps with flash_decode's separate merge kernel (decode.MERGE_IN_SPLIT off)",
+        "--pdl-ab", action="store_true",
+        help="also time the steps with flash_decode's kernels launched the ordinary way (decode.DECODE_PDL off)",
     )  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -187,17 +188,15 @@ def main():
         for batch in args.batches:
             for prompt in args.prompts:
                 rows.append(
-                    measure(
-                        name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only, args.merge_ab
-                    )
+                    measure(name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only, args.pdl_ab)
                 )
                 print_summary(rows[-1])
     columns = ["model", "batch", "prompt", "prefill_decode", "prefill_flash", "prefill_speedup"]
     if not args.prefill_only:
         columns += ["eager_step", "graph_step", "step_speedup", "capture",
                "eager_generate", "graph_generate", "generate_speedup", "same_tokens"]  # fmt: skip
-        if args.merge_ab:
-            columns += ["eager_step_merge_in_split_speedup", "graph_step_merge_in_split_speedup"]
+        if args.pdl_ab:
+            columns += ["eager_step_pdl_speedup", "graph_step_pdl_speedup"]
     print(markdown_table(rows, columns, floatfmt="{:.2f}"))
     if args.out:
         write_results(args.out, rows)

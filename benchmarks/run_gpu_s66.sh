@@ -4,7 +4,12 @@
 #   bash benchmarks/run_gpu_s66.sh 1   # flash_decode in one launch (each work item's last split merges, through a
 #       counter per item): decode's tests on CUDA (all, the merge both ways; the one-launch merge against the merge
 #       kernel eagerly and from a graph) and generation's GPU tests; ab_decode_merge.py (both merges and SDPA cuDNN,
-#       alternating rounds); bench_generate.py --merge-ab (GPT-2 medium's steps both ways)
+#       alternating rounds); bench_generate.py --merge-ab (GPT-2 medium's steps both ways). (Ran at commit 61c1f50:
+#       the one-launch merge was slower and its merge order changed between runs; dropped.)
+#   bash benchmarks/run_gpu_s66.sh 2   # flash_decode's two kernels as programmatic dependent launches (PDL), one split
+#       writing out and lse itself: decode's tests on CUDA (PDL against ordinary launches bitwise, eagerly and from a
+#       graph) and generation's and the compiled launches' GPU tests; ab_decode_launch.py (PDL, ordinary, SDPA cuDNN in
+#       alternating rounds); bench_generate.py --pdl-ab (GPT-2 medium's steps both ways)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -25,5 +30,23 @@ for line in sys.stdin:
           'cudnn/in_split %.3f/%.3f' % (r['cudnn_over_in_split_eager'], r['cudnn_over_in_split_graph']))"
   timeout -s KILL 200 python benchmarks/bench_generate.py --merge-ab --models gpt2-medium --batches 1 8 \
     --prompts 512 4096 --rounds 3 --out "$R/generate_merge_ab_h200.json" 2>&1 | quiet | tail -n 6
+  ;;
+2)
+  timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
+  timeout -s KILL 200 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py $T/test_launch.py \
+    > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_generate.log"
+  timeout -s KILL 200 python benchmarks/ab_decode_launch.py --rounds 5 --out "$R/ab_decode_launch.json" 2>&1 | quiet \
+    | python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    print(r['heads'], r['batch'], r['cache_len'], 'diff %.1e' % r['max_abs_diff'],
+          'pdl eager/graph %.4f/%.4f' % (r['pdl_eager_median'], r['pdl_graph_median']),
+          'ordinary/pdl %.3f/%.3f' % (r['ordinary_over_pdl_eager'], r['ordinary_over_pdl_graph']),
+          'cudnn/pdl %.3f/%.3f' % (r['cudnn_over_pdl_eager'], r['cudnn_over_pdl_graph']))"
+  timeout -s KILL 200 python benchmarks/bench_generate.py --pdl-ab --models gpt2-medium --batches 1 8 \
+    --prompts 512 4096 --rounds 3 --out "$R/generate_pdl_ab_h200.json" 2>&1 | quiet | tail -n 6
   ;;
 esac

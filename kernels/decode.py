@@ -2,9 +2,7 @@
 
 With one query per sequence the FlashAttention grid has only batch x nheads programs, far too few to
 fill the GPU. So the KV length is split across programs: each computes a partial (out, lse) over its
-slice in fp32, and the partials are combined through their log-sum-exps: by the last program of each
-(sequence, kv head, row block) to finish, so that a call is one launch (or by a separate merge kernel,
-MERGE_IN_SPLIT = False). Under GQA the query heads
+slice in fp32, and a merge kernel combines them through their log-sum-exps. Under GQA the query heads
 of one kv group are packed into the rows of one tile (rows = seqlen_q x group), so each K/V tile is
 read once per group instead of once per query head.
 """
@@ -14,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._common import (
     INTERPRET,
@@ -37,7 +36,7 @@ from ._launch import CompiledLaunch
 
 @triton.jit
 def _decode_split(
-    Q, K, V, SEQLENS, OPART, LPART, O, LSE, COUNTS,  # noqa: E741
+    Q, K, V, SEQLENS, OPART, LPART, O, LSE,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -47,12 +46,16 @@ def _decode_split(
     seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
     qk_scale, win_left, win_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MERGE: tl.constexpr,
+    DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk)).
+    """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
+    with one split, the rows' final out and lse.
 
-    MERGE: the work item's last split to finish (counted in COUNTS) merges every split's partial into
-    O and LSE, so a call is one launch instead of split + merge."""
+    PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
+    anything, then let the merge kernel launch, so that its programs are in place when this one ends."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     split = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_bh = tl.program_id(2)
@@ -110,64 +113,17 @@ def _decode_split(
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    row_o = off_b64 * stride_ob + off_h * stride_oh + qi * stride_om
-    row_l = off_b64 * stride_lb + off_h * stride_lh + qi
     d_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    if num_splits == 1:
-        _store_out(O, LSE, acc, lse, off_b64, off_h, qi, nheads_kv * group, seqlen_q,
-                   stride_outb, stride_outm, stride_outh, offs_d, d_ok, row_ok)  # fmt: skip
+    if num_splits == 1:  # (no partials, no merge kernel)
+        tl.store(
+            LSE + (off_b64 * nheads_kv * group + off_h) * seqlen_q + qi, lse * 0.6931471805599453, mask=row_ok
+        )
+        out_off = off_b64 * stride_outb + qi * stride_outm + off_h * stride_outh
+        tl.store(O + out_off[:, None] + offs_d[None, :], acc.to(O.dtype.element_ty), mask=d_ok)
     else:
-        tl.store(OPART + split * stride_os + row_o[:, None] + offs_d[None, :], acc, mask=d_ok)
-        tl.store(LPART + split * stride_ls + row_l, lse, mask=row_ok)
-        if MERGE:
-            # the barrier puts every thread's stores before the count; the count releases them to, and
-            # acquires the other splits' for, the program that sees it reach num_splits - 1
-            tl.debug_barrier()
-            count = COUNTS + off_bh * tl.num_programs(1) + pid_m
-            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-                acc, lse = _merge_partials(acc, lse, split, num_splits, OPART, LPART, row_o, row_l,
-                                           stride_os, stride_ls, offs_d, d_ok, row_ok)  # fmt: skip
-                tl.store(count, 0)  # back to zero for the next call on this buffer
-                _store_out(O, LSE, acc, lse, off_b64, off_h, qi, nheads_kv * group, seqlen_q,
-                           stride_outb, stride_outm, stride_outh, offs_d, d_ok, row_ok)  # fmt: skip
-
-
-@triton.jit
-def _store_out(O, LSE, acc, lse, off_b64, off_h, qi, nheads, seqlen_q,  # noqa: E741
-               stride_outb, stride_outm, stride_outh, offs_d, d_ok, row_ok):  # fmt: skip
-    """Rows' final out (q's dtype) and lse (natural log, (batch, nheads, seqlen_q) contiguous)."""
-    tl.store(LSE + (off_b64 * nheads + off_h) * seqlen_q + qi, lse * 0.6931471805599453, mask=row_ok)
-    out_off = off_b64 * stride_outb + qi * stride_outm + off_h * stride_outh
-    tl.store(O + out_off[:, None] + offs_d[None, :], acc.to(O.dtype.element_ty), mask=d_ok)
-
-
-@triton.jit
-def _merge_partials(
-    acc, lse, split, num_splits, OPART, LPART, row_o, row_l, stride_os, stride_ls, offs_d, d_ok, row_ok
-):
-    """This program's (acc, lse) merged with the other splits' stored partials, in base 2. Loads bypass
-    L1 (.cg): the partials come from other SMs."""
-    m = lse
-    w = tl.where(lse == float("-inf"), 0.0, 1.0)
-    acc = acc * w[:, None]
-    for s in range(0, num_splits):
-        if s != split:
-            lse_s = tl.load(
-                LPART + s * stride_ls + row_l, mask=row_ok, other=float("-inf"), cache_modifier=".cg"
-            )
-            o_s = tl.load(OPART + s * stride_os + row_o[:, None] + offs_d[None, :], mask=d_ok, other=0.0,
-                          cache_modifier=".cg")  # fmt: skip
-            m_new = tl.maximum(m, lse_s)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m - m_safe)
-            beta = tl.math.exp2(lse_s - m_safe)
-            acc = acc * alpha[:, None] + o_s * beta[:, None]
-            w = w * alpha + beta
-            m = m_new
-    seen = w > 0.0
-    acc = acc / tl.where(seen, w, 1.0)[:, None]
-    lse = tl.where(seen, m + tl.math.log2(tl.where(seen, w, 1.0)), float("-inf"))
-    return acc, lse
+        row_off = split * stride_os + off_b64 * stride_ob + off_h * stride_oh + qi * stride_om
+        tl.store(OPART + row_off[:, None] + offs_d[None, :], acc, mask=d_ok)
+        tl.store(LPART + split * stride_ls + off_b64 * stride_lb + off_h * stride_lh + qi, lse, mask=row_ok)
 
 
 @triton.jit
@@ -177,9 +133,12 @@ def _decode_merge(
     stride_ls, stride_lb, stride_lh,
     stride_qb, stride_qm, stride_qh,
     nheads, seqlen_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out = sum_s 2^(lse_s - lse) out_s with lse = log2 sum_s 2^lse_s; splits that saw no key weigh 0."""
+    """out = sum_s 2^(lse_s - lse) out_s with lse = log2 sum_s 2^lse_s; splits that saw no key weigh 0.
+    PDL: launched before the split kernel ends; waits for its partials."""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0)  # (b, h, qi) flattened
     qi = row % seqlen_q
     off_h = (row // seqlen_q) % nheads
@@ -208,7 +167,13 @@ def _decode_merge(
 
 # A decode step's kernels do a few microseconds of work at short caches, so a generation loop is bound by
 # the host: both launch through the compiled kernels' own launchers after their first call
-# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding.
+# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. On the GPU both launch
+# as programmatic dependent launches (PDL): a kernel's programs start while the kernel before it ends,
+# and wait in `gdc_wait` for its writes; at batch 1 a whole call is a few microseconds, of which the gap
+# between two kernels is a part. (Merging in the split kernel instead, its last program per work item
+# merging through a counter, was slower: 152 registers at d128 against 128, one program less per SM, and
+# a merge order that changed from run to run; results/s66/call1/.)
+DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
 _launch_split = CompiledLaunch(_decode_split)
 _launch_merge = CompiledLaunch(_decode_merge)
 
@@ -228,27 +193,6 @@ SMALL_WORK_COLUMNS = 8192  # 64 work items at d128, 128 at d64
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
-# The last split of each work item to finish merges the others' partials (through a counter per item),
-# instead of a second kernel: one launch a call. False: the separate merge kernel (kept to A/B against).
-MERGE_IN_SPLIT = True
-
-
-# One int32 counter per work item for the merging split kernel, zero between calls: each item's merging
-# program sets its own back to zero. Calls on one stream run in order, so one buffer per (device, stream)
-# serves them all. A graph being captured gets a buffer of its own (its zeroing a node of the graph), as
-# two graphs' replays, or a replay and eager calls, may run on different streams at once.
-_COUNTS: dict[tuple, torch.Tensor] = {}
-
-
-def _zeroed_counts(device: torch.device, n: int) -> torch.Tensor:
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, device=device, dtype=torch.int32)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    counts = _COUNTS.get(key)
-    if counts is None or counts.numel() < n:
-        counts = _COUNTS[key] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
-    return counts
 
 
 def _default_num_splits(
@@ -320,7 +264,7 @@ def flash_decode(
     if num_splits is None:
         num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, max_len, block_n, q.device)
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
-    merge_in_split = MERGE_IN_SPLIT and num_splits > 1
+    pdl = DECODE_PDL and q.is_cuda
     with torch.no_grad():
         out = torch.empty_like(q)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
@@ -333,11 +277,10 @@ def flash_decode(
             )
             lpart = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
             part_strides = (*opart.stride()[:4], *lpart.stride()[:3])
-        counts = _zeroed_counts(q.device, batch * nheads_kv * m_blocks) if merge_in_split else None
         _launch_split(
             (num_splits, m_blocks, batch * nheads_kv),
             (),
-            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse, counts,
+            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse,
              q.stride(0), q.stride(1), q.stride(2),
              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -346,18 +289,18 @@ def flash_decode(
              seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
              scale * LOG2E, left or 0, right or 0),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
-                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, MERGE=merge_in_split,
-                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES),
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
-        if num_splits > 1 and not merge_in_split:
+        if num_splits > 1:
             _launch_merge(
                 (batch * nheads * seqlen_q,),
                 (),
                 (opart, lpart, out, lse, num_splits,
-                 opart.stride(0), opart.stride(1), opart.stride(2), opart.stride(3),
-                 lpart.stride(0), lpart.stride(1), lpart.stride(2),
+                 *part_strides,
                  out.stride(0), out.stride(1), out.stride(2),
                  nheads, seqlen_q),
-                dict(HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_S=max(2, next_power_of_2(num_splits))),
+                dict(HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_S=max(2, next_power_of_2(num_splits)), PDL=pdl,
+                     launch_pdl=pdl),
             )  # fmt: skip
     return (out, lse) if return_lse else out

@@ -22,17 +22,10 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=[True, False], ids=["merge_in_split", "merge_kernel"])
-def merge_in_split(request, monkeypatch):
-    """Both ways of merging the splits' partials: by each work item's last split, or a second kernel."""
-    monkeypatch.setattr(decode, "MERGE_IN_SPLIT", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize(
     "case", CASES, ids=lambda c: f"{str(c[0])[6:]}-b{c[1]}-q{c[2]}-h{c[3]}/{c[4]}-d{c[5]}-s{c[10]}"
 )
-def test_decode_matches_reference(case, device, merge_in_split):
+def test_decode_matches_reference(case, device):
     dtype, b, sq, h, hk, d, max_len, lens, causal, window, splits = case
     torch.manual_seed(max_len + d)
     q = torch.randn(b, sq, h, d, dtype=dtype, device=device)
@@ -47,7 +40,7 @@ def test_decode_matches_reference(case, device, merge_in_split):
     assert_close_rule("lse", lse, lse64, lselp, dtype)
 
 
-def test_decode_split_count_does_not_change_result(device, merge_in_split):
+def test_decode_split_count_does_not_change_result(device):
     torch.manual_seed(3)
     q = torch.randn(2, 1, 4, 32, dtype=F32, device=device)
     k, v = (torch.randn(2, 256, 2, 32, dtype=F32, device=device) for _ in range(2))
@@ -55,29 +48,6 @@ def test_decode_split_count_does_not_change_result(device, merge_in_split):
     outs = [flash_decode(q, k, v, seqlens, num_splits=s) for s in (1, 2, 7)]
     for o in outs[1:]:
         torch.testing.assert_close(o, outs[0], atol=1e-5, rtol=1e-5)
-
-
-def test_merge_counters_return_to_zero(device, monkeypatch):
-    """The merging split kernel leaves its per-item counters at zero, so the next call (other shapes, other
-    split counts) on the same buffer counts from zero: both merges agree call after call."""
-    monkeypatch.setattr(decode, "_COUNTS", {})
-    merge_kernel = decode._launch_merge
-    launches = []
-    monkeypatch.setattr(decode, "_launch_merge", lambda *a: launches.append(1) or merge_kernel(*a))
-    torch.manual_seed(5)
-    for b, h, hk, splits in ((2, 4, 2, 3), (3, 6, 3, 5), (1, 2, 1, 2), (3, 6, 3, 4)):
-        q = torch.randn(b, 2, h, 16, dtype=F32, device=device)
-        k, v = (torch.randn(b, 200, hk, 16, dtype=F32, device=device) for _ in range(2))
-        seqlens = torch.randint(0, 201, (b,), dtype=torch.int32, device=device)
-        got = flash_decode(q, k, v, seqlens, num_splits=splits, causal=True, return_lse=True)
-        monkeypatch.setattr(decode, "MERGE_IN_SPLIT", False)
-        want = flash_decode(q, k, v, seqlens, num_splits=splits, causal=True, return_lse=True)
-        monkeypatch.setattr(decode, "MERGE_IN_SPLIT", True)
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
-        (counts,) = decode._COUNTS.values()
-        assert counts.sum().item() == 0
-    assert len(launches) == 4  # the merge kernel ran for the MERGE_IN_SPLIT = False calls only
 
 
 @pytest.mark.parametrize("empty_len", [0, -3], ids=["zero", "negative"])
@@ -132,51 +102,57 @@ def test_gpu_decode_bf16():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("headdim", [64, 128])
-def test_gpu_merge_in_split_eager_and_captured(headdim, monkeypatch):
-    """On the GPU the programs finish in any order, so any split may be an item's merger: the one-launch
-    merge against the merge kernel's result over many calls, eagerly and replayed from a CUDA graph (its own
-    counters) with new lengths each replay, the per-stream counters back at zero after each."""
+def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
+    """With programmatic dependent launches the split kernel starts while the kernel before it (here the
+    copies that write its query and the caches' newest entries) ends, and the merge kernel while the split
+    kernel runs: each must wait for its inputs. Call after call, eagerly and replayed from a CUDA graph, the
+    result is bitwise the one of ordinary launches (DECODE_PDL off)."""
     torch.manual_seed(17)
     dt = torch.bfloat16
     batch, h, hk, max_len = 3, 16, 4, 8192
-    q = torch.randn(batch, 1, h, headdim, dtype=dt, device="cuda")
+    q = torch.empty(batch, 1, h, headdim, dtype=dt, device="cuda")
     k, v = (torch.randn(batch, max_len, hk, headdim, dtype=dt, device="cuda") for _ in range(2))
     seqlens = torch.tensor([max_len, 1, 3000], dtype=torch.int32, device="cuda")
+    fresh = [torch.randn(batch, 1, h + 2 * hk, headdim, dtype=dt, device="cuda") for _ in range(8)]
+    slot = torch.zeros(1, dtype=torch.long, device="cuda")
 
-    def both(**kw):
-        monkeypatch.setattr(decode, "MERGE_IN_SPLIT", False)
-        want = flash_decode(q, k, v, seqlens, return_lse=True, **kw)
-        monkeypatch.setattr(decode, "MERGE_IN_SPLIT", True)
-        return want
+    def step(new, **kw):
+        q.copy_(new[:, :, :h])
+        k.index_copy_(1, slot, new[:, :, h : h + hk])
+        v.index_copy_(1, slot, new[:, :, h + hk :])
+        return flash_decode(q, k, v, seqlens, return_lse=True, **kw)
 
-    def close(got, want, where=""):
-        # the two merges sum in other orders: out may round to the next bf16 (2^-8 relative); lse in
-        # fp32 agrees to ~1e-6, while a split left out would move it by ~log(1 - 1/splits)
-        torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=8e-3, msg=lambda m: f"{where} out: {m}")
-        torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=0, msg=lambda m: f"{where} lse: {m}")
+    def ordinary(new, **kw):
+        monkeypatch.setattr(decode, "DECODE_PDL", False)
+        try:
+            return step(new, **kw)
+        finally:
+            monkeypatch.setattr(decode, "DECODE_PDL", True)
 
-    for splits in (None, 2, 17, 128):
-        want = both(num_splits=splits)
-        for _ in range(20):
-            got = flash_decode(q, k, v, seqlens, return_lse=True, num_splits=splits)
-            close(got, want)
-    assert all(c.sum().item() == 0 for c in decode._COUNTS.values())
+    assert decode.DECODE_PDL
+    for splits in (None, 1, 2, 17, 128):
+        for i, new in enumerate(fresh):
+            slot.fill_(i * 1000)
+            got, want = step(new, num_splits=splits), ordinary(new, num_splits=splits)
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), (splits, i)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        flash_decode(q, k, v, seqlens, return_lse=True)  # (compiles off the capture)
+        step(fresh[0])  # (compiled off the capture)
     torch.cuda.current_stream().wait_stream(side)
+    source = torch.empty_like(fresh[0])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = flash_decode(q, k, v, seqlens, return_lse=True)
-    for step in range(30):
+        captured = step(source)
+    for i in range(30):
+        new = fresh[i % len(fresh)]
+        source.copy_(new)
+        slot.fill_(i * 200)
         seqlens.copy_(torch.randint(0, max_len + 1, (batch,), dtype=torch.int32))
-        q.normal_()
         graph.replay()
-        want = both()
-        close(captured, want, f"replay {step}")
-    assert all(c.sum().item() == 0 for c in decode._COUNTS.values())
+        want = ordinary(new)
+        assert all(torch.equal(g, w) for g, w in zip(captured, want, strict=True)), i
 
 
 def test_default_split_count_follows_the_work(monkeypatch):

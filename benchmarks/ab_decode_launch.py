@@ -1,10 +1,12 @@
-"""flash_decode's two ways of merging the splits: by each work item's last split (one launch a call,
-`decode.MERGE_IN_SPLIT = True`) against the separate merge kernel, with SDPA cuDNN alongside, in
-alternating rounds in one process. One query token, bf16, full caches; each point timed as launched
-(`time_ms`) and replayed from a CUDA graph (`graph_time_ms`; a captured merging call zeroes its own
-counters, a memset node in the graph). Reports per point the medians over rounds and the ratios.
+"""flash_decode's launches: both kernels as programmatic dependent launches (`decode.DECODE_PDL`, the
+default) against ordinary launches, with SDPA cuDNN alongside, in alternating rounds in one process. One
+query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a CUDA graph
+(`graph_time_ms`). Reports per point the medians over rounds and the ratios.
 
-    python benchmarks/ab_decode_merge.py --rounds 5 --out ab_decode_merge.json
+(Session 66's first call ran this file as ab_decode_merge.py, against a split kernel that merged its
+partials itself: results/s66/call1/ab_decode_merge.json, commit 61c1f50.)
+
+    python benchmarks/ab_decode_launch.py --rounds 5 --out ab_decode_launch.json
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ from kernels import decode  # noqa: E402
 HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
 
 
-def merge_route(fn, in_split: bool):
-    """fn with decode.MERGE_IN_SPLIT set to in_split for its duration (also while it is captured)."""
+def launched(fn, pdl: bool):
+    """fn with decode.DECODE_PDL set to pdl for its duration (also while it is captured)."""
 
     def run():
-        default = decode.MERGE_IN_SPLIT
-        decode.MERGE_IN_SPLIT = in_split
+        default = decode.DECODE_PDL
+        decode.DECODE_PDL = pdl
         try:
             return fn()
         finally:
-            decode.MERGE_IN_SPLIT = default
+            decode.DECODE_PDL = default
 
     return run
 
@@ -49,11 +51,11 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
     seqlens = torch.full((batch,), cache_len, device="cuda", dtype=torch.int32)
     ours = make_call("triton", q, k, v, seqlens)
     calls = {
-        "merge_in_split": merge_route(ours, True),
-        "merge_kernel": merge_route(ours, False),
+        "pdl": launched(ours, True),
+        "ordinary": launched(ours, False),
         "cudnn": make_call("sdpa_cudnn", q, k, v, seqlens),
     }
-    a, b = calls["merge_in_split"](), calls["merge_kernel"]()
+    a, b = calls["pdl"](), calls["ordinary"]()
     row = dict(heads=heads, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv,
                headdim=headdim, max_abs_diff=(a.float() - b.float()).abs().max().item())  # fmt: skip
     times = {f"{name}_{how}_ms": [] for name in calls for how in ("eager", "graph")}
@@ -65,11 +67,11 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
     for key, values in times.items():
         row[key.replace("_ms", "_median")] = statistics.median(values)
     for how in ("eager", "graph"):
-        split = times[f"merge_in_split_{how}_ms"]
-        for other in ("merge_kernel", "cudnn"):
-            ratios = [o / s for o, s in zip(times[f"{other}_{how}_ms"], split, strict=True)]
-            row[f"{other}_over_in_split_{how}"] = statistics.median(ratios)
-            row[f"{other}_over_in_split_{how}_range"] = [min(ratios), max(ratios)]
+        pdl = times[f"pdl_{how}_ms"]
+        for other in ("ordinary", "cudnn"):
+            ratios = [o / s for o, s in zip(times[f"{other}_{how}_ms"], pdl, strict=True)]
+            row[f"{other}_over_pdl_{how}"] = statistics.median(ratios)
+            row[f"{other}_over_pdl_{how}_range"] = [min(ratios), max(ratios)]
     return row
 
 
@@ -81,7 +83,7 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", default="ab_decode_merge.json")
+    parser.add_argument("--out", default="ab_decode_launch.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: this A/B times GPU kernels")
