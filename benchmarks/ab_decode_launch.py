@@ -1,5 +1,6 @@
 """flash_decode's launches: both kernels as programmatic dependent launches (`decode.DECODE_PDL`, the
-default) against ordinary launches, with SDPA cuDNN alongside, in alternating rounds in one process. One
+default; the merge kernel let in at the split kernel's start, or after its key loop: `pdl_late`) against
+ordinary launches, with SDPA cuDNN alongside, in alternating rounds in one process. One
 query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a CUDA graph
 (`graph_time_ms`). Reports per point the medians over rounds and the ratios.
 
@@ -28,16 +29,16 @@ from kernels import decode  # noqa: E402
 HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
 
 
-def launched(fn, pdl: bool):
-    """fn with decode.DECODE_PDL set to pdl for its duration (also while it is captured)."""
+def launched(fn, pdl: bool, late_trigger: bool = False):
+    """fn with decode.DECODE_PDL and PDL_LATE_TRIGGER set for its duration (also while it is captured)."""
 
     def run():
-        default = decode.DECODE_PDL
-        decode.DECODE_PDL = pdl
+        default = decode.DECODE_PDL, decode.PDL_LATE_TRIGGER
+        decode.DECODE_PDL, decode.PDL_LATE_TRIGGER = pdl, late_trigger
         try:
             return fn()
         finally:
-            decode.DECODE_PDL = default
+            decode.DECODE_PDL, decode.PDL_LATE_TRIGGER = default
 
     return run
 
@@ -53,6 +54,7 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
     calls = {
         "pdl": launched(ours, True),
         "ordinary": launched(ours, False),
+        "pdl_late": launched(ours, True, late_trigger=True),
         "cudnn": make_call("sdpa_cudnn", q, k, v, seqlens),
     }
     a, b = calls["pdl"](), calls["ordinary"]()
@@ -68,7 +70,7 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
         row[key.replace("_ms", "_median")] = statistics.median(values)
     for how in ("eager", "graph"):
         pdl = times[f"pdl_{how}_ms"]
-        for other in ("ordinary", "cudnn"):
+        for other in ("ordinary", "pdl_late", "cudnn"):
             ratios = [o / s for o, s in zip(times[f"{other}_{how}_ms"], pdl, strict=True)]
             row[f"{other}_over_pdl_{how}"] = statistics.median(ratios)
             row[f"{other}_over_pdl_{how}_range"] = [min(ratios), max(ratios)]

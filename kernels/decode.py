@@ -47,15 +47,18 @@ def _decode_split(
     qk_scale, win_left, win_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    LATE_TRIGGER: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
-    anything, then let the merge kernel launch, so that its programs are in place when this one ends."""
+    anything, then let the merge kernel launch (LATE_TRIGGER: once the keys are read), so that its
+    programs are in place when this one ends."""
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not LATE_TRIGGER:
+            gdc_launch_dependents()
     split = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_bh = tl.program_id(2)
@@ -110,6 +113,8 @@ def _decode_split(
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
         True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
+    if PDL and LATE_TRIGGER:
+        gdc_launch_dependents()
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -174,6 +179,7 @@ def _decode_merge(
 # merging through a counter, was slower: 152 registers at d128 against 128, one program less per SM, and
 # a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
+PDL_LATE_TRIGGER = False  # the split kernel lets the merge kernel launch after its key loop, not at its start
 _launch_split = CompiledLaunch(_decode_split)
 _launch_merge = CompiledLaunch(_decode_merge)
 
@@ -290,6 +296,7 @@ def flash_decode(
              scale * LOG2E, left or 0, right or 0),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                 LATE_TRIGGER=PDL_LATE_TRIGGER,
                  num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:
