@@ -14,6 +14,9 @@
 #   bash benchmarks/run_gpu_s66.sh 3   # call 2: PDL 1-5% faster with MHA at batch 1, 2-8% slower with GQA at d128: the
 #       merge kernel let in after the split kernel's key loop instead of at its start (pdl_late), against both, at 12
 #       points; generation's GPU tests alone with a longer limit
+#   bash benchmarks/run_gpu_s66.sh 4   # call 3: the late trigger no better, GQA d128 at batch 8 at 0.80-0.88x cuDNN: 576
+#       programs on 528 places (9 splits rounded up); little work's split count now rounded down: decode's tests on
+#       CUDA, ab_decode_launch.py at 18 points (PDL, ordinary launches, PDL with the old rounding up, SDPA cuDNN)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -63,6 +66,18 @@ for line in sys.stdin:
     r = ast.literal_eval(line)
     print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
           'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'pdl_late/pdl %.3f' % r['pdl_late_over_pdl_graph'],
+          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+  ;;
+4)
+  timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
+  timeout -s KILL 300 python benchmarks/ab_decode_launch.py --rounds 5 --out "$R/ab_decode_launch.json" 2>&1 | quiet \
+    | python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
+          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'round_up/pdl %.3f' % r['pdl_round_up_over_pdl_graph'],
           'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
   ;;
 esac

@@ -47,18 +47,16 @@ def _decode_split(
     qk_scale, win_left, win_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-    LATE_TRIGGER: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
-    anything, then let the merge kernel launch (LATE_TRIGGER: once the keys are read), so that its
-    programs are in place when this one ends."""
+    anything, then let the merge kernel launch, so that its programs are in place when this one ends.
+    (Letting it launch after the key loop instead measured 0-5% slower, results/s66/call3/.)"""
     if PDL:
         gdc_wait()
-        if not LATE_TRIGGER:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
     split = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_bh = tl.program_id(2)
@@ -113,8 +111,6 @@ def _decode_split(
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
         True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
-    if PDL and LATE_TRIGGER:
-        gdc_launch_dependents()
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -179,7 +175,6 @@ def _decode_merge(
 # merging through a counter, was slower: 152 registers at d128 against 128, one program less per SM, and
 # a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
-PDL_LATE_TRIGGER = False  # the split kernel lets the merge kernel launch after its key loop, not at its start
 _launch_split = CompiledLaunch(_decode_split)
 _launch_merge = CompiledLaunch(_decode_merge)
 
@@ -193,9 +188,17 @@ _launch_merge = CompiledLaunch(_decode_merge)
 # the bytes a tile, and 128 items (GPT-2 medium's 16 heads at batch 8) read 1.09-1.19x faster at 4 per SM
 # (results/s65/call5/: 16k 0.160 -> 0.138 ms, 64k 0.580 -> 0.492). So the rule counts work items times
 # the (padded) head dim: up to SMALL_WORK_COLUMNS, 4 programs per SM.
+#
+# Little work rounds the split count down, so that the programs are at most 4 per SM: at d128 the split
+# kernel holds 128 registers a thread (ptxas, sm_90), so 4 programs of 4 warps fill an SM's registers, and
+# rounding up (64 GQA items at batch 8: 9 splits, 576 programs on 528 places) left a second wave of 48
+# programs, each reading its slice alone after the rest had ended (ours 0.661 ms against cuDNN's 0.495 at
+# 64k, 3.25 TB/s against 4.4 for the same kernel's MHA rows; results/s66/call2/). Past little work,
+# rounding up stays under 2 x 132 + items programs, within the 4 places per SM.
 SPLITS_PER_SM = 2
 SPLITS_PER_SM_SMALL_WORK = 4
 SMALL_WORK_COLUMNS = 8192  # 64 work items at d128, 128 at d64
+SMALL_WORK_ROUND_DOWN = True  # (False: rounded up, as before session 66; kept for the A/B)
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
@@ -204,12 +207,16 @@ SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches s
 def _default_num_splits(
     work_items: int, block_d: int, max_len: int, block_n: int, device: torch.device
 ) -> int:
-    """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) waves of the
-    GPU, but no split shorter than a few tiles."""
+    """Enough programs for about SPLITS_PER_SM programs per SM (little work: up to
+    SPLITS_PER_SM_SMALL_WORK), but no split shorter than a few tiles."""
     sms = sm_count(device)
+    work_items = max(work_items, 1)
     small = work_items * block_d <= SMALL_WORK_COLUMNS
     per_sm = SPLITS_PER_SM_SMALL_WORK if small else SPLITS_PER_SM
-    want = cdiv(per_sm * sms, max(work_items, 1))
+    if small and SMALL_WORK_ROUND_DOWN:
+        want = per_sm * sms // work_items
+    else:
+        want = cdiv(per_sm * sms, work_items)
     return max(1, min(want, cdiv(max_len, 4 * block_n), 128))
 
 
@@ -296,7 +303,6 @@ def flash_decode(
              scale * LOG2E, left or 0, right or 0),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
-                 LATE_TRIGGER=PDL_LATE_TRIGGER,
                  num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:

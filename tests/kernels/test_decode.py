@@ -156,21 +156,27 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
 
 
 def test_default_split_count_follows_the_work(monkeypatch):
-    """Little work (batch x kv heads x row blocks, times the head dim) gets more programs per SM (measured
-    faster on an H200), more work fewer; no split is shorter than four key tiles, none past 128 splits."""
-    from kernels import decode
-
+    """Little work (batch x kv heads x row blocks, times the head dim) gets up to 4 programs per SM
+    (measured faster on an H200), rounded down so that no program waits for a second wave; more work about
+    2 per SM, rounded up; no split is shorter than four key tiles, none past 128 splits."""
     sms = 132  # an H200's
     monkeypatch.setattr(decode, "sm_count", lambda device: sms)
     cpu = torch.device("cpu")
     small, many = decode.SPLITS_PER_SM_SMALL_WORK, decode.SPLITS_PER_SM
     assert decode._default_num_splits(1, 128, 1 << 20, 64, cpu) == 128
     assert decode._default_num_splits(16, 64, 1 << 20, 64, cpu) == small * sms // 16  # GPT-2 medium, batch 1
+    assert (
+        decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 8
+    )  # 8 kv heads at batch 8: 512 programs, not 576
     for block_d in (64, 128, 256):
         last_small = decode.SMALL_WORK_COLUMNS // block_d  # d64: 128 items (GPT-2 medium's heads at batch 8)
-        assert decode._default_num_splits(last_small, block_d, 1 << 20, 64, cpu) == -(
-            -small * sms // last_small
-        )
-        more = last_small + 1
-        assert decode._default_num_splits(more, block_d, 1 << 20, 64, cpu) == -(-many * sms // more)
+        for items in range(1, last_small + 1):
+            splits = decode._default_num_splits(items, block_d, 1 << 20, 64, cpu)
+            assert splits == min(128, small * sms // items)
+            assert items * splits <= small * sms
+        for more in (last_small + 1, 200, 264, 1000):
+            splits = decode._default_num_splits(more, block_d, 1 << 20, 64, cpu)
+            assert splits == max(1, -(-many * sms // more)) and more * splits < many * sms + more
     assert decode._default_num_splits(1, 128, 512, 64, cpu) == 2  # 512 keys: two splits of four 64-key tiles
+    monkeypatch.setattr(decode, "SMALL_WORK_ROUND_DOWN", False)  # (before session 66: rounded up)
+    assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
