@@ -17,6 +17,10 @@
 #   bash benchmarks/run_gpu_s66.sh 4   # call 3: the late trigger no better, GQA d128 at batch 8 at 0.80-0.88x cuDNN: 576
 #       programs on 528 places (9 splits rounded up); little work's split count now rounded down: decode's tests on
 #       CUDA, ab_decode_launch.py at 18 points (PDL, ordinary launches, PDL with the old rounding up, SDPA cuDNN)
+#   bash benchmarks/run_gpu_s66.sh 5   # call 4: rounding down helped d128 (GQA batch 8 1.19-1.31x) but cost d64 batch 8
+#       3.5-4.6% (d64 holds 5 programs an SM): the split count capped at the programs the SMs hold (a table from ptxas);
+#       decode's tests on CUDA (the table against the compiled kernels), ab_decode_launch.py (PDL capped / ordinary /
+#       uncapped, SDPA cuDNN)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -78,6 +82,18 @@ for line in sys.stdin:
     r = ast.literal_eval(line)
     print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
           'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'round_up/pdl %.3f' % r['pdl_round_up_over_pdl_graph'],
+          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+  ;;
+5)
+  timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
+  timeout -s KILL 300 python benchmarks/ab_decode_launch.py --rounds 5 --out "$R/ab_decode_launch.json" 2>&1 | quiet \
+    | python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
+          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'no_cap/pdl %.3f' % r['pdl_no_cap_over_pdl_graph'],
           'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
   ;;
 esac
