@@ -1,7 +1,8 @@
 """flash_decode's launches: both kernels as programmatic dependent launches (`decode.DECODE_PDL`, the
-default) against ordinary launches, and the split count capped at the programs the SMs hold (the default)
-against uncapped (`pdl_no_cap`, before session 66; call 4 of session 66 ran an earlier form, little
-work rounded down, as `pdl_round_up`), with SDPA cuDNN alongside, in alternating rounds in one process. One
+default) against ordinary launches, and little work's split count rounded down from head dim 128 (the default)
+against rounded up everywhere (`pdl_round_up`, before session 66; session 66's call 4 rounded down at
+every head dim, call 5 capped it at a table of programs an SM holds, `pdl_no_cap` its uncapped twin: at
+d64 and d128 both gave today's rule's split counts), with SDPA cuDNN alongside, in alternating rounds in one process. One
 query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a CUDA graph
 (`graph_time_ms`). Reports per point the medians over rounds and the ratios.
 
@@ -30,16 +31,16 @@ from kernels import decode  # noqa: E402
 HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
 
 
-def launched(fn, pdl: bool, cap: bool = True):
-    """fn with decode.DECODE_PDL and CAP_AT_HELD set for its duration (also while captured)."""
+def launched(fn, pdl: bool, round_down_from: int | None = decode.ROUND_DOWN_HEAD_DIM):
+    """fn with decode.DECODE_PDL and ROUND_DOWN_HEAD_DIM set for its duration (also while captured)."""
 
     def run():
-        default = decode.DECODE_PDL, decode.CAP_AT_HELD
-        decode.DECODE_PDL, decode.CAP_AT_HELD = pdl, cap
+        default = decode.DECODE_PDL, decode.ROUND_DOWN_HEAD_DIM
+        decode.DECODE_PDL, decode.ROUND_DOWN_HEAD_DIM = pdl, round_down_from
         try:
             return fn()
         finally:
-            decode.DECODE_PDL, decode.CAP_AT_HELD = default
+            decode.DECODE_PDL, decode.ROUND_DOWN_HEAD_DIM = default
 
     return run
 
@@ -55,7 +56,7 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
     calls = {
         "pdl": launched(ours, True),
         "ordinary": launched(ours, False),
-        "pdl_no_cap": launched(ours, True, cap=False),
+        "pdl_round_up": launched(ours, True, round_down_from=None),
         "cudnn": make_call("sdpa_cudnn", q, k, v, seqlens),
     }
     a, b = calls["pdl"](), calls["ordinary"]()
@@ -71,7 +72,7 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
         row[key.replace("_ms", "_median")] = statistics.median(values)
     for how in ("eager", "graph"):
         pdl = times[f"pdl_{how}_ms"]
-        for other in ("ordinary", "pdl_no_cap", "cudnn"):
+        for other in ("ordinary", "pdl_round_up", "cudnn"):
             ratios = [o / s for o, s in zip(times[f"{other}_{how}_ms"], pdl, strict=True)]
             row[f"{other}_over_pdl_{how}"] = statistics.median(ratios)
             row[f"{other}_over_pdl_{how}_range"] = [min(ratios), max(ratios)]

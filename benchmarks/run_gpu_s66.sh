@@ -20,7 +20,12 @@
 #   bash benchmarks/run_gpu_s66.sh 5   # call 4: rounding down helped d128 (GQA batch 8 1.19-1.31x) but cost d64 batch 8
 #       3.5-4.6% (d64 holds 5 programs an SM): the split count capped at the programs the SMs hold (a table from ptxas);
 #       decode's tests on CUDA (the table against the compiled kernels), ab_decode_launch.py (PDL capped / ordinary /
-#       uncapped, SDPA cuDNN)
+#       uncapped, SDPA cuDNN). (The table's test failed at d32 first: the compiled kernel held 62 registers, not the 72 of
+#       a CPU build with other strides; rebuilt on the CPU with the call's own strides, d128 holds 4 programs causal, 5
+#       full, 3 with GQA: no one table per head dim, so the rule became "round down from head dim 128", which gives
+#       the split counts this call measured at d64 and d128.)
+#   bash benchmarks/run_gpu_s66.sh 6   # the final rule: decode's tests on CUDA, generation's GPU tests, and
+#       ab_decode_launch.py at the four points the rounding moved or could have (d64 and GQA d128 at batch 8, 16k, 64k)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -95,5 +100,21 @@ for line in sys.stdin:
     print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
           'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'no_cap/pdl %.3f' % r['pdl_no_cap_over_pdl_graph'],
           'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+  ;;
+6)
+  timeout -s KILL 150 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_generate.log"
+  for h in d64_mha16 d128_gqa32_8; do
+    timeout -s KILL 100 python benchmarks/ab_decode_launch.py --rounds 3 --heads $h --batches 8 --cache-lens 16384 65536 \
+      --out "$R/ab_decode_launch_$h.json" 2>&1 | quiet | python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
+          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'round_up/pdl %.3f' % r['pdl_round_up_over_pdl_graph'],
+          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+  done
   ;;
 esac

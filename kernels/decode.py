@@ -189,24 +189,18 @@ _launch_merge = CompiledLaunch(_decode_merge)
 # (results/s65/call5/: 16k 0.160 -> 0.138 ms, 64k 0.580 -> 0.492). So the rule counts work items times
 # the (padded) head dim: up to SMALL_WORK_COLUMNS, 4 programs per SM.
 #
-# No more programs than the GPU holds at once (SPLIT_PROGRAMS_HELD per SM): rounding the split count up
-# had left a second wave of a few programs, each reading its slice alone after the rest had ended. At
-# d128 the split kernel holds 128 registers a thread, so 4 programs of 4 warps fill an SM; 64 GQA items at
-# batch 8 took 9 splits, 576 programs on 528 places: ours 0.661 ms against cuDNN's 0.495 at 64k, 3.25 TB/s
-# against 4.4 for the same kernel's MHA rows (results/s66/call2/). Rounded down, 8 splits: 0.503 ms,
-# 1.19-1.31x faster at 16k-64k, and d128 MHA at batch 1 (17 -> 16 splits) 1.04-1.05x (results/s66/call4/).
-# d64 holds 5 programs: rounding GPT-2 medium's 128 items at batch 8 down to 4 splits instead of 5 was
-# 3.5-4.6% slower there (call4/), so the cap is what the SM holds, not SPLITS_PER_SM_SMALL_WORK.
+# From padded head dim 128 little work rounds the split count down (at most 4 programs per SM), below it
+# up. The time of a split kernel is its most loaded SM's: at d128 64 GQA items at batch 8 took 9 splits,
+# 576 programs on 132 SMs, so 48 SMs ran a fifth program, each reading its slice in the SM's share of the
+# bandwidth after the rest had ended (ours 0.661 ms against cuDNN's 0.495 at 64k, 3.25 TB/s against 4.4 for
+# the same kernel's MHA rows; results/s66/call2/). Rounded down, 8 splits: 0.502 ms, 1.19-1.32x faster at
+# 16k-64k, and d128 MHA at batch 1 (17 -> 16 splits) 1.04-1.05x (results/s66/call4/, call5/). A d64
+# program moves half the bytes a tile and an SM runs five of them no slower: rounding GPT-2 medium's 128
+# items at batch 8 down to 4 splits instead of 5 was 3.5-4.6% slower (call4/). d256 follows d128 unmeasured.
 SPLITS_PER_SM = 2
 SPLITS_PER_SM_SMALL_WORK = 4
 SMALL_WORK_COLUMNS = 8192  # 64 work items at d128, 128 at d64
-# Programs of the split kernel an SM holds, by padded head dim, at the launch shape below (BLOCK_M 16, as
-# one query token of up to 16 heads a kv head takes): from ptxas's registers and the shared memory of its
-# sm_90 builds (d16: 96 registers, d32: 72, d64: 83-84, d128: 128, d256: 168-188; a window on both sides
-# costs d64 and d32 one program). tests/kernels/test_decode.py checks them against the compiled kernels on
-# the GPU.
-SPLIT_PROGRAMS_HELD = {16: 5, 32: 7, 64: 5, 128: 4, 256: 2}
-CAP_AT_HELD = True  # (False: no cap, the split count rounded up as before session 66; kept for the A/B)
+ROUND_DOWN_HEAD_DIM = 128  # (None: rounded up at every head dim, as before session 66; kept for the A/B)
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
@@ -215,15 +209,16 @@ SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches s
 def _default_num_splits(
     work_items: int, block_d: int, max_len: int, block_n: int, device: torch.device
 ) -> int:
-    """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) per SM, no more
-    than the GPU holds at once, and no split shorter than a few tiles."""
+    """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) per SM, but no
+    split shorter than a few tiles."""
     sms = sm_count(device)
     work_items = max(work_items, 1)
     small = work_items * block_d <= SMALL_WORK_COLUMNS
     per_sm = SPLITS_PER_SM_SMALL_WORK if small else SPLITS_PER_SM
-    want = cdiv(per_sm * sms, work_items)
-    if CAP_AT_HELD:
-        want = min(want, SPLIT_PROGRAMS_HELD.get(block_d, per_sm) * sms // work_items)
+    if small and ROUND_DOWN_HEAD_DIM is not None and block_d >= ROUND_DOWN_HEAD_DIM:
+        want = per_sm * sms // work_items
+    else:
+        want = cdiv(per_sm * sms, work_items)
     return max(1, min(want, cdiv(max_len, 4 * block_n), 128))
 
 
