@@ -23,6 +23,7 @@ from ._common import (
     check_dtype,
     check_heads,
     check_window,
+    compute_capability,
     dot_precision,
     next_power_of_2,
     padded_head_dim,
@@ -175,6 +176,13 @@ def _decode_merge(
 # merging through a counter, was slower: 152 registers at d128 against 128, one program less per SM, and
 # a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
+
+
+def _dependent_launches(device: torch.device) -> bool:
+    """Whether both kernels launch as PDL: on CUDA from sm_90 (ptxas refuses `griddepcontrol` below it)."""
+    return DECODE_PDL and device.type == "cuda" and compute_capability(device)[0] >= 9
+
+
 _launch_split = CompiledLaunch(_decode_split)
 _launch_merge = CompiledLaunch(_decode_merge)
 
@@ -279,7 +287,7 @@ def flash_decode(
     if num_splits is None:
         num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, max_len, block_n, q.device)
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
-    pdl = DECODE_PDL and q.is_cuda
+    pdl = _dependent_launches(q.device)
     with torch.no_grad():
         out = torch.empty_like(q)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)

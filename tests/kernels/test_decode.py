@@ -155,6 +155,19 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
         assert all(torch.equal(g, w) for g, w in zip(captured, want, strict=True)), i
 
 
+def test_dependent_launches_only_where_the_gpu_has_them(monkeypatch):
+    """griddepcontrol needs sm_90: an A100 (sm_80) launches both kernels the ordinary way (its ptxas
+    refuses the instruction), as does the CPU's interpreter."""
+    monkeypatch.setattr(decode, "DECODE_PDL", True)
+    cuda = torch.device("cuda", 0)
+    for capability, want in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(decode, "compute_capability", lambda device, c=capability: c)
+        assert decode._dependent_launches(cuda) is want
+    assert decode._dependent_launches(torch.device("cpu")) is False
+    monkeypatch.setattr(decode, "DECODE_PDL", False)
+    assert decode._dependent_launches(cuda) is False
+
+
 def test_default_split_count_follows_the_work(monkeypatch):
     """Little work (batch x kv heads x row blocks, times the head dim) gets about 4 programs per SM
     (measured faster on an H200): from head dim 128 rounded down, so that no SM runs a fifth program while
