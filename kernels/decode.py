@@ -169,18 +169,22 @@ def _decode_merge(
 
 # A decode step's kernels do a few microseconds of work at short caches, so a generation loop is bound by
 # the host: both launch through the compiled kernels' own launchers after their first call
-# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. On the GPU both launch
-# as programmatic dependent launches (PDL): a kernel's programs start while the kernel before it ends,
-# and wait in `gdc_wait` for its writes; at batch 1 a whole call is a few microseconds, of which the gap
-# between two kernels is a part. (Merging in the split kernel instead, its last program per work item
+# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. Without GQA, from sm_90,
+# both launch as programmatic dependent launches (PDL, `_dependent_launches`): a kernel's programs start
+# while the kernel before it ends, and wait in `gdc_wait` for its writes; at batch 1 a whole call is a few
+# microseconds, of which the gap between two kernels is a part. (Merging in the split kernel instead, its last program per work item
 # merging through a counter, was slower: 152 registers at d128 against 128, one program less per SM, and
 # a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
 
 
-def _dependent_launches(device: torch.device) -> bool:
-    """Whether both kernels launch as PDL: on CUDA from sm_90 (ptxas refuses `griddepcontrol` below it)."""
-    return DECODE_PDL and device.type == "cuda" and compute_capability(device)[0] >= 9
+def _dependent_launches(device: torch.device, group: int) -> bool:
+    """Whether both kernels launch as PDL: on CUDA from sm_90 (ptxas refuses `griddepcontrol` below it),
+    without GQA. Measured on an H200 in three calls (graph replays, alternating with ordinary launches,
+    results/s66/call2-call6): with MHA 1.003-1.035x faster at batch 1 and 8 (GPT-2 medium's heads at batch 1
+    and a 4k cache: 1.033x), 1.000-1.01x at d128; with GQA (32 query heads on 8) 0.92-0.93x at batch 8
+    and a 4k cache, 0.97 at 16k, 0.98-1.01 at batch 1. Why GQA loses is not known."""
+    return DECODE_PDL and group == 1 and device.type == "cuda" and compute_capability(device)[0] >= 9
 
 
 _launch_split = CompiledLaunch(_decode_split)
@@ -287,7 +291,7 @@ def flash_decode(
     if num_splits is None:
         num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, max_len, block_n, q.device)
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
-    pdl = _dependent_launches(q.device)
+    pdl = _dependent_launches(q.device, group)
     with torch.no_grad():
         out = torch.empty_like(q)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)

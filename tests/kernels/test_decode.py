@@ -109,7 +109,7 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
     result is bitwise the one of ordinary launches (DECODE_PDL off)."""
     torch.manual_seed(17)
     dt = torch.bfloat16
-    batch, h, hk, max_len = 3, 16, 4, 8192
+    batch, h, hk, max_len = 3, 16, 16, 8192  # (MHA: GQA calls launch the ordinary way)
     q = torch.empty(batch, 1, h, headdim, dtype=dt, device="cuda")
     k, v = (torch.randn(batch, max_len, hk, headdim, dtype=dt, device="cuda") for _ in range(2))
     seqlens = torch.tensor([max_len, 1, 3000], dtype=torch.int32, device="cuda")
@@ -129,7 +129,7 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
         finally:
             monkeypatch.setattr(decode, "DECODE_PDL", True)
 
-    assert decode.DECODE_PDL
+    assert decode._dependent_launches(q.device, h // hk)
     for splits in (None, 1, 2, 17, 128):
         for i, new in enumerate(fresh):
             slot.fill_(i * 1000)
@@ -157,15 +157,16 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
 
 def test_dependent_launches_only_where_the_gpu_has_them(monkeypatch):
     """griddepcontrol needs sm_90: an A100 (sm_80) launches both kernels the ordinary way (its ptxas
-    refuses the instruction), as does the CPU's interpreter."""
+    refuses the instruction), as does the CPU's interpreter; GQA calls too (measured slower with PDL)."""
     monkeypatch.setattr(decode, "DECODE_PDL", True)
     cuda = torch.device("cuda", 0)
     for capability, want in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
         monkeypatch.setattr(decode, "compute_capability", lambda device, c=capability: c)
-        assert decode._dependent_launches(cuda) is want
-    assert decode._dependent_launches(torch.device("cpu")) is False
+        assert decode._dependent_launches(cuda, 1) is want
+        assert decode._dependent_launches(cuda, 4) is False  # (GQA: measured slower)
+    assert decode._dependent_launches(torch.device("cpu"), 1) is False
     monkeypatch.setattr(decode, "DECODE_PDL", False)
-    assert decode._dependent_launches(cuda) is False
+    assert decode._dependent_launches(cuda, 1) is False
 
 
 def test_default_split_count_follows_the_work(monkeypatch):
