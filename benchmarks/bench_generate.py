@@ -13,6 +13,8 @@ tokens, then `new_tokens` greedy tokens. Per configuration, in alternating round
   tokens; before session 65 it always took the second).
 
 Each row also says whether both ways gave the same tokens, and the peak memory of a generate call each way.
+`--pdl-ab` adds the steps with `flash_decode`'s kernels launched the ordinary way (`*_ordinary`), against
+its programmatic dependent launches (`*_pdl_speedup`).
 
     python benchmarks/bench_generate.py --out benchmarks/results/generate_h200.json
 """
