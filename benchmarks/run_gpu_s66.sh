@@ -4,8 +4,9 @@
 #   bash benchmarks/run_gpu_s66.sh 1   # flash_decode in one launch (each work item's last split merges, through a
 #       counter per item): decode's tests on CUDA (all, the merge both ways; the one-launch merge against the merge
 #       kernel eagerly and from a graph) and generation's GPU tests; ab_decode_merge.py (both merges and SDPA cuDNN,
-#       alternating rounds); bench_generate.py --merge-ab (GPT-2 medium's steps both ways). (Ran at commit 61c1f50:
-#       the one-launch merge was slower and its merge order changed between runs; dropped.)
+#       alternating rounds); bench_generate.py --merge-ab (GPT-2 medium's steps both ways). (Ran at commit 61c1f50, whose
+#       ab_decode_merge.py and --merge-ab are gone since: the one-launch merge was slower and its merge order changed
+#       between runs; dropped.)
 #   bash benchmarks/run_gpu_s66.sh 2   # flash_decode's two kernels as programmatic dependent launches (PDL), one split
 #       writing out and lse itself: decode's tests on CUDA (PDL against ordinary launches bitwise, eagerly and from a
 #       graph) and generation's and the compiled launches' GPU tests; ab_decode_launch.py (PDL, ordinary, SDPA cuDNN in
@@ -30,20 +31,24 @@ source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels
+# ab_decode_*.py's printed rows (standard input): the point, the graph-replay medians, and the ratios. (Each
+# part printed its own columns when it ran; one printer since.)
+ab_rows() {
+  python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    medians = ['%s %.4f' % (k, v) for k, v in r.items() if k.endswith('_graph_median')]
+    ratios = ['%s %.3f' % (k, v) for k, v in r.items() if '_over_' in k and k.endswith('_graph')]
+    print(r['heads'], r['batch'], r['cache_len'], *medians, *ratios)"
+}
 case "$1" in
 1)
   timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py tests/flashtrain/test_generate.py \
     > "$R/gpu_tests_decode.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests_decode.log"
   timeout -s KILL 200 python benchmarks/ab_decode_merge.py --rounds 5 --out "$R/ab_decode_merge.json" 2>&1 | quiet \
-    | python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    print(r['heads'], r['batch'], r['cache_len'], 'diff %.1e' % r['max_abs_diff'],
-          'in_split eager/graph %.4f/%.4f' % (r['merge_in_split_eager_median'], r['merge_in_split_graph_median']),
-          'kernel/in_split %.3f/%.3f' % (r['merge_kernel_over_in_split_eager'], r['merge_kernel_over_in_split_graph']),
-          'cudnn/in_split %.3f/%.3f' % (r['cudnn_over_in_split_eager'], r['cudnn_over_in_split_graph']))"
+    | ab_rows
   timeout -s KILL 200 python benchmarks/bench_generate.py --merge-ab --models gpt2-medium --batches 1 8 \
     --prompts 512 4096 --rounds 3 --out "$R/generate_merge_ab_h200.json" 2>&1 | quiet | tail -n 6
   ;;
@@ -54,14 +59,7 @@ for line in sys.stdin:
     > "$R/gpu_tests_generate.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_generate.log"
   timeout -s KILL 200 python benchmarks/ab_decode_launch.py --rounds 5 --out "$R/ab_decode_launch.json" 2>&1 | quiet \
-    | python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    print(r['heads'], r['batch'], r['cache_len'], 'diff %.1e' % r['max_abs_diff'],
-          'pdl eager/graph %.4f/%.4f' % (r['pdl_eager_median'], r['pdl_graph_median']),
-          'ordinary/pdl %.3f/%.3f' % (r['ordinary_over_pdl_eager'], r['ordinary_over_pdl_graph']),
-          'cudnn/pdl %.3f/%.3f' % (r['cudnn_over_pdl_eager'], r['cudnn_over_pdl_graph']))"
+    | ab_rows
   timeout -s KILL 200 python benchmarks/bench_generate.py --pdl-ab --models gpt2-medium --batches 1 8 \
     --prompts 512 4096 --rounds 3 --out "$R/generate_pdl_ab_h200.json" 2>&1 | quiet | tail -n 6
   ;;
@@ -69,37 +67,13 @@ for line in sys.stdin:
   timeout -s KILL 300 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_generate.log"
   timeout -s KILL 240 python benchmarks/ab_decode_launch.py --rounds 5 --cache-lens 4096 16384 \
-    --out "$R/ab_decode_launch.json" 2>&1 | quiet | python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
-          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'pdl_late/pdl %.3f' % r['pdl_late_over_pdl_graph'],
-          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+    --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
   ;;
-4)
+4|5)  # (the same commands on two trees: little work rounded down at every head dim; then capped by a table)
   timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
   timeout -s KILL 300 python benchmarks/ab_decode_launch.py --rounds 5 --out "$R/ab_decode_launch.json" 2>&1 | quiet \
-    | python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
-          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'round_up/pdl %.3f' % r['pdl_round_up_over_pdl_graph'],
-          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
-  ;;
-5)
-  timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
-  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
-  timeout -s KILL 300 python benchmarks/ab_decode_launch.py --rounds 5 --out "$R/ab_decode_launch.json" 2>&1 | quiet \
-    | python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
-          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'no_cap/pdl %.3f' % r['pdl_no_cap_over_pdl_graph'],
-          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+    | ab_rows
   ;;
 6)
   timeout -s KILL 150 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
@@ -108,13 +82,7 @@ for line in sys.stdin:
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_generate.log"
   for h in d64_mha16 d128_gqa32_8; do
     timeout -s KILL 100 python benchmarks/ab_decode_launch.py --rounds 3 --heads $h --batches 8 --cache-lens 16384 65536 \
-      --out "$R/ab_decode_launch_$h.json" 2>&1 | quiet | python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    print(r['heads'], r['batch'], r['cache_len'], 'pdl graph %.4f' % r['pdl_graph_median'],
-          'ordinary/pdl %.3f' % r['ordinary_over_pdl_graph'], 'round_up/pdl %.3f' % r['pdl_round_up_over_pdl_graph'],
-          'cudnn/pdl %.3f' % r['cudnn_over_pdl_graph'])"
+      --out "$R/ab_decode_launch_$h.json" 2>&1 | quiet | ab_rows
   done
   ;;
 esac
