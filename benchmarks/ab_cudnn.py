@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
-from benchmarks.common import print_summary, rotated, time_ms, write_results  # noqa: E402
+from benchmarks.common import print_summary, rotated, time_ms, with_settings, write_results  # noqa: E402
 from kernels import _flash_bwd_fused_hopper  # noqa: E402
 
 # name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
@@ -39,21 +39,6 @@ TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
-
-
-def _with_setting(fn, name: str, value):
-    """fn run with `_flash_bwd_fused_hopper`'s setting name at value (its backward, run inside fn, too),
-    e.g. ORDERED_ENABLED False: the ordered one-kernel backward off."""
-
-    def run():
-        default = getattr(_flash_bwd_fused_hopper, name)
-        setattr(_flash_bwd_fused_hopper, name, value)
-        try:
-            return fn()
-        finally:
-            setattr(_flash_bwd_fused_hopper, name, default)
-
-    return run
 
 
 def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | None = None) -> dict:
@@ -79,12 +64,18 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | N
         for name, impl in impls.items()
     }
     if TWO_KERNELS in calls:
-        calls[TWO_KERNELS] = tuple(_with_setting(fn, "ORDERED_ENABLED", False) for fn in calls[TWO_KERNELS])
+        calls[TWO_KERNELS] = tuple(
+            with_settings(fn, _flash_bwd_fused_hopper, ORDERED_ENABLED=False) for fn in calls[TWO_KERNELS]
+        )
     if ZERO_FILLED in calls:
-        calls[ZERO_FILLED] = tuple(_with_setting(fn, "FIRST_STORES", False) for fn in calls[ZERO_FILLED])
+        calls[ZERO_FILLED] = tuple(
+            with_settings(fn, _flash_bwd_fused_hopper, FIRST_STORES=False) for fn in calls[ZERO_FILLED]
+        )
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
-        calls[name] = tuple(_with_setting(fn, "ORDERED_CAUSAL_KEY_GROUPS", groups) for fn in calls[name])
+        calls[name] = tuple(
+            with_settings(fn, _flash_bwd_fused_hopper, ORDERED_CAUSAL_KEY_GROUPS=groups) for fn in calls[name]
+        )
     return calls
 
 

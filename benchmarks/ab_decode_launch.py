@@ -24,25 +24,18 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_decode import make_call  # noqa: E402
-from benchmarks.common import graph_time_ms, print_summary, rotated, time_ms, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    graph_time_ms,
+    print_summary,
+    rotated,
+    time_ms,
+    with_settings,
+    write_results,
+)
 from kernels import decode  # noqa: E402
 
 # (nheads, nheads_kv, headdim): GPT-2 medium's heads, a Llama-like GQA and MHA at d128
 HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
-
-
-def launched(fn, pdl: bool, round_down_from: int | None = decode.ROUND_DOWN_HEAD_DIM):
-    """fn with decode.DECODE_PDL and ROUND_DOWN_HEAD_DIM set for its duration (also while captured)."""
-
-    def run():
-        default = decode.DECODE_PDL, decode.ROUND_DOWN_HEAD_DIM
-        decode.DECODE_PDL, decode.ROUND_DOWN_HEAD_DIM = pdl, round_down_from
-        try:
-            return fn()
-        finally:
-            decode.DECODE_PDL, decode.ROUND_DOWN_HEAD_DIM = default
-
-    return run
 
 
 def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
@@ -54,9 +47,9 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
     seqlens = torch.full((batch,), cache_len, device="cuda", dtype=torch.int32)
     ours = make_call("triton", q, k, v, seqlens)
     calls = {
-        "pdl": launched(ours, True),
-        "ordinary": launched(ours, False),
-        "pdl_round_up": launched(ours, True, round_down_from=None),
+        "pdl": with_settings(ours, decode, DECODE_PDL=True),
+        "ordinary": with_settings(ours, decode, DECODE_PDL=False),
+        "pdl_round_up": with_settings(ours, decode, DECODE_PDL=True, ROUND_DOWN_HEAD_DIM=None),
         "cudnn": make_call("sdpa_cudnn", q, k, v, seqlens),
     }
     a, b = calls["pdl"](), calls["ordinary"]()

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import flashtrain.generate as gen  # noqa: E402
-from benchmarks.common import markdown_table, print_summary, rotated, write_results  # noqa: E402
+from benchmarks.common import markdown_table, print_summary, rotated, with_settings, write_results  # noqa: E402
 from flashtrain.generate import DecodeStep, generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from kernels import decode  # noqa: E402
@@ -83,20 +83,6 @@ def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> 
     return wall_ms(run) / new_tokens, capture
 
 
-def with_ordinary_launches(fn):
-    """fn with `flash_decode`'s kernels launched the ordinary way (`decode.DECODE_PDL` off)."""
-
-    def run():
-        default = decode.DECODE_PDL
-        decode.DECODE_PDL = False
-        try:
-            return fn()
-        finally:
-            decode.DECODE_PDL = default
-
-    return run
-
-
 def measure(
     name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool, pdl_ab: bool
 ) -> dict:
@@ -119,7 +105,7 @@ def measure(
         calls = {key: fn for key, fn in calls.items() if key.startswith("prefill")}
     elif pdl_ab:  # the decode steps with flash_decode's kernels launched the ordinary way (before session 66)
         for key in ("eager_step", "graph_step"):
-            calls[f"{key}_ordinary"] = with_ordinary_launches(calls[key])
+            calls[f"{key}_ordinary"] = with_settings(calls[key], decode, DECODE_PDL=False)
     with torch.no_grad():
         for fn in calls.values():  # compile and warm everything once
             fn()

@@ -86,6 +86,23 @@ def alternating_ms(calls: dict[str, Callable[[], object]], rounds: int) -> dict[
     return times
 
 
+def with_settings(fn: Callable[[], object], module, **settings) -> Callable[[], object]:
+    """fn run with the module's attributes set to settings, put back afterwards (an A/B's routes in one
+    process: each call, a CUDA graph's capture included, sees its own settings)."""
+
+    def run():
+        saved = {name: getattr(module, name) for name in settings}
+        for name, value in settings.items():
+            setattr(module, name, value)
+        try:
+            return fn()
+        finally:
+            for name, value in saved.items():
+                setattr(module, name, value)
+
+    return run
+
+
 def print_summary(row: dict) -> None:
     """A result row on one line, floats rounded, the per-round lists (keys ending in _ms) left out."""
     print({key: (round(val, 3) if isinstance(val, float) else val) for key, val in row.items()

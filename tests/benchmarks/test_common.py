@@ -103,3 +103,18 @@ def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(
         time.sleep(0.5)  # (the fake's output arrives while the block runs)
     assert (tmp_path / "device").read_text().strip() == "GPU-58f8-aa"
     assert summary == {"samples": 2, "sm_clock_mhz": [1890.0, 1800.0, 1980.0], "power_w": [695.25, 700.0]}
+
+
+def test_with_settings_sets_for_the_call_and_puts_back():
+    import types
+
+    module = types.SimpleNamespace(A=1, B="x")
+    seen = common.with_settings(lambda: (module.A, module.B), module, A=2, B="y")
+    assert seen() == (2, "y") and (module.A, module.B) == (1, "x")
+
+    def fails():
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"):
+        common.with_settings(fails, module, A=3)()
+    assert module.A == 1
