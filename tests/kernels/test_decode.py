@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.common import capture_graph
 from kernels import decode, flash_decode
 from kernels.reference import decode_reference
 from tests.kernels._flash_utils import assert_close_rule
@@ -136,15 +137,8 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
             got, want = step(new, num_splits=splits), ordinary(new, num_splits=splits)
             assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), (splits, i)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(fresh[0])  # (compiled off the capture)
-    torch.cuda.current_stream().wait_stream(side)
-    source = torch.empty_like(fresh[0])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step(source)
+    source = fresh[0].clone()  # (the warm-up calls before the capture write it into the caches)
+    graph, captured = capture_graph(lambda: step(source))
     for i in range(30):
         new = fresh[i % len(fresh)]
         source.copy_(new)
