@@ -291,7 +291,8 @@ def main(argv=None):
         "--cuda-graph",
         choices=["auto", "on", "off"],
         default="auto",
-        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, from 9 new tokens)",
+        help="replay each new token's step as a captured CUDA graph (auto: on CUDA, from "
+        f"{GRAPH_MIN_STEPS + 1} new tokens)",
     )
     args = parser.parse_args(argv)
     if args.num_samples < 1:

@@ -172,9 +172,9 @@ def _decode_merge(
 # (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. Without GQA, from sm_90,
 # both launch as programmatic dependent launches (PDL, `_dependent_launches`): a kernel's programs start
 # while the kernel before it ends, and wait in `gdc_wait` for its writes; at batch 1 a whole call is a few
-# microseconds, of which the gap between two kernels is a part. (Merging in the split kernel instead, its last program per work item
-# merging through a counter, was slower: 152 registers at d128 against 128, one program less per SM, and
-# a merge order that changed from run to run; results/s66/call1/.)
+# microseconds, of which the gap between two kernels is a part. (Merging in the split kernel instead, its
+# last program per work item merging through a counter, was slower: 152 registers at d128 against 128, one
+# program less per SM, and a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
 
 
