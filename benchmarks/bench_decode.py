@@ -62,8 +62,9 @@ def make_call(impl: str, q, k, v, seqlens):
 
 @contextlib.contextmanager
 def launch_shape(text: str | None):
-    """Our split kernel launched as 'SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N]' inside the block, that many
-    programs per SM whatever the work (None: the kernel's own choice)."""
+    """Our split kernel launched as 'SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N[,MIN_TILES]]' inside the block, that
+    many programs per SM whatever the work, splits of at least MIN_TILES key tiles (None: the kernel's own
+    choice)."""
     if text in (None, "default"):
         yield
         return
@@ -71,14 +72,16 @@ def launch_shape(text: str | None):
         values = [int(x) for x in text.split(",")]
     except ValueError:
         values = []
-    if len(values) not in (3, 4) or min(values) < 1:
+    if len(values) not in (3, 4, 5) or min(values) < 1:
         raise SystemExit(
-            f"--launch {text!r}: write SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N], e.g. 4,4,3 or 2,4,2,128"
+            f"--launch {text!r}: write SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N[,MIN_TILES]], e.g. 4,4,3 or "
+            "2,4,2,128 or 4,4,2,64,2"
         )
-    names = ("SPLITS_PER_SM", "SPLITS_PER_SM_SMALL_WORK", "SPLIT_WARPS", "SPLIT_STAGES", "SPLIT_BLOCK_N")
+    names = ("SPLITS_PER_SM", "SPLITS_PER_SM_SMALL_WORK", "SPLIT_WARPS", "SPLIT_STAGES", "SPLIT_BLOCK_N",
+             "MIN_SPLIT_TILES")  # fmt: skip
     values = [values[0], *values]
     saved = [getattr(decode, n) for n in names]
-    for n, v in zip(names, values, strict=False):  # (BLOCK_N left as it is when not given)
+    for n, v in zip(names, values, strict=False):  # (BLOCK_N, MIN_TILES left as they are when not given)
         setattr(decode, n, v)
     try:
         yield
@@ -136,10 +139,10 @@ def main(argv=None):
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--max-kv-gb", type=float, default=40.0, help="skip points whose K/V exceed this")
     parser.add_argument(
-        "--launch", nargs="+", default=None, metavar="SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N]",
+        "--launch", nargs="+", default=None, metavar="SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N[,MIN_TILES]]",
         help="sweep our split kernel's launch shape (kernels.decode's SPLITS_PER_SM, SPLIT_WARPS, "
-        "SPLIT_STAGES, SPLIT_BLOCK_N), one triton row per value ('default': the kernel's own choice, as "
-        "without --launch)",
+        "SPLIT_STAGES, SPLIT_BLOCK_N, MIN_SPLIT_TILES), one triton row per value ('default': the kernel's "
+        "own choice, as without --launch)",
     )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", default=None)

@@ -216,13 +216,14 @@ ROUND_DOWN_HEAD_DIM = 128  # (None: rounded up at every head dim, as before sess
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
+MIN_SPLIT_TILES = 4  # no split shorter than this many key tiles
 
 
 def _default_num_splits(
     work_items: int, block_d: int, max_len: int, block_n: int, device: torch.device
 ) -> int:
     """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) per SM, but no
-    split shorter than a few tiles."""
+    split shorter than MIN_SPLIT_TILES key tiles."""
     sms = sm_count(device)
     work_items = max(work_items, 1)
     small = work_items * block_d <= SMALL_WORK_COLUMNS
@@ -231,7 +232,7 @@ def _default_num_splits(
         want = per_sm * sms // work_items
     else:
         want = cdiv(per_sm * sms, work_items)
-    return max(1, min(want, cdiv(max_len, 4 * block_n), 128))
+    return max(1, min(want, cdiv(max_len, MIN_SPLIT_TILES * block_n), 128))
 
 
 def flash_decode(
