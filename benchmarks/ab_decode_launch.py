@@ -2,9 +2,10 @@
 default) against ordinary launches, and little work's split count rounded down from head dim 128 (the default)
 against rounded up everywhere (`pdl_round_up`, before session 66; session 66's call 4 rounded down at
 every head dim, call 5 capped it at a table of programs an SM holds, `pdl_no_cap` its uncapped twin: at
-d64 and d128 both gave today's rule's split counts), with SDPA cuDNN alongside, in alternating rounds in one process. One
-query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a CUDA graph
-(`graph_time_ms`). Reports per point the medians over rounds and the ratios.
+d64 and d128 both gave today's rule's split counts), and other launch settings (`VARIANTS`, `--impls`:
+session 67's shortest split and pipeline stages), with SDPA cuDNN alongside, in alternating rounds in one
+process. One query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a
+CUDA graph (`graph_time_ms`). Reports per point the medians over rounds and the ratios to `pdl`.
 
 (Session 66's first call ran this file as ab_decode_merge.py, against a split kernel that merged its
 partials itself: results/s66/call1/ab_decode_merge.json, commit 61c1f50.)
@@ -38,7 +39,19 @@ from kernels import decode  # noqa: E402
 HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
 
 
-def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
+# Our launch variants, each `kernels.decode`'s settings for the call; `pdl` (the defaults) is the base of
+# the ratios.
+VARIANTS = {
+    "pdl": {},
+    "ordinary": dict(DECODE_PDL=False),
+    "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
+    "min_tiles_2": dict(MIN_SPLIT_TILES=2),
+    "stages_3": dict(SPLIT_STAGES=3),
+    "min_tiles_2_stages_3": dict(MIN_SPLIT_TILES=2, SPLIT_STAGES=3),
+}
+
+
+def point(heads: str, batch: int, cache_len: int, rounds: int, impls: list[str]) -> dict:
     nheads, nheads_kv, headdim = HEADS[heads]
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, 1, nheads, headdim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -46,15 +59,15 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
                         generator=gen) for _ in range(2))  # fmt: skip
     seqlens = torch.full((batch,), cache_len, device="cuda", dtype=torch.int32)
     ours = make_call("triton", q, k, v, seqlens)
-    calls = {
-        "pdl": with_settings(ours, decode, DECODE_PDL=True),
-        "ordinary": with_settings(ours, decode, DECODE_PDL=False),
-        "pdl_round_up": with_settings(ours, decode, DECODE_PDL=True, ROUND_DOWN_HEAD_DIM=None),
-        "cudnn": make_call("sdpa_cudnn", q, k, v, seqlens),
-    }
-    a, b = calls["pdl"](), calls["ordinary"]()
+    calls = {"pdl": ours}
+    for name in impls:
+        calls[name] = make_call("sdpa_cudnn", q, k, v, seqlens) if name == "cudnn" else (
+            with_settings(ours, decode, **VARIANTS[name]))  # fmt: skip
+    base = calls["pdl"]().float()
     row = dict(heads=heads, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv,
-               headdim=headdim, max_abs_diff=(a.float() - b.float()).abs().max().item())  # fmt: skip
+               headdim=headdim)  # fmt: skip
+    for name in calls:  # our variants bitwise alike? (cuDNN's rounding differs)
+        row[f"{name}_max_abs_diff"] = (calls[name]().float() - base).abs().max().item()
     times = {f"{name}_{how}_ms": [] for name in calls for how in ("eager", "graph")}
     for r in range(rounds):
         for name in rotated(list(calls), r):
@@ -65,7 +78,7 @@ def point(heads: str, batch: int, cache_len: int, rounds: int) -> dict:
         row[key.replace("_ms", "_median")] = statistics.median(values)
     for how in ("eager", "graph"):
         pdl = times[f"pdl_{how}_ms"]
-        for other in ("ordinary", "pdl_round_up", "cudnn"):
+        for other in (name for name in calls if name != "pdl"):
             ratios = [o / s for o, s in zip(times[f"{other}_{how}_ms"], pdl, strict=True)]
             row[f"{other}_over_pdl_{how}"] = statistics.median(ratios)
             row[f"{other}_over_pdl_{how}_range"] = [min(ratios), max(ratios)]
@@ -80,6 +93,13 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--impls",
+        nargs="+",
+        choices=[*VARIANTS, "cudnn"],
+        default=["ordinary", "pdl_round_up", "cudnn"],
+        help="timed against `pdl` (the defaults)",
+    )
     parser.add_argument("--out", default="ab_decode_launch.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -88,7 +108,9 @@ def main(argv=None):
     for heads in args.heads:
         for batch in args.batches:
             for cache_len in args.cache_lens:
-                rows.append(point(heads, batch, cache_len, args.rounds))
+                rows.append(
+                    point(heads, batch, cache_len, args.rounds, [i for i in args.impls if i != "pdl"])
+                )
                 print_summary(rows[-1])
                 write_results(
                     args.out, rows, extra={"seqlen_q": 1, "dtype": "bfloat16", "rounds": args.rounds}

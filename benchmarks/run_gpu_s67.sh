@@ -5,6 +5,10 @@
 #       PDL test on MHA heads): decode's tests on CUDA; then decode at batch 1 (cuDNN 2-8% ahead) swept over the split
 #       kernel's launch shape, the shortest split (MIN_SPLIT_TILES) among them, at d64 MHA 16, d128 GQA 32/8 and
 #       d128 MHA 32, 4k-64k caches, SDPA cuDNN alongside
+#   bash benchmarks/run_gpu_s67.sh 2   # call 1: 14 passed; single rows suggest splits of 2 tiles and 3 stages help short
+#       caches (d64 4k 15.9 -> 14.8 us, GQA 18.0 -> 16.5), and at 64k every shape leaves d64 6.7% behind cuDNN. Both in
+#       alternating rounds (ab_decode_launch.py: min_tiles_2, stages_3, both, cuDNN) at batch 1; Nsight Compute on one
+#       call of ours and one of cuDNN's at 64k (d64, GQA and MHA d128) and 4k (d64)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -18,6 +22,16 @@ for line in sys.stdin:
     print(r['headdim'], r['nheads'], r['nheads_kv'], r['batch'], r['cache_len'], r['impl'], r.get('launch', '-'),
           r.get('graph_ms', r.get('error')))"
 }
+# ab_decode_*.py's printed rows (standard input): the point, the graph-replay medians, and the ratios
+ab_rows() {
+  python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    medians = ['%s %.4f' % (k, v) for k, v in r.items() if k.endswith('_graph_median')]
+    ratios = ['%s %.3f' % (k, v) for k, v in r.items() if '_over_' in k and k.endswith('_graph')]
+    print(r['heads'], r['batch'], r['cache_len'], *medians, *ratios)"
+}
 case "$1" in
 1)
   timeout -s KILL 150 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
@@ -28,6 +42,21 @@ case "$1" in
     timeout -s KILL 150 python benchmarks/bench_decode.py --batches 1 --cache-lens 4096 16384 65536 \
       --headdim "$1" --nheads "$2" --nheads-kv "$3" --impls triton sdpa_cudnn --launch $LAUNCHES \
       --out "$R/decode_b1_sweep_d$1_h$2_kv$3.json" 2>&1 | quiet | decode_rows
+  done
+  ;;
+2)
+  timeout -s KILL 300 python benchmarks/ab_decode_launch.py --rounds 5 --heads d64_mha16 d128_gqa32_8 d128_mha32 \
+    --batches 1 --cache-lens 4096 16384 65536 --impls min_tiles_2 stages_3 min_tiles_2_stages_3 cudnn \
+    --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
+  for run in "d64_64k 64 16 16 65536" "d128gqa_64k 128 32 8 65536" "d128mha_64k 128 32 32 65536" \
+    "d64_4k 64 16 16 4096"; do
+    set -- $run
+    timeout 120 ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --csv python benchmarks/ncu_decode.py \
+      --headdim $2 --nheads $3 --nheads-kv $4 --cache-len $5 > "$R/ncu_decode_$1.csv" 2> "$R/ncu_decode_$1.err"
+    echo "$1 exit $?"
+    ncu_rows "$R/ncu_decode_$1.csv" | grep -E "Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|\
+Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dynamic Shared|Max Bandwidth"
   done
   ;;
 esac
