@@ -9,6 +9,11 @@
 #       caches (d64 4k 15.9 -> 14.8 us, GQA 18.0 -> 16.5), and at 64k every shape leaves d64 6.7% behind cuDNN. Both in
 #       alternating rounds (ab_decode_launch.py: min_tiles_2, stages_3, both, cuDNN) at batch 1; Nsight Compute on one
 #       call of ours and one of cuDNN's at 64k (d64, GQA and MHA d128) and 4k (d64)
+#   bash benchmarks/run_gpu_s67.sh 3   # call 2: splits of 2 tiles 1.03-1.08x at 4k (GQA 16k 1.04x), never slower: now the
+#       floor (MIN_SPLIT_TILES 2). ncu at 64k: our d64 split kernel reads DRAM at 70% of peak (cuDNN's 84%), 4 programs
+#       an SM of the 6 its 80 registers allow, 20 KB of shared memory each (cuDNN: 2 of 45 KB). Decode's and
+#       generation's GPU tests on the new floor; d64 swept for more bytes in flight (programs per SM, stages, 128-key
+#       tiles) at batch 1 and 8, 16k and 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -58,5 +63,14 @@ case "$1" in
     ncu_rows "$R/ncu_decode_$1.csv" | grep -E "Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|\
 Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dynamic Shared|Max Bandwidth"
   done
+  ;;
+3)
+  timeout -s KILL 120 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 1 "$R/gpu_tests_decode.log"
+  timeout -s KILL 200 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 1 "$R/gpu_tests_generate.log"
+  timeout -s KILL 200 python benchmarks/bench_decode.py --batches 1 8 --cache-lens 16384 65536 --headdim 64 \
+    --nheads 16 --nheads-kv 16 --impls triton sdpa_cudnn --out "$R/decode_d64_sweep.json" --launch default 5,4,2 \
+    6,4,2 6,4,3 4,4,3,128 4,4,2,128 6,4,2,128 4,8,3,128 4,4,4 2>&1 | quiet | decode_rows
   ;;
 esac

@@ -166,8 +166,8 @@ def test_dependent_launches_only_where_the_gpu_has_them(monkeypatch):
 def test_default_split_count_follows_the_work(monkeypatch):
     """Little work (batch x kv heads x row blocks, times the head dim) gets about 4 programs per SM
     (measured faster on an H200): from head dim 128 rounded down, so that no SM runs a fifth program while
-    the others idle, below it rounded up; more work about 2 per SM, rounded up; no split shorter than four
-    key tiles, none past 128 splits."""
+    the others idle, below it rounded up; more work about 2 per SM, rounded up; no split shorter than
+    MIN_SPLIT_TILES (2) key tiles, none past 128 splits."""
     sms = 132  # an H200's
     monkeypatch.setattr(decode, "sm_count", lambda device: sms)
     cpu = torch.device("cpu")
@@ -188,6 +188,8 @@ def test_default_split_count_follows_the_work(monkeypatch):
                 assert splits == min(128, small * sms // items) and items * splits <= small * sms
             else:
                 assert splits == min(128, -(-small * sms // items)), (block_d, items)
-    assert decode._default_num_splits(1, 128, 512, 64, cpu) == 2  # 512 keys: two splits of four 64-key tiles
+    assert decode.MIN_SPLIT_TILES == 2
+    assert decode._default_num_splits(1, 128, 512, 64, cpu) == 4  # 512 keys: four splits of two 64-key tiles
+    assert decode._default_num_splits(16, 64, 4096, 64, cpu) == 32  # GPT-2 medium at a 4k cache: not 33
     monkeypatch.setattr(decode, "ROUND_DOWN_HEAD_DIM", None)  # (before session 66)
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
