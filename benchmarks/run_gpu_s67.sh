@@ -14,6 +14,11 @@
 #       an SM of the 6 its 80 registers allow, 20 KB of shared memory each (cuDNN: 2 of 45 KB). Decode's and
 #       generation's GPU tests on the new floor; d64 swept for more bytes in flight (programs per SM, stages, 128-key
 #       tiles) at batch 1 and 8, 16k and 64k
+#   bash benchmarks/run_gpu_s67.sh 4   # call 3: 14 + 11 passed; no launch shape helps d64 (at 64k within 2%). The split
+#       kernel's TTGIR (CPU sm_90 build): at 2 stages Triton gives each K/V tile one buffer and issues the next copy
+#       after the current tile's products, so every tile waits a whole latency. Now its unmasked tiles come through TMA
+#       descriptors, 3 stages (two buffers), 8 KB tiles: decode's tests on CUDA (TMA against pointers, NaN past the
+#       lengths, a graph), ab_decode_launch.py (TMA at 2 and 4 stages, 16 KB tiles, the pointer route, cuDNN) at 18 points
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -72,5 +77,12 @@ Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dy
   timeout -s KILL 200 python benchmarks/bench_decode.py --batches 1 8 --cache-lens 16384 65536 --headdim 64 \
     --nheads 16 --nheads-kv 16 --impls triton sdpa_cudnn --out "$R/decode_d64_sweep.json" --launch default 5,4,2 \
     6,4,2 6,4,3 4,4,3,128 4,4,2,128 6,4,2,128 4,8,3,128 4,4,4 2>&1 | quiet | decode_rows
+  ;;
+4)
+  timeout -s KILL 150 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/gpu_tests_decode.log"
+  timeout -s KILL 330 python benchmarks/ab_decode_launch.py --rounds 5 --heads d64_mha16 d128_gqa32_8 d128_mha32 \
+    --batches 1 8 --cache-lens 4096 16384 65536 --impls pointer tma_stages_2 tma_stages_4 tma_tile_16k cudnn \
+    --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
   ;;
 esac

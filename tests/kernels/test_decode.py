@@ -193,3 +193,78 @@ def test_default_split_count_follows_the_work(monkeypatch):
     assert decode._default_num_splits(16, 64, 4096, 64, cpu) == 32  # GPT-2 medium at a 4k cache: not 33
     monkeypatch.setattr(decode, "ROUND_DOWN_HEAD_DIM", None)  # (before session 66)
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "headdim,nheads,nheads_kv,seqlen_q,causal,window",
+    [(64, 16, 16, 1, False, None), (128, 32, 8, 1, False, None), (128, 8, 2, 3, True, None),
+     (256, 4, 4, 1, False, None), (16, 4, 4, 2, False, (100, 0)), (32, 8, 8, 1, False, None)],
+)  # fmt: skip
+def test_gpu_tma_reads_match_pointer_reads(headdim, nheads, nheads_kv, seqlen_q, causal, window, monkeypatch):
+    """From sm_90 the split kernel's unmasked key tiles come through TMA descriptors, the masked ones (the
+    cache's valid end, a window's ends) through pointers. Both routes agree with the float64 reference by the
+    kernel's rule and with each other, at cache lengths off the tile grid, with NaN in every cache entry past
+    a sequence's length (a tile read wholly through TMA must end before it), eagerly and from a CUDA graph."""
+    torch.manual_seed(headdim + nheads)
+    dt = torch.bfloat16
+    batch, max_len = 3, 5000
+    q = torch.randn(batch, seqlen_q, nheads, headdim, dtype=dt, device="cuda")
+    k, v = (torch.randn(batch, max_len, nheads_kv, headdim, dtype=dt, device="cuda") for _ in range(2))
+    lens = [max_len, 1537, 70]
+    for b, n in enumerate(lens):
+        k[b, n:], v[b, n:] = float("nan"), float("nan")
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kw = dict(causal=causal, window=window, return_lse=True)
+    assert decode._tma_loads(k, v, headdim)
+    got = flash_decode(q, k, v, seqlens, **kw)
+    graph, captured = capture_graph(lambda: flash_decode(q, k, v, seqlens, **kw))
+    graph.replay()
+    monkeypatch.setattr(decode, "SPLIT_TMA", False)
+    pointer = flash_decode(q, k, v, seqlens, **kw)
+    live = [
+        (q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], seqlens[b : b + 1]) for b, n in enumerate(lens)
+    ]
+    ref64 = [decode_reference(*(t.double() for t in x[:3]), x[3], **kw) for x in live]
+    reflp = [decode_reference(*x, **kw) for x in live]
+    for name, i in (("out", 0), ("lse", 1)):
+        want64 = torch.cat([r[i] for r in ref64])
+        wantlp = torch.cat([r[i] for r in reflp])
+        for route, result in (("tma", got), ("tma graph", captured), ("pointer", pointer)):
+            assert_close_rule(f"{name} {route}", result[i], want64, wantlp, dt)
+        assert torch.equal(got[i], captured[i])
+
+
+def test_tma_reads_only_where_the_gpu_and_the_caches_allow(monkeypatch):
+    """TMA needs sm_90, a head dim the descriptors' block spans whole (a power of two), 16-byte aligned caches
+    and strides; elsewhere (and on the CPU's interpreter) the pointer route."""
+
+    class Cache:  # what `_tma_loads` reads of a CUDA tensor
+        def __init__(self, headdim=64, address=1 << 20, stride_n=1024, numel=1):
+            self.device, self.address, self.numel_ = torch.device("cuda", 0), address, numel
+            self.strides = (stride_n * 100, stride_n, headdim, 1)
+
+        def data_ptr(self):
+            return self.address
+
+        def stride(self):
+            return self.strides
+
+        def element_size(self):
+            return 2
+
+        def numel(self):
+            return self.numel_
+
+    monkeypatch.setattr(decode, "SPLIT_TMA", True)
+    for capability, want in (((8, 0), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(decode, "compute_capability", lambda device, c=capability: c)
+        assert decode._tma_loads(Cache(), Cache(), 64) is want
+    assert not decode._tma_loads(Cache(80), Cache(80), 80)  # block of 128 over 80: the pointer route
+    assert not decode._tma_loads(Cache(), Cache(address=(1 << 20) + 8), 64)  # v misaligned
+    assert not decode._tma_loads(Cache(stride_n=1028), Cache(stride_n=1028), 64)  # 2056-byte rows
+    assert not decode._tma_loads(Cache(numel=0), Cache(numel=0), 64)  # an empty cache
+    cpu = torch.empty(1, 64, 1, 64)
+    assert not decode._tma_loads(cpu, cpu, 64)
+    monkeypatch.setattr(decode, "SPLIT_TMA", False)
+    assert not decode._tma_loads(Cache(), Cache(), 64)
