@@ -3,7 +3,8 @@ default) against ordinary launches, and little work's split count rounded down f
 against rounded up everywhere (`pdl_round_up`, before session 66; session 66's call 4 rounded down at
 every head dim, call 5 capped it at a table of programs an SM holds, `pdl_no_cap` its uncapped twin: at
 d64 and d128 both gave today's rule's split counts), and other launch settings (`VARIANTS`, `--impls`:
-session 67's shortest split, and its TMA reads' stages and tiles), with SDPA cuDNN alongside, in alternating rounds in one
+session 67's shortest split and stages; its call 4 timed K and V read through TMA descriptors, at
+commit 2d3f4f6, since dropped), with SDPA cuDNN alongside, in alternating rounds in one
 process. One query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a
 CUDA graph (`graph_time_ms`). Reports per point the medians over rounds and the ratios to `pdl`.
 
@@ -46,10 +47,7 @@ VARIANTS = {
     "ordinary": dict(DECODE_PDL=False),
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
-    "pointer": dict(SPLIT_TMA=False),  # K and V through pointers (before session 67)
-    "tma_stages_2": dict(SPLIT_TMA_STAGES=2),
-    "tma_stages_4": dict(SPLIT_TMA_STAGES=4),
-    "tma_tile_16k": dict(SPLIT_TMA_TILE_BYTES=16384),
+    "stages_3": dict(SPLIT_STAGES=3),
 }
 
 

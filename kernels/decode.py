@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import (
     INTERPRET,
@@ -33,33 +32,12 @@ from ._common import (
     visible_range,
 )
 from ._flash_fwd import _fwd_inner
-from ._launch import CompiledLaunch, tma_view
-
-
-@triton.jit
-def _full_tiles_tma(
-    acc, l_i, m_i, q, KD, VD, off_b, off_hk, lo, hi, qk_scale,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """`_flash_fwd._fwd_inner`'s unmasked key tiles [lo, hi), K and V read through TMA descriptors over the
-    caches' (batch, kv heads, length, head dim) view: the same products in the same order."""
-    for start_n in range(lo, hi, BLOCK_N):
-        k = KD.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = VD.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
-        m_i = m_ij
-    return acc, l_i, m_i
+from ._launch import CompiledLaunch
 
 
 @triton.jit
 def _decode_split(
-    KD, VD, Q, K, V, SEQLENS, OPART, LPART, O, LSE,  # noqa: E741
+    Q, K, V, SEQLENS, OPART, LPART, O, LSE,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -70,14 +48,9 @@ def _decode_split(
     qk_scale, win_left, win_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
-
-    TMA: KD and VD are TMA descriptors of the caches, which the unmasked tiles read (the masked ones, at
-    the window's ends and the cache's valid end, read through pointers, which read past the end as 0
-    whatever the cache holds there); else both None.
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
     anything, then let the merge kernel launch, so that its programs are in place when this one ends.
@@ -129,16 +102,11 @@ def _decode_split(
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
         True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
-    if TMA:
-        acc, l_i, m_i = _full_tiles_tma(
-            acc, l_i, m_i, q, KD, VD, off_b, off_hk, full_lo, full_hi, qk_scale, BLOCK_D, BLOCK_N, DOT_PREC
-        )
-    else:
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
-            False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-        )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
+        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
@@ -219,42 +187,7 @@ def _dependent_launches(device: torch.device, group: int) -> bool:
     return DECODE_PDL and group == 1 and device.type == "cuda" and compute_capability(device)[0] >= 9
 
 
-# The split kernel's unmasked tiles read K and V through TMA descriptors (sm_90 and up). At head dim 64 the
-# pointer loads (cp.async, 16 bytes a thread, rows of 128 bytes) kept DRAM at 70% of its peak where cuDNN's
-# decode reached 84% (Nsight Compute, GPT-2 medium's heads at batch 1 and a 64k cache, results/s67/call2/):
-# L2 at 81% of its throughput for 70% of DRAM's, the requests rather than the bytes setting the pace.
-SPLIT_TMA = not INTERPRET  # (the interpreter runs no TMA)
-# Triton's pipeliner gives a loop of S stages S - 1 buffers a tile, and issues a tile's copy once the buffer it
-# fills has been read: at 2 stages (one buffer) each key tile's copy starts after the previous tile's products,
-# and every tile waits out a whole memory latency. 3 stages keep one tile in flight while another is used. A
-# tile of K and one of V take SPLIT_TMA_TILE_BYTES each (64 keys at d64, 32 at d128), so that the buffers of
-# 3 stages leave room for 4 programs an SM at every head dim.
-SPLIT_TMA_STAGES = 3
-SPLIT_TMA_TILE_BYTES = 8192
-
-
-def _tma_loads(k_cache: torch.Tensor, v_cache: torch.Tensor, headdim: int) -> bool:
-    """Whether the split kernel reads through TMA: on CUDA from sm_90, a power-of-two head dim (the
-    descriptors' block is the whole head dim), 16-byte aligned caches and strides."""
-    if not SPLIT_TMA or k_cache.device.type != "cuda" or compute_capability(k_cache.device)[0] < 9:
-        return False
-    if headdim != padded_head_dim(headdim) or k_cache.numel() == 0:
-        return False
-    size = k_cache.element_size()
-    return all(
-        t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:3])
-        for t in (k_cache, v_cache)
-    )
-
-
-def _kv_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A cache's TMA descriptor over its (batch, kv heads, length, head dim) view (`_launch.tma_view`, the
-    view CompiledLaunch encodes), a block one head's `rows` keys."""
-    view = tma_view(t)
-    return TensorDescriptor(t, view.shape, view.strides, [1, 1, rows, t.shape[-1]])
-
-
-_launch_split = CompiledLaunch(_decode_split, _kv_descriptor)
+_launch_split = CompiledLaunch(_decode_split)
 _launch_merge = CompiledLaunch(_decode_merge)
 
 
@@ -358,14 +291,7 @@ def flash_decode(
     group = nheads // nheads_kv
     n_rows = seqlen_q * group
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
-    tma = _tma_loads(k_cache, v_cache, headdim)
-    if INTERPRET:
-        block_n, stages = 32, SPLIT_STAGES
-    elif tma:
-        block_n = max(16, min(SPLIT_BLOCK_N, SPLIT_TMA_TILE_BYTES // (headdim * k_cache.element_size())))
-        stages = SPLIT_TMA_STAGES
-    else:
-        block_n, stages = SPLIT_BLOCK_N, SPLIT_STAGES
+    block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     m_blocks = cdiv(n_rows, block_m)
     block_d = padded_head_dim(headdim)
     if num_splits is None:
@@ -386,8 +312,8 @@ def flash_decode(
             part_strides = (*opart.stride()[:4], *lpart.stride()[:3])
         _launch_split(
             (num_splits, m_blocks, batch * nheads_kv),
-            ((k_cache, block_n), (v_cache, block_n)) if tma else (),
-            (*(() if tma else (None, None)), q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse,
+            (),
+            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse,
              q.stride(0), q.stride(1), q.stride(2),
              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -396,8 +322,8 @@ def flash_decode(
              seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
              scale * LOG2E, left or 0, right or 0),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
-                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, TMA=tma,
-                 num_warps=SPLIT_WARPS, num_stages=stages, launch_pdl=pdl),
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:
             _launch_merge(
