@@ -3,7 +3,7 @@ default) against ordinary launches, and little work's split count rounded down f
 against rounded up everywhere (`pdl_round_up`, before session 66; session 66's call 4 rounded down at
 every head dim, call 5 capped it at a table of programs an SM holds, `pdl_no_cap` its uncapped twin: at
 d64 and d128 both gave today's rule's split counts), and other launch settings (`VARIANTS`, `--impls`:
-session 67's shortest split and stages; its call 4 timed K and V read through TMA descriptors, at
+session 67's shortest split, stages, and kv heads packed in a key tile; its call 4 timed K and V read through TMA descriptors, at
 commit 2d3f4f6, since dropped), with SDPA cuDNN alongside, in alternating rounds in one
 process. One query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a
 CUDA graph (`graph_time_ms`). Reports per point the medians over rounds and the ratios to `pdl`.
@@ -37,7 +37,12 @@ from benchmarks.common import (  # noqa: E402
 from kernels import decode  # noqa: E402
 
 # (nheads, nheads_kv, headdim): GPT-2 medium's heads, a Llama-like GQA and MHA at d128
-HEADS = {"d64_mha16": (16, 16, 64), "d128_gqa32_8": (32, 8, 128), "d128_mha32": (32, 32, 128)}
+HEADS = {
+    "d64_mha16": (16, 16, 64),
+    "d64_gqa32_8": (32, 8, 64),
+    "d128_gqa32_8": (32, 8, 128),
+    "d128_mha32": (32, 32, 128),
+}
 
 
 # Our launch variants, each `kernels.decode`'s settings for the call; `pdl` (the defaults) is the base of
@@ -48,6 +53,8 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
+    "no_pack": dict(PACK_COLUMNS=0),  # one kv head a key tile (before session 67)
+    "pack_gqa": dict(PACK_GQA=True),
 }
 
 
@@ -89,7 +96,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--heads", nargs="+", choices=list(HEADS), default=list(HEADS))
+    parser.add_argument(
+        "--heads", nargs="+", choices=list(HEADS), default=["d64_mha16", "d128_gqa32_8", "d128_mha32"]
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--cache-lens", type=int, nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--rounds", type=int, default=5)

@@ -21,6 +21,11 @@
 #       lengths, a graph), ab_decode_launch.py (TMA at 2 and 4 stages, 16 KB tiles, the pointer route, cuDNN) at 18 points.
 #       (Ran at commit 2d3f4f6: 21 passed, but the pointer route was as fast or faster at every point, 0.90-1.00; the TMA
 #       route and its variants are gone since, and this part no longer runs as it stands.)
+#   bash benchmarks/run_gpu_s67.sh 5   # d64 keys rows of 128 bytes read slower than d128's 256 (70% against 80% of DRAM's
+#       peak for the same 268 MB, call 2): kv heads now packed side by side in one key tile up to 128 columns (MHA only);
+#       the merge kernel issues both its loads before its reductions (SASS: the partial outputs' load had waited behind
+#       the lse's reductions). Decode's and generation's GPU tests; ab_decode_launch.py (unpacked, packed GQA too, cuDNN);
+#       Nsight Compute again at d64 64k and 4k (the merge kernel's time against call 2's)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -86,5 +91,22 @@ Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dy
   timeout -s KILL 330 python benchmarks/ab_decode_launch.py --rounds 5 --heads d64_mha16 d128_gqa32_8 d128_mha32 \
     --batches 1 8 --cache-lens 4096 16384 65536 --impls pointer tma_stages_2 tma_stages_4 tma_tile_16k cudnn \
     --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
+  ;;
+5)
+  timeout -s KILL 120 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_decode.log"
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 1 "$R/gpu_tests_generate.log"
+  timeout -s KILL 240 python benchmarks/ab_decode_launch.py --rounds 5 --heads d64_mha16 d64_gqa32_8 \
+    --batches 1 8 --cache-lens 4096 16384 65536 --impls no_pack pack_gqa cudnn \
+    --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
+  for run in "d64_64k 64 16 16 65536" "d64_4k 64 16 16 4096"; do
+    set -- $run
+    timeout 100 ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --csv python benchmarks/ncu_decode.py --headdim $2 --nheads $3 --nheads-kv $4 --cache-len $5 \
+      > "$R/ncu_decode_$1.csv" 2> "$R/ncu_decode_$1.err"
+    echo "$1 exit $?"
+    ncu_rows "$R/ncu_decode_$1.csv" | grep -E " Duration| DRAM Throughput|Registers Per|Grid Size|Achieved Occupancy"
+  done
   ;;
 esac
