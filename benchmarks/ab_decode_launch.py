@@ -1,15 +1,16 @@
-"""flash_decode's launches: both kernels as programmatic dependent launches (`decode.DECODE_PDL`, the
-default) against ordinary launches, and little work's split count rounded down from head dim 128 (the default)
-against rounded up everywhere (`pdl_round_up`, before session 66; session 66's call 4 rounded down at
-every head dim, call 5 capped it at a table of programs an SM holds, `pdl_no_cap` its uncapped twin: at
-d64 and d128 both gave today's rule's split counts), and other launch settings (`VARIANTS`, `--impls`:
-session 67's shortest split, stages, and kv heads packed in a key tile; its call 4 timed K and V read through TMA descriptors, at
-commit 2d3f4f6, since dropped), with SDPA cuDNN alongside, in alternating rounds in one
-process. One query token, bf16, full caches; each point timed as launched (`time_ms`) and replayed from a
-CUDA graph (`graph_time_ms`). Reports per point the medians over rounds and the ratios to `pdl`.
+"""flash_decode's launch settings against the defaults (`pdl`), with SDPA cuDNN alongside, in alternating
+rounds in one process. One query token, bf16, full caches; each point timed as launched (`time_ms`) and
+replayed from a CUDA graph (`graph_time_ms`). Reports per point the medians over rounds and the ratios to
+`pdl`. The variants (`VARIANTS`, `--impls`), each `kernels.decode`'s settings for the call:
 
-(Session 66's first call ran this file as ab_decode_merge.py, against a split kernel that merged its
-partials itself: results/s66/call1/ab_decode_merge.json, commit 61c1f50.)
+- `ordinary`: both kernels launched the ordinary way, not as programmatic dependent launches (session 66);
+- `pdl_round_up`: little work's split count rounded up at every head dim (before session 66);
+- `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages.
+
+Dropped variants and the commits they ran at: session 66's merge inside the split kernel (this file as
+ab_decode_merge.py, commit 61c1f50) and its cap at a table of programs an SM holds (`pdl_no_cap`); session
+67's K and V read through TMA descriptors (call 4, commit 2d3f4f6) and kv heads packed side by side in one
+key tile (call 5, commit 2dcdc26).
 
     python benchmarks/ab_decode_launch.py --rounds 5 --out ab_decode_launch.json
 """
@@ -53,8 +54,6 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
-    "no_pack": dict(PACK_COLUMNS=0),  # one kv head a key tile (before session 67)
-    "pack_gqa": dict(PACK_GQA=True),
 }
 
 

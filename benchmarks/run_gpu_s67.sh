@@ -25,7 +25,10 @@
 #       peak for the same 268 MB, call 2): kv heads now packed side by side in one key tile up to 128 columns (MHA only);
 #       the merge kernel issues both its loads before its reductions (SASS: the partial outputs' load had waited behind
 #       the lse's reductions). Decode's and generation's GPU tests; ab_decode_launch.py (unpacked, packed GQA too, cuDNN);
-#       Nsight Compute again at d64 64k and 4k (the merge kernel's time against call 2's)
+#       Nsight Compute again at d64 64k and 4k (the merge kernel's time against call 2's). (Ran at commit 2dcdc26: 20 + 11
+#       passed; under ncu the packed split kernel read DRAM at 79% (71.4 us against 80.0), but replayed at full clocks
+#       packing gained 3.0% at batch 1 / 64k and 1.1% at batch 8 / 64k and lost 2.4-2.7% at batch 1 / 4k-16k, GQA
+#       5-15% everywhere: dropped, the merge's load order kept; this part no longer runs as it stands.)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"

@@ -44,19 +44,13 @@ def _decode_split(
     stride_os, stride_ob, stride_oh, stride_om,
     stride_ls, stride_lb, stride_lh,
     stride_outb, stride_outm, stride_outh,
-    seqlen_q, max_len, nheads, nheads_kv, group, chunk, num_splits,
+    seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
     qk_scale, win_left, win_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-    PACK: tl.constexpr,
 ):  # fmt: skip
-    """Partial attention of (query rows of PACK adjacent kv heads' groups) x (keys [split * chunk, (split +
-    1) * chunk)); with one split, the rows' final out and lse.
-
-    PACK > 1 (the kv heads contiguous, HEAD_DIM == BLOCK_D): one key tile holds the PACK heads' keys side
-    by side, (BLOCK_N, PACK * HEAD_DIM), read as wide rows; each query row holds its vector in its own kv
-    head's columns and zeros elsewhere, so that its scores are against its own head's keys, and takes its
-    output from its head's columns of P @ V.
+    """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
+    with one split, the rows' final out and lse.
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
     anything, then let the merge kernel launch, so that its programs are in place when this one ends.
@@ -67,34 +61,27 @@ def _decode_split(
     split = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_bh = tl.program_id(2)
-    n_packs = nheads_kv // PACK
-    off_b = off_bh // n_packs
-    off_hk = (off_bh % n_packs) * PACK  # the pack's first kv head
+    off_b = off_bh // nheads_kv
+    off_hk = off_bh % nheads_kv
     off_b64 = off_b.to(tl.int64)
     seqlen_k = tl.minimum(tl.load(SEQLENS + off_b), max_len)
 
-    rows_per_query = group * PACK
-    n_rows = seqlen_q * rows_per_query
-    offs_r = pid_m * BLOCK_M + tl.arange(
-        0, BLOCK_M
-    )  # row -> (query qi, kv head j of the pack, head g of its group)
-    qi = offs_r // rows_per_query
-    j = (offs_r // group) % PACK
-    off_h = (off_hk + j) * group + offs_r % group
-    offs_d = tl.arange(0, PACK * BLOCK_D)  # the tile's columns: kv head c // BLOCK_D, dim c % BLOCK_D
-    col_d = offs_d % BLOCK_D
+    n_rows = seqlen_q * group
+    offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row -> (query qi, head g of the group)
+    qi = offs_r // group
+    off_h = off_hk * group + offs_r % group
+    offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_r < n_rows
-    own = row_ok[:, None] & ((offs_d // BLOCK_D)[None, :] == j[:, None]) & (col_d[None, :] < HEAD_DIM)
     q = tl.load(
-        Q + off_b64 * stride_qb + qi[:, None] * stride_qm + off_h[:, None] * stride_qh + col_d[None, :],
-        mask=own,
+        Q + off_b64 * stride_qb + qi[:, None] * stride_qm + off_h[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
         other=0.0,
     )
     diag = seqlen_k - seqlen_q
     pos_m = qi + diag
     last_row = tl.minimum((pid_m + 1) * BLOCK_M, n_rows) - 1
     lo, full_lo, full_hi, hi = visible_range(
-        (pid_m * BLOCK_M) // rows_per_query + diag, last_row // rows_per_query + diag, seqlen_k,
+        (pid_m * BLOCK_M) // group + diag, last_row // group + diag, seqlen_k,
         -win_left, win_right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
     )  # fmt: skip
     # intersect with this split's slice; its ends are multiples of BLOCK_N (or the sequence's end)
@@ -107,35 +94,37 @@ def _decode_split(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, PACK * BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
-    # (with PACK > 1 the tile is PACK * HEAD_DIM wide and unpadded: to the loop, one head that wide)
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
-        True, PACK * HEAD_DIM, PACK * BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
-        False, PACK * HEAD_DIM, PACK * BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
         seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
-        True, PACK * HEAD_DIM, PACK * BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
     )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    d_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     if num_splits == 1:  # (no partials, no merge kernel)
-        tl.store(LSE + (off_b64 * nheads + off_h) * seqlen_q + qi, lse * 0.6931471805599453, mask=row_ok)
+        tl.store(
+            LSE + (off_b64 * nheads_kv * group + off_h) * seqlen_q + qi, lse * 0.6931471805599453, mask=row_ok
+        )
         out_off = off_b64 * stride_outb + qi * stride_outm + off_h * stride_outh
-        tl.store(O + out_off[:, None] + col_d[None, :], acc.to(O.dtype.element_ty), mask=own)
+        tl.store(O + out_off[:, None] + offs_d[None, :], acc.to(O.dtype.element_ty), mask=d_ok)
     else:
         row_off = split * stride_os + off_b64 * stride_ob + off_h * stride_oh + qi * stride_om
-        tl.store(OPART + row_off[:, None] + col_d[None, :], acc, mask=own)
+        tl.store(OPART + row_off[:, None] + offs_d[None, :], acc, mask=d_ok)
         tl.store(LPART + split * stride_ls + off_b64 * stride_lb + off_h * stride_lh + qi, lse, mask=row_ok)
 
 
@@ -162,7 +151,9 @@ def _decode_merge(
     base_l = off_b.to(tl.int64) * stride_lb + off_h * stride_lh + qi
     base_o = off_b.to(tl.int64) * stride_ob + off_h * stride_oh + qi * stride_om
     # both loads before the reductions, whose barriers would otherwise hold the partial outputs' load back
-    # behind the lse's: one memory latency a call instead of two
+    # behind the lse's (sm_90 SASS): one memory latency instead of two. Nsight Compute, GPT-2 medium's heads
+    # at batch 1 and a 64k cache (33 splits): 6.2 -> 4.1 us (results/s67/call2/, call5/); replayed calls
+    # moved within 1%, the merge's start overlapping the split kernel's end (PDL).
     lse_s = tl.load(LPART + offs_s * stride_ls + base_l, mask=s_ok, other=float("-inf"))
     o_s = tl.load(
         OPART + offs_s[:, None] * stride_os + base_o + offs_d[None, :],
@@ -237,34 +228,6 @@ SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches s
 MIN_SPLIT_TILES = 2
 
 
-# Kv heads whose keys one tile holds side by side (`_decode_split`'s PACK): until the tile is PACK_COLUMNS
-# wide. At head dim 64 a key row of one head is 128 bytes, and the split kernel read DRAM at 70% of its peak
-# where cuDNN's decode reached 84%, and where our own kernel on rows of 256 bytes (d128, GQA 32/8, the same
-# 268 MB) reached 80% (Nsight Compute, batch 1, 64k cache, results/s67/call2/). No setting of stages, tiles,
-# programs per SM or TMA copies closed it (call1/, call3/, call4/).
-# With GQA a tile's rows are already the group's query heads; packing kv heads multiplies them (GQA 32/8 at
-# d64: 140 registers against 128, 3 programs an SM), unmeasured: PACK_GQA False keeps GQA calls unpacked.
-PACK_COLUMNS = 128
-PACK_GQA = False
-
-
-def _heads_per_tile(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, headdim: int, block_d: int, group: int
-) -> int:
-    """How many adjacent kv heads one key tile packs: 1 unless the head dim is a power of two below
-    PACK_COLUMNS and each cache's heads lie side by side in memory (head stride = head dim), and (unless
-    PACK_GQA) there is no GQA; then up to PACK_COLUMNS // headdim, as far as it divides the kv heads."""
-    nheads_kv = k_cache.shape[2]
-    if headdim != block_d or any(t.stride(2) != headdim for t in (k_cache, v_cache)):
-        return 1
-    if group > 1 and not PACK_GQA:
-        return 1
-    pack = max(1, PACK_COLUMNS // headdim)
-    while nheads_kv % pack:
-        pack //= 2
-    return pack
-
-
 def _default_num_splits(
     work_items: int, block_d: int, max_len: int, block_n: int, device: torch.device
 ) -> int:
@@ -330,15 +293,13 @@ def flash_decode(
     scale = resolve_softmax_scale(softmax_scale, headdim)
 
     group = nheads // nheads_kv
-    block_d = padded_head_dim(headdim)
-    pack = _heads_per_tile(k_cache, v_cache, headdim, block_d, group)
-    n_rows = seqlen_q * group * pack
+    n_rows = seqlen_q * group
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
     block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     m_blocks = cdiv(n_rows, block_m)
+    block_d = padded_head_dim(headdim)
     if num_splits is None:
-        work_items = batch * (nheads_kv // pack) * m_blocks
-        num_splits = _default_num_splits(work_items, pack * block_d, max_len, block_n, q.device)
+        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, max_len, block_n, q.device)
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
     pdl = _dependent_launches(q.device, group)
     with torch.no_grad():
@@ -354,7 +315,7 @@ def flash_decode(
             lpart = torch.empty(num_splits, batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
             part_strides = (*opart.stride()[:4], *lpart.stride()[:3])
         _launch_split(
-            (num_splits, m_blocks, batch * (nheads_kv // pack)),
+            (num_splits, m_blocks, batch * nheads_kv),
             (),
             (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse,
              q.stride(0), q.stride(1), q.stride(2),
@@ -362,11 +323,11 @@ def flash_decode(
              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
              *part_strides,
              out.stride(0), out.stride(1), out.stride(2),
-             seqlen_q, max_len, nheads, nheads_kv, group, chunk, num_splits,
+             seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
              scale * LOG2E, left or 0, right or 0),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
-                 PACK=pack, num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
+                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:
             _launch_merge(

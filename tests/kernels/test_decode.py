@@ -20,7 +20,7 @@ CASES = [
     (F32, 2, 4, 4, 1, 128, 130, [130, 99], True, (20, None), 5),
     (F16, 1, 1, 2, 2, 80, 300, [257], False, None, 1),
     (F32, 2, 3, 6, 3, 16, 64, [64, 5], False, (2, 0), 64),  # more splits than tiles: empty splits merge to 0
-    # kv heads packed side by side in one key tile (`_heads_per_tile`): 2 of d64, 4 of d32, 8 of d16
+    # several kv heads at small head dims, causal with several queries, a window
     (F16, 1, 1, 6, 6, 64, 257, [257], False, None, 2),
     (F16, 2, 3, 8, 8, 32, 150, [150, 3], True, None, None),  # the first two queries of b=1 see 1 and 2 keys
     (F32, 2, 2, 16, 16, 16, 100, [100, 40], False, (10, 0), 3),
@@ -43,37 +43,6 @@ def test_decode_matches_reference(case, device):
     assert out.dtype == dtype and lse.shape == (b, h, sq)
     assert_close_rule("out", out, ref64, reflp, dtype)
     assert_close_rule("lse", lse, lse64, lselp, dtype)
-
-
-@pytest.mark.parametrize("pack_gqa", [False, True])
-def test_decode_packed_heads_match_unpacked(pack_gqa, device, monkeypatch):
-    """Packing kv heads into one key tile changes which products hold zeros, not the result: packed and
-    unpacked calls agree (GQA, several queries, causal, padded rows), and the packing follows the rule."""
-    torch.manual_seed(21)
-    monkeypatch.setattr(decode, "PACK_GQA", pack_gqa)
-    q = torch.randn(2, 2, 8, 32, dtype=F32, device=device)
-    k, v = (torch.randn(2, 90, 4, 32, dtype=F32, device=device) for _ in range(2))
-    seqlens = torch.tensor([90, 33], dtype=torch.int32, device=device)
-    assert decode._heads_per_tile(k, v, 32, 32, 2) == (4 if pack_gqa else 1)
-    packed = flash_decode(q, k, v, seqlens, causal=True, return_lse=True, num_splits=3)
-    monkeypatch.setattr(decode, "PACK_COLUMNS", 0)
-    plain = flash_decode(q, k, v, seqlens, causal=True, return_lse=True, num_splits=3)
-    for a, b in zip(packed, plain, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-
-
-def test_heads_per_tile_rule():
-    """Up to PACK_COLUMNS columns of adjacent kv heads, as far as the count divides them; a head dim that
-    pads, or caches whose heads are not side by side, keep one head a tile."""
-    cache = lambda h, d: torch.empty(1, 8, h, d)  # noqa: E731
-    assert decode._heads_per_tile(cache(16, 64), cache(16, 64), 64, 64, 1) == 2
-    assert decode._heads_per_tile(cache(12, 16), cache(12, 16), 16, 16, 1) == 4  # 8 does not divide 12
-    assert decode._heads_per_tile(cache(3, 32), cache(3, 32), 32, 32, 1) == 1
-    assert decode._heads_per_tile(cache(8, 128), cache(8, 128), 128, 128, 1) == 1
-    assert decode._heads_per_tile(cache(8, 40), cache(8, 40), 40, 64, 1) == 1  # padded to 64
-    wide = torch.empty(1, 8, 16, 128)[..., :64]  # heads 128 apart
-    assert decode._heads_per_tile(wide, cache(16, 64), 64, 64, 1) == 1
-    assert decode._heads_per_tile(cache(16, 64), cache(16, 64), 64, 64, 4) == int(decode.PACK_GQA) + 1
 
 
 def test_decode_split_count_does_not_change_result(device):
