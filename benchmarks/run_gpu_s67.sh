@@ -29,6 +29,10 @@
 #       passed; under ncu the packed split kernel read DRAM at 79% (71.4 us against 80.0), but replayed at full clocks
 #       packing gained 3.0% at batch 1 / 64k and 1.1% at batch 8 / 64k and lost 2.4-2.7% at batch 1 / 4k-16k, GQA
 #       5-15% everywhere: dropped, the merge's load order kept; this part no longer runs as it stands.)
+#   bash benchmarks/run_gpu_s67.sh 6   # call 5 read: at full clocks the d64 split kernel is bound by its instructions more
+#       than ncu's base clocks showed; its loop's SASS holds 4+ barriers a tile (row max and sum across the 4 warps that
+#       split a tile's 64 keys). Fewer warps a program (1, 2: no or fewer cross-warp reductions), more programs an SM:
+#       swept at d64 MHA 16 (batch 1 16k and 64k, batch 8 16k) and d128 GQA 32/8 (batch 1 16k)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -110,6 +114,14 @@ Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dy
       > "$R/ncu_decode_$1.csv" 2> "$R/ncu_decode_$1.err"
     echo "$1 exit $?"
     ncu_rows "$R/ncu_decode_$1.csv" | grep -E " Duration| DRAM Throughput|Registers Per|Grid Size|Achieved Occupancy"
+  done
+  ;;
+6)
+  for point in "64 16 16 1 16384,65536" "64 16 16 8 16384" "128 32 8 1 16384"; do
+    set -- $point
+    timeout -s KILL 120 python benchmarks/bench_decode.py --batches $4 --cache-lens ${5//,/ } --headdim $1 \
+      --nheads $2 --nheads-kv $3 --impls triton sdpa_cudnn --out "$R/decode_warps_d$1_kv$3_b$4.json" \
+      --launch default 4,1,2 8,1,2 16,1,2 8,1,3 4,2,2 8,2,2 2>&1 | quiet | decode_rows
   done
   ;;
 esac
