@@ -13,8 +13,10 @@ tokens, then `new_tokens` greedy tokens. Per configuration, in alternating round
   tokens; before session 65 it always took the second).
 
 Each row also says whether both ways gave the same tokens, and the peak memory of a generate call each way.
-`--pdl-ab` adds the steps with `flash_decode`'s kernels launched the ordinary way (`*_ordinary`), against
-its programmatic dependent launches (`*_pdl_speedup`).
+`--decode-ab NAME` adds the steps with one of `DECODE_AB`'s settings of `kernels.decode` (`*_NAME`), and
+their time over the defaults' (`*_NAME_speedup`): `ordinary` launches its kernels the ordinary way instead of
+as programmatic dependent launches (`--pdl-ab`; session 66's rows called that ratio `*_pdl_speedup`),
+`min_tiles_4` splits the cache into no fewer than 4 key tiles, as before session 67.
 
     python benchmarks/bench_generate.py --out benchmarks/results/generate_h200.json
 """
@@ -37,6 +39,7 @@ from flashtrain.generate import DecodeStep, generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from kernels import decode  # noqa: E402
 
+DECODE_AB = {"ordinary": dict(DECODE_PDL=False), "min_tiles_4": dict(MIN_SPLIT_TILES=4)}
 MODELS = {  # name -> (n_layer, d_model, n_head)
     "gpt2": (12, 768, 12),
     "gpt2-medium": (24, 1024, 16),
@@ -84,7 +87,13 @@ def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> 
 
 
 def measure(
-    name: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, prefill_only: bool, pdl_ab: bool
+    name: str,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    rounds: int,
+    prefill_only: bool,
+    decode_ab: str | None,
 ) -> dict:
     n_layer, d_model, n_head = MODELS[name]
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, vocab_size=50304,
@@ -103,9 +112,9 @@ def measure(
     }  # fmt: skip
     if prefill_only:
         calls = {key: fn for key, fn in calls.items() if key.startswith("prefill")}
-    elif pdl_ab:  # the decode steps with flash_decode's kernels launched the ordinary way (before session 66)
+    elif decode_ab:  # the decode steps with other settings of flash_decode's
         for key in ("eager_step", "graph_step"):
-            calls[f"{key}_ordinary"] = with_settings(calls[key], decode, DECODE_PDL=False)
+            calls[f"{key}_{decode_ab}"] = with_settings(calls[key], decode, **DECODE_AB[decode_ab])
     with torch.no_grad():
         for fn in calls.values():  # compile and warm everything once
             fn()
@@ -144,9 +153,9 @@ def measure(
     row["capture"] = statistics.median(captures)
     row["capture_ms"] = captures
     row["step_speedup"] = row["eager_step"] / row["graph_step"]
-    if pdl_ab:
+    if decode_ab:
         for key in ("eager_step", "graph_step"):
-            row[f"{key}_pdl_speedup"] = row[f"{key}_ordinary"] / row[key]
+            row[f"{key}_{decode_ab}_speedup"] = row[f"{key}_{decode_ab}"] / row[key]
     row["generate_speedup"] = row["eager_generate"] / row["graph_generate"]
     row["graph_tokens_per_s"] = 1e3 * batch / row["graph_step"]
     row["eager_tokens_per_s"] = 1e3 * batch / row["eager_step"]
@@ -164,11 +173,13 @@ def main():
         "--prefill-only", action="store_true", help="time only the prompt's prefill both ways"
     )
     parser.add_argument(
-        "--pdl-ab", action="store_true",
-        help="also time the steps with flash_decode's kernels launched the ordinary way (decode.DECODE_PDL off)",
+        "--decode-ab", choices=list(DECODE_AB), default=None,
+        help="also time the steps with these settings of kernels.decode (DECODE_AB)",
     )  # fmt: skip
+    parser.add_argument("--pdl-ab", action="store_true", help="--decode-ab ordinary")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    decode_ab = "ordinary" if args.pdl_ab else args.decode_ab
     if not torch.cuda.is_available():
         parser.error("this benchmark times CUDA graphs and the CUDA kernels; run it on a GPU (`device`)")
     rows = []
@@ -176,15 +187,15 @@ def main():
         for batch in args.batches:
             for prompt in args.prompts:
                 rows.append(
-                    measure(name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only, args.pdl_ab)
+                    measure(name, batch, prompt, args.new_tokens, args.rounds, args.prefill_only, decode_ab)
                 )
                 print_summary(rows[-1])
     columns = ["model", "batch", "prompt", "prefill_decode", "prefill_flash", "prefill_speedup"]
     if not args.prefill_only:
         columns += ["eager_step", "graph_step", "step_speedup", "capture",
                "eager_generate", "graph_generate", "generate_speedup", "same_tokens"]  # fmt: skip
-        if args.pdl_ab:
-            columns += ["eager_step_pdl_speedup", "graph_step_pdl_speedup"]
+        if decode_ab:
+            columns += [f"eager_step_{decode_ab}_speedup", f"graph_step_{decode_ab}_speedup"]
     print(markdown_table(rows, columns, floatfmt="{:.2f}"))
     if args.out:
         write_results(args.out, rows)

@@ -33,6 +33,9 @@
 #       than ncu's base clocks showed; its loop's SASS holds 4+ barriers a tile (row max and sum across the 4 warps that
 #       split a tile's 64 keys). Fewer warps a program (1, 2: no or fewer cross-warp reductions), more programs an SM:
 #       swept at d64 MHA 16 (batch 1 16k and 64k, batch 8 16k) and d128 GQA 32/8 (batch 1 16k)
+#   bash benchmarks/run_gpu_s67.sh 7   # call 6: one warp a program at most 1-3% at d64 (single rows), worse at d128 GQA:
+#       left. The final tree: decode's tests on CUDA; ab_decode_launch.py (the old floor of 4 tiles, cuDNN) at 18
+#       points; bench_generate.py --decode-ab min_tiles_4 (GPT-2 medium's steps with the old floor)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -123,5 +126,13 @@ Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dy
       --nheads $2 --nheads-kv $3 --impls triton sdpa_cudnn --out "$R/decode_warps_d$1_kv$3_b$4.json" \
       --launch default 4,1,2 8,1,2 16,1,2 8,1,3 4,2,2 8,2,2 2>&1 | quiet | decode_rows
   done
+  ;;
+7)
+  timeout -s KILL 100 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 1 "$R/gpu_tests_decode.log"
+  timeout -s KILL 200 python benchmarks/ab_decode_launch.py --rounds 5 --impls min_tiles_4 cudnn \
+    --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
+  timeout -s KILL 200 python benchmarks/bench_generate.py --decode-ab min_tiles_4 --models gpt2-medium \
+    --batches 1 8 --prompts 512 4096 --rounds 3 --out "$R/generate_min_tiles_h200.json" 2>&1 | quiet | tail -n 6
   ;;
 esac
