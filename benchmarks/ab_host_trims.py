@@ -11,12 +11,16 @@ in both ways).
 3.6's `triton.cdiv`, a constexpr function, and the plain Triton kernels (the backward's delta preprocess,
 the decode split and merge kernels, the portable kernels' tuned keys) launch through
 `_launch.CompiledLaunch` instead of `kernel[grid](...)`; "untrimmed" puts them back.
+`--trims s67`: a call no gradient can flow from (`inference`: a causal forward under no_grad) runs the
+forward's launcher directly, not through the autograd Function and the op (`flash_attention._inference`);
+"untrimmed" sends it through them, as before session 67.
 
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal
 (dense_window: with a window of a quarter of the sequence, the portable kernels);
 `fwdbwd_ms` one eager fwd+bwd, calls issued back to back; `decode`: one token against a full cache of
-seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `generate`: GPT-2 medium's shape in heads of
+seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `inference`: one causal forward under no_grad,
+`inference_ms`; `generate`: GPT-2 medium's shape in heads of
 headdim, a seqlen-token prompt and 16 greedy tokens a call, `generate_ms`.
 
     python benchmarks/ab_host_trims.py --trims s64 --out host_trims.json
@@ -25,6 +29,7 @@ headdim, a seqlen-token prompt and 16 greedy tokens a call, `generate_ms`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -48,6 +53,7 @@ from kernels import (  # noqa: E402
     _flash_fwd_hopper,
     _hopper_pipeline,
     decode,
+    flash_attention,
     flash_decode,
 )
 
@@ -107,7 +113,15 @@ def use_s64(way: str) -> None:
         setattr(module, name, launch)
 
 
-TRIM_SETS = {"s50": use, "s64": use_s64}
+FLASH_ATTENTION = importlib.import_module("kernels.flash_attention")  # (the package exports the function)
+WAYS_S67 = {"trimmed": FLASH_ATTENTION._inference, "untrimmed": lambda *tensors: False}
+
+
+def use_s67(way: str) -> None:
+    FLASH_ATTENTION._inference = WAYS_S67[way]
+
+
+TRIM_SETS = {"s50": use, "s64": use_s64, "s67": use_s67}
 
 
 def decode_step(seqlen: int, headdim: int):
@@ -117,6 +131,17 @@ def decode_step(seqlen: int, headdim: int):
     )
     lengths = torch.full((1,), seqlen, device="cuda", dtype=torch.int32)
     return lambda: flash_decode(q, k_cache, v_cache, lengths)
+
+
+def inference(seqlen: int, headdim: int):
+    """One causal forward of (1, seqlen, 16, headdim) bf16 under no_grad (`flash_attention`)."""
+    q, k, v = (torch.randn(1, seqlen, 16, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def call():
+        with torch.no_grad():
+            return flash_attention(q, k, v, causal=True)
+
+    return call
 
 
 NEW_TOKENS = 16  # (the generate path's tokens a call)
@@ -138,8 +163,8 @@ def generation(seqlen: int, headdim: int):
 
 
 def timed_fn_name(path: str) -> str:
-    """What a path's rows time: "decode", "generate", or an attention call's "fwdbwd"."""
-    return path if path in ("decode", "generate") else "fwdbwd"
+    """What a path's rows time: "decode", "inference", "generate", or an attention call's "fwdbwd"."""
+    return path if path in ("decode", "inference", "generate") else "fwdbwd"
 
 
 def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
@@ -149,6 +174,8 @@ def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, call
     fn_name = timed_fn_name(path)
     if path == "decode":
         fn = decode_step(seqlen, headdim)
+    elif path == "inference":
+        fn = inference(seqlen, headdim)
     elif path == "generate":
         fn = generation(seqlen, headdim)
     else:
@@ -180,7 +207,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
-                        choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", "generate"])  # fmt: skip
+                        choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", "inference",
+                                 "generate"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)

@@ -36,6 +36,10 @@
 #   bash benchmarks/run_gpu_s67.sh 7   # call 6: one warp a program at most 1-3% at d64 (single rows), worse at d128 GQA:
 #       left. The final tree: decode's tests on CUDA; ab_decode_launch.py (the old floor of 4 tiles, cuDNN) at 18
 #       points; bench_generate.py --decode-ab min_tiles_4 (GPT-2 medium's steps with the old floor)
+#   bash benchmarks/run_gpu_s67.sh 8   # flash_attention's inference calls (no gradient can flow) skip the autograd Function
+#       and the op: test_custom_ops.py and generation's GPU tests; ab_host_trims.py --trims s67 (host time of a causal
+#       forward under no_grad, d64 and d128, 4k); bench_generate.py --prefill-only (GPT-2 medium's prompt through each
+#       kernel at 2048-8192 tokens: where PREFILL_FLASH_TOKENS sits)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -134,5 +138,15 @@ Registers Per|Grid Size|Block Size|Waves Per SM|L2 Hit|Warp Cycles Per Issued|Dy
     --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
   timeout -s KILL 200 python benchmarks/bench_generate.py --decode-ab min_tiles_4 --models gpt2-medium \
     --batches 1 8 --prompts 512 4096 --rounds 3 --out "$R/generate_min_tiles_h200.json" 2>&1 | quiet | tail -n 6
+  ;;
+8)
+  timeout -s KILL 120 python -m pytest -q -rf $T/test_custom_ops.py > "$R/gpu_tests_custom_ops.log" 2>&1
+  echo "tests exit $?"; tail -n 1 "$R/gpu_tests_custom_ops.log"
+  timeout -s KILL 120 python -m pytest -q -rf -m gpu tests/flashtrain/test_generate.py > "$R/gpu_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 1 "$R/gpu_tests_generate.log"
+  timeout -s KILL 120 python benchmarks/ab_host_trims.py --trims s67 --paths inference --seqlen 4096 \
+    --out "$R/host_trims_s67.json" 2>&1 | quiet | grep s67
+  timeout -s KILL 120 python benchmarks/bench_generate.py --prefill-only --models gpt2-medium --batches 1 \
+    --prompts 2048 4096 8192 --rounds 3 --out "$R/generate_prefill_h200.json" 2>&1 | quiet | tail -n 5
   ;;
 esac

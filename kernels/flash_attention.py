@@ -191,6 +191,16 @@ class _FlashAttnFunc(torch.autograd.Function):
         return dq, dk, dv, *([None] * 12)
 
 
+def _inference(*tensors) -> bool:
+    """Whether no gradient can flow from this call (grad mode off, or no input requiring one) outside a
+    torch.compile trace (which keeps the op, so that the compiled graph stays whole): the forward's launcher
+    is then called directly, without the autograd Function and the op's dispatch, the same kernels and
+    results (a prompt's prefill in `flashtrain.generate`, evaluation)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
+
+
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     """causal is a window with right = 0 (bottom-right aligned), so the kernels only know windows."""
     left, right = check_window(window)
@@ -218,6 +228,12 @@ def _attend(
     win_left, win_right = _window_bounds(causal, window)
     tensors = unit_last_stride(*tensors)
     scale = resolve_softmax_scale(softmax_scale, tensors[0].shape[-1])
+    if _inference(*tensors):
+        qkv = tensors if nheads_kv is None else split_qkv(tensors[0], nheads_kv)
+        out, lse2, _ = _fwd_impl(
+            *qkv, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p
+        )
+        return (out, lse_to_natural(lse2)) if return_lse else out
     q, k, v = tensors if nheads_kv is None else (tensors[0], None, None)
     out, lse2 = _FlashAttnFunc.apply(
         q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic,
@@ -391,8 +407,14 @@ def flash_attention_varlen(
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
     scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
-    out, lse2 = _FlashAttnFunc.apply(
-        q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-        scale, win_left, win_right, dropout_p, not deterministic, return_lse,
-    )  # fmt: skip
+    if _inference(q, k, v):
+        out, lse2, _ = _fwd_impl(
+            q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale, win_left,
+            win_right, dropout_p,
+        )  # fmt: skip
+    else:
+        out, lse2 = _FlashAttnFunc.apply(
+            q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+            scale, win_left, win_right, dropout_p, not deterministic, return_lse,
+        )  # fmt: skip
     return (out, lse_to_natural(lse2)) if return_lse else out

@@ -111,3 +111,27 @@ def test_measure_reports_the_medians_and_the_per_batch_ratios(monkeypatch):
     assert row["trimmed_fwdbwd_ms"] == 2.0 and row["untrimmed_fwdbwd_ms"] == 2.2
     assert row["paired_ratio"] == 1.1 and row["paired_ratio_range"] == [1.1, 1.1]
     assert row["trimmed_fwdbwd_range"] == [1.0, 4.0]
+
+
+@pytest.mark.parametrize("way", list(ab_host_trims.WAYS_S67))
+def test_s67_ways_route_an_inference_call_and_restore_the_rule(way, monkeypatch):
+    """s67: trimmed, a no_grad call skips the autograd Function; untrimmed, it goes through it (as before
+    session 67); either way the same output, and the rule comes back afterwards."""
+    fa = ab_host_trims.FLASH_ATTENTION
+    rule = fa._inference
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
+    with torch.no_grad():
+        want = fa.flash_attention(q, k, v, causal=True)
+    applied = []
+    real_apply = fa._FlashAttnFunc.apply
+    monkeypatch.setattr(fa._FlashAttnFunc, "apply", lambda *args: applied.append(1) or real_apply(*args))
+    try:
+        ab_host_trims.use_s67(way)
+        with torch.no_grad():
+            got = fa.flash_attention(q, k, v, causal=True)
+    finally:
+        ab_host_trims.use_s67("trimmed")
+    assert torch.equal(got, want)
+    assert bool(applied) == (way == "untrimmed")
+    assert fa._inference is rule

@@ -4,10 +4,12 @@ a graph break, with the same outputs and gradients as eager, and the ops pass to
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
-from kernels import flash_attention, flash_attention_qkvpacked
+from kernels import flash_attention, flash_attention_qkvpacked, flash_attention_varlen
 
 
 def _inputs(device, dtype=torch.float32, batch=2, seqlen=33, nheads=4, nheads_kv=2, headdim=16):
@@ -136,3 +138,46 @@ def test_forward_seed_output_stays_off_the_host_without_dropout(dropout_p, devic
         assert seed.device.type == "cpu" and seed.shape == ()
     else:
         assert seed.device == q.device and seed.numel() == 0
+
+
+def test_inference_calls_skip_autograd_with_the_same_results(device, monkeypatch):
+    """Where no gradient can flow (no_grad, or no input requiring one) the forward's launcher runs directly,
+    without the autograd Function and the op: bitwise the results of the differentiable call, for the dense,
+    packed and varlen forms; under torch.compile the op stays (a fullgraph trace under no_grad)."""
+    fa = importlib.import_module("kernels.flash_attention")  # (the module; the package exports the function)
+    torch.manual_seed(5)
+    q, k, v = _inputs(device)
+    mask = torch.ones(q.shape[0], k.shape[1], dtype=torch.bool, device=device)
+    mask[1, -9:] = False
+    qkv = torch.cat([q, k, v], dim=2).detach().requires_grad_()
+    cu = torch.tensor([0, 20, 33], dtype=torch.int32, device=device)
+    kw = dict(causal=True, return_lse=True)
+    calls = {
+        "dense": lambda q, k, v, qkv: flash_attention(q, k, v, key_padding_mask=mask, window=(9, None), **kw),
+        "packed": lambda q, k, v, qkv: flash_attention_qkvpacked(qkv, nheads_kv=2, **kw),
+        "varlen": lambda q, k, v, qkv: flash_attention_varlen(q[0], k[0], v[0], cu, cu, 20, 20, **kw),
+    }
+    trained = {name: call(q, k, v, qkv) for name, call in calls.items()}  # (through the Function)
+    assert all(out.grad_fn is not None for out, _ in trained.values())
+
+    def refuse(*args):
+        raise AssertionError("an inference call went through the autograd Function")
+
+    monkeypatch.setattr(fa._FlashAttnFunc, "apply", refuse)
+    detached = [t.detach() for t in (q, k, v, qkv)]
+    for name, call in calls.items():
+        with torch.no_grad():
+            got = call(q, k, v, qkv)
+        no_inputs_grad = call(*detached)  # grad mode on, nothing requiring a gradient
+        for result in (got, no_inputs_grad):
+            assert all(torch.equal(a, b.detach()) for a, b in zip(result, trained[name], strict=True)), name
+    with pytest.raises(AssertionError, match="autograd Function"):
+        calls["dense"](q, k, v, qkv)  # a differentiable call still takes it
+    monkeypatch.undo()
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True) * 2
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)  # (a graph break raises)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
