@@ -20,7 +20,9 @@ from flashtrain.models.gpt import GPT
 # (`flash_attention`, tiles for many queries) rather than `flash_decode`. Measured on an H200 in GPT-2
 # medium's shape (benchmarks/results/s65/call3/): from 8192 tokens up to 64k, 1.14-1.46x faster
 # prefill (at 4 x 2048, still host-bound, 1.27 once and 0.92 in a second run, s65/call9/); at 2048-4096
-# tokens, where a prefill is bound by the host, 0.70-0.96x (one point 1.18).
+# tokens, where a prefill is bound by the host, 0.70-0.96x (one point 1.18). With flash_attention's inference
+# calls skipping autograd (session 67, 1.45-1.51x less host time a call): 1.01 / 0.90 / 1.11 at 2048 / 4096 /
+# 8192 tokens (s67/call8/), so the threshold stays.
 PREFILL_FLASH_TOKENS = 8192
 
 
