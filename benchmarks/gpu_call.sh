@@ -181,3 +181,13 @@ keys = ('variant', 'seqlen', 'headdim', 'density_pct', 'max_diff_off_on', 'on_sp
         'on_vs_flex_graph')
 [print({k: ast.literal_eval(l).get(k) for k in keys}) for l in sys.stdin if l.startswith('{')]"
 }
+# ab_decode_*.py's printed rows (standard input): the point, the graph-replay medians, and the ratios
+ab_rows() {
+  python -c "import sys, ast
+for line in sys.stdin:
+    if not line.startswith('{'): print(line, end=''); continue
+    r = ast.literal_eval(line)
+    medians = ['%s %.4f' % (k, v) for k, v in r.items() if k.endswith('_graph_median')]
+    ratios = ['%s %.3f' % (k, v) for k, v in r.items() if '_over_' in k and k.endswith('_graph')]
+    print(r['heads'], r['batch'], r['cache_len'], *medians, *ratios)"
+}

@@ -31,17 +31,7 @@ source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
 T=tests/kernels
-# ab_decode_*.py's printed rows (standard input): the point, the graph-replay medians, and the ratios. (Each
-# part printed its own columns when it ran; one printer since.)
-ab_rows() {
-  python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    medians = ['%s %.4f' % (k, v) for k, v in r.items() if k.endswith('_graph_median')]
-    ratios = ['%s %.3f' % (k, v) for k, v in r.items() if '_over_' in k and k.endswith('_graph')]
-    print(r['heads'], r['batch'], r['cache_len'], *medians, *ratios)"
-}
+# (ab_rows, the printer of ab_decode_*.py rows: gpu_call.sh. Each part printed its own columns when it ran.)
 case "$1" in
 1)
   timeout -s KILL 200 python -m pytest -q -rf $T/test_decode.py tests/flashtrain/test_generate.py \

@@ -55,16 +55,6 @@ for line in sys.stdin:
     print(r['headdim'], r['nheads'], r['nheads_kv'], r['batch'], r['cache_len'], r['impl'], r.get('launch', '-'),
           r.get('graph_ms', r.get('error')))"
 }
-# ab_decode_*.py's printed rows (standard input): the point, the graph-replay medians, and the ratios
-ab_rows() {
-  python -c "import sys, ast
-for line in sys.stdin:
-    if not line.startswith('{'): print(line, end=''); continue
-    r = ast.literal_eval(line)
-    medians = ['%s %.4f' % (k, v) for k, v in r.items() if k.endswith('_graph_median')]
-    ratios = ['%s %.3f' % (k, v) for k, v in r.items() if '_over_' in k and k.endswith('_graph')]
-    print(r['heads'], r['batch'], r['cache_len'], *medians, *ratios)"
-}
 case "$1" in
 1)
   timeout -s KILL 150 python -m pytest -q -rf $T/test_decode.py > "$R/gpu_tests_decode.log" 2>&1
