@@ -40,8 +40,10 @@
 #       and the op: test_custom_ops.py and generation's GPU tests; ab_host_trims.py --trims s67 (host time of a causal
 #       forward under no_grad, d64 and d128, 4k); bench_generate.py --prefill-only (GPT-2 medium's prompt through each
 #       kernel at 2048-8192 tokens: where PREFILL_FLASH_TOKENS sits). (test_custom_ops.py was killed at its 120 s after 4
-#       tests had passed, on the CPU's interpreter and torch.compile: not a GPU result; generation's 11 passed, among
-#       them the prompt prefilled through flash_attention against the float32 reference.)
+#       tests had passed (torch.compile and first kernel builds on CUDA): not a full result; generation's 11 passed, among
+#       them the prompt prefilled through flash_attention against the float32 reference.) Call 9 ran only
+#       `python -m pytest -q tests/kernels/test_custom_ops.py -k "inference or opcheck_forward"` on CUDA: 2 passed
+#       (results/s67/call9/).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
