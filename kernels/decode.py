@@ -223,8 +223,8 @@ SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches s
 # No split shorter than MIN_SPLIT_TILES key tiles. At batch 1 a short cache's split count is set by this
 # floor, not by the SMs: at 4 tiles GPT-2 medium's 16 heads at a 4k cache ran 256 programs on 132 SMs, at 2
 # tiles 512, 1.08x faster (16.3 -> 15.1 us from graphs, cuDNN 15.3), a Llama-like GQA 32/8 at d128 1.03x at
-# 4k and 1.04x at 16k; at 1 tile slower again (the merge reads twice the partials); no point slower at 2
-# (results/s67/call1/, call2/, batch 1, 4k-64k, d64 and d128).
+# 4k (1.04x at 16k in one call, 0.99x in another); at 1 tile slower again (the merge reads twice the
+# partials) (results/s67/call1/, call2/, call7/, batch 1, 4k-64k, d64 and d128).
 MIN_SPLIT_TILES = 2
 
 
