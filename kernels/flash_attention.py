@@ -201,6 +201,23 @@ def _inference(*tensors) -> bool:
     return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
+def _forward(
+    q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
+    win_right, dropout_p, deterministic, return_lse, nheads_kv=None,
+):  # fmt: skip
+    """The checked call's forward, through the autograd Function, or straight to the launcher where no
+    gradient can flow (`_inference`); out, and with return_lse the natural-log lse. nheads_kv: q is a
+    packed qkv (k and v None), as in `_FlashAttnFunc`."""
+    args = (key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
+            win_right, dropout_p)  # fmt: skip
+    if _inference(q, k, v):
+        qkv = (q, k, v) if nheads_kv is None else split_qkv(q, nheads_kv)
+        out, lse2, _ = _fwd_impl(*qkv, *args)
+    else:
+        out, lse2 = _FlashAttnFunc.apply(q, k, v, *args, not deterministic, return_lse, nheads_kv)
+    return (out, lse_to_natural(lse2)) if return_lse else out
+
+
 def _window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     """causal is a window with right = 0 (bottom-right aligned), so the kernels only know windows."""
     left, right = check_window(window)
@@ -228,18 +245,11 @@ def _attend(
     win_left, win_right = _window_bounds(causal, window)
     tensors = unit_last_stride(*tensors)
     scale = resolve_softmax_scale(softmax_scale, tensors[0].shape[-1])
-    if _inference(*tensors):
-        qkv = tensors if nheads_kv is None else split_qkv(tensors[0], nheads_kv)
-        out, lse2, _ = _fwd_impl(
-            *qkv, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p
-        )
-        return (out, lse_to_natural(lse2)) if return_lse else out
     q, k, v = tensors if nheads_kv is None else (tensors[0], None, None)
-    out, lse2 = _FlashAttnFunc.apply(
-        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, not deterministic,
+    return _forward(
+        q, k, v, key_padding_mask, None, None, 0, 0, scale, win_left, win_right, dropout_p, deterministic,
         return_lse, nheads_kv,
     )  # fmt: skip
-    return (out, lse_to_natural(lse2)) if return_lse else out
 
 
 def flash_attention(
@@ -407,14 +417,7 @@ def flash_attention_varlen(
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
     scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
-    if _inference(q, k, v):
-        out, lse2, _ = _fwd_impl(
-            q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale, win_left,
-            win_right, dropout_p,
-        )  # fmt: skip
-    else:
-        out, lse2 = _FlashAttnFunc.apply(
-            q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-            scale, win_left, win_right, dropout_p, not deterministic, return_lse,
-        )  # fmt: skip
-    return (out, lse_to_natural(lse2)) if return_lse else out
+    return _forward(
+        q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale, win_left,
+        win_right, dropout_p, deterministic, return_lse,
+    )  # fmt: skip
