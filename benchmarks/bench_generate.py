@@ -13,10 +13,10 @@ tokens, then `new_tokens` greedy tokens. Per configuration, in alternating round
   tokens; before session 65 it always took the second).
 
 Each row also says whether both ways gave the same tokens, and the peak memory of a generate call each way.
-`--decode-ab NAME` adds the steps with one of `DECODE_AB`'s settings of `kernels.decode` (`*_NAME`), and
-their time over the defaults' (`*_NAME_speedup`): `ordinary` launches its kernels the ordinary way instead of
-as programmatic dependent launches (`--pdl-ab`; session 66's rows called that ratio `*_pdl_speedup`),
-`min_tiles_4` splits the cache into no fewer than 4 key tiles, as before session 67.
+`--decode-ab NAME` adds the steps with one of `ab_decode_launch.VARIANTS`' settings of `kernels.decode`
+(`*_NAME`), and their time over the defaults' (`*_NAME_speedup`): e.g. `ordinary` launches its kernels the
+ordinary way instead of as programmatic dependent launches (`--pdl-ab`; session 66's rows called that ratio
+`*_pdl_speedup`), `min_tiles_4` splits the cache into no fewer than 4 key tiles, as before session 67.
 
     python benchmarks/bench_generate.py --out benchmarks/results/generate_h200.json
 """
@@ -34,12 +34,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import flashtrain.generate as gen  # noqa: E402
+from benchmarks.ab_decode_launch import VARIANTS  # noqa: E402
 from benchmarks.common import markdown_table, print_summary, rotated, with_settings, write_results  # noqa: E402
 from flashtrain.generate import DecodeStep, generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from kernels import decode  # noqa: E402
 
-DECODE_AB = {"ordinary": dict(DECODE_PDL=False), "min_tiles_4": dict(MIN_SPLIT_TILES=4)}
+DECODE_AB = {
+    name: settings for name, settings in VARIANTS.items() if settings
+}  # (ab_decode_launch's, less its base)
 MODELS = {  # name -> (n_layer, d_model, n_head)
     "gpt2": (12, 768, 12),
     "gpt2-medium": (24, 1024, 16),
@@ -58,12 +61,11 @@ def wall_ms(fn) -> float:
 def prefill_ms(model: GPT, prompt: torch.Tensor, capacity: int, through_flash: bool) -> float:
     """One prefill of the prompt, its attention through `flash_attention` or `flash_decode` whatever the
     prompt's size (`flashtrain.generate.PREFILL_FLASH_TOKENS` set for the call)."""
-    threshold = gen.PREFILL_FLASH_TOKENS
-    gen.PREFILL_FLASH_TOKENS = 0 if through_flash else sys.maxsize
-    try:
+
+    def prefill():
         return wall_ms(lambda: model(prompt, caches=new_caches(model, prompt.shape[0], capacity)))
-    finally:
-        gen.PREFILL_FLASH_TOKENS = threshold
+
+    return with_settings(prefill, gen, PREFILL_FLASH_TOKENS=0 if through_flash else sys.maxsize)()
 
 
 def steps_ms(model: GPT, prompt: torch.Tensor, new_tokens: int, graph: bool) -> tuple[float, float]:
