@@ -12,15 +12,16 @@ in both ways).
 the decode split and merge kernels, the portable kernels' tuned keys) launch through
 `_launch.CompiledLaunch` instead of `kernel[grid](...)`; "untrimmed" puts them back.
 `--trims s67`: a call no gradient can flow from (`inference`: a causal forward under no_grad) runs the
-forward's launcher directly, not through the autograd Function and the op (`flash_attention._inference`);
-"untrimmed" sends it through them, as before session 67.
+forward's launcher directly, not through the autograd Function and the op (`_common.inference_call`);
+"untrimmed" sends it through them, as before session 67. `--trims s68`: the same for `block_sparse_attention`
+(`block_sparse_inference`: a butterfly forward under no_grad; untrimmed, through its autograd Function).
 
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal
 (dense_window: with a window of a quarter of the sequence, the portable kernels);
 `fwdbwd_ms` one eager fwd+bwd, calls issued back to back; `decode`: one token against a full cache of
 seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `inference`: one causal forward under no_grad,
-`inference_ms`; `generate`: GPT-2 medium's shape in heads of
+`inference_ms` (`block_sparse_inference`: the block-sparse case's forward under no_grad); `generate`: GPT-2 medium's shape in heads of
 headdim, a seqlen-token prompt and 16 greedy tokens a call, `generate_ms`.
 
     python benchmarks/ab_host_trims.py --trims s64 --out host_trims.json
@@ -114,14 +115,22 @@ def use_s64(way: str) -> None:
 
 
 FLASH_ATTENTION = importlib.import_module("kernels.flash_attention")  # (the package exports the function)
-WAYS_S67 = {"trimmed": FLASH_ATTENTION._inference, "untrimmed": lambda *tensors: False}
+BLOCK_SPARSE = importlib.import_module("kernels.block_sparse")
+INFERENCE_WAYS = {"trimmed": _common.inference_call, "untrimmed": lambda *tensors: False}
 
 
-def use_s67(way: str) -> None:
-    FLASH_ATTENTION._inference = WAYS_S67[way]
+def routes_inference(module):
+    """A trim set switching how `module` routes a call no gradient can flow from: trimmed, straight to the
+    forward's launcher (`_common.inference_call`); untrimmed, through the autograd Function, as before."""
+
+    def use_way(way: str) -> None:
+        module.inference_call = INFERENCE_WAYS[way]
+
+    return use_way
 
 
-TRIM_SETS = {"s50": use, "s64": use_s64, "s67": use_s67}
+TRIM_SETS = {"s50": use, "s64": use_s64, "s67": routes_inference(FLASH_ATTENTION),
+             "s68": routes_inference(BLOCK_SPARSE)}  # fmt: skip
 
 
 def decode_step(seqlen: int, headdim: int):
@@ -164,6 +173,8 @@ def generation(seqlen: int, headdim: int):
 
 def timed_fn_name(path: str) -> str:
     """What a path's rows time: "decode", "inference", "generate", or an attention call's "fwdbwd"."""
+    if path == "block_sparse_inference":
+        return "inference"
     return path if path in ("decode", "inference", "generate") else "fwdbwd"
 
 
@@ -176,6 +187,8 @@ def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, call
         fn = decode_step(seqlen, headdim)
     elif path == "inference":
         fn = inference(seqlen, headdim)
+    elif path == "block_sparse_inference":
+        fn = case_fns("block_sparse", seqlen, headdim)[1]
     elif path == "generate":
         fn = generation(seqlen, headdim)
     else:
@@ -208,7 +221,7 @@ def main() -> None:
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
                         choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", "inference",
-                                 "generate"])  # fmt: skip
+                                 "block_sparse_inference", "generate"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)

@@ -180,6 +180,17 @@ def draw_seed(generator: torch.Generator | None = None) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
 
 
+def inference_call(*tensors) -> bool:
+    """Whether no gradient can flow from an attention call on these tensors (grad mode off, or none
+    requiring one) outside a torch.compile trace (which keeps the autograd Function and op, so that the
+    compiled graph stays whole): the call may then run its forward's launcher directly, without the
+    autograd Function and the op's dispatch, with the same kernels and results (a prompt's prefill in
+    `flashtrain.generate`, evaluation)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
+
+
 def check_device(*tensors: torch.Tensor) -> None:
     """All tensors on one device, and that device CUDA unless the Triton interpreter is on."""
     devices = {t.device for t in tensors}

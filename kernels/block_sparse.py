@@ -40,6 +40,7 @@ from kernels._common import (
     draw_seed,
     dropout_keep_tile,
     dropout_mode,
+    inference_call,
     load_tile,
     padded_head_dim,
     resolve_softmax_scale,
@@ -534,14 +535,20 @@ def _block_sparse_backward(
     return dq, dk, dv
 
 
+def _run_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles):
+    """The forward's kernels: (q, k, v as they read them, out, lse, whether the Hopper forward ran)."""
+    q, k, v = unit_last_stride(q, k, v)
+    hopper = takes_hopper_forward(q, k, v, layout, dropout_p, tiles)
+    out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles, hopper)
+    return q, k, v, out, lse, hopper
+
+
 class BlockSparseAttnFunc(torch.autograd.Function):
     """lse_grad: lse goes back to the user, so it is differentiable (as in `kernels.flash_attention`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles, lse_grad):
-        q, k, v = unit_last_stride(q, k, v)
-        hopper = takes_hopper_forward(q, k, v, layout, dropout_p, tiles)
-        out, lse = _block_sparse_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles, hopper)
+        q, k, v, out, lse, hopper = _run_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed, tiles)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.causal, ctx.sm_scale, ctx.tiles, ctx.hopper = layout, causal, sm_scale, tiles, hopper
         # the backward regenerates the keep-mask from the seed instead of storing it
@@ -605,9 +612,11 @@ def block_sparse_attention(
     dropout_p = float(dropout_p)
     sm_scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     seed = draw_seed() if dropout_p > 0 else 0
-    out, lse = BlockSparseAttnFunc.apply(
-        q, k, v, layout, causal, float(sm_scale), dropout_p, seed, _tiles, return_lse
-    )
+    args = (q, k, v, layout, causal, float(sm_scale), dropout_p, seed, _tiles)
+    if inference_call(q, k, v):  # no gradient can flow: the forward's kernels without the autograd Function
+        _, _, _, out, lse, _ = _run_forward(*args)
+    else:
+        out, lse = BlockSparseAttnFunc.apply(*args, return_lse)
     if return_lse:
         return out, lse
     return out

@@ -23,6 +23,7 @@ from ._common import (
     check_key_padding_mask,
     check_window,
     draw_seed,
+    inference_call,
     lse_to_natural,
     resolve_softmax_scale,
     unit_last_stride,
@@ -191,26 +192,16 @@ class _FlashAttnFunc(torch.autograd.Function):
         return dq, dk, dv, *([None] * 12)
 
 
-def _inference(*tensors) -> bool:
-    """Whether no gradient can flow from this call (grad mode off, or no input requiring one) outside a
-    torch.compile trace (which keeps the op, so that the compiled graph stays whole): the forward's launcher
-    is then called directly, without the autograd Function and the op's dispatch, the same kernels and
-    results (a prompt's prefill in `flashtrain.generate`, evaluation)."""
-    if torch.compiler.is_compiling():
-        return False
-    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
-
-
 def _forward(
     q, k, v, key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
     win_right, dropout_p, deterministic, return_lse, nheads_kv=None,
 ):  # fmt: skip
     """The checked call's forward, through the autograd Function, or straight to the launcher where no
-    gradient can flow (`_inference`); out, and with return_lse the natural-log lse. nheads_kv: q is a
+    gradient can flow (`_common.inference_call`); out, and with return_lse the natural-log lse. nheads_kv: q is a
     packed qkv (k and v None), as in `_FlashAttnFunc`."""
     args = (key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
             win_right, dropout_p)  # fmt: skip
-    if _inference(q, k, v):
+    if inference_call(q, k, v):
         qkv = (q, k, v) if nheads_kv is None else split_qkv(q, nheads_kv)
         out, lse2, _ = _fwd_impl(*qkv, *args)
     else:

@@ -113,25 +113,42 @@ def test_measure_reports_the_medians_and_the_per_batch_ratios(monkeypatch):
     assert row["trimmed_fwdbwd_range"] == [1.0, 4.0]
 
 
-@pytest.mark.parametrize("way", list(ab_host_trims.WAYS_S67))
-def test_s67_ways_route_an_inference_call_and_restore_the_rule(way, monkeypatch):
-    """s67: trimmed, a no_grad call skips the autograd Function; untrimmed, it goes through it (as before
-    session 67); either way the same output, and the rule comes back afterwards."""
-    fa = ab_host_trims.FLASH_ATTENTION
-    rule = fa._inference
+def _dense_inference(fa, q, k, v):
+    return fa.flash_attention(q, k, v, causal=True)
+
+
+def _block_sparse_inference(bs, q, k, v):
+    return bs.block_sparse_attention(q, k, v, butterfly_layout(q.shape[1], 16, n_factors=1), causal=True)
+
+
+ROUTED = {
+    "s67": (ab_host_trims.FLASH_ATTENTION, "_FlashAttnFunc", _dense_inference),
+    "s68": (ab_host_trims.BLOCK_SPARSE, "BlockSparseAttnFunc", _block_sparse_inference),
+}
+
+
+@pytest.mark.parametrize("trims", list(ROUTED))
+@pytest.mark.parametrize("way", list(ab_host_trims.INFERENCE_WAYS))
+def test_inference_route_ways_route_a_no_grad_call_and_restore_the_rule(trims, way, monkeypatch):
+    """s67 (flash_attention), s68 (block_sparse_attention): trimmed, a no_grad call skips the autograd
+    Function; untrimmed, it goes through it (as before); either way the same output, and the rule comes
+    back afterwards."""
+    module, function_name, call = ROUTED[trims]
+    rule = module.inference_call
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
     with torch.no_grad():
-        want = fa.flash_attention(q, k, v, causal=True)
+        want = call(module, q, k, v)
     applied = []
-    real_apply = fa._FlashAttnFunc.apply
-    monkeypatch.setattr(fa._FlashAttnFunc, "apply", lambda *args: applied.append(1) or real_apply(*args))
+    function = getattr(module, function_name)
+    real_apply = function.apply
+    monkeypatch.setattr(function, "apply", lambda *args: applied.append(1) or real_apply(*args))
     try:
-        ab_host_trims.use_s67(way)
+        ab_host_trims.TRIM_SETS[trims](way)
         with torch.no_grad():
-            got = fa.flash_attention(q, k, v, causal=True)
+            got = call(module, q, k, v)
     finally:
-        ab_host_trims.use_s67("trimmed")
+        ab_host_trims.TRIM_SETS[trims]("trimmed")
     assert torch.equal(got, want)
     assert bool(applied) == (way == "untrimmed")
-    assert fa._inference is rule
+    assert module.inference_call is rule

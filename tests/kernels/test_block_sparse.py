@@ -184,6 +184,36 @@ def test_a_returned_output_the_loss_ignores_gets_no_gradient(loss_on, device, mo
         assert _err(got, want) < 1e-4
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_inference_calls_skip_autograd_with_the_same_results(dropout_p, device, monkeypatch):
+    """Where no gradient can flow (no_grad, or no input requiring one) the forward's kernels run without
+    the autograd Function: bitwise the differentiable call's out and lse (dropout from the same seed); a
+    differentiable call still takes the Function."""
+    from kernels import block_sparse
+
+    torch.manual_seed(23)
+    q, k, v = _inputs(2, 70, 70, 4, 2, 16, torch.float16, device)
+    layout = butterfly_layout(70, 16, global_blocks=1).to(device)
+
+    def call(*tensors):
+        torch.manual_seed(DROPOUT_SEED)
+        return block_sparse_attention(*tensors, layout, causal=True, dropout_p=dropout_p, return_lse=True)
+
+    trained = call(*(x.clone().requires_grad_() for x in (q, k, v)))
+    assert trained[0].grad_fn is not None
+
+    def refuse(*args):
+        raise AssertionError("an inference call went through the autograd Function")
+
+    monkeypatch.setattr(block_sparse.BlockSparseAttnFunc, "apply", refuse)
+    with torch.no_grad():
+        no_grad = call(*(x.clone().requires_grad_() for x in (q, k, v)))
+    for result in (no_grad, call(q, k, v)):  # (grad mode on, nothing requiring a gradient)
+        assert all(torch.equal(a, b.detach()) for a, b in zip(result, trained, strict=True))
+    with pytest.raises(AssertionError, match="autograd Function"):
+        call(q.clone().requires_grad_(), k, v)
+
+
 def test_dropped_tiles_are_never_read(device):
     # NaN in every key/value/query row that only dropped tiles touch: a kernel that read them would
     # spread the NaN (0 * NaN = NaN), so finite, correct results show the tiles are skipped
