@@ -54,6 +54,10 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
+    # each warp its own slice of a tile's keys with its own softmax state (no barrier a tile); at d128 224
+    # registers a thread (2 programs an SM) unless capped: 168, no spills (3 an SM) (CPU sm_90 builds)
+    "slices_4": dict(SPLIT_SLICES=4),
+    "slices_4_d128_regs168": dict(SPLIT_SLICES=4, SPLIT_MAXNREG={128: 168}),
 }
 
 
