@@ -10,7 +10,8 @@ replayed from a CUDA graph (`graph_time_ms`). Reports per point the medians over
 Dropped variants and the commits they ran at: session 66's merge inside the split kernel (this file as
 ab_decode_merge.py, commit 61c1f50) and its cap at a table of programs an SM holds (`pdl_no_cap`); session
 67's K and V read through TMA descriptors (call 4, commit 2d3f4f6) and kv heads packed side by side in one
-key tile (call 5, commit 2dcdc26).
+key tile (call 5, commit 2dcdc26); session 68's warps each on their own slice of a key tile with its own
+softmax state (`slices_4`, `slices_4_d128_regs168`, call 1, commit 44eebb5).
 
     python benchmarks/ab_decode_launch.py --rounds 5 --out ab_decode_launch.json
 """
@@ -54,10 +55,6 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
-    # each warp its own slice of a tile's keys with its own softmax state (no barrier a tile); at d128 224
-    # registers a thread (2 programs an SM) unless capped: 168, no spills (3 an SM) (CPU sm_90 builds)
-    "slices_4": dict(SPLIT_SLICES=4),
-    "slices_4_d128_regs168": dict(SPLIT_SLICES=4, SPLIT_MAXNREG={128: 168}),
 }
 
 

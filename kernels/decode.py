@@ -36,63 +36,6 @@ from ._launch import CompiledLaunch
 
 
 @triton.jit
-def _slices_inner(
-    acc, l_i, m_i, q, K, V, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left, win_right, qk_scale, lo, hi,
-    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    SLICES: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """`_flash_fwd._fwd_inner` over key tiles [lo, hi) cut into SLICES slices of BLOCK_N // SLICES keys,
-    each with its own online softmax: state (SLICES, rows[, BLOCK_D]). The products are batched over the
-    slices, so each warp takes one slice and the row max and sum stay inside it (no barrier a tile)."""
-    SLICE_N: tl.constexpr = BLOCK_N // SLICES
-    offs_n0 = tl.arange(0, SLICES)[:, None] * SLICE_N + tl.arange(0, SLICE_N)[None, :]  # (SLICES, SLICE_N)
-    d3 = offs_d[None, None, :]
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        if MASKED:
-            in_seq = (offs_n < seqlen_k)[:, :, None]
-            k = tl.load(K + offs_n[:, :, None] * stride_kn + d3, mask=in_seq & (d3 < HEAD_DIM), other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            k = tl.load(K + offs_n[:, :, None] * stride_kn + d3, mask=d3 < HEAD_DIM, other=0.0)
-        else:
-            k = tl.load(K + offs_n[:, :, None] * stride_kn + d3)
-        qk = tl.dot(q, tl.trans(k, (0, 2, 1)), input_precision=DOT_PREC)  # (SLICES, BLOCK_M, SLICE_N)
-        if MASKED:
-            keep = offs_n[:, None, :] < seqlen_k
-            if HAS_RIGHT:
-                keep = keep & (offs_n[:, None, :] <= pos_m[None, :, None] + win_right)
-            if HAS_LEFT:
-                keep = keep & (offs_n[:, None, :] >= pos_m[None, :, None] - win_left)
-            qk = tl.where(keep, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 2) * qk_scale)
-        if MASKED:
-            m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-        else:
-            m_ij_safe = m_ij
-        p = tl.math.exp2(qk * qk_scale - m_ij_safe[:, :, None])
-        alpha = tl.math.exp2(m_i - m_ij_safe)
-        l_i = l_i * alpha + tl.sum(p, 2)
-        if MASKED:
-            v = tl.load(V + offs_n[:, :, None] * stride_vn + d3, mask=in_seq & (d3 < HEAD_DIM), other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            v = tl.load(V + offs_n[:, :, None] * stride_vn + d3, mask=d3 < HEAD_DIM, other=0.0)
-        else:
-            v = tl.load(V + offs_n[:, :, None] * stride_vn + d3)
-        acc = acc * alpha[:, :, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
-        m_i = m_ij
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _merge_slices(acc, l_i, m_i):
-    """One (acc, l, m) from `_slices_inner`'s SLICES states: each rescaled to the rows' common max."""
-    m = tl.max(m_i, 0)
-    alpha = tl.math.exp2(m_i - tl.where(m == float("-inf"), 0.0, m)[None, :])  # (a slice that saw no key: 0)
-    return tl.sum(acc * alpha[:, :, None], 0), tl.sum(l_i * alpha, 0), m
-
-
-@triton.jit
 def _decode_split(
     Q, K, V, SEQLENS, OPART, LPART, O, LSE,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
@@ -105,7 +48,6 @@ def _decode_split(
     qk_scale, win_left, win_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-    SLICES: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
@@ -150,45 +92,26 @@ def _decode_split(
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
 
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
-    if SLICES > 1:
-        q3 = tl.broadcast_to(q[None, :, :], (SLICES, BLOCK_M, BLOCK_D))
-        m3 = tl.full([SLICES, BLOCK_M], float("-inf"), dtype=tl.float32)
-        l3 = tl.zeros([SLICES, BLOCK_M], dtype=tl.float32)
-        acc3 = tl.zeros([SLICES, BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc3, l3, m3 = _slices_inner(
-            acc3, l3, m3, q3, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left, win_right,
-            qk_scale, lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, SLICES, HAS_LEFT, HAS_RIGHT, DOT_PREC,
-        )  # fmt: skip
-        acc3, l3, m3 = _slices_inner(
-            acc3, l3, m3, q3, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left, win_right,
-            qk_scale, full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, SLICES, HAS_LEFT, HAS_RIGHT, DOT_PREC,
-        )  # fmt: skip
-        acc3, l3, m3 = _slices_inner(
-            acc3, l3, m3, q3, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left, win_right,
-            qk_scale, full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, SLICES, HAS_LEFT, HAS_RIGHT, DOT_PREC,
-        )  # fmt: skip
-        acc, l_i, m_i = _merge_slices(acc3, l3, m3)
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
-            True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-        )  # fmt: skip
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
-            False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-        )  # fmt: skip
-        acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
-            True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-        )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
+        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
+        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+    )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -297,10 +220,6 @@ ROUND_DOWN_HEAD_DIM = 128  # (None: rounded up at every head dim, as before sess
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
-SPLIT_SLICES = 1  # key slices a tile, each with its own online softmax (`_slices_inner`; 1: `_fwd_inner`)
-SPLIT_MAXNREG: dict[
-    int, int
-] = {}  # registers a thread of the split kernel, by padded head dim (ptxas's own if absent)
 # No split shorter than MIN_SPLIT_TILES key tiles. At batch 1 a short cache's split count is set by this
 # floor, not by the SMs: at 4 tiles GPT-2 medium's 16 heads at a 4k cache ran 256 programs on 132 SMs, at 2
 # tiles 512, 1.08x faster (16.3 -> 15.1 us from graphs, cuDNN 15.3), a Llama-like GQA 32/8 at d128 1.03x at
@@ -407,9 +326,8 @@ def flash_decode(
              seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
              scale * LOG2E, left or 0, right or 0),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
-                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, SLICES=SPLIT_SLICES,
-                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl,
-                 **({"maxnreg": SPLIT_MAXNREG[block_d]} if block_d in SPLIT_MAXNREG else {})),
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                 num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:
             _launch_merge(

@@ -27,13 +27,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("slices", [1, 4], ids=lambda n: f"slices{n}")
 @pytest.mark.parametrize(
     "case", CASES, ids=lambda c: f"{str(c[0])[6:]}-b{c[1]}-q{c[2]}-h{c[3]}/{c[4]}-d{c[5]}-s{c[10]}"
 )
-def test_decode_matches_reference(case, slices, device, monkeypatch):
-    """slices: each key tile cut into slices with their own softmax state (`decode._slices_inner`)."""
-    monkeypatch.setattr(decode, "SPLIT_SLICES", slices)
+def test_decode_matches_reference(case, device):
     dtype, b, sq, h, hk, d, max_len, lens, causal, window, splits = case
     torch.manual_seed(max_len + d)
     q = torch.randn(b, sq, h, d, dtype=dtype, device=device)
