@@ -11,7 +11,7 @@ on a (1, n, 16, d) bf16 problem:
 - `fwd_host_ms`: the forward alone under no_grad;
 - `host_top`: cProfile's top functions by own time per fwd+bwd call (`common.host_profile`, 100 calls),
   autograd's backward run on the calling thread so that the profile sees it (it runs on autograd's
-  device thread otherwise).
+  device thread otherwise); `host_top_fwd`: the same of the forward under no_grad.
 
 `parts` (dense path, on a (1, --parts-seqlen, 16, d) problem small enough that the GPU never sets the
 pace): host time per call of each layer alone, from a bare Triton launch of as many arguments as our
@@ -253,10 +253,14 @@ def main():
             row["fwd_host_ms"] = per_call_ms(forward, args.calls, sync_each=False)
         with torch.autograd.set_multithreading_enabled(False):  # (the backward on this thread: profiled)
             row["host_top"] = host_profile(fwdbwd, steps=100, top=args.top)
+        with torch.no_grad():
+            row["host_top_fwd"] = host_profile(forward, steps=100, top=args.top)
         rows.append(row)
-        print({key: val for key, val in row.items() if key != "host_top"}, flush=True)
-        for entry in row["host_top"]:
-            print(f"  {entry['own_ms']:8.3f} ms own  {entry['cum_ms']:8.3f} ms cum  {entry['function']}")
+        print({key: val for key, val in row.items() if not key.startswith("host_top")}, flush=True)
+        for key in ("host_top", "host_top_fwd"):
+            print(f" {key}:")
+            for entry in row[key]:
+                print(f"  {entry['own_ms']:8.3f} ms own  {entry['cum_ms']:8.3f} ms cum  {entry['function']}")
     parts = None if args.no_parts else host_parts(args.parts_seqlen, args.headdim, args.calls)
     write_results(out, rows, extra=dict(dtype="bfloat16", parts_seqlen=args.parts_seqlen, parts=parts))
 

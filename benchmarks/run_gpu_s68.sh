@@ -4,6 +4,9 @@
 #   bash benchmarks/run_gpu_s68.sh 1   # decode's split kernel with each warp on its own slice of a key tile
 #       (`SPLIT_SLICES`, no barrier a tile) against the kept kernel and cuDNN; block_sparse_attention's inference
 #       calls without the autograd Function: the GPU tests of both, ab_host_trims.py --trims s68.
+#   bash benchmarks/run_gpu_s68.sh 2   # call 1: the slices 1.01-1.49x slower everywhere (dropped); block-sparse
+#       inference 1.23-1.29x less host time, but d64's forward 0.125 ms against d128's 0.076: where the host's time
+#       goes, fwd+bwd and a no_grad forward, n4k, butterfly 2 factors (bench_host_overhead.py, cProfile).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -20,5 +23,11 @@ case "$1" in
     --out "$R/ab_decode_launch.json" 2>&1 | quiet | ab_rows
   timeout -s KILL 100 python benchmarks/ab_host_trims.py --trims s68 --paths block_sparse_inference --seqlen 4096 \
     --out "$R/host_trims_s68.json" 2>&1 | quiet | grep s68
+  ;;
+2)
+  for d in 64 128; do
+    timeout -s KILL 150 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim $d --butterfly 2:0 \
+      --no-parts --top 25 --out "$R/host_overhead_d$d.json" 2>&1 | quiet
+  done
   ;;
 esac
