@@ -244,8 +244,10 @@ def main():
     rows = []
     for name, forward in paths.items():
         fwdbwd = lambda forward=forward: torch.autograd.grad(forward(), (q, k, v), do)  # noqa: E731
-        for _ in range(10):  # compile, autotune, warm up
+        for _ in range(10):  # compile, autotune, warm up (both ways: under no_grad Flex compiles again)
             fwdbwd()
+            with torch.no_grad():
+                forward()
         row = dict(path=name, seqlen=args.seqlen, headdim=args.headdim, nheads=16, batch=1, **butterfly)
         row["fwdbwd_host_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=False)
         row["fwdbwd_synced_ms"] = per_call_ms(fwdbwd, args.calls, sync_each=True)
