@@ -14,7 +14,9 @@ the decode split and merge kernels, the portable kernels' tuned keys) launch thr
 `--trims s67`: a call no gradient can flow from (`inference`: a causal forward under no_grad) runs the
 forward's launcher directly, not through the autograd Function and the op (`_common.inference_call`);
 "untrimmed" sends it through them, as before session 67. `--trims s68`: the same for `block_sparse_attention`
-(`block_sparse_inference`: a butterfly forward under no_grad; untrimmed, through its autograd Function).
+(`block_sparse_inference`: a butterfly forward under no_grad; untrimmed, through its autograd Function;
+`generate_block_sparse`: the generate path's model with block-sparse attention, which runs the whole
+sequence again for each new token).
 
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal
@@ -156,14 +158,16 @@ def inference(seqlen: int, headdim: int):
 NEW_TOKENS = 16  # (the generate path's tokens a call)
 
 
-def generation(seqlen: int, headdim: int):
+def generation(seqlen: int, headdim: int, attention: str = "auto"):
     """GPT-2 medium's shape (24 layers, width 1024 in heads of headdim), bf16, random weights: a prompt of
-    seqlen tokens, then NEW_TOKENS greedy tokens, each attending to its layers' caches (`flash_decode`)."""
+    seqlen tokens, then NEW_TOKENS greedy tokens, each attending to its layers' caches (`flash_decode`);
+    with attention="block_sparse" (butterfly on 128-blocks) each token runs the whole sequence again (a
+    block-sparse model generates without a KV cache)."""
     from flashtrain.generate import generate
     from flashtrain.models.gpt import GPT, GPTConfig
 
     cfg = GPTConfig(n_layer=24, n_head=1024 // headdim, d_model=1024, vocab_size=50304,
-                    max_seq_len=seqlen + NEW_TOKENS)  # fmt: skip
+                    max_seq_len=seqlen + NEW_TOKENS, attention=attention)  # fmt: skip
     model = GPT(cfg).to("cuda", torch.bfloat16)
     prompt = torch.randint(0, cfg.vocab_size, (1, seqlen), device="cuda")
     # eager steps, as session 64 measured them: the host-bound loop these trims target (since session 65
@@ -175,6 +179,8 @@ def timed_fn_name(path: str) -> str:
     """What a path's rows time: "decode", "inference", "generate", or an attention call's "fwdbwd"."""
     if path == "block_sparse_inference":
         return "inference"
+    if path == "generate_block_sparse":
+        return "generate"
     return path if path in ("decode", "inference", "generate") else "fwdbwd"
 
 
@@ -191,6 +197,8 @@ def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, call
         fn = case_fns("block_sparse", seqlen, headdim)[1]
     elif path == "generate":
         fn = generation(seqlen, headdim)
+    elif path == "generate_block_sparse":
+        fn = generation(seqlen, headdim, attention="block_sparse")
     else:
         fn = case_fns(path, seqlen, headdim)[0]
     switches = {way: (lambda way=way: switch(way)) for way in ("trimmed", "untrimmed")}
@@ -221,7 +229,7 @@ def main() -> None:
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
                         choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", "inference",
-                                 "block_sparse_inference", "generate"])  # fmt: skip
+                                 "block_sparse_inference", "generate", "generate_block_sparse"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)

@@ -7,6 +7,9 @@
 #   bash benchmarks/run_gpu_s68.sh 2   # call 1: the slices 1.01-1.49x slower everywhere (dropped); block-sparse
 #       inference 1.23-1.29x less host time, but d64's forward 0.125 ms against d128's 0.076: where the host's time
 #       goes, fwd+bwd and a no_grad forward, n4k, butterfly 2 factors (bench_host_overhead.py, cProfile).
+#   bash benchmarks/run_gpu_s68.sh 3   # call 2: d64 and d128 alike in that call (0.115 / 0.084 ms), no d64-only cost.
+#       The block-sparse files' whole GPU suites on the inference route; its host time again (4k) and a block-sparse
+#       GPT-2 medium's generation (512-token prompt, 16 tokens, each the whole sequence again), trimmed / untrimmed.
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -29,5 +32,14 @@ case "$1" in
     timeout -s KILL 150 python benchmarks/bench_host_overhead.py --seqlen 4096 --headdim $d --butterfly 2:0 \
       --no-parts --top 25 --out "$R/host_overhead_d$d.json" 2>&1 | quiet
   done
+  ;;
+3)
+  timeout -s KILL 330 python -m pytest -q -n 4 -rf $T/test_block_sparse.py $T/test_block_sparse_hopper.py \
+    > "$R/gpu_tests_block_sparse.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_block_sparse.log"
+  timeout -s KILL 60 python benchmarks/ab_host_trims.py --trims s68 --paths block_sparse_inference --seqlen 4096 \
+    --out "$R/host_trims_s68_4k.json" 2>&1 | quiet | grep s68
+  timeout -s KILL 150 python benchmarks/ab_host_trims.py --trims s68 --paths generate_block_sparse --seqlen 512 \
+    --batches 6 --calls 5 --out "$R/host_trims_s68_generate.json" 2>&1 | quiet | grep s68
   ;;
 esac

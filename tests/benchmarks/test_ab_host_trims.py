@@ -152,3 +152,12 @@ def test_inference_route_ways_route_a_no_grad_call_and_restore_the_rule(trims, w
     assert torch.equal(got, want)
     assert bool(applied) == (way == "untrimmed")
     assert module.inference_call is rule
+
+
+@pytest.mark.parametrize(
+    "path, fn_name",
+    [("block_sparse", "fwdbwd"), ("dense", "fwdbwd"), ("decode", "decode"), ("inference", "inference"),
+     ("block_sparse_inference", "inference"), ("generate", "generate"), ("generate_block_sparse", "generate")],
+)  # fmt: skip
+def test_each_path_times_the_call_its_rows_name(path, fn_name):
+    assert ab_host_trims.timed_fn_name(path) == fn_name
