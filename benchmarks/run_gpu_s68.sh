@@ -10,6 +10,9 @@
 #   bash benchmarks/run_gpu_s68.sh 3   # call 2: d64 and d128 alike in that call (0.115 / 0.084 ms), no d64-only cost.
 #       The block-sparse files' whole GPU suites on the inference route; its host time again (4k) and a block-sparse
 #       GPT-2 medium's generation (512-token prompt, 16 tokens, each the whole sequence again), trimmed / untrimmed.
+#   bash benchmarks/run_gpu_s68.sh 4   # call 3: 480 passed, 8 failed: CPU-only tests whose tensors were on the CPU
+#       (stubbed kernels but a real delta preprocess; the strided-views test): on the GPU no interpreter runs them.
+#       Those 8 again, on `device`; where a block-sparse model's generation spends its host time (cProfile, d128).
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -41,5 +44,18 @@ case "$1" in
     --out "$R/host_trims_s68_4k.json" 2>&1 | quiet | grep s68
   timeout -s KILL 150 python benchmarks/ab_host_trims.py --trims s68 --paths generate_block_sparse --seqlen 512 \
     --batches 6 --calls 5 --out "$R/host_trims_s68_generate.json" 2>&1 | quiet | grep s68
+  ;;
+4)
+  timeout -s KILL 200 python -m pytest -q -rf $T/test_block_sparse.py $T/test_block_sparse_hopper.py \
+    -k "strided_views or ordered_one_kernel or d128_backward_takes" > "$R/gpu_tests_block_sparse.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_block_sparse.log"
+  timeout -s KILL 150 python -c "
+from benchmarks.ab_host_trims import generation
+from benchmarks.common import host_profile
+fn = generation(512, 128, attention='block_sparse')
+fn()
+for e in host_profile(fn, steps=3, top=25):
+    print('%9.3f ms own %9.3f ms cum %6d calls  %s' % (e['own_ms'], e['cum_ms'], e['calls'], e['function']))
+" 2>&1 | quiet | tee "$R/profile_generate_block_sparse.txt"
   ;;
 esac

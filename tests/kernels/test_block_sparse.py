@@ -393,13 +393,13 @@ def test_gpu_bf16_dropout_matches_reference_with_the_kernels_mask():
     check_against_reference(q, k, v, layout, causal=True, dropout_p=0.2)
 
 
-def test_strided_views_of_a_fused_projection_forward_and_backward():
+def test_strided_views_of_a_fused_projection_forward_and_backward(device):
     """q/k/v sliced from one (B, N, 3·H·D) projection, as the model produces them, in both passes."""
-    from kernels.layouts import butterfly_layout
-
     batch, seqlen, nheads, headdim = 2, 96, 2, 16
-    layout = butterfly_layout(seqlen, 32, local_blocks=1)
-    qkv = torch.randn(batch, seqlen, 3 * nheads * headdim, dtype=torch.float32, requires_grad=True)
+    layout = butterfly_layout(seqlen, 32, local_blocks=1).to(device)
+    qkv = torch.randn(
+        batch, seqlen, 3 * nheads * headdim, dtype=torch.float32, device=device, requires_grad=True
+    )
     q, k, v = (t.view(batch, seqlen, nheads, headdim) for t in qkv.split(nheads * headdim, dim=-1))
     out = block_sparse_attention(q, k, v, layout)
     dout = torch.randn_like(out)

@@ -194,7 +194,7 @@ def test_backward_takes_the_persistent_dq_kernel_where_lists_are_short(
 
 @pytest.mark.parametrize("local_blocks, one_kernel", [(0, False), (3, False), (16, True)])
 def test_d128_backward_takes_the_ordered_one_kernel_backward_on_long_lists(
-    monkeypatch, local_blocks, one_kernel
+    monkeypatch, local_blocks, one_kernel, device
 ):
     """ONE_KERNEL_BACKWARD: d128 from 30 of the dq kernel's 64-key tiles a program on average (a band of 16
     blocks each side at n2k lists all 16 blocks: 32 tiles; of 3, ~12), ordered, on the lists walked down
@@ -215,10 +215,10 @@ def test_d128_backward_takes_the_ordered_one_kernel_backward_on_long_lists(
         dq_acc.fill_(2.0)
 
     monkeypatch.setattr(bs_hopper.fused_bwd, "flash_attn_bwd_fused_hopper", fused)
-    q = torch.randn(1, 2048, 2, 128, dtype=BF16)
-    layout = local_layout(2048, 128, local_blocks)
+    q = torch.randn(1, 2048, 2, 128, dtype=BF16, device=device)  # (the delta preprocess runs: on the device)
+    layout = local_layout(2048, 128, local_blocks).to(device)
     dq, _, _ = bs_hopper.block_sparse_backward_hopper(
-        q, q, q, q, q, torch.zeros(1, 2, 2048), layout, False, 0.1
+        q, q, q, q, q, torch.zeros(1, 2, 2048, device=device), layout, False, 0.1
     )
     if one_kernel:
         assert calls == [("one_kernel", True, True)] and (dq == 2.0).all()  # (dq: the fp32 buffer, rounded)
@@ -229,12 +229,12 @@ def test_d128_backward_takes_the_ordered_one_kernel_backward_on_long_lists(
 @pytest.mark.parametrize("empty", [None, "query_block", "per_head"])
 @pytest.mark.parametrize("setting", [True, False], ids=["first_stores", "switched_off"])
 def test_ordered_one_kernel_backward_stores_first_adds_where_every_query_tile_is_listed(
-    monkeypatch, empty, setting
+    monkeypatch, empty, setting, device
 ):
     """The ordered one-kernel backward's first adder of each item stores instead of adding (FIRST_STORES),
     so its fp32 dq buffer is not zero-filled, where every (query head, query tile) item is listed; a layout
     with a query block no key block is listed for (in every head, or in one head of a per-head layout)
-    gets a zero-filled buffer and adds only. Kernel stubbed: on CPU."""
+    gets a zero-filled buffer and adds only. Kernel stubbed."""
     monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, (True, 0.0))
     monkeypatch.setattr(bs_hopper.fused_bwd, "FIRST_STORES", setting)
     monkeypatch.setattr(bs_hopper.fused_bwd, "UNWRITTEN_FILL", float("nan"))
@@ -249,9 +249,9 @@ def test_ordered_one_kernel_backward_stores_first_adds_where_every_query_tile_is
         mask[:, 3] = False
     elif empty == "per_head":
         mask[1, 5] = False
-    q = torch.randn(1, 1024, 2, 128, dtype=BF16)
+    q = torch.randn(1, 1024, 2, 128, dtype=BF16, device=device)  # (the delta preprocess runs: on the device)
     bs_hopper.block_sparse_backward_hopper(
-        q, q, q, q, q, torch.zeros(1, 2, 1024), BlockLayout(mask, 128), False, 0.1
+        q, q, q, q, q, torch.zeros(1, 2, 1024, device=device), BlockLayout(mask, 128).to(device), False, 0.1
     )
     stores = setting and empty is None
     assert seen == [(stores, stores, not stores)]
