@@ -13,6 +13,8 @@
 #   bash benchmarks/run_gpu_s68.sh 4   # call 3: 480 passed, 8 failed: CPU-only tests whose tensors were on the CPU
 #       (stubbed kernels but a real delta preprocess; the strided-views test): on the GPU no interpreter runs them.
 #       Those 8 again, on `device`; where a block-sparse model's generation spends its host time (cProfile, d128).
+#   bash benchmarks/run_gpu_s68.sh 5   # call 4: the 8 passed (12 selected). Are there more tests that assume the CPU?
+#       Every kernel test not marked gpu, on CUDA (the `device` fixture), 12 workers, cut at 480 s.
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
@@ -57,5 +59,11 @@ fn()
 for e in host_profile(fn, steps=3, top=25):
     print('%9.3f ms own %9.3f ms cum %6d calls  %s' % (e['own_ms'], e['cum_ms'], e['calls'], e['function']))
 " 2>&1 | quiet | tee "$R/profile_generate_block_sparse.txt"
+  ;;
+5)
+  timeout -s INT 480 python -m pytest tests/kernels -m "not gpu" -n 12 -v -rf -p no:cacheprovider \
+    > "$R/cuda_tests_not_gpu_marked.log" 2>&1
+  echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_not_gpu_marked.log"; grep -E "^FAILED|^ERROR" \
+    "$R/cuda_tests_not_gpu_marked.log" | head -40; tail -n 2 "$R/cuda_tests_not_gpu_marked.log"
   ;;
 esac
