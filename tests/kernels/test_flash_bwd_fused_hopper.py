@@ -107,9 +107,11 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(monkeypatch, deterministic):
+def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
+    monkeypatch, deterministic, device
+):
     """The backward's routing where the Hopper dK/dV kernel takes a call (its checks and kernels stubbed, so
-    it runs on CPU): deterministic, the one-kernel backward with ordered adds where `supports_ordered`
+    it runs anywhere): deterministic, the one-kernel backward with ordered adds where `supports_ordered`
     says; deterministic=False, the unordered one where `supports` says."""
     from kernels import _flash_bwd
 
@@ -123,7 +125,7 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     )
     monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: pytest.fail("two kernels"))
     torch.manual_seed(3)
-    q, k, v, do = (torch.randn(1, 40, 2, 16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 40, 2, 16, device=device) for _ in range(4))
     out, lse2 = _forward(q, k, v, causal=False)
     kw = dict(sm_scale=0.25, win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0)
     _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=not deterministic, **kw)
@@ -239,9 +241,9 @@ def test_bad_causal_convoy_launches_are_refused(causal, convoy, options, match):
 )  # fmt: skip
 @pytest.mark.parametrize("first_stores", [True, False], ids=["first_stores", "zero_filled"])
 def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
-    monkeypatch, key_groups, causal, convoy, first_stores
+    monkeypatch, key_groups, causal, convoy, first_stores, device
 ):
-    """The ordered backward's dq (its kernel stubbed, so it runs on CPU) is its key groups' fp32 buffers,
+    """The ordered backward's dq (its kernel stubbed, so it runs anywhere) is its key groups' fp32 buffers,
     summed in group order and rounded once to q's dtype: key groups from `ordered_key_groups`, or in the
     causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`). The buffers come zero-filled, or
     with FIRST_STORES (each item's first adder stores) as `dq_buffer` leaves them: here, 40 keys, a
@@ -273,7 +275,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
     convoy_wanted, first_stores_wanted = convoy, first_stores
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", kernel)
     torch.manual_seed(key_groups)
-    q, k, v, do = (torch.randn(2, 40, 2, 16, dtype=torch.float16) for _ in range(4))
+    q, k, v, do = (torch.randn(2, 40, 2, 16, dtype=torch.float16, device=device) for _ in range(4))
     out, lse2 = _forward(q.float(), k.float(), v.float(), causal=causal)
     kw = dict(
         sm_scale=0.25, win_left=None, win_right=0 if causal else None, key_padding_mask=None, dropout_p=0.0

@@ -504,12 +504,12 @@ def test_under_the_interpreter_every_launch_is_tritons_own(monkeypatch):
         _call(gluon, a, b, x, 32)
 
 
-def test_the_delta_preprocess_under_the_interpreter_matches_its_reference():
-    """backward_delta through its CompiledLaunch on CPU (the interpreter's path): rowsum(dO * O)."""
+def test_the_delta_preprocess_matches_its_reference(device):
+    """backward_delta through its CompiledLaunch (on CPU the interpreter's path): rowsum(dO * O)."""
     from kernels._flash_bwd import backward_delta
 
-    out, do = torch.randn(2, 37, 3, 40), torch.randn(2, 37, 3, 40)
-    lse = torch.zeros(2, 3, 37)
+    out, do = torch.randn(2, 37, 3, 40, device=device), torch.randn(2, 37, 3, 40, device=device)
+    lse = torch.zeros(2, 3, 37, device=device)
     delta = backward_delta(out, do, lse)
     torch.testing.assert_close(delta, (out * do).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
 

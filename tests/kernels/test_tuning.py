@@ -94,7 +94,7 @@ def test_every_flash_autotuner_skips_configs_that_fail_to_compile():
 
 
 @pytest.mark.parametrize("route", ["dense", "varlen", "in_place"])
-def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, route):
+def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, route, device):
     """While tuning, the autotuner copies its `restore_value` buffers back after each trial run
     (`buf.copy_(saved)`): a buffer handed over as an expanded view (varlen's batch-stride-0 views)
     made that copy raise on the GPU. The interpreter never tunes, so do the copy at every launch."""
@@ -119,15 +119,16 @@ def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, ro
     torch.manual_seed(0)
     heads, dim = 2, 16
     if route == "varlen":
-        cu = torch.tensor([0, 5, 12], dtype=torch.int32)
-        q, k, v = (torch.randn(12, heads, dim, requires_grad=True) for _ in range(3))
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+        q, k, v = (torch.randn(12, heads, dim, device=device, requires_grad=True) for _ in range(3))
         flash_attention_varlen(q, k, v, cu, cu, 7, 7, causal=True).sum().backward()
     elif route == "dense":
-        q, k, v = (torch.randn(2, 9, heads, dim, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(2, 9, heads, dim, device=device, requires_grad=True) for _ in range(3))
         flash_attention(q, k, v, causal=True).sum().backward()
     else:  # the ring's step updates, which write into caller-owned fp32 buffers
-        q, k, v = (torch.randn(1, 9, heads, dim) for _ in range(3))
-        out_acc, lse_acc = torch.zeros(1, 9, heads, dim), torch.full((1, heads, 9), float("-inf"))
+        q, k, v = (torch.randn(1, 9, heads, dim, device=device) for _ in range(3))
+        out_acc = torch.zeros(1, 9, heads, dim, device=device)
+        lse_acc = torch.full((1, heads, 9), float("-inf"), device=device)
         flash_attn_forward(q, k, v, sm_scale=dim**-0.5, win_left=None, win_right=None, key_padding_mask=None,
                            dropout_p=0.0, seed=0, merge_into=(out_acc, lse_acc))  # fmt: skip
         out, lse2 = flash_attn_forward(q, k, v, sm_scale=dim**-0.5, win_left=None, win_right=None,
@@ -188,7 +189,7 @@ def _write_block(x_ptr, n, BLOCK: triton.language.constexpr):  # noqa: N803 (Tri
     triton.language.store(x_ptr, BLOCK + n * 0)
 
 
-def test_a_tuned_key_launches_its_config_without_retuning(monkeypatch):
+def test_a_tuned_key_launches_its_config_without_retuning(monkeypatch, device):
     """The fast path of our autotuners: a key tuned once launches its recorded config without Triton's
     `Autotuner.run` (its per-launch host cost); a new key value or a new dtype tunes again."""
     import torch
@@ -213,18 +214,18 @@ def test_a_tuned_key_launches_its_config_without_retuning(monkeypatch):
         return [1.0 if config.kwargs["BLOCK"] == 32 else 2.0] * 3
 
     tuned._bench = bench
-    x = torch.zeros(1, dtype=torch.int32)
+    x = torch.zeros(1, dtype=torch.int32, device=device)
     for n in (5, 5, 6, 5):
         tuned[(1,)](x, n)
         assert int(x[0]) == 32
         x.zero_()
     assert timed == [16, 32, 16, 32]  # tuned for n=5 and n=6, once each
-    tuned[(1,)](torch.zeros(1, dtype=torch.int64), 5)  # another dtype: another key
+    tuned[(1,)](torch.zeros(1, dtype=torch.int64, device=device), 5)  # another dtype: another key
     assert timed == [16, 32, 16, 32, 16, 32]
     assert through_triton == [5, 6, 5]  # five launches, three of them tuning
     assert tuned.best_config.kwargs["BLOCK"] == 32
     # a tuned key's launch through `tuned.compiled_launch` evaluates a grid function as jit.py does: every
     # argument by name, the config's meta-parameters beside them (0 programs if either were missing)
-    x = torch.zeros(1, dtype=torch.int32)
+    x = torch.zeros(1, dtype=torch.int32, device=device)
     tuned[lambda meta: (int(meta["n"] == 5 and meta["BLOCK"] == 32),)](x, 5)
     assert int(x[0]) == 32 and through_triton == [5, 6, 5]
