@@ -513,9 +513,11 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
 
 
 @pytest.mark.parametrize("fused_takes", [False, True], ids=["elsewhere", "fused"])
-def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_variant(monkeypatch, fused_takes):
+def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_variant(
+    monkeypatch, fused_takes, device
+):
     """The backward's routing for atomic dq where the Hopper dK/dV kernel takes a call (its checks and
-    kernels stubbed, so it runs on CPU): the one-kernel backward where it says so, otherwise the
+    kernels stubbed, so it runs anywhere): the one-kernel backward where it says so, otherwise the
     deterministic route (dq kernel, then the dK/dV kernel), as at d64, whose dq kernel is the portable
     one; never the portable atomic variant, which measured slower there (results/s43/call1)."""
     from kernels import _flash_bwd
@@ -530,7 +532,7 @@ def test_nondeterministic_calls_the_dkdv_kernel_takes_never_run_the_atomic_varia
     monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: calls.append("dkdv"))
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", lambda *a, **kw: calls.append("fused"))
     torch.manual_seed(3)
-    q, k, v, do = (torch.randn(1, 40, 2, 16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 40, 2, 16, device=device) for _ in range(4))
     out, lse2 = _forward(q, k, v, causal=True)
     kw = dict(sm_scale=0.25, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
     dq = _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=True, **kw)[0]

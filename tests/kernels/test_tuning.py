@@ -1,6 +1,7 @@
 """Autotune pruning: what survives for a shape, and that a fallback candidate always survives."""
 
 import pytest
+import torch
 import triton
 
 from kernels._flash_fwd import _prune_fwd, prune_configs
@@ -93,8 +94,13 @@ def test_every_flash_autotuner_skips_configs_that_fail_to_compile():
     assert all(t._bench.__name__ == "bench_or_skip" for t in tuned)
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the interpreter's launch path, every launch through Autotuner.run; on an H200 these calls "
+    "never reached Autotuner.run (benchmarks/results/s68/call6)",
+)
 @pytest.mark.parametrize("route", ["dense", "varlen", "in_place"])
-def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, route, device):
+def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, route):
     """While tuning, the autotuner copies its `restore_value` buffers back after each trial run
     (`buf.copy_(saved)`): a buffer handed over as an expanded view (varlen's batch-stride-0 views)
     made that copy raise on the GPU. The interpreter never tunes, so do the copy at every launch."""
@@ -119,16 +125,15 @@ def test_every_buffer_the_autotuner_restores_can_be_written_back(monkeypatch, ro
     torch.manual_seed(0)
     heads, dim = 2, 16
     if route == "varlen":
-        cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
-        q, k, v = (torch.randn(12, heads, dim, device=device, requires_grad=True) for _ in range(3))
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+        q, k, v = (torch.randn(12, heads, dim, requires_grad=True) for _ in range(3))
         flash_attention_varlen(q, k, v, cu, cu, 7, 7, causal=True).sum().backward()
     elif route == "dense":
-        q, k, v = (torch.randn(2, 9, heads, dim, device=device, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(2, 9, heads, dim, requires_grad=True) for _ in range(3))
         flash_attention(q, k, v, causal=True).sum().backward()
     else:  # the ring's step updates, which write into caller-owned fp32 buffers
-        q, k, v = (torch.randn(1, 9, heads, dim, device=device) for _ in range(3))
-        out_acc = torch.zeros(1, 9, heads, dim, device=device)
-        lse_acc = torch.full((1, heads, 9), float("-inf"), device=device)
+        q, k, v = (torch.randn(1, 9, heads, dim) for _ in range(3))
+        out_acc, lse_acc = torch.zeros(1, 9, heads, dim), torch.full((1, heads, 9), float("-inf"))
         flash_attn_forward(q, k, v, sm_scale=dim**-0.5, win_left=None, win_right=None, key_padding_mask=None,
                            dropout_p=0.0, seed=0, merge_into=(out_acc, lse_acc))  # fmt: skip
         out, lse2 = flash_attn_forward(q, k, v, sm_scale=dim**-0.5, win_left=None, win_right=None,
