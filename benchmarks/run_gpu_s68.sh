@@ -3,7 +3,8 @@
 # benchmarks/results/s68/callN/ (each call's machine.txt names its GPU).
 #   bash benchmarks/run_gpu_s68.sh 1   # decode's split kernel with each warp on its own slice of a key tile
 #       (`SPLIT_SLICES`, no barrier a tile) against the kept kernel and cuDNN; block_sparse_attention's inference
-#       calls without the autograd Function: the GPU tests of both, ab_host_trims.py --trims s68.
+#       calls without the autograd Function: the GPU tests of both, ab_host_trims.py --trims s68. (Ran at commit
+#       44eebb5: its two decode variants are gone since, so this part no longer runs as it stands.)
 #   bash benchmarks/run_gpu_s68.sh 2   # call 1: the slices 1.01-1.49x slower everywhere (dropped); block-sparse
 #       inference 1.23-1.29x less host time, but d64's forward 0.125 ms against d128's 0.076: where the host's time
 #       goes, fwd+bwd and a no_grad forward, n4k, butterfly 2 factors (bench_host_overhead.py, cProfile).
@@ -18,7 +19,8 @@
 #   bash benchmarks/run_gpu_s68.sh 6   # call 5: 789 passed, 27 failed before the cut: 24 more tests on CPU tensors
 #       (stubbed kernels, real launches beside them: the fused backward's routing, the autotuner's, the delta
 #       preprocess) and check_kernel_builds.py's 2 (its recording runs the interpreter, which this image's numpy
-#       breaks). The 25 moved to `device`, on CUDA.
+#       breaks). The 25 moved to `device`, on CUDA. (Call 6: 24 passed; the autotuner write-back test's 3 never reach
+#       Autotuner.run on the H200: now the interpreter's alone; 2 more CPU-tensor tests found, moved, not yet run there.)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 head -n 2 "$R/machine.txt"
