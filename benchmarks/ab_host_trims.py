@@ -56,7 +56,6 @@ from kernels import (  # noqa: E402
     _flash_fwd_hopper,
     _hopper_pipeline,
     decode,
-    flash_attention,
     flash_decode,
 )
 
@@ -144,15 +143,8 @@ def decode_step(seqlen: int, headdim: int):
     return lambda: flash_decode(q, k_cache, v_cache, lengths)
 
 
-def inference(seqlen: int, headdim: int):
-    """One causal forward of (1, seqlen, 16, headdim) bf16 under no_grad (`flash_attention`)."""
-    q, k, v = (torch.randn(1, seqlen, 16, headdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-
-    def call():
-        with torch.no_grad():
-            return flash_attention(q, k, v, causal=True)
-
-    return call
+# the no_grad forwards the s67 / s68 trims route: each the forward of `check_launch_encoding.case_fns`' case
+INFERENCE_CASES = {"inference": "dense", "block_sparse_inference": "block_sparse"}
 
 
 NEW_TOKENS = 16  # (the generate path's tokens a call)
@@ -177,11 +169,11 @@ def generation(seqlen: int, headdim: int, attention: str = "auto"):
 
 def timed_fn_name(path: str) -> str:
     """What a path's rows time: "decode", "inference", "generate", or an attention call's "fwdbwd"."""
-    if path == "block_sparse_inference":
+    if path in INFERENCE_CASES:
         return "inference"
-    if path == "generate_block_sparse":
+    if path.startswith("generate"):
         return "generate"
-    return path if path in ("decode", "inference", "generate") else "fwdbwd"
+    return "decode" if path == "decode" else "fwdbwd"
 
 
 def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, calls: int) -> dict:
@@ -191,10 +183,8 @@ def measure(trims: str, path: str, seqlen: int, headdim: int, batches: int, call
     fn_name = timed_fn_name(path)
     if path == "decode":
         fn = decode_step(seqlen, headdim)
-    elif path == "inference":
-        fn = inference(seqlen, headdim)
-    elif path == "block_sparse_inference":
-        fn = case_fns("block_sparse", seqlen, headdim)[1]
+    elif path in INFERENCE_CASES:
+        fn = case_fns(INFERENCE_CASES[path], seqlen, headdim)[1]
     elif path == "generate":
         fn = generation(seqlen, headdim)
     elif path == "generate_block_sparse":
@@ -228,8 +218,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trims", choices=list(TRIM_SETS), default="s64")
     parser.add_argument("--paths", nargs="+", default=["block_sparse", "block_sparse_long", "dense"],
-                        choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", "inference",
-                                 "block_sparse_inference", "generate", "generate_block_sparse"])  # fmt: skip
+                        choices=["block_sparse", "block_sparse_long", "dense", "dense_window", "decode", *INFERENCE_CASES,
+                                 "generate", "generate_block_sparse"])  # fmt: skip
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--batches", type=int, default=20)
