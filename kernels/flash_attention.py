@@ -197,8 +197,8 @@ def _forward(
     win_right, dropout_p, deterministic, return_lse, nheads_kv=None,
 ):  # fmt: skip
     """The checked call's forward, through the autograd Function, or straight to the launcher where no
-    gradient can flow (`_common.inference_call`); out, and with return_lse the natural-log lse. nheads_kv: q is a
-    packed qkv (k and v None), as in `_FlashAttnFunc`."""
+    gradient can flow (`_common.inference_call`); out, and with return_lse the natural-log lse. nheads_kv:
+    q is a packed qkv (k and v None), as in `_FlashAttnFunc`."""
     args = (key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
             win_right, dropout_p)  # fmt: skip
     if inference_call(q, k, v):
