@@ -22,8 +22,8 @@ Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-spar
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal
 (dense_window: with a window of a quarter of the sequence, the portable kernels);
 `fwdbwd_ms` one eager fwd+bwd, calls issued back to back; `decode`: one token against a full cache of
-seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `inference`: one causal forward under no_grad,
-`inference_ms` (`block_sparse_inference`: the block-sparse case's forward under no_grad); `generate`: GPT-2 medium's shape in heads of
+seqlen entries (`flash_decode`, 16 heads), `decode_ms`; `inference` / `block_sparse_inference`: the dense /
+block-sparse case's forward under no_grad, `inference_ms`; `generate`: GPT-2 medium's shape in heads of
 headdim, a seqlen-token prompt and 16 greedy tokens a call, `generate_ms`.
 
     python benchmarks/ab_host_trims.py --trims s64 --out host_trims.json
