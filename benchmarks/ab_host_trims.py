@@ -15,8 +15,8 @@ the decode split and merge kernels, the portable kernels' tuned keys) launch thr
 forward's launcher directly, not through the autograd Function and the op (`_common.inference_call`);
 "untrimmed" sends it through them, as before session 67. `--trims s68`: the same for `block_sparse_attention`
 (`block_sparse_inference`: a butterfly forward under no_grad; untrimmed, through its autograd Function;
-`generate_block_sparse`: the generate path's model with block-sparse attention, which runs the whole
-sequence again for each new token).
+`generate_block_sparse`: the generate path's model with block-sparse attention, which until session 69
+ran the whole sequence again for each new token; since then it steps through its KV caches).
 
 Cases as `check_launch_encoding.py`'s: (1, seqlen, 16, headdim) bf16, block-sparse (butterfly, 2 factors;
 block_sparse_long: 5 factors and 8 local blocks, d128's one-kernel backward) and dense causal
@@ -152,9 +152,9 @@ NEW_TOKENS = 16  # (the generate path's tokens a call)
 
 def generation(seqlen: int, headdim: int, attention: str = "auto"):
     """GPT-2 medium's shape (24 layers, width 1024 in heads of headdim), bf16, random weights: a prompt of
-    seqlen tokens, then NEW_TOKENS greedy tokens, each attending to its layers' caches (`flash_decode`);
-    with attention="block_sparse" (butterfly on 128-blocks) each token runs the whole sequence again (a
-    block-sparse model generates without a KV cache)."""
+    seqlen tokens, then NEW_TOKENS greedy tokens, each attending to its layers' caches (`flash_decode`;
+    with attention="block_sparse", butterfly on 128-blocks, through the layout's rows, and before session
+    69 by running the whole sequence again)."""
     from flashtrain.generate import generate
     from flashtrain.models.gpt import GPT, GPTConfig
 

@@ -3,7 +3,8 @@
 Prefill runs the prompt through the model once, filling one cache per layer (its attention through
 `kernels.flash_attention` on CUDA); each new token then attends to the cache through
 `kernels.flash_decode` (Flash-Decoding) on CUDA, or the torch reference on CPU. On CUDA the new tokens'
-steps replay one captured CUDA graph (`DecodeStep`).
+steps replay one captured CUDA graph (`DecodeStep`). A block-sparse model's prefill and steps attend
+through its layout's rows (`kernels.block_sparse_attention`, `BlockSparseKVCache`), eagerly.
 
     python -m flashtrain.generate --run runs/default --prompt "def main(" --max-new-tokens 200
 """
@@ -44,16 +45,22 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[1]
 
+    def append(self, k, v) -> int:
+        """Write this step's k/v (B, T, Hkv, D) after what is cached (counted on the host); returns the
+        position of its first token."""
+        new, start = k.shape[1], self.seqlen
+        if start + new > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; cannot add {new} to {start}")
+        self.k[:, start : start + new] = k
+        self.v[:, start : start + new] = v
+        self.seqlen += new
+        return start
+
     def attend(self, q, k, v, *, window=None):
         """Append this step's k/v (B, T, Hkv, D) and attend q (B, T, H, D) to everything cached so far."""
         new = q.shape[1]
         if self.slots is None:
-            if self.seqlen + new > self.capacity:
-                raise ValueError(f"KV cache holds {self.capacity} tokens; cannot add {new} to {self.seqlen}")
-            start = self.seqlen
-            self.k[:, start : start + new] = k
-            self.v[:, start : start + new] = v
-            self.seqlen += new
+            start = self.append(k, v)
             # a prompt of many queries: the training kernel's tiles fit it better than flash_decode's
             if start == 0 and q.is_cuda and q.shape[0] * new >= PREFILL_FLASH_TOKENS:
                 from kernels import flash_attention
@@ -73,12 +80,61 @@ class KVCache:
         return decode_reference(q, self.k, self.v, lengths, causal=True, window=window)
 
 
+class BlockSparseKVCache(KVCache):
+    """A block-sparse model's cache: each new query attends to the cached keys its row of the model's
+    layout keeps (`ModelLayout`, one layout over max_seq_len whatever the length), so generation gives
+    what a forward over the whole sequence gives, reading only the kept blocks. The row is picked on the
+    host for each step, so such a step is not captured as a CUDA graph."""
+
+    def __init__(self, *args, layout, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.layout = layout
+
+    def attend(self, q, k, v, *, window=None):
+        if window is not None:
+            raise ValueError(
+                "the block_sparse backend takes its sparsity from the layout: express a window as "
+                "block_sparse_kind=local"
+            )
+        if self.slots is not None:
+            raise ValueError(
+                "a block-sparse model's cache picks its layout rows on the host; step it eagerly"
+            )
+        return attend_through_layout(q, self.k, self.v, self.append(k, v), self.layout)
+
+
+def attend_through_layout(q, k_cache, v_cache, start: int, layout) -> torch.Tensor:
+    """Causal attention of queries q (B, T, H, D) at positions [start, start + T) to the first start + T
+    cached keys, through the rows of `layout` (a `ModelLayout`) those positions fall in. The kernel's
+    row blocks begin at its first query, so a start inside a row block takes a call of its own up to
+    the next block (one row: a decode step), and the rest, aligned, one call. A call of one query, at
+    the last key, goes without the causal flag, which hides nothing from it: the tile lists of calls
+    without it are shared by every length inside a key tile (`kernels.layouts.lists_key`), so a decode
+    step builds none of its own."""
+    from kernels import block_sparse_attention
+
+    block, end, outs = layout.block_size, start + q.shape[1], []
+    lo = start
+    while lo < end:
+        hi = end if lo % block == 0 else min(end, (lo // block + 1) * block)
+        rows = layout.rows(lo // block, -(-hi // block), hi, q.device)
+        outs.append(block_sparse_attention(
+            q[:, lo - start : hi - start], k_cache[:, :hi], v_cache[:, :hi], rows, causal=hi - lo > 1
+        ))  # fmt: skip
+        lo = hi
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
 def new_caches(model: GPT, batch: int, capacity: int) -> list[KVCache]:
     """One empty KV cache per layer of the model, for batch sequences of at most capacity tokens, in the
-    model's dtype and on its device."""
+    model's dtype and on its device (a block-sparse model's attend through its layout)."""
     cfg, param = model.cfg, next(model.parameters())
-    return [KVCache(batch, capacity, cfg.kv_heads, cfg.head_dim, dtype=param.dtype, device=param.device)
-            for _ in range(cfg.n_layer)]  # fmt: skip
+    shape = (batch, capacity, cfg.kv_heads, cfg.head_dim)
+    if cfg.attention == "block_sparse":
+        layout = model.blocks[0].attn.backend.layout
+        return [BlockSparseKVCache(*shape, dtype=param.dtype, device=param.device, layout=layout)
+                for _ in range(cfg.n_layer)]  # fmt: skip
+    return [KVCache(*shape, dtype=param.dtype, device=param.device) for _ in range(cfg.n_layer)]
 
 
 class DecodeStep:
@@ -181,8 +237,7 @@ def generate(
     """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy; top_k keeps the
     k most likely tokens before sampling (None: all). cuda_graph: replay each new token's step as one
     captured CUDA graph (`DecodeStep`); None = on a CUDA device when at least GRAPH_MIN_STEPS steps follow
-    the prompt. The tokens are the same either way. A block-sparse model recomputes the whole sequence for
-    each token instead (`_generate_by_recompute`)."""
+    the prompt (not for a block-sparse model: `BlockSparseKVCache`). The tokens are the same either way."""
     cfg = model.cfg
     if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
         raise ValueError(
@@ -197,9 +252,11 @@ def generate(
         raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
     if cuda_graph and cfg.attention == "block_sparse":
         raise ValueError(
-            "cuda_graph=True: a block-sparse model generates without a KV cache, so there is no decode "
-            "step to capture; pass cuda_graph=None or False"
+            "cuda_graph=True: a block-sparse model's decode step picks its layout rows on the host, so it "
+            "is not captured; pass cuda_graph=None or False"
         )
+    if cfg.attention == "block_sparse":
+        cuda_graph = False
     if cuda_graph and not idx.is_cuda:
         raise ValueError(f"cuda_graph=True needs the prompt and model on a CUDA device, not {idx.device}")
     total = idx.shape[1] + max_new_tokens
@@ -213,8 +270,6 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        if cfg.attention == "block_sparse":
-            return _generate_by_recompute(model, idx, max_new_tokens, temperature, top_k, generator)
         return _generate_with_cache(model, idx, max_new_tokens, temperature, top_k, generator, cuda_graph)
     finally:
         model.train(was_training)  # a caller sampling in the middle of training keeps its dropout
@@ -237,18 +292,6 @@ def _generate_with_cache(
         if i < steps:
             logits = step(nxt) if step is not None else model(nxt, caches=caches)
     return torch.cat(out, dim=1)
-
-
-def _generate_by_recompute(model, idx, max_new_tokens, temperature, top_k, generator) -> torch.Tensor:
-    """Each token from a forward over the whole sequence so far. A block-sparse model takes this path: its
-    layout is built for the sequence's length (a butterfly's factors grow with the block count), so the
-    keys a token sees are those of a forward at that length, while a KV cache's decode would attend to
-    every cached key, including those the layout hides."""
-    seq = idx
-    for _ in range(max_new_tokens):
-        nxt = sample(model(seq)[:, -1, :], temperature, top_k, generator)
-        seq = torch.cat([seq, nxt], dim=1)
-    return seq
 
 
 def language_model_checkpoint(run_or_checkpoint: str) -> str:

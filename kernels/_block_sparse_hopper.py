@@ -46,7 +46,7 @@ from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
 from ._common import INTERPRET, cdiv, compute_capability
 from ._flash_bwd import backward_delta
-from .layouts import FULL, PARTIAL, SKIP, BlockLayout, BlockLists
+from .layouts import FULL, PARTIAL, SKIP, BlockLayout, BlockLists, lists_key
 
 # FLASHTRAIN_HOPPER_BLOCK_SPARSE=0 sends every block-sparse call to the portable kernels, =fwd only the
 # backward (A/B measurements, a safety valve)
@@ -273,7 +273,7 @@ def _row_lists(layout, seqlen_q, seqlen_k, causal, tile_n):
         tiles, counts = row_lists(layout.block_lists(seqlen_q, seqlen_k, causal, PROGRAM_ROWS, tile_n))
         return tiles, counts, counts[..., 0].float().mean().item()
 
-    return layout.derived(("hopper_rows", seqlen_q, seqlen_k, causal, tile_n), build)
+    return layout.derived(("hopper_rows", lists_key(seqlen_q, seqlen_k, causal, PROGRAM_ROWS, tile_n)), build)
 
 
 def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group, ordered=False):
@@ -289,7 +289,8 @@ def _col_lists(layout, seqlen_q, seqlen_k, causal, tile_m, group, ordered=False)
             return (*col_lists(lists, group, down=True), col_ranks(lists, group)), every_item_listed
         return col_lists(lists, group)
 
-    return layout.derived(("hopper_cols", seqlen_q, seqlen_k, causal, tile_m, group, ordered), build)
+    key = lists_key(seqlen_q, seqlen_k, causal, tile_m, PROGRAM_ROWS)
+    return layout.derived(("hopper_cols", key, group, ordered), build)
 
 
 def _persistent_where_short(cfg, persistent_rule: tuple, mean_tiles: float):

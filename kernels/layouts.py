@@ -165,7 +165,7 @@ class BlockLayout:
                 f"kernel tile {tile_m}x{tile_n} does not divide the layout block {self.block_m}x{self.block_n}"
             )
         self.check_covers(seqlen_q, seqlen_k)
-        key = (seqlen_q, seqlen_k, bool(causal), tile_m, tile_n)
+        key = lists_key(seqlen_q, seqlen_k, causal, tile_m, tile_n)
         if key not in self._lists:
             self._lists[key] = self._build_lists(seqlen_q, seqlen_k, bool(causal), tile_m, tile_n)
         return self._lists[key]
@@ -207,6 +207,19 @@ class BlockLayout:
             row_full_idx, row_full_cnt, row_part_idx, row_part_cnt,
             col_full_idx, col_full_cnt, col_part_idx, col_part_cnt,
         )  # fmt: skip
+
+
+def lists_key(seqlen_q: int, seqlen_k: int, causal: bool, tile_m: int, tile_n: int) -> tuple:
+    """What a layout's tile lists for these arguments depend on, as a cache key. Without causality a tile's
+    kind depends on the lengths only through the tile counts and whether the last row and column tiles
+    are whole, so calls whose lengths differ inside their last tiles share one build (a decode step's one
+    query against a cache that grows by a key a step: one build a key tile, not one a step); causal
+    lists follow the diagonal's offset, so they take the exact lengths."""
+    if causal:
+        return (seqlen_q, seqlen_k, True, tile_m, tile_n)
+    whole_rows, whole_cols = seqlen_q // tile_m, seqlen_k // tile_n
+    rows, cols = math.ceil(seqlen_q / tile_m), math.ceil(seqlen_k / tile_n)
+    return (rows, whole_rows, cols, whole_cols, False, tile_m, tile_n)
 
 
 def _n_blocks(seqlen: int, block_size: int) -> int:

@@ -1,12 +1,23 @@
 """The `block_sparse` attention backend: `kernels.block_sparse_attention` with a layout from config.
 
-The layout is built on first use for each (sequence length, device) and kept: building it compiles
-the per-tile lists the kernel walks, which should happen once, not every step.
+A model has one layout (`ModelLayout`), built over `max_seq_len`; a sequence of any length takes its
+leading blocks. So a query sees the same keys whatever the length of the sequence it sits in: a prefix's
+forward gives the first rows of the whole sequence's (what lets generation attend through a KV cache,
+`flashtrain.generate`), a random layout is one pattern rather than one per length, and a butterfly's
+`block_sparse_factors` is checked against the model's block count, not a short sequence's. Each crop
+compiles the per-tile lists the kernel walks, so crops are kept (per shape and device), built once.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
+
+# Crops kept per model: training asks for one or two sequence lengths; a decode step's crop (one row
+# block against the keys so far) serves the row block's tokens and is then left behind, along with the
+# tile lists each of its key counts compiled.
+KEPT_CROPS = 16
 
 _PARAMS = {  # which GPTConfig fields each layout kind takes, and under which builder argument name
     "butterfly": {
@@ -21,7 +32,7 @@ _PARAMS = {  # which GPTConfig fields each layout kind takes, and under which bu
 
 
 def build_layout(cfg, seqlen: int, nheads: int, causal: bool):
-    """The block layout a GPTConfig describes for one sequence length (on the CPU)."""
+    """The block layout a GPTConfig describes over exactly `seqlen` tokens (on the CPU)."""
     from kernels.layouts import make_layout
 
     if cfg.block_sparse_kind not in _PARAMS:
@@ -29,24 +40,72 @@ def build_layout(cfg, seqlen: int, nheads: int, causal: bool):
             f"model.block_sparse_kind={cfg.block_sparse_kind!r}; choose one of {', '.join(sorted(_PARAMS))}"
         )
     params = {arg: getattr(cfg, field) for arg, field in _PARAMS[cfg.block_sparse_kind].items()}
-    return make_layout(
-        cfg.block_sparse_kind, seqlen, cfg.block_sparse_block, nheads=nheads, causal=causal, **params
-    )
+    try:
+        return make_layout(
+            cfg.block_sparse_kind, seqlen, cfg.block_sparse_block, nheads=nheads, causal=causal, **params
+        )
+    except ValueError as e:  # name the config keys, not the builder's arguments
+        raise ValueError(
+            f"the model.block_sparse_* layout over {seqlen} tokens in blocks of {cfg.block_sparse_block} "
+            f"(model.block_sparse_block): {e}"
+        ) from None
+
+
+class ModelLayout:
+    """The layout of a GPTConfig over `max_seq_len` tokens, cropped to what each call needs.
+
+    A sequence longer than `max_seq_len` (a classifier's images set their own length) gets a layout
+    built over its own length, as the layout of that length."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.whole = build_layout(cfg, cfg.max_seq_len, cfg.n_head, cfg.causal)  # fails at model build
+        self._longer: dict[int, object] = {}
+        self._crops: OrderedDict[tuple, object] = OrderedDict()
+
+    @property
+    def block_size(self) -> int:
+        return self.whole.block_m
+
+    def rows(self, row_start: int, row_stop: int, seqlen_k: int, device, seqlen: int | None = None):
+        """A BlockLayout on `device` for the queries of row blocks [row_start, row_stop) against the
+        first seqlen_k keys, of a sequence of `seqlen` tokens (default seqlen_k)."""
+        seqlen = seqlen_k if seqlen is None else seqlen
+        whole = self.whole
+        if seqlen > self.cfg.max_seq_len:
+            if seqlen not in self._longer:
+                self._longer[seqlen] = build_layout(self.cfg, seqlen, self.cfg.n_head, self.cfg.causal)
+            whole = self._longer[seqlen]
+        cols = -(-seqlen_k // whole.block_n)
+        key = (row_start, row_stop, cols, whole.mask.shape[-1], str(device))
+        if key in self._crops:
+            self._crops.move_to_end(key)
+        else:
+            from kernels.layouts import BlockLayout
+
+            mask = whole.mask[:, row_start:row_stop, :cols]
+            self._crops[key] = BlockLayout(mask, whole.block_m, whole.block_n).to(device)
+            if len(self._crops) > KEPT_CROPS:
+                self._crops.popitem(last=False)
+        return self._crops[key]
+
+    def for_sequence(self, seqlen: int, device):
+        """The layout of a whole sequence of seqlen tokens (queries and keys alike)."""
+        return self.rows(0, -(-seqlen // self.block_size), seqlen, device)
 
 
 def global_block_mask(cfg, seqlen: int, device) -> tuple[torch.Tensor, int]:
-    """(bool tile mask (nheads or 1, n_blocks, n_blocks), block size) of the layout over a whole
-    sequence, for sequence parallelism: the ring and Ulysses take the mask, cropped to the blocks the
-    sequence covers (a butterfly's block count is padded to a power of two)."""
-    layout = build_layout(cfg, seqlen, cfg.n_head, cfg.causal)
-    n_blocks = -(-seqlen // layout.block_m)
-    return layout.mask[:, :n_blocks, :n_blocks].to(device), layout.block_m
+    """(bool tile mask (nheads or 1, n_blocks, n_blocks), block size) of the model's layout over a
+    whole sequence, for sequence parallelism: the ring and Ulysses take the mask of the blocks the
+    sequence covers."""
+    layout = ModelLayout(cfg).for_sequence(seqlen, device)
+    return layout.mask, layout.block_m
 
 
 def make_block_sparse_backend(cfg):
-    """An attention function with the backend signature for a GPTConfig backbone."""
-    build_layout(cfg, cfg.block_sparse_block, cfg.n_head, cfg.causal)  # fail at build time on a bad kind
-    layouts: dict[tuple[int, str], object] = {}
+    """An attention function with the backend signature for a GPTConfig backbone; its `layout`
+    attribute is the model's `ModelLayout` (which generation's KV caches attend through)."""
+    layout = ModelLayout(cfg)
 
     @torch.compiler.disable  # eager launcher: the block-sparse kernels are an autograd.Function, not torch operators
     def block_sparse(
@@ -59,11 +118,10 @@ def make_block_sparse_backend(cfg):
                 "the block_sparse backend takes its sparsity from the layout: express a window as "
                 "block_sparse_kind=local, and pad inputs to whole blocks instead of a key-padding mask"
             )
-        key = (q.shape[1], str(q.device))
-        if key not in layouts:
-            layouts[key] = build_layout(cfg, q.shape[1], q.shape[2], causal).to(q.device)
         return block_sparse_attention(
-            q, k, v, layouts[key], causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p
-        )
+            q, k, v, layout.for_sequence(q.shape[1], q.device), causal=causal,
+            softmax_scale=softmax_scale, dropout_p=dropout_p,
+        )  # fmt: skip
 
+    block_sparse.layout = layout
     return block_sparse

@@ -307,7 +307,7 @@ class ClassificationTask:
         enc = model.cfg.encoder
         attention = 12 * enc.n_layer * enc.d_model * self.seq_len
         if enc.attention == "block_sparse":
-            from flashtrain.models.block_sparse import build_layout
+            from flashtrain.models.block_sparse import ModelLayout
 
-            attention *= float(build_layout(enc, self.seq_len, enc.n_head, causal=False).density)
+            attention *= ModelLayout(enc).for_sequence(self.seq_len, "cpu").density
         return 6 * params + attention

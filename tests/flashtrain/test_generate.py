@@ -145,23 +145,65 @@ def test_gpu_a_prompt_prefilled_either_way_matches_the_float32_reference(monkeyp
     assert (logits - expected).abs().max() <= 0.05 * expected.abs().max()
 
 
-def test_a_block_sparse_model_generates_what_its_forward_over_the_sequence_gives():
-    """A KV cache's decode attends to every cached key; a block-sparse model's layout hides some (here a
-    local band of 16-token blocks: at 40+ tokens the last query no longer sees block 0), so generation
-    recomputes the sequence instead, giving exactly the greedy tokens of its own forward."""
+# (kind, its GPTConfig fields, n_kv_head): a band, a butterfly with fewer factors than its blocks allow
+# (once refused at every length shorter than 8 blocks), and a random layout with a pattern per head, on GQA
+BLOCK_SPARSE_MODELS = [
+    ("local", dict(block_sparse_local=1), 4),
+    ("butterfly", dict(block_sparse_factors=2, block_sparse_local=0), 4),
+    ("random", dict(block_sparse_density=0.3), 2),
+]
+
+
+def _block_sparse_gpt(kind, fields, n_kv_head, device):
     torch.manual_seed(0)
-    cfg = dict(n_layer=2, n_head=2, d_model=32, vocab_size=50, max_seq_len=48, pos_embedding="rotary")
-    sparse = GPT(GPTConfig(**cfg, attention="block_sparse", block_sparse_kind="local", block_sparse_block=16,
-                           block_sparse_local=1)).eval()  # fmt: skip
-    dense = GPT(GPTConfig(**cfg, attention="reference")).eval()
+    cfg = dict(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, vocab_size=50, max_seq_len=64,
+               pos_embedding="rotary")  # fmt: skip
+    sparse = GPT(GPTConfig(**cfg, attention="block_sparse", block_sparse_kind=kind, block_sparse_block=16,
+                           **fields)).to(device).eval()  # fmt: skip
+    dense = GPT(GPTConfig(**cfg, attention="reference")).to(device).eval()
     dense.load_state_dict(sparse.state_dict())
-    prompt = torch.randint(0, 50, (2, 40))
-    seq = _greedy_by_recompute(sparse, prompt, 4)
-    assert torch.equal(generate(sparse, prompt, 4, temperature=0), seq)
+    return sparse, dense
+
+
+@pytest.mark.parametrize(
+    "kind, fields, n_kv_head", BLOCK_SPARSE_MODELS, ids=[m[0] for m in BLOCK_SPARSE_MODELS]
+)
+def test_a_block_sparse_model_generates_through_its_cache_what_its_forward_gives(
+    kind, fields, n_kv_head, device
+):
+    """The cache's steps attend through the rows of the model's one layout (over max_seq_len), so every
+    step's logits are those of a forward over the whole sequence so far, across row blocks (a 44-token
+    prompt, 16-token blocks: the steps finish block 2 and enter block 3), and the greedy tokens are the
+    same."""
+    sparse, dense = _block_sparse_gpt(kind, fields, n_kv_head, device)
+    prompt = torch.randint(0, 50, (2, 44), device=device)
+    caches = new_caches(sparse, 2, 64)
+    seq = prompt
     with torch.no_grad():
-        assert not torch.allclose(sparse(seq), dense(seq))  # the layout matters at this length
-    with pytest.raises(ValueError, match="a block-sparse model generates without a KV cache"):
+        logits = sparse(prompt, caches=caches)
+        for _ in range(7):
+            torch.testing.assert_close(logits, sparse(seq), rtol=1e-4, atol=1e-4)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+            logits = sparse(nxt, caches=caches)
+        assert not torch.allclose(sparse(seq), dense(seq), atol=1e-3)  # the layout matters at this length
+    assert torch.equal(generate(sparse, prompt, 7, temperature=0), seq)
+    with pytest.raises(ValueError, match="picks its layout rows on the host"):
         generate(sparse, prompt, 4, cuda_graph=True)
+
+
+def test_a_block_sparse_cache_takes_queries_that_start_inside_a_row_block(device):
+    """Several new tokens from a position inside a row block: a call up to the block's end, then the
+    aligned rest in one; the last logits are the whole sequence's forward's."""
+    sparse, _ = _block_sparse_gpt(*BLOCK_SPARSE_MODELS[2], device)
+    prompt = torch.randint(0, 50, (2, 53), device=device)
+    caches = new_caches(sparse, 2, 64)
+    with torch.no_grad():
+        sparse(prompt[:, :5], caches=caches)
+        logits = sparse(prompt[:, 5:], caches=caches)
+        torch.testing.assert_close(logits, sparse(prompt), rtol=1e-4, atol=1e-4)
+        with pytest.raises(ValueError, match="KV cache holds 64 tokens; cannot add 53 to 53"):
+            sparse(prompt, caches=caches)
 
 
 def test_generation_leaves_a_training_model_in_training_mode():

@@ -1,5 +1,6 @@
 """Block layouts and their compressed tile lists (kernels/layouts.py): pure torch, no kernels."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from kernels.layouts import (
     PARTIAL,
     SKIP,
     BlockLayout,
+    BlockLists,
     butterfly_layout,
     local_layout,
     make_layout,
@@ -123,6 +125,23 @@ def test_block_lists_match_element_mask(seqlen_q, seqlen_k, causal, tiles):
         _from_lists(lists.col_part_idx, lists.col_part_cnt, shape_t), (kinds == PARTIAL).transpose(1, 2)
     )
     assert layout.block_lists(seqlen_q, seqlen_k, causal, tile_m, tile_n) is lists  # cached
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lists_shared_across_lengths_are_those_each_length_builds(causal):
+    """block_lists caches by `lists_key`: without causality one build serves every pair of lengths inside
+    the same last tiles (a decode step's query against a cache growing by a key a step); each served
+    list equals what those exact lengths build."""
+    layout = random_layout(100, 32, 0.4, nheads=2, seed=3)
+    fields = [f.name for f in dataclasses.fields(BlockLists)]
+    for seqlen_q, seqlen_k in [(1, 1), (1, 15), (1, 16), (1, 17), (1, 40), (3, 47), (16, 48), (17, 49), (40, 100)]:
+        served = layout.block_lists(seqlen_q, seqlen_k, causal, 16, 16)
+        built = layout._build_lists(seqlen_q, seqlen_k, causal, 16, 16)
+        for name in fields:
+            a, b = getattr(served, name), getattr(built, name)
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, (seqlen_q, seqlen_k, name)
+    # without causality (1, 1) and (1, 15) share a build, as do (1, 40) and (3, 47): 7 builds for 9 calls
+    assert len(layout._lists) == (9 if causal else 7)
 
 
 def test_layout_is_immutable_copy():

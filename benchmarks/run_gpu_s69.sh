@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Session 69's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s69.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s69/callN/.
+#   1: the block-sparse model's KV-cache generation and one-layout-per-model tests on CUDA, then
+#      bench_generate_block_sparse.py (cache against recompute against dense, d64 and d128, 512-16k prompts)
+#   3: part 1 again after the tile lists' cache key (`kernels.layouts.lists_key`: a decode step's one
+#      query shares its key tile's lists), the Hopper block-sparse GPU tests, and a host profile of one
+#      cached block-sparse generate (d64, 4096-token prompt, 16 tokens)
+#   2: the kernel tests session 68's CUDA run of the not-gpu-marked tests did not reach (its list:
+#      results/s69/kernel_tests_not_run_on_cuda.txt), the atomic-variant routing test among them
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  timeout -s KILL 240 python -m pytest -q -rf -n 4 tests/flashtrain/test_generate.py \
+    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
+    > "$R/cuda_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/cuda_tests_generate.log"
+  timeout -s KILL 330 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
+    --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  ;;
+2)
+  timeout -s INT 420 python -c "
+import sys, pytest
+ids = open('benchmarks/results/s69/kernel_tests_not_run_on_cuda.txt').read().splitlines()
+sys.exit(pytest.main(['-v', '-rf', '-n', '8', '-p', 'no:cacheprovider', *ids]))
+" > "$R/cuda_tests_remaining.log" 2>&1
+  echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_remaining.log"; grep -E "^FAILED|^ERROR" \
+    "$R/cuda_tests_remaining.log" | head -40; tail -n 2 "$R/cuda_tests_remaining.log"
+  ;;
+3)
+  timeout -s KILL 200 python -m pytest -q -rf -n 4 tests/flashtrain/test_generate.py \
+    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
+    tests/kernels/test_layouts.py > "$R/cuda_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
+  timeout -s KILL 240 python -m pytest -q -rf -n 8 -m gpu tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_block_sparse.py > "$R/gpu_tests_block_sparse.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_block_sparse.log"
+  timeout -s KILL 240 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
+    --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  timeout -s KILL 90 python -c "
+import torch
+from benchmarks.bench_generate_block_sparse import models
+from benchmarks.common import host_profile
+from flashtrain.generate import generate
+sparse, _ = models(64, 4096 + 16, 'cuda', torch.bfloat16)
+prompt = torch.randint(0, 50304, (1, 4096), device='cuda')
+fn = lambda: generate(sparse, prompt, 16, temperature=0)
+fn()
+for e in host_profile(fn, steps=2, top=30):
+    print('%9.3f ms own %9.3f ms cum %6d calls  %s' % (e['own_ms'], e['cum_ms'], e['calls'], e['function']))
+" 2>&1 | quiet | tee "$R/profile_generate_block_sparse.txt"
+  ;;
+esac
