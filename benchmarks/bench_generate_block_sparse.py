@@ -1,14 +1,17 @@
 """A block-sparse model's generation through its KV caches against running the whole sequence again.
 
 Since session 69 a block-sparse model generates as a dense one does, through one KV cache per layer:
-each new token attends through its row of the model's one layout (`flashtrain.generate.BlockSparseKVCache`),
-eagerly. Before, it ran a forward over the whole sequence so far for every token (`recompute` here).
+each new token attends through its row of the model's one layout (`flashtrain.generate.BlockSparseKVCache`:
+`flash_decode` given the layout, which finds the row on the device, so the step is replayed from a CUDA
+graph as a dense model's is). Before, it ran a forward over the whole sequence so far for every token
+(`recompute` here).
 
 GPT-2 medium's shape (24 layers, width 1024 in heads of each --headdims), bf16, random weights, butterfly
 on 128-blocks (all factors, a band of one block): a prompt of `prompt` tokens, then `new_tokens` greedy
-tokens. In alternating rounds, one whole call each way, `cache_ms` (`generate`) and `recompute_ms`, and
-`dense_ms`: the same weights with dense attention (`attention=auto`, its steps replayed from a CUDA graph),
-what the layout's model gives up or gains against the model it thins out. Each row also says whether the
+tokens. In alternating rounds, one whole call each way: `cache_ms` (`generate`, its steps replayed from a
+CUDA graph), `cache_eager_ms` (the same steps run eagerly), `recompute_ms`, and `dense_ms`: the same weights
+with dense attention (`attention=auto`, graph-replayed steps), what the layout's model gives up or gains
+against the model it thins out. Each row also says whether the
 cache and recompute gave the same tokens (bf16: the two ways add in different orders, so a near tie can
 go either way; `first_difference` is the first new token where they part) and how far apart the two
 ways' logits are after the prompt.
@@ -71,6 +74,7 @@ def measure(sparse: GPT, dense: GPT, batch: int, prompt_len: int, new_tokens: in
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=next(sparse.parameters()).device)
     calls = {
         "cache": lambda: generate(sparse, prompt, new_tokens, temperature=0),
+        "cache_eager": lambda: generate(sparse, prompt, new_tokens, temperature=0, cuda_graph=False),
         "recompute": lambda: recompute(sparse, prompt, new_tokens),
         "dense": lambda: generate(dense, prompt, new_tokens, temperature=0),
     }
@@ -91,7 +95,9 @@ def measure(sparse: GPT, dense: GPT, batch: int, prompt_len: int, new_tokens: in
         row[f"{name}_ms"] = vals  # every round, for the spread
         row[f"{name}_per_token"] = row[name] / new_tokens
     row["speedup"] = row["recompute"] / row["cache"]
+    row["eager_speedup"] = row["recompute"] / row["cache_eager"]
     row["dense_over_cache"] = row["dense"] / row["cache"]
+    row["graph_same_as_eager"] = torch.equal(tokens["cache"], tokens["cache_eager"])
     new = tokens["cache"][:, prompt_len:] != tokens["recompute"][:, prompt_len:]
     row["same_tokens"] = not bool(new.any())
     row["first_difference"] = int(new.any(0).nonzero()[0]) if new.any() else None
@@ -119,8 +125,9 @@ def main():
                 rows.append(measure(sparse, dense, batch, prompt, args.new_tokens, args.rounds))
                 print_summary(rows[-1])
         del sparse, dense
-    columns = ["headdim", "batch", "prompt", "density", "cache_per_token", "recompute_per_token",
-               "speedup", "dense_per_token", "dense_over_cache", "same_tokens", "first_difference"]  # fmt: skip
+    columns = ["headdim", "batch", "prompt", "density", "cache_per_token", "cache_eager_per_token",
+               "recompute_per_token", "speedup", "eager_speedup", "dense_per_token", "dense_over_cache",
+               "graph_same_as_eager", "same_tokens", "first_difference"]  # fmt: skip
     print(markdown_table(rows, columns, floatfmt="{:.3f}"))
     if args.out:
         write_results(args.out, rows)

@@ -6,6 +6,8 @@
 #   3: part 1 again after the tile lists' cache key (`kernels.layouts.lists_key`: a decode step's one
 #      query shares its key tile's lists), the Hopper block-sparse GPU tests, and a host profile of one
 #      cached block-sparse generate (d64, 4096-token prompt, 16 tokens)
+#   4: after flash_decode took block layouts (a block-sparse model's decode steps on the device, replayed from
+#      CUDA graphs): the generation, decode, layout tests on CUDA, then bench_generate_block_sparse.py again
 #   2: the kernel tests session 68's CUDA run of the not-gpu-marked tests did not reach (its list:
 #      results/s69/kernel_tests_not_run_on_cuda.txt), the atomic-variant routing test among them
 source "$(dirname "$0")/gpu_call.sh"
@@ -51,5 +53,13 @@ fn()
 for e in host_profile(fn, steps=2, top=30):
     print('%9.3f ms own %9.3f ms cum %6d calls  %s' % (e['own_ms'], e['cum_ms'], e['calls'], e['function']))
 " 2>&1 | quiet | tee "$R/profile_generate_block_sparse.txt"
+  ;;
+4)
+  timeout -s KILL 200 python -m pytest -q -rf -n 6 tests/flashtrain/test_generate.py \
+    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
+    tests/kernels/test_layouts.py tests/kernels/test_decode.py > "$R/cuda_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
+  timeout -s KILL 330 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
+    --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
   ;;
 esac

@@ -3,8 +3,9 @@
 Prefill runs the prompt through the model once, filling one cache per layer (its attention through
 `kernels.flash_attention` on CUDA); each new token then attends to the cache through
 `kernels.flash_decode` (Flash-Decoding) on CUDA, or the torch reference on CPU. On CUDA the new tokens'
-steps replay one captured CUDA graph (`DecodeStep`). A block-sparse model's prefill and steps attend
-through its layout's rows (`kernels.block_sparse_attention`, `BlockSparseKVCache`), eagerly.
+steps replay one captured CUDA graph (`DecodeStep`). A block-sparse model's prompt attends through its
+layout's rows (`kernels.block_sparse_attention`) and each new token through `flash_decode` given the
+layout (`BlockSparseKVCache`).
 
     python -m flashtrain.generate --run runs/default --prompt "def main(" --max-new-tokens 200
 """
@@ -56,21 +57,31 @@ class KVCache:
         self.seqlen += new
         return start
 
+    def write(self, k, v) -> torch.Tensor:
+        """Write this step's k/v (B, T, Hkv, D) into the cache; returns the caches' lengths after it, int32
+        (B,) on the device: counted on the host, or DecodeStep's (which places the step by its slots and
+        counts seqlen itself, having checked the capacity)."""
+        if self.slots is None:
+            self.append(k, v)
+            return torch.full((k.shape[0],), self.seqlen, dtype=torch.int32, device=k.device)
+        self.k.index_copy_(1, self.slots, k)
+        self.v.index_copy_(1, self.slots, v)
+        return self.lengths
+
     def attend(self, q, k, v, *, window=None):
         """Append this step's k/v (B, T, Hkv, D) and attend q (B, T, H, D) to everything cached so far."""
-        new = q.shape[1]
-        if self.slots is None:
-            start = self.append(k, v)
-            # a prompt of many queries: the training kernel's tiles fit it better than flash_decode's
-            if start == 0 and q.is_cuda and q.shape[0] * new >= PREFILL_FLASH_TOKENS:
-                from kernels import flash_attention
+        # a prompt of many queries: the training kernel's tiles fit it better than flash_decode's
+        if (
+            self.slots is None
+            and self.seqlen == 0
+            and q.is_cuda
+            and q.shape[0] * q.shape[1] >= PREFILL_FLASH_TOKENS
+        ):
+            from kernels import flash_attention
 
-                return flash_attention(q, k, v, causal=True, window=window)
-            lengths = torch.full((q.shape[0],), self.seqlen, dtype=torch.int32, device=q.device)
-        else:  # DecodeStep checked the capacity on the host and counts seqlen
-            self.k.index_copy_(1, self.slots, k)
-            self.v.index_copy_(1, self.slots, v)
-            lengths = self.lengths
+            self.append(k, v)
+            return flash_attention(q, k, v, causal=True, window=window)
+        lengths = self.write(k, v)
         if q.is_cuda:
             from kernels import flash_decode
 
@@ -83,12 +94,16 @@ class KVCache:
 class BlockSparseKVCache(KVCache):
     """A block-sparse model's cache: each new query attends to the cached keys its row of the model's
     layout keeps (`ModelLayout`, one layout over max_seq_len whatever the length), so generation gives
-    what a forward over the whole sequence gives, reading only the kept blocks. The row is picked on the
-    host for each step, so such a step is not captured as a CUDA graph."""
+    what a forward over the whole sequence gives, reading only the kept blocks. A decode step (one new
+    token a sequence) goes through `flash_decode` with the layout, which finds the row on the device, so
+    `DecodeStep` can capture it; the prompt, and a layout per head under GQA, go through
+    `block_sparse_attention` with the rows picked on the host (`attend_through_layout`), eagerly."""
 
     def __init__(self, *args, layout, **kwargs):
         super().__init__(*args, **kwargs)
         self.layout = layout
+        on_device = steps_find_their_rows_on_device(layout)
+        self.step_layout = layout.for_sequence(self.capacity, self.k.device) if on_device else None
 
     def attend(self, q, k, v, *, window=None):
         if window is not None:
@@ -96,11 +111,25 @@ class BlockSparseKVCache(KVCache):
                 "the block_sparse backend takes its sparsity from the layout: express a window as "
                 "block_sparse_kind=local"
             )
+        if q.shape[1] == 1 and self.step_layout is not None:
+            lengths = self.write(k, v)
+            from kernels import flash_decode
+
+            return flash_decode(q, self.k, self.v, lengths, causal=True, layout=self.step_layout)
         if self.slots is not None:
             raise ValueError(
-                "a block-sparse model's cache picks its layout rows on the host; step it eagerly"
+                "this block-sparse cache's steps pick their layout rows on the host (a layout per head on "
+                "GQA, or several tokens a step); step it eagerly"
             )
         return attend_through_layout(q, self.k, self.v, self.append(k, v), self.layout)
+
+
+def steps_find_their_rows_on_device(layout) -> bool:
+    """Whether a block-sparse model's one-token steps go through `flash_decode` with its layout (`ModelLayout`),
+    which finds each query's row on the device, so that `DecodeStep` can capture them: yes but for a
+    layout per head under GQA, which flash_decode does not take (its programs hold a kv head's queries)."""
+    cfg = layout.cfg
+    return layout.whole.nheads == 1 or cfg.n_head == cfg.kv_heads
 
 
 def attend_through_layout(q, k_cache, v_cache, start: int, layout) -> torch.Tensor:
@@ -237,7 +266,8 @@ def generate(
     """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy; top_k keeps the
     k most likely tokens before sampling (None: all). cuda_graph: replay each new token's step as one
     captured CUDA graph (`DecodeStep`); None = on a CUDA device when at least GRAPH_MIN_STEPS steps follow
-    the prompt (not for a block-sparse model: `BlockSparseKVCache`). The tokens are the same either way."""
+    the prompt (a block-sparse model's too, but for a layout per head under GQA: `BlockSparseKVCache`).
+    The tokens are the same either way."""
     cfg = model.cfg
     if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
         raise ValueError(
@@ -250,12 +280,15 @@ def generate(
         raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
-    if cuda_graph and cfg.attention == "block_sparse":
-        raise ValueError(
-            "cuda_graph=True: a block-sparse model's decode step picks its layout rows on the host, so it "
-            "is not captured; pass cuda_graph=None or False"
-        )
-    if cfg.attention == "block_sparse":
+    if cfg.attention == "block_sparse" and not steps_find_their_rows_on_device(
+        model.blocks[0].attn.backend.layout
+    ):
+        if cuda_graph:
+            raise ValueError(
+                "cuda_graph=True: this block-sparse model has a layout per head (block_sparse_kind=random) "
+                "under GQA, whose decode steps pick their rows on the host, so they are not captured; pass "
+                "cuda_graph=None or False, or give it model.n_kv_head = model.n_head"
+            )
         cuda_graph = False
     if cuda_graph and not idx.is_cuda:
         raise ValueError(f"cuda_graph=True needs the prompt and model on a CUDA device, not {idx.device}")

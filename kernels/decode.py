@@ -33,11 +33,12 @@ from ._common import (
 )
 from ._flash_fwd import _fwd_inner
 from ._launch import CompiledLaunch
+from .layouts import BlockLayout
 
 
 @triton.jit
 def _decode_split(
-    Q, K, V, SEQLENS, OPART, LPART, O, LSE,  # noqa: E741
+    Q, K, V, SEQLENS, OPART, LPART, O, LSE, LAYOUT,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -45,12 +46,17 @@ def _decode_split(
     stride_ls, stride_lb, stride_lh,
     stride_outb, stride_outm, stride_outh,
     seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
-    qk_scale, win_left, win_right,
+    qk_scale, win_left, win_right, stride_lay_h, stride_lay_r,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    SPARSE: tl.constexpr, LAYOUT_BM: tl.constexpr, LAYOUT_BN: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
+
+    SPARSE: one query per sequence (at the cache's last key), which sees only the key blocks its row of
+    the block layout keeps (LAYOUT: int8 (heads or 1, row blocks, column blocks) of LAYOUT_BM x LAYOUT_BN
+    blocks; with a layout per head the caller has one head a program); the other blocks are not read.
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
     anything, then let the merge kernel launch, so that its programs are in place when this one ends.
@@ -97,21 +103,45 @@ def _decode_split(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
-        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
-        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
-        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-    )  # fmt: skip
+    if SPARSE:  # each kept layout block of the slice, in its masked and unmasked runs
+        row = LAYOUT + off_hk * stride_lay_h + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
+        for blk in range((lo // LAYOUT_BN) * LAYOUT_BN, hi, LAYOUT_BN):
+            if tl.load(row + blk // LAYOUT_BN) != 0:
+                a = tl.maximum(blk, lo)
+                b = tl.minimum(blk + LAYOUT_BN, hi)
+                fa = tl.minimum(tl.maximum(a, full_lo), b)
+                fb = tl.minimum(tl.maximum(tl.minimum(b, full_hi), fa), b)
+                acc, l_i, m_i = _fwd_inner(
+                    acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+                    seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, a, fa,
+                    True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+                )  # fmt: skip
+                acc, l_i, m_i = _fwd_inner(
+                    acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+                    seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, fa, fb,
+                    False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+                )  # fmt: skip
+                acc, l_i, m_i = _fwd_inner(
+                    acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+                    seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, fb, b,
+                    True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+                )  # fmt: skip
+    else:
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
+            True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
+            False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
+            seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
+            True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+        )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
@@ -244,6 +274,34 @@ def _default_num_splits(
     return max(1, min(want, cdiv(max_len, MIN_SPLIT_TILES * block_n), 128))
 
 
+def _decode_layout(layout, q, nheads: int, nheads_kv: int, max_len: int):
+    """(int8 mask on q's device, its (head, row) strides) of a layout `flash_decode` can take; a ValueError
+    that says what to change for any other."""
+    if not isinstance(layout, BlockLayout):
+        raise ValueError(f"layout must be a kernels.layouts.BlockLayout, got {type(layout).__name__}")
+    if q.shape[1] != 1:
+        raise ValueError(
+            f"a layout takes one new query per sequence (a decode step), got seqlen_q={q.shape[1]}: run "
+            "several through kernels.block_sparse_attention with the rows they fall in"
+        )
+    if layout.device != q.device:
+        raise ValueError(f"layout is on {layout.device} but q is on {q.device}; move it with layout.to(...)")
+    if layout.nheads not in (1, nheads) or (layout.nheads > 1 and nheads_kv != nheads):
+        raise ValueError(
+            f"layout has {layout.nheads} heads for {nheads} query heads on {nheads_kv} kv heads: give one "
+            "pattern for every head, or one per head with as many kv heads as query heads"
+        )
+    rows, cols = layout.shape[1:]
+    if rows * layout.block_m < max_len or cols * layout.block_n < max_len:
+        raise ValueError(
+            f"layout grid {rows}x{cols} of {layout.block_m}x{layout.block_n} blocks covers "
+            f"{rows * layout.block_m}x{cols * layout.block_n} positions, not the cache's {max_len}: build it "
+            f"for at least {cdiv(max_len, layout.block_m)} row and {cdiv(max_len, layout.block_n)} column blocks"
+        )
+    mask = layout.derived(("decode_int8",), lambda: layout.mask.to(torch.int8))
+    return mask, (mask.stride(0) if layout.nheads > 1 else 0, mask.stride(1))
+
+
 def flash_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -255,6 +313,7 @@ def flash_decode(
     window: tuple[int | None, int | None] | None = None,
     return_lse: bool = False,
     num_splits: int | None = None,
+    layout: BlockLayout | None = None,
 ):
     """Attention of a few new queries against the first cache_seqlens[b] entries of a KV cache.
 
@@ -265,6 +324,11 @@ def flash_decode(
     Causal/window alignment is bottom-right against each sequence's own length. num_splits: KV slices per sequence (default: enough
     to fill the GPU). Inference only: no gradient flows through. Returns out (batch, seqlen_q, nheads,
     headdim) in q's dtype and, with return_lse=True, lse (batch, nheads, seqlen_q) float32 natural log.
+    layout: a `kernels.layouts.BlockLayout` over the cache's positions (queries and keys alike: a block
+    model's layout, `block_sparse_attention`'s): the one new query of each sequence (seqlen_q = 1), at
+    position cache_seqlens[b] - 1, sees only the keys of the blocks its row keeps, and the others are not
+    read. A layout per head needs as many kv heads as query heads. Everything stays on the device, so a
+    step through it can be captured in a CUDA graph.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
@@ -296,6 +360,10 @@ def flash_decode(
     n_rows = seqlen_q * group
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
     block_n = 32 if INTERPRET else SPLIT_BLOCK_N
+    lay, lay_strides = None, (0, 0)
+    if layout is not None:
+        lay, lay_strides = _decode_layout(layout, q, nheads, nheads_kv, max_len)
+        block_n = min(block_n, layout.block_n)  # (each tile inside one layout block)
     m_blocks = cdiv(n_rows, block_m)
     block_d = padded_head_dim(headdim)
     if num_splits is None:
@@ -317,16 +385,18 @@ def flash_decode(
         _launch_split(
             (num_splits, m_blocks, batch * nheads_kv),
             (),
-            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse,
+            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse, lay,
              q.stride(0), q.stride(1), q.stride(2),
              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
              *part_strides,
              out.stride(0), out.stride(1), out.stride(2),
              seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
-             scale * LOG2E, left or 0, right or 0),
+             scale * LOG2E, left or 0, right or 0, *lay_strides),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                 SPARSE=layout is not None, LAYOUT_BM=layout.block_m if layout is not None else 1,
+                 LAYOUT_BN=layout.block_n if layout is not None else 1,
                  num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:

@@ -11,6 +11,7 @@ def test_a_row_times_both_ways_and_compares_their_tokens(device):
     assert row["same_tokens"] and row["first_difference"] is None
     assert row["prompt_logits_max_diff"] <= 1e-4 * row["prompt_logits_max"]
     assert 0 < row["density"] < 1 and row["headdim"] == 16 and row["prompt"] == 60
-    for name in ("cache", "recompute", "dense"):
+    assert row["graph_same_as_eager"]
+    for name in ("cache", "cache_eager", "recompute", "dense"):
         assert len(row[f"{name}_ms"]) == 1 and row[f"{name}_per_token"] == row[name] / 3 > 0
     assert row["speedup"] == row["recompute"] / row["cache"]

@@ -146,50 +146,72 @@ def test_gpu_a_prompt_prefilled_either_way_matches_the_float32_reference(monkeyp
 
 
 # (kind, its GPTConfig fields, n_kv_head): a band, a butterfly with fewer factors than its blocks allow
-# (once refused at every length shorter than 8 blocks), and a random layout with a pattern per head, on GQA
+# (once refused at every length shorter than 8 blocks), a random layout with a pattern per head (its steps
+# through flash_decode), and the same under GQA (its steps through block_sparse_attention, rows on the host)
 BLOCK_SPARSE_MODELS = [
     ("local", dict(block_sparse_local=1), 4),
     ("butterfly", dict(block_sparse_factors=2, block_sparse_local=0), 4),
+    ("random", dict(block_sparse_density=0.3), 4),
     ("random", dict(block_sparse_density=0.3), 2),
 ]
+BLOCK_SPARSE_IDS = ["local", "butterfly", "random", "random_gqa"]
 
 
-def _block_sparse_gpt(kind, fields, n_kv_head, device):
+def _block_sparse_gpt(kind, fields, n_kv_head, device, dtype=torch.float32):
     torch.manual_seed(0)
     cfg = dict(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, vocab_size=50, max_seq_len=64,
                pos_embedding="rotary")  # fmt: skip
     sparse = GPT(GPTConfig(**cfg, attention="block_sparse", block_sparse_kind=kind, block_sparse_block=16,
-                           **fields)).to(device).eval()  # fmt: skip
-    dense = GPT(GPTConfig(**cfg, attention="reference")).to(device).eval()
+                           **fields)).to(device, dtype).eval()  # fmt: skip
+    dense = GPT(GPTConfig(**cfg, attention="reference")).to(device, dtype).eval()
     dense.load_state_dict(sparse.state_dict())
     return sparse, dense
 
 
-@pytest.mark.parametrize(
-    "kind, fields, n_kv_head", BLOCK_SPARSE_MODELS, ids=[m[0] for m in BLOCK_SPARSE_MODELS]
-)
+@pytest.mark.parametrize("kind, fields, n_kv_head", BLOCK_SPARSE_MODELS, ids=BLOCK_SPARSE_IDS)
 def test_a_block_sparse_model_generates_through_its_cache_what_its_forward_gives(
     kind, fields, n_kv_head, device
 ):
     """The cache's steps attend through the rows of the model's one layout (over max_seq_len), so every
     step's logits are those of a forward over the whole sequence so far, across row blocks (a 44-token
-    prompt, 16-token blocks: the steps finish block 2 and enter block 3), and the greedy tokens are the
+    prompt, 16-token blocks: the steps finish block 2 and enter block 3), whether the host places each
+    step or DecodeStep does from the device (what a CUDA graph captures), and the greedy tokens are the
     same."""
     sparse, dense = _block_sparse_gpt(kind, fields, n_kv_head, device)
     prompt = torch.randint(0, 50, (2, 44), device=device)
-    caches = new_caches(sparse, 2, 64)
+    host, device_side = new_caches(sparse, 2, 64), new_caches(sparse, 2, 64)
+    on_device = device_side[0].step_layout is not None
+    assert on_device == (n_kv_head == 4)
     seq = prompt
     with torch.no_grad():
-        logits = sparse(prompt, caches=caches)
+        logits = sparse(prompt, caches=host)
+        sparse(prompt, caches=device_side)
+        step = DecodeStep(sparse, device_side, capture=False) if on_device else None
         for _ in range(7):
             torch.testing.assert_close(logits, sparse(seq), rtol=1e-4, atol=1e-4)
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], dim=1)
-            logits = sparse(nxt, caches=caches)
+            logits = sparse(nxt, caches=host)
+            if step is not None:
+                torch.testing.assert_close(step(nxt), logits, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(sparse(seq), dense(seq), atol=1e-3)  # the layout matters at this length
     assert torch.equal(generate(sparse, prompt, 7, temperature=0), seq)
-    with pytest.raises(ValueError, match="picks its layout rows on the host"):
-        generate(sparse, prompt, 4, cuda_graph=True)
+    if not on_device:
+        with pytest.raises(ValueError, match="a layout per head .* under GQA, whose decode steps pick"):
+            generate(sparse, prompt, 4, cuda_graph=True)
+        with pytest.raises(ValueError, match="step it eagerly"):
+            DecodeStep(sparse, new_caches(sparse, 2, 64), capture=False)(nxt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, fields, n_kv_head", BLOCK_SPARSE_MODELS[:3], ids=BLOCK_SPARSE_IDS[:3])
+def test_gpu_block_sparse_generation_through_a_cuda_graph_gives_the_eager_tokens(kind, fields, n_kv_head):
+    """A block-sparse model's decode step finds its layout row on the device, so a captured step replays
+    the eager step's kernels: the same greedy tokens in bf16, across row blocks."""
+    sparse, _ = _block_sparse_gpt(kind, fields, n_kv_head, "cuda", torch.bfloat16)
+    prompt = torch.randint(0, 50, (2, 13), device="cuda")
+    runs = [generate(sparse, prompt, 40, temperature=0, cuda_graph=graph) for graph in (False, True)]
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_a_block_sparse_cache_takes_queries_that_start_inside_a_row_block(device):

@@ -7,7 +7,8 @@ import torch
 
 from benchmarks.common import capture_graph
 from kernels import decode, flash_decode
-from kernels.reference import decode_reference
+from kernels.layouts import butterfly_layout, local_layout, random_layout, strided_layout
+from kernels.reference import attention_reference, decode_reference
 from tests.kernels._flash_utils import assert_close_rule
 
 F16, F32 = torch.float16, torch.float32
@@ -197,3 +198,73 @@ def test_default_split_count_follows_the_work(monkeypatch):
     assert decode._default_num_splits(16, 64, 4096, 64, cpu) == 32  # GPT-2 medium at a 4k cache: not 33
     monkeypatch.setattr(decode, "ROUND_DOWN_HEAD_DIM", None)  # (before session 66)
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
+
+
+def _layout_decode_reference(q, k, v, seqlens, layout, dtype=None):
+    """decode_reference with each sequence's one query restricted to the key blocks its layout row keeps
+    (the query at position seqlens[b] - 1)."""
+    dtype = dtype or q.dtype
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(seqlens[b])
+        keep = layout.expand(n, n)[:, n - 1 : n]  # (heads or 1, 1, n)
+        out, lse = attention_reference(
+            q[b : b + 1].to(dtype), k[b : b + 1, :n].to(dtype), v[b : b + 1, :n].to(dtype),
+            attn_mask=keep[None], return_lse=True,
+        )  # fmt: skip
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+# (dtype, batch, nheads, nheads_kv, headdim, max_len, cache lengths, layout kind, block, num_splits)
+LAYOUT_CASES = [
+    (F32, 3, 4, 4, 64, 200, [200, 1, 77], "butterfly", 32, None),
+    (F16, 2, 8, 2, 40, 256, [256, 130], "local", 64, 3),  # GQA, blocks wider than the key tile
+    (F32, 2, 4, 4, 32, 150, [150, 47], "random_per_head", 16, 4),  # blocks narrower than the key tile
+    (F16, 1, 6, 3, 16, 300, [300], "strided", 32, 1),
+]
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c[7]}-b{c[8]}-h{c[2]}/{c[3]}-s{c[9]}")
+def test_decode_through_a_layout_sees_only_its_rows_blocks(case, device):
+    """One new query per sequence, at the cache's last position, attends only to the key blocks its row
+    of the layout keeps (the layout over the cache's positions, as a block-sparse model's): against the
+    dense reference given that row as a mask, whatever the split count."""
+    dtype, b, h, hk, d, max_len, lens, kind, block, splits = case
+    torch.manual_seed(max_len + d)
+    builders = {
+        "butterfly": lambda: butterfly_layout(max_len, block, causal=True),
+        "local": lambda: local_layout(max_len, block, 1, causal=True),
+        "random_per_head": lambda: random_layout(max_len, block, 0.3, nheads=h, seed=1, causal=True),
+        "strided": lambda: strided_layout(max_len, block, 3, causal=True),
+    }
+    layout = builders[kind]().to(device)
+    q = torch.randn(b, 1, h, d, dtype=dtype, device=device)
+    k, v = (torch.randn(b, max_len, hk, d, dtype=dtype, device=device) for _ in range(2))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out, lse = flash_decode(q, k, v, seqlens, causal=True, layout=layout, num_splits=splits, return_lse=True)
+    ref64, lse64 = _layout_decode_reference(q, k, v, seqlens, layout, torch.float64)
+    reflp, lselp = _layout_decode_reference(q, k, v, seqlens, layout)
+    assert_close_rule("out", out, ref64, reflp, dtype)
+    assert_close_rule("lse", lse, lse64, lselp, dtype)
+    dense = flash_decode(q, k, v, seqlens, causal=True, num_splits=splits)
+    assert not torch.allclose(out[0], dense[0], atol=1e-2)  # the layout hides keys of the longest cache
+
+
+def test_decode_through_a_layout_refuses_what_it_cannot_take(device):
+    q = torch.randn(2, 1, 4, 32, dtype=F16, device=device)
+    k = torch.randn(2, 128, 2, 32, dtype=F16, device=device)
+    sl = torch.tensor([128, 3], dtype=torch.int32, device=device)
+    layout = butterfly_layout(128, 32).to(device)
+    with pytest.raises(ValueError, match="one new query per sequence"):
+        flash_decode(torch.cat([q, q], 1), k, k, sl, layout=layout)
+    with pytest.raises(ValueError, match="one per head with as many kv heads as query heads"):
+        flash_decode(q, k, k, sl, layout=random_layout(128, 32, 0.5, nheads=4).to(device))
+    with pytest.raises(ValueError, match="covers 96x96 positions, not the cache's 128"):
+        flash_decode(q, k, k, sl, layout=butterfly_layout(96, 32).to(device))
+    with pytest.raises(ValueError, match="BlockLayout"):
+        flash_decode(q, k, k, sl, layout=layout.mask)
+    if device != "cpu":
+        with pytest.raises(ValueError, match="layout is on cpu"):
+            flash_decode(q, k, k, sl, layout=butterfly_layout(128, 32))

@@ -134,7 +134,17 @@ def test_lists_shared_across_lengths_are_those_each_length_builds(causal):
     list equals what those exact lengths build."""
     layout = random_layout(100, 32, 0.4, nheads=2, seed=3)
     fields = [f.name for f in dataclasses.fields(BlockLists)]
-    for seqlen_q, seqlen_k in [(1, 1), (1, 15), (1, 16), (1, 17), (1, 40), (3, 47), (16, 48), (17, 49), (40, 100)]:
+    for seqlen_q, seqlen_k in [
+        (1, 1),
+        (1, 15),
+        (1, 16),
+        (1, 17),
+        (1, 40),
+        (3, 47),
+        (16, 48),
+        (17, 49),
+        (40, 100),
+    ]:
         served = layout.block_lists(seqlen_q, seqlen_k, causal, 16, 16)
         built = layout._build_lists(seqlen_q, seqlen_k, causal, 16, 16)
         for name in fields:
