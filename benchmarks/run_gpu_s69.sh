@@ -8,6 +8,8 @@
 #      cached block-sparse generate (d64, 4096-token prompt, 16 tokens)
 #   4: after flash_decode took block layouts (a block-sparse model's decode steps on the device, replayed from
 #      CUDA graphs): the generation, decode, layout tests on CUDA, then bench_generate_block_sparse.py again
+#   5: after flash_decode took a layout per head under GQA: part 4's tests, the 6 kernel tests part 2 did not
+#      reach (results/s69/kernel_tests_not_reached_in_call4.txt), bench_generate_block_sparse.py in 2 rounds
 #   2: the kernel tests session 68's CUDA run of the not-gpu-marked tests did not reach (its list:
 #      results/s69/kernel_tests_not_run_on_cuda.txt), the atomic-variant routing test among them
 source "$(dirname "$0")/gpu_call.sh"
@@ -61,5 +63,19 @@ for e in host_profile(fn, steps=2, top=30):
   echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
   timeout -s KILL 330 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
     --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  ;;
+5)
+  timeout -s KILL 150 python -m pytest -q -rf -n 6 tests/flashtrain/test_generate.py \
+    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
+    tests/kernels/test_decode.py > "$R/cuda_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
+  timeout -s INT 150 python -c "
+import sys, pytest
+ids = open('benchmarks/results/s69/kernel_tests_not_reached_in_call4.txt').read().splitlines()
+sys.exit(pytest.main(['-v', '-rf', '-n', '6', '-p', 'no:cacheprovider', *ids]))
+" > "$R/cuda_tests_remaining.log" 2>&1
+  echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_remaining.log"; tail -n 2 "$R/cuda_tests_remaining.log"
+  timeout -s KILL 200 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
+    --prompts 512 4096 16384 --new-tokens 32 --rounds 2 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
   ;;
 esac

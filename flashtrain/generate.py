@@ -95,15 +95,14 @@ class BlockSparseKVCache(KVCache):
     """A block-sparse model's cache: each new query attends to the cached keys its row of the model's
     layout keeps (`ModelLayout`, one layout over max_seq_len whatever the length), so generation gives
     what a forward over the whole sequence gives, reading only the kept blocks. A decode step (one new
-    token a sequence) goes through `flash_decode` with the layout, which finds the row on the device, so
-    `DecodeStep` can capture it; the prompt, and a layout per head under GQA, go through
-    `block_sparse_attention` with the rows picked on the host (`attend_through_layout`), eagerly."""
+    token a sequence) goes through `flash_decode` given the layout, which finds the row on the device, so
+    `DecodeStep` can capture it; the prompt goes through `block_sparse_attention` with the rows its
+    tokens fall in, picked on the host (`attend_through_layout`)."""
 
     def __init__(self, *args, layout, **kwargs):
         super().__init__(*args, **kwargs)
         self.layout = layout
-        on_device = steps_find_their_rows_on_device(layout)
-        self.step_layout = layout.for_sequence(self.capacity, self.k.device) if on_device else None
+        self.step_layout = layout.for_sequence(self.capacity, self.k.device)
 
     def attend(self, q, k, v, *, window=None):
         if window is not None:
@@ -111,25 +110,12 @@ class BlockSparseKVCache(KVCache):
                 "the block_sparse backend takes its sparsity from the layout: express a window as "
                 "block_sparse_kind=local"
             )
-        if q.shape[1] == 1 and self.step_layout is not None:
-            lengths = self.write(k, v)
+        if q.shape[1] == 1:  # (DecodeStep's steps, one token a sequence, always come here)
             from kernels import flash_decode
 
+            lengths = self.write(k, v)
             return flash_decode(q, self.k, self.v, lengths, causal=True, layout=self.step_layout)
-        if self.slots is not None:
-            raise ValueError(
-                "this block-sparse cache's steps pick their layout rows on the host (a layout per head on "
-                "GQA, or several tokens a step); step it eagerly"
-            )
         return attend_through_layout(q, self.k, self.v, self.append(k, v), self.layout)
-
-
-def steps_find_their_rows_on_device(layout) -> bool:
-    """Whether a block-sparse model's one-token steps go through `flash_decode` with its layout (`ModelLayout`),
-    which finds each query's row on the device, so that `DecodeStep` can capture them: yes but for a
-    layout per head under GQA, which flash_decode does not take (its programs hold a kv head's queries)."""
-    cfg = layout.cfg
-    return layout.whole.nheads == 1 or cfg.n_head == cfg.kv_heads
 
 
 def attend_through_layout(q, k_cache, v_cache, start: int, layout) -> torch.Tensor:
@@ -266,8 +252,7 @@ def generate(
     """Continue idx (B, T) by max_new_tokens sampled tokens; temperature 0 means greedy; top_k keeps the
     k most likely tokens before sampling (None: all). cuda_graph: replay each new token's step as one
     captured CUDA graph (`DecodeStep`); None = on a CUDA device when at least GRAPH_MIN_STEPS steps follow
-    the prompt (a block-sparse model's too, but for a layout per head under GQA: `BlockSparseKVCache`).
-    The tokens are the same either way."""
+    the prompt (a block-sparse model's too: `BlockSparseKVCache`). The tokens are the same either way."""
     cfg = model.cfg
     if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
         raise ValueError(
@@ -280,16 +265,6 @@ def generate(
         raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
-    if cfg.attention == "block_sparse" and not steps_find_their_rows_on_device(
-        model.blocks[0].attn.backend.layout
-    ):
-        if cuda_graph:
-            raise ValueError(
-                "cuda_graph=True: this block-sparse model has a layout per head (block_sparse_kind=random) "
-                "under GQA, whose decode steps pick their rows on the host, so they are not captured; pass "
-                "cuda_graph=None or False, or give it model.n_kv_head = model.n_head"
-            )
-        cuda_graph = False
     if cuda_graph and not idx.is_cuda:
         raise ValueError(f"cuda_graph=True needs the prompt and model on a CUDA device, not {idx.device}")
     total = idx.shape[1] + max_new_tokens

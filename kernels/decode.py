@@ -49,14 +49,16 @@ def _decode_split(
     qk_scale, win_left, win_right, stride_lay_h, stride_lay_r,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-    SPARSE: tl.constexpr, LAYOUT_BM: tl.constexpr, LAYOUT_BN: tl.constexpr,
+    SPARSE: tl.constexpr, PER_HEAD: tl.constexpr, LAYOUT_BM: tl.constexpr, LAYOUT_BN: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
 
     SPARSE: one query per sequence (at the cache's last key), which sees only the key blocks its row of
     the block layout keeps (LAYOUT: int8 (heads or 1, row blocks, column blocks) of LAYOUT_BM x LAYOUT_BN
-    blocks; with a layout per head the caller has one head a program); the other blocks are not read.
+    blocks); blocks no row of the program keeps are not read. PER_HEAD (a pattern per query head): a
+    block some of the group's heads keep is walked with the others' rows masked, by placing their query
+    before every key (the caller makes the call causal, which at the last key hides nothing else).
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
     anything, then let the merge kernel launch, so that its programs are in place when this one ends.
@@ -103,8 +105,19 @@ def _decode_split(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
-    if SPARSE:  # each kept layout block of the slice, in its masked and unmasked runs
-        row = LAYOUT + off_hk * stride_lay_h + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
+    if SPARSE and PER_HEAD:  # each block some row keeps, masked, the other rows' queries before every key
+        rows = LAYOUT + off_h * stride_lay_h + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
+        for blk in range((lo // LAYOUT_BN) * LAYOUT_BN, hi, LAYOUT_BN):
+            keep = tl.load(rows + blk // LAYOUT_BN, mask=row_ok, other=0) != 0
+            if tl.max(keep.to(tl.int32), 0) > 0:
+                acc, l_i, m_i = _fwd_inner(
+                    acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, tl.where(keep, pos_m, -1),
+                    None, offs_d, seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0,
+                    tl.maximum(blk, lo), tl.minimum(blk + LAYOUT_BN, hi),
+                    True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+                )  # fmt: skip
+    elif SPARSE:  # each kept layout block of the slice, in its masked and unmasked runs
+        row = LAYOUT + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
         for blk in range((lo // LAYOUT_BN) * LAYOUT_BN, hi, LAYOUT_BN):
             if tl.load(row + blk // LAYOUT_BN) != 0:
                 a = tl.maximum(blk, lo)
@@ -274,7 +287,7 @@ def _default_num_splits(
     return max(1, min(want, cdiv(max_len, MIN_SPLIT_TILES * block_n), 128))
 
 
-def _decode_layout(layout, q, nheads: int, nheads_kv: int, max_len: int):
+def _decode_layout(layout, q, nheads: int, max_len: int):
     """(int8 mask on q's device, its (head, row) strides) of a layout `flash_decode` can take; a ValueError
     that says what to change for any other."""
     if not isinstance(layout, BlockLayout):
@@ -286,10 +299,10 @@ def _decode_layout(layout, q, nheads: int, nheads_kv: int, max_len: int):
         )
     if layout.device != q.device:
         raise ValueError(f"layout is on {layout.device} but q is on {q.device}; move it with layout.to(...)")
-    if layout.nheads not in (1, nheads) or (layout.nheads > 1 and nheads_kv != nheads):
+    if layout.nheads not in (1, nheads):
         raise ValueError(
-            f"layout has {layout.nheads} heads for {nheads} query heads on {nheads_kv} kv heads: give one "
-            "pattern for every head, or one per head with as many kv heads as query heads"
+            f"layout has {layout.nheads} heads for {nheads} query heads: give one pattern for every head, "
+            "or one per query head"
         )
     rows, cols = layout.shape[1:]
     if rows * layout.block_m < max_len or cols * layout.block_n < max_len:
@@ -327,8 +340,8 @@ def flash_decode(
     layout: a `kernels.layouts.BlockLayout` over the cache's positions (queries and keys alike: a block
     model's layout, `block_sparse_attention`'s): the one new query of each sequence (seqlen_q = 1), at
     position cache_seqlens[b] - 1, sees only the keys of the blocks its row keeps, and the others are not
-    read. A layout per head needs as many kv heads as query heads. Everything stays on the device, so a
-    step through it can be captured in a CUDA graph.
+    read (under GQA, those no head of a kv group keeps). Everything stays on the device, so a step through
+    it can be captured in a CUDA graph.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
@@ -362,8 +375,12 @@ def flash_decode(
     block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     lay, lay_strides = None, (0, 0)
     if layout is not None:
-        lay, lay_strides = _decode_layout(layout, q, nheads, nheads_kv, max_len)
+        lay, lay_strides = _decode_layout(layout, q, nheads, max_len)
         block_n = min(block_n, layout.block_n)  # (each tile inside one layout block)
+        if (
+            layout.nheads > 1
+        ):  # (the kernel masks a head's row by its causal mask, which at the last key hides nothing else)
+            right = 0 if right is None else min(right, 0)
     m_blocks = cdiv(n_rows, block_m)
     block_d = padded_head_dim(headdim)
     if num_splits is None:
@@ -395,7 +412,7 @@ def flash_decode(
              scale * LOG2E, left or 0, right or 0, *lay_strides),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
-                 SPARSE=layout is not None, LAYOUT_BM=layout.block_m if layout is not None else 1,
+                 SPARSE=layout is not None, PER_HEAD=layout is not None and layout.nheads > 1, LAYOUT_BM=layout.block_m if layout is not None else 1,
                  LAYOUT_BN=layout.block_n if layout is not None else 1,
                  num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip

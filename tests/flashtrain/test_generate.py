@@ -146,8 +146,8 @@ def test_gpu_a_prompt_prefilled_either_way_matches_the_float32_reference(monkeyp
 
 
 # (kind, its GPTConfig fields, n_kv_head): a band, a butterfly with fewer factors than its blocks allow
-# (once refused at every length shorter than 8 blocks), a random layout with a pattern per head (its steps
-# through flash_decode), and the same under GQA (its steps through block_sparse_attention, rows on the host)
+# (once refused at every length shorter than 8 blocks), a random layout with a pattern per head, and the
+# same under GQA (flash_decode masks each head of a kv group by its own row)
 BLOCK_SPARSE_MODELS = [
     ("local", dict(block_sparse_local=1), 4),
     ("butterfly", dict(block_sparse_factors=2, block_sparse_local=0), 4),
@@ -180,31 +180,23 @@ def test_a_block_sparse_model_generates_through_its_cache_what_its_forward_gives
     sparse, dense = _block_sparse_gpt(kind, fields, n_kv_head, device)
     prompt = torch.randint(0, 50, (2, 44), device=device)
     host, device_side = new_caches(sparse, 2, 64), new_caches(sparse, 2, 64)
-    on_device = device_side[0].step_layout is not None
-    assert on_device == (n_kv_head == 4)
     seq = prompt
     with torch.no_grad():
         logits = sparse(prompt, caches=host)
         sparse(prompt, caches=device_side)
-        step = DecodeStep(sparse, device_side, capture=False) if on_device else None
+        step = DecodeStep(sparse, device_side, capture=False)
         for _ in range(7):
             torch.testing.assert_close(logits, sparse(seq), rtol=1e-4, atol=1e-4)
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], dim=1)
             logits = sparse(nxt, caches=host)
-            if step is not None:
-                torch.testing.assert_close(step(nxt), logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(step(nxt), logits, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(sparse(seq), dense(seq), atol=1e-3)  # the layout matters at this length
     assert torch.equal(generate(sparse, prompt, 7, temperature=0), seq)
-    if not on_device:
-        with pytest.raises(ValueError, match="a layout per head .* under GQA, whose decode steps pick"):
-            generate(sparse, prompt, 4, cuda_graph=True)
-        with pytest.raises(ValueError, match="step it eagerly"):
-            DecodeStep(sparse, new_caches(sparse, 2, 64), capture=False)(nxt)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind, fields, n_kv_head", BLOCK_SPARSE_MODELS[:3], ids=BLOCK_SPARSE_IDS[:3])
+@pytest.mark.parametrize("kind, fields, n_kv_head", BLOCK_SPARSE_MODELS, ids=BLOCK_SPARSE_IDS)
 def test_gpu_block_sparse_generation_through_a_cuda_graph_gives_the_eager_tokens(kind, fields, n_kv_head):
     """A block-sparse model's decode step finds its layout row on the device, so a captured step replays
     the eager step's kernels: the same greedy tokens in bf16, across row blocks."""

@@ -223,6 +223,8 @@ LAYOUT_CASES = [
     (F16, 2, 8, 2, 40, 256, [256, 130], "local", 64, 3),  # GQA, blocks wider than the key tile
     (F32, 2, 4, 4, 32, 150, [150, 47], "random_per_head", 16, 4),  # blocks narrower than the key tile
     (F16, 1, 6, 3, 16, 300, [300], "strided", 32, 1),
+    (F16, 3, 8, 2, 64, 256, [256, 100, 1], "random_per_head", 32, None),  # a pattern per head under GQA
+    (F32, 2, 6, 1, 32, 96, [96, 80], "random_per_head", 16, 2),  # MQA
 ]
 
 
@@ -259,8 +261,8 @@ def test_decode_through_a_layout_refuses_what_it_cannot_take(device):
     layout = butterfly_layout(128, 32).to(device)
     with pytest.raises(ValueError, match="one new query per sequence"):
         flash_decode(torch.cat([q, q], 1), k, k, sl, layout=layout)
-    with pytest.raises(ValueError, match="one per head with as many kv heads as query heads"):
-        flash_decode(q, k, k, sl, layout=random_layout(128, 32, 0.5, nheads=4).to(device))
+    with pytest.raises(ValueError, match="layout has 3 heads for 4 query heads"):
+        flash_decode(q, k, k, sl, layout=random_layout(128, 32, 0.5, nheads=3).to(device))
     with pytest.raises(ValueError, match="covers 96x96 positions, not the cache's 128"):
         flash_decode(q, k, k, sl, layout=butterfly_layout(96, 32).to(device))
     with pytest.raises(ValueError, match="BlockLayout"):
