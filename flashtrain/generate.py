@@ -122,10 +122,9 @@ def attend_through_layout(q, k_cache, v_cache, start: int, layout) -> torch.Tens
     """Causal attention of queries q (B, T, H, D) at positions [start, start + T) to the first start + T
     cached keys, through the rows of `layout` (a `ModelLayout`) those positions fall in. The kernel's
     row blocks begin at its first query, so a start inside a row block takes a call of its own up to
-    the next block (one row: a decode step), and the rest, aligned, one call. A call of one query, at
-    the last key, goes without the causal flag, which hides nothing from it: the tile lists of calls
-    without it are shared by every length inside a key tile (`kernels.layouts.lists_key`), so a decode
-    step builds none of its own."""
+    the next block (one row), and the rest, aligned, one call. A call of one query, at the last key, goes
+    without the causal flag, which hides nothing from it: the tile lists of calls without it are shared
+    by every length inside a key tile (`kernels.layouts.lists_key`)."""
     from kernels import block_sparse_attention
 
     block, end, outs = layout.block_size, start + q.shape[1], []

@@ -67,15 +67,14 @@ class ModelLayout:
     def block_size(self) -> int:
         return self.whole.block_m
 
-    def rows(self, row_start: int, row_stop: int, seqlen_k: int, device, seqlen: int | None = None):
+    def rows(self, row_start: int, row_stop: int, seqlen_k: int, device):
         """A BlockLayout on `device` for the queries of row blocks [row_start, row_stop) against the
-        first seqlen_k keys, of a sequence of `seqlen` tokens (default seqlen_k)."""
-        seqlen = seqlen_k if seqlen is None else seqlen
+        first seqlen_k keys (the sequence's so far)."""
         whole = self.whole
-        if seqlen > self.cfg.max_seq_len:
-            if seqlen not in self._longer:
-                self._longer[seqlen] = build_layout(self.cfg, seqlen, self.cfg.n_head, self.cfg.causal)
-            whole = self._longer[seqlen]
+        if seqlen_k > self.cfg.max_seq_len:
+            if seqlen_k not in self._longer:
+                self._longer[seqlen_k] = build_layout(self.cfg, seqlen_k, self.cfg.n_head, self.cfg.causal)
+            whole = self._longer[seqlen_k]
         cols = -(-seqlen_k // whole.block_n)
         key = (row_start, row_stop, cols, whole.mask.shape[-1], str(device))
         if key in self._crops:
