@@ -7,7 +7,8 @@ graph as a dense model's is). Before, it ran a forward over the whole sequence s
 (`recompute` here).
 
 GPT-2 medium's shape (24 layers, width 1024 in heads of each --headdims), bf16, random weights, butterfly
-on 128-blocks (all factors, a band of one block): a prompt of `prompt` tokens, then `new_tokens` greedy
+on 128-blocks (all factors, a band of one block; `--layout random`: 10% of the tiles, a pattern per head,
+with `--kv-heads` under GQA): a prompt of `prompt` tokens, then `new_tokens` greedy
 tokens. In alternating rounds, one whole call each way: `cache_ms` (`generate`, its steps replayed from a
 CUDA graph), `cache_eager_ms` (the same steps run eagerly), `recompute_ms`, and `dense_ms`: the same weights
 with dense attention (`attention=auto`, graph-replayed steps), what the layout's model gives up or gains
@@ -55,15 +56,24 @@ def recompute(model: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor
     return seq
 
 
+# --layout: GPTConfig's block_sparse_* fields for each layout the benchmark takes
+LAYOUTS = {
+    "butterfly": dict(block_sparse_kind="butterfly", block_sparse_local=1),  # one pattern for every head
+    "random": dict(block_sparse_kind="random", block_sparse_density=0.1),  # a pattern per head
+}
+
+
 def models(
-    headdim: int, max_seq_len: int, device, dtype, n_layer=24, d_model=1024, vocab_size=50304, block=128
-):
-    """(block-sparse model, the same weights with dense attention), eval mode."""
-    shape = dict(n_layer=n_layer, n_head=d_model // headdim, d_model=d_model, vocab_size=vocab_size,
-                 max_seq_len=max_seq_len)  # fmt: skip
+    headdim: int, max_seq_len: int, device, dtype, n_layer=24, d_model=1024, vocab_size=50304, block=128,
+    layout="butterfly", kv_heads=None,
+):  # fmt: skip
+    """(block-sparse model, the same weights with dense attention), eval mode; kv_heads: GQA's key/value
+    heads (None: one a query head)."""
+    shape = dict(n_layer=n_layer, n_head=d_model // headdim, n_kv_head=kv_heads, d_model=d_model,
+                 vocab_size=vocab_size, max_seq_len=max_seq_len)  # fmt: skip
     torch.manual_seed(0)
-    sparse = GPT(GPTConfig(**shape, attention="block_sparse", block_sparse_kind="butterfly",
-                           block_sparse_block=block, block_sparse_local=1)).to(device, dtype).eval()  # fmt: skip
+    sparse = GPT(GPTConfig(**shape, attention="block_sparse", block_sparse_block=block,
+                           **LAYOUTS[layout])).to(device, dtype).eval()  # fmt: skip
     dense = GPT(GPTConfig(**shape, attention="auto")).to(device, dtype).eval()
     dense.load_state_dict(sparse.state_dict())
     return sparse, dense
@@ -87,8 +97,9 @@ def measure(sparse: GPT, dense: GPT, batch: int, prompt_len: int, new_tokens: in
         cached_logits = sparse(prompt, caches=new_caches(sparse, batch, prompt_len)).float()
         whole_logits = sparse(prompt).float()
     layout = sparse.blocks[0].attn.backend.layout.for_sequence(prompt_len + new_tokens, "cpu")
-    row = dict(n_layer=cfg.n_layer, d_model=cfg.d_model, nheads=cfg.n_head, headdim=cfg.head_dim, batch=batch,
-               prompt=prompt_len, new_tokens=new_tokens, layout=f"butterfly, {cfg.block_sparse_block}-blocks, local 1",
+    row = dict(n_layer=cfg.n_layer, d_model=cfg.d_model, nheads=cfg.n_head, kv_heads=cfg.kv_heads,
+               headdim=cfg.head_dim, batch=batch, prompt=prompt_len, new_tokens=new_tokens,
+               layout=f"{cfg.block_sparse_kind}, {cfg.block_sparse_block}-blocks",
                density=round(layout.density, 4), dtype=str(next(sparse.parameters()).dtype).split(".")[-1])  # fmt: skip
     for name, vals in times.items():
         row[name] = statistics.median(vals)
@@ -112,6 +123,8 @@ def main():
     parser.add_argument("--batches", nargs="+", type=int, default=[1])
     parser.add_argument("--prompts", nargs="+", type=int, default=[512, 4096, 16384])
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="butterfly")
+    parser.add_argument("--kv-heads", type=int, default=None, help="GQA's key/value heads (default: MHA)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -119,7 +132,8 @@ def main():
         parser.error("this benchmark times the CUDA kernels; run it on a GPU (`device`)")
     rows = []
     for headdim in args.headdims:
-        sparse, dense = models(headdim, max(args.prompts) + args.new_tokens, "cuda", torch.bfloat16)
+        sparse, dense = models(headdim, max(args.prompts) + args.new_tokens, "cuda", torch.bfloat16,
+                               layout=args.layout, kv_heads=args.kv_heads)  # fmt: skip
         for batch in args.batches:
             for prompt in args.prompts:
                 rows.append(measure(sparse, dense, batch, prompt, args.new_tokens, args.rounds))

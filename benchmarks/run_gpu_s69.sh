@@ -10,6 +10,8 @@
 #      CUDA graphs): the generation, decode, layout tests on CUDA, then bench_generate_block_sparse.py again
 #   5: after flash_decode took a layout per head under GQA: part 4's tests, the 6 kernel tests part 2 did not
 #      reach (results/s69/kernel_tests_not_reached_in_call4.txt), bench_generate_block_sparse.py in 2 rounds
+#   6: bench_generate_block_sparse.py at batch 8 (butterfly, d64), and a random layout (a pattern per head) on
+#      GQA (16 query heads on 4) at batch 1
 #   2: the kernel tests session 68's CUDA run of the not-gpu-marked tests did not reach (its list:
 #      results/s69/kernel_tests_not_run_on_cuda.txt), the atomic-variant routing test among them
 source "$(dirname "$0")/gpu_call.sh"
@@ -77,5 +79,11 @@ sys.exit(pytest.main(['-v', '-rf', '-n', '6', '-p', 'no:cacheprovider', *ids]))
   echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_remaining.log"; tail -n 2 "$R/cuda_tests_remaining.log"
   timeout -s KILL 200 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
     --prompts 512 4096 16384 --new-tokens 32 --rounds 2 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  ;;
+6)
+  timeout -s KILL 100 python benchmarks/bench_generate_block_sparse.py --headdims 64 --batches 8 \
+    --prompts 4096 16384 --new-tokens 16 --rounds 2 --out "$R/generate_block_sparse_b8.json" 2>&1 | quiet | grep "^|"
+  timeout -s KILL 80 python benchmarks/bench_generate_block_sparse.py --headdims 64 --layout random --kv-heads 4 \
+    --prompts 4096 16384 --new-tokens 16 --rounds 2 --out "$R/generate_block_sparse_random_gqa.json" 2>&1 | quiet | grep "^|"
   ;;
 esac
