@@ -200,9 +200,9 @@ def test_default_split_count_follows_the_work(monkeypatch):
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
 
 
-def _layout_decode_reference(q, k, v, seqlens, layout, dtype=None):
+def _layout_decode_reference(q, k, v, seqlens, layout, dtype=None, window=None):
     """decode_reference with each sequence's one query restricted to the key blocks its layout row keeps
-    (the query at position seqlens[b] - 1)."""
+    (the query at position seqlens[b] - 1), and to a window if given."""
     dtype = dtype or q.dtype
     outs, lses = [], []
     for b in range(q.shape[0]):
@@ -210,14 +210,14 @@ def _layout_decode_reference(q, k, v, seqlens, layout, dtype=None):
         keep = layout.expand(n, n)[:, n - 1 : n]  # (heads or 1, 1, n)
         out, lse = attention_reference(
             q[b : b + 1].to(dtype), k[b : b + 1, :n].to(dtype), v[b : b + 1, :n].to(dtype),
-            attn_mask=keep[None], return_lse=True,
+            attn_mask=keep[None], return_lse=True, causal=True, window=window,
         )  # fmt: skip
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
 
 
-# (dtype, batch, nheads, nheads_kv, headdim, max_len, cache lengths, layout kind, block, num_splits)
+# (dtype, batch, nheads, nheads_kv, headdim, max_len, cache lengths, layout kind, block, num_splits[, window])
 LAYOUT_CASES = [
     (F32, 3, 4, 4, 64, 200, [200, 1, 77], "butterfly", 32, None),
     (F16, 2, 8, 2, 40, 256, [256, 130], "local", 64, 3),  # GQA, blocks wider than the key tile
@@ -225,15 +225,22 @@ LAYOUT_CASES = [
     (F16, 1, 6, 3, 16, 300, [300], "strided", 32, 1),
     (F16, 3, 8, 2, 64, 256, [256, 100, 1], "random_per_head", 32, None),  # a pattern per head under GQA
     (F32, 2, 6, 1, 32, 96, [96, 80], "random_per_head", 16, 2),  # MQA
+    (F32, 2, 4, 2, 32, 200, [200, 90], "butterfly", 32, 3, (50, None)),  # and a window
+    (F16, 2, 4, 2, 32, 200, [200, 90], "random_per_head", 32, None, (70, None)),
 ]
 
 
-@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c[7]}-b{c[8]}-h{c[2]}/{c[3]}-s{c[9]}")
+@pytest.mark.parametrize(
+    "case",
+    LAYOUT_CASES,
+    ids=lambda c: f"{c[7]}-b{c[8]}-h{c[2]}/{c[3]}-s{c[9]}" + ("-w" if len(c) > 10 else ""),
+)
 def test_decode_through_a_layout_sees_only_its_rows_blocks(case, device):
     """One new query per sequence, at the cache's last position, attends only to the key blocks its row
     of the layout keeps (the layout over the cache's positions, as a block-sparse model's): against the
     dense reference given that row as a mask, whatever the split count."""
-    dtype, b, h, hk, d, max_len, lens, kind, block, splits = case
+    dtype, b, h, hk, d, max_len, lens, kind, block, splits, *window = case
+    window = window[0] if window else None
     torch.manual_seed(max_len + d)
     builders = {
         "butterfly": lambda: butterfly_layout(max_len, block, causal=True),
@@ -245,12 +252,14 @@ def test_decode_through_a_layout_sees_only_its_rows_blocks(case, device):
     q = torch.randn(b, 1, h, d, dtype=dtype, device=device)
     k, v = (torch.randn(b, max_len, hk, d, dtype=dtype, device=device) for _ in range(2))
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
-    out, lse = flash_decode(q, k, v, seqlens, causal=True, layout=layout, num_splits=splits, return_lse=True)
-    ref64, lse64 = _layout_decode_reference(q, k, v, seqlens, layout, torch.float64)
-    reflp, lselp = _layout_decode_reference(q, k, v, seqlens, layout)
+    out, lse = flash_decode(
+        q, k, v, seqlens, causal=True, window=window, layout=layout, num_splits=splits, return_lse=True
+    )
+    ref64, lse64 = _layout_decode_reference(q, k, v, seqlens, layout, torch.float64, window)
+    reflp, lselp = _layout_decode_reference(q, k, v, seqlens, layout, window=window)
     assert_close_rule("out", out, ref64, reflp, dtype)
     assert_close_rule("lse", lse, lse64, lselp, dtype)
-    dense = flash_decode(q, k, v, seqlens, causal=True, num_splits=splits)
+    dense = flash_decode(q, k, v, seqlens, causal=True, window=window, num_splits=splits)
     assert not torch.allclose(out[0], dense[0], atol=1e-2)  # the layout hides keys of the longest cache
 
 
