@@ -10,6 +10,7 @@ compiles the per-tile lists the kernel walks, so crops are kept (per shape and d
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import torch
@@ -45,10 +46,11 @@ def build_layout(cfg, seqlen: int, nheads: int, causal: bool):
             cfg.block_sparse_kind, seqlen, cfg.block_sparse_block, nheads=nheads, causal=causal, **params
         )
     except ValueError as e:  # name the config keys, not the builder's arguments
-        raise ValueError(
-            f"the model.block_sparse_* layout over {seqlen} tokens in blocks of {cfg.block_sparse_block} "
-            f"(model.block_sparse_block): {e}"
-        ) from None
+        message = str(e)
+        names = {**_PARAMS[cfg.block_sparse_kind], "block_size": "block_sparse_block"}
+        for arg, field in names.items():
+            message = re.sub(rf"\b{arg}\b", f"model.{field}", message)
+        raise ValueError(f"the block-sparse layout over {seqlen} tokens: {message}") from None
 
 
 class ModelLayout:

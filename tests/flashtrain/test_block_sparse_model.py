@@ -16,8 +16,8 @@ KINDS = {
 
 def _cfg(kind, causal=True, max_seq_len=512, **fields):
     return GPTConfig(n_head=3, d_model=48, vocab_size=32, max_seq_len=max_seq_len, causal=causal,
-                     attention="block_sparse", block_sparse_kind=kind, block_sparse_block=16,
-                     **{**KINDS[kind], **fields})  # fmt: skip
+                     attention="block_sparse", block_sparse_kind=kind,
+                     **{"block_sparse_block": 16, **KINDS[kind], **fields})  # fmt: skip
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -41,9 +41,28 @@ def test_a_butterfly_with_fewer_factors_than_its_blocks_allow_runs_short_sequenc
     layouts = ModelLayout(_cfg("butterfly", block_sparse_factors=3))
     assert layouts.for_sequence(20, "cpu").shape == (1, 2, 2)
     with pytest.raises(
-        ValueError, match=r"model.block_sparse_\* layout over 512 tokens in blocks of 16.*n_factors"
+        ValueError, match=r"model.block_sparse_factors must be an int in \[0, 5\] for 32 blocks"
     ):
         make_block_sparse_backend(_cfg("butterfly", block_sparse_factors=6))
+
+
+@pytest.mark.parametrize(
+    "kind, fields, match",
+    [
+        ("butterfly", dict(block_sparse_block=24), "model.block_sparse_block=24: use a power of two"),
+        ("butterfly", dict(block_sparse_global=-2), "model.block_sparse_global must be an int >= 0, got -2"),
+        ("local", dict(block_sparse_local=-1), "model.block_sparse_local must be an int >= 0, got -1"),
+        ("strided", dict(block_sparse_stride=0), "model.block_sparse_stride must be an int >= 1, got 0"),
+        (
+            "random",
+            dict(block_sparse_density=1.5),
+            r"model.block_sparse_density must be in \[0, 1\], got 1.5",
+        ),
+    ],
+)
+def test_a_bad_layout_setting_is_refused_by_its_config_key(kind, fields, match):
+    with pytest.raises(ValueError, match="the block-sparse layout over 512 tokens: " + match):
+        make_block_sparse_backend(_cfg(kind, **fields))
 
 
 def test_a_sequence_longer_than_max_seq_len_gets_the_layout_of_its_length():
