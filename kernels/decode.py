@@ -131,28 +131,28 @@ def _decode_split(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
-    if SPARSE and PER_HEAD:  # each block some row keeps, masked, the other rows' queries before every key
-        rows = LAYOUT + off_h * stride_lay_h + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
-        for blk in range((lo // LAYOUT_BN) * LAYOUT_BN, hi, LAYOUT_BN):
-            keep = tl.load(rows + blk // LAYOUT_BN, mask=row_ok, other=0) != 0
-            if tl.max(keep.to(tl.int32), 0) > 0:
-                acc, l_i, m_i = _fwd_inner(
-                    acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, tl.where(keep, pos_m, -1),
-                    None, offs_d, seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0,
-                    tl.maximum(blk, lo), tl.minimum(blk + LAYOUT_BN, hi),
-                    True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-                )  # fmt: skip
-    elif SPARSE:  # each kept layout block of the slice, in its masked and unmasked runs
+    if SPARSE:  # each layout block of the slice that a row keeps, in its masked and unmasked runs
         row = LAYOUT + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
         for blk in range((lo // LAYOUT_BN) * LAYOUT_BN, hi, LAYOUT_BN):
-            if tl.load(row + blk // LAYOUT_BN) != 0:
+            if PER_HEAD:  # the rows of heads that skip the block get their query before every key of it
+                keep = tl.load(row + off_h * stride_lay_h + blk // LAYOUT_BN, mask=row_ok, other=0) != 0
+                kept = tl.max(keep.to(tl.int32), 0) > 0
+                pos_blk = tl.where(keep, pos_m, -1)
+            else:
+                kept = tl.load(row + blk // LAYOUT_BN) != 0
+                pos_blk = pos_m
+            if kept:
                 a = tl.maximum(blk, lo)
                 b = tl.minimum(blk + LAYOUT_BN, hi)
-                fa = tl.minimum(tl.maximum(a, full_lo), b)
+                if PER_HEAD:  # (all masked)
+                    fa = a
+                    fb = a
+                else:
+                    fa = tl.minimum(tl.maximum(a, full_lo), b)
+                    fb = tl.minimum(tl.maximum(tl.minimum(b, full_hi), fa), b)
                 acc, l_i, m_i = _masked_unmasked_masked(
-                    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left,
-                    win_right, qk_scale, a, fa, tl.minimum(tl.maximum(tl.minimum(b, full_hi), fa), b), b,
-                    HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, DOT_PREC,
+                    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, pos_blk, offs_d, seqlen_k, win_left,
+                    win_right, qk_scale, a, fa, fb, b, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, DOT_PREC,
                 )  # fmt: skip
     else:
         acc, l_i, m_i = _masked_unmasked_masked(
@@ -381,9 +381,8 @@ def flash_decode(
     if layout is not None:
         lay, lay_strides = _decode_layout(layout, q, nheads, max_len)
         block_n = min(block_n, layout.block_n)  # (each tile inside one layout block)
-        if (
-            layout.nheads > 1
-        ):  # (the kernel masks a head's row by its causal mask, which at the last key hides nothing else)
+        # (a head's row is masked by its causal mask, which at the last key hides nothing else)
+        if layout.nheads > 1:
             right = 0 if right is None else min(right, 0)
     m_blocks = cdiv(n_rows, block_m)
     block_d = padded_head_dim(headdim)
