@@ -16,6 +16,7 @@ import argparse
 
 import torch
 
+from flashtrain.models.block_sparse import refuse_window
 from flashtrain.models.gpt import GPT
 
 # A prompt of at least this many tokens (batch x length) into an empty cache takes the training kernel
@@ -105,11 +106,7 @@ class BlockSparseKVCache(KVCache):
         self.step_layout = layout.for_sequence(self.capacity, self.k.device)
 
     def attend(self, q, k, v, *, window=None):
-        if window is not None:
-            raise ValueError(
-                "the block_sparse backend takes its sparsity from the layout: express a window as "
-                "block_sparse_kind=local"
-            )
+        refuse_window(window)
         if q.shape[1] == 1:  # (DecodeStep's steps, one token a sequence, always come here)
             from kernels import flash_decode
 

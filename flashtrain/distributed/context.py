@@ -24,6 +24,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from flashtrain.models.block_sparse import refuse_window
+
 from .parallel_dims import ParallelDims
 from .ring import ring_attention
 from .sharding import check_layout, check_seqlen, gather_full, shard_positions
@@ -136,11 +138,7 @@ class SequenceParallel:
             dropout_p=dropout_p, backend=self.backend, validate=False,
         )  # fmt: skip
         if self.block_layout is not None:
-            if window is not None:
-                raise ValueError(
-                    "a block-sparse model takes its sparsity from the layout: express a window as "
-                    "block_sparse_kind=local"
-                )
+            refuse_window(window)
             kw["block_layout"], kw["block_size"] = self.block_layout(q.shape[1] * self.sp_size, q.device)
         if self.mode == "ring":
             return ring_attention(q, k, v, self.ring_group, **kw)

@@ -103,6 +103,21 @@ def global_block_mask(cfg, seqlen: int, device) -> tuple[torch.Tensor, int]:
     return layout.mask, layout.block_m
 
 
+def refuse_window(window, key_padding_mask=None) -> None:
+    """A block-sparse model's attention (its backend, its KV caches, its sequence-parallel calls) takes its
+    sparsity from the layout alone: a ValueError for a window or a key-padding mask, saying what instead."""
+    if window is not None:
+        raise ValueError(
+            "a block-sparse model takes its sparsity from the layout: express a window as "
+            "model.block_sparse_kind=local"
+        )
+    if key_padding_mask is not None:
+        raise ValueError(
+            "a block-sparse model takes its sparsity from the layout: pad inputs to whole blocks instead of "
+            "a key-padding mask"
+        )
+
+
 def make_block_sparse_backend(cfg):
     """An attention function with the backend signature for a GPTConfig backbone; its `layout`
     attribute is the model's `ModelLayout` (which generation's KV caches attend through)."""
@@ -114,11 +129,7 @@ def make_block_sparse_backend(cfg):
     ):
         from kernels.block_sparse import block_sparse_attention
 
-        if window is not None or key_padding_mask is not None:
-            raise ValueError(
-                "the block_sparse backend takes its sparsity from the layout: express a window as "
-                "block_sparse_kind=local, and pad inputs to whole blocks instead of a key-padding mask"
-            )
+        refuse_window(window, key_padding_mask)
         return block_sparse_attention(
             q, k, v, layout.for_sequence(q.shape[1], q.device), causal=causal,
             softmax_scale=softmax_scale, dropout_p=dropout_p,
