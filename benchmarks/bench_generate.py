@@ -27,7 +27,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -35,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import flashtrain.generate as gen  # noqa: E402
 from benchmarks.ab_decode_launch import VARIANTS  # noqa: E402
-from benchmarks.common import markdown_table, print_summary, rotated, with_settings, write_results  # noqa: E402
+from benchmarks.common import markdown_table, print_summary, rotated, wall_ms, with_settings, write_results  # noqa: E402
 from flashtrain.generate import DecodeStep, generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from kernels import decode  # noqa: E402
@@ -48,14 +47,6 @@ MODELS = {  # name -> (n_layer, d_model, n_head)
     "gpt2-medium": (24, 1024, 16),
     "gpt2-medium-d128": (24, 1024, 8),
 }
-
-
-def wall_ms(fn) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def prefill_ms(model: GPT, prompt: torch.Tensor, capacity: int, through_flash: bool) -> float:

@@ -26,25 +26,14 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import markdown_table, print_summary, rotated, write_results  # noqa: E402
+from benchmarks.common import markdown_table, print_summary, rotated, wall_ms, write_results  # noqa: E402
 from flashtrain.generate import generate, new_caches  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
-
-
-def wall_ms(fn) -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 @torch.no_grad()

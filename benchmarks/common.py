@@ -58,6 +58,18 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def wall_ms(fn: Callable[[], object]) -> float:
+    """Milliseconds of one call of fn by the host's clock, the GPU's queue drained before and after (a
+    whole call with its host work: a generation, not a kernel)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> dict:
     """The device's copy bandwidth: one device-to-device copy of nbytes (`time_ms`'s median), counted as
     read + write: {"bytes_moved", "median_ms", "tb_per_s"}. What a memory-bound kernel can reach at best
