@@ -15,36 +15,49 @@
 #   2: the kernel tests session 68's CUDA run of the not-gpu-marked tests did not reach (its list:
 #      results/s69/kernel_tests_not_run_on_cuda.txt), the atomic-variant routing test among them
 source "$(dirname "$0")/gpu_call.sh"
+# The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
+# WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
+generate_tests() {  # generate_tests SECONDS WORKERS FILE...
+  local secs=$1 workers=$2
+  shift 2
+  timeout -s KILL "$secs" python -m pytest -q -rf -n "$workers" tests/flashtrain/test_generate.py \
+    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py "$@" \
+    > "$R/cuda_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
+}
+# bench_generate_block_sparse.py with its options, killed after SECONDS: $R/NAME.json, its table printed
+bs_generate() {  # bs_generate SECONDS NAME OPTION...
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/bench_generate_block_sparse.py "$@" --out "$R/$name.json" 2>&1 | quiet | grep "^|"
+}
+# The tests whose ids LIST_FILE holds (one a line; ids with spaces, so not through the shell), on WORKERS
+# workers, interrupted after SECONDS: $R/cuda_tests_remaining.log, how many passed and what failed printed
+listed_tests() {  # listed_tests SECONDS WORKERS LIST_FILE
+  timeout -s INT "$1" python -c "
+import sys, pytest
+ids = open('$3').read().splitlines()
+sys.exit(pytest.main(['-v', '-rf', '-n', '$2', '-p', 'no:cacheprovider', *ids]))
+" > "$R/cuda_tests_remaining.log" 2>&1
+  echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_remaining.log"; grep -E "^FAILED|^ERROR" \
+    "$R/cuda_tests_remaining.log" | head -40; tail -n 2 "$R/cuda_tests_remaining.log"
+}
 machine_info
 head -n 2 "$R/machine.txt"
 case "$1" in
 1)
-  timeout -s KILL 240 python -m pytest -q -rf -n 4 tests/flashtrain/test_generate.py \
-    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
-    > "$R/cuda_tests_generate.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/cuda_tests_generate.log"
-  timeout -s KILL 330 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
-    --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  generate_tests 240 4
+  bs_generate 330 generate_block_sparse --headdims 64 128 --prompts 512 4096 16384 --new-tokens 32 --rounds 3
   ;;
 2)
-  timeout -s INT 420 python -c "
-import sys, pytest
-ids = open('benchmarks/results/s69/kernel_tests_not_run_on_cuda.txt').read().splitlines()
-sys.exit(pytest.main(['-v', '-rf', '-n', '8', '-p', 'no:cacheprovider', *ids]))
-" > "$R/cuda_tests_remaining.log" 2>&1
-  echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_remaining.log"; grep -E "^FAILED|^ERROR" \
-    "$R/cuda_tests_remaining.log" | head -40; tail -n 2 "$R/cuda_tests_remaining.log"
+  listed_tests 420 8 benchmarks/results/s69/kernel_tests_not_run_on_cuda.txt
   ;;
 3)
-  timeout -s KILL 200 python -m pytest -q -rf -n 4 tests/flashtrain/test_generate.py \
-    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
-    tests/kernels/test_layouts.py > "$R/cuda_tests_generate.log" 2>&1
-  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
+  generate_tests 200 4 tests/kernels/test_layouts.py
   timeout -s KILL 240 python -m pytest -q -rf -n 8 -m gpu tests/kernels/test_block_sparse_hopper.py \
     tests/kernels/test_block_sparse.py > "$R/gpu_tests_block_sparse.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_block_sparse.log"
-  timeout -s KILL 240 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
-    --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  bs_generate 240 generate_block_sparse --headdims 64 128 --prompts 512 4096 16384 --new-tokens 32 --rounds 3
   timeout -s KILL 90 python -c "
 import torch
 from benchmarks.bench_generate_block_sparse import models
@@ -59,31 +72,17 @@ for e in host_profile(fn, steps=2, top=30):
 " 2>&1 | quiet | tee "$R/profile_generate_block_sparse.txt"
   ;;
 4)
-  timeout -s KILL 200 python -m pytest -q -rf -n 6 tests/flashtrain/test_generate.py \
-    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
-    tests/kernels/test_layouts.py tests/kernels/test_decode.py > "$R/cuda_tests_generate.log" 2>&1
-  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
-  timeout -s KILL 330 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
-    --prompts 512 4096 16384 --new-tokens 32 --rounds 3 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  generate_tests 200 6 tests/kernels/test_layouts.py tests/kernels/test_decode.py
+  bs_generate 330 generate_block_sparse --headdims 64 128 --prompts 512 4096 16384 --new-tokens 32 --rounds 3
   ;;
 5)
-  timeout -s KILL 150 python -m pytest -q -rf -n 6 tests/flashtrain/test_generate.py \
-    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py \
-    tests/kernels/test_decode.py > "$R/cuda_tests_generate.log" 2>&1
-  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
-  timeout -s INT 150 python -c "
-import sys, pytest
-ids = open('benchmarks/results/s69/kernel_tests_not_reached_in_call4.txt').read().splitlines()
-sys.exit(pytest.main(['-v', '-rf', '-n', '6', '-p', 'no:cacheprovider', *ids]))
-" > "$R/cuda_tests_remaining.log" 2>&1
-  echo "tests exit $?"; grep -c PASSED "$R/cuda_tests_remaining.log"; tail -n 2 "$R/cuda_tests_remaining.log"
-  timeout -s KILL 200 python benchmarks/bench_generate_block_sparse.py --headdims 64 128 \
-    --prompts 512 4096 16384 --new-tokens 32 --rounds 2 --out "$R/generate_block_sparse.json" 2>&1 | quiet | grep "^|"
+  generate_tests 150 6 tests/kernels/test_decode.py
+  listed_tests 150 6 benchmarks/results/s69/kernel_tests_not_reached_in_call4.txt
+  bs_generate 200 generate_block_sparse --headdims 64 128 --prompts 512 4096 16384 --new-tokens 32 --rounds 2
   ;;
 6)
-  timeout -s KILL 100 python benchmarks/bench_generate_block_sparse.py --headdims 64 --batches 8 \
-    --prompts 4096 16384 --new-tokens 16 --rounds 2 --out "$R/generate_block_sparse_b8.json" 2>&1 | quiet | grep "^|"
-  timeout -s KILL 80 python benchmarks/bench_generate_block_sparse.py --headdims 64 --layout random --kv-heads 4 \
-    --prompts 4096 16384 --new-tokens 16 --rounds 2 --out "$R/generate_block_sparse_random_gqa.json" 2>&1 | quiet | grep "^|"
+  bs_generate 100 generate_block_sparse_b8 --headdims 64 --batches 8 --prompts 4096 16384 --new-tokens 16 --rounds 2
+  bs_generate 80 generate_block_sparse_random_gqa --headdims 64 --layout random --kv-heads 4 --prompts 4096 16384 \
+    --new-tokens 16 --rounds 2
   ;;
 esac
