@@ -292,8 +292,8 @@ def _default_num_splits(
 
 
 def _decode_layout(layout, q, nheads: int, max_len: int):
-    """(int8 mask on q's device, its (head, row) strides) of a layout `flash_decode` can take; a ValueError
-    that says what to change for any other."""
+    """(int8 mask on q's device, its (head, row) strides; the head's read only with a pattern per head) of a
+    layout `flash_decode` can take; a ValueError that says what to change for any other."""
     if not isinstance(layout, BlockLayout):
         raise ValueError(f"layout must be a kernels.layouts.BlockLayout, got {type(layout).__name__}")
     if q.shape[1] != 1:
@@ -316,7 +316,7 @@ def _decode_layout(layout, q, nheads: int, max_len: int):
             f"for at least {cdiv(max_len, layout.block_m)} row and {cdiv(max_len, layout.block_n)} column blocks"
         )
     mask = layout.derived(("decode_int8",), lambda: layout.mask.to(torch.int8))
-    return mask, (mask.stride(0) if layout.nheads > 1 else 0, mask.stride(1))
+    return mask, mask.stride()[:2]
 
 
 def flash_decode(
