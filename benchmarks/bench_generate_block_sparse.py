@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import markdown_table, print_summary, rotated, wall_ms, write_results  # noqa: E402
 from flashtrain.generate import generate, new_caches  # noqa: E402
+from flashtrain.models.block_sparse import model_layout  # noqa: E402
 from flashtrain.models.gpt import GPT, GPTConfig  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def measure(sparse: GPT, dense: GPT, batch: int, prompt_len: int, new_tokens: in
                 times[name].append(wall_ms(calls[name]))
         cached_logits = sparse(prompt, caches=new_caches(sparse, batch, prompt_len)).float()
         whole_logits = sparse(prompt).float()
-    layout = sparse.blocks[0].attn.backend.layout.for_sequence(prompt_len + new_tokens, "cpu")
+    layout = model_layout(sparse).for_sequence(prompt_len + new_tokens, "cpu")
     row = dict(n_layer=cfg.n_layer, d_model=cfg.d_model, nheads=cfg.n_head, kv_heads=cfg.kv_heads,
                headdim=cfg.head_dim, batch=batch, prompt=prompt_len, new_tokens=new_tokens,
                layout=f"{cfg.block_sparse_kind}, {cfg.block_sparse_block}-blocks",

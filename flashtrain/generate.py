@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from flashtrain.models.block_sparse import refuse_window
+from flashtrain.models.block_sparse import model_layout, refuse_window
 from flashtrain.models.gpt import GPT
 
 # A prompt of at least this many tokens (batch x length) into an empty cache takes the training kernel
@@ -142,7 +142,7 @@ def new_caches(model: GPT, batch: int, capacity: int) -> list[KVCache]:
     cfg, param = model.cfg, next(model.parameters())
     shape = (batch, capacity, cfg.kv_heads, cfg.head_dim)
     if cfg.attention == "block_sparse":
-        layout = model.blocks[0].attn.backend.layout
+        layout = model_layout(model)
         return [BlockSparseKVCache(*shape, dtype=param.dtype, device=param.device, layout=layout)
                 for _ in range(cfg.n_layer)]  # fmt: skip
     return [KVCache(*shape, dtype=param.dtype, device=param.device) for _ in range(cfg.n_layer)]

@@ -103,6 +103,11 @@ def global_block_mask(cfg, seqlen: int, device) -> tuple[torch.Tensor, int]:
     return layout.mask, layout.block_m
 
 
+def model_layout(model) -> ModelLayout:
+    """The `ModelLayout` a block-sparse GPT's attention goes through (its blocks share one backend)."""
+    return model.blocks[0].attn.backend.layout
+
+
 def refuse_window(window, key_padding_mask=None) -> None:
     """A block-sparse model's attention (its backend, its KV caches, its sequence-parallel calls) takes its
     sparsity from the layout alone: a ValueError for a window or a key-padding mask, saying what instead."""
