@@ -57,6 +57,13 @@ def _cases():
 
         return run
 
+    def fp32_window_gqa():
+        # test_flash_attention's fp32 window case, which ran past 150 s on an H200 twice (session 69)
+        q = torch.randn(1, 127, 2, 40, dtype=torch.float32, requires_grad=True)
+        k, v = (torch.randn(1, 129, 1, 40, dtype=torch.float32, requires_grad=True) for _ in range(2))
+        out, lse = kernels.flash_attention(q, k, v, window=(16, 8), return_lse=True)
+        (out.sum() + lse.sum()).backward()
+
     def padded():
         q, k, v = qkv()
         keep = torch.ones(1, 96, dtype=torch.bool)
@@ -94,6 +101,7 @@ def _cases():
         "dense_d96": dense(d=96, causal=True),
         "dense_d160": dense(d=160, causal=True),
         "window": dense(causal=True, window=(32, 0)),
+        "fp32_window_gqa": fp32_window_gqa,
         "dropout": dense(causal=True, dropout_p=0.1),
         "dropout_d128": dense(d=128, causal=True, dropout_p=0.1),
         "padding_mask": padded,
@@ -335,7 +343,9 @@ def main():
     failed = [r for r in results if r["status"] == "error"]
     for r in results:
         detail = r.get("error") or f"shared {r['shared']} B"
-        print(f"{r['status']:>18}  {r['case']:<15} {r['kernel']:<22} {r['config']:<45} {detail}")
+        print(
+            f"{r['status']:>18}  {r['case']:<15} {r['kernel']:<22} {r['config']:<45} {r['seconds']:6.1f} s  {detail}"
+        )
     counts = {s: sum(r["status"] == s for r in results) for s in ("ok", "over shared memory", "error")}
     print(f"{counts} in {time.time() - start:.0f} s")
     if a.out:

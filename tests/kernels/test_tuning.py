@@ -61,6 +61,19 @@ def test_nothing_fits_still_gives_the_two_smallest():
     assert kept == [(32, 32), (64, 32)]
 
 
+@pytest.mark.parametrize("seqlen", [16, 129, 4096])
+def test_fp32_tunes_over_the_two_smallest_tiles_that_fit(seqlen):
+    """Exact fp32 dots (tests' inputs) are slow to build: only two candidates, the smallest tiles, fewer
+    pipeline stages first; other precisions keep every config that fits."""
+    configs = [_config(128, 128, 8, 3), _config(64, 32, 4, 3), _config(128, 64), _config(32, 64, 8, 2),
+               _config(64, 64)]  # fmt: skip
+    args = dict(seqlen_q=seqlen, seqlen_k=seqlen, BLOCK_D=64, DOT_PREC="ieee")
+    got = _tiles(prune_configs(configs, args, "seqlen_q", "seqlen_k", "BLOCK_M", 1))
+    assert sorted(got) == [(32, 64), (64, 32)]  # at 16 tokens (64, 32) fits, (32, 64) is the fallback
+    tf32 = _tiles(prune_configs(configs, {**args, "DOT_PREC": "tf32"}, "seqlen_q", "seqlen_k", "BLOCK_M", 1))
+    assert set(got) <= set(tf32) and len(tf32) == (2 if seqlen < 64 else 5)
+
+
 def test_a_single_config_list_is_returned_whole():
     assert _tiles(_prune(16, 16, configs=[_config(128, 128)])) == [(128, 128)]
 

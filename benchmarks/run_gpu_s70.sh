@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 70's GPU calls (one H200 each; `device`, carrying .whl for hydra): bash benchmarks/run_gpu_s70.sh PART,
+# results in $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s70/callN/.
+#   1: after fp32 calls tune over two tiles (ptxas took minutes on the rest): the 3 fp32 window tests no
+#      CUDA run had reached (results/s70/fp32_window_tests.txt), with their durations; beside them the
+#      generation, decode (a layout and a window together among them) and block-sparse model tests, the
+#      command-line ones with hydra; then the per-head-layout decode (random layout, GQA) re-timed after
+#      session 69's last refactor of the split kernel
+source "$(dirname "$0")/gpu_call.sh"
+# The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
+# WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
+generate_tests() {  # generate_tests SECONDS WORKERS FILE...
+  local secs=$1 workers=$2
+  shift 2
+  timeout -s KILL "$secs" python -m pytest -q -rf -n "$workers" tests/flashtrain/test_generate.py \
+    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py "$@" \
+    > "$R/cuda_tests_generate.log" 2>&1
+  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
+}
+# bench_generate_block_sparse.py with its options, killed after SECONDS: $R/NAME.json, its table printed
+bs_generate() {  # bs_generate SECONDS NAME OPTION...
+  local secs=$1 name=$2
+  shift 2
+  timeout -s KILL "$secs" python benchmarks/bench_generate_block_sparse.py "$@" --out "$R/$name.json" 2>&1 | quiet | grep "^|"
+}
+# The tests whose ids LIST_FILE holds (one a line; ids with spaces, so not through the shell), on WORKERS
+# workers, interrupted after SECONDS, each thread's stack dumped after DUMP seconds in one test:
+# $R/cuda_tests_listed.log, what passed and failed and the durations printed
+listed_tests() {  # listed_tests SECONDS WORKERS DUMP LIST_FILE
+  timeout -s INT "$1" python -c "
+import sys, pytest
+ids = open('$4').read().splitlines()
+sys.exit(pytest.main(['-v', '-rf', '-n', '$2', '-p', 'no:cacheprovider', '-o', 'faulthandler_timeout=$3',
+                      '--durations=0', *ids]))
+" > "$R/cuda_tests_listed.log" 2>&1
+  echo "tests exit $?"; grep -E "PASSED|FAILED|ERROR|[0-9.]+s (call|setup)" "$R/cuda_tests_listed.log" | head -40
+  tail -n 2 "$R/cuda_tests_listed.log"
+}
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  listed_tests 330 3 240 benchmarks/results/s70/fp32_window_tests.txt &
+  generate_tests 300 6 tests/kernels/test_decode.py
+  wait
+  bs_generate 120 generate_block_sparse_random_gqa --headdims 64 --layout random --kv-heads 4 --prompts 4096 16384 \
+    --new-tokens 16 --rounds 2
+  ;;
+esac
