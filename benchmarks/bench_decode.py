@@ -8,9 +8,15 @@ split across programs and merged through log-sum-exps), SDPA pinned to flash / m
 cuDNN (GQA through enable_gqa), and `eager` (materialised scores, `kernels.reference.attention_reference`
 on the full caches). Every row records its max error against the float32 reference on the same inputs.
 
+With `--layout butterfly|random` the impl `triton_layout` is kernels.flash_decode through a block-sparse
+model's layout over the cache (`BlockLayout`, 128-blocks by default; `random` is a pattern per head at
+`--density`): the new query at the cache's last position reads only the key blocks its row keeps
+(`read_fraction` of the cache; the kernel skips a block only when no query head of a kv group keeps it).
+
     python benchmarks/bench_decode.py                                  # the GPU sweep
     python benchmarks/bench_decode.py --device cpu --batches 1 --cache-lens 96 --nheads 4 \\
         --nheads-kv 2 --headdim 16 --impls triton eager                # smoke (interpreter)
+    python benchmarks/bench_decode.py --layout random --impls triton triton_layout sdpa_cudnn
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ import torch  # noqa: E402
 
 from benchmarks.common import error_note, gpu_slug, graph_time_ms, markdown_table, time_ms, write_results  # noqa: E402
 from kernels import decode, flash_decode  # noqa: E402
+from kernels.layouts import butterfly_layout, random_layout  # noqa: E402
 from kernels.reference import attention_reference, decode_reference  # noqa: E402
 
-IMPLS = ("triton", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "eager")
+IMPLS = ("triton", "triton_layout", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "eager")
 SDPA_BACKENDS = {
     "sdpa_flash": "FLASH_ATTENTION",
     "sdpa_mem_eff": "EFFICIENT_ATTENTION",
@@ -40,10 +47,13 @@ SDPA_BACKENDS = {
 }
 
 
-def make_call(impl: str, q, k, v, seqlens):
-    """A no-argument function computing (batch, 1, nheads, headdim) attention of q over the caches."""
+def make_call(impl: str, q, k, v, seqlens, layout=None):
+    """A no-argument function computing (batch, 1, nheads, headdim) attention of q over the caches
+    (`triton_layout`: through `layout`, as a block-sparse model's decode step)."""
     if impl == "triton":
         return lambda: flash_decode(q, k, v, seqlens)
+    if impl == "triton_layout":
+        return lambda: flash_decode(q, k, v, seqlens, causal=True, layout=layout)
     if impl == "eager":
         return lambda: attention_reference(q, k, v)  # the caches are full: no per-sequence lengths
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -98,10 +108,38 @@ def cpu_time_ms(fn, reps: int = 3) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
-def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device) -> dict:
+def make_layout(kind: str, cache_len: int, block: int, nheads: int, density: float, device):
+    """The layout a block-sparse model over `cache_len` positions would decode through (causal)."""
+    if kind == "butterfly":
+        return butterfly_layout(cache_len, block, local_blocks=1, causal=True).to(device)
+    return random_layout(cache_len, block, density, nheads=nheads, seed=0, causal=True).to(device)
+
+
+def last_row_mask(layout, cache_len: int) -> torch.Tensor:
+    """(1, nheads or 1, 1, cache_len) keys the query at position cache_len - 1 keeps (its block row)."""
+    row = layout.mask[:, (cache_len - 1) // layout.block_m]  # (heads, col blocks)
+    return row.repeat_interleave(layout.block_n, dim=-1)[None, :, None, :cache_len]
+
+
+def read_fraction(layout, cache_len: int, nheads_kv: int) -> float:
+    """Fraction of the cache's K/V a decode step reads: a key block is read for a kv head when any of its
+    query heads keeps it (a shared layout: when the row keeps it)."""
+    keep = layout.mask[:, (cache_len - 1) // layout.block_m].float()  # (heads or 1, col blocks)
+    if keep.shape[0] > 1:
+        keep = keep.view(nheads_kv, -1, keep.shape[-1]).amax(dim=1)
+    n_blocks = -(-cache_len // layout.block_n)
+    return keep[:, :n_blocks].mean().item()
+
+
+def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device, layout_args=None) -> dict:
     row = dict(
         impl=impl, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv, headdim=headdim
     )
+    layout = None
+    if impl == "triton_layout":
+        kind, block, density = layout_args
+        layout = make_layout(kind, cache_len, block, nheads, density, device)
+        row.update(layout=kind, block=block, read_fraction=read_fraction(layout, cache_len, nheads_kv))
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, 1, nheads, headdim, device=device, dtype=dtype, generator=gen)
@@ -110,18 +148,19 @@ def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device) -> d
     seqlens = torch.full((batch,), cache_len, device=device, dtype=torch.int32)  # full caches
     row["kv_gb"] = 2 * k.numel() * k.element_size() / 1e9
     try:
-        call = make_call(impl, q, k, v, seqlens)
+        call = make_call(impl, q, k, v, seqlens, layout)
+        mask = {} if layout is None else {"attn_mask": last_row_mask(layout, cache_len)}
         # float32, one sequence at a time: GQA's repeated K/V of the whole batch would not fit
-        want = torch.cat([decode_reference(*(t[b : b + 1].float() for t in (q, k, v)), seqlens[b : b + 1])
-                          for b in range(batch)])  # fmt: skip
+        want = torch.cat([decode_reference(*(t[b : b + 1].float() for t in (q, k, v)), seqlens[b : b + 1],
+                                           **mask) for b in range(batch)])  # fmt: skip
         row["max_err"] = (call().float() - want).abs().max().item()
         if device == "cuda":
             row["ms"] = time_ms(call)
             row["graph_ms"] = graph_time_ms(call)
-            row["graph_tb_s"] = row["kv_gb"] / row["graph_ms"]  # GB/ms = TB/s
+            row["graph_tb_s"] = row["kv_gb"] * row.get("read_fraction", 1.0) / row["graph_ms"]  # GB/ms = TB/s
         else:
             row["ms"] = cpu_time_ms(call)
-        row["tb_s"] = row["kv_gb"] / row["ms"]
+        row["tb_s"] = row["kv_gb"] * row.get("read_fraction", 1.0) / row["ms"]
     except Exception as e:  # a refused backend or an OOM is a row, not the end of the sweep
         row["error"] = error_note(e)
     return row
@@ -136,7 +175,16 @@ def main(argv=None):
     parser.add_argument("--nheads", type=int, default=32)
     parser.add_argument("--nheads-kv", type=int, nargs="+", default=[32, 8], help="32: MHA, 8: GQA")
     parser.add_argument("--headdim", type=int, default=128)
-    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument(
+        "--impls", nargs="+", choices=IMPLS, default=None,
+        help="default: all, triton_layout only with --layout",
+    )  # fmt: skip
+    parser.add_argument(
+        "--layout", choices=["butterfly", "random"], default=None,
+        help="the block-sparse layout triton_layout decodes through (random: a pattern per head)",
+    )  # fmt: skip
+    parser.add_argument("--block", type=int, default=128, help="the layout's block size (positions)")
+    parser.add_argument("--density", type=float, default=0.1, help="a random layout's share of kept blocks")
     parser.add_argument("--max-kv-gb", type=float, default=40.0, help="skip points whose K/V exceed this")
     parser.add_argument(
         "--launch", nargs="+", default=None, metavar="SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N[,MIN_TILES]]",
@@ -152,6 +200,13 @@ def main(argv=None):
     for hk in args.nheads_kv:
         if hk < 1 or args.nheads % hk:
             raise SystemExit(f"--nheads-kv {hk}: must divide --nheads {args.nheads}")
+    if args.impls is None:
+        args.impls = [i for i in IMPLS if i != "triton_layout" or args.layout]
+    if "triton_layout" in args.impls and not args.layout:
+        raise SystemExit(
+            "--impls triton_layout: give the layout to decode through, --layout butterfly|random"
+        )
+    layout_args = (args.layout, args.block, args.density)
     out = args.out or f"benchmarks/results/decode_{gpu_slug()}.json"
     rows = []
     for hk in args.nheads_kv:
@@ -164,7 +219,9 @@ def main(argv=None):
                     runs = [("triton", launch) for launch in args.launch] + runs
                 for impl, launch in runs:
                     with launch_shape(launch):
-                        row = bench_point(impl, batch, cache_len, args.nheads, hk, args.headdim, args.device)
+                        row = bench_point(
+                            impl, batch, cache_len, args.nheads, hk, args.headdim, args.device, layout_args
+                        )
                     if launch:
                         row["launch"] = launch
                     rows.append(row)
@@ -178,6 +235,7 @@ def main(argv=None):
         "cache_len",
         "impl",
         "launch",
+        "read_fraction",
         "ms",
         "graph_ms",
         "graph_tb_s",

@@ -96,6 +96,29 @@ def test_decode_benchmark_runs_on_cpu(tmp_path):
     assert all("error" not in r and r["max_err"] < 2e-3 and r["ms"] > 0 for r in rows), rows
 
 
+@pytest.mark.parametrize("layout, read", [("butterfly", 3 / 5), ("random", None)])
+def test_decode_benchmark_through_a_layout_on_cpu(tmp_path, layout, read):
+    """triton_layout decodes through a block-sparse layout, its error against the reference restricted to
+    the last position's row, and records the share of the cache that row reads; without --layout the
+    impl is refused."""
+    out = tmp_path / "decode.json"
+    _run([sys.executable, "benchmarks/bench_decode.py", "--device", "cpu", "--batches", "1", "--cache-lens", "150",
+          "--nheads", "4", "--nheads-kv", "2", "--headdim", "16", "--impls", "triton_layout", "--layout", layout,
+          "--block", "32", "--density", "0.3", "--out", str(out)])  # fmt: skip
+    (row,) = json.load(open(out))["rows"]
+    assert row["impl"] == "triton_layout" and row["layout"] == layout and "error" not in row, row
+    assert row["max_err"] < 2e-3 and 0 < row["read_fraction"] < 1
+    if (
+        read is not None
+    ):  # of 5 blocks row 4 keeps 4 (diagonal), 3 (the band) and 0 (4 ^ 4); 5, 6 are after it
+        assert row["read_fraction"] == pytest.approx(read)
+    refused = subprocess.run(
+        [sys.executable, "benchmarks/bench_decode.py", "--device", "cpu", "--impls", "triton_layout"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "--layout" in refused.stderr
+
+
 @pytest.mark.slow
 def test_scaling_benchmark_times_the_phases_on_cpu(tmp_path):
     """One process and FSDP over two (gloo), with the per-phase host times the FSDP study used."""
