@@ -6,6 +6,10 @@
 #      generation, decode (a layout and a window together among them) and block-sparse model tests, the
 #      command-line ones with hydra; then the per-head-layout decode (random layout, GQA) re-timed after
 #      session 69's last refactor of the split kernel
+#   2 (carrying .whl_ci: the CI's packages but wandb): the test packages other than kernels and distributed on
+#      CUDA (never run there whole), then bench_decode.py through block-sparse layouts (butterfly on GPT-2
+#      medium's 16 heads, a random pattern per head on 16 query heads over 4 kv heads) against dense decode
+#      and SDPA cuDNN
 source "$(dirname "$0")/gpu_call.sh"
 # The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
 # WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
@@ -45,5 +49,16 @@ case "$1" in
   wait
   bs_generate 120 generate_block_sparse_random_gqa --headdims 64 --layout random --kv-heads 4 --prompts 4096 16384 \
     --new-tokens 16 --rounds 2
+  ;;
+2)
+  timeout -s INT 330 python -m pytest -q -rf -n 8 -p no:cacheprovider tests/flashtrain tests/data tests/benchmarks \
+    > "$R/cuda_tests_packages.log" 2>&1
+  echo "tests exit $?"; grep -E "^(FAILED|ERROR)" "$R/cuda_tests_packages.log" | head -60; tail -n 2 "$R/cuda_tests_packages.log"
+  for run in "butterfly 16" "random 4"; do
+    set -- $run
+    timeout -s KILL 100 python benchmarks/bench_decode.py --layout $1 --nheads 16 --nheads-kv $2 --headdim 64 \
+      --batches 1 8 --cache-lens 4096 16384 65536 --impls triton triton_layout sdpa_cudnn \
+      --out "$R/decode_layout_$1.json" 2>&1 | quiet | grep "^|"
+  done
   ;;
 esac
