@@ -52,14 +52,16 @@ def test_alternating_host_times_switch_ways_in_turn_reversed_every_other_batch(m
 
 
 @pytest.mark.parametrize("way", list(ab_host_trims.WAYS_S64))
-def test_session_64s_ways_answer_alike_and_the_trimmed_code_comes_back(way):
+def test_session_64s_ways_answer_alike_and_the_trimmed_code_comes_back(way, device):
     """Both ways of `--trims s64`: the same cdiv in every module that calls it, the same delta and decode."""
     from kernels import _common, _flash_bwd, decode, flash_decode
 
-    out, do = torch.randn(1, 70, 2, 16), torch.randn(1, 70, 2, 16)
-    lse = torch.zeros(1, 2, 70)
-    q, k_cache, v_cache = torch.randn(2, 1, 4, 16), torch.randn(2, 40, 2, 16), torch.randn(2, 40, 2, 16)
-    lengths = torch.tensor([40, 17], dtype=torch.int32)
+    out, do = torch.randn(1, 70, 2, 16, device=device), torch.randn(1, 70, 2, 16, device=device)
+    lse = torch.zeros(1, 2, 70, device=device)
+    q, k_cache, v_cache = (
+        torch.randn(*shape, device=device) for shape in ((2, 1, 4, 16), (2, 40, 2, 16), (2, 40, 2, 16))
+    )
+    lengths = torch.tensor([40, 17], dtype=torch.int32, device=device)
     want = (
         _flash_bwd.backward_delta(out, do, lse),
         flash_decode(q, k_cache, v_cache, lengths, return_lse=True),
@@ -118,7 +120,8 @@ def _dense_inference(fa, q, k, v):
 
 
 def _block_sparse_inference(bs, q, k, v):
-    return bs.block_sparse_attention(q, k, v, butterfly_layout(q.shape[1], 16, n_factors=1), causal=True)
+    layout = butterfly_layout(q.shape[1], 16, n_factors=1).to(q.device)
+    return bs.block_sparse_attention(q, k, v, layout, causal=True)
 
 
 ROUTED = {
@@ -129,14 +132,14 @@ ROUTED = {
 
 @pytest.mark.parametrize("trims", list(ROUTED))
 @pytest.mark.parametrize("way", list(ab_host_trims.INFERENCE_WAYS))
-def test_inference_route_ways_route_a_no_grad_call_and_restore_the_rule(trims, way, monkeypatch):
+def test_inference_route_ways_route_a_no_grad_call_and_restore_the_rule(trims, way, monkeypatch, device):
     """s67 (flash_attention), s68 (block_sparse_attention): trimmed, a no_grad call skips the autograd
     Function; untrimmed, it goes through it (as before); either way the same output, and the rule comes
     back afterwards."""
     module, function_name, call = ROUTED[trims]
     rule = module.inference_call
     torch.manual_seed(1)
-    q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 40, 2, 16, device=device) for _ in range(3))
     with torch.no_grad():
         want = call(module, q, k, v)
     applied = []

@@ -400,6 +400,8 @@ def _reference_metrics(task, model, split):
     import numpy as np
 
     x, y = task._batch(split, np.arange(len(task.splits[split])))
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
     with torch.no_grad():
         logits = model(x).float()
     loss = torch.nn.functional.cross_entropy(logits, y).item()

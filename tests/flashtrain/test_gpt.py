@@ -59,7 +59,7 @@ def test_backends_give_same_loss_and_grads(pos, n_kv_head):
     "pos,n_kv_head,packed", [("learned", None, True), ("learned", 2, True), ("rotary", 2, False)]
 )
 @pytest.mark.parametrize("attention", ["triton", "triton_nondeterministic"])
-def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, attention, monkeypatch):
+def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, attention, monkeypatch, device):
     """With learned positions the triton backends get the projection's output packed (one gradient
     buffer, kernels.flash_attention_qkvpacked); with rotary embeddings q and k are rotated copies, so
     they get the three tensors. Both match the reference backend; triton_nondeterministic asks the
@@ -75,10 +75,10 @@ def test_triton_backend_packed_qkv_matches_reference(pos, n_kv_head, packed, att
             lambda *a, _n=name, _r=real, **kw: calls.append((_n, kw.get("deterministic"))) or _r(*a, **kw),
         )
     torch.manual_seed(0)
-    ref = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head))
-    ours = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head, attention=attention))
+    ref = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head)).to(device)
+    ours = GPT(tiny(pos_embedding=pos, n_kv_head=n_kv_head, attention=attention)).to(device)
     ours.load_state_dict(ref.state_dict())
-    idx, tgt = torch.randint(0, 97, (2, 24)), torch.randint(0, 97, (2, 24))
+    idx, tgt = (torch.randint(0, 97, (2, 24), device=device) for _ in range(2))
     losses = []
     for model in (ref, ours):
         loss = model(idx, tgt)
@@ -407,17 +407,17 @@ def test_sdpa_probe_matches_pytorchs_choice_on_the_real_call(
 
 @pytest.mark.parametrize("ours", [False, True], ids=["sdpa", "triton"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_auto_packed_form_matches_the_views(ours, padded, monkeypatch):
+def test_auto_packed_form_matches_the_views(ours, padded, monkeypatch, device):
     """`auto` on a packed qkv runs what it runs on the views (SDPA there, or our packed kernel where
     auto_picks_triton says so): same outputs and the same gradient of qkv."""
     import flashtrain.models.attention as attention
 
     monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: ours)
     torch.manual_seed(0)
-    qkv = torch.randn(2, 19, 4 + 2 * 2, 16, requires_grad=True)
+    qkv = torch.randn(2, 19, 4 + 2 * 2, 16, device=device, requires_grad=True)
     mask = None
     if padded:
-        mask = torch.ones(2, 19, dtype=torch.bool)
+        mask = torch.ones(2, 19, dtype=torch.bool, device=device)
         mask[1, -5:] = False
     kw = dict(causal=not padded, key_padding_mask=mask)
     packed = attention.qkvpacked_backend(attention.auto_attention)(qkv, nheads_kv=2, **kw)

@@ -49,14 +49,14 @@ def test_checkpointed_blocks_recompute_with_the_forwards_attention_override(back
 
 def _grads(cfg, state, idx, transform):
     torch._dynamo.reset()
-    model = GPT(cfg)
+    model = GPT(cfg).to(idx.device)
     model.load_state_dict(state)
     transform(model)
     torch.manual_seed(1)  # the same dropout draws for every variant
     return torch.autograd.grad(model(idx, idx), list(model.parameters()))
 
 
-def test_checkpointed_blocks_are_compiled_around_a_graph_break():
+def test_checkpointed_blocks_are_compiled_around_a_graph_break(device):
     """With activation checkpointing and compile, an eager attention (the block-sparse launcher is
     `torch.compiler.disable`d) breaks the block's graph; the pieces around it must still compile
     (compiling the checkpointed block left all of it eager: only ATen kernels in Path-X's profile, when
@@ -70,7 +70,7 @@ def test_checkpointed_blocks_are_compiled_around_a_graph_break():
         n_layer=2, n_head=2, d_model=32, vocab_size=97, max_seq_len=64, attention="block_sparse",
         block_sparse_block=16, dropout=0.2,
     )  # fmt: skip
-    idx = torch.randint(0, cfg.vocab_size, (2, 32))
+    idx = torch.randint(0, cfg.vocab_size, (2, 32), device=device)
     state = GPT(cfg).state_dict()
     expected = _grads(cfg, state, idx, apply_compile)
 
@@ -89,7 +89,7 @@ def test_checkpointed_blocks_are_compiled_around_a_graph_break():
     torch._dynamo.reset()
 
 
-def test_triton_attention_compiles_without_graph_breaks_and_checkpoints():
+def test_triton_attention_compiles_without_graph_breaks_and_checkpoints(device):
     """The dense Triton attention is a pair of torch operators: a compiled block is one graph.
     Checkpointed, the recompute in the backward draws the forward's attention-dropout masks (the seed
     comes from the CPU generator, whose state the checkpoint restores): gradients equal those without
@@ -103,7 +103,7 @@ def test_triton_attention_compiles_without_graph_breaks_and_checkpoints():
         n_layer=2, n_head=2, d_model=32, vocab_size=97, max_seq_len=64, attention="triton", dropout=0.2,
         attn_dropout=0.3,
     )  # fmt: skip
-    idx = torch.randint(0, cfg.vocab_size, (2, 32))
+    idx = torch.randint(0, cfg.vocab_size, (2, 32), device=device)
     state = GPT(cfg).state_dict()
     counters.clear()
     expected = _grads(cfg, state, idx, apply_compile)

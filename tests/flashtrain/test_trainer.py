@@ -267,7 +267,7 @@ def test_bad_settings_fail_clearly(tmp_path, override, match):
         (["trainer.cuda_graphs=true"], "set trainer.compile=true too"),
         (["trainer.cuda_graphs=true", "trainer.compile=true", "trainer.activation_checkpointing=true"],
          "cannot replay blocks recomputed by activation checkpointing"),
-        (["trainer.cuda_graphs=true", "trainer.compile=true"], "needs a CUDA device, not cpu"),
+        (["trainer.cuda_graphs=true", "trainer.compile=true", "trainer.device=cpu"], "needs a CUDA device, not cpu"),
     ],
 )  # fmt: skip
 def test_cuda_graph_settings_fail_clearly(tmp_path, overrides, match):
