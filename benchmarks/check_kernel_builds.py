@@ -88,6 +88,16 @@ def _cases():
         k, v = (torch.randn(1, 200, 2, 64, dtype=torch.float16) for _ in range(2))
         kernels.flash_decode(q, k, v, torch.tensor([150], dtype=torch.int32), causal=True)
 
+    def decode_layout():
+        # a block-sparse model's decode step: one pattern (MHA), and a pattern per head under GQA
+        k, v = (torch.randn(1, 256, 2, 64, dtype=torch.float16) for _ in range(2))
+        lengths = torch.tensor([200], dtype=torch.int32)
+        shared = kernels.layouts.butterfly_layout(256, 64, causal=True)
+        kernels.flash_decode(torch.randn(1, 1, 2, 64, dtype=torch.float16), k, v, lengths, layout=shared)
+        per_head = kernels.layouts.random_layout(256, 64, 0.5, nheads=4, causal=True)
+        q = torch.randn(1, 1, 4, 64, dtype=torch.float16)
+        kernels.flash_decode(q, k, v, lengths, causal=True, layout=per_head)
+
     cases = {
         "dense_causal": dense(causal=True),
         "dense_full": dense(causal=False),
@@ -110,6 +120,7 @@ def _cases():
         "dropout_varlen": varlen(dropout_p=0.1),
         "block_sparse": block_sparse,
         "decode": decode,
+        "decode_layout": decode_layout,
     }
     return cases
 

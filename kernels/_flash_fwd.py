@@ -44,45 +44,64 @@ def _fwd_inner(
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """One run of key tiles [lo, hi). MASKED tiles pay for bounds/causal/window masks; the others don't."""
-    offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
-                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
-        # raw scores; the scale is applied to each row's max and folded into the exp2's argument (one FMA),
-        # which saves a multiply per score in a loop bound by instruction issue (NOTES_attention.md,
-        # "Loop experiments")
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # (BLOCK_M, BLOCK_N)
-        if MASKED:
-            keep = offs_n[None, :] < seqlen_k
-            if HAS_RIGHT:
-                keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
-            if HAS_LEFT:
-                keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
-            qk = tl.where(keep, qk, float("-inf"))
-        if HAS_KPM:
-            kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
-            qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base 2; qk_scale > 0 keeps the max the max
-        if MASKED or HAS_KPM:
-            # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
-            m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-        else:
-            m_ij_safe = m_ij
-        p = tl.math.exp2(qk * qk_scale - m_ij_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_ij_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            # the softmax denominator counts dropped entries; only the P @ V product loses them
-            p = tl.where(
-                dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N, DROPOUT), p, 0.0
-            )
-        v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
-                      HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
-        m_i = m_ij
+        acc, l_i, m_i = _fwd_tile(
+            acc, l_i, m_i, q, K, V, KPM, stride_kn, stride_vn, stride_kpmn, pos_m, rng_rows, offs_d, seqlen_k,
+            win_left, win_right, qk_scale, dropout_p, seed, drop_col0, start_n,
+            MASKED, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+        )  # fmt: skip
     return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_tile(
+    acc, l_i, m_i, q,
+    K, V, KPM, stride_kn, stride_vn, stride_kpmn,
+    pos_m, rng_rows, offs_d,
+    seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
+    start_n,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over the key tile at start_n: the running (acc, l_i, m_i) updated."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_n = start_n + offs_n0
+    k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                  HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+    # raw scores; the scale is applied to each row's max and folded into the exp2's argument (one FMA),
+    # which saves a multiply per score in a loop bound by instruction issue (NOTES_attention.md,
+    # "Loop experiments")
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # (BLOCK_M, BLOCK_N)
+    if MASKED:
+        keep = offs_n[None, :] < seqlen_k
+        if HAS_RIGHT:
+            keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
+        if HAS_LEFT:
+            keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
+        qk = tl.where(keep, qk, float("-inf"))
+    if HAS_KPM:
+        kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
+        qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
+    m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base 2; qk_scale > 0 keeps the max the max
+    if MASKED or HAS_KPM:
+        # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
+        m_ij_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+    else:
+        m_ij_safe = m_ij
+    p = tl.math.exp2(qk * qk_scale - m_ij_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_ij_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        # the softmax denominator counts dropped entries; only the P @ V product loses them
+        p = tl.where(
+            dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N, DROPOUT), p, 0.0
+        )
+    v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
+                  HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+    return acc, l_i, m_ij
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from ._common import (
     sm_count,
     visible_range,
 )
-from ._flash_fwd import _fwd_inner
+from ._flash_fwd import _fwd_inner, _fwd_tile
 from ._launch import CompiledLaunch
 from .layouts import BlockLayout
 
@@ -64,7 +64,7 @@ def _masked_unmasked_masked(
 
 @triton.jit
 def _decode_split(
-    Q, K, V, SEQLENS, OPART, LPART, O, LSE, LAYOUT,  # noqa: E741
+    Q, K, V, SEQLENS, OPART, LPART, O, LSE, LAYOUT, TILES, TILE_CNT,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -72,7 +72,7 @@ def _decode_split(
     stride_ls, stride_lb, stride_lh,
     stride_outb, stride_outm, stride_outh,
     seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
-    qk_scale, win_left, win_right, stride_lay_h, stride_lay_r,
+    qk_scale, win_left, win_right, stride_lay_h, stride_lay_r, stride_tiles_g, stride_tiles_r, stride_cnt_g,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     SPARSE: tl.constexpr, PER_HEAD: tl.constexpr, LAYOUT_BM: tl.constexpr, LAYOUT_BN: tl.constexpr,
@@ -82,9 +82,12 @@ def _decode_split(
 
     SPARSE: one query per sequence (at the cache's last key), which sees only the key blocks its row of
     the block layout keeps (LAYOUT: int8 (heads or 1, row blocks, column blocks) of LAYOUT_BM x LAYOUT_BN
-    blocks); blocks no row of the program keeps are not read. PER_HEAD (a pattern per query head): a
-    block some of the group's heads keep is walked with the others' rows masked, by placing their query
-    before every key (the caller makes the call causal, which at the last key hides nothing else).
+    blocks). The program walks its share of the row's list of kept key tiles (TILES, TILE_CNT: of the kv
+    group's rows, `_decode_tiles`), the list split evenly among the programs (not the positions, which
+    left most programs without a kept block and one with the band by the diagonal); no other tile is
+    read. PER_HEAD (a pattern per query head): a tile some of the group's heads keep is walked with the
+    others' rows masked, by placing their query before every key (the caller makes the call causal,
+    which at the last key hides nothing else).
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
     anything, then let the merge kernel launch, so that its programs are in place when this one ends.
@@ -131,29 +134,25 @@ def _decode_split(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = K + off_b64 * stride_kb + off_hk * stride_kh
     v_base = V + off_b64 * stride_vb + off_hk * stride_vh
-    if SPARSE:  # each layout block of the slice that a row keeps, in its masked and unmasked runs
-        row = LAYOUT + ((seqlen_k - 1) // LAYOUT_BM) * stride_lay_r
-        for blk in range((lo // LAYOUT_BN) * LAYOUT_BN, hi, LAYOUT_BN):
-            if PER_HEAD:  # the rows of heads that skip the block get their query before every key of it
-                keep = tl.load(row + off_h * stride_lay_h + blk // LAYOUT_BN, mask=row_ok, other=0) != 0
-                kept = tl.max(keep.to(tl.int32), 0) > 0
-                pos_blk = tl.where(keep, pos_m, -1)
-            else:
-                kept = tl.load(row + blk // LAYOUT_BN) != 0
-                pos_blk = pos_m
-            if kept:
-                a = tl.maximum(blk, lo)
-                b = tl.minimum(blk + LAYOUT_BN, hi)
-                if PER_HEAD:  # (all masked)
-                    fa = a
-                    fb = a
-                else:
-                    fa = tl.minimum(tl.maximum(a, full_lo), b)
-                    fb = tl.minimum(tl.maximum(tl.minimum(b, full_hi), fa), b)
-                acc, l_i, m_i = _masked_unmasked_masked(
-                    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, pos_blk, offs_d, seqlen_k, win_left,
-                    win_right, qk_scale, a, fa, fb, b, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, DOT_PREC,
+    if SPARSE:  # this program's share of the row's kept key tiles, each with its element masks
+        r = tl.maximum(seqlen_k - 1, 0) // LAYOUT_BM
+        count = tl.where(seqlen_k > 0, tl.load(TILE_CNT + off_hk * stride_cnt_g + r), 0)
+        share = tl.cdiv(count, num_splits)
+        first = tl.minimum(split * share, count)
+        tiles = TILES + off_hk * stride_tiles_g + r * stride_tiles_r
+        for e in range(first, tl.minimum(first + share, count)):
+            start_n = tl.load(tiles + e) * BLOCK_N
+            pos_t = pos_m
+            if PER_HEAD:  # the rows of heads that skip the tile's block get their query before every key
+                keep = tl.load(
+                    LAYOUT + r * stride_lay_r + off_h * stride_lay_h + start_n // LAYOUT_BN, mask=row_ok, other=0
                 )  # fmt: skip
+                pos_t = tl.where(keep != 0, pos_m, -1)
+            acc, l_i, m_i = _fwd_tile(
+                acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_t, None, offs_d, seqlen_k,
+                win_left, win_right, qk_scale, 0.0, 0, 0, start_n,
+                True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+            )  # fmt: skip
     else:
         acc, l_i, m_i = _masked_unmasked_masked(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left,
@@ -319,6 +318,29 @@ def _decode_layout(layout, q, nheads: int, max_len: int):
     return mask, mask.stride()[:2]
 
 
+def _decode_tiles(layout: BlockLayout, nheads_kv: int, block_n: int):
+    """The key tiles (block_n keys each) a decode query in each row of the layout reads: those of the blocks
+    its row keeps (with a pattern per head, any head of the kv group), up to the row's end (later keys are
+    not in its cache yet). Per (kv head, or 1 for a shared pattern; row): the tiles' indices ascending, int32
+    (G, R, T), their counts (G, R), and the largest count, which sets the split count. Built once per layout
+    (a device sync, before any CUDA graph captures the step)."""
+
+    def build():
+        keep = layout.mask
+        if layout.nheads > 1:  # the union over each kv group's query heads
+            keep = keep.view(nheads_kv, layout.nheads // nheads_kv, *keep.shape[1:]).any(dim=1)
+        keep = keep.repeat_interleave(layout.block_n // block_n, dim=-1)  # (G, R, T)
+        rows, n_tiles = keep.shape[1:]
+        row_end = (torch.arange(rows, device=keep.device) + 1) * layout.block_m
+        keep = keep & (torch.arange(n_tiles, device=keep.device) * block_n < row_end[:, None])
+        counts = keep.sum(-1, dtype=torch.int32)
+        tiles = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+        return tiles.contiguous(), counts.contiguous(), int(counts.max())
+
+    groups = nheads_kv if layout.nheads > 1 else 1
+    return layout.derived(("decode_tiles", groups, block_n), build)
+
+
 def flash_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -378,16 +400,22 @@ def flash_decode(
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
     block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     lay, lay_strides = None, (0, 0)
+    tiles, tile_cnt, tile_strides, most_keys = None, None, (0, 0, 0), max_len
     if layout is not None:
         lay, lay_strides = _decode_layout(layout, q, nheads, max_len)
         block_n = min(block_n, layout.block_n)  # (each tile inside one layout block)
+        tiles, tile_cnt, most = _decode_tiles(layout, nheads_kv, block_n)
+        # (a shared pattern's lists serve every kv head: their head stride is 0)
+        per_group = layout.nheads > 1
+        tile_strides = (tiles.stride(0) * per_group, tiles.stride(1), tile_cnt.stride(0) * per_group)
+        most_keys = most * block_n  # what the longest list reads, split as a dense cache that long
         # (a head's row is masked by its causal mask, which at the last key hides nothing else)
         if layout.nheads > 1:
             right = 0 if right is None else min(right, 0)
     m_blocks = cdiv(n_rows, block_m)
     block_d = padded_head_dim(headdim)
     if num_splits is None:
-        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, max_len, block_n, q.device)
+        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, most_keys, block_n, q.device)
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
     pdl = _dependent_launches(q.device, group)
     with torch.no_grad():
@@ -405,14 +433,14 @@ def flash_decode(
         _launch_split(
             (num_splits, m_blocks, batch * nheads_kv),
             (),
-            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse, lay,
+            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse, lay, tiles, tile_cnt,
              q.stride(0), q.stride(1), q.stride(2),
              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
              *part_strides,
              out.stride(0), out.stride(1), out.stride(2),
              seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
-             scale * LOG2E, left or 0, right or 0, *lay_strides),
+             scale * LOG2E, left or 0, right or 0, *lay_strides, *tile_strides),
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
                  SPARSE=layout is not None, PER_HEAD=layout is not None and layout.nheads > 1, LAYOUT_BM=layout.block_m if layout is not None else 1,
