@@ -10,6 +10,10 @@
 #      CUDA (never run there whole), then bench_decode.py through block-sparse layouts (butterfly on GPT-2
 #      medium's 16 heads, a random pattern per head on 16 query heads over 4 kv heads) against dense decode
 #      and SDPA cuDNN
+#   3 (carrying .whl_hydra): after flash_decode through a layout walks the row's list of kept tiles, split evenly
+#      (commit "flash_decode through a layout walks..."): the decode, generation and block-sparse model tests,
+#      and the tests that took the device fixture after part 2, on CUDA; part 2's bench_decode.py runs again;
+#      bench_generate_block_sparse.py (butterfly d64, batch 1; the random per-head layout on GQA as part 1)
 source "$(dirname "$0")/gpu_call.sh"
 # The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
 # WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
@@ -40,6 +44,17 @@ sys.exit(pytest.main(['-v', '-rf', '-n', '$2', '-p', 'no:cacheprovider', '-o', '
   echo "tests exit $?"; grep -E "PASSED|FAILED|ERROR|[0-9.]+s (call|setup)" "$R/cuda_tests_listed.log" | head -40
   tail -n 2 "$R/cuda_tests_listed.log"
 }
+# bench_decode.py through a butterfly layout (GPT-2 medium's 16 heads of 64) and a random pattern per head
+# (16 query heads on 4 kv heads), batch 1 and 8, 4k-64k caches, against dense decode and SDPA cuDNN:
+# $R/decode_layout_{butterfly,random}.{json,md}, the tables printed
+decode_layouts() {
+  for run in "butterfly 16" "random 4"; do
+    set -- $run
+    timeout -s KILL 100 python benchmarks/bench_decode.py --layout $1 --nheads 16 --nheads-kv $2 --headdim 64 \
+      --batches 1 8 --cache-lens 4096 16384 65536 --impls triton triton_layout sdpa_cudnn \
+      --out "$R/decode_layout_$1.json" 2>&1 | quiet | grep "^|"
+  done
+}
 machine_info
 head -n 2 "$R/machine.txt"
 case "$1" in
@@ -54,11 +69,17 @@ case "$1" in
   timeout -s INT 330 python -m pytest -q -rf -n 8 -p no:cacheprovider tests/flashtrain tests/data tests/benchmarks \
     > "$R/cuda_tests_packages.log" 2>&1
   echo "tests exit $?"; grep -E "^(FAILED|ERROR)" "$R/cuda_tests_packages.log" | head -60; tail -n 2 "$R/cuda_tests_packages.log"
-  for run in "butterfly 16" "random 4"; do
-    set -- $run
-    timeout -s KILL 100 python benchmarks/bench_decode.py --layout $1 --nheads 16 --nheads-kv $2 --headdim 64 \
-      --batches 1 8 --cache-lens 4096 16384 65536 --impls triton triton_layout sdpa_cudnn \
-      --out "$R/decode_layout_$1.json" 2>&1 | quiet | grep "^|"
-  done
+  decode_layouts
+  ;;
+3)
+  generate_tests 300 8 tests/kernels/test_decode.py tests/flashtrain/test_gpt.py tests/flashtrain/test_parallelize.py \
+    tests/benchmarks/test_ab_host_trims.py tests/flashtrain/test_classifier.py::test_evaluation_scores_a_split_smaller_than_a_batch \
+    tests/flashtrain/test_resume_safety.py::test_a_validation_split_smaller_than_a_batch_fails_at_setup \
+    tests/flashtrain/test_trainer.py::test_cuda_graph_settings_fail_clearly
+  grep -E "^(FAILED|ERROR)" "$R/cuda_tests_generate.log" | head -20
+  decode_layouts
+  bs_generate 150 generate_block_sparse --headdims 64 --prompts 512 4096 16384 --new-tokens 32 --rounds 2
+  bs_generate 100 generate_block_sparse_random_gqa --headdims 64 --layout random --kv-heads 4 --prompts 4096 16384 \
+    --new-tokens 16 --rounds 2
   ;;
 esac
