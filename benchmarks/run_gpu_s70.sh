@@ -14,6 +14,8 @@
 #      (commit "flash_decode through a layout walks..."): the decode, generation and block-sparse model tests,
 #      and the tests that took the device fixture after part 2, on CUDA; part 2's bench_decode.py runs again;
 #      bench_generate_block_sparse.py (butterfly d64, batch 1; the random per-head layout on GQA as part 1)
+#   4 (carrying .whl_ci): the 2 tests part 3 could not run for want of `datasets`; bench_generate_block_sparse.py
+#      at batch 8 (butterfly d64, as session 69's call 6)
 source "$(dirname "$0")/gpu_call.sh"
 # The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
 # WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
@@ -81,5 +83,13 @@ case "$1" in
   bs_generate 150 generate_block_sparse --headdims 64 --prompts 512 4096 16384 --new-tokens 32 --rounds 2
   bs_generate 100 generate_block_sparse_random_gqa --headdims 64 --layout random --kv-heads 4 --prompts 4096 16384 \
     --new-tokens 16 --rounds 2
+  ;;
+4)
+  timeout -s KILL 200 python -m pytest -q -rf -n 2 \
+    tests/flashtrain/test_classifier.py::test_evaluation_scores_a_split_smaller_than_a_batch \
+    tests/flashtrain/test_resume_safety.py::test_a_validation_split_smaller_than_a_batch_fails_at_setup \
+    > "$R/cuda_tests_data.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/cuda_tests_data.log"
+  bs_generate 150 generate_block_sparse_b8 --headdims 64 --batches 8 --prompts 4096 16384 --new-tokens 16 --rounds 2
   ;;
 esac
