@@ -423,10 +423,12 @@ def test_evaluation_scores_a_split_smaller_than_a_batch(tmp_path):
     for split, prefix in (("validation", "val"), ("test", "test")):
         loss, accuracy = _reference_metrics(trainer.task, model, split)
         assert loss > 0.1
+        # (rel 1e-4: on CUDA the batched and one-batch forwards take different matmul kernels, 2.4e-5 apart
+        # on an H200; a subset of the examples would be ~1e-2 off)
         if split == "validation":
-            assert interval == pytest.approx({"val/loss": loss, "val/accuracy": accuracy}, rel=1e-5)
-        assert final[f"{prefix}/loss"] == pytest.approx(loss, rel=1e-5)
-        assert final[f"{prefix}/accuracy"] == pytest.approx(accuracy, rel=1e-5)
+            assert interval == pytest.approx({"val/loss": loss, "val/accuracy": accuracy}, rel=1e-4)
+        assert final[f"{prefix}/loss"] == pytest.approx(loss, rel=1e-4)
+        assert final[f"{prefix}/accuracy"] == pytest.approx(accuracy, rel=1e-4)
 
 
 @pytest.mark.parametrize("dp", [1, 2, 3])
