@@ -7,7 +7,7 @@ import torch
 
 from benchmarks.common import capture_graph
 from kernels import decode, flash_decode
-from kernels.layouts import butterfly_layout, local_layout, random_layout, strided_layout
+from kernels.layouts import BlockLayout, butterfly_layout, local_layout, random_layout, strided_layout
 from kernels.reference import attention_reference, decode_reference
 from tests.kernels._flash_utils import assert_close_rule
 
@@ -227,6 +227,8 @@ LAYOUT_CASES = [
     (F32, 2, 6, 1, 32, 96, [96, 80], "random_per_head", 16, 2),  # MQA
     (F32, 2, 4, 2, 32, 200, [200, 90], "butterfly", 32, 3, (50, None)),  # and a window
     (F16, 2, 4, 2, 32, 200, [200, 90], "random_per_head", 32, None, (70, None)),
+    # blocks of 2 x 1 tiles, a pattern per head: some heads keep no block of the query's row (out 0, lse -inf)
+    (F32, 3, 4, 2, 16, 200, [200, 129, 64], "rect_per_head", 32, 3),
 ]
 
 
@@ -247,6 +249,9 @@ def test_decode_through_a_layout_sees_only_its_rows_blocks(case, device):
         "local": lambda: local_layout(max_len, block, 1, causal=True),
         "random_per_head": lambda: random_layout(max_len, block, 0.3, nheads=h, seed=1, causal=True),
         "strided": lambda: strided_layout(max_len, block, 3, causal=True),
+        "rect_per_head": lambda: BlockLayout(
+            torch.rand(h, -(-max_len // (2 * block)), -(-max_len // block)) < 0.3, 2 * block, block
+        ),
     }
     layout = builders[kind]().to(device)
     q = torch.randn(b, 1, h, d, dtype=dtype, device=device)
