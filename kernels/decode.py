@@ -322,8 +322,8 @@ def _decode_tiles(layout: BlockLayout, nheads_kv: int, block_n: int):
     """The key tiles (block_n keys each) a decode query in each row of the layout reads: those of the blocks
     its row keeps (with a pattern per head, any head of the kv group), up to the row's end (later keys are
     not in its cache yet). Per (kv head, or 1 for a shared pattern; row): the tiles' indices ascending, int32
-    (G, R, T), their counts (G, R), and the largest count, which sets the split count. Built once per layout
-    (a device sync, before any CUDA graph captures the step)."""
+    (G, R, the largest count), their counts (G, R), and the largest count, which sets the split count. Built
+    once per layout (a device sync, before any CUDA graph captures the step)."""
 
     def build():
         keep = layout.mask
@@ -334,8 +334,9 @@ def _decode_tiles(layout: BlockLayout, nheads_kv: int, block_n: int):
         row_end = (torch.arange(rows, device=keep.device) + 1) * layout.block_m
         keep = keep & (torch.arange(n_tiles, device=keep.device) * block_n < row_end[:, None])
         counts = keep.sum(-1, dtype=torch.int32)
-        tiles = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
-        return tiles.contiguous(), counts.contiguous(), int(counts.max())
+        most = int(counts.max())
+        tiles = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[..., : max(most, 1)]
+        return tiles.to(torch.int32).contiguous(), counts.contiguous(), most
 
     groups = nheads_kv if layout.nheads > 1 else 1
     return layout.derived(("decode_tiles", groups, block_n), build)
