@@ -12,7 +12,9 @@ with `--kv-heads` under GQA): a prompt of `prompt` tokens, then `new_tokens` gre
 tokens. In alternating rounds, one whole call each way: `cache_ms` (`generate`, its steps replayed from a
 CUDA graph), `cache_eager_ms` (the same steps run eagerly), `recompute_ms`, and `dense_ms`: the same weights
 with dense attention (`attention=auto`, graph-replayed steps), what the layout's model gives up or gains
-against the model it thins out. Each row also says whether the
+against the model it thins out. Those four time whole calls (prefill, capture and sampling included);
+`cache_step` / `dense_step` time the new tokens' steps alone (`bench_generate.steps_ms`: ms a token, replayed
+from the captured graph; on CPU eagerly), where the decode kernels' share shows. Each row also says whether the
 cache and recompute gave the same tokens (bf16: the two ways add in different orders, so a near tie can
 go either way; `first_difference` is the first new token where they part) and how far apart the two
 ways' logits are after the prompt.
@@ -31,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_generate import steps_ms  # noqa: E402
 from benchmarks.common import markdown_table, print_summary, rotated, wall_ms, write_results  # noqa: E402
 from flashtrain.generate import generate, new_caches  # noqa: E402
 from flashtrain.models.block_sparse import model_layout  # noqa: E402
@@ -78,12 +81,19 @@ def measure(sparse: GPT, dense: GPT, batch: int, prompt_len: int, new_tokens: in
         "recompute": lambda: recompute(sparse, prompt, new_tokens),
         "dense": lambda: generate(dense, prompt, new_tokens, temperature=0),
     }
+    graph = prompt.is_cuda
+    steps = {  # (each a prefill and a capture, untimed, then new_tokens steps timed: ms a token)
+        "cache_step": lambda: steps_ms(sparse, prompt, new_tokens, graph)[0],
+        "dense_step": lambda: steps_ms(dense, prompt, new_tokens, graph)[0],
+    }
     with torch.no_grad():
         tokens = {name: fn() for name, fn in calls.items()}  # compile and warm everything once
-        times = {name: [] for name in calls}
+        for fn in steps.values():
+            fn()
+        times = {name: [] for name in [*calls, *steps]}
         for r in range(rounds):
-            for name in rotated(list(calls), r):
-                times[name].append(wall_ms(calls[name]))
+            for name in rotated([*calls, *steps], r):
+                times[name].append(steps[name]() if name in steps else wall_ms(calls[name]))
         cached_logits = sparse(prompt, caches=new_caches(sparse, batch, prompt_len)).float()
         whole_logits = sparse(prompt).float()
     layout = model_layout(sparse).for_sequence(prompt_len + new_tokens, "cpu")
@@ -94,10 +104,12 @@ def measure(sparse: GPT, dense: GPT, batch: int, prompt_len: int, new_tokens: in
     for name, vals in times.items():
         row[name] = statistics.median(vals)
         row[f"{name}_ms"] = vals  # every round, for the spread
-        row[f"{name}_per_token"] = row[name] / new_tokens
+        if name in calls:
+            row[f"{name}_per_token"] = row[name] / new_tokens
     row["speedup"] = row["recompute"] / row["cache"]
     row["eager_speedup"] = row["recompute"] / row["cache_eager"]
     row["dense_over_cache"] = row["dense"] / row["cache"]
+    row["dense_step_over_cache_step"] = row["dense_step"] / row["cache_step"]
     row["graph_same_as_eager"] = torch.equal(tokens["cache"], tokens["cache_eager"])
     new = tokens["cache"][:, prompt_len:] != tokens["recompute"][:, prompt_len:]
     row["same_tokens"] = not bool(new.any())
@@ -131,7 +143,8 @@ def main():
         del sparse, dense
     columns = ["headdim", "batch", "prompt", "density", "cache_per_token", "cache_eager_per_token",
                "recompute_per_token", "speedup", "eager_speedup", "dense_per_token", "dense_over_cache",
-               "graph_same_as_eager", "same_tokens", "first_difference"]  # fmt: skip
+               "cache_step", "dense_step", "dense_step_over_cache_step", "graph_same_as_eager", "same_tokens",
+               "first_difference"]  # fmt: skip
     print(markdown_table(rows, columns, floatfmt="{:.3f}"))
     if args.out:
         write_results(args.out, rows)

@@ -19,3 +19,6 @@ def test_a_row_times_both_ways_and_compares_their_tokens(layout, kv_heads, devic
     for name in ("cache", "cache_eager", "recompute", "dense"):
         assert len(row[f"{name}_ms"]) == 1 and row[f"{name}_per_token"] == row[name] / 3 > 0
     assert row["speedup"] == row["recompute"] / row["cache"]
+    for name in ("cache_step", "dense_step"):  # (ms a token of the steps alone)
+        assert len(row[f"{name}_ms"]) == 1 and row[name] > 0
+    assert row["dense_step_over_cache_step"] == row["dense_step"] / row["cache_step"]
