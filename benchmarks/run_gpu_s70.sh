@@ -16,6 +16,8 @@
 #      bench_generate_block_sparse.py (butterfly d64, batch 1; the random per-head layout on GQA as part 1)
 #   4 (carrying .whl_ci): the 2 tests part 3 could not run for want of `datasets`; bench_generate_block_sparse.py
 #      at batch 8 (butterfly d64, as session 69's call 6)
+#   5: bench_generate_block_sparse.py with the steps timed alone (cache_step, dense_step): butterfly d64 at batch 1
+#      and 8, and the random per-head layout on GQA at batch 1
 source "$(dirname "$0")/gpu_call.sh"
 # The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
 # WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
@@ -91,5 +93,11 @@ case "$1" in
     > "$R/cuda_tests_data.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/cuda_tests_data.log"
   bs_generate 150 generate_block_sparse_b8 --headdims 64 --batches 8 --prompts 4096 16384 --new-tokens 16 --rounds 2
+  ;;
+5)
+  bs_generate 200 generate_block_sparse_steps --headdims 64 --prompts 512 4096 16384 --new-tokens 32 --rounds 2
+  bs_generate 150 generate_block_sparse_steps_b8 --headdims 64 --batches 8 --prompts 4096 16384 --new-tokens 16 --rounds 2
+  bs_generate 120 generate_block_sparse_steps_random_gqa --headdims 64 --layout random --kv-heads 4 \
+    --prompts 4096 16384 --new-tokens 16 --rounds 2
   ;;
 esac
