@@ -5,7 +5,9 @@ replayed from a CUDA graph (`graph_time_ms`). Reports per point the medians over
 
 - `ordinary`: both kernels launched the ordinary way, not as programmatic dependent launches (session 66);
 - `pdl_round_up`: little work's split count rounded up at every head dim (before session 66);
-- `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages.
+- `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages;
+- `keep_from_layout`: with `--layout random` (ours through a layout with a pattern per head), each head's keep
+  of a tile read from the layout at the loaded tile's block, not from the copy beside the tile list.
 
 Dropped variants and the commits they ran at: session 66's merge inside the split kernel (this file as
 ab_decode_merge.py, commit 61c1f50) and its cap at a table of programs an SM holds (`pdl_no_cap`); session
@@ -27,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_decode import make_call  # noqa: E402
+from benchmarks.bench_decode import make_call, make_layout  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     graph_time_ms,
     print_summary,
@@ -41,6 +43,7 @@ from kernels import decode  # noqa: E402
 # (nheads, nheads_kv, headdim): GPT-2 medium's heads, a Llama-like GQA and MHA at d128
 HEADS = {
     "d64_mha16": (16, 16, 64),
+    "d64_gqa16_4": (16, 4, 64),
     "d64_gqa32_8": (32, 8, 64),
     "d128_gqa32_8": (32, 8, 128),
     "d128_mha32": (32, 32, 128),
@@ -55,10 +58,16 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
+    # (with --layout random: each head's keep read from the layout at the loaded tile's block, before session 70)
+    "keep_from_layout": dict(PER_HEAD_KEEP_LISTED=False),
 }
 
 
-def point(heads: str, batch: int, cache_len: int, rounds: int, impls: list[str]) -> dict:
+def point(
+    heads: str, batch: int, cache_len: int, rounds: int, impls: list[str], layout: str | None = None
+) -> dict:
+    """One (heads, batch, cache) point; with `layout`, ours decodes through that block-sparse layout
+    (`bench_decode.make_layout`: 128-blocks, random at 10% a pattern per head) and cuDNN stays dense."""
     nheads, nheads_kv, headdim = HEADS[heads]
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, 1, nheads, headdim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -66,13 +75,17 @@ def point(heads: str, batch: int, cache_len: int, rounds: int, impls: list[str])
                         generator=gen) for _ in range(2))  # fmt: skip
     seqlens = torch.full((batch,), cache_len, device="cuda", dtype=torch.int32)
     ours = make_call("triton", q, k, v, seqlens)
+    if layout is not None:
+        ours = make_call(
+            "triton_layout", q, k, v, seqlens, make_layout(layout, cache_len, 128, nheads, 0.1, "cuda")
+        )
     calls = {"pdl": ours}
     for name in impls:
         calls[name] = make_call("sdpa_cudnn", q, k, v, seqlens) if name == "cudnn" else (
             with_settings(ours, decode, **VARIANTS[name]))  # fmt: skip
     base = calls["pdl"]().float()
     row = dict(heads=heads, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv,
-               headdim=headdim)  # fmt: skip
+               headdim=headdim, layout=layout)  # fmt: skip
     for name in calls:  # our variants bitwise alike? (cuDNN's rounding differs)
         row[f"{name}_max_abs_diff"] = (calls[name]().float() - base).abs().max().item()
     times = {f"{name}_{how}_ms": [] for name in calls for how in ("eager", "graph")}
@@ -109,6 +122,10 @@ def main(argv=None):
         default=["ordinary", "pdl_round_up", "cudnn"],
         help="timed against `pdl` (the defaults)",
     )
+    parser.add_argument(
+        "--layout", choices=["butterfly", "random"], default=None,
+        help="ours through a block-sparse layout (bench_decode.py's), cuDNN dense",
+    )  # fmt: skip
     parser.add_argument("--out", default="ab_decode_launch.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -118,7 +135,14 @@ def main(argv=None):
         for batch in args.batches:
             for cache_len in args.cache_lens:
                 rows.append(
-                    point(heads, batch, cache_len, args.rounds, [i for i in args.impls if i != "pdl"])
+                    point(
+                        heads,
+                        batch,
+                        cache_len,
+                        args.rounds,
+                        [i for i in args.impls if i != "pdl"],
+                        args.layout,
+                    )
                 )
                 print_summary(rows[-1])
                 write_results(

@@ -18,6 +18,9 @@
 #      at batch 8 (butterfly d64, as session 69's call 6)
 #   5: bench_generate_block_sparse.py with the steps timed alone (cache_step, dense_step): butterfly d64 at batch 1
 #      and 8, and the random per-head layout on GQA at batch 1
+#   6: ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): each head's keep
+#      from the copy beside the tile list (the default) against from the layout (keep_from_layout), 5 rounds;
+#      the decode tests on CUDA; then `python train.py` (the README's main job, offline default; no wandb here) 20 steps
 source "$(dirname "$0")/gpu_call.sh"
 # The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
 # WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
@@ -99,5 +102,14 @@ case "$1" in
   bs_generate 150 generate_block_sparse_steps_b8 --headdims 64 --batches 8 --prompts 4096 16384 --new-tokens 16 --rounds 2
   bs_generate 120 generate_block_sparse_steps_random_gqa --headdims 64 --layout random --kv-heads 4 \
     --prompts 4096 16384 --new-tokens 16 --rounds 2
+  ;;
+6)
+  timeout -s KILL 150 python -m pytest -q -rf -n 4 tests/kernels/test_decode.py > "$R/cuda_tests_decode.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/cuda_tests_decode.log"
+  timeout -s KILL 150 python benchmarks/ab_decode_launch.py --layout random --heads d64_gqa16_4 --batches 1 8 \
+    --cache-lens 16384 65536 --rounds 5 --impls keep_from_layout cudnn --out "$R/ab_decode_keep_listed.json" 2>&1 \
+    | quiet | ab_rows
+  timeout -s KILL 180 python train.py trainer.max_steps=20 logger=none trainer.out_dir="$R/runs" 2>&1 | quiet | tail -n 12 \
+    | tee "$R/train_main.log"
   ;;
 esac
