@@ -5,15 +5,15 @@ replayed from a CUDA graph (`graph_time_ms`). Reports per point the medians over
 
 - `ordinary`: both kernels launched the ordinary way, not as programmatic dependent launches (session 66);
 - `pdl_round_up`: little work's split count rounded up at every head dim (before session 66);
-- `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages;
-- `keep_from_layout`: with `--layout random` (ours through a layout with a pattern per head), each head's keep
-  of a tile read from the layout at the loaded tile's block, not from the copy beside the tile list.
+- `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages.
+`--layout butterfly|random` times ours through a block-sparse layout (`bench_decode.py`'s), cuDNN dense.
 
 Dropped variants and the commits they ran at: session 66's merge inside the split kernel (this file as
 ab_decode_merge.py, commit 61c1f50) and its cap at a table of programs an SM holds (`pdl_no_cap`); session
 67's K and V read through TMA descriptors (call 4, commit 2d3f4f6) and kv heads packed side by side in one
 key tile (call 5, commit 2dcdc26); session 68's warps each on their own slice of a key tile with its own
-softmax state (`slices_4`, `slices_4_d128_regs168`, call 1, commit 44eebb5).
+softmax state (`slices_4`, `slices_4_d128_regs168`, call 1, commit 44eebb5); session 70's copy of each head's keep
+beside a per-head layout's tile list (`keep_from_layout`, call 6, commit 34de7e2).
 
     python benchmarks/ab_decode_launch.py --rounds 5 --out ab_decode_launch.json
 """
@@ -58,8 +58,6 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
-    # (with --layout random: each head's keep read from the layout at the loaded tile's block, before session 70)
-    "keep_from_layout": dict(PER_HEAD_KEEP_LISTED=False),
 }
 
 

@@ -18,8 +18,9 @@
 #      at batch 8 (butterfly d64, as session 69's call 6)
 #   5: bench_generate_block_sparse.py with the steps timed alone (cache_step, dense_step): butterfly d64 at batch 1
 #      and 8, and the random per-head layout on GQA at batch 1
-#   6: ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): each head's keep
-#      from the copy beside the tile list (the default) against from the layout (keep_from_layout), 5 rounds;
+#   6 (at commit 34de7e2, whose flash_decode took each head's keep from a copy beside the tile list; dropped after):
+#      ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): that copy (the
+#      default there) against the layout (keep_from_layout), 5 rounds;
 #      the decode tests on CUDA; then `python train.py` (the README's main job, offline default; no wandb here) 20 steps
 source "$(dirname "$0")/gpu_call.sh"
 # The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on

@@ -64,7 +64,7 @@ def _masked_unmasked_masked(
 
 @triton.jit
 def _decode_split(
-    Q, K, V, SEQLENS, OPART, LPART, O, LSE, LAYOUT, TILES, TILE_CNT, TILE_HEADS,  # noqa: E741
+    Q, K, V, SEQLENS, OPART, LPART, O, LSE, LAYOUT, TILES, TILE_CNT,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -73,11 +73,9 @@ def _decode_split(
     stride_outb, stride_outm, stride_outh,
     seqlen_q, max_len, nheads_kv, group, chunk, num_splits,
     qk_scale, win_left, win_right, stride_lay_h, stride_lay_r, stride_tiles_g, stride_tiles_r, stride_cnt_g,
-    stride_heads_g, stride_heads_r,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     SPARSE: tl.constexpr, PER_HEAD: tl.constexpr, LAYOUT_BM: tl.constexpr, LAYOUT_BN: tl.constexpr,
-    HEADS_LISTED: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
@@ -146,17 +144,9 @@ def _decode_split(
             start_n = tl.load(tiles + e) * BLOCK_N
             pos_t = pos_m
             if PER_HEAD:  # the rows of heads that skip the tile's block get their query before every key
-                if (
-                    HEADS_LISTED
-                ):  # (each head's keep stored beside the entry: no load waits on the tile's index)
-                    keep = tl.load(
-                        TILE_HEADS + off_hk * stride_heads_g + r * stride_heads_r + e * group + offs_r % group,
-                        mask=row_ok, other=0,
-                    )  # fmt: skip
-                else:
-                    keep = tl.load(
-                        LAYOUT + r * stride_lay_r + off_h * stride_lay_h + start_n // LAYOUT_BN, mask=row_ok, other=0
-                    )  # fmt: skip
+                keep = tl.load(
+                    LAYOUT + r * stride_lay_r + off_h * stride_lay_h + start_n // LAYOUT_BN, mask=row_ok, other=0
+                )  # fmt: skip
                 pos_t = tl.where(keep != 0, pos_m, -1)
             acc, l_i, m_i = _fwd_tile(
                 acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_t, None, offs_d, seqlen_k,
@@ -282,10 +272,6 @@ SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches s
 # 4k (1.04x at 16k in one call, 0.99x in another); at 1 tile slower again (the merge reads twice the
 # partials) (results/s67/call1/, call2/, call7/, batch 1, 4k-64k, d64 and d128).
 MIN_SPLIT_TILES = 2
-# With a pattern per head, each head's keep of a listed tile comes from a copy beside the list (`_decode_tiles`),
-# loaded by the entry's position, rather than from the layout at the loaded tile's block (a load that waits on
-# the one before it). False: the layout's (before session 70's A/B).
-PER_HEAD_KEEP_LISTED = True
 
 
 def _default_num_splits(
@@ -336,28 +322,21 @@ def _decode_tiles(layout: BlockLayout, nheads_kv: int, block_n: int):
     """The key tiles (block_n keys each) a decode query in each row of the layout reads: those of the blocks
     its row keeps (with a pattern per head, any head of the kv group), up to the row's end (later keys are
     not in its cache yet). Per (kv head, or 1 for a shared pattern; row): the tiles' indices ascending, int32
-    (G, R, the largest count M), their counts (G, R), the largest count, which sets the split count, and with a
-    pattern per head each head's keep of each entry, int8 (G, R, M, the group's heads; else None). Built once
-    per layout (a device sync, before any CUDA graph captures the step)."""
+    (G, R, the largest count), their counts (G, R), and the largest count, which sets the split count. Built
+    once per layout (a device sync, before any CUDA graph captures the step)."""
 
     def build():
-        per_head = layout.mask.repeat_interleave(layout.block_n // block_n, dim=-1)  # (H, R, T)
-        keep = per_head
+        keep = layout.mask
         if layout.nheads > 1:  # the union over each kv group's query heads
-            per_head = per_head.view(nheads_kv, layout.nheads // nheads_kv, *per_head.shape[1:])
-            keep = per_head.any(dim=1)  # (G, R, T)
+            keep = keep.view(nheads_kv, layout.nheads // nheads_kv, *keep.shape[1:]).any(dim=1)
+        keep = keep.repeat_interleave(layout.block_n // block_n, dim=-1)  # (G, R, T)
         rows, n_tiles = keep.shape[1:]
         row_end = (torch.arange(rows, device=keep.device) + 1) * layout.block_m
         keep = keep & (torch.arange(n_tiles, device=keep.device) * block_n < row_end[:, None])
         counts = keep.sum(-1, dtype=torch.int32)
         most = int(counts.max())
         tiles = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[..., : max(most, 1)]
-        heads = None
-        if layout.nheads > 1:
-            group = per_head.shape[1]
-            heads = per_head.gather(-1, tiles[:, None].expand(-1, group, -1, -1))  # (G, group, R, M)
-            heads = heads.permute(0, 2, 3, 1).to(torch.int8).contiguous()
-        return tiles.to(torch.int32).contiguous(), counts.contiguous(), most, heads
+        return tiles.to(torch.int32).contiguous(), counts.contiguous(), most
 
     groups = nheads_kv if layout.nheads > 1 else 1
     return layout.derived(("decode_tiles", groups, block_n), build)
@@ -422,20 +401,14 @@ def flash_decode(
     block_m = min(max(16, next_power_of_2(n_rows)), 64)
     block_n = 32 if INTERPRET else SPLIT_BLOCK_N
     lay, lay_strides = None, (0, 0)
-    tiles, tile_cnt, tile_heads, tile_strides, most_keys = None, None, None, (0, 0, 0, 0, 0), max_len
+    tiles, tile_cnt, tile_strides, most_keys = None, None, (0, 0, 0), max_len
     if layout is not None:
         lay, lay_strides = _decode_layout(layout, q, nheads, max_len)
         block_n = min(block_n, layout.block_n)  # (each tile inside one layout block)
-        tiles, tile_cnt, most, tile_heads = _decode_tiles(layout, nheads_kv, block_n)
+        tiles, tile_cnt, most = _decode_tiles(layout, nheads_kv, block_n)
         # (a shared pattern's lists serve every kv head: their head stride is 0)
         per_group = layout.nheads > 1
-        heads_strides = tile_heads.stride()[:2] if per_group else (0, 0)
-        tile_strides = (
-            tiles.stride(0) * per_group,
-            tiles.stride(1),
-            tile_cnt.stride(0) * per_group,
-            *heads_strides,
-        )
+        tile_strides = (tiles.stride(0) * per_group, tiles.stride(1), tile_cnt.stride(0) * per_group)
         most_keys = most * block_n  # what the longest list reads, split as a dense cache that long
         # (a head's row is masked by its causal mask, which at the last key hides nothing else)
         if layout.nheads > 1:
@@ -461,7 +434,7 @@ def flash_decode(
         _launch_split(
             (num_splits, m_blocks, batch * nheads_kv),
             (),
-            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse, lay, tiles, tile_cnt, tile_heads,
+            (q, k_cache, v_cache, cache_seqlens, opart, lpart, out, lse, lay, tiles, tile_cnt,
              q.stride(0), q.stride(1), q.stride(2),
              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -472,7 +445,7 @@ def flash_decode(
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
                  SPARSE=layout is not None, PER_HEAD=layout is not None and layout.nheads > 1, LAYOUT_BM=layout.block_m if layout is not None else 1,
-                 LAYOUT_BN=layout.block_n if layout is not None else 1, HEADS_LISTED=PER_HEAD_KEEP_LISTED,
+                 LAYOUT_BN=layout.block_n if layout is not None else 1,
                  num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:

@@ -284,20 +284,3 @@ def test_decode_through_a_layout_refuses_what_it_cannot_take(device):
     if device != "cpu":
         with pytest.raises(ValueError, match="layout is on cpu"):
             flash_decode(q, k, k, sl, layout=butterfly_layout(128, 32))
-
-
-def test_per_head_keeps_from_the_list_or_the_layout_answer_alike(monkeypatch, device):
-    """PER_HEAD_KEEP_LISTED (each head's keep stored beside the tile list) and the layout's own mask (the way
-    before it, kept for the A/B) give the same output bit for bit: the same tiles in the same order."""
-    torch.manual_seed(5)
-    layout = random_layout(256, 32, 0.3, nheads=8, seed=2, causal=True).to(device)
-    q = torch.randn(2, 1, 8, 32, dtype=torch.float16, device=device)
-    k, v = (torch.randn(2, 256, 2, 32, dtype=torch.float16, device=device) for _ in range(2))
-    seqlens = torch.tensor([256, 70], dtype=torch.int32, device=device)
-    got = {}
-    for listed in (True, False):
-        monkeypatch.setattr(decode, "PER_HEAD_KEEP_LISTED", listed)
-        got[listed] = flash_decode(
-            q, k, v, seqlens, causal=True, layout=layout, num_splits=3, return_lse=True
-        )
-    torch.testing.assert_close(got[True], got[False], rtol=0, atol=0)
