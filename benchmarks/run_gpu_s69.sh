@@ -15,22 +15,6 @@
 #   2: the kernel tests session 68's CUDA run of the not-gpu-marked tests did not reach (its list:
 #      results/s69/kernel_tests_not_run_on_cuda.txt), the atomic-variant routing test among them
 source "$(dirname "$0")/gpu_call.sh"
-# The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
-# WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
-generate_tests() {  # generate_tests SECONDS WORKERS FILE...
-  local secs=$1 workers=$2
-  shift 2
-  timeout -s KILL "$secs" python -m pytest -q -rf -n "$workers" tests/flashtrain/test_generate.py \
-    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py "$@" \
-    > "$R/cuda_tests_generate.log" 2>&1
-  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
-}
-# bench_generate_block_sparse.py with its options, killed after SECONDS: $R/NAME.json, its table printed
-bs_generate() {  # bs_generate SECONDS NAME OPTION...
-  local secs=$1 name=$2
-  shift 2
-  timeout -s KILL "$secs" python benchmarks/bench_generate_block_sparse.py "$@" --out "$R/$name.json" 2>&1 | quiet | grep "^|"
-}
 # The tests whose ids LIST_FILE holds (one a line; ids with spaces, so not through the shell), on WORKERS
 # workers, interrupted after SECONDS: $R/cuda_tests_remaining.log, how many passed and what failed printed
 listed_tests() {  # listed_tests SECONDS WORKERS LIST_FILE

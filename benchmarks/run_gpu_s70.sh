@@ -23,22 +23,6 @@
 #      default there) against the layout (keep_from_layout), 5 rounds;
 #      the decode tests on CUDA; then `python train.py` (the README's main job, offline default; no wandb here) 20 steps
 source "$(dirname "$0")/gpu_call.sh"
-# The generation and block-sparse model tests (and the bench script's) on CUDA, with FILE... besides, on
-# WORKERS workers, killed after SECONDS: $R/cuda_tests_generate.log, its exit status and last lines printed
-generate_tests() {  # generate_tests SECONDS WORKERS FILE...
-  local secs=$1 workers=$2
-  shift 2
-  timeout -s KILL "$secs" python -m pytest -q -rf -n "$workers" tests/flashtrain/test_generate.py \
-    tests/flashtrain/test_block_sparse_model.py tests/benchmarks/test_bench_generate_block_sparse.py "$@" \
-    > "$R/cuda_tests_generate.log" 2>&1
-  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_generate.log"
-}
-# bench_generate_block_sparse.py with its options, killed after SECONDS: $R/NAME.json, its table printed
-bs_generate() {  # bs_generate SECONDS NAME OPTION...
-  local secs=$1 name=$2
-  shift 2
-  timeout -s KILL "$secs" python benchmarks/bench_generate_block_sparse.py "$@" --out "$R/$name.json" 2>&1 | quiet | grep "^|"
-}
 # The tests whose ids LIST_FILE holds (one a line; ids with spaces, so not through the shell), on WORKERS
 # workers, interrupted after SECONDS, each thread's stack dumped after DUMP seconds in one test:
 # $R/cuda_tests_listed.log, what passed and failed and the durations printed
