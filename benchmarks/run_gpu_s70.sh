@@ -18,6 +18,7 @@
 #      at batch 8 (butterfly d64, as session 69's call 6)
 #   5: bench_generate_block_sparse.py with the steps timed alone (cache_step, dense_step): butterfly d64 at batch 1
 #      and 8, and the random per-head layout on GQA at batch 1
+#   7: the final tree's decode, layout, generation and block-sparse model tests on CUDA
 #   6 (at commit 34de7e2, whose flash_decode took each head's keep from a copy beside the tile list; dropped after):
 #      ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): that copy (the
 #      default there) against the layout (keep_from_layout), 5 rounds;
@@ -96,5 +97,8 @@ case "$1" in
     | quiet | ab_rows
   timeout -s KILL 180 python train.py trainer.max_steps=20 logger=none trainer.out_dir="$R/runs" 2>&1 | quiet | tail -n 12 \
     | tee "$R/train_main.log"
+  ;;
+7)  # (carrying .whl_hydra) the final tree's decode, generation and block-sparse model tests on CUDA
+  generate_tests 240 8 tests/kernels/test_decode.py tests/kernels/test_layouts.py
   ;;
 esac
