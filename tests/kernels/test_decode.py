@@ -284,3 +284,21 @@ def test_decode_through_a_layout_refuses_what_it_cannot_take(device):
     if device != "cpu":
         with pytest.raises(ValueError, match="layout is on cpu"):
             flash_decode(q, k, k, sl, layout=butterfly_layout(128, 32))
+
+
+def test_a_layouts_decode_lists_hold_each_rows_kept_tiles_up_to_its_end():
+    """`_decode_tiles`: per row the key tiles of its kept blocks that lie before the row's end (ascending), per
+    kv head the union of its query heads' patterns, cropped to the longest row's count."""
+    layout = random_layout(300, 64, 0.4, nheads=4, seed=3)  # not causal: blocks after the row's own
+    tiles, counts, most = decode._decode_tiles(layout, nheads_kv=2, block_n=32)
+    assert tiles.dtype == counts.dtype == torch.int32 and tiles.shape == (2, 5, most)
+    assert most == int(counts.max())
+    for g in range(2):
+        union = layout.mask[2 * g : 2 * g + 2].any(0)  # (rows, column blocks)
+        for r in range(5):
+            want = [t for t in range(10) if union[r, t // 2] and t * 32 < (r + 1) * 64]
+            assert counts[g, r] == len(want) and tiles[g, r, : len(want)].tolist() == want, (g, r)
+    # a shared pattern: one list for every kv head; row 0 keeps blocks 0, 1, 2 and 4 but reads only its own
+    shared, shared_counts, _ = decode._decode_tiles(butterfly_layout(300, 64), nheads_kv=2, block_n=64)
+    assert shared.shape[0] == 1 and shared_counts[0].tolist() == [1, 2, 2, 3, 2]
+    assert shared[0, 4, :2].tolist() == [0, 4]  # (4 ^ 4 = 0 and the diagonal; 4 ^ 1, 4 ^ 2 lie past the grid)
