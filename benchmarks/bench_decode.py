@@ -189,7 +189,7 @@ def main(argv=None):
     parser.add_argument(
         "--launch", nargs="+", default=None, metavar="SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N[,MIN_TILES]]",
         help="sweep our split kernel's launch shape (kernels.decode's SPLITS_PER_SM, SPLIT_WARPS, "
-        "SPLIT_STAGES, SPLIT_BLOCK_N, MIN_SPLIT_TILES), one triton row per value ('default': the kernel's "
+        "SPLIT_STAGES, SPLIT_BLOCK_N, MIN_SPLIT_TILES), one triton / triton_layout row per value ('default': the kernel's "
         "own choice, as without --launch)",
     )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -214,9 +214,9 @@ def main(argv=None):
             for cache_len in args.cache_lens:
                 if 4 * batch * cache_len * hk * args.headdim / 1e9 > args.max_kv_gb:
                     continue
-                runs = [(impl, None) for impl in args.impls if impl != "triton" or not args.launch]
-                if "triton" in args.impls and args.launch:
-                    runs = [("triton", launch) for launch in args.launch] + runs
+                ours = [impl for impl in args.impls if impl.startswith("triton")] if args.launch else []
+                runs = [(impl, launch) for impl in ours for launch in args.launch]
+                runs += [(impl, None) for impl in args.impls if impl not in ours]
                 for impl, launch in runs:
                     with launch_shape(launch):
                         row = bench_point(
