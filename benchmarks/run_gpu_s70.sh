@@ -18,6 +18,8 @@
 #      at batch 8 (butterfly d64, as session 69's call 6)
 #   5: bench_generate_block_sparse.py with the steps timed alone (cache_step, dense_step): butterfly d64 at batch 1
 #      and 8, and the random per-head layout on GQA at batch 1
+#   8: bench_decode.py --launch through both layouts: programs per SM, stages and the shortest split, for the
+#      tile lists' split count (which reuses dense decode's rule)
 #   7: the final tree's decode, layout, generation and block-sparse model tests on CUDA
 #   6 (at commit 34de7e2, whose flash_decode took each head's keep from a copy beside the tile list; dropped after):
 #      ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): that copy (the
@@ -100,5 +102,14 @@ case "$1" in
   ;;
 7)  # (carrying .whl_hydra) the final tree's decode, generation and block-sparse model tests on CUDA
   generate_tests 240 8 tests/kernels/test_decode.py tests/kernels/test_layouts.py
+  ;;
+8)
+  for run in "butterfly 16" "random 4"; do
+    set -- $run
+    timeout -s KILL 120 python benchmarks/bench_decode.py --layout $1 --nheads 16 --nheads-kv $2 --headdim 64 \
+      --batches 1 8 --cache-lens 16384 65536 --impls triton_layout \
+      --launch default 8,4,2 16,4,2 4,4,3 8,4,3 4,4,2,64,1 8,4,2,64,1 --out "$R/decode_layout_launch_$1.json" 2>&1 \
+      | quiet | grep "^|"
+  done
   ;;
 esac
