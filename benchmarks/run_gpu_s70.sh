@@ -20,7 +20,9 @@
 #      and 8, and the random per-head layout on GQA at batch 1
 #   8: bench_decode.py --launch through both layouts: programs per SM, stages and the shortest split, for the
 #      tile lists' split count (which reuses dense decode's rule)
-#   9: ab_decode_launch.py through both layouts, splits of one tile (min_tiles_1) against the default, 5 rounds
+#   9: ab_decode_launch.py through both layouts, splits of one tile (min_tiles_1: MIN_SPLIT_TILES=1, the floor the
+#      lists took then) against the default (2), 5 rounds; since, LAYOUT_MIN_SPLIT_TILES=1 and the variant is
+#      layout_min_tiles_2
 #   7: the final tree's decode, layout, generation and block-sparse model tests on CUDA
 #   6 (at commit 34de7e2, whose flash_decode took each head's keep from a copy beside the tile list; dropped after):
 #      ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): that copy (the
@@ -117,7 +119,7 @@ case "$1" in
   for run in "butterfly d64_mha16" "random d64_gqa16_4"; do
     set -- $run
     timeout -s KILL 110 python benchmarks/ab_decode_launch.py --layout $1 --heads $2 --batches 1 8 \
-      --cache-lens 16384 65536 --rounds 5 --impls min_tiles_1 --out "$R/ab_decode_min_tiles_1_$1.json" 2>&1 | quiet | ab_rows
+      --cache-lens 16384 65536 --rounds 5 --impls layout_min_tiles_2 --out "$R/ab_decode_min_tiles_1_$1.json" 2>&1 | quiet | ab_rows
   done
   ;;
 esac

@@ -272,13 +272,24 @@ SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches s
 # 4k (1.04x at 16k in one call, 0.99x in another); at 1 tile slower again (the merge reads twice the
 # partials) (results/s67/call1/, call2/, call7/, batch 1, 4k-64k, d64 and d128).
 MIN_SPLIT_TILES = 2
+# Through a layout, the longest list of kept tiles takes the cache length's place, and splits may be one tile:
+# against two, 1.05-1.10x faster at batch 1 (butterfly on GPT-2 medium's 16 heads at 16k / 64k: 0.909 / 0.954x the
+# time, a pattern per head on 16 / 4 heads at 16k 0.965x), 0.999-1.002x elsewhere (batch 8, per-head 64k;
+# results/s70/call9/, five alternating rounds of graph replays). A list is short: at two tiles a split, the
+# butterfly's ~20 tiles of a 64k row left most SMs idle.
+LAYOUT_MIN_SPLIT_TILES = 1
 
 
 def _default_num_splits(
-    work_items: int, block_d: int, max_len: int, block_n: int, device: torch.device
+    work_items: int,
+    block_d: int,
+    max_len: int,
+    block_n: int,
+    device: torch.device,
+    min_tiles: int | None = None,
 ) -> int:
     """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) per SM, but no
-    split shorter than MIN_SPLIT_TILES key tiles."""
+    split shorter than min_tiles key tiles (default MIN_SPLIT_TILES)."""
     sms = sm_count(device)
     work_items = max(work_items, 1)
     small = work_items * block_d <= SMALL_WORK_COLUMNS
@@ -287,7 +298,8 @@ def _default_num_splits(
         want = per_sm * sms // work_items
     else:
         want = cdiv(per_sm * sms, work_items)
-    return max(1, min(want, cdiv(max_len, MIN_SPLIT_TILES * block_n), 128))
+    min_tiles = MIN_SPLIT_TILES if min_tiles is None else min_tiles
+    return max(1, min(want, cdiv(max_len, min_tiles * block_n), 128))
 
 
 def _decode_layout(layout, q, nheads: int, max_len: int):
@@ -416,7 +428,10 @@ def flash_decode(
     m_blocks = cdiv(n_rows, block_m)
     block_d = padded_head_dim(headdim)
     if num_splits is None:
-        num_splits = _default_num_splits(batch * nheads_kv * m_blocks, block_d, most_keys, block_n, q.device)
+        num_splits = _default_num_splits(
+            batch * nheads_kv * m_blocks, block_d, most_keys, block_n, q.device,
+            None if layout is None else LAYOUT_MIN_SPLIT_TILES,
+        )  # fmt: skip
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
     pdl = _dependent_launches(q.device, group)
     with torch.no_grad():

@@ -196,6 +196,9 @@ def test_default_split_count_follows_the_work(monkeypatch):
     assert decode.MIN_SPLIT_TILES == 2
     assert decode._default_num_splits(1, 128, 512, 64, cpu) == 4  # 512 keys: four splits of two 64-key tiles
     assert decode._default_num_splits(16, 64, 4096, 64, cpu) == 32  # GPT-2 medium at a 4k cache: not 33
+    # through a layout the longest list stands for the cache, in splits of one tile (a butterfly row at 64k: 20)
+    assert decode.LAYOUT_MIN_SPLIT_TILES == 1
+    assert decode._default_num_splits(16, 64, 20 * 64, 64, cpu, decode.LAYOUT_MIN_SPLIT_TILES) == 20
     monkeypatch.setattr(decode, "ROUND_DOWN_HEAD_DIM", None)  # (before session 66)
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
 
