@@ -23,6 +23,8 @@
 #   9: ab_decode_launch.py through both layouts, splits of one tile (min_tiles_1: MIN_SPLIT_TILES=1, the floor the
 #      lists took then) against the default (2), 5 rounds; since, LAYOUT_MIN_SPLIT_TILES=1 and the variant is
 #      layout_min_tiles_2
+#   10 (carrying .whl_hydra): the final tree's decode and generation tests on CUDA; part 2's bench_decode.py runs
+#      (through both layouts, against dense decode and SDPA cuDNN) again
 #   7: the final tree's decode, layout, generation and block-sparse model tests on CUDA
 #   6 (at commit 34de7e2, whose flash_decode took each head's keep from a copy beside the tile list; dropped after):
 #      ab_decode_launch.py --layout random (a pattern per head, 16 query heads on 4 kv heads, d64): that copy (the
@@ -121,5 +123,9 @@ case "$1" in
     timeout -s KILL 110 python benchmarks/ab_decode_launch.py --layout $1 --heads $2 --batches 1 8 \
       --cache-lens 16384 65536 --rounds 5 --impls layout_min_tiles_2 --out "$R/ab_decode_min_tiles_1_$1.json" 2>&1 | quiet | ab_rows
   done
+  ;;
+10)
+  generate_tests 200 8 tests/kernels/test_decode.py tests/kernels/test_layouts.py
+  decode_layouts
   ;;
 esac
