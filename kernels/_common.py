@@ -308,6 +308,26 @@ def check_cu_seqlens(cu: torch.Tensor, total: int, name: str) -> None:
 
 
 @triton.jit
+def mask_scores(
+    qk, offs_n, pos_m, seqlen_k, win_left, win_right, KPM, stride_kpmn,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr,
+):  # fmt: skip
+    """Scores (queries at positions pos_m x keys offs_n) with -inf where a key is past seqlen_k or outside the
+    window (MASKED tiles only), or padding (key_padding_mask KPM, every tile)."""
+    if MASKED:
+        keep = offs_n[None, :] < seqlen_k
+        if HAS_RIGHT:
+            keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
+        if HAS_LEFT:
+            keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
+        qk = tl.where(keep, qk, float("-inf"))
+    if HAS_KPM:
+        kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
+        qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
+    return qk
+
+
+@triton.jit
 def load_tile(
     ptrs, offs_r, offs_d, n_rows, HEAD_DIM: tl.constexpr, MASK_ROWS: tl.constexpr, PAD_D: tl.constexpr
 ):

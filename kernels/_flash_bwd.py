@@ -19,6 +19,7 @@ from ._common import (
     dropout_keep_tile,
     dropout_mode,
     load_tile,
+    mask_scores,
     padded_head_dim,
     rowsum_do_o,
     sched_slots_for,
@@ -256,16 +257,9 @@ def _bwd_dq_inner(
         v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                       HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        if MASKED:
-            keep = offs_n[None, :] < seqlen_k
-            if HAS_RIGHT:
-                keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
-            if HAS_LEFT:
-                keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
-            qk = tl.where(keep, qk, float("-inf"))
-        if HAS_KPM:
-            kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
-            qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
+        qk = mask_scores(
+            qk, offs_n, pos_m, seqlen_k, win_left, win_right, KPM, stride_kpmn, MASKED, HAS_LEFT, HAS_RIGHT, HAS_KPM
+        )  # fmt: skip
         p = tl.math.exp2(qk - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         if DROPOUT:

@@ -21,6 +21,7 @@ from ._common import (
     dropout_keep_tile,
     dropout_mode,
     load_tile,
+    mask_scores,
     next_power_of_2,
     padded_head_dim,
     sched_slots_for,
@@ -73,16 +74,9 @@ def _fwd_tile(
     # which saves a multiply per score in a loop bound by instruction issue (NOTES_attention.md,
     # "Loop experiments")
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # (BLOCK_M, BLOCK_N)
-    if MASKED:
-        keep = offs_n[None, :] < seqlen_k
-        if HAS_RIGHT:
-            keep = keep & (offs_n[None, :] <= pos_m[:, None] + win_right)
-        if HAS_LEFT:
-            keep = keep & (offs_n[None, :] >= pos_m[:, None] - win_left)
-        qk = tl.where(keep, qk, float("-inf"))
-    if HAS_KPM:
-        kpm = tl.load(KPM + offs_n * stride_kpmn, mask=offs_n < seqlen_k, other=0)
-        qk = tl.where(kpm[None, :] != 0, qk, float("-inf"))
+    qk = mask_scores(
+        qk, offs_n, pos_m, seqlen_k, win_left, win_right, KPM, stride_kpmn, MASKED, HAS_LEFT, HAS_RIGHT, HAS_KPM
+    )  # fmt: skip
     m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base 2; qk_scale > 0 keeps the max the max
     if MASKED or HAS_KPM:
         # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
