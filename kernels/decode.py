@@ -275,8 +275,9 @@ MIN_SPLIT_TILES = 2
 # Through a layout, the longest list of kept tiles takes the cache length's place, and splits may be one tile:
 # against two, 1.05-1.10x faster at batch 1 (butterfly on GPT-2 medium's 16 heads at 16k / 64k: 0.909 / 0.954x the
 # time, a pattern per head on 16 / 4 heads at 16k 0.965x), 0.999-1.002x elsewhere (batch 8, per-head 64k;
-# results/s70/call9/, five alternating rounds of graph replays). A list is short: at two tiles a split, the
-# butterfly's ~20 tiles of a 64k row left most SMs idle.
+# results/s70/call9/, five alternating rounds of graph replays). A list is short (a butterfly's 64k row: ~20 tiles)
+# and latency-bound: at two tiles a split each program waits for its tiles one after the other; at one, GPT-2
+# medium's 16 heads run ~320 programs on 132 SMs, each one tile's wait.
 LAYOUT_MIN_SPLIT_TILES = 1
 
 
