@@ -39,18 +39,22 @@ def _fwd_inner(
     K, V, KPM, stride_kn, stride_vn, stride_kpmn,
     pos_m, rng_rows, offs_d,
     seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0,
-    lo, hi,
-    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    lo, full_lo, full_hi, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """One run of key tiles [lo, hi). MASKED tiles pay for bounds/causal/window masks; the others don't."""
-    for start_n in range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_tile(
-            acc, l_i, m_i, q, K, V, KPM, stride_kn, stride_vn, stride_kpmn, pos_m, rng_rows, offs_d, seqlen_k,
-            win_left, win_right, qk_scale, dropout_p, seed, drop_col0, start_n,
-            MASKED, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        )  # fmt: skip
+    """Key tiles [lo, hi) as `visible_range` splits them: [lo, full_lo) (a window's edge) and [full_hi, hi)
+    (the diagonal, the sequence's tail) pay for bounds/causal/window masks; the run between does not."""
+    for run in tl.static_range(3):  # (unrolled: three loops, MASKED known in each)
+        start = lo if run == 0 else full_lo if run == 1 else full_hi
+        stop = full_lo if run == 0 else full_hi if run == 1 else hi
+        for start_n in range(start, stop, BLOCK_N):
+            acc, l_i, m_i = _fwd_tile(
+                acc, l_i, m_i, q, K, V, KPM, stride_kn, stride_vn, stride_kpmn, pos_m, rng_rows, offs_d,
+                seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0, start_n,
+                run != 1, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+            )  # fmt: skip
     return acc, l_i, m_i
 
 
@@ -164,17 +168,7 @@ def _attn_fwd(
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
-        lo, full_lo, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
-        full_lo, full_hi, False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
-        pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
-        full_hi, hi, True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
+        lo, full_lo, full_hi, hi, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
     )  # fmt: skip
 
     # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0

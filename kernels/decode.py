@@ -37,32 +37,6 @@ from .layouts import BlockLayout
 
 
 @triton.jit
-def _masked_unmasked_masked(
-    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left, win_right,
-    qk_scale, lo, full_lo, full_hi, hi,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Key tiles [lo, hi) as `visible_range` splits them: [lo, full_lo) and [full_hi, hi) with element masks,
-    [full_lo, full_hi) without."""
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo,
-        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_lo, full_hi,
-        False, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-    )  # fmt: skip
-    return _fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d,
-        seqlen_k, win_left, win_right, qk_scale, 0.0, 0, 0, full_hi, hi,
-        True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
-    )  # fmt: skip
-
-
-@triton.jit
 def _decode_split(
     Q, K, V, SEQLENS, OPART, LPART, O, LSE, LAYOUT, TILES, TILE_CNT,  # noqa: E741
     stride_qb, stride_qm, stride_qh,
@@ -154,9 +128,10 @@ def _decode_split(
                 True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
             )  # fmt: skip
     else:
-        acc, l_i, m_i = _masked_unmasked_masked(
-            acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, pos_m, offs_d, seqlen_k, win_left,
-            win_right, qk_scale, lo, full_lo, full_hi, hi, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, DOT_PREC,
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d, seqlen_k,
+            win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo, full_hi, hi,
+            HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
         )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
