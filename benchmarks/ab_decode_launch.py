@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_decode import make_call, make_layout  # noqa: E402
+from benchmarks.bench_decode import layout_for, make_call  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     graph_time_ms,
     print_summary,
@@ -68,7 +68,7 @@ def point(
     heads: str, batch: int, cache_len: int, rounds: int, impls: list[str], layout: str | None = None
 ) -> dict:
     """One (heads, batch, cache) point; with `layout`, ours decodes through that block-sparse layout
-    (`bench_decode.make_layout`: 128-blocks, random at 10% a pattern per head) and cuDNN stays dense."""
+    (`bench_decode.layout_for`: 128-blocks, random at 10% a pattern per head) and cuDNN stays dense."""
     nheads, nheads_kv, headdim = HEADS[heads]
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, 1, nheads, headdim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -78,7 +78,7 @@ def point(
     ours = make_call("triton", q, k, v, seqlens)
     if layout is not None:
         ours = make_call(
-            "triton_layout", q, k, v, seqlens, make_layout(layout, cache_len, 128, nheads, 0.1, "cuda")
+            "triton_layout", q, k, v, seqlens, layout_for(layout, cache_len, 128, nheads, 0.1, "cuda")
         )
     calls = {"pdl": ours}
     for name in impls:

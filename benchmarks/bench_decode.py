@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import error_note, gpu_slug, graph_time_ms, markdown_table, time_ms, write_results  # noqa: E402
 from kernels import decode, flash_decode  # noqa: E402
-from kernels.layouts import butterfly_layout, random_layout  # noqa: E402
+from kernels.layouts import make_layout  # noqa: E402
 from kernels.reference import attention_reference, decode_reference  # noqa: E402
 
 IMPLS = ("triton", "triton_layout", "sdpa_flash", "sdpa_mem_eff", "sdpa_cudnn", "eager")
@@ -108,11 +108,11 @@ def cpu_time_ms(fn, reps: int = 3) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
-def make_layout(kind: str, cache_len: int, block: int, nheads: int, density: float, device):
-    """The layout a block-sparse model over `cache_len` positions would decode through (causal)."""
-    if kind == "butterfly":
-        return butterfly_layout(cache_len, block, local_blocks=1, causal=True).to(device)
-    return random_layout(cache_len, block, density, nheads=nheads, seed=0, causal=True).to(device)
+def layout_for(kind: str, cache_len: int, block: int, nheads: int, density: float, device):
+    """The layout a block-sparse model over `cache_len` positions would decode through (causal): a butterfly
+    with a band of one block, or random tiles at `density`, a pattern per head."""
+    params = {"local_blocks": 1} if kind == "butterfly" else {"density": density, "seed": 0}
+    return make_layout(kind, cache_len, block, nheads=nheads, causal=True, **params).to(device)
 
 
 def last_row_mask(layout, cache_len: int) -> torch.Tensor:
@@ -138,7 +138,7 @@ def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device, layo
     layout = None
     if impl == "triton_layout":
         kind, block, density = layout_args
-        layout = make_layout(kind, cache_len, block, nheads, density, device)
+        layout = layout_for(kind, cache_len, block, nheads, density, device)
         row.update(layout=kind, block=block, read_fraction=read_fraction(layout, cache_len, nheads_kv))
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     gen = torch.Generator(device=device).manual_seed(0)

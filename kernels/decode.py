@@ -96,6 +96,7 @@ def _decode_split(
         -win_left, win_right, BLOCK_N, HAS_LEFT, HAS_RIGHT,
     )  # fmt: skip
     # intersect with this split's slice; its ends are multiples of BLOCK_N (or the sequence's end)
+    # (the dense path's bounds: a SPARSE build walks its list instead, and the compiler drops these)
     s0 = split * chunk
     s1 = s0 + chunk
     lo = tl.maximum(lo, s0)
