@@ -108,9 +108,8 @@ def test_decode_benchmark_through_a_layout_on_cpu(tmp_path, layout, read):
     (row,) = json.load(open(out))["rows"]
     assert row["impl"] == "triton_layout" and row["layout"] == layout and "error" not in row, row
     assert row["max_err"] < 2e-3 and 0 < row["read_fraction"] < 1
-    if (
-        read is not None
-    ):  # of 5 blocks row 4 keeps 4 (diagonal), 3 (the band) and 0 (4 ^ 4); 5, 6 are after it
+    # (of 5 blocks the butterfly's row 4 keeps 4, the diagonal, 3, the band, and 0, 4 ^ 4; 5 and 6 lie past it)
+    if read is not None:
         assert row["read_fraction"] == pytest.approx(read)
     refused = subprocess.run(
         [sys.executable, "benchmarks/bench_decode.py", "--device", "cpu", "--impls", "triton_layout"],
