@@ -191,6 +191,14 @@ def inference_call(*tensors) -> bool:
     return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
+def check_rank(name: str, t, ndim: int, layout: str) -> None:
+    """t is a tensor of ndim dims laid out as `layout`; a list or a tensor of another rank says so."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be a {ndim}-d tensor {layout}, got shape {tuple(t.shape)}")
+
+
 def check_device(*tensors: torch.Tensor) -> None:
     """All tensors on one device, and that device CUDA unless the Triton interpreter is on."""
     devices = {t.device for t in tensors}
@@ -274,6 +282,7 @@ def check_dropout(dropout_p: float) -> float:
 def check_key_padding_mask(mask: torch.Tensor | None, batch: int, seqlen_k: int, device) -> None:
     if mask is None:
         return
+    check_rank("key_padding_mask", mask, 2, "(batch, seqlen_k) of bool")
     if mask.dtype != torch.bool:
         raise ValueError(f"key_padding_mask must be bool (True = keep), got {mask.dtype}")
     if tuple(mask.shape) != (batch, seqlen_k):

@@ -36,6 +36,7 @@ from kernels._common import (
     check_dropout,
     check_dtype,
     check_heads,
+    check_rank,
     dot_precision,
     draw_seed,
     dropout_keep_tile,
@@ -410,9 +411,7 @@ def _tiles(layout: BlockLayout, pass_name: str, head_dim: int, override=None) ->
 
 def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor (batch, seqlen, nheads, headdim), got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")  # fmt: skip
+        check_rank(name, t, 4, "(batch, seqlen, nheads, headdim)")
     check_device(q, k, v)
     check_dtype(q, k, v)
     batch, seqlen_q, nheads, headdim = q.shape

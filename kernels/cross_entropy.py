@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, LOG2E, next_power_of_2
+from ._common import INTERPRET, LOG2E, check_rank, next_power_of_2
 
 # the kernel works in base 2: exp2 of an FMA's result, where exp would add a multiply
 _LOG2E = tl.constexpr(LOG2E)
@@ -121,6 +121,9 @@ def cross_entropy_rows_(
 
 
 def _check(hidden, weight, targets, chunk):
+    check_rank("hidden", hidden, 2, "(tokens, width)")
+    check_rank("weight", weight, 2, "(vocab, width)")
+    check_rank("targets", targets, 1, "(tokens,) of int64 or int32")
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"linear_cross_entropy takes hidden (tokens, width) and weight (vocab, width); got "

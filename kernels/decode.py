@@ -22,6 +22,7 @@ from ._common import (
     check_device,
     check_dtype,
     check_heads,
+    check_rank,
     check_window,
     compute_capability,
     dot_precision,
@@ -360,8 +361,8 @@ def flash_decode(
     it can be captured in a CUDA graph.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be (batch, seqlen, nheads, headdim), got shape {tuple(t.shape)}")
+        check_rank(name, t, 4, "(batch, seqlen, nheads, headdim)")
+    check_rank("cache_seqlens", cache_seqlens, 1, "(batch,) of int32")
     check_device(q, k_cache, v_cache, cache_seqlens)
     check_dtype(q, k_cache, v_cache)
     batch, seqlen_q, nheads, headdim = q.shape

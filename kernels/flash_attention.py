@@ -21,6 +21,7 @@ from ._common import (
     check_dtype,
     check_heads,
     check_key_padding_mask,
+    check_rank,
     check_window,
     draw_seed,
     inference_call,
@@ -291,8 +292,7 @@ def flash_attention(
     lse is differentiable: a loss on it (a z-loss, a merge of partial attentions) reaches q and k.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be (batch, seqlen, nheads, headdim), got shape {tuple(t.shape)}")
+        check_rank(name, t, 4, "(batch, seqlen, nheads, headdim)")
     dropout_p = _check_common(q, k, v, dropout_p)
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
         raise ValueError(f"q, k, v must share the batch size, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
@@ -326,10 +326,7 @@ def flash_attention_qkvpacked(
     flash_attention on the views returns three gradients that autograd then concatenates into the
     projection's gradient: one more read and write of it per layer (~2% of a GPT-2 medium step).
     """
-    if qkv.dim() != 4:
-        raise ValueError(
-            f"qkv must be (batch, seqlen, nheads + 2 * nheads_kv, headdim), got shape {tuple(qkv.shape)}"
-        )
+    check_rank("qkv", qkv, 4, "(batch, seqlen, nheads + 2 * nheads_kv, headdim)")
     heads = qkv.shape[2]
     if nheads_kv is None:
         if heads % 3:
@@ -381,13 +378,12 @@ def flash_attention_varlen(
     natural log, differentiable as in flash_attention.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            raise ValueError(
-                f"{name} must be (total, nheads, headdim) for varlen, got shape {tuple(t.shape)}"
-            )
+        check_rank(name, t, 3, "(total, nheads, headdim) for varlen")
     dropout_p = _check_common(q, k, v, dropout_p)
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"k and v must have the same total length, got {k.shape[0]} and {v.shape[0]}")
+    check_rank("cu_seqlens_q", cu_seqlens_q, 1, "(batch + 1,) of int32")
+    check_rank("cu_seqlens_k", cu_seqlens_k, 1, "(batch + 1,) of int32")
     check_device(q, cu_seqlens_q, cu_seqlens_k)
     check_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
     check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")

@@ -139,7 +139,7 @@ def test_all_targets_ignored_gives_zero_loss_and_gradients(device):
 @pytest.mark.parametrize(
     "hidden_shape,weight_shape,target_shape,chunk,match",
     [
-        ((4, 8, 2), (10, 8), (4,), 4, "hidden \\(tokens, width\\)"),
+        ((4, 8, 2), (10, 8), (4,), 4, "hidden must be a 2-d tensor \\(tokens, width\\)"),
         ((4, 8), (10, 6), (4,), 4, "hidden \\(tokens, width\\)"),
         ((4, 8), (10, 8), (5,), 4, "targets must be"),
         ((4, 8), (10, 8), (4,), 0, "chunk=0"),
@@ -156,6 +156,8 @@ def test_bad_targets_raise():
     hidden, weight = torch.randn(4, 8), torch.randn(10, 8)
     with pytest.raises(ValueError, match="targets must be int64 or int32"):
         linear_cross_entropy(hidden, weight, torch.zeros(4))
+    with pytest.raises(ValueError, match="targets must be a torch.Tensor"):
+        linear_cross_entropy(hidden, weight, [0, 1, 2, 3])
     with pytest.raises(ValueError, match=r"targets must lie in \[0, 10\)"):
         linear_cross_entropy(hidden, weight, torch.tensor([0, 1, 10, -100]))
 

@@ -223,6 +223,8 @@ def _bad(device):
         ("causal type", lambda: flash_attention(q, kv, kv, causal="no"), "causal must be a bool"),  # truthy
         ("window bool", lambda: flash_attention(q, kv, kv, window=(True, None)), "non-negative int"),
         ("window type", lambda: flash_attention(q, kv, kv, window=4), "pair"),
+        ("not a tensor", lambda: flash_attention(q.tolist(), kv, kv), "q must be a torch.Tensor"),
+        ("kpm not a tensor", lambda: flash_attention(q, kv, kv, key_padding_mask=[[True] * 8]), "key_padding_mask must be a torch.Tensor"),
     ]  # fmt: skip
 
 

@@ -110,6 +110,7 @@ def _bad(device):
         ("group", lambda: flash_attention_qkvpacked(qkv[:, :, :5], nheads_kv=2), "multiple of nheads_kv"),
         ("kpm shape", lambda: flash_attention_qkvpacked(qkv, key_padding_mask=torch.ones(1, 7, dtype=torch.bool, device=device)), "shape"),
         ("dropout", lambda: flash_attention_qkvpacked(qkv, dropout_p=1.0), r"\[0, 1\)"),
+        ("not a tensor", lambda: flash_attention_qkvpacked(qkv.tolist()), "qkv must be a torch.Tensor"),
     ]  # fmt: skip
 
 

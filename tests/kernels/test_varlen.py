@@ -110,6 +110,8 @@ def test_varlen_bad_inputs(device):
         flash_attention_varlen(q[None], q, q, cu, cu, 4, 4)
     with pytest.raises(ValueError, match="same batch"):
         flash_attention_varlen(q, q, q, cu, torch.tensor([0, 8], dtype=torch.int32, device=device), 4, 8)
+    with pytest.raises(ValueError, match="cu_seqlens_k must be a torch.Tensor"):
+        flash_attention_varlen(q, q, q, cu, [0, 4, 8], 4, 4)
 
 
 @pytest.mark.gpu
