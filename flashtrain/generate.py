@@ -142,6 +142,13 @@ def new_caches(model: GPT, batch: int, capacity: int) -> list[KVCache]:
     cfg, param = model.cfg, next(model.parameters())
     shape = (batch, capacity, cfg.kv_heads, cfg.head_dim)
     if cfg.attention == "block_sparse":
+        from kernels._common import INTERPRET
+
+        if param.device.type != "cuda" and not INTERPRET:
+            raise ValueError(
+                f"a block-sparse model generates through our Triton kernels, which need a CUDA device; "
+                f"it is on {param.device}: load it on a GPU (--device cuda)"
+            )
         layout = model_layout(model)
         return [BlockSparseKVCache(*shape, dtype=param.dtype, device=param.device, layout=layout)
                 for _ in range(cfg.n_layer)]  # fmt: skip

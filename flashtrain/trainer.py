@@ -25,7 +25,7 @@ from flashtrain.distributed.context import sequence_parallel
 from flashtrain.distributed.parallel_dims import ParallelDims
 from flashtrain.gc_schedule import GCSchedule
 from flashtrain.log import get_logger
-from flashtrain.models.attention import attention_override
+from flashtrain.models.attention import attention_override, check_backend_device
 from flashtrain.optim import lr_at
 from flashtrain.parallelize import ParallelConfig
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
@@ -140,6 +140,7 @@ class Trainer:
         self.dp = self.world_size // cfg.parallel.sp
         self._check_global_batch()
         self.device = self._pick_device(tc.device)
+        check_backend_device(cfg.model.attention, self.device)
         self._check_cuda_graphs()
         self.autocast_dtype = self._pick_precision(tc.precision)
         self.run_dir = os.path.join(tc.out_dir, tc.run_name)

@@ -376,6 +376,21 @@ def qkvpacked_backend(attn: AttentionFn) -> AttentionFn | None:
     return _QKVPACKED.get(attn)
 
 
+# Backends that run our Triton kernels: on a CPU only Triton's interpreter runs them (the tests).
+TRITON_BACKENDS = ("triton", "triton_nondeterministic", "block_sparse")
+
+
+def check_backend_device(name: str, device: torch.device) -> None:
+    """Refuses a Triton backend on a device that cannot run it, naming the setting to change."""
+    from kernels._common import INTERPRET
+
+    if name in TRITON_BACKENDS and device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"model.attention={name} runs our Triton kernels, which need a CUDA device, and this run is on "
+            f"{device}: use model.attention=auto (sdpa or reference) here, or a GPU"
+        )
+
+
 def get_backend(name: str) -> AttentionFn:
     if name == "block_sparse":
         raise ValueError(

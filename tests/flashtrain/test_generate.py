@@ -220,6 +220,15 @@ def test_a_block_sparse_cache_takes_queries_that_start_inside_a_row_block(device
             sparse(prompt, caches=caches)
 
 
+def test_a_block_sparse_model_on_the_cpu_without_the_interpreter_is_refused(monkeypatch):
+    import kernels._common
+
+    sparse, _ = _block_sparse_gpt(*BLOCK_SPARSE_MODELS[0], "cpu")
+    monkeypatch.setattr(kernels._common, "INTERPRET", False)
+    with pytest.raises(ValueError, match=r"need a CUDA device; it is on cpu: load it on a GPU"):
+        new_caches(sparse, 1, 64)
+
+
 def test_generation_leaves_a_training_model_in_training_mode():
     """Sampling in the middle of training must not switch the caller's dropout off for the steps after."""
     model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=30, max_seq_len=20, dropout=0.1,

@@ -290,6 +290,19 @@ def test_cuda_graph_settings_a_gpu_run_refuses(tmp_path, monkeypatch, override, 
         Trainer(cfg)
 
 
+@pytest.mark.parametrize("backend", ["triton", "triton_nondeterministic", "block_sparse"])
+def test_a_triton_backend_on_the_cpu_is_refused_without_the_interpreter(tmp_path, monkeypatch, backend):
+    """Before, the run got as far as the first attention call and said to move tensors to CUDA."""
+    import kernels._common
+
+    monkeypatch.setattr(kernels._common, "INTERPRET", False)
+    cfg = small_config(tmp_path, f"model.attention={backend}", "trainer.device=cpu")
+    with pytest.raises(
+        ValueError, match=f"model.attention={backend} runs our Triton kernels.*use model.attention=auto"
+    ):
+        Trainer(cfg)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_gpu_cuda_graphs_train_as_plain_compiled_blocks(tmp_path, grad_accum):
