@@ -26,6 +26,7 @@ from flashtrain.distributed.parallel_dims import ParallelDims
 from flashtrain.gc_schedule import GCSchedule
 from flashtrain.log import get_logger
 from flashtrain.models.attention import attention_override, check_backend_device
+from flashtrain.models.block_sparse import unused_layout_settings
 from flashtrain.optim import lr_at
 from flashtrain.parallelize import ParallelConfig
 from flashtrain.preemption import PreemptionHandler, requeue_slurm_job
@@ -446,20 +447,28 @@ class Trainer:
         return stack
 
     def _attention_summary(self) -> str:
-        """What computes attention: the model's backend, or under sp the ring/Ulysses that replaces it."""
-        par = self.cfg.parallel
+        """What computes attention: the model's backend, or under sp the ring/Ulysses that replaces it,
+        and the settings for it that this run does not read. Those are said, not refused: a sweep over
+        sp keeps its sp_mode, one over the backend keeps its layout (parallel.strategy on one process is
+        treated alike)."""
+        par, model = self.cfg.parallel, self.cfg.model
+        # block_sparse_* settings a dense backend or another layout kind takes nothing from
+        unused_layout = unused_layout_settings(model)
+        said = f" ({', '.join(unused_layout)} unused by {model.attention}" + (
+            f", {model.block_sparse_kind} layout)" if model.attention == "block_sparse" else ")"
+        )
+        said = said if unused_layout else ""
         if par.sp == 1:
-            # sp_mode and sp_layout have nothing to split with one rank per sequence: said, not refused (a
-            # sweep over sp keeps its mode; parallel.strategy on one process is treated alike)
+            # sp_mode and sp_layout have nothing to split with one rank per sequence
             unused = [
                 f"parallel.{key}={getattr(par, key)}"
                 for key in ("sp_mode", "sp_layout")
                 if getattr(par, key) != getattr(ParallelConfig, key)
             ]
-            return self.cfg.model.attention + (f" ({', '.join(unused)} unused at sp=1)" if unused else "")
+            return model.attention + (f" ({', '.join(unused)} unused at sp=1)" if unused else "") + said
         kernel = "triton" if self.device.type == "cuda" else "reference"
-        layout = ", block-sparse layout" if self.cfg.model.attention == "block_sparse" else ""
-        return f"{par.sp_mode} over sp={par.sp} ({par.sp_layout}, {kernel} per step{layout})"
+        layout = ", block-sparse layout" if model.attention == "block_sparse" else ""
+        return f"{par.sp_mode} over sp={par.sp} ({par.sp_layout}, {kernel} per step{layout})" + said
 
     @functools.cache  # noqa: B019 - one trainer per run; the masks are built once per sequence length
     def _sp_block_mask(self, seqlen: int, device) -> tuple[torch.Tensor, int]:

@@ -10,6 +10,7 @@ compiles the per-tile lists the kernel walks, so crops are kept (per shape and d
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import OrderedDict
 
@@ -30,6 +31,22 @@ _PARAMS = {  # which GPTConfig fields each layout kind takes, and under which bu
     "strided": {"stride": "block_sparse_stride", "local_blocks": "block_sparse_local"},
     "random": {"density": "block_sparse_density"},
 }
+
+
+def unused_layout_settings(cfg) -> list[str]:
+    """The model.block_sparse_* settings set away from their defaults that this model does not read:
+    every one unless model.attention=block_sparse, else those its layout kind takes no argument from."""
+    read = set()
+    if cfg.attention == "block_sparse":
+        read = {"block_sparse_kind", "block_sparse_block", *_PARAMS.get(cfg.block_sparse_kind, {}).values()}
+    default = type(cfg)()
+    return [
+        f"model.{f.name}={getattr(cfg, f.name)}"
+        for f in dataclasses.fields(cfg)
+        if f.name.startswith("block_sparse_")
+        and f.name not in read
+        and getattr(cfg, f.name) != getattr(default, f.name)
+    ]
 
 
 def build_layout(cfg, seqlen: int, nheads: int, causal: bool):

@@ -358,9 +358,25 @@ def test_bad_degrees_fail_before_the_process_group(tmp_path, monkeypatch, world,
             ["parallel.sp_mode=ulysses", "parallel.sp_layout=contiguous"],
             "auto (parallel.sp_mode=ulysses, parallel.sp_layout=contiguous unused at sp=1)",
         ),
+        (["model.block_sparse_block=64"], "auto (model.block_sparse_block=64 unused by auto)"),
+        # the butterfly takes no density; the random layout takes it and no band
+        (
+            ["model.attention=block_sparse", "model.block_sparse_block=16", "model.block_sparse_density=0.5"],
+            "block_sparse (model.block_sparse_density=0.5 unused by block_sparse, butterfly layout)",
+        ),
+        (
+            [
+                "model.attention=block_sparse",
+                "model.block_sparse_block=16",
+                "model.block_sparse_kind=random",
+                "model.block_sparse_density=0.5",
+                "model.block_sparse_local=2",
+            ],
+            "block_sparse (model.block_sparse_local=2 unused by block_sparse, random layout)",
+        ),
     ],
 )
-def test_sequence_parallel_settings_unused_at_sp_1_are_said(tmp_path, overrides, summary):
+def test_settings_the_attention_does_not_read_are_said(tmp_path, overrides, summary):
     trainer = Trainer(small_config(tmp_path, *overrides))
     try:
         assert trainer._attention_summary() == summary
