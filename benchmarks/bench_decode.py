@@ -131,10 +131,22 @@ def read_fraction(layout, cache_len: int, nheads_kv: int) -> float:
     return keep[:, :n_blocks].mean().item()
 
 
-def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device, layout_args=None) -> dict:
+def cache_tensor(batch, cache_len, nheads_kv, headdim, order, **kw) -> torch.Tensor:
+    """A (batch, cache_len, nheads_kv, headdim) cache: stored so (order "positions", a position's heads
+    side by side, as flashtrain.generate's KVCache), or head-major ("heads": each head's positions
+    contiguous, viewed in the same shape), which keeps a kv head's key tile in one stretch of memory."""
+    if order == "positions":
+        return torch.randn(batch, cache_len, nheads_kv, headdim, **kw)
+    return torch.randn(batch, nheads_kv, cache_len, headdim, **kw).transpose(1, 2)
+
+
+def bench_point(
+    impl, batch, cache_len, nheads, nheads_kv, headdim, device, layout_args=None, cache_order="positions"
+) -> dict:
     row = dict(
-        impl=impl, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv, headdim=headdim
-    )
+        impl=impl, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv, headdim=headdim,
+        cache_order=cache_order,
+    )  # fmt: skip
     layout = None
     if impl == "triton_layout":
         kind, block, density = layout_args
@@ -143,8 +155,8 @@ def bench_point(impl, batch, cache_len, nheads, nheads_kv, headdim, device, layo
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, 1, nheads, headdim, device=device, dtype=dtype, generator=gen)
-    k, v = (torch.randn(batch, cache_len, nheads_kv, headdim, device=device, dtype=dtype, generator=gen)
-            for _ in range(2))  # fmt: skip
+    k, v = (cache_tensor(batch, cache_len, nheads_kv, headdim, cache_order, device=device, dtype=dtype,
+                         generator=gen) for _ in range(2))  # fmt: skip
     seqlens = torch.full((batch,), cache_len, device=device, dtype=torch.int32)  # full caches
     row["kv_gb"] = 2 * k.numel() * k.element_size() / 1e9
     try:
@@ -192,6 +204,11 @@ def main(argv=None):
         "SPLIT_STAGES, SPLIT_BLOCK_N, MIN_SPLIT_TILES), one triton / triton_layout row per value ('default': the kernel's "
         "own choice, as without --launch)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cache-orders", nargs="+", choices=["positions", "heads"], default=["positions"],
+        help="how the caches are stored: positions (a position's heads side by side, generation's KVCache) "
+        "or heads (each head's positions contiguous); one row per order",
+    )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -217,11 +234,13 @@ def main(argv=None):
                 ours = [impl for impl in args.impls if impl.startswith("triton")] if args.launch else []
                 runs = [(impl, launch) for impl in ours for launch in args.launch]
                 runs += [(impl, None) for impl in args.impls if impl not in ours]
-                for impl, launch in runs:
+                runs = [(impl, launch, order) for impl, launch in runs for order in args.cache_orders]
+                for impl, launch, order in runs:
                     with launch_shape(launch):
                         row = bench_point(
-                            impl, batch, cache_len, args.nheads, hk, args.headdim, args.device, layout_args
-                        )
+                            impl, batch, cache_len, args.nheads, hk, args.headdim, args.device, layout_args,
+                            order,
+                        )  # fmt: skip
                     if launch:
                         row["launch"] = launch
                     rows.append(row)
@@ -234,6 +253,7 @@ def main(argv=None):
         "batch",
         "cache_len",
         "impl",
+        "cache_order",
         "launch",
         "read_fraction",
         "ms",

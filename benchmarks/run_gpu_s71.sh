@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 71's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s71.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s71/callN/.
+#   1: bench_decode.py with the caches stored position-major (generation's KVCache: a position's kv heads side
+#      by side) and head-major (each kv head's positions contiguous), through the butterfly (16 heads of 64) and
+#      a random pattern per head (16 query heads on 4 kv heads), batch 1 and 8, 4k-64k, with dense decode and
+#      SDPA cuDNN on the same caches
+source "$(dirname "$0")/gpu_call.sh"
+# bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
+decode_orders() {  # decode_orders SECONDS ORDER...
+  local secs=$1
+  shift
+  for run in "butterfly 16" "random 4"; do
+    set -- $run "${@}"
+    local kind=$1 hk=$2
+    shift 2
+    timeout -s KILL "$secs" python benchmarks/bench_decode.py --layout $kind --nheads 16 --nheads-kv $hk \
+      --headdim 64 --batches 1 8 --cache-lens 4096 16384 65536 --impls triton triton_layout sdpa_cudnn \
+      --cache-orders "$@" --out "$R/decode_order_$kind.json" 2>&1 | quiet | grep "^|"
+  done
+}
+machine_info
+head -n 2 "$R/machine.txt"
+case "$1" in
+1)
+  decode_orders 200 positions heads
+  ;;
+esac
