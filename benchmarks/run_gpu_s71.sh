@@ -5,6 +5,8 @@
 #      by side) and head-major (each kv head's positions contiguous), through the butterfly (16 heads of 64) and
 #      a random pattern per head (16 query heads on 4 kv heads), batch 1 and 8, 4k-64k, with dense decode and
 #      SDPA cuDNN on the same caches
+#   2: bench_decode.py --launch on dense decode at d64 with GQA (16 query heads on 4 kv heads), batch 1 and 8,
+#      4k-64k: programs per SM 3-8, 3 stages, 128-key tiles, 8 warps (part 1 had it at 0.91x cuDNN at batch 8)
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -24,5 +26,11 @@ head -n 2 "$R/machine.txt"
 case "$1" in
 1)
   decode_orders 200 positions heads
+  ;;
+2)
+  timeout -s KILL 420 python benchmarks/bench_decode.py --nheads 16 --nheads-kv 4 --headdim 64 --batches 1 8 \
+    --cache-lens 4096 16384 65536 --impls triton sdpa_cudnn \
+    --launch default 3,4,2 5,4,2 6,4,2 8,4,2 4,4,3 8,4,3 4,4,2,128 8,4,2,128 4,8,2,128 \
+    --out "$R/decode_gqa_d64_launch.json" 2>&1 | quiet | grep "^|"
   ;;
 esac
