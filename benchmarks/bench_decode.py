@@ -47,13 +47,14 @@ SDPA_BACKENDS = {
 }
 
 
-def make_call(impl: str, q, k, v, seqlens, layout=None):
+def make_call(impl: str, q, k, v, seqlens, layout=None, num_splits=None):
     """A no-argument function computing (batch, 1, nheads, headdim) attention of q over the caches
-    (`triton_layout`: through `layout`, as a block-sparse model's decode step)."""
+    (`triton_layout`: through `layout`, as a block-sparse model's decode step; ours in num_splits splits,
+    None: the kernel's choice)."""
     if impl == "triton":
-        return lambda: flash_decode(q, k, v, seqlens)
+        return lambda: flash_decode(q, k, v, seqlens, num_splits=num_splits)
     if impl == "triton_layout":
-        return lambda: flash_decode(q, k, v, seqlens, causal=True, layout=layout)
+        return lambda: flash_decode(q, k, v, seqlens, causal=True, layout=layout, num_splits=num_splits)
     if impl == "eager":
         return lambda: attention_reference(q, k, v)  # the caches are full: no per-sequence lengths
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -140,8 +141,27 @@ def cache_tensor(batch, cache_len, nheads_kv, headdim, order, **kw) -> torch.Ten
     return torch.randn(batch, nheads_kv, cache_len, headdim, **kw).transpose(1, 2)
 
 
+def split_kernel_resources() -> list[dict]:
+    """Registers a thread and shared memory a program of each split kernel compiled so far (what bounds
+    the programs an SM holds at once)."""
+    return [
+        dict(n_regs=c.compiled.n_regs, shared=c.compiled.metadata.shared, n_spills=c.compiled.n_spills)
+        for c in decode._launch_split._compiled.values()
+        if hasattr(c.compiled, "n_regs")
+    ]
+
+
 def bench_point(
-    impl, batch, cache_len, nheads, nheads_kv, headdim, device, layout_args=None, cache_order="positions"
+    impl,
+    batch,
+    cache_len,
+    nheads,
+    nheads_kv,
+    headdim,
+    device,
+    layout_args=None,
+    cache_order="positions",
+    num_splits=None,
 ) -> dict:
     row = dict(
         impl=impl, batch=batch, cache_len=cache_len, nheads=nheads, nheads_kv=nheads_kv, headdim=headdim,
@@ -160,7 +180,7 @@ def bench_point(
     seqlens = torch.full((batch,), cache_len, device=device, dtype=torch.int32)  # full caches
     row["kv_gb"] = 2 * k.numel() * k.element_size() / 1e9
     try:
-        call = make_call(impl, q, k, v, seqlens, layout)
+        call = make_call(impl, q, k, v, seqlens, layout, num_splits)
         mask = {} if layout is None else {"attn_mask": last_row_mask(layout, cache_len)}
         # float32, one sequence at a time: GQA's repeated K/V of the whole batch would not fit
         want = torch.cat([decode_reference(*(t[b : b + 1].float() for t in (q, k, v)), seqlens[b : b + 1],
@@ -209,6 +229,10 @@ def main(argv=None):
         help="how the caches are stored: positions (a position's heads side by side, generation's KVCache) "
         "or heads (each head's positions contiguous); one row per order",
     )  # fmt: skip
+    parser.add_argument(
+        "--num-splits", nargs="+", default=None, metavar="N",
+        help="our calls in N splits ('default': the kernel's choice), one row per value",
+    )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -235,19 +259,27 @@ def main(argv=None):
                 runs = [(impl, launch) for impl in ours for launch in args.launch]
                 runs += [(impl, None) for impl in args.impls if impl not in ours]
                 runs = [(impl, launch, order) for impl, launch in runs for order in args.cache_orders]
-                for impl, launch, order in runs:
+                splits = [None if n == "default" else int(n) for n in args.num_splits or ["default"]]
+                runs = [
+                    (*run, n) for run in runs for n in (splits if run[0].startswith("triton") else [None])
+                ]
+                for impl, launch, order, n in runs:
                     with launch_shape(launch):
                         row = bench_point(
                             impl, batch, cache_len, args.nheads, hk, args.headdim, args.device, layout_args,
-                            order,
+                            order, n,
                         )  # fmt: skip
                     if launch:
                         row["launch"] = launch
+                    if n is not None:
+                        row["num_splits"] = n
                     rows.append(row)
                     print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
                     write_results(out, rows, extra={"seqlen_q": 1, "dtype": "bfloat16"})
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
+    if args.device == "cuda":
+        print("split kernels compiled (registers a thread, shared bytes, spills):", split_kernel_resources())
     cols = [
         "nheads_kv",
         "batch",
@@ -255,6 +287,7 @@ def main(argv=None):
         "impl",
         "cache_order",
         "launch",
+        "num_splits",
         "read_fraction",
         "ms",
         "graph_ms",

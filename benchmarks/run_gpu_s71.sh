@@ -7,6 +7,8 @@
 #      SDPA cuDNN on the same caches
 #   2: bench_decode.py --launch on dense decode at d64 with GQA (16 query heads on 4 kv heads), batch 1 and 8,
 #      4k-64k: programs per SM 3-8, 3 stages, 128-key tiles, 8 warps (part 1 had it at 0.91x cuDNN at batch 8)
+#   3: bench_decode.py --num-splits on dense decode at batch 8: d64 GQA 16/4 (default 17 splits, 544 programs) and
+#      d128 GQA 32/8 (default 8), with each split kernel's registers and shared memory
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -32,5 +34,13 @@ case "$1" in
     --cache-lens 4096 16384 65536 --impls triton sdpa_cudnn \
     --launch default 3,4,2 5,4,2 6,4,2 8,4,2 4,4,3 8,4,3 4,4,2,128 8,4,2,128 4,8,2,128 \
     --out "$R/decode_gqa_d64_launch.json" 2>&1 | quiet | grep "^|"
+  ;;
+3)
+  timeout -s KILL 200 python benchmarks/bench_decode.py --nheads 16 --nheads-kv 4 --headdim 64 --batches 8 \
+    --cache-lens 4096 16384 65536 --impls triton sdpa_cudnn --num-splits default 12 16 18 19 20 24 30 33 40 \
+    --out "$R/decode_gqa_d64_splits.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
+  timeout -s KILL 200 python benchmarks/bench_decode.py --nheads 32 --nheads-kv 8 --headdim 128 --batches 8 \
+    --cache-lens 16384 65536 --impls triton sdpa_cudnn --num-splits default 6 7 9 10 12 16 \
+    --out "$R/decode_gqa_d128_splits.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
   ;;
 esac
