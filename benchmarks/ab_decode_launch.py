@@ -6,6 +6,7 @@ replayed from a CUDA graph (`graph_time_ms`). Reports per point the medians over
 - `ordinary`: both kernels launched the ordinary way, not as programmatic dependent launches (session 66);
 - `pdl_round_up`: little work's split count rounded up at every head dim (before session 66);
 - `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages;
+- `pdl_gqa`: programmatic dependent launches under GQA too (session 66 measured them slower at d128);
 - `layout_min_tiles_2` (with `--layout`): a layout's lists split into at least 2 tiles, not 1 (before session 70;
   its call 9 ran the other way round, as `min_tiles_1`: MIN_SPLIT_TILES=1 when the lists took that floor).
 `--layout butterfly|random` times ours through a block-sparse layout (`bench_decode.py`'s), cuDNN dense.
@@ -60,6 +61,7 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
+    "pdl_gqa": dict(DECODE_PDL_GQA=True),  # under GQA too
     "layout_min_tiles_2": dict(LAYOUT_MIN_SPLIT_TILES=2),  # (with --layout: before session 70's call 9)
 }
 

@@ -9,6 +9,8 @@
 #      4k-64k: programs per SM 3-8, 3 stages, 128-key tiles, 8 warps (part 1 had it at 0.91x cuDNN at batch 8)
 #   3: bench_decode.py --num-splits on dense decode at batch 8: d64 GQA 16/4 (default 17 splits, 544 programs) and
 #      d128 GQA 32/8 (default 8), with each split kernel's registers and shared memory
+#   4: ab_decode_launch.py, programmatic dependent launches under GQA too (pdl_gqa) against the default (none
+#      under GQA), 4 rounds, d64 16/4 and 32/8, d128 32/8, batch 1 and 8, 4k-64k
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -42,5 +44,10 @@ case "$1" in
   timeout -s KILL 200 python benchmarks/bench_decode.py --nheads 32 --nheads-kv 8 --headdim 128 --batches 8 \
     --cache-lens 16384 65536 --impls triton sdpa_cudnn --num-splits default 6 7 9 10 12 16 \
     --out "$R/decode_gqa_d128_splits.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
+  ;;
+4)
+  timeout -s KILL 400 python benchmarks/ab_decode_launch.py --heads d64_gqa16_4 d64_gqa32_8 d128_gqa32_8 \
+    --batches 1 8 --cache-lens 4096 16384 65536 --rounds 4 --impls pdl_gqa cudnn --out "$R/ab_decode_pdl_gqa.json" \
+    2>&1 | quiet | ab_rows
   ;;
 esac

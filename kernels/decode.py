@@ -203,6 +203,7 @@ def _decode_merge(
 # last program per work item merging through a counter, was slower: 152 registers at d128 against 128, one
 # program less per SM, and a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
+DECODE_PDL_GQA = False  # PDL under GQA too (benchmarks/ab_decode_launch.py's `pdl_gqa`)
 
 
 def _dependent_launches(device: torch.device, group: int) -> bool:
@@ -211,7 +212,12 @@ def _dependent_launches(device: torch.device, group: int) -> bool:
     results/s66/call2-call6): with MHA 1.003-1.035x faster at batch 1 and 8 (GPT-2 medium's heads at batch 1
     and a 4k cache: 1.033x), 1.000-1.01x at d128; with GQA (32 query heads on 8) 0.92-0.93x at batch 8
     and a 4k cache, 0.97 at 16k, 0.98-1.01 at batch 1. Why GQA loses is not known."""
-    return DECODE_PDL and group == 1 and device.type == "cuda" and compute_capability(device)[0] >= 9
+    return (
+        DECODE_PDL
+        and (group == 1 or DECODE_PDL_GQA)
+        and device.type == "cuda"
+        and compute_capability(device)[0] >= 9
+    )
 
 
 _launch_split = CompiledLaunch(_decode_split)
