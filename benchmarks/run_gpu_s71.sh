@@ -11,6 +11,8 @@
 #      d128 GQA 32/8 (default 8), with each split kernel's registers and shared memory
 #   4: ab_decode_launch.py, programmatic dependent launches under GQA too (pdl_gqa) against the default (none
 #      under GQA), 4 rounds, d64 16/4 and 32/8, d128 32/8, batch 1 and 8, 4k-64k
+#   5: ab_decode_launch.py at d64 (16 heads, 16/4, 32/8), batch 1 and 8, 4k-64k, 4 rounds: pdl_gqa, fill5 (one
+#      wave of 5 programs an SM) and both, against the defaults
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -49,5 +51,10 @@ case "$1" in
   timeout -s KILL 400 python benchmarks/ab_decode_launch.py --heads d64_gqa16_4 d64_gqa32_8 d128_gqa32_8 \
     --batches 1 8 --cache-lens 4096 16384 65536 --rounds 4 --impls pdl_gqa cudnn --out "$R/ab_decode_pdl_gqa.json" \
     2>&1 | quiet | ab_rows
+  ;;
+5)
+  timeout -s KILL 500 python benchmarks/ab_decode_launch.py --heads d64_mha16 d64_gqa16_4 d64_gqa32_8 \
+    --batches 1 8 --cache-lens 4096 16384 65536 --rounds 4 --impls pdl_gqa fill5 fill5_pdl_gqa cudnn \
+    --out "$R/ab_decode_fill5.json" 2>&1 | quiet | ab_rows
   ;;
 esac
