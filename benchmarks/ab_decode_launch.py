@@ -6,9 +6,11 @@ replayed from a CUDA graph (`graph_time_ms`). Reports per point the medians over
 - `ordinary`: both kernels launched the ordinary way, not as programmatic dependent launches (session 66);
 - `pdl_round_up`: little work's split count rounded up at every head dim (before session 66);
 - `min_tiles_4`: splits of at least 4 key tiles (before session 67); `stages_3`: 3 pipeline stages;
-- `pdl_gqa`: programmatic dependent launches under GQA too (session 66 measured them slower at d128);
-- `fill5` (d64 only: d128 holds 4 programs an SM): little work's split count floor(5 x SMs / items), one
-  wave of the programs an SM holds at 88 registers; `fill5_pdl_gqa`: with `pdl_gqa`;
+- `pdl_gqa`: programmatic dependent launches under GQA at every head dim (default: up to 64; sessions 66
+  and 71 measured them slower at d128);
+- `before_s71`: no PDL under GQA, and little work at d64 in 4 programs per SM rounded up (session 71's call 5
+  timed today's defaults as `fill5_pdl_gqa` against it: floor(5 x SMs / items) splits, one wave of the 5
+  programs an SM holds at 88 registers, and PDL under GQA);
 - `layout_min_tiles_2` (with `--layout`): a layout's lists split into at least 2 tiles, not 1 (before session 70;
   its call 9 ran the other way round, as `min_tiles_1`: MIN_SPLIT_TILES=1 when the lists took that floor).
 `--layout butterfly|random` times ours through a block-sparse layout (`bench_decode.py`'s), cuDNN dense.
@@ -63,10 +65,9 @@ VARIANTS = {
     "pdl_round_up": dict(ROUND_DOWN_HEAD_DIM=None),
     "min_tiles_4": dict(MIN_SPLIT_TILES=4),  # (before session 67)
     "stages_3": dict(SPLIT_STAGES=3),
-    "pdl_gqa": dict(DECODE_PDL_GQA=True),  # under GQA too
-    # little work at d64: floor(5 x SMs / items) splits, one wave of the 5 programs an SM holds (88 registers)
-    "fill5": dict(ROUND_DOWN_HEAD_DIM=64, SPLITS_PER_SM_SMALL_WORK=5),
-    "fill5_pdl_gqa": dict(ROUND_DOWN_HEAD_DIM=64, SPLITS_PER_SM_SMALL_WORK=5, DECODE_PDL_GQA=True),
+    "pdl_gqa": dict(PDL_GQA_MAX_HEAD_DIM=256),  # under GQA at every head dim
+    # before session 71: no PDL under GQA, little work at d64 rounded up at 4 programs per SM
+    "before_s71": dict(PDL_GQA_MAX_HEAD_DIM=0, SPLITS_PER_SM_SMALL_WORK_D64=4, ROUND_DOWN_HEAD_DIM=128),
     "layout_min_tiles_2": dict(LAYOUT_MIN_SPLIT_TILES=2),  # (with --layout: before session 70's call 9)
 }
 

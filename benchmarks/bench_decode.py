@@ -88,9 +88,9 @@ def launch_shape(text: str | None):
             f"--launch {text!r}: write SPLITS_PER_SM,WARPS,STAGES[,BLOCK_N[,MIN_TILES]], e.g. 4,4,3 or "
             "2,4,2,128 or 4,4,2,64,2"
         )
-    names = ("SPLITS_PER_SM", "SPLITS_PER_SM_SMALL_WORK", "SPLIT_WARPS", "SPLIT_STAGES", "SPLIT_BLOCK_N",
-             "MIN_SPLIT_TILES")  # fmt: skip
-    values = [values[0], *values]
+    names = ("SPLITS_PER_SM", "SPLITS_PER_SM_SMALL_WORK", "SPLITS_PER_SM_SMALL_WORK_D64", "SPLIT_WARPS",
+             "SPLIT_STAGES", "SPLIT_BLOCK_N", "MIN_SPLIT_TILES")  # fmt: skip
+    values = [values[0], values[0], *values]
     saved = [getattr(decode, n) for n in names]
     for n, v in zip(names, values, strict=False):  # (BLOCK_N, MIN_TILES left as they are when not given)
         setattr(decode, n, v)

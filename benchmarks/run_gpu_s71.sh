@@ -13,6 +13,10 @@
 #      under GQA), 4 rounds, d64 16/4 and 32/8, d128 32/8, batch 1 and 8, 4k-64k
 #   5: ab_decode_launch.py at d64 (16 heads, 16/4, 32/8), batch 1 and 8, 4k-64k, 4 rounds: pdl_gqa, fill5 (one
 #      wave of 5 programs an SM) and both, against the defaults
+#   6: after the d64 rule (one wave of 5 programs an SM, PDL under GQA at d64): ab_decode_launch.py, the new
+#      defaults against before_s71 and cuDNN, d64 16 / 16 on 4 / 32 on 8, 5 rounds; the decode, layout and
+#      generation GPU tests (the command-line ones need hydra: not carried, deselected); bench_decode.py through
+#      both layouts again (part 1's position-major rows are the before)
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -56,5 +60,22 @@ case "$1" in
   timeout -s KILL 500 python benchmarks/ab_decode_launch.py --heads d64_mha16 d64_gqa16_4 d64_gqa32_8 \
     --batches 1 8 --cache-lens 4096 16384 65536 --rounds 4 --impls pdl_gqa fill5 fill5_pdl_gqa cudnn \
     --out "$R/ab_decode_fill5.json" 2>&1 | quiet | ab_rows
+  ;;
+6)
+  timeout -s KILL 200 python -m pytest -q -rf -n 8 tests/kernels/test_decode.py tests/kernels/test_layouts.py \
+    tests/flashtrain/test_generate.py -k "not samples_from and not refuses_a_classification" \
+    > "$R/cuda_tests_decode.log" 2>&1 &
+  sleep 1
+  wait
+  echo "tests exit $?"; tail -n 4 "$R/cuda_tests_decode.log"
+  timeout -s KILL 240 python benchmarks/ab_decode_launch.py --heads d64_mha16 d64_gqa16_4 d64_gqa32_8 \
+    --batches 1 8 --cache-lens 4096 16384 65536 --rounds 5 --impls before_s71 cudnn \
+    --out "$R/ab_decode_d64_rule.json" 2>&1 | quiet | ab_rows
+  for run in "butterfly 16" "random 4"; do
+    set -- $run
+    timeout -s KILL 100 python benchmarks/bench_decode.py --layout $1 --nheads 16 --nheads-kv $2 --headdim 64 \
+      --batches 1 8 --cache-lens 4096 16384 65536 --impls triton_layout \
+      --out "$R/decode_layout_$1.json" 2>&1 | quiet | grep "^|"
+  done
   ;;
 esac

@@ -196,25 +196,28 @@ def _decode_merge(
 
 # A decode step's kernels do a few microseconds of work at short caches, so a generation loop is bound by
 # the host: both launch through the compiled kernels' own launchers after their first call
-# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. Without GQA, from sm_90,
-# both launch as programmatic dependent launches (PDL, `_dependent_launches`): a kernel's programs start
+# (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. From sm_90, without GQA or
+# at head dims up to 64, both launch as programmatic dependent launches (PDL, `_dependent_launches`): a kernel's programs start
 # while the kernel before it ends, and wait in `gdc_wait` for its writes; at batch 1 a whole call is a few
 # microseconds, of which the gap between two kernels is a part. (Merging in the split kernel instead, its
 # last program per work item merging through a counter, was slower: 152 registers at d128 against 128, one
 # program less per SM, and a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
-DECODE_PDL_GQA = False  # PDL under GQA too (benchmarks/ab_decode_launch.py's `pdl_gqa`)
+PDL_GQA_MAX_HEAD_DIM = 64  # under GQA, PDL up to this padded head dim (0: never, as before session 71)
 
 
-def _dependent_launches(device: torch.device, group: int) -> bool:
+def _dependent_launches(device: torch.device, group: int, block_d: int) -> bool:
     """Whether both kernels launch as PDL: on CUDA from sm_90 (ptxas refuses `griddepcontrol` below it),
-    without GQA. Measured on an H200 in three calls (graph replays, alternating with ordinary launches,
-    results/s66/call2-call6): with MHA 1.003-1.035x faster at batch 1 and 8 (GPT-2 medium's heads at batch 1
-    and a 4k cache: 1.033x), 1.000-1.01x at d128; with GQA (32 query heads on 8) 0.92-0.93x at batch 8
-    and a 4k cache, 0.97 at 16k, 0.98-1.01 at batch 1. Why GQA loses is not known."""
+    without GQA or at padded head dims up to PDL_GQA_MAX_HEAD_DIM. Measured on an H200, graph replays
+    alternating with ordinary launches: with MHA 1.003-1.035x faster at batch 1 and 8 (GPT-2 medium's heads at
+    batch 1 and a 4k cache: 1.033x), 1.000-1.01x at d128 (results/s66/call2-call6); with GQA at d128 (32 query
+    heads on 8) 0.92-0.93x at batch 8 and a 4k cache, 0.97 at 16k, 0.98-1.01 at batch 1 (s66), again 0.93 /
+    0.97 / 0.99 at batch 8 and 4k / 16k / 64k (results/s71/call4/); with GQA at d64 (16 query heads on 4 and
+    32 on 8, batch 1 and 8, 4k-64k) faster at all 12 points, 1.002-1.05x (s71/call4/, call5/). Why GQA at d128
+    loses is not known."""
     return (
         DECODE_PDL
-        and (group == 1 or DECODE_PDL_GQA)
+        and (group == 1 or block_d <= PDL_GQA_MAX_HEAD_DIM)
         and device.type == "cuda"
         and compute_capability(device)[0] >= 9
     )
@@ -242,10 +245,19 @@ _launch_merge = CompiledLaunch(_decode_merge)
 # 16k-64k, and d128 MHA at batch 1 (17 -> 16 splits) 1.04-1.05x (results/s66/call4/, call5/). A d64
 # program moves half the bytes a tile and an SM runs five of them no slower: rounding GPT-2 medium's 128
 # items at batch 8 down to 4 splits instead of 5 was 3.5-4.6% slower (call4/). d256 follows d128 unmeasured.
+#
+# Since session 71 d64 rounds down too, at 5 programs per SM: the split kernel takes 88 registers a thread
+# there (128 at d128), so an SM holds 5 programs at once, and floor(5 x SMs / items) splits fill one wave.
+# With GQA (16 query heads on 4, 32 on 8) at batch 8 that is 20 / 10 splits where 4 per SM rounded up gave
+# 17 / 9: 0.96-0.99x the time at 4k-64k (with PDL under GQA 0.95-0.98x; cuDNN's time 0.91-0.93x ours
+# before), at batch 1 0.99-1.01x (with PDL 0.96-1.00x) (results/s71/call5/: 4 alternating rounds of graph
+# replays). GPT-2 medium's 16 heads: the same 5 splits at batch 8, 33 -> 41 at batch 1, 0.99-1.01x. Splits of 21 (5 per SM rounded up: a sixth program on
+# 12 SMs) ran 1.3x slower at 64k (s71/call2/).
 SPLITS_PER_SM = 2
 SPLITS_PER_SM_SMALL_WORK = 4
+SPLITS_PER_SM_SMALL_WORK_D64 = 5  # (little work at padded head dim 64: the programs an SM holds)
 SMALL_WORK_COLUMNS = 8192  # 64 work items at d128, 128 at d64
-ROUND_DOWN_HEAD_DIM = 128  # (None: rounded up at every head dim, as before session 66; kept for the A/B)
+ROUND_DOWN_HEAD_DIM = 64  # (None: rounded up at every head dim, as before session 66; 128 before session 71)
 SPLIT_WARPS = 4
 SPLIT_STAGES = 2
 SPLIT_BLOCK_N = 64  # keys a tile (the interpreter takes 32: small test caches still span several tiles)
@@ -272,12 +284,15 @@ def _default_num_splits(
     device: torch.device,
     min_tiles: int | None = None,
 ) -> int:
-    """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK) per SM, but no
-    split shorter than min_tiles key tiles (default MIN_SPLIT_TILES)."""
+    """Enough programs for about SPLITS_PER_SM (little work: SPLITS_PER_SM_SMALL_WORK, at padded head dim 64
+    SPLITS_PER_SM_SMALL_WORK_D64, rounded down from ROUND_DOWN_HEAD_DIM) per SM, but no split shorter than
+    min_tiles key tiles (default MIN_SPLIT_TILES)."""
     sms = sm_count(device)
     work_items = max(work_items, 1)
     small = work_items * block_d <= SMALL_WORK_COLUMNS
-    per_sm = SPLITS_PER_SM_SMALL_WORK if small else SPLITS_PER_SM
+    per_sm = SPLITS_PER_SM
+    if small:
+        per_sm = SPLITS_PER_SM_SMALL_WORK_D64 if block_d == 64 else SPLITS_PER_SM_SMALL_WORK
     if small and ROUND_DOWN_HEAD_DIM is not None and block_d >= ROUND_DOWN_HEAD_DIM:
         want = per_sm * sms // work_items
     else:
@@ -417,7 +432,7 @@ def flash_decode(
             None if layout is None else LAYOUT_MIN_SPLIT_TILES,
         )  # fmt: skip
     chunk = cdiv(cdiv(max(max_len, 1), num_splits), block_n) * block_n
-    pdl = _dependent_launches(q.device, group)
+    pdl = _dependent_launches(q.device, group, block_d)
     with torch.no_grad():
         out = torch.empty_like(q)
         lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)

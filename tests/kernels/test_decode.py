@@ -111,15 +111,15 @@ def test_gpu_decode_bf16():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("headdim", [64, 128])
-def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
+@pytest.mark.parametrize("headdim, hk", [(64, 16), (128, 16), (64, 4)])
+def test_gpu_dependent_launches_wait_for_their_inputs(headdim, hk, monkeypatch):
     """With programmatic dependent launches the split kernel starts while the kernel before it (here the
     copies that write its query and the caches' newest entries) ends, and the merge kernel while the split
     kernel runs: each must wait for its inputs. Call after call, eagerly and replayed from a CUDA graph, the
     result is bitwise the one of ordinary launches (DECODE_PDL off)."""
     torch.manual_seed(17)
     dt = torch.bfloat16
-    batch, h, hk, max_len = 3, 16, 16, 8192  # (MHA: GQA calls launch the ordinary way)
+    batch, h, max_len = 3, 16, 8192  # (GQA launches so at d64 only)
     q = torch.empty(batch, 1, h, headdim, dtype=dt, device="cuda")
     k, v = (torch.randn(batch, max_len, hk, headdim, dtype=dt, device="cuda") for _ in range(2))
     seqlens = torch.tensor([max_len, 1, 3000], dtype=torch.int32, device="cuda")
@@ -139,7 +139,7 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
         finally:
             monkeypatch.setattr(decode, "DECODE_PDL", True)
 
-    assert decode._dependent_launches(q.device, h // hk)
+    assert decode._dependent_launches(q.device, h // hk, headdim)
     for splits in (None, 1, 2, 17, 128):
         for i, new in enumerate(fresh):
             slot.fill_(i * 1000)
@@ -160,35 +160,42 @@ def test_gpu_dependent_launches_wait_for_their_inputs(headdim, monkeypatch):
 
 def test_dependent_launches_only_where_the_gpu_has_them(monkeypatch):
     """griddepcontrol needs sm_90: an A100 (sm_80) launches both kernels the ordinary way (its ptxas
-    refuses the instruction), as does the CPU's interpreter; GQA calls too (measured slower with PDL)."""
+    refuses the instruction), as does the CPU's interpreter; GQA calls too from head dim 128 (measured
+    slower with PDL there, faster at 64)."""
     monkeypatch.setattr(decode, "DECODE_PDL", True)
     cuda = torch.device("cuda", 0)
     for capability, want in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
         monkeypatch.setattr(decode, "compute_capability", lambda device, c=capability: c)
-        assert decode._dependent_launches(cuda, 1) is want
-        assert decode._dependent_launches(cuda, 4) is False  # (GQA: measured slower)
-    assert decode._dependent_launches(torch.device("cpu"), 1) is False
+        for block_d in (64, 128):
+            assert decode._dependent_launches(cuda, 1, block_d) is want
+        assert decode._dependent_launches(cuda, 4, 64) is want  # (GQA at d64: measured faster)
+        assert decode._dependent_launches(cuda, 4, 128) is False  # (GQA at d128: measured slower)
+    assert decode._dependent_launches(torch.device("cpu"), 1, 64) is False
     monkeypatch.setattr(decode, "DECODE_PDL", False)
-    assert decode._dependent_launches(cuda, 1) is False
+    assert decode._dependent_launches(cuda, 1, 64) is False
 
 
 def test_default_split_count_follows_the_work(monkeypatch):
-    """Little work (batch x kv heads x row blocks, times the head dim) gets about 4 programs per SM
-    (measured faster on an H200): from head dim 128 rounded down, so that no SM runs a fifth program while
-    the others idle, below it rounded up; more work about 2 per SM, rounded up; no split shorter than
-    MIN_SPLIT_TILES (2) key tiles, none past 128 splits."""
+    """Little work (batch x kv heads x row blocks, times the head dim) gets about 4 programs per SM, 5 at
+    head dim 64 (measured faster on an H200): from head dim 64 rounded down, so that no SM runs a program
+    more than it holds at once while the others idle, below it rounded up; more work about 2 per SM,
+    rounded up; no split shorter than MIN_SPLIT_TILES (2) key tiles, none past 128 splits."""
     sms = 132  # an H200's
     monkeypatch.setattr(decode, "sm_count", lambda device: sms)
     cpu = torch.device("cpu")
-    small, many = decode.SPLITS_PER_SM_SMALL_WORK, decode.SPLITS_PER_SM
+    many = decode.SPLITS_PER_SM
     assert decode._default_num_splits(1, 128, 1 << 20, 64, cpu) == 128
-    assert decode._default_num_splits(16, 64, 1 << 20, 64, cpu) == small * sms // 16  # GPT-2 medium, batch 1
+    assert decode._default_num_splits(16, 64, 1 << 20, 64, cpu) == 41  # GPT-2 medium, batch 1: 660 // 16
+    assert (
+        decode._default_num_splits(32, 64, 1 << 20, 64, cpu) == 20
+    )  # 16 heads on 4 at batch 8: 640, not 544
     assert (
         decode._default_num_splits(128, 64, 1 << 20, 64, cpu) == 5
     )  # its batch 8: 640 programs (4 was slower)
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 8  # 8 kv heads at batch 8: 512, not 576
     assert decode._default_num_splits(32, 128, 1 << 20, 64, cpu) == 16  # 32 heads at batch 1: 512, not 544
     for block_d in (16, 32, 64, 128, 256):
+        small = decode.SPLITS_PER_SM_SMALL_WORK_D64 if block_d == 64 else decode.SPLITS_PER_SM_SMALL_WORK
         for items in (*range(1, 300), 1000):
             splits = decode._default_num_splits(items, block_d, 1 << 20, 64, cpu)
             if items * block_d > decode.SMALL_WORK_COLUMNS:
@@ -205,6 +212,9 @@ def test_default_split_count_follows_the_work(monkeypatch):
     assert decode._default_num_splits(16, 64, 20 * 64, 64, cpu, decode.LAYOUT_MIN_SPLIT_TILES) == 20
     monkeypatch.setattr(decode, "ROUND_DOWN_HEAD_DIM", None)  # (before session 66)
     assert decode._default_num_splits(64, 128, 1 << 20, 64, cpu) == 9
+    monkeypatch.setattr(decode, "ROUND_DOWN_HEAD_DIM", 128)  # (before session 71, with 4 per SM at d64)
+    monkeypatch.setattr(decode, "SPLITS_PER_SM_SMALL_WORK_D64", 4)
+    assert decode._default_num_splits(32, 64, 1 << 20, 64, cpu) == 17
 
 
 def _layout_decode_reference(q, k, v, seqlens, layout, dtype=None, window=None):
