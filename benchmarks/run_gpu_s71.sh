@@ -17,6 +17,8 @@
 #      defaults against before_s71 and cuDNN, d64 16 / 16 on 4 / 32 on 8, 5 rounds; the decode, layout and
 #      generation GPU tests (the command-line ones need hydra: not carried, deselected); bench_decode.py through
 #      both layouts again (part 1's position-major rows are the before)
+#   7: bench_decode.py --launch at d64 GQA (16 on 4, 32 on 8), batch 8, 4k-64k, on the new rule: 128-key tiles, 3
+#      stages, 8 warps; the split kernels' registers printed
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -77,5 +79,10 @@ case "$1" in
       --batches 1 8 --cache-lens 4096 16384 65536 --impls triton_layout \
       --out "$R/decode_layout_$1.json" 2>&1 | quiet | grep "^|"
   done
+  ;;
+7)
+  timeout -s KILL 300 python benchmarks/bench_decode.py --nheads 32 --nheads-kv 4 8 --headdim 64 --batches 8 \
+    --cache-lens 4096 16384 65536 --impls triton --launch default 5,4,3 5,4,2,128 5,8,2,128 5,4,3,128 4,4,2,128 \
+    --out "$R/decode_gqa_d64_launch_new_rule.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
   ;;
 esac
