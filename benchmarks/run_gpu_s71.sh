@@ -81,8 +81,11 @@ case "$1" in
   done
   ;;
 7)
-  timeout -s KILL 300 python benchmarks/bench_decode.py --nheads 32 --nheads-kv 4 8 --headdim 64 --batches 8 \
-    --cache-lens 4096 16384 65536 --impls triton --launch default 5,4,3 5,4,2,128 5,8,2,128 5,4,3,128 4,4,2,128 \
-    --out "$R/decode_gqa_d64_launch_new_rule.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
+  for heads in "16 4" "32 8"; do
+    set -- $heads
+    timeout -s KILL 200 python benchmarks/bench_decode.py --nheads $1 --nheads-kv $2 --headdim 64 --batches 8 \
+      --cache-lens 4096 16384 65536 --impls triton --launch default 5,4,3 5,4,2,128 5,8,2,128 5,4,3,128 4,4,2,128 \
+      --out "$R/decode_gqa_d64_launch_new_rule_$1_$2.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
+  done
   ;;
 esac
