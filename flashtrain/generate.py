@@ -355,6 +355,12 @@ def main(argv=None):
         parser.error(f"--num-samples {args.num_samples}: need at least 1")
     if args.top_k < 0:
         parser.error(f"--top-k {args.top_k}: need k >= 1, or 0 for every token")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r}: not a device; use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is visible here; use --device cpu")
 
     try:  # refused before a model is built from the run's config
         path = language_model_checkpoint(args.run)

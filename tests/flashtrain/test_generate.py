@@ -309,6 +309,20 @@ def test_generate_refuses_a_classification_run(tmp_path, capsys, experiment):
         assert f"task.kind={kind} run" in err and "generation needs a language-model run" in err
 
 
+@pytest.mark.parametrize(
+    "device, match",
+    [("gpu", "'gpu': not a device; use cpu, cuda or cuda:N"), ("cuda", "no CUDA device is visible here")],
+)
+def test_generate_refuses_a_device_it_cannot_use(tmp_path, capsys, monkeypatch, device, match):
+    """Before, --device cuda without a GPU failed inside torch ("Torch not compiled with CUDA enabled")."""
+    from flashtrain.generate import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        main(["--run", str(tmp_path), "--device", device])
+    assert match in capsys.readouterr().err
+
+
 def test_generate_samples_from_a_language_model_run(tmp_path, capsys):
     from flashtrain.generate import main
 
