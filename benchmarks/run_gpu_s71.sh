@@ -19,6 +19,8 @@
 #      both layouts again (part 1's position-major rows are the before)
 #   7: bench_decode.py --launch at d64 GQA (16 on 4, 32 on 8), batch 8, 4k-64k, on the new rule: 128-key tiles, 3
 #      stages, 8 warps; the split kernels' registers printed
+#   8: check_large_offsets.py: one sequence past 2**31 elements (1.11M tokens x 16 heads x 128) through the
+#      windowed forward and backward, decode (2.2M positions x 8 kv heads), block-sparse and the causal forward
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -87,5 +89,8 @@ case "$1" in
       --cache-lens 4096 16384 65536 --impls triton --launch default 5,4,3 5,4,2,128 5,8,2,128 5,4,3,128 4,4,2,128 \
       --out "$R/decode_gqa_d64_launch_new_rule_$1_$2.json" 2>&1 | quiet | grep -e "^|" -e "split kernels"
   done
+  ;;
+8)
+  timeout -s KILL 420 python benchmarks/check_large_offsets.py --out "$R/large_offsets.json" 2>&1 | quiet | tail -n 12
   ;;
 esac
