@@ -6,7 +6,13 @@ products in Triton unless cast. One sequence of N tokens with H heads of D has N
 compares the last query rows (the ones whose offsets wrap first) with the same call on a slice of the
 tensors near their end, whose offsets are small: equal within bf16 rounding if the addressing is right.
 
-    python benchmarks/check_large_offsets.py --out large_offsets.json
+Since session 71 the entry points refuse such a sequence (`kernels._common.check_sequence_extent`);
+`--no-guard` lifts that check to see what each route does past it. The `batch_*` cases hold many
+sequences of ordinary length whose batch spans past 2**31 elements (the batch offset is 64-bit): the last
+sequence's output and gradients against the same call on it alone. Each case runs in a process of its own
+(a fault spoils the process's CUDA context).
+
+    python benchmarks/check_large_offsets.py --out large_offsets.json [--no-guard]
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -21,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import kernels._common  # noqa: E402
 from kernels import block_sparse_attention, flash_attention, flash_decode  # noqa: E402
 from kernels.layouts import local_layout  # noqa: E402
 
@@ -97,39 +105,79 @@ def case_block_sparse(n, h, d):
     return {"out": _diff(out[:, -TAIL:], ref[:, -TAIL:])}
 
 
+def case_batch(kind, batch=40, n=16384, h=32, d=128):
+    """batch sequences of n tokens (batch x n x h x d past 2**31 elements): the last one's output (and,
+    but for decode, its gradients) against the call on it alone."""
+    if kind == "decode":
+        q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+        out = flash_decode(q, k, v, lens)
+        alone = flash_decode(q[-1:], k[-1:], v[-1:], lens[-1:])  # (its own split count: rounding differs)
+        return {"out": _diff(out[-1:], alone)}
+    kw = dict(causal=True, window=(WINDOW, 0) if kind == "window" else None)
+    q, k, v = (
+        torch.randn(batch, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
+    out = flash_attention(q, k, v, **kw)
+    g = torch.zeros_like(out)
+    g[-1:] = torch.randn_like(out[-1:])
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    last = [t.detach()[-1:].clone().requires_grad_() for t in (q, k, v)]
+    ref = flash_attention(*last, **kw)
+    ref_grads = torch.autograd.grad(ref, last, g[-1:])
+    row = {"out": _diff(out[-1:], ref)}
+    row.update(
+        {name: _diff(a[-1:], b) for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True)}
+    )
+    return row
+
+
+CASES = {
+    "window": lambda n: case_window(n, 16, 128, backward=False),
+    "window_bwd": lambda n: case_window(n, 16, 128, backward=True),
+    "decode": lambda n: case_decode(2 * n, 8, 128),  # 2n x 8 x 128 elements: past 2**31 as the others
+    "block_sparse": lambda n: case_block_sparse(n, 16, 128),
+    "causal": lambda n: case_causal(n, 16, 128),
+    "batch_causal": lambda n: case_batch("causal"),
+    "batch_window": lambda n: case_batch("window"),
+    "batch_decode": lambda n: case_batch("decode"),
+}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tokens", type=int, default=(1 << 20) + (1 << 16), help="one sequence's length")
-    parser.add_argument(
-        "--cases", nargs="+", default=["window", "window_bwd", "decode", "block_sparse", "causal"]
-    )
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--no-guard", action="store_true", help="lift check_sequence_extent's refusal")
+    parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)  # (one case, in this process)
     parser.add_argument("--out", default="large_offsets.json")
     args = parser.parse_args(argv)
-    n, h, d = args.tokens, 16, 128
-    rows = []
-    for name in args.cases:
+    if args.case:
+        if args.no_guard:
+            kernels._common.SEQUENCE_EXTENT_LIMIT = 2**63
         t0 = time.time()
         try:
-            if name == "window":
-                row = case_window(n, h, d, backward=False)
-            elif name == "window_bwd":
-                row = case_window(n, h, d, backward=True)
-            elif name == "causal":
-                row = case_causal(n, h, d)
-            elif name == "decode":
-                row = case_decode(2 * n, 8, d)  # 2n x 8 x 128 elements: past 2**31 as the others
-            elif name == "block_sparse":
-                row = case_block_sparse(n, h, d)
-            else:
-                raise SystemExit(f"unknown case {name}")
-        except Exception as e:  # a refusal or a fault is this case's row
-            row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        row.update(case=name, tokens=n, seconds=round(time.time() - t0, 1))
+            row = CASES[args.case](args.tokens)
+        except ValueError as e:  # a refusal is this case's row
+            row = {"refused": str(e)[:300]}
+        row.update(
+            case=args.case, tokens=args.tokens, guard=not args.no_guard, seconds=round(time.time() - t0, 1)
+        )
+        print(json.dumps(row), flush=True)
+        return
+    rows = []
+    for name in args.cases:
+        cmd = [sys.executable, __file__, "--case", name, "--tokens", str(args.tokens)]
+        proc = subprocess.run(cmd + (["--no-guard"] if args.no_guard else []), capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        row = json.loads(lines[-1]) if lines else {
+            "case": name, "guard": not args.no_guard, "exit": proc.returncode, "error": proc.stderr.strip()[-400:]
+        }  # fmt: skip
         rows.append(row)
         print(row, flush=True)
-        torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(
                 {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},

@@ -21,6 +21,9 @@
 #      stages, 8 warps; the split kernels' registers printed
 #   8: check_large_offsets.py: one sequence past 2**31 elements (1.11M tokens x 16 heads x 128) through the
 #      windowed forward and backward, decode (2.2M positions x 8 kv heads), block-sparse and the causal forward
+#   9: after the entry points refuse a sequence past 2**31 elements: check_large_offsets.py, each case in its own
+#      process, with the refusal lifted (--no-guard: which routes fault or misread), then with it; and the batch
+#      cases (40 sequences of 16k x 32 heads of 128: the batch past 2**31, each sequence short)
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -92,5 +95,11 @@ case "$1" in
   ;;
 8)
   timeout -s KILL 420 python benchmarks/check_large_offsets.py --out "$R/large_offsets.json" 2>&1 | quiet | tail -n 12
+  ;;
+9)
+  timeout -s KILL 380 python benchmarks/check_large_offsets.py --no-guard --out "$R/large_offsets_no_guard.json" 2>&1 \
+    | quiet | cut -c1-600
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases window decode block_sparse causal \
+    --out "$R/large_offsets_guard.json" 2>&1 | quiet | cut -c1-400
   ;;
 esac

@@ -199,6 +199,28 @@ def check_rank(name: str, t, ndim: int, layout: str) -> None:
         raise ValueError(f"{name} must be a {ndim}-d tensor {layout}, got shape {tuple(t.shape)}")
 
 
+# The kernels offset each sequence's start in 64 bits, but rows, heads and features inside one sequence in 32
+# (an int32 row times its stride): one sequence of a tensor must span fewer elements than this. Past it
+# (1.11M tokens x 16 heads of 128 on an H200) the windowed forward read out of bounds
+# (benchmarks/check_large_offsets.py, results/s71/call8/).
+SEQUENCE_EXTENT_LIMIT = 2**31
+
+
+def check_sequence_extent(name: str, t: torch.Tensor, rows: int, row_dim: int) -> None:
+    """One sequence of t (`rows` rows along row_dim, and every dim after it) spans < SEQUENCE_EXTENT_LIMIT
+    elements; a longer one gets a ValueError that says what to do instead of a fault or wrong reads."""
+    if rows < 1 or 0 in t.shape:
+        return
+    inner = [(s - 1) * st for s, st in zip(t.shape[row_dim + 1 :], t.stride()[row_dim + 1 :], strict=True)]
+    extent = (rows - 1) * t.stride(row_dim) + sum(inner) + 1
+    if extent > SEQUENCE_EXTENT_LIMIT:
+        raise ValueError(
+            f"{name}: one sequence of {rows} rows spans {extent} elements (row stride {t.stride(row_dim)}), "
+            f"past the 2**31 the kernels address within a sequence: split it over GPUs (sequence "
+            "parallelism, flashtrain.distributed), or attend in calls of fewer heads on contiguous copies"
+        )
+
+
 def check_device(*tensors: torch.Tensor) -> None:
     """All tensors on one device, and that device CUDA unless the Triton interpreter is on."""
     devices = {t.device for t in tensors}

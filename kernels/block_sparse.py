@@ -37,6 +37,7 @@ from kernels._common import (
     check_dtype,
     check_heads,
     check_rank,
+    check_sequence_extent,
     dot_precision,
     draw_seed,
     dropout_keep_tile,
@@ -413,6 +414,8 @@ def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_rank(name, t, 4, "(batch, seqlen, nheads, headdim)")
     check_device(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_sequence_extent(name, t, t.shape[1], 1)
     check_dtype(q, k, v)
     batch, seqlen_q, nheads, headdim = q.shape
     if k.shape != v.shape or k.shape[0] != batch:

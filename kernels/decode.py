@@ -23,6 +23,7 @@ from ._common import (
     check_dtype,
     check_heads,
     check_rank,
+    check_sequence_extent,
     check_window,
     compute_capability,
     dot_precision,
@@ -389,6 +390,8 @@ def flash_decode(
     batch, seqlen_q, nheads, headdim = q.shape
     max_len, nheads_kv = k_cache.shape[1], k_cache.shape[2]
     check_heads(nheads, nheads_kv, headdim, k_cache.shape[3], v_cache.shape[3])
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_sequence_extent(name, t, t.shape[1], 1)
     if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[0] != batch:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "

@@ -22,6 +22,7 @@ from ._common import (
     check_heads,
     check_key_padding_mask,
     check_rank,
+    check_sequence_extent,
     check_window,
     draw_seed,
     inference_call,
@@ -233,6 +234,8 @@ def _attend(
 ):  # fmt: skip
     """The dense call after its shape checks, shared by flash_attention (tensors (q, k, v)) and its
     packed form (tensors (qkv,) and nheads_kv): mask and window checks, the autograd call, natural lse."""
+    for name, t in zip(("q", "k", "v") if len(tensors) == 3 else ("qkv",), tensors, strict=True):
+        check_sequence_extent(name, t, t.shape[1], 1)
     check_key_padding_mask(key_padding_mask, tensors[0].shape[0], seqlen_k, tensors[0].device)
     win_left, win_right = _window_bounds(causal, window)
     tensors = unit_last_stride(*tensors)
@@ -401,6 +404,8 @@ def flash_attention_varlen(
         longest = int((cu[1:] - cu[:-1]).max())  # host-device sync
         if int(given) < longest:
             raise ValueError(f"{name} = {given} is shorter than the longest sequence ({longest})")
+    for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
+        check_sequence_extent(name, t, int(rows), 0)
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
     scale = resolve_softmax_scale(softmax_scale, q.shape[-1])

@@ -1,0 +1,70 @@
+"""One sequence past the 2**31 elements the kernels address within it (32-bit row offsets) is refused
+with what to do, at every entry point, before a kernel reads out of bounds (the windowed forward faulted
+at 1.11M tokens x 16 heads of 128 on an H200, results/s71/call8/). The limit is lowered here so that small
+tensors stand for those sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels._common as common
+from kernels import (
+    block_sparse_attention,
+    flash_attention,
+    flash_attention_qkvpacked,
+    flash_attention_varlen,
+    flash_decode,
+)
+from kernels.layouts import local_layout
+
+F16 = torch.float16
+LIMIT = 32 * 2 * 16  # elements: 32 rows of 2 heads of 16
+
+
+@pytest.fixture
+def low_limit(monkeypatch):
+    monkeypatch.setattr(common, "SEQUENCE_EXTENT_LIMIT", LIMIT)
+
+
+def _x(*shape, device):
+    return torch.randn(*shape, dtype=F16, device=device)
+
+
+def test_the_extent_counts_one_sequence_with_its_strides(low_limit, device):
+    """32 rows of 2 x 16 span exactly the limit; a 33rd row, or the same rows in a packed qkv's wider row
+    stride, passes it; the batch does not count (its offset is 64-bit)."""
+    q = _x(4, 32, 2, 16, device=device)
+    flash_attention(q, q, q)  # 4 sequences of exactly LIMIT elements each
+    longer = _x(1, 33, 2, 16, device=device)
+    with pytest.raises(
+        ValueError, match=r"q: one sequence of 33 rows spans 1056 elements .* split it over GPUs"
+    ):
+        flash_attention(longer, longer, longer)
+    qkv = _x(
+        1, 12, 6, 16, device=device
+    )  # 12 rows, row stride 96: 11 x 96 + 5 x 16 + 16 = 1152, though q alone has 12 x 2 x 16
+    with pytest.raises(
+        ValueError, match=r"qkv: one sequence of 12 rows spans 1152 elements \(row stride 96\)"
+    ):
+        flash_attention_qkvpacked(qkv)
+    with pytest.raises(
+        ValueError, match=r"q: one sequence of 12 rows spans"
+    ):  # its views, as flash_attention takes them
+        flash_attention(qkv[:, :, :2], qkv[:, :, 2:4], qkv[:, :, 4:])
+
+
+def test_every_entry_point_refuses_a_sequence_past_the_limit(low_limit, device):
+    long = _x(1, 40, 2, 16, device=device)
+    with pytest.raises(ValueError, match="k_cache: one sequence of 40 rows"):
+        flash_decode(
+            _x(1, 1, 2, 16, device=device), long, long, torch.tensor([40], dtype=torch.int32, device=device)
+        )
+    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
+        block_sparse_attention(long, long, long, local_layout(40, 16).to(device))
+    packed = _x(50, 2, 16, device=device)  # two sequences of 10 and 40 rows: only the longest counts
+    cu = torch.tensor([0, 10, 50], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
+        flash_attention_varlen(packed, packed, packed, cu, cu, 40, 40)
+    short = torch.tensor([0, 25, 50], dtype=torch.int32, device=device)
+    flash_attention_varlen(packed, packed, packed, short, short, 25, 25)  # 50 rows packed, 25 a sequence
