@@ -24,6 +24,8 @@
 #   9: after the entry points refuse a sequence past 2**31 elements: check_large_offsets.py, each case in its own
 #      process, with the refusal lifted (--no-guard: which routes fault or misread), then with it; and the batch
 #      cases (40 sequences of 16k x 32 heads of 128: the batch past 2**31, each sequence short)
+#   10: after the refusal spares inference calls through Hopper's forward: check_large_offsets.py with the check on
+#      (causal should run and read right, window and window_bwd be refused); the flash_attention and decode GPU tests
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -101,5 +103,12 @@ case "$1" in
     | quiet | cut -c1-600
   timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases window decode block_sparse causal \
     --out "$R/large_offsets_guard.json" 2>&1 | quiet | cut -c1-400
+  ;;
+10)
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases causal window window_bwd \
+    --out "$R/large_offsets_guard.json" 2>&1 | quiet | cut -c1-400
+  timeout -s KILL 300 python -m pytest -q -rf -n 8 -m gpu tests/kernels/test_flash_attention.py \
+    tests/kernels/test_decode.py tests/kernels/test_sequence_extent.py > "$R/cuda_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/cuda_tests.log"
   ;;
 esac

@@ -206,13 +206,19 @@ def check_rank(name: str, t, ndim: int, layout: str) -> None:
 SEQUENCE_EXTENT_LIMIT = 2**31
 
 
-def check_sequence_extent(name: str, t: torch.Tensor, rows: int, row_dim: int) -> None:
-    """One sequence of t (`rows` rows along row_dim, and every dim after it) spans < SEQUENCE_EXTENT_LIMIT
-    elements; a longer one gets a ValueError that says what to do instead of a fault or wrong reads."""
+def sequence_extent(t: torch.Tensor, rows: int, row_dim: int) -> int:
+    """Elements one sequence of t spans: `rows` rows along row_dim, and every dim after it."""
     if rows < 1 or 0 in t.shape:
-        return
-    inner = [(s - 1) * st for s, st in zip(t.shape[row_dim + 1 :], t.stride()[row_dim + 1 :], strict=True)]
-    extent = (rows - 1) * t.stride(row_dim) + sum(inner) + 1
+        return 0
+    shape, stride = t.shape, t.stride()
+    inner = sum((shape[i] - 1) * stride[i] for i in range(row_dim + 1, len(shape)))
+    return (rows - 1) * stride[row_dim] + inner + 1
+
+
+def check_sequence_extent(name: str, t: torch.Tensor, rows: int, row_dim: int) -> None:
+    """One sequence of t spans at most SEQUENCE_EXTENT_LIMIT elements (`sequence_extent`); a longer one
+    gets a ValueError that says what to do instead of a fault or wrong reads."""
+    extent = sequence_extent(t, rows, row_dim)
     if extent > SEQUENCE_EXTENT_LIMIT:
         raise ValueError(
             f"{name}: one sequence of {rows} rows spans {extent} elements (row stride {t.stride(row_dim)}), "

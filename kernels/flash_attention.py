@@ -13,6 +13,8 @@ import numbers
 
 import torch
 
+from . import _common as common
+from . import _flash_fwd_hopper
 from ._common import (
     check_causal,
     check_cu_seqlens,
@@ -28,6 +30,7 @@ from ._common import (
     inference_call,
     lse_to_natural,
     resolve_softmax_scale,
+    sequence_extent,
     unit_last_stride,
 )
 from ._flash_bwd import flash_attn_backward
@@ -228,17 +231,33 @@ def _check_common(q, k, v, dropout_p):
     return check_dropout(dropout_p)
 
 
+def _check_extents(tensors, nheads_kv, win_left, win_right, key_padding_mask, dropout_p) -> None:
+    """`check_sequence_extent` on each tensor, but for a call no gradient flows from whose forward takes
+    Hopper's kernel, which reads through TMA descriptors (64-bit) and read one sequence of 2.28e9 elements
+    right (results/s71/call9/: a long prompt's prefill); the portable kernels, decode and every backward
+    address rows inside a sequence in 32 bits."""
+    if all(sequence_extent(t, t.shape[1], 1) <= common.SEQUENCE_EXTENT_LIMIT for t in tensors):
+        return  # (the common case, a few host operations)
+    q, k, v = tensors if nheads_kv is None else split_qkv(tensors[0], nheads_kv)
+    if inference_call(*tensors) and _flash_fwd_hopper.supports(
+        q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, varlen=False, merge=False,
+    ):  # fmt: skip
+        return
+    for name, t in zip(("q", "k", "v") if len(tensors) == 3 else ("qkv",), tensors, strict=True):
+        check_sequence_extent(name, t, t.shape[1], 1)
+
+
 def _attend(
     tensors, nheads_kv, seqlen_k, causal, softmax_scale, dropout_p, window, key_padding_mask, return_lse,
     deterministic,
 ):  # fmt: skip
     """The dense call after its shape checks, shared by flash_attention (tensors (q, k, v)) and its
     packed form (tensors (qkv,) and nheads_kv): mask and window checks, the autograd call, natural lse."""
-    for name, t in zip(("q", "k", "v") if len(tensors) == 3 else ("qkv",), tensors, strict=True):
-        check_sequence_extent(name, t, t.shape[1], 1)
     check_key_padding_mask(key_padding_mask, tensors[0].shape[0], seqlen_k, tensors[0].device)
     win_left, win_right = _window_bounds(causal, window)
     tensors = unit_last_stride(*tensors)
+    _check_extents(tensors, nheads_kv, win_left, win_right, key_padding_mask, dropout_p)
     scale = resolve_softmax_scale(softmax_scale, tensors[0].shape[-1])
     q, k, v = tensors if nheads_kv is None else (tensors[0], None, None)
     return _forward(

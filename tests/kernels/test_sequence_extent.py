@@ -68,3 +68,22 @@ def test_every_entry_point_refuses_a_sequence_past_the_limit(low_limit, device):
         flash_attention_varlen(packed, packed, packed, cu, cu, 40, 40)
     short = torch.tensor([0, 25, 50], dtype=torch.int32, device=device)
     flash_attention_varlen(packed, packed, packed, short, short, 25, 25)  # 50 rows packed, 25 a sequence
+
+
+def test_an_inference_call_through_hoppers_forward_is_not_refused(low_limit, monkeypatch, device):
+    """Hopper's forward reads through TMA descriptors (64-bit) and read a 2.28e9-element sequence right
+    (results/s71/call9/), so a call no gradient flows from that takes it (a long prompt's prefill) passes;
+    one that needs the backward (32-bit inside a sequence) is refused up front."""
+    from kernels import _flash_fwd_hopper
+    from kernels.flash_attention import _check_extents
+
+    monkeypatch.setattr(_flash_fwd_hopper, "supports", lambda *a, **kw: True)
+    long = _x(1, 40, 2, 16, device=device)
+    _check_extents((long, long, long), None, None, 0, None, 0.0)
+    _check_extents((_x(1, 40, 6, 16, device=device),), 2, None, 0, None, 0.0)  # packed
+    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
+        _check_extents((long.requires_grad_(), long, long), None, None, 0, None, 0.0)
+    monkeypatch.setattr(_flash_fwd_hopper, "supports", lambda *a, **kw: False)  # the portable forward
+    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
+        with torch.no_grad():
+            _check_extents((long, long, long), None, None, 0, None, 0.0)
