@@ -198,9 +198,10 @@ def _decode_merge(
 # A decode step's kernels do a few microseconds of work at short caches, so a generation loop is bound by
 # the host: both launch through the compiled kernels' own launchers after their first call
 # (`_launch.CompiledLaunch`), not `kernel[grid](...)`'s per-call argument binding. From sm_90, without GQA or
-# at head dims up to 64, both launch as programmatic dependent launches (PDL, `_dependent_launches`): a kernel's programs start
-# while the kernel before it ends, and wait in `gdc_wait` for its writes; at batch 1 a whole call is a few
-# microseconds, of which the gap between two kernels is a part. (Merging in the split kernel instead, its
+# at head dims up to 64, both launch as programmatic dependent launches (PDL, `_dependent_launches`): a
+# kernel's programs start while the kernel before it ends, and wait in `gdc_wait` for its writes; at batch 1
+# a whole call is a few microseconds, of which the gap between two kernels is a part. (Merging in the split
+# kernel instead, its
 # last program per work item merging through a counter, was slower: 152 registers at d128 against 128, one
 # program less per SM, and a merge order that changed from run to run; results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
