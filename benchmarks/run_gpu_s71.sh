@@ -26,6 +26,8 @@
 #      cases (40 sequences of 16k x 32 heads of 128: the batch past 2**31, each sequence short)
 #   10: after the refusal spares inference calls through Hopper's forward: check_large_offsets.py with the check on
 #      (causal should run and read right, window and window_bwd be refused); the flash_attention and decode GPU tests
+#   11: after flash_decode walks a cache past 2**31 elements with 64-bit tile offsets (a WIDE build): the decode
+#      cases of check_large_offsets.py with the check on; the decode GPU tests and the sequence-extent tests on CUDA
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -109,6 +111,13 @@ case "$1" in
     --out "$R/large_offsets_guard.json" 2>&1 | quiet | cut -c1-400
   timeout -s KILL 300 python -m pytest -q -rf -n 8 -m gpu tests/kernels/test_flash_attention.py \
     tests/kernels/test_decode.py tests/kernels/test_sequence_extent.py > "$R/cuda_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/cuda_tests.log"
+  ;;
+11)
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases decode batch_decode \
+    --out "$R/large_offsets_decode_wide.json" 2>&1 | quiet | cut -c1-400
+  timeout -s KILL 240 python -m pytest -q -rf -n 8 tests/kernels/test_decode.py tests/kernels/test_sequence_extent.py \
+    > "$R/cuda_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/cuda_tests.log"
   ;;
 esac

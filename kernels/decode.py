@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from . import _common
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -30,6 +31,7 @@ from ._common import (
     next_power_of_2,
     padded_head_dim,
     resolve_softmax_scale,
+    sequence_extent,
     sm_count,
     visible_range,
 )
@@ -52,6 +54,7 @@ def _decode_split(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
     SPARSE: tl.constexpr, PER_HEAD: tl.constexpr, LAYOUT_BM: tl.constexpr, LAYOUT_BN: tl.constexpr,
+    WIDE: tl.constexpr,
 ):  # fmt: skip
     """Partial attention of (query rows of one kv group) x (keys [split * chunk, (split + 1) * chunk));
     with one split, the rows' final out and lse.
@@ -128,13 +131,13 @@ def _decode_split(
             acc, l_i, m_i = _fwd_tile(
                 acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_t, None, offs_d, seqlen_k,
                 win_left, win_right, qk_scale, 0.0, 0, 0, start_n,
-                True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+                True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, WIDE,
             )  # fmt: skip
     else:
         acc, l_i, m_i = _fwd_inner(
             acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d, seqlen_k,
             win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo, full_hi, hi,
-            HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
+            HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, WIDE,
         )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -391,8 +394,13 @@ def flash_decode(
     batch, seqlen_q, nheads, headdim = q.shape
     max_len, nheads_kv = k_cache.shape[1], k_cache.shape[2]
     check_heads(nheads, nheads_kv, headdim, k_cache.shape[3], v_cache.shape[3])
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_sequence_extent(name, t, t.shape[1], 1)
+    # a cache whose one sequence spans past 2**31 elements is walked with 64-bit tile offsets (a separate
+    # build: the usual one stays as it was); the few new queries are addressed in 32 bits
+    check_sequence_extent("q", q, q.shape[1], 1)
+    wide = (
+        max(sequence_extent(k_cache, max_len, 1), sequence_extent(v_cache, max_len, 1))
+        > _common.SEQUENCE_EXTENT_LIMIT
+    )
     if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[0] != batch:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
@@ -463,7 +471,7 @@ def flash_decode(
             dict(HEAD_DIM=headdim, BLOCK_D=block_d, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
                  DOT_PREC=dot_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
                  SPARSE=layout is not None, PER_HEAD=layout is not None and layout.nheads > 1, LAYOUT_BM=layout.block_m if layout is not None else 1,
-                 LAYOUT_BN=layout.block_n if layout is not None else 1,
+                 LAYOUT_BN=layout.block_n if layout is not None else 1, WIDE=wide,
                  num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, launch_pdl=pdl),
         )  # fmt: skip
         if num_splits > 1:

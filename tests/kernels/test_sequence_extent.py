@@ -54,12 +54,36 @@ def test_the_extent_counts_one_sequence_with_its_strides(low_limit, device):
         flash_attention(qkv[:, :, :2], qkv[:, :, 2:4], qkv[:, :, 4:])
 
 
+def test_decode_walks_a_cache_past_the_limit_with_64_bit_tile_offsets(low_limit, device):
+    """flash_decode takes such a cache in a build whose key tiles start at 64-bit offsets (the usual build
+    unchanged): the same result as the usual build on it (whose offsets fit here, the limit being lowered),
+    through a layout too; its few new queries are still checked."""
+    from kernels.layouts import butterfly_layout
+
+    torch.manual_seed(0)
+    k, v = _x(2, 200, 2, 16, device=device), _x(2, 200, 2, 16, device=device)
+    q = _x(2, 1, 4, 16, device=device)
+    lens = torch.tensor([200, 77], dtype=torch.int32, device=device)
+    layout = butterfly_layout(200, 16).to(device)
+
+    def calls():
+        return [
+            flash_decode(q, k, v, lens, causal=True),
+            flash_decode(q[:1], k[:1], v[:1], lens[:1], layout=layout),
+        ]
+
+    wide = calls()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(common, "SEQUENCE_EXTENT_LIMIT", 2**31)
+        usual = calls()
+    for a, b in zip(wide, usual, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
+        flash_decode(_x(1, 40, 2, 16, device=device), k[:1], v[:1], lens[:1])
+
+
 def test_every_entry_point_refuses_a_sequence_past_the_limit(low_limit, device):
     long = _x(1, 40, 2, 16, device=device)
-    with pytest.raises(ValueError, match="k_cache: one sequence of 40 rows"):
-        flash_decode(
-            _x(1, 1, 2, 16, device=device), long, long, torch.tensor([40], dtype=torch.int32, device=device)
-        )
     with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
         block_sparse_attention(long, long, long, local_layout(40, 16).to(device))
     packed = _x(50, 2, 16, device=device)  # two sequences of 10 and 40 rows: only the longest counts
