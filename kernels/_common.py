@@ -202,7 +202,7 @@ def check_rank(name: str, t, ndim: int, layout: str) -> None:
 # The kernels offset each sequence's start in 64 bits, but rows, heads and features inside one sequence in 32
 # (an int32 row times its stride): one sequence of a tensor must span fewer elements than this. Past it
 # (1.11M tokens x 16 heads of 128 on an H200) the windowed forward read out of bounds
-# (benchmarks/check_large_offsets.py, results/s71/call8/).
+# (benchmarks/check_large_offsets.py, results/s71/call8/). Decode's caches take a 64-bit build instead.
 SEQUENCE_EXTENT_LIMIT = 2**31
 
 
