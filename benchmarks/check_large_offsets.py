@@ -6,7 +6,8 @@ products in Triton unless cast. One sequence of N tokens with H heads of D has N
 compares the last query rows (the ones whose offsets wrap first) with the same call on a slice of the
 tensors near their end, whose offsets are small: equal within bf16 rounding if the addressing is right.
 
-Since session 71 the entry points refuse such a sequence (`kernels._common.check_sequence_extent`);
+Since session 71 the entry points refuse such a sequence (`kernels._common.check_sequence_extent`; decode
+takes a build with 64-bit tile offsets, Hopper's forward without a gradient passes);
 `--no-guard` lifts that check to see what each route does past it. The `batch_*` cases hold many
 sequences of ordinary length whose batch spans past 2**31 elements (the batch offset is 64-bit): the last
 sequence's output and gradients against the same call on it alone. Each case runs in a process of its own
