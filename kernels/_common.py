@@ -208,18 +208,30 @@ SEQUENCE_EXTENT_LIMIT = 2**31
 
 def sequence_extent(t: torch.Tensor, rows: int, row_dim: int) -> int:
     """Elements one sequence of t spans: `rows` rows along row_dim, and every dim after it."""
-    if rows < 1 or 0 in t.shape:
+    if rows < 1 or t.numel() == 0:
         return 0
     shape, stride = t.shape, t.stride()
-    inner = sum((shape[i] - 1) * stride[i] for i in range(row_dim + 1, len(shape)))
-    return (rows - 1) * stride[row_dim] + inner + 1
+    extent = (rows - 1) * stride[row_dim] + 1
+    for i in range(row_dim + 1, len(shape)):
+        extent += (shape[i] - 1) * stride[i]
+    return extent
+
+
+def exceeds_extent_limit(t: torch.Tensor, rows: int, row_dim: int) -> bool:
+    """Whether one sequence of t spans past SEQUENCE_EXTENT_LIMIT elements. A tensor whose storage holds no
+    more elements than that cannot: the common case, ~0.4 us of host time against ~1.3 for the strides' sum
+    (a decode call's host time is ~85 us). Under torch.compile's trace (fake storages) the sum decides."""
+    if not torch.compiler.is_compiling():
+        if t.untyped_storage().nbytes() <= SEQUENCE_EXTENT_LIMIT * t.element_size():
+            return False
+    return sequence_extent(t, rows, row_dim) > SEQUENCE_EXTENT_LIMIT
 
 
 def check_sequence_extent(name: str, t: torch.Tensor, rows: int, row_dim: int) -> None:
     """One sequence of t spans at most SEQUENCE_EXTENT_LIMIT elements (`sequence_extent`); a longer one
     gets a ValueError that says what to do instead of a fault or wrong reads."""
-    extent = sequence_extent(t, rows, row_dim)
-    if extent > SEQUENCE_EXTENT_LIMIT:
+    if exceeds_extent_limit(t, rows, row_dim):
+        extent = sequence_extent(t, rows, row_dim)
         raise ValueError(
             f"{name}: one sequence of {rows} rows spans {extent} elements (row stride {t.stride(row_dim)}), "
             f"past the 2**31 the kernels address within a sequence: split it over GPUs (sequence "

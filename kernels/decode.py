@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from . import _common
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -28,10 +27,10 @@ from ._common import (
     check_window,
     compute_capability,
     dot_precision,
+    exceeds_extent_limit,
     next_power_of_2,
     padded_head_dim,
     resolve_softmax_scale,
-    sequence_extent,
     sm_count,
     visible_range,
 )
@@ -397,10 +396,7 @@ def flash_decode(
     # a cache whose one sequence spans past 2**31 elements is walked with 64-bit tile offsets (a separate
     # build: the usual one stays as it was); the few new queries are addressed in 32 bits
     check_sequence_extent("q", q, q.shape[1], 1)
-    wide = (
-        max(sequence_extent(k_cache, max_len, 1), sequence_extent(v_cache, max_len, 1))
-        > _common.SEQUENCE_EXTENT_LIMIT
-    )
+    wide = exceeds_extent_limit(k_cache, max_len, 1) or exceeds_extent_limit(v_cache, max_len, 1)
     if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[0] != batch:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "

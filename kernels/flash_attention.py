@@ -13,7 +13,6 @@ import numbers
 
 import torch
 
-from . import _common as common
 from . import _flash_fwd_hopper
 from ._common import (
     check_causal,
@@ -27,10 +26,10 @@ from ._common import (
     check_sequence_extent,
     check_window,
     draw_seed,
+    exceeds_extent_limit,
     inference_call,
     lse_to_natural,
     resolve_softmax_scale,
-    sequence_extent,
     unit_last_stride,
 )
 from ._flash_bwd import flash_attn_backward
@@ -236,8 +235,8 @@ def _check_extents(tensors, nheads_kv, win_left, win_right, key_padding_mask, dr
     Hopper's kernel, which reads through TMA descriptors (64-bit) and read one sequence of 2.28e9 elements
     right (results/s71/call9/: a long prompt's prefill); the portable kernels, decode and every backward
     address rows inside a sequence in 32 bits."""
-    if all(sequence_extent(t, t.shape[1], 1) <= common.SEQUENCE_EXTENT_LIMIT for t in tensors):
-        return  # (the common case, a few host operations)
+    if not any(exceeds_extent_limit(t, t.shape[1], 1) for t in tensors):
+        return  # (the common case)
     q, k, v = tensors if nheads_kv is None else split_qkv(tensors[0], nheads_kv)
     if inference_call(*tensors) and _flash_fwd_hopper.supports(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
