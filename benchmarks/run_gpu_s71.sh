@@ -28,6 +28,8 @@
 #      (causal should run and read right, window and window_bwd be refused); the flash_attention and decode GPU tests
 #   11: after flash_decode walks a cache past 2**31 elements with 64-bit tile offsets (a WIDE build): the decode
 #      cases of check_large_offsets.py with the check on; the decode GPU tests and the sequence-extent tests on CUDA
+#   12: the final tree (the check's common case through the storage's size): check_large_offsets.py's decode, causal
+#      and window cases with the check on; the decode, extent and flash_attention GPU tests
 source "$(dirname "$0")/gpu_call.sh"
 # bench_decode.py through both layouts with the cache orders given: $R/decode_order_{butterfly,random}.{json,md}
 decode_orders() {  # decode_orders SECONDS ORDER...
@@ -118,6 +120,13 @@ case "$1" in
     --out "$R/large_offsets_decode_wide.json" 2>&1 | quiet | cut -c1-400
   timeout -s KILL 240 python -m pytest -q -rf -n 8 tests/kernels/test_decode.py tests/kernels/test_sequence_extent.py \
     > "$R/cuda_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/cuda_tests.log"
+  ;;
+12)
+  timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases decode causal window \
+    --out "$R/large_offsets_final.json" 2>&1 | quiet | cut -c1-300
+  timeout -s KILL 240 python -m pytest -q -rf -n 8 tests/kernels/test_decode.py tests/kernels/test_sequence_extent.py \
+    tests/kernels/test_flash_attention.py -m "gpu or not gpu" > "$R/cuda_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/cuda_tests.log"
   ;;
 esac
