@@ -203,9 +203,9 @@ def _decode_merge(
 # at head dims up to 64, both launch as programmatic dependent launches (PDL, `_dependent_launches`): a
 # kernel's programs start while the kernel before it ends, and wait in `gdc_wait` for its writes; at batch 1
 # a whole call is a few microseconds, of which the gap between two kernels is a part. (Merging in the split
-# kernel instead, its
-# last program per work item merging through a counter, was slower: 152 registers at d128 against 128, one
-# program less per SM, and a merge order that changed from run to run; results/s66/call1/.)
+# kernel instead, its last program per work item merging through a counter, was slower: 152 registers at
+# d128 against 128, one program less per SM, and a merge order that changed from run to run;
+# results/s66/call1/.)
 DECODE_PDL = not INTERPRET  # (the interpreter runs no inline PTX)
 PDL_GQA_MAX_HEAD_DIM = 64  # under GQA, PDL up to this padded head dim (0: never, as before session 71)
 
@@ -255,8 +255,8 @@ _launch_merge = CompiledLaunch(_decode_merge)
 # With GQA (16 query heads on 4, 32 on 8) at batch 8 that is 20 / 10 splits where 4 per SM rounded up gave
 # 17 / 9: 0.96-0.99x the time at 4k-64k (with PDL under GQA 0.95-0.98x; cuDNN's time 0.91-0.93x ours
 # before), at batch 1 0.99-1.01x (with PDL 0.96-1.00x) (results/s71/call5/: 4 alternating rounds of graph
-# replays). GPT-2 medium's 16 heads: the same 5 splits at batch 8, 33 -> 41 at batch 1, 0.99-1.01x. Splits of 21 (5 per SM rounded up: a sixth program on
-# 12 SMs) ran 1.3x slower at 64k (s71/call2/).
+# replays). GPT-2 medium's 16 heads: the same 5 splits at batch 8, 33 -> 41 at batch 1, 0.99-1.01x. Splits
+# of 21 (5 per SM rounded up: a sixth program on 12 SMs) ran 1.3x slower at 64k (s71/call2/).
 SPLITS_PER_SM = 2
 SPLITS_PER_SM_SMALL_WORK = 4
 SPLITS_PER_SM_SMALL_WORK_D64 = 5  # (little work at padded head dim 64: the programs an SM holds)
