@@ -338,9 +338,10 @@ def check_cu_seqlens(cu: torch.Tensor, total: int, name: str) -> None:
 
     The monotonicity check reads the tensor on the host: a device sync, paid once per call.
     """
+    check_rank(name, cu, 1, "(batch + 1,) of int32")
     if cu.dtype != torch.int32:
         raise ValueError(f"{name} must be int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 2:
+    if cu.numel() < 2:
         raise ValueError(f"{name} must have shape (batch + 1,), got {tuple(cu.shape)}")
     host = cu.cpu()  # host-device sync
     if int(host[0]) != 0:

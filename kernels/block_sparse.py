@@ -413,9 +413,8 @@ def _tiles(layout: BlockLayout, pass_name: str, head_dim: int, override=None) ->
 def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_rank(name, t, 4, "(batch, seqlen, nheads, headdim)")
-    check_device(q, k, v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
         check_sequence_extent(name, t, t.shape[1], 1)
+    check_device(q, k, v)
     check_dtype(q, k, v)
     batch, seqlen_q, nheads, headdim = q.shape
     if k.shape != v.shape or k.shape[0] != batch:

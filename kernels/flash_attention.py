@@ -403,11 +403,9 @@ def flash_attention_varlen(
     dropout_p = _check_common(q, k, v, dropout_p)
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"k and v must have the same total length, got {k.shape[0]} and {v.shape[0]}")
-    check_rank("cu_seqlens_q", cu_seqlens_q, 1, "(batch + 1,) of int32")
-    check_rank("cu_seqlens_k", cu_seqlens_k, 1, "(batch + 1,) of int32")
-    check_device(q, cu_seqlens_q, cu_seqlens_k)
     check_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
     check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    check_device(q, cu_seqlens_q, cu_seqlens_k)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(
             f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got {cu_seqlens_q.numel() - 1} "
