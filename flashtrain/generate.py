@@ -16,6 +16,7 @@ import argparse
 
 import torch
 
+from flashtrain.models.attention import triton_runs_on
 from flashtrain.models.block_sparse import model_layout, refuse_window
 from flashtrain.models.gpt import GPT
 
@@ -142,9 +143,7 @@ def new_caches(model: GPT, batch: int, capacity: int) -> list[KVCache]:
     cfg, param = model.cfg, next(model.parameters())
     shape = (batch, capacity, cfg.kv_heads, cfg.head_dim)
     if cfg.attention == "block_sparse":
-        from kernels._common import INTERPRET
-
-        if param.device.type != "cuda" and not INTERPRET:
+        if not triton_runs_on(param.device):
             raise ValueError(
                 f"a block-sparse model generates through our Triton kernels, which need a CUDA device; "
                 f"it is on {param.device}: load it on a GPU (--device cuda)"

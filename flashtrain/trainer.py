@@ -453,11 +453,10 @@ class Trainer:
         treated alike)."""
         par, model = self.cfg.parallel, self.cfg.model
         # block_sparse_* settings a dense backend or another layout kind takes nothing from
-        unused_layout = unused_layout_settings(model)
-        said = f" ({', '.join(unused_layout)} unused by {model.attention}" + (
-            f", {model.block_sparse_kind} layout)" if model.attention == "block_sparse" else ")"
-        )
-        said = said if unused_layout else ""
+        said, unused_layout = "", unused_layout_settings(model)
+        if unused_layout:
+            kind = f", {model.block_sparse_kind} layout" if model.attention == "block_sparse" else ""
+            said = f" ({', '.join(unused_layout)} unused by {model.attention}{kind})"
         if par.sp == 1:
             # sp_mode and sp_layout have nothing to split with one rank per sequence
             unused = [

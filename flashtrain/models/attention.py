@@ -380,11 +380,16 @@ def qkvpacked_backend(attn: AttentionFn) -> AttentionFn | None:
 TRITON_BACKENDS = ("triton", "triton_nondeterministic", "block_sparse")
 
 
-def check_backend_device(name: str, device: torch.device) -> None:
-    """Refuses a Triton backend on a device that cannot run it, naming the setting to change."""
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether our Triton kernels run on device: CUDA, or anything under Triton's interpreter."""
     from kernels._common import INTERPRET
 
-    if name in TRITON_BACKENDS and device.type != "cuda" and not INTERPRET:
+    return device.type == "cuda" or INTERPRET
+
+
+def check_backend_device(name: str, device: torch.device) -> None:
+    """Refuses a Triton backend on a device that cannot run it, naming the setting to change."""
+    if name in TRITON_BACKENDS and not triton_runs_on(device):
         raise ValueError(
             f"model.attention={name} runs our Triton kernels, which need a CUDA device, and this run is on "
             f"{device}: use model.attention=auto (sdpa or reference) here, or a GPU"
