@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels._common  # noqa: E402
+from benchmarks.common import write_results  # noqa: E402
 from kernels import block_sparse_attention, flash_attention, flash_decode  # noqa: E402
 from kernels.layouts import local_layout  # noqa: E402
 
@@ -179,12 +180,7 @@ def main(argv=None):
         }  # fmt: skip
         rows.append(row)
         print(row, flush=True)
-        with open(args.out, "w") as f:
-            json.dump(
-                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
-                f,
-                indent=1,
-            )
+        write_results(args.out, rows)  # (device, versions and date with the rows, as the other benchmarks)
 
 
 if __name__ == "__main__":
