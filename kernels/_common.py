@@ -200,9 +200,9 @@ def check_rank(name: str, t, ndim: int, layout: str) -> None:
 
 
 # The kernels offset each sequence's start in 64 bits, but rows, heads and features inside one sequence in 32
-# (an int32 row times its stride): one sequence of a tensor must span fewer elements than this. Past it
-# (1.11M tokens x 16 heads of 128 on an H200) the windowed forward read out of bounds
-# (benchmarks/check_large_offsets.py, results/s71/call8/). Decode's caches take a 64-bit build instead.
+# (an int32 row times its stride) unless built WIDE. Past this many elements in one sequence (1.11M tokens x
+# 16 heads of 128 on an H200) the windowed forward read out of bounds (benchmarks/check_large_offsets.py,
+# results/s71/call8/), so a call with such a tensor takes the WIDE builds (`wide_offsets`, `widen`).
 SEQUENCE_EXTENT_LIMIT = 2**31
 
 
@@ -225,6 +225,25 @@ def exceeds_extent_limit(t: torch.Tensor, rows: int, row_dim: int) -> bool:
         if t.untyped_storage().nbytes() <= SEQUENCE_EXTENT_LIMIT * t.element_size():
             return False
     return sequence_extent(t, rows, row_dim) > SEQUENCE_EXTENT_LIMIT
+
+
+def wide_offsets(tensors, row_dim: int, rows: int | None = None) -> bool:
+    """Whether a launch on these tensors (None entries skipped) needs the kernels' WIDE build: one
+    sequence of one of them spans past SEQUENCE_EXTENT_LIMIT elements (`exceeds_extent_limit`; rows: the
+    rows of one sequence, by default each tensor's size along row_dim)."""
+    return any(
+        t is not None and exceeds_extent_limit(t, t.shape[row_dim] if rows is None else rows, row_dim)
+        for t in tensors
+    )
+
+
+@triton.jit
+def widen(stride, WIDE: tl.constexpr):
+    """A row or head stride as the kernels multiply it: int64 in a WIDE build (one sequence past 2**31
+    elements, where an int32 row x stride wraps), else as passed (the usual builds' code unchanged)."""
+    if WIDE:
+        stride = tl.cast(stride, tl.int64)
+    return stride
 
 
 def check_sequence_extent(name: str, t: torch.Tensor, rows: int, row_dim: int) -> None:

@@ -29,6 +29,8 @@ from ._common import (
     token_strides,
     varlen_bounds,
     visible_range,
+    wide_offsets,
+    widen,
 )
 from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket, without_narrow_key_tiles
 from ._launch import CompiledLaunch
@@ -41,9 +43,12 @@ def _bwd_preprocess(
     stride_dob, stride_dom, stride_doh,
     stride_lb, stride_lh,
     seqlen_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """delta = rowsum(dO * O) in fp32, laid out like lse: it replaces rowsum(dP * P) in dS."""
+    stride_om, stride_oh = widen(stride_om, WIDE), widen(stride_oh, WIDE)
+    stride_dom, stride_doh = widen(stride_dom, WIDE), widen(stride_doh, WIDE)
     pid_m = tl.program_id(0)
     off_h = tl.program_id(1)
     off_b = tl.program_id(2)
@@ -159,8 +164,16 @@ def _bwd_dkdv(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
     DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACCUMULATE: tl.constexpr, PART: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    # WIDE: rows and heads offset in 64 bits (a sequence past 2**31 elements, `_common.widen`)
+    stride_qm, stride_qh = widen(stride_qm, WIDE), widen(stride_qh, WIDE)
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
+    stride_dom, stride_doh = widen(stride_dom, WIDE), widen(stride_doh, WIDE)
+    stride_dkn, stride_dkh = widen(stride_dkn, WIDE), widen(stride_dkh, WIDE)
+    stride_dvn, stride_dvh = widen(stride_dvn, WIDE), widen(stride_dvh, WIDE)
+    stride_dqm, stride_dqh = widen(stride_dqm, WIDE), widen(stride_dqh, WIDE)
     # causal: the first key tiles are seen by the most queries, so tile order is already heaviest first
     pid_n, _, off_hk, off_b = tile_program_ids(sched_slots)
     if IS_VARLEN:
@@ -289,12 +302,19 @@ def _bwd_dq(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, DELTA_HERE: tl.constexpr,
+    DOT_PREC: tl.constexpr, ACCUMULATE: tl.constexpr, DELTA_HERE: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """dq of one query tile. DELTA_HERE: this kernel computes its rows' delta = rowsum(dO * O) and
     stores it for the dk/dv kernel, which then runs second: the preprocess kernel's launch (~35 us of
-    device time at n1k, and a launch of host time) is saved; the O tile is one extra load per program."""
+    device time at n1k, and a launch of host time) is saved; the O tile is one extra load per program.
+    WIDE: rows and heads offset in 64 bits (a sequence past 2**31 elements, `_common.widen`)."""
+    stride_qm, stride_qh = widen(stride_qm, WIDE), widen(stride_qh, WIDE)
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
+    stride_dom, stride_doh = widen(stride_dom, WIDE), widen(stride_doh, WIDE)
+    stride_dqm, stride_dqh = widen(stride_dqm, WIDE), widen(stride_dqh, WIDE)
+    stride_om, stride_oh = widen(stride_om, WIDE), widen(stride_oh, WIDE)
     pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
     if HAS_RIGHT:  # the forward's order: the rows that see the most keys first
         pid_m = n_tiles - 1 - pid_m
@@ -462,7 +482,8 @@ def backward_delta(
         (),
         (out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen), stride_lb,
          stride_lh, seqlen_q),
-        dict(HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen, BLOCK_M=pre_m),
+        dict(HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
+             WIDE=wide_offsets((out, do), *((0, max_seqlen_q) if varlen else (1,))), BLOCK_M=pre_m),
     )  # fmt: skip
     if dlse is not None:
         delta.sub_(dlse, alpha=dlse_scale)  # in place: keeps lse's layout, which the kernels index it by
@@ -626,10 +647,12 @@ def flash_attn_backward(
         sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
         *drop, tune_bucket(seqlen_q), sched_slots_for(q.device, win_right is not None),
     )  # fmt: skip
+    tensors = (q, k, v, do, out, dq, dk, dv, dq_acc)
     meta = dict(
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,
         HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
         DROPOUT=dropout_mode(dropout_p, col0=drop[3], varlen=varlen), DOT_PREC=dot_precision(q.dtype),
+        WIDE=wide_offsets(tensors, 0, max(seqlen_q, seqlen_k)) if varlen else wide_offsets(tensors, 1),
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)

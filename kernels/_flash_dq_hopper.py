@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
-from ._common import LOG2E, cdiv, sm_count
+from ._common import LOG2E, cdiv, sm_count, wide_offsets
 from ._hopper_pipeline import (
     descriptor,
     key_tile,
@@ -387,7 +387,9 @@ def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dro
     """Whether this backward call's dq takes this kernel: what the Hopper forward takes (dense bf16/fp16
     on sm_90, full or causal, no dropout or key padding), with do, out and dq TMA/pointer-readable and
     where `faster_here` says it pays."""
-    tensors_ok = out.stride(-1) == 1  # (out is read by pointer, the rest through TMA)
+    # (out is read by pointer, its rows at 32-bit offsets: one past 2**31 elements takes the portable
+    # kernel's WIDE build; the rest goes through TMA descriptors, whose strides are 64-bit)
+    tensors_ok = out.stride(-1) == 1 and not wide_offsets((out,), 1)
     return ENABLED and tensors_ok and fwd_hopper.usable(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
         dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here, also=(do, dq),

@@ -30,6 +30,8 @@ from ._common import (
     token_strides,
     varlen_bounds,
     visible_range,
+    wide_offsets,
+    widen,
 )
 
 
@@ -134,10 +136,16 @@ def _attn_fwd(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, WIDE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """MERGE: O and LSE hold a running fp32 (out, natural-log lse) over other keys, and this call's
-    attention is merged into them through the log-sum-exp (ring attention's per-step update)."""
+    attention is merged into them through the log-sum-exp (ring attention's per-step update).
+    WIDE: rows and heads offset in 64 bits (a sequence past 2**31 elements, `_common.widen`)."""
+    stride_qm, stride_qh = widen(stride_qm, WIDE), widen(stride_qh, WIDE)
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
+    stride_om, stride_oh = widen(stride_om, WIDE), widen(stride_oh, WIDE)
     pid_m, n_tiles, off_h, off_b = tile_program_ids(sched_slots)
     if HAS_RIGHT:
         # causal-like: the last row blocks see the most keys, so start them first to shorten the tail
@@ -181,7 +189,7 @@ def _attn_fwd(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         lo, full_lo, full_hi, hi, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        False,  # (32-bit rows: the entry points refuse a longer sequence; decode passes WIDE)
+        WIDE,
     )  # fmt: skip
 
     # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0
@@ -307,6 +315,7 @@ _TUNE_KEY = [
     "DROPOUT",
     "DOT_PREC",
     "MERGE",  # forward only
+    "WIDE",  # (a WIDE build is tuned apart: its timings should not pick the usual build's tiles)
     "ACCUMULATE",  # backward only
 ]
 # MERGE updates O and LSE in place, so the autotuner's trial runs put them back (a copy made only
@@ -398,5 +407,6 @@ def flash_attn_forward(
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
         DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
+        WIDE=wide_offsets((q, k, v, out), 0, max(seqlen_q, seqlen_k)) if varlen else wide_offsets((q, k, v, out), 1),
     )  # fmt: skip
     return (out, lse) if merge_into is None else None

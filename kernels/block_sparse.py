@@ -37,7 +37,6 @@ from kernels._common import (
     check_dtype,
     check_heads,
     check_rank,
-    check_sequence_extent,
     dot_precision,
     draw_seed,
     dropout_keep_tile,
@@ -49,6 +48,8 @@ from kernels._common import (
     rowsum_do_o,
     store_tile,
     unit_last_stride,
+    wide_offsets,
+    widen,
 )
 from kernels._flash_bwd import backward_delta
 from kernels.layouts import BlockLayout
@@ -123,8 +124,13 @@ def _bs_fwd_kernel(
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
+    """WIDE: rows and heads offset in 64 bits (a sequence past 2**31 elements, `_common.widen`)."""
+    stride_qm, stride_qh = widen(stride_qm, WIDE), widen(stride_qh, WIDE)
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
+    stride_om, stride_oh = widen(stride_om, WIDE), widen(stride_oh, WIDE)
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
@@ -224,10 +230,17 @@ def _bs_bwd_dq_kernel(
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, DELTA_HERE: tl.constexpr,
+    DOT_PREC: tl.constexpr, DELTA_HERE: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """dq of one query tile. DELTA_HERE: computes and stores its rows' delta, which the dk/dv kernel
-    (launched after) reads: no preprocess launch (as the dense dq kernel, `_flash_bwd._bwd_dq`)."""
+    (launched after) reads: no preprocess launch (as the dense dq kernel, `_flash_bwd._bwd_dq`).
+    WIDE: rows and heads offset in 64 bits (a sequence past 2**31 elements, `_common.widen`)."""
+    stride_qm, stride_qh = widen(stride_qm, WIDE), widen(stride_qh, WIDE)
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
+    stride_dom, stride_doh = widen(stride_dom, WIDE), widen(stride_doh, WIDE)
+    stride_dqm, stride_dqh = widen(stride_dqm, WIDE), widen(stride_dqh, WIDE)
+    stride_om, stride_oh = widen(stride_om, WIDE), widen(stride_oh, WIDE)
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
@@ -338,8 +351,15 @@ def _bs_bwd_dkdv_kernel(
     # meta-parameters
     GROUP: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
+    """WIDE: rows and heads offset in 64 bits (a sequence past 2**31 elements, `_common.widen`)."""
+    stride_qm, stride_qh = widen(stride_qm, WIDE), widen(stride_qh, WIDE)
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
+    stride_dom, stride_doh = widen(stride_dom, WIDE), widen(stride_doh, WIDE)
+    stride_dkn, stride_dkh = widen(stride_dkn, WIDE), widen(stride_dkh, WIDE)
+    stride_dvn, stride_dvh = widen(stride_dvn, WIDE), widen(stride_dvh, WIDE)
     pid_n = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_b = (off_bhk // nheads_kv).to(tl.int64)
@@ -413,7 +433,6 @@ def _tiles(layout: BlockLayout, pass_name: str, head_dim: int, override=None) ->
 def _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_rank(name, t, 4, "(batch, seqlen, nheads, headdim)")
-        check_sequence_extent(name, t, t.shape[1], 1)
     check_device(q, k, v)
     check_dtype(q, k, v)
     batch, seqlen_q, nheads, headdim = q.shape
@@ -470,7 +489,8 @@ def _block_sparse_forward(
         dropout_p, seed,
         GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
         BLOCK_D=head_dim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_mode(dropout_p),
-        DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        DOT_PREC=dot_precision(q.dtype), WIDE=wide_offsets((q, k, v, out), 1), num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     return out, lse
 
@@ -506,7 +526,7 @@ def _block_sparse_backward(
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
                   BLOCK_D=head_dim, CAUSAL=causal, DROPOUT=dropout_mode(dropout_p),
-                  DOT_PREC=dot_precision(q.dtype))  # fmt: skip
+                  DOT_PREC=dot_precision(q.dtype), WIDE=wide_offsets((q, k, v, do, out, dq, dk, dv), 1))  # fmt: skip
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))  # fmt: skip
 

@@ -13,7 +13,6 @@ import numbers
 
 import torch
 
-from . import _flash_fwd_hopper
 from ._common import (
     check_causal,
     check_cu_seqlens,
@@ -23,10 +22,8 @@ from ._common import (
     check_heads,
     check_key_padding_mask,
     check_rank,
-    check_sequence_extent,
     check_window,
     draw_seed,
-    exceeds_extent_limit,
     inference_call,
     lse_to_natural,
     resolve_softmax_scale,
@@ -230,23 +227,6 @@ def _check_common(q, k, v, dropout_p):
     return check_dropout(dropout_p)
 
 
-def _check_extents(tensors, nheads_kv, win_left, win_right, key_padding_mask, dropout_p) -> None:
-    """`check_sequence_extent` on each tensor, but for a call no gradient flows from whose forward takes
-    Hopper's kernel, which reads through TMA descriptors (64-bit) and read one sequence of 2.28e9 elements
-    right (results/s71/call9/: a long prompt's prefill); the portable kernels, decode and every backward
-    address rows inside a sequence in 32 bits."""
-    if not any(exceeds_extent_limit(t, t.shape[1], 1) for t in tensors):
-        return  # (the common case)
-    q, k, v = tensors if nheads_kv is None else split_qkv(tensors[0], nheads_kv)
-    if inference_call(*tensors) and _flash_fwd_hopper.supports(
-        q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, varlen=False, merge=False,
-    ):  # fmt: skip
-        return
-    for name, t in zip(("q", "k", "v") if len(tensors) == 3 else ("qkv",), tensors, strict=True):
-        check_sequence_extent(name, t, t.shape[1], 1)
-
-
 def _attend(
     tensors, nheads_kv, seqlen_k, causal, softmax_scale, dropout_p, window, key_padding_mask, return_lse,
     deterministic,
@@ -256,7 +236,6 @@ def _attend(
     check_key_padding_mask(key_padding_mask, tensors[0].shape[0], seqlen_k, tensors[0].device)
     win_left, win_right = _window_bounds(causal, window)
     tensors = unit_last_stride(*tensors)
-    _check_extents(tensors, nheads_kv, win_left, win_right, key_padding_mask, dropout_p)
     scale = resolve_softmax_scale(softmax_scale, tensors[0].shape[-1])
     q, k, v = tensors if nheads_kv is None else (tensors[0], None, None)
     return _forward(
@@ -420,8 +399,6 @@ def flash_attention_varlen(
         longest = int((cu[1:] - cu[:-1]).max())  # host-device sync
         if int(given) < longest:
             raise ValueError(f"{name} = {given} is shorter than the longest sequence ({longest})")
-    for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
-        check_sequence_extent(name, t, int(rows), 0)
     win_left, win_right = _window_bounds(causal, window)
     q, k, v = unit_last_stride(q, k, v)
     scale = resolve_softmax_scale(softmax_scale, q.shape[-1])

@@ -1,7 +1,14 @@
-"""One sequence past the 2**31 elements the kernels address within it (32-bit row offsets) is refused
-with what to do, at every entry point, before a kernel reads out of bounds (the windowed forward faulted
-at 1.11M tokens x 16 heads of 128 on an H200, results/s71/call8/). The limit is lowered here so that small
-tensors stand for those sizes."""
+"""One sequence past 2**31 elements: the kernels' WIDE builds (64-bit row and head offsets) take it, at every
+entry point, forward and backward.
+
+The usual builds offset rows inside a sequence in 32 bits (an int32 row times its stride), which wraps past
+2**31 elements: on an H200 the windowed forward read wrong values at 1.11M tokens x 16 heads of 128
+(results/s71/call8/). Here small calls stand for such sequences: views whose rows lie 2**25 elements apart
+in one storage that is allocated but never filled (its pages are never touched but for the rows used), so
+a few dozen rows span ~2.3e9 elements. Each view starts past 2**31 elements, so a wrapped offset would land
+inside the storage and read wrong values rather than fault. Every call is compared, bitwise, with the same
+call on contiguous copies (the usual build).
+"""
 
 from __future__ import annotations
 
@@ -16,98 +23,151 @@ from kernels import (
     flash_attention_varlen,
     flash_decode,
 )
-from kernels.layouts import local_layout
+from kernels._flash_bwd import flash_attn_backward
+from kernels._flash_fwd import flash_attn_forward
+from kernels.layouts import butterfly_layout, local_layout
 
 F16 = torch.float16
-LIMIT = 32 * 2 * 16  # elements: 32 rows of 2 heads of 16
+ROW_STRIDE = 2**25  # elements between rows: row 64 starts at 2**31
+ROWS = 72  # rows 64..71 are where 32-bit offsets wrap
+BASE = 2**31  # where the views start: a wrapped (negative) offset stays inside the storage
 
 
-@pytest.fixture
-def low_limit(monkeypatch):
-    monkeypatch.setattr(common, "SEQUENCE_EXTENT_LIMIT", LIMIT)
+def _wide_views(widths, device, dtype=F16, rows=ROWS):
+    """Views (1, rows, heads, d) for each (heads, d) in widths, side by side in each row of one storage
+    with rows ROW_STRIDE elements apart, filled with random values (only their own elements are
+    written); the storage (~9 GB of fp16 address space) is never touched elsewhere."""
+    storage = torch.empty(BASE + rows * ROW_STRIDE, dtype=dtype, device=device)
+    views, col = [], 0
+    for heads, d in widths:
+        view = storage.as_strided((1, rows, heads, d), (0, ROW_STRIDE, d, 1), BASE + col)
+        view.normal_()
+        views.append(view)
+        col += heads * d
+    return views
 
 
-def _x(*shape, device):
-    return torch.randn(*shape, dtype=F16, device=device)
+def _copies(*tensors):
+    return [t.detach().contiguous().requires_grad_(t.requires_grad) for t in tensors]
 
 
-def test_the_extent_counts_one_sequence_with_its_strides(low_limit, device):
-    """32 rows of 2 x 16 span exactly the limit; a 33rd row, or the same rows in a packed qkv's wider row
-    stride, passes it; the batch does not count (its offset is 64-bit)."""
-    q = _x(4, 32, 2, 16, device=device)
-    flash_attention(q, q, q)  # 4 sequences of exactly LIMIT elements each
-    longer = _x(1, 33, 2, 16, device=device)
-    with pytest.raises(
-        ValueError, match=r"q: one sequence of 33 rows spans 1056 elements .* split it over GPUs"
-    ):
-        flash_attention(longer, longer, longer)
-    qkv = _x(
-        1, 12, 6, 16, device=device
-    )  # 12 rows, row stride 96: 11 x 96 + 5 x 16 + 16 = 1152, though q alone has 12 x 2 x 16
-    with pytest.raises(
-        ValueError, match=r"qkv: one sequence of 12 rows spans 1152 elements \(row stride 96\)"
-    ):
-        flash_attention_qkvpacked(qkv)
-    with pytest.raises(
-        ValueError, match=r"q: one sequence of 12 rows spans"
-    ):  # its views, as flash_attention takes them
-        flash_attention(qkv[:, :, :2], qkv[:, :, 2:4], qkv[:, :, 4:])
-
-
-def test_decode_walks_a_cache_past_the_limit_with_64_bit_tile_offsets(low_limit, device):
-    """flash_decode takes such a cache in a build whose key tiles start at 64-bit offsets (the usual build
-    unchanged): the same result as the usual build on it (whose offsets fit here, the limit being lowered),
-    through a layout too; its few new queries are still checked."""
-    from kernels.layouts import butterfly_layout
-
-    torch.manual_seed(0)
-    k, v = _x(2, 200, 2, 16, device=device), _x(2, 200, 2, 16, device=device)
-    q = _x(2, 1, 4, 16, device=device)
-    lens = torch.tensor([200, 77], dtype=torch.int32, device=device)
-    layout = butterfly_layout(200, 16).to(device)
-
-    def calls():
-        return [
-            flash_decode(q, k, v, lens, causal=True),
-            flash_decode(q[:1], k[:1], v[:1], lens[:1], layout=layout),
-        ]
-
-    wide = calls()
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(common, "SEQUENCE_EXTENT_LIMIT", 2**31)
-        usual = calls()
-    for a, b in zip(wide, usual, strict=True):
+def _assert_same(got, want):
+    for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
-        flash_decode(_x(1, 40, 2, 16, device=device), k[:1], v[:1], lens[:1])
 
 
-def test_every_entry_point_refuses_a_sequence_past_the_limit(low_limit, device):
-    long = _x(1, 40, 2, 16, device=device)
-    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
-        block_sparse_attention(long, long, long, local_layout(40, 16).to(device))
-    packed = _x(50, 2, 16, device=device)  # two sequences of 10 and 40 rows: only the longest counts
-    cu = torch.tensor([0, 10, 50], dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
-        flash_attention_varlen(packed, packed, packed, cu, cu, 40, 40)
-    short = torch.tensor([0, 25, 50], dtype=torch.int32, device=device)
-    flash_attention_varlen(packed, packed, packed, short, short, 25, 25)  # 50 rows packed, 25 a sequence
+def test_the_extent_counts_one_sequence_with_its_strides(monkeypatch, device):
+    """A sequence's extent runs from its first element to its last, strides included (a packed qkv view
+    reaches the limit at a third of the tokens); the batch does not count (its offset is 64-bit)."""
+    monkeypatch.setattr(common, "SEQUENCE_EXTENT_LIMIT", 32 * 2 * 16)
+    q = torch.empty(4, 32, 2, 16, device=device)
+    assert common.sequence_extent(q, 32, 1) == 32 * 2 * 16 and not common.wide_offsets((q,), 1)
+    assert common.wide_offsets((torch.empty(1, 33, 2, 16, device=device),), 1)
+    qkv = torch.empty(1, 12, 6, 16, device=device)  # row stride 96: 11 x 96 + 5 x 16 + 16 = 1152
+    assert common.sequence_extent(qkv[:, :, :2], 12, 1) == 11 * 96 + 16 + 16
+    assert common.wide_offsets((None, qkv[:, :, :2]), 1)
+    packed = torch.empty(50, 2, 16, device=device)  # varlen: one sequence's rows count, not the pack's
+    assert not common.wide_offsets((packed,), 0, rows=25) and common.wide_offsets((packed,), 0, rows=40)
 
 
-def test_an_inference_call_through_hoppers_forward_is_not_refused(low_limit, monkeypatch, device):
-    """Hopper's forward reads through TMA descriptors (64-bit) and read a 2.28e9-element sequence right
-    (results/s71/call9/), so a call no gradient flows from that takes it (a long prompt's prefill) passes;
-    one that needs the backward (32-bit inside a sequence) is refused up front."""
-    from kernels import _flash_fwd_hopper
-    from kernels.flash_attention import _check_extents
+def test_these_views_wrap_the_usual_builds_offsets(monkeypatch, device):
+    """The check's own check: the usual forward build on these views reads wrong rows (here inside the
+    storage), so the equalities below hold only through the WIDE build."""
+    import kernels._flash_fwd as fwd
 
-    monkeypatch.setattr(_flash_fwd_hopper, "supports", lambda *a, **kw: True)
-    long = _x(1, 40, 2, 16, device=device)
-    _check_extents((long, long, long), None, None, 0, None, 0.0)
-    _check_extents((_x(1, 40, 6, 16, device=device),), 2, None, 0, None, 0.0)  # packed
-    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
-        _check_extents((long.requires_grad_(), long, long), None, None, 0, None, 0.0)
-    monkeypatch.setattr(_flash_fwd_hopper, "supports", lambda *a, **kw: False)  # the portable forward
-    with pytest.raises(ValueError, match="q: one sequence of 40 rows"):
-        with torch.no_grad():
-            _check_extents((long, long, long), None, None, 0, None, 0.0)
+    q, k, v = _wide_views([(1, 16)] * 3, device)
+    assert common.sequence_extent(q, ROWS, 1) > 2**31
+    monkeypatch.setattr(fwd, "wide_offsets", lambda *args, **kwargs: False)
+    wrapped = flash_attention(q, k, v, causal=True)
+    want = flash_attention(*_copies(q, k, v), causal=True)
+    assert torch.equal(wrapped[:, :64], want[:, :64])
+    assert not torch.equal(wrapped[:, 64:], want[:, 64:])
+
+
+@pytest.mark.parametrize("window, deterministic", [(None, True), ((20, 0), False)])
+def test_flash_attention_forward_and_backward(window, deterministic, device):
+    """GQA (2 query heads on 1), causal or a window, with dropout; the gradients' reads are wide too
+    (deterministic=False: dq added inside the dK/dV kernel)."""
+    q, k, v = _wide_views([(2, 16), (1, 16), (1, 16)], device)
+    for t in (q, k, v):
+        t.requires_grad_()
+    copies = _copies(q, k, v)
+    outs = []
+    for args in ((q, k, v), copies):
+        torch.manual_seed(1)
+        out = flash_attention(*args, causal=True, window=window, dropout_p=0.1, deterministic=deterministic)
+        grads = torch.autograd.grad(out, args, torch.ones_like(out))
+        outs.append([out, *grads])
+    _assert_same(*outs)
+
+
+def test_packed_qkv_and_its_gradient(device):
+    (qkv,) = _wide_views([(3, 16)], device)
+    qkv.requires_grad_()
+    (copy,) = _copies(qkv)
+    got, want = (flash_attention_qkvpacked(t, causal=True) for t in (qkv, copy))
+    _assert_same([got, *torch.autograd.grad(got, qkv, got)], [want, *torch.autograd.grad(want, copy, want)])
+
+
+def test_varlen_with_one_long_sequence(device):
+    """Two packed sequences of 4 and 68 rows: the long one spans past 2**31 elements. The loss takes lse
+    too, so the backward's delta comes from its own kernel."""
+    q, k, v = (t[0] for t in _wide_views([(2, 16), (1, 16), (1, 16)], device))
+    cu = torch.tensor([0, 4, ROWS], dtype=torch.int32, device=device)
+    for t in (q, k, v):
+        t.requires_grad_()
+    outs = []
+    for args in ((q, k, v), _copies(q, k, v)):
+        out, lse = flash_attention_varlen(*args, cu, cu, ROWS - 4, ROWS - 4, causal=True, return_lse=True)
+        outs.append([out, lse, *torch.autograd.grad((out, lse), args, (out, torch.ones_like(lse)))])
+    _assert_same(*outs)
+
+
+def test_the_launchers_write_wide_outputs(device):
+    """What the public calls allocate is contiguous (short); the ring's merge into running fp32
+    accumulators and a packed call's gradient views are caller's tensors, written at wide offsets."""
+    q, k, v, do, dq, dk, dv = _wide_views(
+        [(2, 16), (1, 16), (1, 16), (2, 16), (2, 16), (1, 16), (1, 16)], device
+    )
+    kw = dict(sm_scale=0.25, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
+    out, lse2 = flash_attn_forward(q, k, v, **kw)
+    want_out, want_lse2 = flash_attn_forward(*_copies(q, k, v), **kw)
+    _assert_same([out, lse2], [want_out, want_lse2])
+    flash_attn_backward(do, q, k, v, out, lse2, **kw, grads_out=(dq, dk, dv))
+    want = flash_attn_backward(*_copies(do, q, k, v), want_out, want_lse2, **kw)
+    _assert_same([dq, dk, dv], want)
+    del q, k, v, do, dq, dk, dv
+    out_acc, other = _wide_views([(2, 16), (2, 16)], device, dtype=torch.float32)
+    q, k, v = (t.to(F16) for t in _copies(other, other[:, :, :1], other[:, :, 1:]))
+    lse_acc = torch.randn(1, 2, ROWS, device=device)
+    want_acc, want_lse = out_acc.contiguous(), lse_acc.clone()
+    flash_attn_forward(q, k, v, **kw, merge_into=(out_acc, lse_acc))
+    flash_attn_forward(q, k, v, **kw, merge_into=(want_acc, want_lse))
+    _assert_same([out_acc, lse_acc], [want_acc, want_lse])
+
+
+def test_block_sparse_forward_and_backward(device):
+    q, k, v = _wide_views([(2, 16), (1, 16), (1, 16)], device)
+    for t in (q, k, v):
+        t.requires_grad_()
+    for layout in (butterfly_layout(ROWS, 16, causal=True), local_layout(ROWS, 16, local_blocks=1)):
+        layout = layout.to(device)
+        outs = []
+        for args in ((q, k, v), _copies(q, k, v)):
+            out = block_sparse_attention(*args, layout, causal=True)
+            outs.append([out, *torch.autograd.grad(out, args, out)])
+        _assert_same(*outs)
+
+
+def test_decode_over_a_wide_cache(device):
+    """flash_decode walks such a cache in its WIDE build (64-bit tile offsets), through a layout too; its
+    few new queries are checked: a q spanning past the limit is refused with what to do."""
+    k, v = _wide_views([(1, 16), (1, 16)], device)
+    q = torch.randn(1, 1, 2, 16, dtype=F16, device=device)
+    lens = torch.tensor([ROWS - 3], dtype=torch.int32, device=device)
+    layout = butterfly_layout(ROWS, 16).to(device)
+    for kw in (dict(causal=True), dict(layout=layout)):
+        assert torch.equal(flash_decode(q, k, v, lens, **kw), flash_decode(q, *_copies(k, v), lens, **kw))
+    (wide_q,) = _wide_views([(2, 16)], device, rows=66)
+    with pytest.raises(ValueError, match="q: one sequence of 66 rows spans .* split it over GPUs"):
+        flash_decode(wide_q, k, v, lens)
