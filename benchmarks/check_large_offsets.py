@@ -6,14 +6,15 @@ products in Triton unless cast. One sequence of N tokens with H heads of D has N
 compares the last query rows (the ones whose offsets wrap first) with the same call on a slice of the
 tensors near their end, whose offsets are small: equal within bf16 rounding if the addressing is right.
 
-Since session 71 the entry points refuse such a sequence (`kernels._common.check_sequence_extent`; decode
-takes a build with 64-bit tile offsets, Hopper's forward without a gradient passes);
-`--no-guard` lifts that check to see what each route does past it. The `batch_*` cases hold many
-sequences of ordinary length whose batch spans past 2**31 elements (the batch offset is 64-bit): the last
-sequence's output and gradients against the same call on it alone. Each case runs in a process of its own
-(a fault spoils the process's CUDA context).
+Since session 72 such a call takes the kernels' WIDE builds (64-bit row and head offsets,
+`kernels._common.wide_offsets`; decode since session 71); `--narrow` keeps the usual 32-bit builds, to
+see what each route does without them. The `batch_*` cases hold many sequences of ordinary length whose
+batch spans past 2**31 elements (the batch offset is 64-bit): the last sequence's output and gradients
+against the same call on it alone. `wide_cost` times the WIDE builds against the usual ones where both
+read right (a shorter sequence, the WIDE build forced). Each case runs in a process of its own (a fault
+spoils the process's CUDA context).
 
-    python benchmarks/check_large_offsets.py --out large_offsets.json [--no-guard]
+    python benchmarks/check_large_offsets.py --out large_offsets.json [--narrow]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels._common  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
-from kernels import block_sparse_attention, flash_attention, flash_decode  # noqa: E402
+from kernels import block_sparse_attention, flash_attention, flash_attention_varlen, flash_decode  # noqa: E402
 from kernels.layouts import local_layout  # noqa: E402
 
 TAIL = 256  # query rows compared
@@ -63,6 +64,93 @@ def case_window(n, h, d, backward):
             dq=_diff(dq[:, -TAIL:], rdq[:, -TAIL:]), dk=_diff(dk[:, lo:], rdk), dv=_diff(dv[:, lo:], rdv)
         )
     return row
+
+
+def case_varlen_window(n, h, d):
+    """flash_attention_varlen with a causal window over a short sequence and one of n - 1000 tokens: the
+    long one's last rows against the call on its last WINDOW + TAIL rows alone."""
+    q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 1000, n], dtype=torch.int32, device="cuda")
+    out = flash_attention_varlen(q, k, v, cu, cu, n - 1000, n - 1000, causal=True, window=(WINDOW, 0))
+    lo = n - TAIL - WINDOW
+    ref = flash_attention(*(t[None, lo:] for t in (q, k, v)), causal=True, window=(WINDOW, 0))
+    return {"out": _diff(out[-TAIL:], ref[0, -TAIL:])}
+
+
+def case_causal_bwd(n, h, d):
+    """Causal forward and backward on the Hopper kernels (TMA descriptors) over one head of tensors of h
+    heads (their rows as far apart as h heads put them; 1/h of the work): output and gradients of the
+    last rows, against float32 over every key; dK/dV of every key (the last rows see all of them)."""
+    big = [torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    q, k, v = (t[:, :, :1].requires_grad_() for t in big)
+    out = flash_attention(q, k, v, causal=True)
+    g = torch.zeros_like(out)
+    g[:, -TAIL:] = torch.randn_like(out[:, -TAIL:])
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    qt, kf, vf, gt = q[0, -TAIL:, 0].float(), k[0, :, 0].float(), v[0, :, 0].float(), g[0, -TAIL:, 0].float()
+    p = torch.softmax((qt @ kf.T) / d**0.5, dim=-1)  # (TAIL, n): the last rows see every key
+    ref_out = p @ vf
+    dp = gt @ vf.T
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True)) / d**0.5
+    return {
+        "out": _diff(out[0, -TAIL:, 0], ref_out),
+        "dq": _diff(dq[0, -TAIL:, 0], ds @ kf),
+        "dk": _diff(dk[0, :, 0], ds.T @ qt),
+        "dv": _diff(dv[0, :, 0], p.T @ gt),
+    }
+
+
+def case_block_sparse_bwd(n, h, d):
+    """block_sparse_attention's backward with the local layout of `case_block_sparse`, a gradient on the
+    last rows: their dq, and dK/dV of the last 4 blocks, against the call on those blocks alone."""
+    block = 128
+    q, k, v = (
+        torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
+    out = block_sparse_attention(q, k, v, local_layout(n, block, local_blocks=1, causal=True).to("cuda"))
+    g = torch.zeros_like(out)
+    g[:, -TAIL:] = torch.randn_like(out[:, -TAIL:])
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    lo = n - 4 * block
+    part = [t.detach()[:, lo:].clone().requires_grad_() for t in (q, k, v)]
+    ref = block_sparse_attention(*part, local_layout(n - lo, block, local_blocks=1, causal=True).to("cuda"))
+    ref_grads = torch.autograd.grad(ref, part, g[:, lo:])
+    row = {"out": _diff(out[:, -TAIL:], ref[:, -TAIL:])}
+    row.update(
+        {name: _diff(a[:, lo:], b) for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True)}
+    )
+    return row
+
+
+def case_wide_cost(n=131072, h=16, d=128, reps=5):
+    """fwd and fwd+bwd ms of a causal window call (the portable kernels) in the usual builds and with the
+    WIDE builds forced (the limit set to 0), where both read right."""
+    q, k, v = (
+        torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
+    g = torch.randn_like(q)
+
+    def timed(fn):
+        fn()  # (tunes and compiles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / reps
+
+    def fwd():
+        with torch.no_grad():
+            flash_attention(q, k, v, causal=True, window=(4096, 0))
+
+    def fwdbwd():
+        torch.autograd.grad(flash_attention(q, k, v, causal=True, window=(4096, 0)), (q, k, v), g)
+
+    row = {"usual_fwd_ms": timed(fwd), "usual_fwdbwd_ms": timed(fwdbwd)}
+    kernels._common.SEQUENCE_EXTENT_LIMIT = 0
+    row.update(wide_fwd_ms=timed(fwd), wide_fwdbwd_ms=timed(fwdbwd))
+    return {key: round(value, 3) for key, value in row.items()}
 
 
 def case_causal(n, h, d):
@@ -141,9 +229,13 @@ CASES = {
     "decode": lambda n: case_decode(2 * n, 8, 128),  # 2n x 8 x 128 elements: past 2**31 as the others
     "block_sparse": lambda n: case_block_sparse(n, 16, 128),
     "causal": lambda n: case_causal(n, 16, 128),
+    "causal_bwd": lambda n: case_causal_bwd(n, 16, 128),
+    "block_sparse_bwd": lambda n: case_block_sparse_bwd(n, 16, 128),
+    "varlen_window": lambda n: case_varlen_window(n, 16, 128),
     "batch_causal": lambda n: case_batch("causal"),
     "batch_window": lambda n: case_batch("window"),
     "batch_decode": lambda n: case_batch("decode"),
+    "wide_cost": lambda n: case_wide_cost(),
 }
 
 
@@ -153,30 +245,28 @@ def main(argv=None):
     )
     parser.add_argument("--tokens", type=int, default=(1 << 20) + (1 << 16), help="one sequence's length")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--no-guard", action="store_true", help="lift check_sequence_extent's refusal")
+    parser.add_argument("--narrow", action="store_true", help="the usual 32-bit builds past 2**31 elements")
     parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)  # (one case, in this process)
     parser.add_argument("--out", default="large_offsets.json")
     args = parser.parse_args(argv)
     if args.case:
-        if args.no_guard:
+        if args.narrow:
             kernels._common.SEQUENCE_EXTENT_LIMIT = 2**63
         t0 = time.time()
         try:
             row = CASES[args.case](args.tokens)
         except ValueError as e:  # a refusal is this case's row
             row = {"refused": str(e)[:300]}
-        row.update(
-            case=args.case, tokens=args.tokens, guard=not args.no_guard, seconds=round(time.time() - t0, 1)
-        )
+        row.update(case=args.case, tokens=args.tokens, narrow=args.narrow, seconds=round(time.time() - t0, 1))
         print(json.dumps(row), flush=True)
         return
     rows = []
     for name in args.cases:
         cmd = [sys.executable, __file__, "--case", name, "--tokens", str(args.tokens)]
-        proc = subprocess.run(cmd + (["--no-guard"] if args.no_guard else []), capture_output=True, text=True)
+        proc = subprocess.run(cmd + (["--narrow"] if args.narrow else []), capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         row = json.loads(lines[-1]) if lines else {
-            "case": name, "guard": not args.no_guard, "exit": proc.returncode, "error": proc.stderr.strip()[-400:]
+            "case": name, "narrow": args.narrow, "exit": proc.returncode, "error": proc.stderr.strip()[-400:]
         }  # fmt: skip
         rows.append(row)
         print(row, flush=True)

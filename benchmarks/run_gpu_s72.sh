@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 72's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s72.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s72/callN/.
+#   1: after the WIDE builds (64-bit row and head offsets in the portable forward, backward and block-sparse
+#      kernels; the entry points' refusal gone): check_large_offsets.py on one sequence past 2**31 elements
+#      (1.11M tokens x 16 heads x 128): windowed forward and backward, varlen, the causal forward and (over one
+#      head of such tensors) backward on the Hopper kernels, block-sparse forward and backward, decode; beside it
+#      the GPU tests of the extent, dense, block-sparse, decode and Hopper backward files
+#   2: check_large_offsets.py's wide_cost (the WIDE builds forced at 128k tokens against the usual ones), and the
+#      new cases with --narrow (the usual 32-bit builds: do the cases catch them?)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  T=tests/kernels
+  timeout -s INT 500 python -m pytest -q -rf -n 6 -m "gpu or not gpu" $T/test_sequence_extent.py \
+    $T/test_flash_attention.py $T/test_block_sparse.py $T/test_decode.py $T/test_flash_bwd_hopper.py \
+    $T/test_block_sparse_hopper.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
+    > "$R/cuda_tests.log" 2>&1 &
+  timeout -s KILL 480 python benchmarks/check_large_offsets.py --cases window window_bwd varlen_window causal \
+    causal_bwd block_sparse block_sparse_bwd decode --out "$R/large_offsets_wide.json" 2>&1 | quiet | cut -c1-500
+  wait
+  echo "tests:"; tail -n 4 "$R/cuda_tests.log"
+  ;;
+2)
+  timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases wide_cost --out "$R/wide_cost.json" 2>&1 \
+    | quiet | cut -c1-500
+  timeout -s KILL 300 python benchmarks/check_large_offsets.py --narrow --cases varlen_window block_sparse_bwd \
+    causal_bwd --out "$R/large_offsets_narrow.json" 2>&1 | quiet | cut -c1-500
+  ;;
+esac
