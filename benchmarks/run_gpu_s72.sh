@@ -13,11 +13,13 @@ machine_info
 case "${1:?part}" in
 1)
   T=tests/kernels
-  timeout -s INT 500 python -m pytest -q -rf -n 6 -m "gpu or not gpu" $T/test_sequence_extent.py \
-    $T/test_flash_attention.py $T/test_block_sparse.py $T/test_decode.py $T/test_flash_bwd_hopper.py \
+  # (the extent tests alone first: each holds 9-18 GB of views)
+  timeout -s INT 120 python -m pytest -q -rf $T/test_sequence_extent.py > "$R/cuda_extent_tests.log" 2>&1
+  echo "extent tests exit $?"; tail -n 2 "$R/cuda_extent_tests.log"
+  timeout -s INT 440 python -m pytest -q -rf -n 6 -m "gpu or not gpu" $T/test_flash_attention.py $T/test_block_sparse.py $T/test_decode.py $T/test_flash_bwd_hopper.py \
     $T/test_block_sparse_hopper.py --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels \
     > "$R/cuda_tests.log" 2>&1 &
-  timeout -s KILL 480 python benchmarks/check_large_offsets.py --cases window window_bwd varlen_window causal \
+  timeout -s KILL 420 python benchmarks/check_large_offsets.py --cases window window_bwd varlen_window causal \
     causal_bwd block_sparse block_sparse_bwd decode --out "$R/large_offsets_wide.json" 2>&1 | quiet | cut -c1-500
   wait
   echo "tests:"; tail -n 4 "$R/cuda_tests.log"
