@@ -7,7 +7,8 @@
 #      head of such tensors) backward on the Hopper kernels, block-sparse forward and backward, decode; beside it
 #      the GPU tests of the extent, dense, block-sparse, decode and Hopper backward files
 #   2: check_large_offsets.py's wide_cost (the WIDE builds forced at 128k tokens against the usual ones), and the
-#      new cases with --narrow (the usual 32-bit builds: do the cases catch them?)
+#      new cases with --narrow (the usual 32-bit builds: do the cases catch them?); the extent tests on CUDA (in
+#      call 1 they ran past 120 s: each builds and tunes its kernels twice, WIDE and usual, dropout among them)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -25,9 +26,11 @@ case "${1:?part}" in
   echo "tests:"; tail -n 4 "$R/cuda_tests.log"
   ;;
 2)
-  timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases wide_cost --out "$R/wide_cost.json" 2>&1 \
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases wide_cost --out "$R/wide_cost.json" 2>&1 \
     | quiet | cut -c1-500
-  timeout -s KILL 300 python benchmarks/check_large_offsets.py --narrow --cases varlen_window block_sparse_bwd \
+  timeout -s KILL 130 python benchmarks/check_large_offsets.py --narrow --cases varlen_window block_sparse_bwd \
     causal_bwd --out "$R/large_offsets_narrow.json" 2>&1 | quiet | cut -c1-500
+  timeout -s INT 300 python -m pytest -q -rf -n 4 tests/kernels/test_sequence_extent.py > "$R/cuda_extent_tests.log" 2>&1
+  echo "extent tests exit $?"; tail -n 2 "$R/cuda_extent_tests.log"
   ;;
 esac
