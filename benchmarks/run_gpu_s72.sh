@@ -9,6 +9,7 @@
 #   2: check_large_offsets.py's wide_cost (the WIDE builds forced at 128k tokens against the usual ones), and the
 #      new cases with --narrow (the usual 32-bit builds: do the cases catch them?); the extent tests on CUDA (in
 #      call 1 they ran past 120 s: each builds and tunes its kernels twice, WIDE and usual, dropout among them)
+#   3: the extent tests on CUDA again (compared within rounding there), the Hopper backward files' GPU tests
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -32,5 +33,15 @@ case "${1:?part}" in
     causal_bwd --out "$R/large_offsets_narrow.json" 2>&1 | quiet | cut -c1-500
   timeout -s INT 300 python -m pytest -q -rf -n 4 tests/kernels/test_sequence_extent.py > "$R/cuda_extent_tests.log" 2>&1
   echo "extent tests exit $?"; tail -n 2 "$R/cuda_extent_tests.log"
+  ;;
+3)
+  # after the extent tests compare within rounding on a GPU (call 2: bitwise failed, the WIDE build tuning its
+  # own tiles): those tests, and the Hopper backward files' GPU tests (call 1's pool was cut at ~97%)
+  timeout -s INT 200 python -m pytest -q -rf -n 4 tests/kernels/test_sequence_extent.py > "$R/cuda_extent_tests.log" 2>&1
+  echo "extent tests exit $?"; tail -n 2 "$R/cuda_extent_tests.log"
+  T=tests/kernels
+  timeout -s INT 300 python -m pytest -q -rf -n 6 -m gpu $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
+    --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/hopper_tests.log" 2>&1
+  echo "hopper tests exit $?"; tail -n 2 "$R/hopper_tests.log"
   ;;
 esac

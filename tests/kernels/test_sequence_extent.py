@@ -6,8 +6,9 @@ The usual builds offset rows inside a sequence in 32 bits (an int32 row times it
 (results/s71/call8/). Here small calls stand for such sequences: views whose rows lie 2**25 elements apart
 in one storage that is allocated but never filled (its pages are never touched but for the rows used), so
 a few dozen rows span ~2.3e9 elements. Each view starts past 2**31 elements, so a wrapped offset would land
-inside the storage and read wrong values rather than fault. Every call is compared, bitwise, with the same
-call on contiguous copies (the usual build).
+inside the storage and read wrong values rather than fault. Every call is compared with the same call on
+contiguous copies (the usual build): bitwise under the interpreter (one tile config); on a GPU within
+rounding, as the WIDE build tunes its own tiles (wrong rows are off by ~0.2-0.7, results/s72/call2/).
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def _copies(*tensors):
 
 def _assert_same(got, want):
     for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
+        if a.is_cuda:  # (fp16 gradients summed in other tile orders)
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+        else:
+            assert torch.equal(a, b)
 
 
 def test_the_extent_counts_one_sequence_with_its_strides(monkeypatch, device):
