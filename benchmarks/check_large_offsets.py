@@ -150,7 +150,7 @@ def case_wide_cost(n=131072, h=16, d=128, reps=5):
     row = {"usual_fwd_ms": timed(fwd), "usual_fwdbwd_ms": timed(fwdbwd)}
     kernels._common.SEQUENCE_EXTENT_LIMIT = 0
     row.update(wide_fwd_ms=timed(fwd), wide_fwdbwd_ms=timed(fwdbwd))
-    return {key: round(value, 3) for key, value in row.items()}
+    return {"tokens": n, **{key: round(value, 3) for key, value in row.items()}}
 
 
 def case_causal(n, h, d):
@@ -257,7 +257,8 @@ def main(argv=None):
             row = CASES[args.case](args.tokens)
         except ValueError as e:  # a refusal is this case's row
             row = {"refused": str(e)[:300]}
-        row.update(case=args.case, tokens=args.tokens, narrow=args.narrow, seconds=round(time.time() - t0, 1))
+        row.update(case=args.case, narrow=args.narrow, seconds=round(time.time() - t0, 1))
+        row.setdefault("tokens", args.tokens)  # (wide_cost gives its own)
         print(json.dumps(row), flush=True)
         return
     rows = []

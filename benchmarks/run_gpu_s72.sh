@@ -10,6 +10,8 @@
 #      new cases with --narrow (the usual 32-bit builds: do the cases catch them?); the extent tests on CUDA (in
 #      call 1 they ran past 120 s: each builds and tunes its kernels twice, WIDE and usual, dropout among them)
 #   3: the extent tests on CUDA again (compared within rounding there), the Hopper backward files' GPU tests
+#   4: the six kernel-calling extent tests again, verbose (part 3 cut one of them at its time-out; a cold machine
+#      builds and tunes every kernel twice, WIDE and usual)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -43,5 +45,10 @@ case "${1:?part}" in
   timeout -s INT 300 python -m pytest -q -rf -n 6 -m gpu $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
     --deselect $T/test_flash_bwd_hopper.py::test_gpu_other_backwards_keep_the_portable_kernels > "$R/hopper_tests.log" 2>&1
   echo "hopper tests exit $?"; tail -n 2 "$R/hopper_tests.log"
+  ;;
+4)
+  timeout -s INT 170 python -m pytest -v -rf -n 3 tests/kernels/test_sequence_extent.py \
+    -k "forward_and_backward or launchers or qkv or varlen" 2>&1 | grep -e PASSED -e FAILED -e passed -e failed \
+    | tee "$R/cuda_extent_tests_rerun.log" | cut -c1-200
   ;;
 esac
