@@ -246,18 +246,6 @@ def widen(stride, WIDE: tl.constexpr):
     return stride
 
 
-def check_sequence_extent(name: str, t: torch.Tensor, rows: int, row_dim: int) -> None:
-    """One sequence of t spans at most SEQUENCE_EXTENT_LIMIT elements (`sequence_extent`); a longer one
-    gets a ValueError that says what to do instead of a fault or wrong reads."""
-    if exceeds_extent_limit(t, rows, row_dim):
-        extent = sequence_extent(t, rows, row_dim)
-        raise ValueError(
-            f"{name}: one sequence of {rows} rows spans {extent} elements (row stride {t.stride(row_dim)}), "
-            f"past the 2**31 the kernels address within a sequence: split it over GPUs (sequence "
-            "parallelism, flashtrain.distributed), or attend in calls of fewer heads on contiguous copies"
-        )
-
-
 def check_device(*tensors: torch.Tensor) -> None:
     """All tensors on one device, and that device CUDA unless the Triton interpreter is on."""
     devices = {t.device for t in tensors}

@@ -23,7 +23,6 @@ from ._common import (
     check_dtype,
     check_heads,
     check_rank,
-    check_sequence_extent,
     check_window,
     compute_capability,
     dot_precision,
@@ -395,7 +394,11 @@ def flash_decode(
     check_heads(nheads, nheads_kv, headdim, k_cache.shape[3], v_cache.shape[3])
     # a cache whose one sequence spans past 2**31 elements is walked with 64-bit tile offsets (a separate
     # build: the usual one stays as it was); the few new queries are addressed in 32 bits
-    check_sequence_extent("q", q, q.shape[1], 1)
+    if exceeds_extent_limit(q, seqlen_q, 1):
+        raise ValueError(
+            f"q: {seqlen_q} new queries of one sequence span past 2**31 elements; flash_decode takes a few "
+            "new queries a call: attend a prompt this long with kernels.flash_attention (a prefill)"
+        )
     wide = exceeds_extent_limit(k_cache, max_len, 1) or exceeds_extent_limit(v_cache, max_len, 1)
     if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[0] != batch:
         raise ValueError(

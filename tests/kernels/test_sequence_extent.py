@@ -173,5 +173,5 @@ def test_decode_over_a_wide_cache(device):
     for kw in (dict(causal=True), dict(layout=layout)):
         assert torch.equal(flash_decode(q, k, v, lens, **kw), flash_decode(q, *_copies(k, v), lens, **kw))
     (wide_q,) = _wide_views([(2, 16)], device, rows=66)
-    with pytest.raises(ValueError, match="q: one sequence of 66 rows spans .* split it over GPUs"):
+    with pytest.raises(ValueError, match="q: 66 new queries of one sequence span .* kernels.flash_attention"):
         flash_decode(wide_q, k, v, lens)
