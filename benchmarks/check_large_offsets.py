@@ -37,16 +37,29 @@ from kernels.layouts import local_layout  # noqa: E402
 
 TAIL = 256  # query rows compared
 WINDOW = 512  # keys each of them sees in the windowed cases
+# (tests run the cases small on CPU tensors under the Triton interpreter, fp16: its bf16 dots are wrong)
+DEVICE, DTYPE = "cuda", torch.bfloat16
 
 
 def _diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def _tail_softmax(qt, kf, d):
+    """The causal softmax of a sequence's last query rows qt (float32) over its keys kf: row r of the t
+    rows sees keys up to n - t + r. (Before session 72's CPU test of this script the references let every
+    one of those rows see every key: at 1.11M keys a flaw of ~1e-4 in the causal rows' figures.)"""
+    n, tail = kf.shape[0], qt.shape[0]
+    scores = (qt @ kf.T) / d**0.5
+    cols = torch.arange(n, device=scores.device)
+    rows = torch.arange(n - tail, n, device=scores.device)
+    return torch.softmax(scores.masked_fill(cols[None, :] > rows[:, None], float("-inf")), dim=-1)
+
+
 def case_window(n, h, d, backward):
     """flash_attention with a causal window: the rows at the end see only the last WINDOW + TAIL keys,
     so the slice holding those is the reference."""
-    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3))
     if backward:
         for t in (q, k, v):
             t.requires_grad_()
@@ -66,12 +79,12 @@ def case_window(n, h, d, backward):
     return row
 
 
-def case_varlen_window(n, h, d):
-    """flash_attention_varlen with a causal window over a short sequence and one of n - 1000 tokens: the
-    long one's last rows against the call on its last WINDOW + TAIL rows alone."""
-    q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor([0, 1000, n], dtype=torch.int32, device="cuda")
-    out = flash_attention_varlen(q, k, v, cu, cu, n - 1000, n - 1000, causal=True, window=(WINDOW, 0))
+def case_varlen_window(n, h, d, short=1000):
+    """flash_attention_varlen with a causal window over a sequence of `short` tokens and one of n - short:
+    the long one's last rows against the call on its last WINDOW + TAIL rows alone."""
+    q, k, v = (torch.randn(n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3))
+    cu = torch.tensor([0, short, n], dtype=torch.int32, device=DEVICE)
+    out = flash_attention_varlen(q, k, v, cu, cu, n - short, n - short, causal=True, window=(WINDOW, 0))
     lo = n - TAIL - WINDOW
     ref = flash_attention(*(t[None, lo:] for t in (q, k, v)), causal=True, window=(WINDOW, 0))
     return {"out": _diff(out[-TAIL:], ref[0, -TAIL:])}
@@ -83,19 +96,27 @@ def case_causal_bwd(n, h, d, used=1):
     every key (the last rows see all of them). One head (used=1, 1/h of the work) keeps `out` short, so
     every kernel is a Hopper one (TMA descriptors); all heads make `out` wide, and Hopper's dq kernel gives
     way to the portable WIDE one. fwd_bwd_s: the call's seconds (its first: builds and tuning included)."""
-    big = [torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    big = [torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3)]
     q, k, v = (t[:, :, :used].requires_grad_() for t in big)
     start = time.time()
     out = flash_attention(q, k, v, causal=True)
     g = torch.zeros_like(out)
     g[:, -TAIL:] = torch.randn_like(out[:, -TAIL:])
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
-    torch.cuda.synchronize()
-    row = {"fwd_bwd_s": round(time.time() - start, 1), "out": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0}
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    row = {
+        "fwd_bwd_s": round(time.time() - start, 1),
+        "out": 0.0,
+        "dq": 0.0,
+        "dk": 0.0,
+        "dv": 0.0,
+        "out_scale": 0.0,
+    }
     for head in range(used):
         qt, kf, vf = q[0, -TAIL:, head].float(), k[0, :, head].float(), v[0, :, head].float()
         gt = g[0, -TAIL:, head].float()
-        p = torch.softmax((qt @ kf.T) / d**0.5, dim=-1)  # (TAIL, n): the last rows see every key
+        p = _tail_softmax(qt, kf, d)  # (TAIL, n)
         dp = gt @ vf.T
         ds = p * (dp - (dp * p).sum(-1, keepdim=True)) / d**0.5
         for name, got, want in (
@@ -105,23 +126,21 @@ def case_causal_bwd(n, h, d, used=1):
             ("dv", dv[0, :, head], p.T @ gt),
         ):
             row[name] = max(row[name], _diff(got, want))
+        row["out_scale"] = max(row["out_scale"], (p @ vf).abs().max().item())
     return row
 
 
-def case_block_sparse_bwd(n, h, d):
+def case_block_sparse_bwd(n, h, d, block=128):
     """block_sparse_attention's backward with the local layout of `case_block_sparse`, a gradient on the
     last rows: their dq, and dK/dV of the last 4 blocks, against the call on those blocks alone."""
-    block = 128
-    q, k, v = (
-        torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
-    )
-    out = block_sparse_attention(q, k, v, local_layout(n, block, local_blocks=1, causal=True).to("cuda"))
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    out = block_sparse_attention(q, k, v, local_layout(n, block, local_blocks=1, causal=True).to(DEVICE))
     g = torch.zeros_like(out)
     g[:, -TAIL:] = torch.randn_like(out[:, -TAIL:])
     grads = torch.autograd.grad(out, (q, k, v), g)
     lo = n - 4 * block
     part = [t.detach()[:, lo:].clone().requires_grad_() for t in (q, k, v)]
-    ref = block_sparse_attention(*part, local_layout(n - lo, block, local_blocks=1, causal=True).to("cuda"))
+    ref = block_sparse_attention(*part, local_layout(n - lo, block, local_blocks=1, causal=True).to(DEVICE))
     ref_grads = torch.autograd.grad(ref, part, g[:, lo:])
     row = {"out": _diff(out[:, -TAIL:], ref[:, -TAIL:])}
     row.update(
@@ -133,9 +152,7 @@ def case_block_sparse_bwd(n, h, d):
 def case_wide_cost(n=131072, h=16, d=128, reps=5):
     """fwd and fwd+bwd ms of a causal window call (the portable kernels) in the usual builds and with the
     WIDE builds forced (the limit set to 0), where both read right."""
-    q, k, v = (
-        torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
-    )
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
     g = torch.randn_like(q)
 
     def timed(fn):
@@ -163,23 +180,23 @@ def case_wide_cost(n=131072, h=16, d=128, reps=5):
 
 def case_causal(n, h, d):
     """flash_attention causal (the Hopper forward on an H100/H200): the last rows against a reference
-    over all keys in float32, per head (the rows see every key)."""
-    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    over all keys in float32, per head; out_scale: the reference's largest value (over a million keys an
+    output row is an average of that many values, ~1e-3)."""
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3))
     out = flash_attention(q, k, v, causal=True)
-    worst = 0.0
+    worst = scale = 0.0
     for head in range(h):
-        qh = q[0, -TAIL:, head].float()
-        s = (qh @ k[0, :, head].float().T) / d**0.5  # the last rows see every key
-        ref = torch.softmax(s, dim=-1) @ v[0, :, head].float()
+        ref = _tail_softmax(q[0, -TAIL:, head].float(), k[0, :, head].float(), d) @ v[0, :, head].float()
         worst = max(worst, _diff(out[0, -TAIL:, head], ref))
-    return {"out": worst}
+        scale = max(scale, ref.abs().max().item())
+    return {"out": worst, "out_scale": scale}
 
 
 def case_decode(n, hk, d):
     """flash_decode of one query against a cache of n positions: against a reference in float32."""
-    q = torch.randn(1, 1, hk, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(1, n, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens = torch.tensor([n], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, 1, hk, d, device=DEVICE, dtype=DTYPE)
+    k, v = (torch.randn(1, n, hk, d, device=DEVICE, dtype=DTYPE) for _ in range(2))
+    lens = torch.tensor([n], dtype=torch.int32, device=DEVICE)
     out = flash_decode(q, k, v, lens)
     worst = 0.0
     for head in range(hk):
@@ -189,16 +206,15 @@ def case_decode(n, hk, d):
     return {"out": worst}
 
 
-def case_block_sparse(n, h, d):
+def case_block_sparse(n, h, d, block=128):
     """block_sparse_attention with a local layout (each block row keeps itself and the one before): the
     last rows see the last two blocks, so the slice of the last 4 blocks is the reference."""
-    block = 128
-    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = block_sparse_attention(q, k, v, local_layout(n, block, local_blocks=1, causal=True).to("cuda"))
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3))
+    out = block_sparse_attention(q, k, v, local_layout(n, block, local_blocks=1, causal=True).to(DEVICE))
     lo = n - 4 * block
     qs, ks, vs = (t[:, lo:] for t in (q, k, v))
     ref = block_sparse_attention(
-        qs, ks, vs, local_layout(n - lo, block, local_blocks=1, causal=True).to("cuda")
+        qs, ks, vs, local_layout(n - lo, block, local_blocks=1, causal=True).to(DEVICE)
     )
     return {"out": _diff(out[:, -TAIL:], ref[:, -TAIL:])}
 
@@ -207,16 +223,14 @@ def case_batch(kind, batch=40, n=16384, h=32, d=128):
     """batch sequences of n tokens (batch x n x h x d past 2**31 elements): the last one's output (and,
     but for decode, its gradients) against the call on it alone."""
     if kind == "decode":
-        q = torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, 1, h, d, device=DEVICE, dtype=DTYPE)
+        k, v = (torch.randn(batch, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(2))
+        lens = torch.full((batch,), n, dtype=torch.int32, device=DEVICE)
         out = flash_decode(q, k, v, lens)
         alone = flash_decode(q[-1:], k[-1:], v[-1:], lens[-1:])  # (its own split count: rounding differs)
         return {"out": _diff(out[-1:], alone)}
     kw = dict(causal=True, window=(WINDOW, 0) if kind == "window" else None)
-    q, k, v = (
-        torch.randn(batch, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
-    )
+    q, k, v = (torch.randn(batch, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
     out = flash_attention(q, k, v, **kw)
     g = torch.zeros_like(out)
     g[-1:] = torch.randn_like(out[-1:])
