@@ -1,4 +1,4 @@
-"""check_large_offsets.py's cases run small on CPU tensors (interpreter, fp16): each compares the last rows of
+"""check_large_offsets.py's cases run small (on CPU tensors through the interpreter, fp16): each compares the last rows of
 a call with a reference (a slice near the end, float32 over every key, or a sequence alone), so its slicing
 and reference math are checked here before a GPU call spends minutes on 2**31-element tensors. (wide_cost
 times CUDA events: GPU only.)"""
@@ -12,8 +12,8 @@ import benchmarks.check_large_offsets as clo
 
 
 @pytest.fixture
-def small(monkeypatch):
-    monkeypatch.setattr(clo, "DEVICE", "cpu")
+def small(monkeypatch, device):
+    monkeypatch.setattr(clo, "DEVICE", device)
     monkeypatch.setattr(clo, "DTYPE", torch.float16)
     monkeypatch.setattr(clo, "TAIL", 16)
     monkeypatch.setattr(clo, "WINDOW", 32)
