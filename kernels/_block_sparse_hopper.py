@@ -259,7 +259,7 @@ def usable_backward(
     dropout_p), which settles everything but do, out and lse_grad; None checks everything."""
     # (the dq kernel reads out by pointer at 32-bit row offsets: one past 2**31 elements takes the portable
     # kernels' WIDE builds, `_flash_dq_hopper.supports`)
-    if not BACKWARD_ENABLED or lse_grad or out.stride(-1) != 1 or wide_offsets((out,), 1):
+    if not BACKWARD_ENABLED or lse_grad or out.stride(-1) != 1 or wide_offsets((out,)):
         return False
     if forward_hopper is None:
         return _usable(layout, dropout_p, q, k, v, do)

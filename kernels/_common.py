@@ -228,16 +228,17 @@ def exceeds_extent_limit(t: torch.Tensor, rows: int, row_dim: int, compiling: bo
     return sequence_extent(t, rows, row_dim) > SEQUENCE_EXTENT_LIMIT
 
 
-def wide_offsets(tensors, row_dim: int, rows: int | None = None) -> bool:
+def wide_offsets(tensors, varlen_rows: int | None = None) -> bool:
     """Whether a launch on these tensors (None entries skipped) needs the kernels' WIDE build: one
-    sequence of one of them spans past SEQUENCE_EXTENT_LIMIT elements (`exceeds_extent_limit`; rows: the
-    rows of one sequence, by default each tensor's size along row_dim). A loop, not any() over a
-    generator: ~0.25 us a tensor (a backward passes nine)."""
+    sequence of one of them spans past SEQUENCE_EXTENT_LIMIT elements (`exceeds_extent_limit`). Dense
+    tensors are (batch, seqlen, ...); varlen ones (total, ...) with sequences of up to varlen_rows rows.
+    A loop, not any() over a generator: ~0.25 us a tensor (a backward passes nine)."""
     compiling = torch.compiler.is_compiling()
+    row_dim = 1 if varlen_rows is None else 0
     for t in tensors:
-        if t is not None and exceeds_extent_limit(
-            t, t.shape[row_dim] if rows is None else rows, row_dim, compiling
-        ):
+        if t is None:
+            continue
+        if exceeds_extent_limit(t, t.shape[1] if varlen_rows is None else varlen_rows, row_dim, compiling):
             return True
     return False
 

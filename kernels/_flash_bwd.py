@@ -483,7 +483,7 @@ def backward_delta(
         (out, do, delta, cu_seqlens_q, *token_strides(out, varlen), *token_strides(do, varlen), stride_lb,
          stride_lh, seqlen_q),
         dict(HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
-             WIDE=wide_offsets((out, do), *((0, max_seqlen_q) if varlen else (1,))), BLOCK_M=pre_m),
+             WIDE=wide_offsets((out, do), max_seqlen_q if varlen else None), BLOCK_M=pre_m),
     )  # fmt: skip
     if dlse is not None:
         delta.sub_(dlse, alpha=dlse_scale)  # in place: keeps lse's layout, which the kernels index it by
@@ -647,12 +647,11 @@ def flash_attn_backward(
         sm_scale, sm_scale * 1.4426950408889634, win_left or 0, win_right or 0, dropout_p, seed,
         *drop, tune_bucket(seqlen_q), sched_slots_for(q.device, win_right is not None),
     )  # fmt: skip
-    tensors = (q, k, v, do, out, dq, dk, dv, dq_acc)
     meta = dict(
         HEAD_DIM=headdim, BLOCK_D=block_d, IS_VARLEN=varlen, HAS_LEFT=win_left is not None,
         HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
         DROPOUT=dropout_mode(dropout_p, col0=drop[3], varlen=varlen), DOT_PREC=dot_precision(q.dtype),
-        WIDE=wide_offsets(tensors, 0, max(seqlen_q, seqlen_k)) if varlen else wide_offsets(tensors, 1),
+        WIDE=wide_offsets((q, k, v, do, out, dq, dk, dv, dq_acc), max(seqlen_q, seqlen_k) if varlen else None),
     )  # fmt: skip
     strides_qkv_do = tuple(s for t in (q, k, v, do) for s in token_strides(t, varlen))
     # dq runs first: with DELTA_HERE it writes the delta the dk/dv kernel reads (otherwise the order is free)

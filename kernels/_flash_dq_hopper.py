@@ -389,7 +389,7 @@ def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dro
     where `faster_here` says it pays."""
     # (out is read by pointer, its rows at 32-bit offsets: one past 2**31 elements takes the portable
     # kernel's WIDE build; the rest goes through TMA descriptors, whose strides are 64-bit)
-    tensors_ok = out.stride(-1) == 1 and not wide_offsets((out,), 1)
+    tensors_ok = out.stride(-1) == 1 and not wide_offsets((out,))
     return ENABLED and tensors_ok and fwd_hopper.usable(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
         dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here, also=(do, dq),

@@ -407,6 +407,6 @@ def flash_attn_forward(
         HEAD_DIM=headdim, BLOCK_D=padded_head_dim(headdim), IS_VARLEN=varlen,
         HAS_LEFT=win_left is not None, HAS_RIGHT=win_right is not None, HAS_KPM=kpm is not None,
         DROPOUT=drop_mode, DOT_PREC=dot_precision(q.dtype), MERGE=merge_into is not None,
-        WIDE=wide_offsets((q, k, v, out), 0, max(seqlen_q, seqlen_k)) if varlen else wide_offsets((q, k, v, out), 1),
+        WIDE=wide_offsets((q, k, v, out), max(seqlen_q, seqlen_k) if varlen else None),
     )  # fmt: skip
     return (out, lse) if merge_into is None else None

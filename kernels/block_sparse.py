@@ -489,7 +489,7 @@ def _block_sparse_forward(
         dropout_p, seed,
         GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
         BLOCK_D=head_dim, BLOCK_M=tile_m, BLOCK_N=tile_n, CAUSAL=causal, DROPOUT=dropout_mode(dropout_p),
-        DOT_PREC=dot_precision(q.dtype), WIDE=wide_offsets((q, k, v, out), 1), num_warps=warps,
+        DOT_PREC=dot_precision(q.dtype), WIDE=wide_offsets((q, k, v, out)), num_warps=warps,
         num_stages=stages,
     )  # fmt: skip
     return out, lse
@@ -526,7 +526,7 @@ def _block_sparse_backward(
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     common = dict(GROUP=nheads // nheads_kv, LAYOUT_PER_HEAD=layout.nheads > 1, HEAD_DIM=headdim,
                   BLOCK_D=head_dim, CAUSAL=causal, DROPOUT=dropout_mode(dropout_p),
-                  DOT_PREC=dot_precision(q.dtype), WIDE=wide_offsets((q, k, v, do, out, dq, dk, dv), 1))  # fmt: skip
+                  DOT_PREC=dot_precision(q.dtype), WIDE=wide_offsets((q, k, v, do, out, dq, dk, dv)))  # fmt: skip
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))  # fmt: skip
 

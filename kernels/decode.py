@@ -32,6 +32,7 @@ from ._common import (
     resolve_softmax_scale,
     sm_count,
     visible_range,
+    wide_offsets,
 )
 from ._flash_fwd import _fwd_inner, _fwd_tile
 from ._launch import CompiledLaunch
@@ -399,7 +400,7 @@ def flash_decode(
             f"q: {seqlen_q} new queries of one sequence span past 2**31 elements; flash_decode takes a few "
             "new queries a call: attend a prompt this long with kernels.flash_attention (a prefill)"
         )
-    wide = exceeds_extent_limit(k_cache, max_len, 1) or exceeds_extent_limit(v_cache, max_len, 1)
+    wide = wide_offsets((k_cache, v_cache))
     if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[0] != batch:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "

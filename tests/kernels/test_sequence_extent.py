@@ -65,13 +65,13 @@ def test_the_extent_counts_one_sequence_with_its_strides(monkeypatch, device):
     reaches the limit at a third of the tokens); the batch does not count (its offset is 64-bit)."""
     monkeypatch.setattr(common, "SEQUENCE_EXTENT_LIMIT", 32 * 2 * 16)
     q = torch.empty(4, 32, 2, 16, device=device)
-    assert common.sequence_extent(q, 32, 1) == 32 * 2 * 16 and not common.wide_offsets((q,), 1)
-    assert common.wide_offsets((torch.empty(1, 33, 2, 16, device=device),), 1)
+    assert common.sequence_extent(q, 32, 1) == 32 * 2 * 16 and not common.wide_offsets((q,))
+    assert common.wide_offsets((torch.empty(1, 33, 2, 16, device=device),))
     qkv = torch.empty(1, 12, 6, 16, device=device)  # row stride 96: 11 x 96 + 5 x 16 + 16 = 1152
     assert common.sequence_extent(qkv[:, :, :2], 12, 1) == 11 * 96 + 16 + 16
-    assert common.wide_offsets((None, qkv[:, :, :2]), 1)
+    assert common.wide_offsets((None, qkv[:, :, :2]))
     packed = torch.empty(50, 2, 16, device=device)  # varlen: one sequence's rows count, not the pack's
-    assert not common.wide_offsets((packed,), 0, rows=25) and common.wide_offsets((packed,), 0, rows=40)
+    assert not common.wide_offsets((packed,), 25) and common.wide_offsets((packed,), 40)
 
 
 def test_these_views_wrap_the_usual_builds_offsets(monkeypatch, device):
