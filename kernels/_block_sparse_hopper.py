@@ -44,7 +44,7 @@ from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_dq_hopper as dq_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
-from ._common import INTERPRET, cdiv, compute_capability, wide_offsets
+from ._common import INTERPRET, cdiv, compute_capability
 from ._flash_bwd import backward_delta
 from .layouts import FULL, PARTIAL, SKIP, BlockLayout, BlockLists, lists_key
 
@@ -257,9 +257,7 @@ def usable_backward(
     gradient on lse (the dq kernel computes delta = rowsum(dO * O) without it). forward_hopper: whether
     this call's forward took the Hopper kernel (`usable_forward` of the same q, k, v, layout and
     dropout_p), which settles everything but do, out and lse_grad; None checks everything."""
-    # (the dq kernel reads out by pointer at 32-bit row offsets: one past 2**31 elements takes the portable
-    # kernels' WIDE builds, `_flash_dq_hopper.supports`)
-    if not BACKWARD_ENABLED or lse_grad or out.stride(-1) != 1 or wide_offsets((out,)):
+    if not BACKWARD_ENABLED or lse_grad or not dq_hopper.reads_out(out):
         return False
     if forward_hopper is None:
         return _usable(layout, dropout_p, q, k, v, do)

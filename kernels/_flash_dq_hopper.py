@@ -383,14 +383,18 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
     return headdim in (128, 256) and dkdv_hopper.faster_here(headdim, seqlen_q, causal)
 
 
+def reads_out(out) -> bool:
+    """Whether this kernel can read `out` (dense and block-sparse calls alike): it reads it by pointer, at
+    32-bit row offsets, so with a unit last stride and no sequence past 2**31 elements (such a call takes
+    the portable kernels' WIDE builds). Its other tensors go through TMA descriptors (64-bit strides)."""
+    return out.stride(-1) == 1 and not wide_offsets((out,))
+
+
 def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:
     """Whether this backward call's dq takes this kernel: what the Hopper forward takes (dense bf16/fp16
     on sm_90, full or causal, no dropout or key padding), with do, out and dq TMA/pointer-readable and
     where `faster_here` says it pays."""
-    # (out is read by pointer, its rows at 32-bit offsets: one past 2**31 elements takes the portable
-    # kernel's WIDE build; the rest goes through TMA descriptors, whose strides are 64-bit)
-    tensors_ok = out.stride(-1) == 1 and not wide_offsets((out,))
-    return ENABLED and tensors_ok and fwd_hopper.usable(
+    return ENABLED and reads_out(out) and fwd_hopper.usable(
         q, k, v, win_left=win_left, win_right=win_right, key_padding_mask=key_padding_mask,
         dropout_p=dropout_p, varlen=varlen, merge=False, rule=faster_here, also=(do, dq),
     )  # fmt: skip
