@@ -36,17 +36,6 @@ from ._common import (
 
 
 @triton.jit
-def _tile_rows(BASE, start_n, offs_n0, stride, WIDE: tl.constexpr):
-    """Pointers to rows start_n + offs_n0 of BASE. WIDE (one sequence past 2**31 elements): the tile's
-    start offset in 64 bits, its rows' in 32; else all in 32 (the product of an int32 row and stride)."""
-    if WIDE:
-        ptrs = BASE + tl.cast(start_n, tl.int64) * stride + offs_n0[:, None] * stride
-    else:
-        ptrs = BASE + (start_n + offs_n0)[:, None] * stride
-    return ptrs
-
-
-@triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
     K, V, KPM, stride_kn, stride_vn, stride_kpmn,
@@ -55,11 +44,11 @@ def _fwd_inner(
     lo, full_lo, full_hi, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, WIDE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Key tiles [lo, hi) as `visible_range` splits them: [lo, full_lo) (a window's edge) and [full_hi, hi)
     (the diagonal, the sequence's tail) pay for bounds/causal/window masks; the run between does not.
-    WIDE: K and V rows addressed past 2**31 elements (`_tile_rows`)."""
+    (The row strides come in as the caller's build has them: int64 in a WIDE build, `_common.widen`.)"""
     for run in tl.static_range(3):  # (unrolled: three loops, MASKED known in each)
         start = lo if run == 0 else full_lo if run == 1 else full_hi
         stop = full_lo if run == 0 else full_hi if run == 1 else hi
@@ -67,7 +56,7 @@ def _fwd_inner(
             acc, l_i, m_i = _fwd_tile(
                 acc, l_i, m_i, q, K, V, KPM, stride_kn, stride_vn, stride_kpmn, pos_m, rng_rows, offs_d,
                 seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, drop_col0, start_n,
-                run != 1, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC, WIDE,
+                run != 1, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
             )  # fmt: skip
     return acc, l_i, m_i
 
@@ -81,12 +70,11 @@ def _fwd_tile(
     start_n,
     MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-    DOT_PREC: tl.constexpr, WIDE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over the key tile at start_n: the running (acc, l_i, m_i) updated."""
-    offs_n0 = tl.arange(0, BLOCK_N)
-    offs_n = start_n + offs_n0
-    k = load_tile(_tile_rows(K, start_n, offs_n0, stride_kn, WIDE) + offs_d[None, :], offs_n, offs_d, seqlen_k,
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = load_tile(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                   HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
     # raw scores; the scale is applied to each row's max and folded into the exp2's argument (one FMA),
     # which saves a multiply per score in a loop bound by instruction issue (NOTES_attention.md,
@@ -109,7 +97,7 @@ def _fwd_tile(
         p = tl.where(
             dropout_keep_tile(seed, rng_rows, drop_col0 + start_n, dropout_p, BLOCK_N, DROPOUT), p, 0.0
         )
-    v = load_tile(_tile_rows(V, start_n, offs_n0, stride_vn, WIDE) + offs_d[None, :], offs_n, offs_d, seqlen_k,
+    v = load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, offs_d, seqlen_k,
                   HEAD_DIM, MASKED, BLOCK_D != HEAD_DIM)  # fmt: skip
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
@@ -189,7 +177,6 @@ def _attn_fwd(
         acc, l_i, m_i, q, k_base, v_base, kpm_base, stride_kn, stride_vn, stride_kpmn,
         pos_m, rng_rows, offs_d, seqlen_k, win_left, win_right, qk_scale, dropout_p, seed, rng_col0,
         lo, full_lo, full_hi, hi, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_KPM, DROPOUT, DOT_PREC,
-        WIDE,
     )  # fmt: skip
 
     # rows that saw no key: out = 0 (acc is 0) and lse = -inf, never 0/0

@@ -33,6 +33,7 @@ from ._common import (
     sm_count,
     visible_range,
     wide_offsets,
+    widen,
 )
 from ._flash_fwd import _fwd_inner, _fwd_tile
 from ._launch import CompiledLaunch
@@ -69,7 +70,11 @@ def _decode_split(
 
     PDL (launched as a programmatic dependent launch): wait for the previous kernel's writes before reading
     anything, then let the merge kernel launch, so that its programs are in place when this one ends.
-    (Letting it launch after the key loop instead measured 0-5% slower, results/s66/call3/.)"""
+    (Letting it launch after the key loop instead measured 0-5% slower, results/s66/call3/.)
+
+    WIDE: the cache's rows and heads offset in 64 bits (one sequence past 2**31 elements, `_common.widen`)."""
+    stride_kn, stride_kh = widen(stride_kn, WIDE), widen(stride_kh, WIDE)
+    stride_vn, stride_vh = widen(stride_vn, WIDE), widen(stride_vh, WIDE)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -130,13 +135,13 @@ def _decode_split(
             acc, l_i, m_i = _fwd_tile(
                 acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_t, None, offs_d, seqlen_k,
                 win_left, win_right, qk_scale, 0.0, 0, 0, start_n,
-                True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, WIDE,
+                True, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
             )  # fmt: skip
     else:
         acc, l_i, m_i = _fwd_inner(
             acc, l_i, m_i, q, k_base, v_base, None, stride_kn, stride_vn, 0, pos_m, None, offs_d, seqlen_k,
             win_left, win_right, qk_scale, 0.0, 0, 0, lo, full_lo, full_hi, hi,
-            HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC, WIDE,
+            HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, False, DOT_PREC,
         )  # fmt: skip
     seen = l_i > 0.0
     acc = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -393,8 +398,8 @@ def flash_decode(
     batch, seqlen_q, nheads, headdim = q.shape
     max_len, nheads_kv = k_cache.shape[1], k_cache.shape[2]
     check_heads(nheads, nheads_kv, headdim, k_cache.shape[3], v_cache.shape[3])
-    # a cache whose one sequence spans past 2**31 elements is walked with 64-bit tile offsets (a separate
-    # build: the usual one stays as it was); the few new queries are addressed in 32 bits
+    # a cache whose one sequence spans past 2**31 elements is walked in the WIDE build (64-bit row and head
+    # offsets; the usual build stays as it was); the few new queries are addressed in 32 bits
     if exceeds_extent_limit(q, seqlen_q, 1):
         raise ValueError(
             f"q: {seqlen_q} new queries of one sequence span past 2**31 elements; flash_decode takes a few "

@@ -164,7 +164,7 @@ def test_block_sparse_forward_and_backward(device):
 
 
 def test_decode_over_a_wide_cache(device):
-    """flash_decode walks such a cache in its WIDE build (64-bit tile offsets), through a layout too; its
+    """flash_decode walks such a cache in its WIDE build (64-bit row and head offsets), through a layout too; its
     few new queries are checked: a q spanning past the limit is refused with what to do."""
     k, v = _wide_views([(1, 16), (1, 16)], device)
     q = torch.randn(1, 1, 2, 16, dtype=F16, device=device)
