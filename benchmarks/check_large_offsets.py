@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels._common  # noqa: E402
+import kernels._flash_dq_hopper  # noqa: E402
 from benchmarks.common import write_results  # noqa: E402
 from kernels import block_sparse_attention, flash_attention, flash_attention_varlen, flash_decode  # noqa: E402
 from kernels.layouts import local_layout  # noqa: E402
@@ -43,6 +44,11 @@ DEVICE, DTYPE = "cuda", torch.bfloat16
 
 def _diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _tail_softmax(qt, kf, d):
@@ -95,7 +101,8 @@ def case_causal_bwd(n, h, d, used=1):
     heads put them): output and gradients of the last rows against float32 over every key, and dK/dV of
     every key (the last rows see all of them). One head (used=1, 1/h of the work) keeps `out` short, so
     every kernel is a Hopper one (TMA descriptors); all heads make `out` wide, and Hopper's dq kernel gives
-    way to the portable WIDE one. fwd_bwd_s: the call's seconds (its first: builds and tuning included)."""
+    way to the portable WIDE one before session 73 (since, Hopper's reads it too). fwd_bwd_s: the first
+    call's seconds (builds and tuning included); warm_fwd_bwd_s: a second call's."""
     big = [torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3)]
     q, k, v = (t[:, :, :used].requires_grad_() for t in big)
     start = time.time()
@@ -103,10 +110,14 @@ def case_causal_bwd(n, h, d, used=1):
     g = torch.zeros_like(out)
     g[:, -TAIL:] = torch.randn_like(out[:, -TAIL:])
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
+    _sync()
+    first_s = time.time() - start
+    start = time.time()
+    torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), g)
+    _sync()
     row = {
-        "fwd_bwd_s": round(time.time() - start, 1),
+        "fwd_bwd_s": round(first_s, 1),
+        "warm_fwd_bwd_s": round(time.time() - start, 2),
         "out": 0.0,
         "dq": 0.0,
         "dk": 0.0,
@@ -149,21 +160,23 @@ def case_block_sparse_bwd(n, h, d, block=128):
     return row
 
 
+def _timed(fn, reps):
+    """ms of one call of fn, averaged over reps after a first call (which tunes and compiles)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def case_wide_cost(n=131072, h=16, d=128, reps=5):
     """fwd and fwd+bwd ms of a causal window call (the portable kernels) in the usual builds and with the
     WIDE builds forced (the limit set to 0), where both read right."""
     q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
     g = torch.randn_like(q)
-
-    def timed(fn):
-        fn()  # (tunes and compiles)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / reps
 
     def fwd():
         with torch.no_grad():
@@ -172,9 +185,26 @@ def case_wide_cost(n=131072, h=16, d=128, reps=5):
     def fwdbwd():
         torch.autograd.grad(flash_attention(q, k, v, causal=True, window=(4096, 0)), (q, k, v), g)
 
-    row = {"usual_fwd_ms": timed(fwd), "usual_fwdbwd_ms": timed(fwdbwd)}
+    row = {"usual_fwd_ms": _timed(fwd, reps), "usual_fwdbwd_ms": _timed(fwdbwd, reps)}
     kernels._common.SEQUENCE_EXTENT_LIMIT = 0
-    row.update(wide_fwd_ms=timed(fwd), wide_fwdbwd_ms=timed(fwdbwd))
+    row.update(wide_fwd_ms=_timed(fwd, reps), wide_fwdbwd_ms=_timed(fwdbwd, reps))
+    return {"tokens": n, **{key: round(value, 3) for key, value in row.items()}}
+
+
+def case_dq_route_cost(n=131072, h=16, d=128, reps=3):
+    """fwd+bwd ms of a causal call with the WIDE builds forced, where both routes read right: dq through
+    Hopper's kernel (which reads a wide `out` since session 73) against the portable WIDE dq (the route of
+    such calls in session 72)."""
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    g = torch.randn_like(q)
+
+    def fwdbwd():
+        torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), g)
+
+    kernels._common.SEQUENCE_EXTENT_LIMIT = 0
+    row = {"hopper_dq_ms": _timed(fwdbwd, reps)}
+    kernels._flash_dq_hopper.ENABLED = False
+    row["portable_dq_ms"] = _timed(fwdbwd, reps)
     return {"tokens": n, **{key: round(value, 3) for key, value in row.items()}}
 
 
@@ -259,6 +289,7 @@ CASES = {
     "batch_window": lambda n: case_batch("window"),
     "batch_decode": lambda n: case_batch("decode"),
     "wide_cost": lambda n: case_wide_cost(),
+    "dq_route_cost": lambda n: case_dq_route_cost(),
 }
 
 

@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import _flash_dkdv_hopper as dkdv_hopper
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _hopper_pipeline as pipeline
-from ._common import LOG2E, cdiv, sm_count, wide_offsets
+from ._common import LOG2E, cdiv, sm_count
 from ._hopper_pipeline import (
     descriptor,
     key_tile,
@@ -180,12 +180,14 @@ def _dq_rows(
     # before waiting for Q and dO, its latency under theirs: block-sparse fwd+bwd at n4k 1.00-1.01x at d64
     # and 1.01-1.04x at d128, where each program's item holds one or two key tiles (session 60, against
     # loading it after the wait; summing delta under step 0's products instead gained less)
-    o_rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, tile_layout))
+    # The group's first row and its head are offset in int64, its rows from there in int32 (BLOCK_M rows),
+    # so one sequence past 2**31 elements reads right without a build of its own
+    o_base = O + off_b.to(gl.int64) * stride_ob + first_row.to(gl.int64) * stride_om
+    o_base += off_h.to(gl.int64) * stride_oh
+    o_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, tile_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, tile_layout))
-    o_ptrs = (
-        O + off_b.to(gl.int64) * stride_ob + off_h * stride_oh + o_rows[:, None] * stride_om + o_cols[None, :]
-    )
-    o = gl.load(o_ptrs, mask=(o_rows < seqlen_q)[:, None], other=0.0)
+    o_ptrs = o_base + o_rows[:, None] * stride_om + o_cols[None, :]
+    o = gl.load(o_ptrs, mask=(first_row + o_rows < seqlen_q)[:, None], other=0.0)
     mbarrier.wait(qdo_bar, qdo_phase)
     q = q_buf.reshape([BLOCK_M, HEAD_DIM])
     do = do_buf.reshape([BLOCK_M, HEAD_DIM])
@@ -384,10 +386,10 @@ def faster_here(headdim: int, seqlen_q: int, causal: bool) -> bool:
 
 
 def reads_out(out) -> bool:
-    """Whether this kernel can read `out` (dense and block-sparse calls alike): it reads it by pointer, at
-    32-bit row offsets, so with a unit last stride and no sequence past 2**31 elements (such a call takes
-    the portable kernels' WIDE builds). Its other tensors go through TMA descriptors (64-bit strides)."""
-    return out.stride(-1) == 1 and not wide_offsets((out,))
+    """Whether this kernel can read `out` (dense and block-sparse calls alike): it reads it by pointer, so
+    with a unit last stride (a sequence past 2**31 elements included: each row group starts at a 64-bit
+    offset). Its other tensors go through TMA descriptors (64-bit strides)."""
+    return out.stride(-1) == 1
 
 
 def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dropout_p, varlen) -> bool:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Session 73's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s73.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s73/callN/.
+#   1: Hopper's dq kernel reads a wide `out` (64-bit row-group offsets; session 72's route was the portable
+#      WIDE dq): dq_route_cost (128k causal fwd+bwd, WIDE forced, the two dq routes) and causal_bwd_full
+#      (1.11M tokens x 16 heads x 128, every head: now all Hopper kernels, and a warm call's seconds) alone
+#      first; then, beside the extent and Hopper dq GPU tests, session 72's causal cases with their fixed
+#      references and decode's WIDE build in its session-72 review form
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  timeout -s KILL 280 python benchmarks/check_large_offsets.py --cases dq_route_cost causal_bwd_full \
+    --out "$R/large_offsets_dq.json" 2>&1 | quiet | cut -c1-600
+  T=tests/kernels
+  timeout -s INT 240 python -m pytest -q -rf -n 3 $T/test_sequence_extent.py > "$R/cuda_extent_tests.log" 2>&1 &
+  timeout -s INT 240 python -m pytest -q -rf -n 3 -m gpu $T/test_flash_bwd_hopper.py $T/test_block_sparse_hopper.py \
+    -k "dq or block_sparse" > "$R/hopper_dq_tests.log" 2>&1 &
+  timeout -s KILL 240 python benchmarks/check_large_offsets.py --cases causal causal_bwd decode \
+    --out "$R/large_offsets_causal.json" 2>&1 | quiet | cut -c1-600
+  wait
+  echo "extent tests:"; tail -n 3 "$R/cuda_extent_tests.log"
+  echo "hopper dq tests:"; tail -n 3 "$R/hopper_dq_tests.log"
+  ;;
+esac
