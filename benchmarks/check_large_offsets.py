@@ -208,6 +208,59 @@ def case_dq_route_cost(n=131072, h=16, d=128, reps=3):
     return {"tokens": n, **{key: round(value, 3) for key, value in row.items()}}
 
 
+SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION", "sdpa_math": "MATH"}
+
+
+def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
+    """Causal fwd+bwd of one sequence on ours and on SDPA's backends: a warm call's seconds (after a first,
+    which builds and tunes) and the last rows' out and dq against float32 over every key, per impl. An
+    impl that raises gets its error as its row."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    g = torch.zeros_like(q)
+    g[:, -TAIL:] = torch.randn_like(q[:, -TAIL:])
+    refs = []
+    for head in range(h):
+        qt, kf, vf, gt = (
+            q[0, -TAIL:, head].float(),
+            k[0, :, head].float(),
+            v[0, :, head].float(),
+            g[0, -TAIL:, head].float(),
+        )
+        p = _tail_softmax(qt, kf, d)
+        dp = gt @ vf.T
+        refs.append((p @ vf, (p * (dp - (dp * p).sum(-1, keepdim=True)) / d**0.5) @ kf))
+
+    def call(name):
+        if name == "ours":
+            return flash_attention(q, k, v, causal=True)
+        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[name])):
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            return sdpa(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
+
+    row = {}
+    for name in impls:
+        try:
+            for _ in range(2):  # the first builds and tunes; the second is timed
+                _sync()
+                start = time.time()
+                out = call(name)
+                (dq,) = torch.autograd.grad(out, (q,), g)
+                _sync()
+            seconds = time.time() - start
+        except RuntimeError as e:
+            row[name] = {"error": str(e)[:300]}
+            continue
+        row[name] = {
+            "fwd_bwd_s": round(seconds, 2),
+            "out": max(_diff(out[0, -TAIL:, i], ref[0]) for i, ref in enumerate(refs)),
+            "dq": max(_diff(dq[0, -TAIL:, i], ref[1]) for i, ref in enumerate(refs)),
+        }
+        del out, dq
+    return row
+
+
 def case_causal(n, h, d):
     """flash_attention causal (the Hopper forward on an H100/H200): the last rows against a reference
     over all keys in float32, per head; out_scale: the reference's largest value (over a million keys an
@@ -290,6 +343,7 @@ CASES = {
     "batch_decode": lambda n: case_batch("decode"),
     "wide_cost": lambda n: case_wide_cost(),
     "dq_route_cost": lambda n: case_dq_route_cost(),
+    "anchors": lambda n: case_anchors(n, 16, 128),
 }
 
 

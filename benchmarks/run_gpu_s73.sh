@@ -6,6 +6,10 @@
 #      (1.11M tokens x 16 heads x 128, every head: now all Hopper kernels, and a warm call's seconds) alone
 #      first; then, beside the extent and Hopper dq GPU tests, session 72's causal cases with their fixed
 #      references and decode's WIDE build in its session-72 review form
+#   2: the Hopper dq GPU test on a wide out (call 1 gave it head dim 64, which the kernel has no config for);
+#      the usual build's cost of the change (ab_trees.py: session 72's dq kernel file against this one, on
+#      a shape whose dq takes it: d128 GQA 32 on 8, causal 16k); the anchors
+#      (SDPA cuDNN and flash) on causal fwd+bwd of 1.11M tokens x 16 heads of 128
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -21,5 +25,13 @@ case "${1:?part}" in
   wait
   echo "extent tests:"; tail -n 3 "$R/cuda_extent_tests.log"
   echo "hopper dq tests:"; tail -n 3 "$R/hopper_dq_tests.log"
+  ;;
+2)
+  timeout -s INT 200 python -m pytest -q -rf tests/kernels/test_sequence_extent.py -k hopper_dq 2>&1 | tail -n 2
+  mkdir -p /tmp/base && cp -r kernels /tmp/base/ && cp .ab_base/_flash_dq_hopper.py /tmp/base/kernels/
+  timeout -s KILL 150 python benchmarks/ab_trees.py --trees /tmp/base . --rounds 4 --reps 10 --out "$R/ab_dq_offsets.json" \
+    --shapes 1,16384,32,8,128,1 2>&1 | quiet | cut -c1-300
+  timeout -s KILL 300 python benchmarks/check_large_offsets.py --cases anchors --out "$R/large_offsets_anchors.json" \
+    2>&1 | quiet | cut -c1-900
   ;;
 esac

@@ -28,6 +28,7 @@ CASES = {
     "block_sparse": lambda: clo.case_block_sparse(96, 2, 16, block=16),
     "block_sparse_bwd": lambda: clo.case_block_sparse_bwd(96, 2, 16, block=16),
     "decode": lambda: clo.case_decode(100, 2, 16),
+    "anchors": lambda: clo.case_anchors(64, 2, 16, impls=("ours", "sdpa_math")),
     "batch_window": lambda: clo.case_batch("window", batch=3, n=64, h=2, d=16),
     "batch_decode": lambda: clo.case_batch("decode", batch=3, n=64, h=2, d=16),
 }
@@ -37,8 +38,9 @@ CASES = {
 def test_each_case_agrees_with_its_reference_on_small_tensors(small, name):
     torch.manual_seed(0)
     row = CASES[name]()
-    diffs = {key: value for key, value in row.items() if key in ("out", "dq", "dk", "dv")}
-    assert diffs and all(value < 5e-3 for value in diffs.values()), row
+    rows = [row[impl] for impl in ("ours", "sdpa_math")] if name == "anchors" else [row]
+    diffs = [[value for key, value in row.items() if key in ("out", "dq", "dk", "dv")] for row in rows]
+    assert all(diffs) and all(value < 5e-3 for values in diffs for value in values), rows
 
 
 def test_a_call_reading_the_wrong_rows_is_caught(small, monkeypatch):

@@ -171,16 +171,16 @@ def test_gpu_hopper_dq_reads_a_wide_out():
     """Hopper's dq kernel reads `out` by pointer (its other tensors through TMA descriptors): from a view
     whose rows lie past 2**31 elements its dq and delta are bitwise those from a contiguous copy (one
     kernel, one config)."""
-    (out,) = _wide_views([(2, 64)], "cuda", dtype=torch.bfloat16)
-    q, k, v, do = (torch.randn(1, ROWS, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    kw = dict(sm_scale=0.125, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
+    (out,) = _wide_views([(2, 128)], "cuda", dtype=torch.bfloat16)
+    q, k, v, do = (torch.randn(1, ROWS, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    kw = dict(sm_scale=128**-0.5, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
     contiguous, lse2 = flash_attn_forward(q, k, v, **kw)
     out.copy_(contiguous)
     assert dq_hopper.reads_out(out) and common.wide_offsets((out,))
     got = []
     for o in (out, contiguous):
         dq, delta = torch.empty_like(q), torch.empty_like(lse2)
-        dq_hopper.flash_attn_dq_hopper(q, k, v, do, o, lse2, delta, dq, sm_scale=0.125, causal=True)
+        dq_hopper.flash_attn_dq_hopper(q, k, v, do, o, lse2, delta, dq, sm_scale=128**-0.5, causal=True)
         got.append([dq, delta])
     assert all(torch.equal(a, b) for a, b in zip(*got, strict=True))
 
