@@ -213,8 +213,8 @@ SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION
 
 def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
     """Causal fwd+bwd of one sequence on ours and on SDPA's backends: a warm call's seconds (after a first,
-    which builds and tunes) and the last rows' out and dq against float32 over every key, per impl. An
-    impl that raises gets its error as its row."""
+    which builds and tunes) and the last rows' out and dq against float32 over every key, per impl (and
+    the references' largest values, out_scale and dq_scale). An impl that raises gets its error as its row."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
@@ -239,7 +239,10 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
             sdpa = torch.nn.functional.scaled_dot_product_attention
             return sdpa(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
 
-    row = {}
+    row = {
+        "out_scale": max(ref[0].abs().max().item() for ref in refs),
+        "dq_scale": max(ref[1].abs().max().item() for ref in refs),
+    }
     for name in impls:
         try:
             for _ in range(2):  # the first builds and tunes; the second is timed
@@ -344,6 +347,7 @@ CASES = {
     "wide_cost": lambda n: case_wide_cost(),
     "dq_route_cost": lambda n: case_dq_route_cost(),
     "anchors": lambda n: case_anchors(n, 16, 128),
+    "anchors_cudnn": lambda n: case_anchors(n, 16, 128, impls=("ours", "sdpa_cudnn")),
 }
 
 

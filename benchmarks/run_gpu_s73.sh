@@ -10,6 +10,9 @@
 #      the usual build's cost of the change (ab_trees.py: session 72's dq kernel file against this one, on
 #      a shape whose dq takes it: d128 GQA 32 on 8, causal 16k); the anchors
 #      (SDPA cuDNN and flash) on causal fwd+bwd of 1.11M tokens x 16 heads of 128
+#   3: cuDNN's dq in call 2 was 2.5e-3 off float32 in the last rows (ours and SDPA flash 2.5e-5-2.8e-5):
+#      ours and cuDNN again at 1.11M tokens and at 512k (1.07e9 elements, under 2**31), with the
+#      references' scales: does its error come with the length or with the 2**31 extent?
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -33,5 +36,11 @@ case "${1:?part}" in
     --shapes 1,16384,32,8,128,1 2>&1 | quiet | cut -c1-300
   timeout -s KILL 300 python benchmarks/check_large_offsets.py --cases anchors --out "$R/large_offsets_anchors.json" \
     2>&1 | quiet | cut -c1-900
+  ;;
+3)
+  for n in 524288 1114112; do
+    timeout -s KILL 240 python benchmarks/check_large_offsets.py --cases anchors_cudnn --tokens $n \
+      --out "$R/large_offsets_anchors_cudnn_$n.json" 2>&1 | quiet | cut -c1-900
+  done
   ;;
 esac
