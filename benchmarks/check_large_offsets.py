@@ -348,6 +348,9 @@ CASES = {
     "dq_route_cost": lambda n: case_dq_route_cost(),
     "anchors": lambda n: case_anchors(n, 16, 128),
     "anchors_cudnn": lambda n: case_anchors(n, 16, 128, impls=("ours", "sdpa_cudnn")),
+    # (cuDNN alone, at 8 and 32 heads: past 2**20 rows under 2**31 elements, and the other way round)
+    "cudnn_h8": lambda n: case_anchors(n, 8, 128, impls=("sdpa_cudnn",)),
+    "cudnn_h32": lambda n: case_anchors(n, 32, 128, impls=("sdpa_cudnn",)),
 }
 
 

@@ -13,6 +13,9 @@
 #   3: cuDNN's dq in call 2 was 2.5e-3 off float32 in the last rows (ours and SDPA flash 2.5e-5-2.8e-5):
 #      ours and cuDNN again at 1.11M tokens and at 512k (1.07e9 elements, under 2**31), with the
 #      references' scales: does its error come with the length or with the 2**31 extent?
+#   4: call 3: right at 512k (4.0e-5), wrong at 1.11M (2.2e-3 of a largest 8.1e-3). cuDNN alone at 1.11M
+#      tokens x 8 heads (past 2**20 rows, 1.14e9 elements) and 655k x 32 heads (2.7e9 elements, under 2**20
+#      rows): which limit is it?
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -42,5 +45,11 @@ case "${1:?part}" in
     timeout -s KILL 240 python benchmarks/check_large_offsets.py --cases anchors_cudnn --tokens $n \
       --out "$R/large_offsets_anchors_cudnn_$n.json" 2>&1 | quiet | cut -c1-900
   done
+  ;;
+4)
+  timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases cudnn_h8 --tokens 1114112 \
+    --out "$R/large_offsets_cudnn_h8.json" 2>&1 | quiet | cut -c1-900
+  timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases cudnn_h32 --tokens 655360 \
+    --out "$R/large_offsets_cudnn_h32.json" 2>&1 | quiet | cut -c1-900
   ;;
 esac
