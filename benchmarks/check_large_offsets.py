@@ -257,6 +257,7 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
             continue
         row[name] = {
             "fwd_bwd_s": round(seconds, 2),
+            "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
             "out": max(_diff(out[0, -TAIL:, i], ref[0]) for i, ref in enumerate(refs)),
             "dq": max(_diff(dq[0, -TAIL:, i], ref[1]) for i, ref in enumerate(refs)),
         }
@@ -351,6 +352,7 @@ CASES = {
     # (cuDNN alone, at 8 and 32 heads: past 2**20 rows under 2**31 elements, and the other way round)
     "cudnn_h8": lambda n: case_anchors(n, 8, 128, impls=("sdpa_cudnn",)),
     "cudnn_h32": lambda n: case_anchors(n, 32, 128, impls=("sdpa_cudnn",)),
+    "cudnn_h20": lambda n: case_anchors(n, 20, 128, impls=("sdpa_cudnn",)),
 }
 
 

@@ -16,6 +16,8 @@
 #   4: call 3: right at 512k (4.0e-5), wrong at 1.11M (2.2e-3 of a largest 8.1e-3). cuDNN alone at 1.11M
 #      tokens x 8 heads (past 2**20 rows, 1.14e9 elements) and 655k x 32 heads (2.7e9 elements, under 2**20
 #      rows): which limit is it?
+#   5: call 4: right at 8 heads (2.6e-5); 32 heads ran out of memory (135 GB held). 20 heads of 983k tokens
+#      (2.5e9 elements, under 2**20 rows), its peak memory reported
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -51,5 +53,9 @@ case "${1:?part}" in
     --out "$R/large_offsets_cudnn_h8.json" 2>&1 | quiet | cut -c1-900
   timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases cudnn_h32 --tokens 655360 \
     --out "$R/large_offsets_cudnn_h32.json" 2>&1 | quiet | cut -c1-900
+  ;;
+5)
+  timeout -s KILL 300 python benchmarks/check_large_offsets.py --cases cudnn_h20 --tokens 983040 \
+    --out "$R/large_offsets_cudnn_h20.json" 2>&1 | quiet | cut -c1-900
   ;;
 esac
