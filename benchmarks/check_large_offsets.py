@@ -211,22 +211,24 @@ def case_dq_route_cost(n=131072, h=16, d=128, reps=3):
 SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION", "sdpa_math": "MATH"}
 
 
-def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
-    """Causal fwd+bwd of one sequence on ours and on SDPA's backends: a warm call's seconds (after a first,
-    which builds and tunes) and the last rows' out and dq against float32 over every key, per impl (and
-    the references' largest values, out_scale and dq_scale). An impl that raises gets its error as its row."""
+def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash"), batch=1):
+    """Causal fwd+bwd of `batch` sequences on ours and on SDPA's backends: a warm call's seconds (after a
+    first, which builds and tunes), its peak memory, and the last sequence's last rows' out and dq against
+    float32 over every key, per impl (and the references' largest values, out_scale and dq_scale). An impl
+    that raises gets its error as its row."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    shape = (batch, n, h, d)
+    q, k, v = (torch.randn(shape, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
     g = torch.zeros_like(q)
-    g[:, -TAIL:] = torch.randn_like(q[:, -TAIL:])
+    g[-1, -TAIL:] = torch.randn_like(q[-1, -TAIL:])
     refs = []
     for head in range(h):
         qt, kf, vf, gt = (
-            q[0, -TAIL:, head].float(),
-            k[0, :, head].float(),
-            v[0, :, head].float(),
-            g[0, -TAIL:, head].float(),
+            q[-1, -TAIL:, head].float(),
+            k[-1, :, head].float(),
+            v[-1, :, head].float(),
+            g[-1, -TAIL:, head].float(),
         )
         p = _tail_softmax(qt, kf, d)
         dp = gt @ vf.T
@@ -246,6 +248,7 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
     for name in impls:
         try:
             for _ in range(2):  # the first builds and tunes; the second is timed
+                out = dq = None
                 _sync()
                 start = time.time()
                 out = call(name)
@@ -258,8 +261,8 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash")):
         row[name] = {
             "fwd_bwd_s": round(seconds, 2),
             "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
-            "out": max(_diff(out[0, -TAIL:, i], ref[0]) for i, ref in enumerate(refs)),
-            "dq": max(_diff(dq[0, -TAIL:, i], ref[1]) for i, ref in enumerate(refs)),
+            "out": max(_diff(out[-1, -TAIL:, i], ref[0]) for i, ref in enumerate(refs)),
+            "dq": max(_diff(dq[-1, -TAIL:, i], ref[1]) for i, ref in enumerate(refs)),
         }
         del out, dq
     return row
@@ -353,6 +356,8 @@ CASES = {
     "cudnn_h8": lambda n: case_anchors(n, 8, 128, impls=("sdpa_cudnn",)),
     "cudnn_h32": lambda n: case_anchors(n, 32, 128, impls=("sdpa_cudnn",)),
     "cudnn_h20": lambda n: case_anchors(n, 20, 128, impls=("sdpa_cudnn",)),
+    # (9 sequences: past 2**31 elements in all, each far under)
+    "cudnn_batch": lambda n: case_anchors(n, 16, 128, impls=("ours", "sdpa_cudnn"), batch=9),
 }
 
 

@@ -18,6 +18,8 @@
 #      rows): which limit is it?
 #   5: call 4: right at 8 heads (2.6e-5); 32 heads ran out of memory (135 GB held). 20 heads of 983k tokens
 #      (2.5e9 elements, under 2**20 rows), its peak memory reported
+#   6: call 5: out of memory too. cuDNN on 9 sequences of 131k x 16 x 128 (2.4e9 elements in all, each
+#      sequence 2.7e8), beside ours; cuDNN at 1.11M x 16 again for its peak memory
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -57,5 +59,11 @@ case "${1:?part}" in
 5)
   timeout -s KILL 300 python benchmarks/check_large_offsets.py --cases cudnn_h20 --tokens 983040 \
     --out "$R/large_offsets_cudnn_h20.json" 2>&1 | quiet | cut -c1-900
+  ;;
+6)
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases cudnn_batch --tokens 131072 \
+    --out "$R/large_offsets_cudnn_batch.json" 2>&1 | quiet | cut -c1-900
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases anchors_cudnn \
+    --out "$R/large_offsets_anchors_cudnn.json" 2>&1 | quiet | cut -c1-900
   ;;
 esac

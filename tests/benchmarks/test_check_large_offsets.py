@@ -28,7 +28,7 @@ CASES = {
     "block_sparse": lambda: clo.case_block_sparse(96, 2, 16, block=16),
     "block_sparse_bwd": lambda: clo.case_block_sparse_bwd(96, 2, 16, block=16),
     "decode": lambda: clo.case_decode(100, 2, 16),
-    "anchors": lambda: clo.case_anchors(64, 2, 16, impls=("ours", "sdpa_math")),
+    "anchors": lambda: clo.case_anchors(64, 2, 16, impls=("ours", "sdpa_math"), batch=2),
     "batch_window": lambda: clo.case_batch("window", batch=3, n=64, h=2, d=16),
     "batch_decode": lambda: clo.case_batch("decode", batch=3, n=64, h=2, d=16),
 }
