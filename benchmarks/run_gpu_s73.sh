@@ -63,7 +63,7 @@ case "${1:?part}" in
 6)
   timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases cudnn_batch --tokens 131072 \
     --out "$R/large_offsets_cudnn_batch.json" 2>&1 | quiet | cut -c1-900
-  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases anchors_cudnn \
+  timeout -s KILL 220 python benchmarks/check_large_offsets.py --cases anchors_cudnn \
     --out "$R/large_offsets_anchors_cudnn.json" 2>&1 | quiet | cut -c1-900
   ;;
 esac
