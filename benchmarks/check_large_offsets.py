@@ -51,6 +51,18 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def _reset_peak() -> float:
+    """GB held now (CUDA), the peak reset to it; 0 elsewhere."""
+    if DEVICE != "cuda":
+        return 0.0
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated() / 2**30
+
+
+def _peak_gb() -> float:
+    return round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else 0.0
+
+
 def _tail_softmax(qt, kf, d):
     """The causal softmax of a sequence's last query rows qt (float32) over its keys kf: row r of the t
     rows sees keys up to n - t + r. (Before session 72's CPU test of this script the references let every
@@ -247,20 +259,24 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash"), batch=1):
     }
     for name in impls:
         try:
+            peaks = []
             for _ in range(2):  # the first builds and tunes; the second is timed
                 out = dq = None
                 _sync()
+                held = _reset_peak()
                 start = time.time()
                 out = call(name)
                 (dq,) = torch.autograd.grad(out, (q,), g)
                 _sync()
+                peaks.append(round(_peak_gb() - held, 1))
             seconds = time.time() - start
         except RuntimeError as e:
             row[name] = {"error": str(e)[:300]}
             continue
         row[name] = {
             "fwd_bwd_s": round(seconds, 2),
-            "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
+            "first_call_gb": peaks[0],  # (peak memory beyond what the call found held)
+            "call_gb": peaks[1],
             "out": max(_diff(out[-1, -TAIL:, i], ref[0]) for i, ref in enumerate(refs)),
             "dq": max(_diff(dq[-1, -TAIL:, i], ref[1]) for i, ref in enumerate(refs)),
         }
@@ -358,6 +374,7 @@ CASES = {
     "cudnn_h20": lambda n: case_anchors(n, 20, 128, impls=("sdpa_cudnn",)),
     # (9 sequences: past 2**31 elements in all, each far under)
     "cudnn_batch": lambda n: case_anchors(n, 16, 128, impls=("ours", "sdpa_cudnn"), batch=9),
+    "ours_memory": lambda n: case_anchors(n, 16, 128, impls=("ours",)),
 }
 
 

@@ -20,6 +20,8 @@
 #      (2.5e9 elements, under 2**20 rows), its peak memory reported
 #   6: call 5: out of memory too. cuDNN on 9 sequences of 131k x 16 x 128 (2.4e9 elements in all, each
 #      sequence 2.7e8), beside ours; cuDNN at 1.11M x 16 again for its peak memory
+#   7: call 6 gave ours a process peak of 123 GB at 1.11M x 16 x 128 (46.7 over 9 x 131k): each call's own
+#      peak (beyond what it found held), first and warm call
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -65,5 +67,9 @@ case "${1:?part}" in
     --out "$R/large_offsets_cudnn_batch.json" 2>&1 | quiet | cut -c1-900
   timeout -s KILL 220 python benchmarks/check_large_offsets.py --cases anchors_cudnn \
     --out "$R/large_offsets_anchors_cudnn.json" 2>&1 | quiet | cut -c1-900
+  ;;
+7)
+  timeout -s KILL 200 python benchmarks/check_large_offsets.py --cases ours_memory \
+    --out "$R/large_offsets_ours_memory.json" 2>&1 | quiet | cut -c1-900
   ;;
 esac
