@@ -11,13 +11,14 @@ output viewed as (batch, seqlen, nheads + 2 * nheads_kv, headdim); the model use
 - `reference`: plain torch, materialises the score matrix; the numerical oracle.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (PyTorch picks flash / cuDNN /
   memory-efficient / math; pin one with `torch.nn.attention.sdpa_kernel` around the step, as
-  benchmarks/bench_train.py does).
+  benchmarks/bench_train.py does), but never cuDNN's for a tensor past 2**31 elements, where its dq
+  was wrong (`sdpa_cudnn_wrong`).
 - `triton`: our FlashAttention kernel from `kernels/`.
 - `block_sparse`: our block-sparse kernel with a layout built from the model config.
 - `auto` (default): on CUDA our kernel for long sequences, windows and padding, SDPA for short ones
   (the measured crossover) and wherever PyTorch would run cuDNN's attention, which is level with ours or
-  faster (Hopper with cuDNN >= 9.15.1) but at head dim 128 without GQA on an H100/H200; SDPA on CPU,
-  where the Triton interpreter is far too slow to train with.
+  faster (Hopper with cuDNN >= 9.15.1) but at head dim 128 without GQA on an H100/H200, and for tensors
+  past 2**31 elements; SDPA on CPU, where the Triton interpreter is far too slow to train with.
 
 Sequence parallelism does not add a branch here: the trainer enters `attention_override(fn)` around
 the step and every attention call in the model goes to `fn` (ring or Ulysses) instead.
@@ -33,7 +34,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kernels._common import sequence_extent
 from kernels.reference import split_qkv
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -85,6 +88,29 @@ def reference_attention(
     return (probs @ vh).transpose(1, 2)  # (B, T, H, D)
 
 
+# SDPA's cuDNN backend computed dq wrong where a tensor spans past 2**31 elements (torch 2.11.0+cu130, one
+# H200, results/s73/call2-6: the last rows' dq 1.9e-3-2.5e-3 off float32 where its largest value is 8.1e-3,
+# one sequence of 1.11M tokens x 16 heads of 128; 5.4e-3 of 2.3e-2 over 9 sequences of 131k, each far
+# under the limit), and right under it (512k tokens, or 1.11M at 8 heads: 2.6e-5-4.0e-5, as ours); its
+# output was right throughout, as were ours and SDPA's flash kernel (55.5 s against 30.8 for ours and
+# cuDNN at 1.11M).
+SDPA_CUDNN_MAX_ELEMENTS = 2**31
+_SDPA_BUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_cudnn_wrong(*tensors: torch.Tensor) -> bool:
+    """Whether SDPA's cuDNN backend may compute this call wrong: one of the tensors (batch included, its
+    strides counted) spans past SDPA_CUDNN_MAX_ELEMENTS elements. A storage of no more elements cannot
+    (the common case, no sum); under torch.compile's trace the sum decides (fake storages)."""
+    compiling = torch.compiler.is_compiling()
+    for t in tensors:
+        if not compiling and t.untyped_storage().nbytes() <= SDPA_CUDNN_MAX_ELEMENTS * t.element_size():
+            continue
+        if sequence_extent(t, t.shape[0], 0) > SDPA_CUDNN_MAX_ELEMENTS:
+            return True
+    return False
+
+
 def sdpa_needs_mask(seqlen_q, seqlen_k, causal, window, key_padding_mask) -> bool:
     """Whether `sdpa_attention` passes SDPA a dense mask for this call (which leaves its fused kernels)."""
     return window is not None or key_padding_mask is not None or (causal and seqlen_q != seqlen_k)
@@ -103,16 +129,13 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
         if key_padding_mask is not None:
             mask = mask & key_padding_mask[:, None, None, :]  # (B, 1, T, S)
         causal = False
-    out = F.scaled_dot_product_attention(
-        qh,
-        kh,
-        vh,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=causal,
-        scale=softmax_scale,
-        enable_gqa=kh.shape[1] != qh.shape[1],
-    )
+    kw = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale)
+    kw["enable_gqa"] = kh.shape[1] != qh.shape[1]
+    if sdpa_cudnn_wrong(q, k, v):
+        with sdpa_kernel(_SDPA_BUT_CUDNN):
+            out = F.scaled_dot_product_attention(qh, kh, vh, **kw)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, **kw)
     if key_padding_mask is not None:
         out = torch.nan_to_num(out)  # rows with no visible key: 0, as the kernels give
     return out.transpose(1, 2)  # (B, T, H, D)
@@ -205,13 +228,16 @@ def auto_picks_triton(
     masked: bool,
     sdpa_runs_cudnn: bool = False,
     deterministic: bool = False,
+    cudnn_wrong: bool = False,
 ) -> bool:
     """Whether `auto` runs our kernel (else SDPA) for a call; masked: a window or key padding;
     sdpa_runs_cudnn: unpinned SDPA would run cuDNN's kernel for this call (`sdpa_runs_cudnn`);
-    deterministic: torch.use_deterministic_algorithms(True) is on."""
+    deterministic: torch.use_deterministic_algorithms(True) is on; cudnn_wrong: a tensor past the
+    size where cuDNN's backward was wrong (`sdpa_cudnn_wrong`): ours, right there and as fast (30.8 s
+    fwd+bwd against cuDNN's 30.8 and SDPA flash's 55.5 at 1.11M tokens x 16 heads of 128, results/s73)."""
     if not on_cuda:
         return False
-    if masked:
+    if masked or cudnn_wrong:
         return True
     # PyTorch puts cuDNN first on sm90/sm100 with cuDNN >= 9.15.1, and cuDNN's kernels are level with
     # ours or faster at head dims 64 and 256 (torch 2.11, cuDNN 9.19; one H200): fwd+bwd ours ÷ cuDNN
@@ -303,7 +329,8 @@ def ours_beats_cudnn(
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padding_mask) -> bool:
+def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:
+    nheads_kv, seqlen_k = k.shape[2], k.shape[1]
     masked = window is not None or key_padding_mask is not None
     cudnn = False
     # a call SDPA gets with a dense mask (causal with seqlen_q != seqlen_k too) never reaches cuDNN's fast path
@@ -323,12 +350,13 @@ def _auto_takes_ours(q, nheads_kv, seqlen_k, causal, dropout_p, window, key_padd
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
         ) and not ours_beats_cudnn(q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic)
+    wrong = sdpa_cudnn_wrong(q, k, v)
+    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic, wrong)
 
 
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):
     """The faster of our kernel and SDPA for this call on CUDA (`auto_picks_triton`); SDPA on CPU."""
-    ours = _auto_takes_ours(q, k.shape[2], k.shape[1], causal, dropout_p, window, key_padding_mask)
+    ours = _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask)
     backend = triton_attention if ours else sdpa_attention
     return backend(
         q,
@@ -349,7 +377,7 @@ def auto_attention_qkvpacked(
     kw = dict(causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p, window=window,
               key_padding_mask=key_padding_mask)  # fmt: skip
     q, k, v = split_qkv(qkv, nheads_kv)
-    if _auto_takes_ours(q, nheads_kv, qkv.shape[1], causal, dropout_p, window, key_padding_mask):
+    if _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask):
         return triton_attention_qkvpacked(qkv, nheads_kv=nheads_kv, **kw)
     return sdpa_attention(q, k, v, **kw)
 

@@ -244,8 +244,8 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
         asked.append(args)
         return True
 
-    def picks(on_cuda, seqlen_k, head_dim, dropout_p, masked, cudnn, deterministic):
-        assert deterministic is False
+    def picks(on_cuda, seqlen_k, head_dim, dropout_p, masked, cudnn, deterministic, cudnn_wrong):
+        assert deterministic is False and cudnn_wrong is False
         decided.append(cudnn)
         return False
 
@@ -333,11 +333,59 @@ def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(nheads_kv, head_dim, our
     assert ran == ["triton_attention" if ours else "sdpa_attention"]
 
 
+@pytest.mark.parametrize(
+    "on_cuda, masked, cudnn, dropout_p", [(True, False, True, 0.0), (True, False, False, 0.1)]
+)
+def test_auto_takes_ours_past_the_size_where_cudnn_was_wrong(on_cuda, masked, cudnn, dropout_p):
+    """A call SDPA would give cuDNN, or one whose dropout SDPA takes, goes to ours when a tensor spans
+    past 2**31 elements (cuDNN's dq was wrong there); on CPU still SDPA."""
+    args = (on_cuda, 1 << 20, 64, dropout_p, masked, cudnn)
+    assert auto_picks_triton(*args, False, False) is False
+    assert auto_picks_triton(*args, False, True) is True
+    assert auto_picks_triton(False, *args[1:], False, True) is False
+
+
+def test_sdpa_cudnn_wrong_counts_whole_tensors_with_their_strides(monkeypatch):
+    """The batch counts (9 sequences of 131k were wrong, each far under the limit), and so do a view's
+    strides (a packed qkv's q spans three times its elements)."""
+    import flashtrain.models.attention as attention
+
+    monkeypatch.setattr(attention, "SDPA_CUDNN_MAX_ELEMENTS", 4 * 16 * 2 * 8)
+    q = torch.randn(4, 16, 2, 8)
+    assert not attention.sdpa_cudnn_wrong(q, q[:, :8], q[:1])
+    assert attention.sdpa_cudnn_wrong(q[:1], torch.randn(5, 16, 2, 8))
+    qkv = torch.randn(2, 16, 6, 8)  # its q view: 512 elements spanning 768 + 15 x 48 + 16 = 1504
+    assert q[:2].numel() == qkv[:, :, :2].numel() and attention.sdpa_cudnn_wrong(qkv[:, :, :2])
+    monkeypatch.setattr(attention, "SDPA_CUDNN_MAX_ELEMENTS", 2**31)
+    assert not attention.sdpa_cudnn_wrong(q, qkv)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_sdpa_leaves_cudnn_out_past_that_size(backend, monkeypatch):
+    """`sdpa` (and `auto` where it gives SDPA the call: here on CPU) pins SDPA to its other backends for
+    such a call, and leaves the choice to PyTorch otherwise; the output is the same."""
+    import flashtrain.models.attention as attention
+
+    enabled, real = [], attention.F.scaled_dot_product_attention
+
+    def sdpa(*args, **kw):
+        enabled.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", sdpa)
+    q, k, v = (torch.randn(2, 16, 2, 8) for _ in range(3))
+    fn = get_backend(backend)
+    want = fn(q, k, v, causal=True)
+    monkeypatch.setattr(attention, "SDPA_CUDNN_MAX_ELEMENTS", q.numel() - 1)
+    torch.testing.assert_close(fn(q, k, v, causal=True), want)
+    assert enabled == [True, False] and torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_auto_tells_its_rule_when_torch_deterministic_mode_is_on(monkeypatch):
     import flashtrain.models.attention as attention
 
     seen = []
-    monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: seen.append(args[-1]) or False)
+    monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: seen.append(args[6]) or False)
     q = torch.randn(1, 16, 2, 8)
     torch.use_deterministic_algorithms(True)
     try:
