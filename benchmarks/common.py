@@ -47,6 +47,8 @@ def versions() -> dict:
         "torch": torch.__version__,
         "triton": triton_version,
         "cuda": torch.version.cuda,
+        # (SDPA's cuDNN backend is an anchor, and its behaviour moves with the library's version)
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 

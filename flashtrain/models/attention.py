@@ -88,12 +88,12 @@ def reference_attention(
     return (probs @ vh).transpose(1, 2)  # (B, T, H, D)
 
 
-# SDPA's cuDNN backend computed dq wrong where a tensor spans past 2**31 elements (torch 2.11.0+cu130, one
-# H200, results/s73/call2-6: the last rows' dq 1.9e-3-2.5e-3 off float32 where its largest value is 8.1e-3,
-# one sequence of 1.11M tokens x 16 heads of 128; 5.4e-3 of 2.3e-2 over 9 sequences of 131k, each far
-# under the limit), and right under it (512k tokens, or 1.11M at 8 heads: 2.6e-5-4.0e-5, as ours); its
-# output was right throughout, as were ours and SDPA's flash kernel (55.5 s against 30.8 for ours and
-# cuDNN at 1.11M).
+# SDPA's cuDNN backend computed dq wrong where a tensor spans past 2**31 elements (torch 2.11.0+cu130,
+# cuDNN 9.19.0, one H200, results/s73/call2-6: the last rows' dq 1.9e-3-2.5e-3 off float32 where its
+# largest value is 8.1e-3, one sequence of 1.11M tokens x 16 heads of 128; 5.4e-3 of 2.3e-2 over 9
+# sequences of 131k, each far under the limit), and right under it (512k tokens, or 1.11M at 8 heads:
+# 2.6e-5-4.0e-5, as ours); its output was right throughout, as were ours and SDPA's flash kernel (55.5 s
+# against 30.8 for ours and cuDNN at 1.11M).
 SDPA_CUDNN_MAX_ELEMENTS = 2**31
 _SDPA_BUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
