@@ -11,8 +11,10 @@ Since session 72 such a call takes the kernels' WIDE builds (64-bit row and head
 see what each route does without them. The `batch_*` cases hold many sequences of ordinary length whose
 batch spans past 2**31 elements (the batch offset is 64-bit): the last sequence's output and gradients
 against the same call on it alone. `wide_cost` times the WIDE builds against the usual ones where both
-read right (a shorter sequence, the WIDE build forced). Each case runs in a process of its own (a fault
-spoils the process's CUDA context).
+read right (a shorter sequence, the WIDE build forced), `dq_route_cost` Hopper's dq kernel against the
+portable WIDE one there. The `anchors` cases run SDPA's backends beside ours on the same causal call (its
+seconds, peak memory and last rows against float32: session 73 found cuDNN's dq wrong past 2**31
+elements). Each case runs in a process of its own (a fault spoils the process's CUDA context).
 
     python benchmarks/check_large_offsets.py --out large_offsets.json [--narrow]
 """
