@@ -217,15 +217,18 @@ def sequence_extent(t: torch.Tensor, rows: int, row_dim: int) -> int:
     return extent
 
 
-def exceeds_extent_limit(t: torch.Tensor, rows: int, row_dim: int, compiling: bool | None = None) -> bool:
-    """Whether one sequence of t spans past SEQUENCE_EXTENT_LIMIT elements. A tensor whose storage holds no
-    more elements than that cannot: the common case, ~0.4 us of host time against ~1.3 for the strides' sum
-    (a decode call's host time is ~85 us). Under torch.compile's trace (fake storages; `compiling`, when
-    the caller has asked already) the sum decides."""
+def exceeds_extent_limit(
+    t: torch.Tensor, rows: int, row_dim: int, compiling: bool | None = None, limit: int | None = None
+) -> bool:
+    """Whether one sequence of t spans past `limit` (SEQUENCE_EXTENT_LIMIT) elements. A tensor whose storage
+    holds no more elements than that cannot: the common case, ~0.4 us of host time against ~1.3 for the
+    strides' sum (a decode call's host time is ~85 us). Under torch.compile's trace (fake storages;
+    `compiling`, when the caller has asked already) the sum decides."""
+    limit = SEQUENCE_EXTENT_LIMIT if limit is None else limit
     if not (torch.compiler.is_compiling() if compiling is None else compiling):
-        if t.untyped_storage().nbytes() <= SEQUENCE_EXTENT_LIMIT * t.element_size():
+        if t.untyped_storage().nbytes() <= limit * t.element_size():
             return False
-    return sequence_extent(t, rows, row_dim) > SEQUENCE_EXTENT_LIMIT
+    return sequence_extent(t, rows, row_dim) > limit
 
 
 def wide_offsets(tensors, varlen_rows: int | None = None) -> bool:

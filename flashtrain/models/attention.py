@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels._common import sequence_extent
+from kernels._common import exceeds_extent_limit
 from kernels.reference import split_qkv
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -100,13 +100,10 @@ _SDPA_BUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, S
 
 def sdpa_cudnn_wrong(*tensors: torch.Tensor) -> bool:
     """Whether SDPA's cuDNN backend may compute this call wrong: one of the tensors (batch included, its
-    strides counted) spans past SDPA_CUDNN_MAX_ELEMENTS elements. A storage of no more elements cannot
-    (the common case, no sum); under torch.compile's trace the sum decides (fake storages)."""
+    strides counted) spans past SDPA_CUDNN_MAX_ELEMENTS elements (`exceeds_extent_limit` over the batch)."""
     compiling = torch.compiler.is_compiling()
     for t in tensors:
-        if not compiling and t.untyped_storage().nbytes() <= SDPA_CUDNN_MAX_ELEMENTS * t.element_size():
-            continue
-        if sequence_extent(t, t.shape[0], 0) > SDPA_CUDNN_MAX_ELEMENTS:
+        if exceeds_extent_limit(t, t.shape[0], 0, compiling, limit=SDPA_CUDNN_MAX_ELEMENTS):
             return True
     return False
 
