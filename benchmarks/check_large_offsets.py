@@ -76,6 +76,17 @@ def _tail_softmax(qt, kf, d):
     return torch.softmax(scores.masked_fill(cols[None, :] > rows[:, None], float("-inf")), dim=-1)
 
 
+def _tail_reference(q, k, v, g, head, d):
+    """float32 out, dq (the last rows), dk and dv (every key) of one head of the last sequence of a causal
+    call whose output gradient g is zero but in those rows."""
+    qt, gt = q[-1, -TAIL:, head].float(), g[-1, -TAIL:, head].float()
+    kf, vf = k[-1, :, head].float(), v[-1, :, head].float()
+    p = _tail_softmax(qt, kf, d)  # (TAIL, n)
+    dp = gt @ vf.T
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True)) / d**0.5
+    return {"out": p @ vf, "dq": ds @ kf, "dk": ds.T @ qt, "dv": p.T @ gt}
+
+
 def case_window(n, h, d, backward):
     """flash_attention with a causal window: the rows at the end see only the last WINDOW + TAIL keys,
     so the slice holding those is the reference."""
@@ -139,19 +150,16 @@ def case_causal_bwd(n, h, d, used=1):
         "out_scale": 0.0,
     }
     for head in range(used):
-        qt, kf, vf = q[0, -TAIL:, head].float(), k[0, :, head].float(), v[0, :, head].float()
-        gt = g[0, -TAIL:, head].float()
-        p = _tail_softmax(qt, kf, d)  # (TAIL, n)
-        dp = gt @ vf.T
-        ds = p * (dp - (dp * p).sum(-1, keepdim=True)) / d**0.5
-        for name, got, want in (
-            ("out", out[0, -TAIL:, head], p @ vf),
-            ("dq", dq[0, -TAIL:, head], ds @ kf),
-            ("dk", dk[0, :, head], ds.T @ qt),
-            ("dv", dv[0, :, head], p.T @ gt),
-        ):
-            row[name] = max(row[name], _diff(got, want))
-        row["out_scale"] = max(row["out_scale"], (p @ vf).abs().max().item())
+        want = _tail_reference(q, k, v, g, head, d)
+        got = {
+            "out": out[0, -TAIL:, head],
+            "dq": dq[0, -TAIL:, head],
+            "dk": dk[0, :, head],
+            "dv": dv[0, :, head],
+        }
+        for name in got:
+            row[name] = max(row[name], _diff(got[name], want[name]))
+        row["out_scale"] = max(row["out_scale"], want["out"].abs().max().item())
     return row
 
 
@@ -238,15 +246,8 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash"), batch=1):
     g[-1, -TAIL:] = torch.randn_like(q[-1, -TAIL:])
     refs = []
     for head in range(h):
-        qt, kf, vf, gt = (
-            q[-1, -TAIL:, head].float(),
-            k[-1, :, head].float(),
-            v[-1, :, head].float(),
-            g[-1, -TAIL:, head].float(),
-        )
-        p = _tail_softmax(qt, kf, d)
-        dp = gt @ vf.T
-        refs.append((p @ vf, (p * (dp - (dp * p).sum(-1, keepdim=True)) / d**0.5) @ kf))
+        ref = _tail_reference(q, k, v, g, head, d)
+        refs.append((ref["out"], ref["dq"]))
 
     def call(name):
         if name == "ours":
