@@ -7,7 +7,8 @@
 #      first; then, beside the extent and Hopper dq GPU tests, session 72's causal cases with their fixed
 #      references and decode's WIDE build in its session-72 review form
 #   2: the Hopper dq GPU test on a wide out (call 1 gave it head dim 64, which the kernel has no config for);
-#      the usual build's cost of the change (ab_trees.py: session 72's dq kernel file against this one, on
+#      the usual build's cost of the change (ab_trees.py: session 72's dq kernel file, put in the checkout
+#      beforehand by `git show 42ae63e:kernels/_flash_dq_hopper.py > .ab_base/_flash_dq_hopper.py`, against this one, on
 #      a shape whose dq takes it: d128 GQA 32 on 8, causal 16k); the anchors
 #      (SDPA cuDNN and flash) on causal fwd+bwd of 1.11M tokens x 16 heads of 128
 #   3: cuDNN's dq in call 2 was 2.5e-3 off float32 in the last rows (ours and SDPA flash 2.5e-5-2.8e-5):
