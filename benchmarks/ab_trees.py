@@ -17,6 +17,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# appended, not put first: `kernels` must come from the tree on PYTHONPATH, `benchmarks` from this one
+sys.path.append(ROOT)
+
+from benchmarks.common import mean_ms, rotated, write_results  # noqa: E402
 
 
 def time_shape(shape: str, reps: int) -> float:
@@ -36,15 +40,7 @@ def time_shape(shape: str, reps: int) -> float:
     def step():
         torch.autograd.grad(flash_attention(q, k, v, causal=bool(causal)), (q, k, v), g)
 
-    for _ in range(2):
-        step()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return mean_ms(step, reps, warmup=2)
 
 
 def main(argv=None):
@@ -68,7 +64,7 @@ def main(argv=None):
     for shape in args.shapes:
         times = {tree: [] for tree in trees}
         for rnd in range(args.rounds):
-            for tree in trees if rnd % 2 == 0 else trees[::-1]:
+            for tree in rotated(trees, rnd):
                 env = {**os.environ, "PYTHONPATH": tree}
                 cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "ab_trees.py"), "--time", shape]
                 proc = subprocess.run(
@@ -83,9 +79,6 @@ def main(argv=None):
         row["rounds"] = {"base": times[trees[0]], "change": times[trees[1]]}
         rows.append(row)
         print(json.dumps({key: row[key] for key in ("shape", "base_ms", "change_ms", "change_over_base")}))
-    sys.path.insert(0, ROOT)
-    from benchmarks.common import write_results
-
     write_results(args.out, rows)
 
 

@@ -22,6 +22,7 @@ elements). Each case runs in a process of its own (a fault spoils the process's 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels._common  # noqa: E402
 import kernels._flash_dq_hopper  # noqa: E402
-from benchmarks.common import write_results  # noqa: E402
+from benchmarks.common import mean_ms, peak_memory_mib, wall_ms, write_results  # noqa: E402
 from kernels import block_sparse_attention, flash_attention, flash_attention_varlen, flash_decode  # noqa: E402
 from kernels.layouts import local_layout  # noqa: E402
 
@@ -48,21 +49,21 @@ def _diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def _sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
-def _reset_peak() -> float:
-    """GB held now (CUDA), the peak reset to it; 0 elsewhere."""
+def _peak_gb(fn) -> float:
+    """GB allocated at the peak of one call of fn beyond what it found held (`peak_memory_mib`); 0 off CUDA
+    (the tests run the cases on CPU tensors)."""
     if DEVICE != "cuda":
+        fn()
         return 0.0
-    torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated() / 2**30
+    return round(peak_memory_mib(fn) / 1024, 1)
 
 
-def _peak_gb() -> float:
-    return round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else 0.0
+def _two_calls(fn) -> tuple[list[float], list[float]]:
+    """Seconds and peak GB (`_peak_gb`) of two calls of fn: the first builds and tunes, the second is warm."""
+    seconds, peaks = [], []
+    for _ in range(2):
+        seconds.append(wall_ms(lambda: peaks.append(_peak_gb(fn))) / 1e3)
+    return seconds, peaks
 
 
 def _tail_softmax(qt, kf, d):
@@ -130,19 +131,19 @@ def case_causal_bwd(n, h, d, used=1):
     call's seconds (builds and tuning included); warm_fwd_bwd_s: a second call's."""
     big = [torch.randn(1, n, h, d, device=DEVICE, dtype=DTYPE) for _ in range(3)]
     q, k, v = (t[:, :, :used].requires_grad_() for t in big)
-    start = time.time()
-    out = flash_attention(q, k, v, causal=True)
-    g = torch.zeros_like(out)
-    g[:, -TAIL:] = torch.randn_like(out[:, -TAIL:])
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
-    _sync()
-    first_s = time.time() - start
-    start = time.time()
-    torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), g)
-    _sync()
+    g = torch.zeros_like(q)
+    g[:, -TAIL:] = torch.randn_like(q[:, -TAIL:])
+    result = []
+
+    def fwd_bwd():
+        result[:] = [flash_attention(q, k, v, causal=True)]
+        result.extend(torch.autograd.grad(result[0], (q, k, v), g))
+
+    (first_s, warm_s), _ = _two_calls(fwd_bwd)
+    out, dq, dk, dv = result
     row = {
         "fwd_bwd_s": round(first_s, 1),
-        "warm_fwd_bwd_s": round(time.time() - start, 2),
+        "warm_fwd_bwd_s": round(warm_s, 2),
         "out": 0.0,
         "dq": 0.0,
         "dk": 0.0,
@@ -182,18 +183,6 @@ def case_block_sparse_bwd(n, h, d, block=128):
     return row
 
 
-def _timed(fn, reps):
-    """ms of one call of fn, averaged over reps after a first call (which tunes and compiles)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def case_wide_cost(n=131072, h=16, d=128, reps=5):
     """fwd and fwd+bwd ms of a causal window call (the portable kernels) in the usual builds and with the
     WIDE builds forced (the limit set to 0), where both read right."""
@@ -207,9 +196,9 @@ def case_wide_cost(n=131072, h=16, d=128, reps=5):
     def fwdbwd():
         torch.autograd.grad(flash_attention(q, k, v, causal=True, window=(4096, 0)), (q, k, v), g)
 
-    row = {"usual_fwd_ms": _timed(fwd, reps), "usual_fwdbwd_ms": _timed(fwdbwd, reps)}
+    row = {"usual_fwd_ms": mean_ms(fwd, reps), "usual_fwdbwd_ms": mean_ms(fwdbwd, reps)}
     kernels._common.SEQUENCE_EXTENT_LIMIT = 0
-    row.update(wide_fwd_ms=_timed(fwd, reps), wide_fwdbwd_ms=_timed(fwdbwd, reps))
+    row.update(wide_fwd_ms=mean_ms(fwd, reps), wide_fwdbwd_ms=mean_ms(fwdbwd, reps))
     return {"tokens": n, **{key: round(value, 3) for key, value in row.items()}}
 
 
@@ -224,9 +213,9 @@ def case_dq_route_cost(n=131072, h=16, d=128, reps=3):
         torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), g)
 
     kernels._common.SEQUENCE_EXTENT_LIMIT = 0
-    row = {"hopper_dq_ms": _timed(fwdbwd, reps)}
+    row = {"hopper_dq_ms": mean_ms(fwdbwd, reps)}
     kernels._flash_dq_hopper.ENABLED = False
-    row["portable_dq_ms"] = _timed(fwdbwd, reps)
+    row["portable_dq_ms"] = mean_ms(fwdbwd, reps)
     return {"tokens": n, **{key: round(value, 3) for key, value in row.items()}}
 
 
@@ -260,22 +249,20 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash"), batch=1):
         "out_scale": max(ref[0].abs().max().item() for ref in refs),
         "dq_scale": max(ref[1].abs().max().item() for ref in refs),
     }
+
+    def fwd_bwd(name, result):
+        result.clear()  # (the previous call's out and dq freed before this one)
+        out = call(name)
+        result.extend([out, *torch.autograd.grad(out, (q,), g)])
+
     for name in impls:
+        result = []
         try:
-            peaks = []
-            for _ in range(2):  # the first builds and tunes; the second is timed
-                out = dq = None
-                _sync()
-                held = _reset_peak()
-                start = time.time()
-                out = call(name)
-                (dq,) = torch.autograd.grad(out, (q,), g)
-                _sync()
-                peaks.append(round(_peak_gb() - held, 1))
-            seconds = time.time() - start
+            (_, seconds), peaks = _two_calls(functools.partial(fwd_bwd, name, result))
         except RuntimeError as e:
             row[name] = {"error": str(e)[:300]}
             continue
+        out, dq = result
         row[name] = {
             "fwd_bwd_s": round(seconds, 2),
             "first_call_gb": peaks[0],  # (peak memory beyond what the call found held)
@@ -283,7 +270,7 @@ def case_anchors(n, h, d, impls=("ours", "sdpa_cudnn", "sdpa_flash"), batch=1):
             "out": max(_diff(out[-1, -TAIL:, i], ref[0]) for i, ref in enumerate(refs)),
             "dq": max(_diff(dq[-1, -TAIL:, i], ref[1]) for i, ref in enumerate(refs)),
         }
-        del out, dq
+        del out, dq, result  # (freed before the next impl's calls)
     return row
 
 

@@ -60,6 +60,20 @@ def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def mean_ms(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+    """Mean milliseconds of fn over reps back-to-back calls between two CUDA events, after `warmup` calls
+    (which build and tune): for calls long enough that do_bench's L2 flushes and repeats add nothing."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def wall_ms(fn: Callable[[], object]) -> float:
     """Milliseconds of one call of fn by the host's clock, the GPU's queue drained before and after (a
     whole call with its host work: a generation, not a kernel)."""
