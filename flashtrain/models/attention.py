@@ -126,12 +126,9 @@ def sdpa_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window
         if key_padding_mask is not None:
             mask = mask & key_padding_mask[:, None, None, :]  # (B, 1, T, S)
         causal = False
-    kw = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale)
-    kw["enable_gqa"] = kh.shape[1] != qh.shape[1]
-    if sdpa_cudnn_wrong(q, k, v):
-        with sdpa_kernel(_SDPA_BUT_CUDNN):
-            out = F.scaled_dot_product_attention(qh, kh, vh, **kw)
-    else:
+    gqa = kh.shape[1] != qh.shape[1]
+    kw = dict(attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale, enable_gqa=gqa)
+    with sdpa_kernel(_SDPA_BUT_CUDNN) if sdpa_cudnn_wrong(q, k, v) else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(qh, kh, vh, **kw)
     if key_padding_mask is not None:
         out = torch.nan_to_num(out)  # rows with no visible key: 0, as the kernels give
