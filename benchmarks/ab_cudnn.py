@@ -41,14 +41,22 @@ ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 
 
-def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | None = None) -> dict:
+def _calls(
+    seqlen: int,
+    headdim: int,
+    causal: bool,
+    impls: dict,
+    nheads: int | None = None,
+    nheads_kv: int | None = None,
+) -> dict:
     """Per impl, (forward, fwd+bwd) callables on one set of seeded inputs (bench_attention's impls:
-    ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors)."""
+    ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors); K and V with nheads_kv
+    heads (GQA; default: nheads)."""
     batch, nheads = issue_shape(seqlen, headdim, nheads)
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
-        torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
+        torch.randn(batch, seqlen, h, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for h in (nheads, nheads_kv or nheads, nheads_kv or nheads)
     )
     do = torch.randn_like(q)
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
@@ -80,9 +88,15 @@ def _calls(seqlen: int, headdim: int, causal: bool, impls: dict, nheads: int | N
 
 
 def case(
-    seqlen: int, headdim: int, causal: bool, rounds: int, impls: dict = IMPLS, nheads: int | None = None
+    seqlen: int,
+    headdim: int,
+    causal: bool,
+    rounds: int,
+    impls: dict = IMPLS,
+    nheads: int | None = None,
+    nheads_kv: int | None = None,
 ) -> dict:
-    calls = _calls(seqlen, headdim, causal, impls, nheads)
+    calls = _calls(seqlen, headdim, causal, impls, nheads, nheads_kv)
     times = {(impl, what): [] for impl in impls for what in ("fwd", "fwdbwd")}
     for r in range(rounds):
         for impl in rotated(list(impls), r):
@@ -90,7 +104,8 @@ def case(
                 times[(impl, what)].append(time_ms(fn))
     batch, nheads = issue_shape(seqlen, headdim, nheads)
     flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
-    row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds, batch=batch, nheads=nheads)
+    row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds, batch=batch, nheads=nheads,
+               nheads_kv=nheads_kv or nheads)  # fmt: skip
     for (impl, what), ms in times.items():
         row[f"{impl}_{what}_ms"] = ms
         row[f"{impl}_{what}_tflops"] = (3.5 if what == "fwdbwd" else 1) * flops / statistics.median(ms) / 1e9
@@ -137,10 +152,18 @@ def main() -> None:
                         "(its ORDERED_CAUSAL_KEY_GROUPS; past them the convoy), alternating with the default")  # fmt: skip
     parser.add_argument("--nheads", type=int, default=None,
                         help="heads (default: the issue's, 2048 / head dim); the batch stays the issue's")  # fmt: skip
+    parser.add_argument("--nheads-kv", type=int, default=None,
+                        help="K/V heads (GQA: SDPA with enable_gqa; default: as many as the query's)")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.nheads is not None and args.nheads < 1:
         parser.error(f"--nheads must be at least 1, got {args.nheads}")
+    for headdim in args.headdims if args.nheads_kv is not None else ():
+        nheads = issue_shape(1, headdim, args.nheads)[1]
+        if args.nheads_kv < 1 or nheads % args.nheads_kv:
+            parser.error(
+                f"--nheads-kv must divide the query heads ({nheads} at head dim {headdim}), got {args.nheads_kv}"
+            )
     if args.ordered_causal_key_groups is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
@@ -158,7 +181,7 @@ def main() -> None:
     for headdim in args.headdims:
         for causal in causals:
             for seqlen in args.seqlens:
-                row = case(seqlen, headdim, causal, args.rounds, impls, args.nheads)
+                row = case(seqlen, headdim, causal, args.rounds, impls, args.nheads, args.nheads_kv)
                 print_summary(row)
                 rows.append(row)
                 write_results(args.out, rows, {"torch_deterministic": args.torch_deterministic})

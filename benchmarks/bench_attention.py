@@ -70,9 +70,12 @@ def _sdpa(backend, dropout_p=0.0):
     from torch.nn.attention import sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
-    def run(q, k, v, causal):
+    def run(q, k, v, causal):  # (B, H, N, d); K/V with fewer heads: GQA
         with sdpa_kernel(backend):
-            return scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
+            gqa = k.shape[1] != q.shape[1]
+            return scaled_dot_product_attention(
+                q, k, v, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa
+            )
 
     return run
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 74's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s74.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s74/callN/.
+#   1: session 73's unrun change on a GPU: the block-sparse backward past 2**31 elements now on the Hopper dq
+#      and dK/dV kernels (check_large_offsets.py's block_sparse_bwd, 1.11M tokens x 16 heads of 128), beside
+#      the Hopper block-sparse GPU tests; then d128 under GQA (32 query heads on 8, Llama-like) against SDPA
+#      cuDNN, fwd and fwd+bwd in alternating rounds (never timed: `auto` gives such calls to cuDNN untimed)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  T=tests/kernels
+  timeout -s INT 300 python -m pytest -q -rf -n 3 -m gpu $T/test_block_sparse_hopper.py \
+    > "$R/block_sparse_hopper_tests.log" 2>&1 &
+  timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases block_sparse_bwd \
+    --out "$R/large_offsets_block_sparse_bwd.json" 2>&1 | quiet | cut -c1-600
+  wait
+  echo "block-sparse hopper tests:"; tail -n 3 "$R/block_sparse_hopper_tests.log"
+  for causal in yes no; do
+    timeout -s KILL 200 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens 4096 8192 16384 --rounds 3 --out "$R/ab_cudnn_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+esac
