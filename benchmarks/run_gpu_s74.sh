@@ -10,14 +10,14 @@ machine_info
 case "${1:?part}" in
 1)
   T=tests/kernels
-  timeout -s INT 300 python -m pytest -q -rf -n 3 -m gpu $T/test_block_sparse_hopper.py \
+  timeout -s INT 200 python -m pytest -q -rf -n 4 -m gpu $T/test_block_sparse_hopper.py \
     > "$R/block_sparse_hopper_tests.log" 2>&1 &
   timeout -s KILL 150 python benchmarks/check_large_offsets.py --cases block_sparse_bwd \
     --out "$R/large_offsets_block_sparse_bwd.json" 2>&1 | quiet | cut -c1-600
   wait
   echo "block-sparse hopper tests:"; tail -n 3 "$R/block_sparse_hopper_tests.log"
   for causal in yes no; do
-    timeout -s KILL 200 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+    timeout -s KILL 170 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
       --seqlens 4096 8192 16384 --rounds 3 --out "$R/ab_cudnn_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
   done
   ;;
