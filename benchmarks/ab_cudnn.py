@@ -29,13 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
 from benchmarks.common import print_summary, rotated, time_ms, with_settings, write_results  # noqa: E402
-from kernels import _flash_bwd_fused_hopper  # noqa: E402
+from kernels import _flash_bwd, _flash_bwd_fused_hopper  # noqa: E402
 
 # name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
 IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "sdpa_cudnn"}
 # under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
 STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
+GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ordered backward on repeated K/V)
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
@@ -79,6 +80,10 @@ def _calls(
         calls[ZERO_FILLED] = tuple(
             with_settings(fn, _flash_bwd_fused_hopper, FIRST_STORES=False) for fn in calls[ZERO_FILLED]
         )
+    if GQA_EXPANDED in calls:
+        calls[GQA_EXPANDED] = tuple(
+            with_settings(fn, _flash_bwd, ORDERED_GQA_EXPANDED=True) for fn in calls[GQA_EXPANDED]
+        )
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
         calls[name] = tuple(
@@ -116,6 +121,7 @@ def case(
                 key = f"{anchor}_over_{impl}_{what}"
                 row[key], row[f"{key}_range"] = _ratio(times[(anchor, what)], times[(impl, what)])
     for variant, key in (
+        (GQA_EXPANDED, "gqa_expanded_over_ours_fwdbwd"),
         (TWO_KERNELS, "two_kernels_over_ours_fwdbwd"),
         (ZERO_FILLED, "zero_filled_over_ours_fwdbwd"),
     ):
@@ -142,6 +148,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--two-kernels", action="store_true",
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
+    parser.add_argument("--gqa-expanded", action="store_true",
+                        help=f"also {GQA_EXPANDED}: ours with GQA calls the ordered one-kernel backward refuses "
+                        "run on K/V repeated per query head (`_flash_bwd.ORDERED_GQA_EXPANDED`)")  # fmt: skip
     parser.add_argument("--zero-filled", action="store_true",
                         help=f"also {ZERO_FILLED}: ours with the ordered backward's first adders adding into a "
                         "zero-filled buffer instead of storing (its FIRST_STORES off)")  # fmt: skip
@@ -172,6 +181,8 @@ def main() -> None:
         impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
     if args.zero_filled:
         impls = {"ours": "triton", ZERO_FILLED: "triton", **impls}
+    if args.gqa_expanded:
+        impls = {"ours": "triton", GQA_EXPANDED: "triton", **impls}
     if args.also_causal_key_groups is not None:
         if args.also_causal_key_groups < 0:
             parser.error(f"--also-causal-key-groups must be at least 0, got {args.also_causal_key_groups}")

@@ -505,6 +505,31 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
             )
 
 
+# Experimental (session 74): a deterministic GQA call the ordered one-kernel backward refuses runs it as
+# MHA on K and V repeated per query head, each query head's dK / dV summed over its group after (as
+# FlashAttention-2 does for GQA).
+ORDERED_GQA_EXPANDED = False
+
+
+def _ordered_gqa_expanded(
+    do, q, k, v, out, lse, dq, dk, dv, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed, dlse2,
+    delta,
+):  # fmt: skip
+    """`flash_attn_backward` of a GQA call through the ordered one-kernel backward on K and V repeated
+    per query head (MHA), each kv head's dK / dV the sum of its query heads' (fp32 sum, rounded once)."""
+    group = q.shape[-2] // k.shape[-2]
+    k_x, v_x = (t.repeat_interleave(group, dim=-2) for t in (k, v))
+    dq, dk_x, dv_x = flash_attn_backward(
+        do, q, k_x, v_x, out, lse, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
+        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=seed, delta=delta, dlse2=dlse2,
+        grads_out=(dq, torch.empty_like(k_x), torch.empty_like(v_x)),
+    )  # fmt: skip
+    shape = (*k.shape[:-2], k.shape[-2], group, k.shape[-1])
+    torch.sum(dk_x.view(shape), dim=-2, out=dk)
+    torch.sum(dv_x.view(shape), dim=-2, out=dv)
+    return dq, dk, dv
+
+
 def flash_attn_backward(
     do, q, k, v, out, lse, *, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed,
     cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, atomic_dq=False,
@@ -583,6 +608,16 @@ def flash_attn_backward(
         and dkdv_ok
         and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], group, sms)
     )
+    if (
+        ORDERED_GQA_EXPANDED
+        and group > 1
+        and not atomic_dq
+        and not ordered
+        and dkdv_ok
+        and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], 1, sms)
+    ):
+        return _ordered_gqa_expanded(do, q, k, v, out, lse, dq, dk, dv, sm_scale, win_left, win_right,
+                                     key_padding_mask, dropout_p, seed, dlse2, delta)  # fmt: skip
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
     convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(q.shape[1], k.shape[1], causal, group, sms)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import _flash_bwd as flash_bwd
 from kernels import _flash_bwd_fused_hopper as fused_hopper
 from kernels import _flash_dkdv_hopper as dkdv_hopper
 from kernels import _flash_dq_hopper as dq_hopper
@@ -130,6 +131,57 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     kw = dict(sm_scale=0.25, win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0)
     _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=not deterministic, **kw)
     assert calls == [deterministic]
+
+
+@pytest.mark.parametrize("expanded", [False, True])
+def test_gqa_calls_the_ordered_backward_refuses_take_it_on_repeated_kv_only_when_set(
+    monkeypatch, expanded, device
+):
+    """The routing of a deterministic GQA call that `supports_ordered` refuses at its group and takes as
+    MHA (kernels stubbed, so it runs anywhere): the two kernels by default; with `ORDERED_GQA_EXPANDED` the
+    ordered one-kernel backward on K and V with a head per query head."""
+    monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
+    monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
+    monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
+    monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, group, sms: group == 1)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
+    calls = []
+    monkeypatch.setattr(
+        fused_hopper, "flash_attn_bwd_fused_hopper",
+        lambda q, k, *a, ordered=False, **kw: calls.append(("ordered", ordered, k.shape[-2])),
+    )  # fmt: skip
+    monkeypatch.setattr(
+        dkdv_hopper,
+        "flash_attn_dkdv_hopper",
+        lambda q, k, *a, **kw: calls.append(("two kernels", k.shape[-2])),
+    )
+    torch.manual_seed(3)
+    q, do = (torch.randn(1, 40, 4, 16, device=device) for _ in range(2))
+    k, v = (torch.randn(1, 40, 1, 16, device=device) for _ in range(2))
+    out, lse2 = _forward(q, k, v, causal=False)
+    kw = dict(sm_scale=0.25, win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0)
+    flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, **kw)
+    assert calls == ([("ordered", True, 4)] if expanded else [("two kernels", 1)])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_on_repeated_kv_sums_each_query_heads_dk_dv_into_its_kv_head(causal, device):
+    """`_ordered_gqa_expanded`'s bookkeeping, on whatever backward the repeated call takes here: K and V
+    repeated so that query head h reads kv head h // group, and each kv head's dK / dV the sum of its
+    query heads': the gradients of the GQA call itself (the portable kernels), to fp32 rounding."""
+    torch.manual_seed(5 + causal)
+    q, do = (torch.randn(2, 37, 6, 16, device=device) for _ in range(2))
+    k, v = (torch.randn(2, 37, 2, 16, device=device) for _ in range(2))
+    out, lse2 = _forward(q, k, v, causal=causal)
+    kw = dict(sm_scale=0.25, win_left=None, win_right=0 if causal else None, key_padding_mask=None,
+              dropout_p=0.0, seed=0)  # fmt: skip
+    want = flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, **kw)
+    got = flash_bwd._ordered_gqa_expanded(
+        do, q, k, v, out, lse2, *(torch.empty_like(t) for t in (q, k, v)), kw["sm_scale"], kw["win_left"],
+        kw["win_right"], None, 0.0, 0, None, None,
+    )  # fmt: skip
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("causal, ordered, key_groups", [(True, False, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
@@ -416,6 +468,50 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     for again in runs[1:]:  # (equal values: a first store of -0.0 where the zero-filled add gives +0.0)
         for first, other in zip(runs[0], again, strict=True):
             assert torch.equal(first, other)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, causal",
+    [(1, 4096, 4096, 8, 2, True), (1, 4100, 4100, 8, 2, True), (2, 8192, 8192, 8, 2, True),
+     (1, 4096, 4096, 8, 2, False), (1, 2048, 1500, 8, 2, False), (1, 16384, 16384, 8, 1, False)],
+)  # fmt: skip
+def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b, sq, sk, h, hk, causal):
+    """With `ORDERED_GQA_EXPANDED` a deterministic d128 GQA call that `supports_ordered` refuses (4 or 8
+    query heads a key head, causal or full) runs the ordered one-kernel backward alone, on K and V repeated
+    per query head, each kv head's dK / dV summed over its group: the gradients pass the tolerance rule
+    (at the smaller sizes), repeat bit for bit, and stay within 1% of their largest value of the two
+    deterministic kernels'."""
+    calls = record_calls(
+        monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
+        (dkdv_hopper, "flash_attn_dkdv_hopper"),
+    )  # fmt: skip
+    monkeypatch.setattr(fused_hopper, "UNWRITTEN_FILL", float("nan"))
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, 128, seed=sq + h + causal)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert not fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)
+    do = torch.randn_like(q)
+    two_kernels = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
+    assert calls[-1] == "flash_attn_dkdv_hopper"
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", True)
+    calls.clear()
+    if b * h * sq <= 8 * 4160:  # (the float64 reference at these sizes)
+        check_against_reference(
+            lambda q, k, v: _out_and_lse(flash_attention, q, k, v, causal=causal),
+            lambda q, k, v: attention_reference(q, k, v, causal=causal, return_lse=True),
+            [q, k, v],
+            BF16,
+        )
+    runs = [torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do) for _ in range(3)]
+    assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
+    for again in runs[1:]:
+        for first, other in zip(runs[0], again, strict=True):
+            assert torch.equal(first, other)
+    for name, ours, theirs in zip(("dq", "dk", "dv"), runs[0], two_kernels, strict=True):
+        largest = theirs.float().abs().max().item()
+        apart = (ours.float() - theirs.float()).abs().max().item()
+        assert apart <= 0.01 * largest, f"{name}: {apart:.3g} apart, largest {largest:.3g}"
 
 
 @pytest.mark.gpu
