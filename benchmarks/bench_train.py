@@ -53,6 +53,9 @@ MODELS = {
     # GPT-2 medium's width in 8 heads of 128: GPT-2's heads are 64 wide, and where ours and cuDNN differ
     # most is head dim 128, where `auto` takes ours over cuDNN on sm_90 (`ours_beats_cudnn`, timed with this)
     "gpt2_medium_d128": dict(n_layer=24, n_head=8, d_model=1024),
+    # the same under GQA, 4 query heads a kv head (Llama-like): where cuDNN and our deterministic
+    # backward's routes under GQA meet (`kernels._flash_bwd.ORDERED_GQA_EXPANDED`)
+    "gpt2_medium_d128_gqa": dict(n_layer=24, n_head=8, n_kv_head=2, d_model=1024),
 }
 # impl -> (model attention backend, SDPA backend to pin, substring its kernels' names must contain;
 # "" records the attention kernels that ran without checking them: the unpinned rows, which show

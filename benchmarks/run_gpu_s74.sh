@@ -8,6 +8,9 @@
 #   2: call 1: ours 0.96-1.00x cuDNN fwd+bwd under GQA 32/8 (two deterministic kernels; deterministic=False
 #      1.02-1.06x). The ordered one-kernel backward on K/V repeated per query head (MHA; dK/dV summed over each
 #      group after, as FlashAttention-2 does): its GPU test, then alternating rounds against the default
+#   3: call 2: 1.02-1.06x at 5 of 6 points, 0.996-1.031x cuDNN. Taken by default up to 16k keys; GPU tests of the
+#      one-kernel backward's and packed QKV's files, then GPT-2 medium's width in 8 heads of 128 on 2 kv heads
+#      trained with SDPA pinned to cuDNN and with ours (bench_train.py, each row in a fresh process)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -33,5 +36,13 @@ case "${1:?part}" in
       --causal $causal --seqlens 4096 8192 16384 --rounds 3 --out "$R/ab_cudnn_gqa_expanded_causal_$causal.json" \
       2>&1 | quiet | ratios
   done
+  ;;
+3)
+  T=tests/kernels
+  timeout -s KILL 220 python -m pytest -q -n 4 -rf -m gpu $T/test_flash_bwd_fused_hopper.py $T/test_qkvpacked.py \
+    > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 8192,16384 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa.json" 2>&1 | quiet | grep "^|" | tail -n 8
   ;;
 esac

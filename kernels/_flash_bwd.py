@@ -505,10 +505,17 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
             )
 
 
-# Experimental (session 74): a deterministic GQA call the ordered one-kernel backward refuses runs it as
-# MHA on K and V repeated per query head, each query head's dK / dV summed over its group after (as
-# FlashAttention-2 does for GQA).
-ORDERED_GQA_EXPANDED = False
+# A deterministic GQA call that the ordered one-kernel backward refuses at its group (causal with more
+# than ORDERED_CAUSAL_MAX_GROUP query heads a key head, full attention's key groups past
+# ORDERED_ROTATION_MAX_GROUP) but would take as MHA runs it as MHA: on K and V repeated per query head, each
+# kv head's dK / dV the sum of its query heads' after (as FlashAttention-2 does for GQA), instead of the two
+# deterministic kernels. One H200, d128, 32 query heads on 8, 16k tokens a call, three alternating rounds
+# (results/s74/call2): fwd+bwd 1.02-1.06x the two kernels at causal 8k-16k and full 4k-16k, level (0.997)
+# at causal 4k; against SDPA cuDNN 0.996 / 1.031 / 1.009 causal and 1.017 / 1.007 / 1.008 full at 4k / 8k /
+# 16k, where the two kernels gave 0.96-1.01. It holds K, V, dK and dV at the query's head count meanwhile
+# (4 x q's size), so only up to ORDERED_GQA_EXPANDED_MAX_KEYS keys, the lengths measured.
+ORDERED_GQA_EXPANDED = True
+ORDERED_GQA_EXPANDED_MAX_KEYS = 16384
 
 
 def _ordered_gqa_expanded(
@@ -611,6 +618,7 @@ def flash_attn_backward(
     if (
         ORDERED_GQA_EXPANDED
         and group > 1
+        and k.shape[1] <= ORDERED_GQA_EXPANDED_MAX_KEYS
         and not atomic_dq
         and not ordered
         and dkdv_ok

@@ -168,7 +168,8 @@ def test_gqa_calls_the_ordered_backward_refuses_take_it_on_repeated_kv_only_when
 def test_gqa_on_repeated_kv_sums_each_query_heads_dk_dv_into_its_kv_head(causal, device):
     """`_ordered_gqa_expanded`'s bookkeeping, on whatever backward the repeated call takes here: K and V
     repeated so that query head h reads kv head h // group, and each kv head's dK / dV the sum of its
-    query heads': the gradients of the GQA call itself (the portable kernels), to fp32 rounding."""
+    query heads', stored into the given buffers (here views of one packed buffer): the gradients of the
+    GQA call itself (the portable kernels), to fp32 rounding."""
     torch.manual_seed(5 + causal)
     q, do = (torch.randn(2, 37, 6, 16, device=device) for _ in range(2))
     k, v = (torch.randn(2, 37, 2, 16, device=device) for _ in range(2))
@@ -176,10 +177,12 @@ def test_gqa_on_repeated_kv_sums_each_query_heads_dk_dv_into_its_kv_head(causal,
     kw = dict(sm_scale=0.25, win_left=None, win_right=0 if causal else None, key_padding_mask=None,
               dropout_p=0.0, seed=0)  # fmt: skip
     want = flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, **kw)
+    packed = torch.empty(2, 37, 6 + 2 + 2, 16, device=device)  # (views of one buffer, as packed QKV's)
+    grads = (packed[:, :, :6], packed[:, :, 6:8], packed[:, :, 8:])
     got = flash_bwd._ordered_gqa_expanded(
-        do, q, k, v, out, lse2, *(torch.empty_like(t) for t in (q, k, v)), kw["sm_scale"], kw["win_left"],
-        kw["win_right"], None, 0.0, 0, None, None,
+        do, q, k, v, out, lse2, *grads, kw["sm_scale"], kw["win_left"], kw["win_right"], None, 0.0, 0, None, None
     )  # fmt: skip
+    assert all(a is b for a, b in zip(got, grads, strict=True))
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
 
@@ -478,7 +481,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
      (1, 4096, 4096, 8, 2, False), (1, 2048, 1500, 8, 2, False), (1, 16384, 16384, 8, 1, False)],
 )  # fmt: skip
 def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b, sq, sk, h, hk, causal):
-    """With `ORDERED_GQA_EXPANDED` a deterministic d128 GQA call that `supports_ordered` refuses (4 or 8
+    """With `ORDERED_GQA_EXPANDED` (the default) a deterministic d128 GQA call that `supports_ordered` refuses (4 or 8
     query heads a key head, causal or full) runs the ordered one-kernel backward alone, on K and V repeated
     per query head, each kv head's dK / dV summed over its group: the gradients pass the tolerance rule
     (at the smaller sizes), repeat bit for bit, and stay within 1% of their largest value of the two
@@ -492,6 +495,7 @@ def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert not fused_hopper.supports_ordered(128, causal, sq, sk, h // hk, sms)
     do = torch.randn_like(q)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", False)
     two_kernels = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
     assert calls[-1] == "flash_attn_dkdv_hopper"
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", True)
