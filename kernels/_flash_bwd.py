@@ -513,8 +513,10 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 # (results/s74/call2): fwd+bwd 1.02-1.06x the two kernels at causal 8k-16k and full 4k-16k, level (0.997)
 # at causal 4k; against SDPA cuDNN 0.996 / 1.031 / 1.009 causal and 1.017 / 1.007 / 1.008 full at 4k / 8k /
 # 16k, where the two kernels gave 0.96-1.01. It holds K, V, dK and dV at the query's head count meanwhile
-# (4 x q's size), so only up to ORDERED_GQA_EXPANDED_MAX_KEYS keys, the lengths measured.
+# (4 x q's size), so only up to ORDERED_GQA_EXPANDED_MAX_KEYS keys; and from ORDERED_GQA_EXPANDED_MIN_KEYS:
+# the lengths measured (the repeat and the sums take a larger share of shorter calls).
 ORDERED_GQA_EXPANDED = True
+ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
 ORDERED_GQA_EXPANDED_MAX_KEYS = 16384
 
 
@@ -618,7 +620,7 @@ def flash_attn_backward(
     if (
         ORDERED_GQA_EXPANDED
         and group > 1
-        and k.shape[1] <= ORDERED_GQA_EXPANDED_MAX_KEYS
+        and ORDERED_GQA_EXPANDED_MIN_KEYS <= k.shape[1] <= ORDERED_GQA_EXPANDED_MAX_KEYS
         and not atomic_dq
         and not ordered
         and dkdv_ok

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kernels import _flash_bwd
 from kernels._common import exceeds_extent_limit
 from kernels.reference import split_qkv
 
@@ -304,23 +305,44 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 # A trace-time constant, as `sdpa_runs_cudnn`.
 @torch.compiler.assume_constant_result
 def ours_beats_cudnn(
-    device, head_dim: int, nheads: int, nheads_kv: int, one_query: bool, same_length: bool, dropout: bool
+    device,
+    head_dim: int,
+    nheads: int,
+    nheads_kv: int,
+    one_query: bool,
+    same_length: bool,
+    dropout: bool,
+    gqa_keys_timed: bool = False,
 ) -> bool:
     """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give
     cuDNN: head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k),
-    without GQA or dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel
-    backward run). GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process
+    without dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel
+    backward run), and without GQA or with its keys in the range timed under GQA (gqa_keys_timed:
+    `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS` to `_MAX_KEYS`, with that route on: the ordered
+    one-kernel backward on K/V repeated per query head).
+    GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process
     (results/s53/call3-5): ours ÷ cuDNN tokens/s 1.025 at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at
     16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating rounds
-    (results/s52/call4-6, s53/call3). GQA was not timed end to end, and many GQA calls run the two
-    deterministic kernels (0.94-0.99x cuDNN without GQA); dropout runs the portable backward; a
-    full-attention call on fewer queries than keys may run the two kernels too, and was not timed: those
-    stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its gradients bit
-    for bit, cuDNN's backward does not (results/s44/call1)."""
-    timed = head_dim == 128 and same_length and not one_query and nheads == nheads_kv and not dropout
+    (results/s52/call4-6, s53/call3). The same model on 2 kv heads (results/s74/call3): 1.015x at 8k,
+    1.000x at 16k; the kernels alone at 32 query heads on 8, 0.996-1.031x at causal and full 4k-16k in
+    three alternating rounds (s74/call2). Elsewhere GQA calls run the two deterministic kernels (0.96-1.00x
+    cuDNN at 32 on 8, s74/call1); dropout runs the portable backward; a full-attention call on fewer
+    queries than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every
+    other head dim (`auto_picks_triton`). Ours also repeats its gradients bit for bit, cuDNN's backward
+    does not (results/s44/call1)."""
+    gqa_ok = nheads == nheads_kv or gqa_keys_timed
+    timed = head_dim == 128 and same_length and not one_query and gqa_ok and not dropout
     if device.type != "cuda" or not timed:
         return False
     return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _gqa_keys_timed(seqlen_k: int) -> bool:
+    """Whether a GQA call's key count is in the range `ours_beats_cudnn` timed (a plain bool under dynamo)."""
+    if not _flash_bwd.ORDERED_GQA_EXPANDED:
+        return False
+    least, most = _flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS, _flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS
+    return True if least <= seqlen_k <= most else False
 
 
 def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:
@@ -342,7 +364,9 @@ def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bo
         dropout = True if dropout_p > 0.0 else False  # a float argument may be symbolic
         cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
-        ) and not ours_beats_cudnn(q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout)
+        ) and not ours_beats_cudnn(
+            q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout, _gqa_keys_timed(seqlen_k)
+        )
     deterministic = torch.are_deterministic_algorithms_enabled()
     wrong = sdpa_cudnn_wrong(q, k, v)
     return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic, wrong)

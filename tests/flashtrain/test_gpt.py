@@ -262,36 +262,63 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
 
 
 @pytest.mark.parametrize(
-    "device, capability, head_dim, nheads_kv, one_query, same_length, dropout, beats",
+    "device, capability, head_dim, nheads_kv, one_query, same_length, dropout, gqa_timed, beats",
     [
-        ("cuda", (9, 0), 128, 4, False, True, False, True),
-        ("cuda", (9, 0), 64, 4, False, True, False, False),  # head dim 64: level with cuDNN or slower
-        ("cuda", (9, 0), 256, 4, False, True, False, False),
-        ("cuda", (9, 0), 128, 2, False, True, False, False),  # GQA: mostly the two kernels, under cuDNN
-        ("cuda", (9, 0), 128, 4, True, False, False, False),  # one query: not timed
-        ("cuda", (9, 0), 128, 4, False, False, False, False),  # fewer queries than keys: not timed
-        ("cuda", (9, 0), 128, 4, False, True, True, False),  # dropout: the portable backward
-        ("cuda", (10, 0), 128, 4, False, True, False, False),  # no Gluon kernels off sm_90
-        ("cpu", None, 128, 4, False, True, False, False),
+        ("cuda", (9, 0), 128, 4, False, True, False, False, True),
+        ("cuda", (9, 0), 64, 4, False, True, False, False, False),  # head dim 64: level with cuDNN or slower
+        ("cuda", (9, 0), 256, 4, False, True, False, False, False),
+        ("cuda", (9, 0), 128, 2, False, True, False, False, False),  # GQA elsewhere: the two kernels
+        ("cuda", (9, 0), 128, 2, False, True, False, True, True),  # GQA at 4k-16k keys: the ordered kernel
+        ("cuda", (9, 0), 128, 4, True, False, False, False, False),  # one query: not timed
+        ("cuda", (9, 0), 128, 4, False, False, False, False, False),  # fewer queries than keys: not timed
+        ("cuda", (9, 0), 128, 4, False, True, True, False, False),  # dropout: the portable backward
+        ("cuda", (9, 0), 128, 2, False, True, True, True, False),
+        ("cuda", (10, 0), 128, 4, False, True, False, False, False),  # no Gluon kernels off sm_90
+        ("cpu", None, 128, 4, False, True, False, False, False),
     ],
 )
 def test_ours_beats_cudnn_at_head_dim_128_on_hopper(
-    device, capability, head_dim, nheads_kv, one_query, same_length, dropout, beats, monkeypatch
+    device, capability, head_dim, nheads_kv, one_query, same_length, dropout, gqa_timed, beats, monkeypatch
 ):
     """Where `auto` takes ours although SDPA would run cuDNN: head dim 128 on sm_90 (H100/H200), as many
-    queries as keys (more than one), no GQA, no dropout (the GPU's capability faked, so this runs on
-    CPU)."""
+    queries as keys (more than one), no dropout, no GQA or GQA with its keys in the timed range (the GPU's
+    capability faked, so this runs on CPU)."""
     import flashtrain.models.attention as attention
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
     dev = torch.device(device)
-    assert attention.ours_beats_cudnn(dev, head_dim, 4, nheads_kv, one_query, same_length, dropout) is beats
+    args = (dev, head_dim, 4, nheads_kv, one_query, same_length, dropout, gqa_timed)
+    assert attention.ours_beats_cudnn(*args) is beats
+
+
+@pytest.mark.parametrize(
+    "seqlen_k, expanded, timed",
+    [
+        (4095, True, False),
+        (4096, True, True),
+        (16384, True, True),
+        (16385, True, False),
+        (8192, False, False),
+    ],
+)
+def test_gqa_keys_are_timed_in_the_expanded_routes_range(seqlen_k, expanded, timed, monkeypatch):
+    """A GQA call counts as timed against cuDNN in the key range of the backward's route on repeated K/V
+    (`kernels._flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS` to `_MAX_KEYS`), and not at all with that route
+    off."""
+    import flashtrain.models.attention as attention
+    from kernels import _flash_bwd
+
+    monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
+    monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 4096)
+    monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MAX_KEYS", 16384)
+    assert attention._gqa_keys_timed(seqlen_k) is timed
 
 
 @pytest.mark.parametrize("beats", [True, False])
 def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
     """`auto` hands `auto_picks_triton` sdpa_runs_cudnn=False where `ours_beats_cudnn` says so, with the
-    call's device, head dim, head counts, one query or not, as many queries as keys or not and dropout."""
+    call's device, head dim, head counts, one query or not, as many queries as keys or not, dropout, and
+    whether a GQA call's keys are in the range timed (`_gqa_keys_timed`)."""
     import flashtrain.models.attention as attention
 
     asked, decided = [], []
@@ -302,7 +329,7 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
     attention.auto_attention(q, q, q, causal=True)
     k = torch.randn(1, 24, 4, 8)
     attention.auto_attention(q, k, k, causal=False)
-    assert asked == [(8, 4, 4, False, True, False), (8, 4, 4, False, False, False)]
+    assert asked == [(8, 4, 4, False, True, False, False), (8, 4, 4, False, False, False, False)]
     assert decided == [not beats] * 2
 
 
@@ -312,15 +339,17 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
     reason="ours beats cuDNN at head dim 128 on sm_90 (H100/H200) only",
 )
 @pytest.mark.parametrize(
-    "nheads_kv, head_dim, ours", [(8, 128, True), (2, 128, False), (8, 64, False)]
+    "seqlen, nheads_kv, head_dim, ours",
+    [(4096, 8, 128, True), (4096, 2, 128, True), (20480, 2, 128, False), (2048, 2, 128, False), (4096, 8, 64, False)],
 )  # fmt: skip
-def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(nheads_kv, head_dim, ours, monkeypatch):
+def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(seqlen, nheads_kv, head_dim, ours, monkeypatch):
     """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
-    tokens, and SDPA with GQA or at head dim 64 (the backends recorded, still run)."""
+    tokens and with GQA at 4k-16k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
+    recorded, still run)."""
     import flashtrain.models.attention as attention
 
-    q = torch.randn(1, 4096, 8, head_dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 4096, nheads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, seqlen, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, seqlen, nheads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
     if not attention.sdpa_runs_cudnn(q.device, q.dtype, 8, nheads_kv, head_dim, False, False, True, False):
         pytest.skip("SDPA would not run cuDNN here (cuDNN older than 9.15.1, or not first)")
     ran = []

@@ -145,6 +145,7 @@ def test_gqa_calls_the_ordered_backward_refuses_take_it_on_repeated_kv_only_when
     monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, group, sms: group == 1)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 40)
     calls = []
     monkeypatch.setattr(
         fused_hopper, "flash_attn_bwd_fused_hopper",
@@ -478,7 +479,7 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, causal",
     [(1, 4096, 4096, 8, 2, True), (1, 4100, 4100, 8, 2, True), (2, 8192, 8192, 8, 2, True),
-     (1, 4096, 4096, 8, 2, False), (1, 2048, 1500, 8, 2, False), (1, 16384, 16384, 8, 1, False)],
+     (1, 4096, 4096, 8, 2, False), (1, 6000, 4100, 8, 2, False), (1, 16384, 16384, 8, 1, False)],
 )  # fmt: skip
 def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b, sq, sk, h, hk, causal):
     """With `ORDERED_GQA_EXPANDED` (the default) a deterministic d128 GQA call that `supports_ordered` refuses (4 or 8
