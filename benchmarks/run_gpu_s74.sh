@@ -14,6 +14,9 @@
 #   4: call 3: 1.015x cuDNN's tokens/s at 8k, 1.000x at 16k. `auto` now takes ours under GQA at 4k-16k keys, and
 #      the route from 4096 keys only (the range timed). GPU tests of the route, `auto` and the dense kernels, then
 #      the final tree against cuDNN under GQA 32/8 (alternating rounds)
+#   5: call 4: at 4k ours and cuDNN traded places (0.986-1.017 over calls 2 and 4), from 8k ours led: `auto` takes
+#      GQA from 8k keys. Its GPU test; then the other groups `auto` now gives ours at 8k-16k: 32 query heads on 4
+#      (8 a kv head) and on 16 (2), against cuDNN in alternating rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -57,6 +60,16 @@ case "${1:?part}" in
   for causal in yes no; do
     timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
       --seqlens 4096 8192 16384 --rounds 3 --out "$R/ab_cudnn_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+5)
+  timeout -s KILL 150 python -m pytest -q -rf -m gpu tests/flashtrain/test_gpt.py > "$R/gpu_tests_auto.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_auto.log"
+  for kv in 4 16; do
+    for causal in yes no; do
+      timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv $kv --causal $causal \
+        --seqlens 8192 16384 --rounds 3 --out "$R/ab_cudnn_gqa_32_${kv}_causal_$causal.json" 2>&1 | quiet | ratios
+    done
   done
   ;;
 esac

@@ -302,6 +302,13 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
     return _sdpa_choice(*key) == int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION)
 
 
+# GQA calls `auto` gives ours over cuDNN start at this many keys (up to kernels._flash_bwd's
+# ORDERED_GQA_EXPANDED_MAX_KEYS): at 4k ours and cuDNN traded places between runs (fwd+bwd at 32 query heads
+# on 8, cuDNN ÷ ours 0.986 / 0.996 causal, 0.997 / 1.017 full, results/s74/call2, call4), from 8k ours led
+# in both (1.007-1.031)
+AUTO_GQA_MIN_KEYS = 8192
+
+
 # A trace-time constant, as `sdpa_runs_cudnn`.
 @torch.compiler.assume_constant_result
 def ours_beats_cudnn(
@@ -317,15 +324,15 @@ def ours_beats_cudnn(
     """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give
     cuDNN: head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k),
     without dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel
-    backward run), and without GQA or with its keys in the range timed under GQA (gqa_keys_timed:
-    `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS` to `_MAX_KEYS`, with that route on: the ordered
-    one-kernel backward on K/V repeated per query head).
+    backward run), and without GQA or with its keys in the range where ours led under GQA
+    (gqa_keys_timed: AUTO_GQA_MIN_KEYS to `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`, with that
+    route on: the ordered one-kernel backward on K/V repeated per query head).
     GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process
     (results/s53/call3-5): ours ÷ cuDNN tokens/s 1.025 at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at
     16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating rounds
     (results/s52/call4-6, s53/call3). The same model on 2 kv heads (results/s74/call3): 1.015x at 8k,
-    1.000x at 16k; the kernels alone at 32 query heads on 8, 0.996-1.031x at causal and full 4k-16k in
-    three alternating rounds (s74/call2). Elsewhere GQA calls run the two deterministic kernels (0.96-1.00x
+    1.000x at 16k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in
+    two runs of three alternating rounds (s74/call2, call4). Elsewhere GQA calls run the two deterministic kernels (0.96-1.00x
     cuDNN at 32 on 8, s74/call1); dropout runs the portable backward; a full-attention call on fewer
     queries than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every
     other head dim (`auto_picks_triton`). Ours also repeats its gradients bit for bit, cuDNN's backward
@@ -341,8 +348,8 @@ def _gqa_keys_timed(seqlen_k: int) -> bool:
     """Whether a GQA call's key count is in the range `ours_beats_cudnn` timed (a plain bool under dynamo)."""
     if not _flash_bwd.ORDERED_GQA_EXPANDED:
         return False
-    least, most = _flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS, _flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS
-    return True if least <= seqlen_k <= most else False
+    least = max(AUTO_GQA_MIN_KEYS, _flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS)
+    return True if least <= seqlen_k <= _flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS else False
 
 
 def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:

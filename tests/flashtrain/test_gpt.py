@@ -293,18 +293,13 @@ def test_ours_beats_cudnn_at_head_dim_128_on_hopper(
 
 @pytest.mark.parametrize(
     "seqlen_k, expanded, timed",
-    [
-        (4095, True, False),
-        (4096, True, True),
-        (16384, True, True),
-        (16385, True, False),
-        (8192, False, False),
-    ],
-)
-def test_gqa_keys_are_timed_in_the_expanded_routes_range(seqlen_k, expanded, timed, monkeypatch):
-    """A GQA call counts as timed against cuDNN in the key range of the backward's route on repeated K/V
-    (`kernels._flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS` to `_MAX_KEYS`), and not at all with that route
-    off."""
+    [(4096, True, False), (8191, True, False), (8192, True, True), (16384, True, True), (16385, True, False),
+     (8192, False, False)],
+)  # fmt: skip
+def test_gqa_keys_are_timed_from_8k_in_the_expanded_routes_range(seqlen_k, expanded, timed, monkeypatch):
+    """A GQA call counts as one where ours beats cuDNN from AUTO_GQA_MIN_KEYS keys (at 4k the two traded
+    places) up to the limit of the backward's route on repeated K/V
+    (`kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`), and not at all with that route off."""
     import flashtrain.models.attention as attention
     from kernels import _flash_bwd
 
@@ -340,11 +335,11 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
 )
 @pytest.mark.parametrize(
     "seqlen, nheads_kv, head_dim, ours",
-    [(4096, 8, 128, True), (4096, 2, 128, True), (20480, 2, 128, False), (2048, 2, 128, False), (4096, 8, 64, False)],
+    [(4096, 8, 128, True), (8192, 2, 128, True), (20480, 2, 128, False), (4096, 2, 128, False), (4096, 8, 64, False)],
 )  # fmt: skip
 def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(seqlen, nheads_kv, head_dim, ours, monkeypatch):
     """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
-    tokens and with GQA at 4k-16k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
+    tokens and with GQA at 8k-16k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
     recorded, still run)."""
     import flashtrain.models.attention as attention
 
