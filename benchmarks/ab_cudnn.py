@@ -82,7 +82,8 @@ def _calls(
         )
     if GQA_EXPANDED in calls:
         calls[GQA_EXPANDED] = tuple(
-            with_settings(fn, _flash_bwd, ORDERED_GQA_EXPANDED=True) for fn in calls[GQA_EXPANDED]
+            with_settings(fn, _flash_bwd, ORDERED_GQA_EXPANDED=True, ORDERED_GQA_EXPANDED_MAX_KEYS=1 << 30)
+            for fn in calls[GQA_EXPANDED]
         )
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
@@ -150,7 +151,7 @@ def main() -> None:
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
     parser.add_argument("--gqa-expanded", action="store_true",
                         help=f"also {GQA_EXPANDED}: ours with GQA calls the ordered one-kernel backward refuses "
-                        "run on K/V repeated per query head (`_flash_bwd.ORDERED_GQA_EXPANDED`)")  # fmt: skip
+                        "run on K/V repeated per query head (`_flash_bwd.ORDERED_GQA_EXPANDED`), at any length")  # fmt: skip
     parser.add_argument("--zero-filled", action="store_true",
                         help=f"also {ZERO_FILLED}: ours with the ordered backward's first adders adding into a "
                         "zero-filled buffer instead of storing (its FIRST_STORES off)")  # fmt: skip

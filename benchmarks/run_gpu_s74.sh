@@ -17,6 +17,9 @@
 #   5: call 4: at 4k ours and cuDNN traded places (0.986-1.017 over calls 2 and 4), from 8k ours led: `auto` takes
 #      GQA from 8k keys. Its GPU test; then the other groups `auto` now gives ours at 8k-16k: 32 query heads on 4
 #      (8 a kv head) and on 16 (2), against cuDNN in alternating rounds
+#   6: call 5: 1.00-1.08x cuDNN at 4 and 16 kv heads too. Past 16k keys GQA calls keep the two kernels (the limit of
+#      the lengths measured): the route on repeated K/V at 32k and 64k (causal and full, 32 on 8) against them
+#      and cuDNN, three alternating rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -70,6 +73,13 @@ case "${1:?part}" in
       timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv $kv --causal $causal \
         --seqlens 8192 16384 --rounds 3 --out "$R/ab_cudnn_gqa_32_${kv}_causal_$causal.json" 2>&1 | quiet | ratios
     done
+  done
+  ;;
+6)
+  for causal in yes no; do
+    timeout -s KILL 250 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv 8 \
+      --causal $causal --seqlens 32768 65536 --rounds 3 --out "$R/ab_cudnn_gqa_expanded_long_causal_$causal.json" \
+      2>&1 | quiet | ratios
   done
   ;;
 esac
