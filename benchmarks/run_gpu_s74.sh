@@ -20,6 +20,8 @@
 #   6: call 5: 1.00-1.08x cuDNN at 4 and 16 kv heads too. Past 16k keys GQA calls keep the two kernels (the limit of
 #      the lengths measured): the route on repeated K/V at 32k and 64k (causal and full, 32 on 8) against them
 #      and cuDNN, three alternating rounds
+#   7: call 6: causal 32k / 64k 1.09 / 1.07x the two kernels, 1.05 / 1.03x cuDNN (full attention there takes the
+#      ordered convoy under GQA itself). The route and `auto` up to 64k keys: their GPU tests (a causal 32k case)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -81,5 +83,10 @@ case "${1:?part}" in
       --causal $causal --seqlens 32768 65536 --rounds 3 --out "$R/ab_cudnn_gqa_expanded_long_causal_$causal.json" \
       2>&1 | quiet | ratios
   done
+  ;;
+7)
+  timeout -s KILL 250 python -m pytest -q -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py tests/flashtrain/test_gpt.py \
+    -k "repeated_kv or auto" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   ;;
 esac

@@ -509,15 +509,16 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 # than ORDERED_CAUSAL_MAX_GROUP query heads a key head, full attention's key groups past
 # ORDERED_ROTATION_MAX_GROUP) but would take as MHA runs it as MHA: on K and V repeated per query head, each
 # kv head's dK / dV the sum of its query heads' after (as FlashAttention-2 does for GQA), instead of the two
-# deterministic kernels. One H200, d128, 32 query heads on 8, 16k tokens a call, three alternating rounds
-# (results/s74/call2): fwd+bwd 1.02-1.06x the two kernels at causal 8k-16k and full 4k-16k, level (0.997)
-# at causal 4k; against SDPA cuDNN 0.996 / 1.031 / 1.009 causal and 1.017 / 1.007 / 1.008 full at 4k / 8k /
-# 16k, where the two kernels gave 0.96-1.01. It holds K, V, dK and dV at the query's head count meanwhile
-# (4 x q's size), so only up to ORDERED_GQA_EXPANDED_MAX_KEYS keys; and from ORDERED_GQA_EXPANDED_MIN_KEYS:
-# the lengths measured (the repeat and the sums take a larger share of shorter calls).
+# deterministic kernels. One H200, d128, 32 query heads on 8, 16k tokens a call (one sequence past that),
+# three alternating rounds, fwd+bwd against the two kernels (results/s74/call2, call6): 1.02 / 1.05 / 1.09 /
+# 1.07x at causal 8k / 16k / 32k / 64k, 1.03-1.06x at full 4k-16k, level (0.997) at causal 4k; against SDPA
+# cuDNN 0.99-1.05x, where the two kernels gave 0.96-1.01. (Full attention past 16.9k keys takes the ordered
+# kernel's convoy under GQA itself.) It holds K, V, dK and dV at the query's head count meanwhile (4 x q's
+# size: 2 GiB at 64k x 32 heads of 128), so from ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS, the lengths
+# measured (the repeat and the sums take a larger share of shorter calls).
 ORDERED_GQA_EXPANDED = True
 ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
-ORDERED_GQA_EXPANDED_MAX_KEYS = 16384
+ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
 
 
 def _ordered_gqa_expanded(

@@ -335,11 +335,12 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
 )
 @pytest.mark.parametrize(
     "seqlen, nheads_kv, head_dim, ours",
-    [(4096, 8, 128, True), (8192, 2, 128, True), (20480, 2, 128, False), (4096, 2, 128, False), (4096, 8, 64, False)],
+    [(4096, 8, 128, True), (8192, 2, 128, True), (32768, 2, 128, True), (81920, 2, 128, False), (4096, 2, 128, False),
+     (4096, 8, 64, False)],
 )  # fmt: skip
 def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(seqlen, nheads_kv, head_dim, ours, monkeypatch):
     """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
-    tokens and with GQA at 8k-16k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
+    tokens and with GQA at 8k-64k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
     recorded, still run)."""
     import flashtrain.models.attention as attention
 

@@ -479,14 +479,15 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, causal",
     [(1, 4096, 4096, 8, 2, True), (1, 4100, 4100, 8, 2, True), (2, 8192, 8192, 8, 2, True),
-     (1, 4096, 4096, 8, 2, False), (1, 6000, 4100, 8, 2, False), (1, 16384, 16384, 8, 1, False)],
+     (1, 4096, 4096, 8, 2, False), (1, 6000, 4100, 8, 2, False), (1, 16384, 16384, 8, 1, False),
+     (1, 32768, 32768, 4, 1, True)],
 )  # fmt: skip
 def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b, sq, sk, h, hk, causal):
     """With `ORDERED_GQA_EXPANDED` (the default) a deterministic d128 GQA call that `supports_ordered` refuses (4 or 8
     query heads a key head, causal or full) runs the ordered one-kernel backward alone, on K and V repeated
     per query head, each kv head's dK / dV summed over its group: the gradients pass the tolerance rule
     (at the smaller sizes), repeat bit for bit, and stay within 1% of their largest value of the two
-    deterministic kernels'."""
+    deterministic kernels' (causal 32k: the ordered kernel's convoy, walking its tiles down)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
