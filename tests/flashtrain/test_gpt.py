@@ -446,6 +446,21 @@ def test_auto_compiles_without_graph_breaks(dynamic):
         torch.testing.assert_close(views(*qkv.split([4, 2, 2], dim=2), causal=True), expected)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_auto_compiles_its_gqa_key_range_without_graph_breaks(dynamic, monkeypatch):
+    """Where SDPA would run cuDNN, `auto` asks `ours_beats_cudnn` (a trace-time constant) with whether a
+    GQA call's keys are in the timed range: under torch.compile, symbolic lengths included, that is a plain
+    bool (the probe faked to say cuDNN, so this runs on CPU; ours_beats_cudnn then says no off CUDA)."""
+    import flashtrain.models.attention as attention
+
+    monkeypatch.setattr(attention, "sdpa_runs_cudnn", lambda *args: True)
+    torch._dynamo.reset()  # (other tests' compilations of auto_attention count toward its recompile limit)
+    views = torch.compile(attention.auto_attention, fullgraph=True, dynamic=dynamic)
+    for seqlen in (16, 24):
+        q, k, v = torch.randn(2, seqlen, 4 + 2 * 2, 16).split([4, 2, 2], dim=2)
+        torch.testing.assert_close(views(q, k, v, causal=True), sdpa_attention(q, k, v, causal=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, causal, dropout_p",
