@@ -474,6 +474,19 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
             assert torch.equal(first, other)
 
 
+def _assert_bitwise_repeats_near_two_kernels(runs, two_kernels):
+    """Each run's (dq, dk, dv) bitwise the first's, and the first within 1% of its largest value of the two
+    deterministic kernels' gradients (the same sums in another order: at most a few bf16 roundings apart,
+    never a missing or doubled tile)."""
+    for again in runs[1:]:
+        for first, other in zip(runs[0], again, strict=True):
+            assert torch.equal(first, other)
+    for name, ours, theirs in zip(("dq", "dk", "dv"), runs[0], two_kernels, strict=True):
+        largest = theirs.float().abs().max().item()
+        apart = (ours.float() - theirs.float()).abs().max().item()
+        assert apart <= 0.01 * largest, f"{name}: {apart:.3g} apart, largest {largest:.3g}"
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
@@ -483,11 +496,11 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
      (1, 32768, 32768, 4, 1, True)],
 )  # fmt: skip
 def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b, sq, sk, h, hk, causal):
-    """With `ORDERED_GQA_EXPANDED` (the default) a deterministic d128 GQA call that `supports_ordered` refuses (4 or 8
-    query heads a key head, causal or full) runs the ordered one-kernel backward alone, on K and V repeated
-    per query head, each kv head's dK / dV summed over its group: the gradients pass the tolerance rule
-    (at the smaller sizes), repeat bit for bit, and stay within 1% of their largest value of the two
-    deterministic kernels' (causal 32k: the ordered kernel's convoy, walking its tiles down)."""
+    """With `ORDERED_GQA_EXPANDED` (the default) a deterministic d128 GQA call that `supports_ordered`
+    refuses (4 or 8 query heads a key head, causal or full) runs the ordered one-kernel backward alone, on
+    K and V repeated per query head, each kv head's dK / dV summed over its group: the gradients pass the
+    tolerance rule (at the smaller sizes), repeat bit for bit, and stay within 1% of their largest value
+    of the two deterministic kernels' (causal 32k: the ordered kernel's convoy, walking its tiles down)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
@@ -511,13 +524,7 @@ def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b
         )
     runs = [torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do) for _ in range(3)]
     assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
-    for again in runs[1:]:
-        for first, other in zip(runs[0], again, strict=True):
-            assert torch.equal(first, other)
-    for name, ours, theirs in zip(("dq", "dk", "dv"), runs[0], two_kernels, strict=True):
-        largest = theirs.float().abs().max().item()
-        apart = (ours.float() - theirs.float()).abs().max().item()
-        assert apart <= 0.01 * largest, f"{name}: {apart:.3g} apart, largest {largest:.3g}"
+    _assert_bitwise_repeats_near_two_kernels(runs, two_kernels)
 
 
 @pytest.mark.gpu
@@ -563,18 +570,11 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
     do = torch.randn_like(q)
     runs = [torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do) for _ in range(8)]
     assert calls and set(calls) == {"flash_attn_bwd_fused_hopper"}
-    for again in runs[1:]:
-        for first, other in zip(runs[0], again, strict=True):
-            assert torch.equal(first, other)
-    # Against the two deterministic kernels (tested against the reference above their sizes too): the
-    # same sums in another order, so at most a few bf16 roundings apart, never a missing or doubled tile.
+    # (the two deterministic kernels are tested against the reference above their sizes too)
     monkeypatch.setattr(fused_hopper, "ORDERED_ENABLED", False)
     two_kernels = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
     assert calls[-1] == "flash_attn_dkdv_hopper"
-    for name, ours, theirs in zip(("dq", "dk", "dv"), runs[0], two_kernels, strict=True):
-        largest = theirs.float().abs().max().item()
-        apart = (ours.float() - theirs.float()).abs().max().item()
-        assert apart <= 0.01 * largest, f"{name}: {apart:.3g} apart, largest {largest:.3g}"
+    _assert_bitwise_repeats_near_two_kernels(runs, two_kernels)
 
 
 @pytest.mark.gpu
