@@ -22,6 +22,7 @@
 #      and cuDNN, three alternating rounds
 #   7: call 6: causal 32k / 64k 1.09 / 1.07x the two kernels, 1.05 / 1.03x cuDNN (full attention there takes the
 #      ordered convoy under GQA itself). The route and `auto` up to 64k keys: their GPU tests (a causal 32k case)
+#   8: the review's shared check in the two GPU tests of the ordered backward (unchanged assertions)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -87,6 +88,11 @@ case "${1:?part}" in
 7)
   timeout -s KILL 250 python -m pytest -q -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py tests/flashtrain/test_gpt.py \
     -k "repeated_kv or auto" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  ;;
+8)
+  timeout -s KILL 220 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py \
+    -k "repeated_kv or takes_the_ordered_kernel" > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   ;;
 esac
