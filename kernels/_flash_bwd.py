@@ -526,7 +526,8 @@ def _ordered_gqa_expanded(
     delta,
 ):  # fmt: skip
     """`flash_attn_backward` of a GQA call through the ordered one-kernel backward on K and V repeated
-    per query head (MHA), each kv head's dK / dV the sum of its query heads' (fp32 sum, rounded once)."""
+    per query head (MHA), each kv head's dK / dV the sum of its query heads' (each in the inputs' dtype,
+    summed in fp32 in a fixed order, rounded once more), stored into dk and dv."""
     group = q.shape[-2] // k.shape[-2]
     k_x, v_x = (t.repeat_interleave(group, dim=-2) for t in (k, v))
     dq, dk_x, dv_x = flash_attn_backward(

@@ -332,11 +332,11 @@ def ours_beats_cudnn(
     16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating rounds
     (results/s52/call4-6, s53/call3). The same model on 2 kv heads (results/s74/call3): 1.015x at 8k,
     1.000x at 16k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in
-    two runs of three alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6). Elsewhere GQA calls run the two deterministic kernels (0.96-1.00x
-    cuDNN at 32 on 8, s74/call1); dropout runs the portable backward; a full-attention call on fewer
-    queries than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every
-    other head dim (`auto_picks_triton`). Ours also repeats its gradients bit for bit, cuDNN's backward
-    does not (results/s44/call1)."""
+    two runs of three alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6). Elsewhere
+    GQA calls run the two deterministic kernels (0.96-1.00x cuDNN at 32 on 8, s74/call1); dropout runs
+    the portable backward; a full-attention call on fewer queries than keys may run the two kernels too,
+    and was not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also
+    repeats its gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
     gqa_ok = nheads == nheads_kv or gqa_keys_timed
     timed = head_dim == 128 and same_length and not one_query and gqa_ok and not dropout
     if device.type != "cuda" or not timed:
