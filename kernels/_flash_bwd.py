@@ -521,6 +521,12 @@ ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
 ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
 
 
+def repeats_kv_at(seqlen_k: int) -> bool:
+    """Whether a GQA call of seqlen_k keys is in the range of the backward's route on repeated K/V (on,
+    and ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS); where it runs, the ordered kernel's rule decides too."""
+    return ORDERED_GQA_EXPANDED and ORDERED_GQA_EXPANDED_MIN_KEYS <= seqlen_k <= ORDERED_GQA_EXPANDED_MAX_KEYS
+
+
 def _ordered_gqa_expanded(
     do, q, k, v, out, lse, dq, dk, dv, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed, dlse2,
     delta,
@@ -620,9 +626,8 @@ def flash_attn_backward(
         and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], group, sms)
     )
     if (
-        ORDERED_GQA_EXPANDED
-        and group > 1
-        and ORDERED_GQA_EXPANDED_MIN_KEYS <= k.shape[1] <= ORDERED_GQA_EXPANDED_MAX_KEYS
+        group > 1
+        and repeats_kv_at(k.shape[1])
         and not atomic_dq
         and not ordered
         and dkdv_ok

@@ -325,8 +325,8 @@ def ours_beats_cudnn(
     cuDNN: head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k),
     without dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel
     backward run), and without GQA or with its keys in the range where ours led under GQA
-    (gqa_keys_timed: AUTO_GQA_MIN_KEYS to `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`, with that
-    route on: the ordered one-kernel backward on K/V repeated per query head).
+    (gqa_keys_timed: from AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the
+    ordered one-kernel backward on K/V repeated per query head).
     GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process
     (results/s53/call3-5): ours ÷ cuDNN tokens/s 1.025 at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at
     16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating rounds
@@ -346,10 +346,7 @@ def ours_beats_cudnn(
 
 def _gqa_keys_timed(seqlen_k: int) -> bool:
     """Whether a GQA call's key count is in the range `ours_beats_cudnn` timed (a plain bool under dynamo)."""
-    if not _flash_bwd.ORDERED_GQA_EXPANDED:
-        return False
-    least = max(AUTO_GQA_MIN_KEYS, _flash_bwd.ORDERED_GQA_EXPANDED_MIN_KEYS)
-    return True if least <= seqlen_k <= _flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS else False
+    return True if seqlen_k >= AUTO_GQA_MIN_KEYS and _flash_bwd.repeats_kv_at(seqlen_k) else False
 
 
 def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:
