@@ -54,10 +54,11 @@ def _calls(
     ours on (B, N, H, d), torch's on a (B, H, N, d) view of the same tensors); K and V with nheads_kv
     heads (GQA; default: nheads)."""
     batch, nheads = issue_shape(seqlen, headdim, nheads)
+    nheads_kv = nheads_kv or nheads
     torch.manual_seed(seqlen + headdim + causal)
     q, k, v = (
         torch.randn(batch, seqlen, h, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for h in (nheads, nheads_kv or nheads, nheads_kv or nheads)
+        for h in (nheads, nheads_kv, nheads_kv)
     )
     do = torch.randn_like(q)
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
@@ -168,12 +169,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.nheads is not None and args.nheads < 1:
         parser.error(f"--nheads must be at least 1, got {args.nheads}")
-    for headdim in args.headdims if args.nheads_kv is not None else ():
-        nheads = issue_shape(1, headdim, args.nheads)[1]
-        if args.nheads_kv < 1 or nheads % args.nheads_kv:
-            parser.error(
-                f"--nheads-kv must divide the query heads ({nheads} at head dim {headdim}), got {args.nheads_kv}"
-            )
+    if args.nheads_kv is not None:
+        for headdim in args.headdims:
+            nheads = issue_shape(1, headdim, args.nheads)[1]
+            if args.nheads_kv < 1 or nheads % args.nheads_kv:
+                parser.error(
+                    f"--nheads-kv must divide the query heads ({nheads} at head dim {headdim}), got {args.nheads_kv}"
+                )
     if args.ordered_causal_key_groups is not None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
