@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 75's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s75.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s75/callN/.
+#   1: session 74's review mends on a GPU (the GQA route's and `auto`'s GPU tests, never rerun after the shared
+#      predicate); then GQA never timed: head dim 64 (GPT-2's, 32 query heads on 8) against SDPA cuDNN, and head
+#      dim 128 under 4k keys (32 on 8, 1k and 2k) with the route on repeated K/V forced, alternating rounds
+#   2: call 1: d64 GQA 0.95-0.96x cuDNN at 4k-16k (as MHA), 1.07-1.18x at 1k; d128 GQA under 4k ours (two kernels)
+#      1.01-1.12x cuDNN, the route no faster there (0.99-1.01x). A second run, 512 to 4k keys in five rounds,
+#      then GPT-2 medium's width in 8 heads of 128 on 2 kv heads at 1k and 2k, cuDNN and ours (fresh processes)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py \
+    tests/flashtrain/test_gpt.py -k "repeated_kv or auto or takes_the_ordered_kernel" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  for causal in yes no; do
+    timeout -s KILL 130 python benchmarks/ab_cudnn.py --headdims 64 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens 1024 4096 16384 --rounds 3 --out "$R/ab_cudnn_d64_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  for causal in yes no; do
+    timeout -s KILL 100 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv 8 \
+      --causal $causal --seqlens 1024 2048 --rounds 3 --out "$R/ab_cudnn_gqa_expanded_short_causal_$causal.json" \
+      2>&1 | quiet | ratios
+  done
+  ;;
+2)
+  for causal in yes no; do
+    timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens 512 1024 2048 4096 --rounds 5 --out "$R/ab_cudnn_gqa_32_8_short_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  timeout 280 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024,2048 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_short.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+esac
