@@ -7,6 +7,9 @@
 #   2: call 1: d64 GQA 0.95-0.96x cuDNN at 4k-16k (as MHA), 1.07-1.18x at 1k; d128 GQA under 4k ours (two kernels)
 #      1.01-1.12x cuDNN, the route no faster there (0.99-1.01x). A second run, 512 to 4k keys in five rounds,
 #      then GPT-2 medium's width in 8 heads of 128 on 2 kv heads at 1k and 2k, cuDNN and ours (fresh processes)
+#   3: call 2: kernels 1.01-1.25x cuDNN at 512-2k, 0.983 / 0.996 at 4k; end to end 0.963x at 1k (ours' step times
+#      spread 71-83 ms), 1.028x at 2k. The same model again at 1k with the GPU's clocks sampled, at 4k, and at 32k
+#      (one sequence of 32k a step: GQA end to end past 16k, never run)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -31,5 +34,11 @@ case "${1:?part}" in
   done
   timeout 280 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024,2048 \
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_short.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  ;;
+3)
+  timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024,4096 --gpu-clocks \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_1k_4k.json" 2>&1 | quiet | grep "^|" | tail -n 6
+  timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 32768 --tokens-per-step 32768 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_32k.json" 2>&1 | quiet | grep "^|" | tail -n 4
   ;;
 esac
