@@ -10,6 +10,10 @@
 #   3: call 2: kernels 1.01-1.25x cuDNN at 512-2k, 0.983 / 0.996 at 4k; end to end 0.963x at 1k (ours' step times
 #      spread 71-83 ms), 1.028x at 2k. The same model again at 1k with the GPU's clocks sampled, at 4k, and at 32k
 #      (one sequence of 32k a step: GQA end to end past 16k, never run)
+#   4: call 3: GQA end to end 0.941x cuDNN at 1k (ours' steps 71.7-90.3 ms, cuDNN's 72.3-76.0), 0.994x at 4k, 1.007x at
+#      32k. `auto` takes ours for MHA at head dim 128 at every length, but under 4k its kernels were last timed in
+#      sessions 44-47 (0.97-0.99x cuDNN) and its model never: d128 MHA at 512-2k against cuDNN on this tree (five
+#      rounds), then GPT-2 medium's width in 8 heads of 128 at 1k and 2k, cuDNN and ours
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -40,5 +44,13 @@ case "${1:?part}" in
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_1k_4k.json" 2>&1 | quiet | grep "^|" | tail -n 6
   timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 32768 --tokens-per-step 32768 \
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_32k.json" 2>&1 | quiet | grep "^|" | tail -n 4
+  ;;
+4)
+  for causal in yes no; do
+    timeout -s KILL 130 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --seqlens 512 1024 2048 \
+      --rounds 5 --out "$R/ab_cudnn_d128_short_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 1024,2048 --gpu-clocks \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_short.json" 2>&1 | quiet | grep "^|" | tail -n 6
   ;;
 esac
