@@ -14,6 +14,9 @@
 #      32k. `auto` takes ours for MHA at head dim 128 at every length, but under 4k its kernels were last timed in
 #      sessions 44-47 (0.97-0.99x cuDNN) and its model never: d128 MHA at 512-2k against cuDNN on this tree (five
 #      rounds), then GPT-2 medium's width in 8 heads of 128 at 1k and 2k, cuDNN and ours
+#   5: call 4: MHA kernels 1.006-1.042x cuDNN at 1k-2k (full 512 0.82, ours' rounds 0.61-0.91 ms: the host), the MHA
+#      model 1.023 / 1.016x at 1k / 2k: `auto`'s MHA rule holds there. Yet the GQA model at 1k runs 0.94-0.96x with
+#      ours' steps spread: where its device idles (--gaps) and its host's top functions, MHA beside it
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -52,5 +55,11 @@ case "${1:?part}" in
   done
   timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 1024,2048 --gpu-clocks \
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_short.json" 2>&1 | quiet | grep "^|" | tail -n 6
+  ;;
+5)
+  for model in gpt2_medium_d128_gqa gpt2_medium_d128; do
+    timeout 200 python benchmarks/bench_train.py --models $model --seqlens 1024 --impls triton --gaps 5 \
+      --host-profile 5 --out "$R/train_${model}_1k_gaps.json" 2>&1 | quiet | grep "^|" | tail -n 2
+  done
   ;;
 esac
