@@ -17,6 +17,8 @@
 #   5: call 4: MHA kernels 1.006-1.042x cuDNN at 1k-2k (full 512 0.82, ours' rounds 0.61-0.91 ms: the host), the MHA
 #      model 1.023 / 1.016x at 1k / 2k: `auto`'s MHA rule holds there. Yet the GQA model at 1k runs 0.94-0.96x with
 #      ours' steps spread: where its device idles (--gaps) and its host's top functions, MHA beside it
+#   6: call 5: that process ran fast (1.010x cuDNN, device idle 2.7 ms a step). The GQA model at 1k with ours in three
+#      more fresh processes and cuDNN in one, each with its gaps and host profile: a slow process's against a fast one's
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -61,5 +63,13 @@ case "${1:?part}" in
     timeout 200 python benchmarks/bench_train.py --models $model --seqlens 1024 --impls triton --gaps 5 \
       --host-profile 5 --out "$R/train_${model}_1k_gaps.json" 2>&1 | quiet | grep "^|" | tail -n 2
   done
+  ;;
+6)
+  for run in 1 2 3; do
+    timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024 --impls triton --gaps 5 \
+      --host-profile 5 --out "$R/train_gqa_1k_triton_run$run.json" 2>&1 | quiet | grep "^| gpt2" | tail -n 1
+  done
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024 --impls sdpa_cudnn --gaps 5 \
+    --host-profile 5 --out "$R/train_gqa_1k_cudnn.json" 2>&1 | quiet | grep "^| gpt2" | tail -n 1
   ;;
 esac
