@@ -307,7 +307,7 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 # on 8, cuDNN ÷ ours 0.986 / 0.996 / 0.983 causal, 0.997 / 1.017 / 0.996 full, results/s74/call2, call4,
 # s75/call2; end to end 0.994x, s75/call3), from 8k ours led (1.007-1.031 at 8k-16k in both runs, 1.03-1.05
 # at 32k-64k, s74/call6). Under 4k the kernels lead (1.01-1.25x at 512-2k, s75/call1-2), but end to end at
-# 1k ours ran 0.94-1.01x cuDNN's tokens/s in three processes, its steps paced by the host (s75/call2-5)
+# 1k ours ran 0.94-1.03x cuDNN's tokens/s over six processes, its steps paced by the host (s75/call2-6)
 AUTO_GQA_MIN_KEYS = 8192
 
 
