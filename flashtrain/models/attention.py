@@ -337,8 +337,8 @@ def ours_beats_cudnn(
     32k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of
     three alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6). GQA calls under 8k keys
     stay with cuDNN (AUTO_GQA_MIN_KEYS: level at 4k, end to end at 1k as often behind as ahead), and past
-    64k (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer queries than keys may run the two kernels too,
-    and was not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also
+    64k (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer
+    queries than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also
     repeats its gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
     gqa_ok = nheads == nheads_kv or gqa_keys_timed
     timed = head_dim == 128 and same_length and not one_query and gqa_ok and not dropout
