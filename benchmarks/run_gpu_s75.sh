@@ -19,6 +19,8 @@
 #      ours' steps spread: where its device idles (--gaps) and its host's top functions, MHA beside it
 #   6: call 5: that process ran fast (1.010x cuDNN, device idle 2.7 ms a step). The GQA model at 1k with ours in three
 #      more fresh processes and cuDNN in one, each with its gaps and host profile: a slow process's against a fast one's
+#   7: call 6: ours 1.020 / 0.943 / 1.033x, the host deciding. `auto` takes GQA at head dim 128 up to 64k keys, timed end to
+#      end up to 32k: the GQA model at 64k (one sequence a step), cuDNN and ours
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -71,5 +73,9 @@ case "${1:?part}" in
   done
   timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024 --impls sdpa_cudnn --gaps 5 \
     --host-profile 5 --out "$R/train_gqa_1k_cudnn.json" 2>&1 | quiet | grep "^| gpt2" | tail -n 1
+  ;;
+7)
+  timeout 400 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 65536 --tokens-per-step 65536 \
+    --steps 6 --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_64k.json" 2>&1 | quiet | grep "^|" | tail -n 4
   ;;
 esac
