@@ -3,7 +3,7 @@
 Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_head_dim (tile width for a
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
-check_dtype, check_heads, check_window, check_causal, check_dropout, check_key_padding_mask,
+check_dtype, check_heads, check_window, check_flag, check_causal, check_dropout, check_key_padding_mask,
 check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sm_count, compute_capability, sched_slots_for (the program-order argument).
 Triton side (@triton.jit): load_tile/store_tile (masked only where needed), tile_program_ids (which tile,
 head and batch a program takes: causal calls heaviest tiles first), varlen_bounds, visible_range (masked /
@@ -281,7 +281,9 @@ def check_heads(nheads: int, nheads_kv: int, headdim: int, headdim_k: int, headd
         raise ValueError(f"q, k, v must share one head dim, got {headdim}, {headdim_k}, {headdim_v}")
     if not 1 <= headdim <= MAX_HEAD_DIM:
         raise ValueError(f"head dim {headdim} is not supported; use 1..{MAX_HEAD_DIM}")
-    if nheads_kv < 1 or nheads % nheads_kv != 0:
+    if nheads < 1 or nheads_kv < 1:
+        raise ValueError(f"q and k need at least one head each, got nheads={nheads}, nheads_kv={nheads_kv}")
+    if nheads % nheads_kv != 0:
         raise ValueError(
             f"nheads ({nheads}) must be a multiple of nheads_kv ({nheads_kv}) for grouped-query attention"
         )
@@ -305,11 +307,15 @@ def check_window(window) -> tuple[int | None, int | None]:
     return (None if left is None else int(left)), (None if right is None else int(right))
 
 
+def check_flag(name: str, value) -> bool:
+    """A bool option: a truthy string, None or tensor would otherwise pass for True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def check_causal(causal) -> bool:
-    """A bool: a truthy string or tensor would otherwise pass for True."""
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool, got {causal!r}")
-    return causal
+    return check_flag("causal", causal)
 
 
 def resolve_softmax_scale(softmax_scale, headdim: int) -> float:

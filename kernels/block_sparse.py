@@ -35,6 +35,7 @@ from kernels._common import (
     check_device,
     check_dropout,
     check_dtype,
+    check_flag,
     check_heads,
     check_rank,
     dot_precision,
@@ -630,6 +631,7 @@ def block_sparse_attention(
     _tiles: (tile_m, tile_n) override of the kernel tiles, for tests of the block-splitting path.
     """
     _check_inputs(q, k, v, layout, causal, softmax_scale, dropout_p)
+    check_flag("return_lse", return_lse)
     dropout_p = float(dropout_p)
     sm_scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
     seed = draw_seed() if dropout_p > 0 else 0

@@ -21,6 +21,7 @@ from ._common import (
     check_causal,
     check_device,
     check_dtype,
+    check_flag,
     check_heads,
     check_rank,
     check_window,
@@ -421,6 +422,7 @@ def flash_decode(
     left, right = check_window(window)
     if check_causal(causal):
         right = 0 if right is None else min(right, 0)
+    check_flag("return_lse", return_lse)
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     scale = resolve_softmax_scale(softmax_scale, headdim)
 

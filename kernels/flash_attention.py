@@ -19,6 +19,7 @@ from ._common import (
     check_device,
     check_dropout,
     check_dtype,
+    check_flag,
     check_heads,
     check_key_padding_mask,
     check_rank,
@@ -200,6 +201,8 @@ def _forward(
     """The checked call's forward, through the autograd Function, or straight to the launcher where no
     gradient can flow (`_common.inference_call`); out, and with return_lse the natural-log lse. nheads_kv:
     q is a packed qkv (k and v None), as in `_FlashAttnFunc`."""
+    check_flag("return_lse", return_lse)
+    check_flag("deterministic", deterministic)
     args = (key_padding_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, win_left,
             win_right, dropout_p)  # fmt: skip
     if inference_call(q, k, v):

@@ -336,7 +336,8 @@ def test_dropout_reproducible_and_zero_dropout_untouched(device):
 def _bad(device, **changes):
     args = dict(zip("qkv", _inputs(1, 64, 64, 2, 2, 16, torch.float16, device), strict=True))
     args["layout"] = butterfly_layout(64, 16).to(device)
-    kwargs = {k: changes.pop(k) for k in list(changes) if k in ("causal", "dropout_p", "softmax_scale")}
+    options = ("causal", "dropout_p", "softmax_scale", "return_lse")
+    kwargs = {k: changes.pop(k) for k in list(changes) if k in options}
     args.update(changes)
     return lambda: block_sparse_attention(args["q"], args["k"], args["v"], args["layout"], **kwargs)
 
@@ -359,6 +360,8 @@ def _bad(device, **changes):
         (lambda d: dict(softmax_scale=float("nan")), "softmax_scale"),
         (lambda d: dict(softmax_scale=-0.5), "softmax_scale must be finite and > 0"),
         (lambda d: dict(softmax_scale=0.0), "softmax_scale must be finite and > 0"),
+        (lambda d: dict(causal="no"), "causal must be a bool"),
+        (lambda d: dict(return_lse="no"), "return_lse must be a bool"),
     ],
 )
 def test_bad_inputs(changes, match, device):

@@ -90,6 +90,8 @@ def test_decode_bad_inputs(device):
             flash_decode(q, k, k, sl, softmax_scale=scale)
     with pytest.raises(ValueError, match="causal must be a bool"):
         flash_decode(q, k, k, sl, causal=1)
+    with pytest.raises(ValueError, match="return_lse must be a bool"):
+        flash_decode(q, k, k, sl, return_lse=1)
     with pytest.raises(ValueError, match="cache_seqlens must be a torch.Tensor"):
         flash_decode(q, k, k, [64, 3])
     with pytest.raises(ValueError, match="k_cache must be a torch.Tensor"):

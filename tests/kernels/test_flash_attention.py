@@ -221,6 +221,11 @@ def _bad(device):
         ("scale nan", lambda: flash_attention(q, kv, kv, softmax_scale=float("nan")), "finite"),
         ("scale type", lambda: flash_attention(q, kv, kv, softmax_scale="0.1"), "a number"),
         ("causal type", lambda: flash_attention(q, kv, kv, causal="no"), "causal must be a bool"),  # truthy
+        ("return_lse type", lambda: flash_attention(q, kv, kv, return_lse="no"), "return_lse must be a bool"),
+        # None would read as False and silently take the atomic backward
+        ("deterministic type", lambda: flash_attention(q, kv, kv, deterministic=None), "deterministic must be a bool"),
+        ("no heads", lambda: flash_attention(q[:, :, :0], kv, kv), "at least one head"),
+        ("no kv heads", lambda: flash_attention(q, kv[:, :, :0], kv[:, :, :0]), "at least one head"),
         ("window bool", lambda: flash_attention(q, kv, kv, window=(True, None)), "non-negative int"),
         ("window type", lambda: flash_attention(q, kv, kv, window=4), "pair"),
         ("not a tensor", lambda: flash_attention(q.tolist(), kv, kv), "q must be a torch.Tensor"),
