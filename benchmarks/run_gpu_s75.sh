@@ -21,6 +21,8 @@
 #      more fresh processes and cuDNN in one, each with its gaps and host profile: a slow process's against a fast one's
 #   7: call 6: ours 1.020 / 0.943 / 1.033x, the host deciding. `auto` takes GQA at head dim 128 up to 64k keys, timed end to
 #      end up to 32k: the GQA model at 64k (one sequence a step), cuDNN and ours
+#   8: the options' new bool checks (return_lse, deterministic) and the zero-head check on CUDA: the GPU tests of the
+#      dense, decode and block-sparse kernels and of the model's backends
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -77,5 +79,11 @@ case "${1:?part}" in
 7)
   timeout 400 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 65536 --tokens-per-step 65536 \
     --steps 6 --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_64k.json" 2>&1 | quiet | grep "^|" | tail -n 4
+  ;;
+8)
+  T=tests/kernels
+  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu $T/test_flash_attention.py $T/test_decode.py \
+    $T/test_block_sparse.py tests/flashtrain/test_gpt.py > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   ;;
 esac
