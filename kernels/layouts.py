@@ -23,9 +23,12 @@ tiles, each split into *full* tiles (every element kept: no element mask needed)
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+from ._common import check_flag
 
 __all__ = [
     "BlockLayout",
@@ -233,8 +236,9 @@ def _n_blocks(seqlen: int, block_size: int) -> int:
 def _finish(keep: torch.Tensor, block_size: int, global_blocks: int, local_blocks: int, causal: bool):
     """Add global rows/columns and the local band to a (H, B, B) keep-mask, apply causality."""
     for name, v in (("global_blocks", global_blocks), ("local_blocks", local_blocks)):
-        if not isinstance(v, int) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    check_flag("causal", causal)
     n = keep.shape[-1]
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
@@ -305,11 +309,15 @@ def random_layout(
     keep_diagonal=True also keeps every (i, i) tile, so that no query block is left without keys.
     """
     n = _n_blocks(seqlen, block_size)
-    if not 0.0 <= density <= 1.0:
+    if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density!r}")
-    if not isinstance(nheads, int) or nheads < 1:
+    if isinstance(nheads, bool) or not isinstance(nheads, int) or nheads < 1:
         raise ValueError(f"nheads must be an int >= 1, got {nheads!r}")
-    gen = torch.Generator().manual_seed(seed)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    check_flag("keep_diagonal", keep_diagonal)
+    check_flag("causal", causal)
+    gen = torch.Generator().manual_seed(int(seed))
     keep = torch.rand(nheads, n, n, generator=gen) < density
     if keep_diagonal:
         keep |= torch.eye(n, dtype=torch.bool)

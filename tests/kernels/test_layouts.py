@@ -183,6 +183,13 @@ def test_make_layout_kinds():
         (lambda: local_layout(512, 32, local_blocks=-1), "local_blocks"),
         (lambda: strided_layout(512, 32, stride=0), "stride"),
         (lambda: random_layout(512, 32, density=1.5), "density"),
+        (lambda: random_layout(512, 32, density="0.5"), r"density must be in \[0, 1\], got .0.5."),
+        (lambda: random_layout(512, 32, density=0.5, seed=1.5), "seed must be an int"),
+        (lambda: random_layout(512, 32, density=0.5, keep_diagonal=None), "keep_diagonal must be a bool"),
+        (lambda: random_layout(512, 32, density=0.5, causal="yes"), "causal must be a bool"),
+        # a truthy string would otherwise pass for True and drop every tile above the diagonal
+        (lambda: butterfly_layout(512, 32, causal="no"), "causal must be a bool"),
+        (lambda: local_layout(512, 32, local_blocks=True), "local_blocks"),
         (lambda: make_layout("dilated", 512, 32), "unknown block layout kind"),
         (lambda: make_layout("butterfly", 512, 32, window=3), "bad parameters"),
         (lambda: butterfly_layout(512, 32).block_lists(513, 512), "covers 512x512"),
