@@ -3,7 +3,7 @@
 Host side (plain Python/torch): INTERPRET, LOG2E/LN2, next_power_of_2, padded_head_dim (tile width for a
 head dim), dot_precision (ieee for fp32 tests), lse_to_natural, draw_seed (Philox seed from torch's CPU
 generator), and input checks that raise one ValueError saying what to change: check_device,
-check_dtype, check_heads, check_window, check_flag, check_causal, check_dropout, check_key_padding_mask,
+check_dtype, check_heads, is_int, check_window, check_flag, check_causal, check_dropout, check_key_padding_mask,
 check_cu_seqlens, resolve_softmax_scale, unit_last_stride, sm_count, compute_capability, sched_slots_for (the program-order argument).
 Triton side (@triton.jit): load_tile/store_tile (masked only where needed), tile_program_ids (which tile,
 head and batch a program takes: causal calls heaviest tiles first), varlen_bounds, visible_range (masked /
@@ -294,6 +294,11 @@ def unit_last_stride(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
+def is_int(value) -> bool:
+    """An integral number that is not a bool (True is an int to Python, not a count to a caller)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_window(window) -> tuple[int | None, int | None]:
     """window=(left, right) with None meaning unbounded on that side; None means no window."""
     if window is None:
@@ -302,7 +307,7 @@ def check_window(window) -> tuple[int | None, int | None]:
         raise ValueError(f"window must be a pair (left, right), got {window!r}")
     left, right = window
     for name, val in (("left", left), ("right", right)):
-        if val is not None and (isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 0):
+        if val is not None and (not is_int(val) or val < 0):
             raise ValueError(f"window {name} must be a non-negative int or None, got {val!r}")
     return (None if left is None else int(left)), (None if right is None else int(right))
 

@@ -9,8 +9,6 @@ inputs). The kernels live in `_flash_fwd.py` and `_flash_bwd.py`; the pure-torch
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from ._common import (
@@ -26,6 +24,7 @@ from ._common import (
     check_window,
     draw_seed,
     inference_call,
+    is_int,
     lse_to_natural,
     resolve_softmax_scale,
     unit_last_stride,
@@ -337,7 +336,7 @@ def flash_attention_qkvpacked(
                 f"qkv has {heads} heads, not a multiple of 3: pass nheads_kv for grouped-query attention"
             )
         nheads_kv = heads // 3
-    elif isinstance(nheads_kv, bool) or not isinstance(nheads_kv, numbers.Integral) or nheads_kv < 1:
+    elif not is_int(nheads_kv) or nheads_kv < 1:
         raise ValueError(f"nheads_kv must be a positive int or None, got {nheads_kv!r}")
     elif heads - 2 * nheads_kv < 1:
         raise ValueError(
@@ -397,7 +396,7 @@ def flash_attention_varlen(
         ("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         ("max_seqlen_k", cu_seqlens_k, max_seqlen_k),
     ):
-        if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+        if not is_int(given):
             raise ValueError(f"{name} must be an int (the longest sequence's length), got {given!r}")
         longest = int((cu[1:] - cu[:-1]).max())  # host-device sync
         if int(given) < longest:

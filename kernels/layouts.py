@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import check_flag
+from ._common import check_flag, is_int
 
 __all__ = [
     "BlockLayout",
@@ -313,7 +313,7 @@ def random_layout(
         raise ValueError(f"density must be in [0, 1], got {density!r}")
     if isinstance(nheads, bool) or not isinstance(nheads, int) or nheads < 1:
         raise ValueError(f"nheads must be an int >= 1, got {nheads!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}")
     check_flag("keep_diagonal", keep_diagonal)
     check_flag("causal", causal)
