@@ -323,23 +323,24 @@ def ours_beats_cudnn(
     dropout: bool,
     gqa_keys_timed: bool = False,
 ) -> bool:
-    """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give
-    cuDNN: head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k),
-    without dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel
-    backward run), and without GQA or with its keys in the range where ours led under GQA
-    (gqa_keys_timed: from AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the
-    ordered one-kernel backward on K/V repeated per query head).
-    GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process
-    (results/s53/call3-5, s75/call4): ours ÷ cuDNN tokens/s 1.023 at 1k, 1.016 at 2k, 1.025 at 4k, 1.028
-    and 1.024 at 8k, 1.000 and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full
-    4k-64k in five alternating rounds (results/s52/call4-6, s53/call3), 1.006-1.042x at 1k-2k (s75/call4).
-    The same model on 2 kv heads (results/s74/call3, s75/call3, call7): 1.015x at 8k, 1.000x at 16k,
-    1.007x at 32k, 1.020x at 64k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of
-    three alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6). GQA calls under 8k keys
-    stay with cuDNN (AUTO_GQA_MIN_KEYS: level at 4k, end to end at 1k as often behind as ahead), and past
-    64k (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer
-    queries than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also
-    repeats its gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
+    """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give cuDNN:
+    head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k), without
+    dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel backward run), and
+    without GQA or with its keys in the range where ours led under GQA (gqa_keys_timed: from
+    AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the ordered one-kernel backward on
+    K/V repeated per query head).
+    GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process (results/s53/call3-5,
+    s75/call4): ours ÷ cuDNN tokens/s 1.023 at 1k, 1.016 at 2k, 1.025 at 4k, 1.028 and 1.024 at 8k, 1.000
+    and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating
+    rounds (results/s52/call4-6, s53/call3), 1.006-1.042x at 1k-2k (s75/call4). The same model on 2 kv heads
+    (results/s74/call3, s75/call3, call7): 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at 64k; the
+    kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three
+    alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6). GQA calls under 8k keys stay with
+    cuDNN (AUTO_GQA_MIN_KEYS: level at 4k, end to end at 1k as often behind as ahead), and past 64k
+    (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer queries
+    than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every other head dim
+    (`auto_picks_triton`). Ours also repeats its gradients bit for bit, cuDNN's backward does not
+    (results/s44/call1)."""
     gqa_ok = nheads == nheads_kv or gqa_keys_timed
     timed = head_dim == 128 and same_length and not one_query and gqa_ok and not dropout
     if device.type != "cuda" or not timed:
