@@ -29,6 +29,8 @@ CANDIDATES = {  # name: config, per head dim
         "persistent_64key_s4": _flash_fwd_hopper.PERSISTENT_CONFIGS[128],
         "rows_128key_rings2": _flash_fwd_hopper.CONFIGS[128],
         "rows_64key_s4": Cfg(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
+        # (the persistent variant on the row-tile kernel's 128-key tiles in K and V rings of 2 + 2: 197 KB)
+        "persistent_128key_rings2": dataclasses.replace(_flash_fwd_hopper.CONFIGS[128], persistent=True),
     },
     64: {
         "persistent": _flash_fwd_hopper.PERSISTENT_CONFIGS[64],

@@ -175,7 +175,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["CONVOY"] = kernel.startswith("fused_convoy")
             meta["DOWN"] = kernel == "fused_convoy_down"
             meta["FIRST_STORES"] = meta["ORDERED"] and fused_hopper.FIRST_STORES  # (the default route's)
-        if cfg.v_stages:  # (the row-tile forward's K and V rings of their own)
+        if cfg.v_stages:  # (the forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         if kernel == "fwd" and cfg.pingpong:  # (the forward's consumers taking turns, `wait_turn`)
             meta["PINGPONG"] = True
@@ -221,7 +221,7 @@ def main():
         "--config", action="append", default=[],
         help="KERNEL:HEADDIM:block_m,block_n,consumers,stages,consumer_regs[,producer_regs[,persistent[,v_stages"
         "[,dv_block_m,dv_stages]]]] (KERNEL fwd, dq or dkdv; the fields of its config class in order: v_stages the "
-        "row-tile forward's V ring, the last two the dK/dV kernel's dV pass) instead of the CONFIGS",
+        "forward's V ring, the last two the dK/dV kernel's dV pass) instead of the CONFIGS",
     )  # fmt: skip
     parser.add_argument(
         "--fused", action="store_true",

@@ -435,12 +435,13 @@ def _attn_fwd_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PINGPONG: gl.constexpr = False, V_STAGES: gl.constexpr = 0,
 ):  # fmt: skip
     """`_attn_fwd_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
-    work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`)."""
+    work items of the (n_row_tiles, nheads, n_batch) grid (`my_items`). V_STAGES > 0: K and V in rings
+    of their own (`kv_ring`), whose positions run on from item to item as one ring's do."""
     q_smem, no_do, q_ready, q_empty = item_buffers(q_desc, q_desc, NUM_CONSUMERS, False)
-    k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
+    k_smem, v_smem, k_ready, v_ready, kv_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS, V_STAGES)
 
     # (partition tuples written out in the call: see _attn_fwd_hopper)
     gl.static_assert(NUM_CONSUMERS == 2, "two consumer warpgroups (a third does not fit the registers)")
@@ -480,8 +481,7 @@ class HopperFwdConfig:
     consumer_regs: int  # registers per thread of a consumer warpgroup (setmaxnreg)
     producer_regs: int = 24  # of the producer's warpgroup
     persistent: bool = False  # `_attn_fwd_hopper_persistent`: one program per SM walks several row tiles
-    # > 0: the forward's K and V in rings of their own, `stages` K tiles and this many V tiles (`kv_ring`;
-    # the row-tile forward only)
+    # > 0: the forward's K and V in rings of their own, `stages` K tiles and this many V tiles (`kv_ring`)
     v_stages: int = 0
     # the consumers take turns at issuing their products (FlashAttention-3's ping-pong, `wait_turn`)
     pingpong: bool = False
@@ -491,11 +491,8 @@ class HopperFwdConfig:
     no_turns: ClassVar[str | None] = None
 
     def __post_init__(self):
-        refused = self.one_kv_ring or (
-            "the persistent forward keeps one K/V ring" if self.persistent else None
-        )
-        if self.v_stages and refused:
-            raise ValueError(f"{self}: {refused}; leave v_stages at 0")
+        if self.v_stages and self.one_kv_ring:
+            raise ValueError(f"{self}: {self.one_kv_ring}; leave v_stages at 0")
         if self.pingpong and self.no_turns:
             raise ValueError(f"{self}: {self.no_turns}; leave pingpong False")
 
@@ -646,13 +643,14 @@ def flash_attn_forward_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PINGPONG=cfg.pingpong, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PINGPONG=cfg.pingpong, V_STAGES=cfg.v_stages,
+        num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]
         _launch_fwd_persistent((min(items, sm_count(q.device)),), descriptors, (*args, *grid), constexprs)
     else:
-        _launch_fwd(grid, descriptors, args, dict(constexprs, V_STAGES=cfg.v_stages))
+        _launch_fwd(grid, descriptors, args, constexprs)
     return out, lse
 
 

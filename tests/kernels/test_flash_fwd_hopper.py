@@ -178,11 +178,11 @@ def test_which_calls_take_turns(headdim, seqlen_q, causal, pingpong, monkeypatch
     assert not hopper.config_for(headdim, seqlen_q, causal).pingpong
 
 
-def test_persistent_config_refuses_split_kv_rings():
-    """v_stages (K and V rings of their own) is the row-tile kernel's: a persistent config with it raises."""
-    with pytest.raises(ValueError, match="v_stages"):
-        hopper.HopperFwdConfig(64, 128, 2, 2, 240, persistent=True, v_stages=2)
+def test_split_kv_rings_are_the_forwards_alone():
+    """v_stages (K and V rings of their own) is the forward's, row-tile and persistent alike; the
+    backward's configs refuse it (test_flash_bwd_hopper.py)."""
     assert hopper.HopperFwdConfig(64, 128, 2, 2, 240, v_stages=2).v_stages == 2
+    assert hopper.HopperFwdConfig(64, 128, 2, 2, 240, persistent=True, v_stages=2).v_stages == 2
 
 
 def test_cpu_tensors_never_take_it():
@@ -308,17 +308,50 @@ def test_gpu_pingpong_variant_matches_reference(case, headdim, dtype):
     assert_forward_matches(q, k, v, causal, hopper.PINGPONG_CONFIGS[headdim])
 
 
+# The persistent variant on 128-key tiles in K and V rings of their own (`kv_ring` with V_STAGES), with and
+# without turns, whichever the rule takes
+SPLIT_RING_PERSISTENT = {
+    128: dataclasses.replace(hopper.CONFIGS[128], persistent=True),
+}
+SPLIT_RING_PERSISTENT_TURNS = {
+    d: dataclasses.replace(c, pingpong=True) for d, c in SPLIT_RING_PERSISTENT.items()
+}
+
+
+@over_edges(SPLIT_RING_PERSISTENT)
+def test_gpu_persistent_variant_on_split_kv_rings_matches_reference(case, headdim, dtype):
+    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
+    assert_forward_matches(q, k, v, causal, SPLIT_RING_PERSISTENT[headdim])
+
+
+@over_edges(SPLIT_RING_PERSISTENT_TURNS)
+def test_gpu_persistent_variant_on_split_kv_rings_with_turns_matches_reference(case, headdim, dtype):
+    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
+    assert_forward_matches(q, k, v, causal, SPLIT_RING_PERSISTENT_TURNS[headdim])
+
+
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("pingpong", [False, True], ids=["plain", "pingpong"])
-def test_gpu_persistent_variant_walks_many_items_per_program(pingpong):
-    """256 heads of 1k queries: 2048 row tiles for ~132 programs, causal (snake order) and full; with
-    pingpong the turns go on from item to item."""
+@pytest.mark.parametrize(
+    "headdim, config",
+    [
+        (64, hopper.PERSISTENT_CONFIGS[64]),
+        (64, dataclasses.replace(hopper.PERSISTENT_CONFIGS[64], pingpong=True)),
+        (128, SPLIT_RING_PERSISTENT[128]),
+        (128, SPLIT_RING_PERSISTENT_TURNS[128]),
+    ],
+    ids=["d64", "d64_pingpong", "d128_split_rings", "d128_split_rings_pingpong"],
+)
+def test_gpu_persistent_variant_walks_many_items_per_program(headdim, config):
+    """Two sequences of 1k queries in 128 heads of 64 (64 of 128): 2048 (1024) row tiles for ~132 programs,
+    causal (snake order) and full; the turns, and split K/V rings' phases, go on from item to item."""
     torch.manual_seed(11)
-    cfg = dataclasses.replace(hopper.PERSISTENT_CONFIGS[64], pingpong=pingpong)
+    heads = 128 * 64 // headdim
     for causal in (True, False):
-        q, k, v = (randn(2, 1024, 128, 64, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3))
-        assert_forward_matches(q, k, v, causal, cfg)
+        q, k, v = (
+            randn(2, 1024, heads, headdim, dtype=BF16, device="cuda", requires_grad=False) for _ in range(3)
+        )
+        assert_forward_matches(q, k, v, causal, config)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 76's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s76.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s76/callN/.
+#   1: the d128 forward is 0.90-0.97x cuDNN's at 1k-2k queries, where it runs the persistent variant on 64-key
+#      tiles in one K/V ring (the row-tile kernel's 128-key tiles in K and V rings of their own were never built
+#      persistent). That variant, with and without turns: its GPU tests, then the forward's configs against
+#      cuDNN's at 512-4k (full) and 512-8k (causal), five alternating rounds
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_fwd_hopper.py \
+    -k "split_kv_rings or walks_many" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  fwd_ab 170 d128_full --headdim 128 --seqlens 512 1024 2048 4096
+  fwd_ab 170 d128_causal --headdim 128 --causal --seqlens 512 1024 2048 4096 8192
+  ;;
+esac
