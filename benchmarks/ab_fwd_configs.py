@@ -26,11 +26,11 @@ from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
 
 CANDIDATES = {  # name: config, per head dim
     128: {
-        "persistent_64key_s4": _flash_fwd_hopper.PERSISTENT_CONFIGS[128],
+        "persistent_64key_s4": _flash_fwd_hopper.PERSISTENT_64KEY,
         "rows_128key_rings2": _flash_fwd_hopper.CONFIGS[128],
         "rows_64key_s4": Cfg(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240),
         # (the persistent variant on the row-tile kernel's 128-key tiles in K and V rings of 2 + 2: 197 KB)
-        "persistent_128key_rings2": dataclasses.replace(_flash_fwd_hopper.CONFIGS[128], persistent=True),
+        "persistent_128key_rings2": _flash_fwd_hopper.PERSISTENT_CONFIGS[128],
     },
     64: {
         "persistent": _flash_fwd_hopper.PERSISTENT_CONFIGS[64],
@@ -41,11 +41,16 @@ CANDIDATES = {  # name: config, per head dim
 PINGPONG_SUFFIX = "_pingpong"
 
 
-def candidates(headdim: int, pingpong: bool) -> dict:
-    """The configs timed at this head dim: CANDIDATES', and with pingpong each also with turns."""
-    chosen = dict(CANDIDATES[headdim])
+def candidates(headdim: int, pingpong: bool, only=None) -> dict:
+    """The configs timed at this head dim: CANDIDATES' (those named in `only`, if given), and with
+    pingpong each also with turns."""
+    if only is not None:
+        unknown = sorted(set(only) - set(CANDIDATES[headdim]))
+        if unknown:
+            raise ValueError(f"--only {unknown}: d{headdim}'s candidates are {sorted(CANDIDATES[headdim])}")
+    chosen = {name: cfg for name, cfg in CANDIDATES[headdim].items() if only is None or name in only}
     if pingpong:
-        for name, cfg in CANDIDATES[headdim].items():
+        for name, cfg in list(chosen.items()):
             chosen[name + PINGPONG_SUFFIX] = dataclasses.replace(cfg, pingpong=True)
     return chosen
 
@@ -94,11 +99,14 @@ def main() -> None:
     parser.add_argument(
         "--pingpong", action="store_true", help="also each config with its consumers taking turns"
     )
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="time these CANDIDATES alone")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rows = []
     for seqlen in args.seqlens:
-        row = case(args.headdim, seqlen, args.causal, args.rounds, candidates(args.headdim, args.pingpong))
+        row = case(
+            args.headdim, seqlen, args.causal, args.rounds, candidates(args.headdim, args.pingpong, args.only)
+        )
         print_summary(row)
         rows.append(row)
     write_results(args.out, rows)

@@ -87,9 +87,11 @@ CONFIGS = {
 #        tiles a program: 20 of the persistent variant's 64-key ones, which this table counts (the GPU
 #        tests passed on it, results/s39/call1; fwd+bwd ÷ Flex at n16k 45% 1.22 -> 1.29, n64k 44% 1.23 -> 1.33).
 # Outputs bitwise equal either way where both walk the same tiles (tests/kernels/test_block_sparse_hopper.py).
+# (d128's persistent config is the dense path's of before session 76, on 64-key tiles; the dense path's now
+# runs 128-key tiles, unmeasured on lists)
 PERSISTENT_FORWARD = {
     64: (fwd_hopper.PERSISTENT_CONFIGS[64], 16),
-    128: (fwd_hopper.PERSISTENT_CONFIGS[128], 20),
+    128: (fwd_hopper.PERSISTENT_64KEY, 20),
 }
 # The dq kernel's persistent variant (one program per SM walking the row tiles' lists, the next tile's Q,
 # dO and K/V loads under this one's work) where a program's list is short enough to pay: at most this

@@ -512,17 +512,26 @@ CONFIGS = {
     256: HopperFwdConfig(block_m=64, block_n=32, consumers=2, stages=3, consumer_regs=240),
 }
 
-# The persistent variant's configs: d64 the row-tile kernel's tiles and stages; d128 64-key tiles on four
-# stages (they fit because each item's out leaves through its Q buffer; beside its two sets of Q buffers
-# 128-key tiles would leave room for two stages). Forward alone on one H100 (bf16, batch x seqlen =
+# The persistent variant's configs: the row-tile kernel's tiles and stages (d128: 128-key tiles in K and V
+# rings of 2 + 2, beside two sets of Q buffers: 197 KB). Forward alone on one H100 (bf16, batch x seqlen =
 # 16k tokens, TFLOP/s persistent / row-tile / portable; benchmarks/NOTES_attention.md "Persistent
 # forward"): d64 causal 316 / 236 / 288 at 1k, 405 / 394 / 403 at 4k, 430 / 447 / 465 at 16k; d64 full
-# 418 / 347 / 374 (1k), 451 / 422 / 424 (4k), 465 / 454 / 444 (16k); d128 causal 409 / 334 (1k),
-# 527 / 499 (4k), 546 / 551 (16k); d128 full 550 / 490 (1k), 571 / 560 (4k), 580 / 537 (16k).
+# 418 / 347 / 374 (1k), 451 / 422 / 424 (4k), 465 / 454 / 444 (16k). d128's ran on 64-key tiles on four
+# shared stages until session 76 (`PERSISTENT_64KEY`, which the block-sparse forward keeps); on 128-key
+# tiles in split rings, one H200, five alternating rounds, cuDNN's forward time ÷ ours, 128-key / 64-key
+# persistent / the row-tile kernel (with turns on full calls) (results/s76/call1): full 512 / 1k / 2k /
+# 4k 0.980 / 0.916 / 0.824, 1.054 / 0.940 / 0.962, 1.046 / 0.925 / 1.013, 1.043 / 0.923 / 1.016; causal
+# 512-8k 0.956 / 0.943 / 0.702, 1.020 / 0.979 / 0.881, 1.032 / 0.964 / 0.965, 1.036 / 0.975 / 1.029, 1.038
+# / 0.975 / 1.042. With turns the 128-key persistent variant was level or slower (0.966-1.050).
 PERSISTENT_CONFIGS = {
     64: dataclasses.replace(CONFIGS[64], persistent=True),
-    128: HopperFwdConfig(block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240, persistent=True),
+    128: dataclasses.replace(CONFIGS[128], persistent=True),
 }
+PERSISTENT_64KEY = HopperFwdConfig(
+    block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240, persistent=True
+)
+# d128: the persistent variant below these query counts (causal, full), the row-tile kernel from them
+PERSISTENT_BELOW_128 = {True: 8192, False: 8192}
 
 # FlashAttention-3's ping-pong (`wait_turn`) where it measured faster: d128's row-tile kernel on full calls
 # below 32k queries and d64's persistent variant. Forward alone, one H200, five alternating rounds, cuDNN's
@@ -542,16 +551,13 @@ PINGPONG_CONFIGS = {
 
 def config_for(headdim: int, seqlen_q: int, causal: bool) -> HopperFwdConfig:
     """The persistent variant where it measured faster: d64 causal calls of up to 4k queries and every full
-    one; d128 below 2k queries full and below 4k causal. The others take the row-tile kernel (longer
-    causal calls: it spreads their uneven tiles better; d128: its 128-key tiles). d256: the row-tile kernel.
-    d128 on one H200, forward alone, TFLOP/s persistent / row-tile (results/s38/call4, call5): causal 1k
-    401-417 / 361-363, 2k 441-462 / 434-438 (three shared stages), 4k 506-565 / 531-545; full 1k 520-525 /
-    512, 2k 535-552 / 561-576 (three shared stages), 4k 554-587 / 610-612. Alternating in one process, six
-    rounds (results/s43/call4, one H200): causal 2k 434 / 435, 4k 476 / 512, 8k 505 / 559; full 1k 498 /
-    497; d64 causal 4k 388 / 389, full 4k 429 / 417. Where `PINGPONG_CONFIGS` has the chosen config with
+    one; d128 below `PERSISTENT_BELOW_128`'s query counts (see `PERSISTENT_CONFIGS`). The others take the
+    row-tile kernel (longer causal calls: it spreads their uneven tiles better). d256: the row-tile kernel.
+    d64 alternating in one process, six rounds (results/s43/call4, one H200), TFLOP/s persistent /
+    row-tile: causal 4k 388 / 389, full 4k 429 / 417. Where `PINGPONG_CONFIGS` has the chosen config with
     its consumers taking turns, that one."""
     if headdim == 128:
-        if seqlen_q < (4096 if causal else 2048):
+        if seqlen_q < PERSISTENT_BELOW_128[causal]:
             return PERSISTENT_CONFIGS[128]
         return PINGPONG_CONFIGS[128] if PINGPONG and not causal and seqlen_q < 32768 else CONFIGS[128]
     if headdim in PERSISTENT_CONFIGS and (not causal or seqlen_q <= 4096):

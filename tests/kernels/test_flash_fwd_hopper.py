@@ -140,11 +140,11 @@ def test_which_calls_take_the_hopper_forward(change, takes):
         (64, 8192, True, False),  # long causal calls: the row-tile kernel
         (64, 16384, False, True),
         (128, 1024, True, True),
-        (128, 2048, True, True),
-        (128, 4096, True, False),  # d128 causal: the row-tile kernel from 4k queries
-        (128, 8192, True, False),
-        (128, 1024, False, True),  # d128 full: the row-tile kernel's 128-key tiles from 2k queries
-        (128, 2048, False, False),
+        (128, 4096, True, True),
+        (128, 8192, True, False),  # d128: the row-tile kernel from 8k queries (PERSISTENT_BELOW_128)
+        (128, 1024, False, True),
+        (128, 4096, False, True),
+        (128, 8192, False, False),
         (128, 16384, False, False),
         (256, 1024, False, False),  # no persistent config at d256
     ],
@@ -165,10 +165,11 @@ def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, pers
         (64, 16384, False, True),
         (64, 8192, True, False),  # its row-tile kernel does not
         (128, 16384, False, True),  # d128's row-tile kernel on full calls
-        (128, 2048, False, True),
+        (128, 8192, False, True),
         (128, 32768, False, False),  # from 32k queries it lost a percent
         (128, 16384, True, False),  # not causal ones
         (128, 1024, False, False),  # nor the persistent variant
+        (128, 4096, False, False),
         (256, 4096, False, False),
     ],
 )
@@ -308,28 +309,6 @@ def test_gpu_pingpong_variant_matches_reference(case, headdim, dtype):
     assert_forward_matches(q, k, v, causal, hopper.PINGPONG_CONFIGS[headdim])
 
 
-# The persistent variant on 128-key tiles in K and V rings of their own (`kv_ring` with V_STAGES), with and
-# without turns, whichever the rule takes
-SPLIT_RING_PERSISTENT = {
-    128: dataclasses.replace(hopper.CONFIGS[128], persistent=True),
-}
-SPLIT_RING_PERSISTENT_TURNS = {
-    d: dataclasses.replace(c, pingpong=True) for d, c in SPLIT_RING_PERSISTENT.items()
-}
-
-
-@over_edges(SPLIT_RING_PERSISTENT)
-def test_gpu_persistent_variant_on_split_kv_rings_matches_reference(case, headdim, dtype):
-    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
-    assert_forward_matches(q, k, v, causal, SPLIT_RING_PERSISTENT[headdim])
-
-
-@over_edges(SPLIT_RING_PERSISTENT_TURNS)
-def test_gpu_persistent_variant_on_split_kv_rings_with_turns_matches_reference(case, headdim, dtype):
-    q, k, v, _, causal = edge_inputs(case, headdim, dtype)
-    assert_forward_matches(q, k, v, causal, SPLIT_RING_PERSISTENT_TURNS[headdim])
-
-
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
@@ -337,10 +316,9 @@ def test_gpu_persistent_variant_on_split_kv_rings_with_turns_matches_reference(c
     [
         (64, hopper.PERSISTENT_CONFIGS[64]),
         (64, dataclasses.replace(hopper.PERSISTENT_CONFIGS[64], pingpong=True)),
-        (128, SPLIT_RING_PERSISTENT[128]),
-        (128, SPLIT_RING_PERSISTENT_TURNS[128]),
+        (128, hopper.PERSISTENT_CONFIGS[128]),
     ],
-    ids=["d64", "d64_pingpong", "d128_split_rings", "d128_split_rings_pingpong"],
+    ids=["d64", "d64_pingpong", "d128"],
 )
 def test_gpu_persistent_variant_walks_many_items_per_program(headdim, config):
     """Two sequences of 1k queries in 128 heads of 64 (64 of 128): 2048 (1024) row tiles for ~132 programs,
