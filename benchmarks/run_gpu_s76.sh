@@ -9,6 +9,9 @@
 #      turns no help; it now takes d128 below 8k queries (`PERSISTENT_BELOW_128`). The forward's GPU tests on that
 #      rule (and the block-sparse forward's, whose launch now passes V_STAGES), then it against the row-tile kernel
 #      at full 8k-32k and causal 8k-16k (does it pay past 8k?)
+#   3: call 2: 205 GPU tests passed; past 8k the variant 1.053 / 1.047 / 1.042x at full 8k / 16k / 32k against the row-tile
+#      kernel's 1.043 / 1.045 / 1.056, causal 8k / 16k 1.055 / 1.017 against 1.058 / 1.072: full calls now take it below
+#      16k. fwd+bwd against cuDNN on the new rule: d128 MHA at 512-4k causal, 1k-8k full, then GQA (32 on 8) at 1k-4k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -26,5 +29,16 @@ case "${1:?part}" in
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   fwd_ab 150 d128_full_long --headdim 128 --seqlens 8192 16384 32768 --only persistent_128key_rings2 rows_128key_rings2
   fwd_ab 110 d128_causal_long --headdim 128 --causal --seqlens 8192 16384 --only persistent_128key_rings2 rows_128key_rings2
+  ;;
+3)
+  for causal in yes no; do
+    timeout -s KILL 140 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 5 \
+      --seqlens $([ $causal = yes ] && echo 512 1024 2048 4096 || echo 1024 2048 4096 8192) \
+      --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  for causal in yes no; do
+    timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens 1024 2048 4096 --rounds 4 --out "$R/ab_cudnn_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
+  done
   ;;
 esac

@@ -522,7 +522,9 @@ CONFIGS = {
 # persistent / the row-tile kernel (with turns on full calls) (results/s76/call1): full 512 / 1k / 2k /
 # 4k 0.980 / 0.916 / 0.824, 1.054 / 0.940 / 0.962, 1.046 / 0.925 / 1.013, 1.043 / 0.923 / 1.016; causal
 # 512-8k 0.956 / 0.943 / 0.702, 1.020 / 0.979 / 0.881, 1.032 / 0.964 / 0.965, 1.036 / 0.975 / 1.029, 1.038
-# / 0.975 / 1.042. With turns the 128-key persistent variant was level or slower (0.966-1.050).
+# / 0.975 / 1.042. With turns the 128-key persistent variant was level or slower (0.966-1.050). Past 8k
+# (call2), 128-key persistent / row-tile / row-tile with turns: full 8k / 16k / 32k 1.053 / 1.043 / 1.043,
+# 1.047 / 1.045 / 1.041, 1.042 / 1.056 / 1.048; causal 8k / 16k 1.055 / 1.058, 1.017 / 1.072.
 PERSISTENT_CONFIGS = {
     64: dataclasses.replace(CONFIGS[64], persistent=True),
     128: dataclasses.replace(CONFIGS[128], persistent=True),
@@ -531,7 +533,7 @@ PERSISTENT_64KEY = HopperFwdConfig(
     block_m=64, block_n=64, consumers=2, stages=4, consumer_regs=240, persistent=True
 )
 # d128: the persistent variant below these query counts (causal, full), the row-tile kernel from them
-PERSISTENT_BELOW_128 = {True: 8192, False: 8192}
+PERSISTENT_BELOW_128 = {True: 8192, False: 16384}
 
 # FlashAttention-3's ping-pong (`wait_turn`) where it measured faster: d128's row-tile kernel on full calls
 # below 32k queries and d64's persistent variant. Forward alone, one H200, five alternating rounds, cuDNN's

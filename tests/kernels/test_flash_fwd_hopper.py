@@ -141,11 +141,10 @@ def test_which_calls_take_the_hopper_forward(change, takes):
         (64, 16384, False, True),
         (128, 1024, True, True),
         (128, 4096, True, True),
-        (128, 8192, True, False),  # d128: the row-tile kernel from 8k queries (PERSISTENT_BELOW_128)
+        (128, 8192, True, False),  # d128: the row-tile kernel from 8k queries causal (PERSISTENT_BELOW_128)
         (128, 1024, False, True),
-        (128, 4096, False, True),
-        (128, 8192, False, False),
-        (128, 16384, False, False),
+        (128, 8192, False, True),
+        (128, 16384, False, False),  # and from 16k full
         (256, 1024, False, False),  # no persistent config at d256
     ],
 )
@@ -165,11 +164,10 @@ def test_which_calls_take_the_persistent_variant(headdim, seqlen_q, causal, pers
         (64, 16384, False, True),
         (64, 8192, True, False),  # its row-tile kernel does not
         (128, 16384, False, True),  # d128's row-tile kernel on full calls
-        (128, 8192, False, True),
         (128, 32768, False, False),  # from 32k queries it lost a percent
         (128, 16384, True, False),  # not causal ones
         (128, 1024, False, False),  # nor the persistent variant
-        (128, 4096, False, False),
+        (128, 8192, False, False),
         (256, 4096, False, False),
     ],
 )
