@@ -12,6 +12,9 @@
 #   3: call 2: 205 GPU tests passed; past 8k the variant 1.053 / 1.047 / 1.042x at full 8k / 16k / 32k against the row-tile
 #      kernel's 1.043 / 1.045 / 1.056, causal 8k / 16k 1.055 / 1.017 against 1.058 / 1.072: full calls now take it below
 #      16k. fwd+bwd against cuDNN on the new rule: d128 MHA at 512-4k causal, 1k-8k full, then GQA (32 on 8) at 1k-4k
+#   4: call 3: MHA fwd+bwd 1.031-1.057x cuDNN at 1k-8k (forward alone 0.956-1.048x), causal 512 host-bound (0.83x); GQA
+#      0.97-1.16x. End to end on the new forward: GPT-2 medium's width in 8 heads of 128 at 1k, 2k and 4k, and in 8 heads
+#      on 2 kv heads at 1k and 2k, cuDNN and ours (fresh processes)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -40,5 +43,11 @@ case "${1:?part}" in
     timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
       --seqlens 1024 2048 4096 --rounds 4 --out "$R/ab_cudnn_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
   done
+  ;;
+4)
+  timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 1024,2048,4096 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128.json" 2>&1 | quiet | grep "^|" | tail -n 8
+  timeout 230 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024,2048 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa.json" 2>&1 | quiet | grep "^|" | tail -n 6
   ;;
 esac
