@@ -61,6 +61,14 @@ def _d128_row_tile_forward(on: bool) -> None:
     _persistent_everywhere(bs.PERSISTENT_FORWARD, 128, not on)
 
 
+def _d128_persistent_128key_forward(on: bool) -> None:
+    """The d128 forward's persistent variant on 128-key tiles in K and V rings of their own (the dense
+    path's since session 76, `_flash_fwd_hopper.PERSISTENT_CONFIGS[128]`) up to 10 of them a program (on),
+    or on 64-key tiles up to 20 (off: `PERSISTENT_64KEY`, the rule since session 39): the same key range."""
+    fwd = bs.fwd_hopper
+    bs.PERSISTENT_FORWARD[128] = (fwd.PERSISTENT_CONFIGS[128], 10) if on else (fwd.PERSISTENT_64KEY, 20)
+
+
 def _row_tile_forward_turns(on: bool) -> None:
     """The row-tile forward's consumers taking turns (`_flash_fwd_hopper.wait_turn`) on, off (both head dims)."""
     for d, (fwd, dq, dkdv) in bs.CONFIGS.items():
@@ -128,6 +136,7 @@ VARIANTS = {
     "d64_persistent_forward": _d64_persistent_forward,
     "persistent_dkdv": _persistent_dkdv,
     "d128_row_tile_forward": _d128_row_tile_forward,
+    "d128_persistent_128key_forward": _d128_persistent_128key_forward,
     "row_tile_forward_turns": _row_tile_forward_turns,
     "persistent_forward_turns": _persistent_forward_turns,
 }

@@ -15,6 +15,10 @@
 #   4: call 3: MHA fwd+bwd 1.031-1.057x cuDNN at 1k-8k (forward alone 0.956-1.048x), causal 512 host-bound (0.83x); GQA
 #      0.97-1.16x. End to end on the new forward: GPT-2 medium's width in 8 heads of 128 at 1k, 2k and 4k, and in 8 heads
 #      on 2 kv heads at 1k and 2k, cuDNN and ours (fresh processes)
+#   5: call 4: MHA 1.021 / 1.029 / 1.027x cuDNN's tokens/s at 1k / 2k / 4k, GQA 1.030 / 1.028x at 1k / 2k. The dense public
+#      API's and packed QKV's GPU tests on the new rule; the block-sparse d128 forward (still 64-key persistent tiles
+#      on short lists) on the 128-key persistent variant, A/B at n4k and n16k, and the d128 block-sparse GPU tests
+#      (bf16) with it on
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -49,5 +53,20 @@ case "${1:?part}" in
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128.json" 2>&1 | quiet | grep "^|" | tail -n 8
   timeout 230 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024,2048 \
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa.json" 2>&1 | quiet | grep "^|" | tail -n 6
+  ;;
+5)
+  timeout -s KILL 120 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_attention.py tests/kernels/test_qkvpacked.py \
+    > "$R/gpu_tests_dense.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_dense.log"
+  bs_ab 200 d128_persistent_128key_forward --variants d128_persistent_128key_forward --seqlens 4096 16384 \
+    --headdims 128 --max-density 0.5 --no-flex
+  timeout -s KILL 150 python -c "
+import sys, pytest
+from kernels import _block_sparse_hopper as bs
+bs.PERSISTENT_FORWARD[128] = (bs.fwd_hopper.PERSISTENT_CONFIGS[128], 10)
+sys.exit(pytest.main(['-q', '-rf', '-m', 'gpu', 'tests/kernels/test_block_sparse_hopper.py', '-k',
+                      'hopper_path_matches and 128 and bf16 or persistent_and_row_tile']))
+" > "$R/gpu_tests_bs_128key.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$R/gpu_tests_bs_128key.log"
   ;;
 esac
