@@ -19,6 +19,9 @@
 #      API's and packed QKV's GPU tests on the new rule; the block-sparse d128 forward (still 64-key persistent tiles
 #      on short lists) on the 128-key persistent variant, A/B at n4k and n16k, and the d128 block-sparse GPU tests
 #      (bf16) with it on
+#   6: call 5: 14 dense GPU tests passed; on block-sparse lists the 128-key variant 0.97-0.98x at n4k 3-9%, 0.97-1.02x
+#      elsewhere: not taken there (52 d128 block-sparse GPU tests passed with it). A second run of d128 MHA at 2k and
+#      4k (seven rounds: is full 4k's 1.05x aim met now?), and the GQA model at 1k in one more process
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -68,5 +71,13 @@ sys.exit(pytest.main(['-q', '-rf', '-m', 'gpu', 'tests/kernels/test_block_sparse
                       'hopper_path_matches and 128 and bf16 or persistent_and_row_tile']))
 " > "$R/gpu_tests_bs_128key.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$R/gpu_tests_bs_128key.log"
+  ;;
+6)
+  for causal in yes no; do
+    timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 7 --seqlens 2048 4096 \
+      --out "$R/ab_cudnn_d128_causal_${causal}_again.json" 2>&1 | quiet | ratios
+  done
+  timeout 160 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 1024 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_1k.json" 2>&1 | quiet | grep "^|" | tail -n 3
   ;;
 esac
