@@ -24,6 +24,7 @@
 #      4k (seven rounds: is full 4k's 1.05x aim met now?), and the GQA model at 1k in one more process
 #   7: call 6: causal 2k / 4k 1.043 / 1.044x, full 1.045 / 1.038x (the aim still missed at full 4k); GQA model 1k 1.031x.
 #      The GQA model at 4k (level with cuDNN in session 75, 0.994x; its causal forward now the persistent variant)
+#      (call 7: 0.979x; `auto` keeps GQA under 8k keys with cuDNN)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
