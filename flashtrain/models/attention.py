@@ -305,9 +305,11 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 # GQA calls `auto` gives ours over cuDNN start at this many keys (up to kernels._flash_bwd's
 # ORDERED_GQA_EXPANDED_MAX_KEYS): at 4k ours and cuDNN traded places between runs (fwd+bwd at 32 query heads
 # on 8, cuDNN ÷ ours 0.986 / 0.996 / 0.983 causal, 0.997 / 1.017 / 0.996 full, results/s74/call2, call4,
-# s75/call2; end to end 0.994x, s75/call3), from 8k ours led (1.007-1.031 at 8k-16k in both runs, 1.03-1.05
-# at 32k-64k, s74/call6). Under 4k the kernels lead (1.01-1.25x at 512-2k, s75/call1-2), but end to end at
-# 1k ours ran 0.94-1.03x cuDNN's tokens/s over six processes, its steps paced by the host (s75/call2-6)
+# s75/call2; end to end 0.994x, s75/call3; on session 76's forward 0.966 causal, 1.001 full, end to end
+# 0.979x, s76/call3, call7), from 8k ours led (1.007-1.031 at 8k-16k in both runs, 1.03-1.05 at 32k-64k,
+# s74/call6). Under 4k the kernels mostly lead (0.99-1.25x at 512-2k, s75/call1-2, s76/call3), but end to
+# end at 1k ours ran 0.94-1.03x cuDNN's tokens/s over eight processes (five ahead), its steps paced by the
+# host (s75/call2-6, s76/call4, call6)
 AUTO_GQA_MIN_KEYS = 8192
 
 
@@ -330,17 +332,17 @@ def ours_beats_cudnn(
     AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the ordered one-kernel backward on
     K/V repeated per query head).
     GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process (results/s53/call3-5,
-    s75/call4): ours ÷ cuDNN tokens/s 1.023 at 1k, 1.016 at 2k, 1.025 at 4k, 1.028 and 1.024 at 8k, 1.000
-    and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and full 4k-64k in five alternating
-    rounds (results/s52/call4-6, s53/call3), 1.006-1.042x at 1k-2k (s75/call4). The same model on 2 kv heads
-    (results/s74/call3, s75/call3, call7): 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at 64k; the
-    kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three
-    alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6). GQA calls under 8k keys stay with
-    cuDNN (AUTO_GQA_MIN_KEYS: level at 4k, end to end at 1k as often behind as ahead), and past 64k
-    (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer queries
-    than keys may run the two kernels too, and was not timed: those stay with cuDNN, as every other head dim
-    (`auto_picks_triton`). Ours also repeats its gradients bit for bit, cuDNN's backward does not
-    (results/s44/call1)."""
+    s75/call4, s76/call4): ours ÷ cuDNN tokens/s 1.023 and 1.021 at 1k, 1.016 and 1.029 at 2k, 1.025 and 1.027
+    at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and
+    full 4k-64k in five alternating rounds (results/s52/call4-6, s53/call3), 1.006-1.042x at 1k-2k (s75/call4),
+    1.031-1.054x on session 76's forward (s76/call3). The same model on 2 kv heads (results/s74/call3,
+    s75/call3, call7): 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at 64k; the kernels alone at 32 query
+    heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three alternating rounds (s74/call2,
+    call4), 1.03-1.05x at 32k-64k (call6). GQA calls under 8k keys stay with cuDNN (AUTO_GQA_MIN_KEYS: level or
+    behind at 4k, end to end at 1k paced by the host), and past 64k (untimed, the route's limit); dropout runs
+    the portable backward; a full-attention call on fewer queries than keys may run the two kernels too, and was
+    not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
+    gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
     gqa_ok = nheads == nheads_kv or gqa_keys_timed
     timed = head_dim == 128 and same_length and not one_query and gqa_ok and not dropout
     if device.type != "cuda" or not timed:
