@@ -39,9 +39,9 @@ def test_forward_turns_route_reaches_the_forwards_config_choice_and_restore_puts
     state = ab.route_state()
     try:
         ab.ROUTES["forward_turns"](False)
-        assert not fwd_hopper.config_for(128, 8192, False).pingpong
+        assert not fwd_hopper.config_for(128, 16384, False).pingpong
         ab.ROUTES["forward_turns"](True)
-        assert fwd_hopper.config_for(128, 8192, False).pingpong
+        assert fwd_hopper.config_for(128, 16384, False).pingpong
     finally:
         ab.restore_routes(state)
     assert fwd_hopper.PINGPONG is state[2]
