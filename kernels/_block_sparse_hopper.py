@@ -87,8 +87,9 @@ CONFIGS = {
 #        tiles a program: 20 of the persistent variant's 64-key ones, which this table counts (the GPU
 #        tests passed on it, results/s39/call1; fwd+bwd ÷ Flex at n16k 45% 1.22 -> 1.29, n64k 44% 1.23 -> 1.33).
 # Outputs bitwise equal either way where both walk the same tiles (tests/kernels/test_block_sparse_hopper.py).
-# (d128's persistent config is the dense path's of before session 76, on 64-key tiles; the dense path's now
-# runs 128-key tiles, unmeasured on lists)
+# d128's persistent config is the dense path's of before session 76, on 64-key tiles: the dense path's now
+# runs 128-key tiles, which on lists (up to 10 of them a program) measured 0.97-0.98x at n4k 3-9% density,
+# 0.97-1.02x at n16k (fwd+bwd from graphs, results/s76/call5).
 PERSISTENT_FORWARD = {
     64: (fwd_hopper.PERSISTENT_CONFIGS[64], 16),
     128: (fwd_hopper.PERSISTENT_64KEY, 20),
