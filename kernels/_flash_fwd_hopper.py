@@ -536,13 +536,14 @@ PERSISTENT_64KEY = HopperFwdConfig(
 PERSISTENT_BELOW_128 = {True: 8192, False: 16384}
 
 # FlashAttention-3's ping-pong (`wait_turn`) where it measured faster: d128's row-tile kernel on full calls
-# below 32k queries (since session 76 it takes full calls from 16k only; in that session's run the turns
-# were level there, 1.041-1.048 against 1.043-1.056, results/s76/call2) and d64's persistent variant.
-# Forward alone, one H200, five alternating rounds, cuDNN's forward time ÷ ours without / with (results/s57/call1, call2): d128 full 2k-16k 0.949 / 0.982, 1.022 /
-# 1.033, 1.042 / 1.057, 1.046 / 1.071, but 32k / 64k 1.064 / 1.053, 1.060 / 1.052 (causal 8k-16k 1.055 /
-# 1.049, 1.082 / 1.065: causal d128 goes without); d64 persistent, causal 1k / 2k / 4k / 8k / 16k 0.933 /
-# 0.983, 0.962 / 1.017, 0.975 / 1.024, 0.913 / 0.976, 0.951 / 1.006, full 1k / 4k / 16k 0.980 / 1.008,
-# 0.959 / 0.989, 0.994 / 1.008. Session 38's turns on mbarriers, on 64-key tiles, had lost (0.89-1.01x).
+# below 32k queries (since session 76 it takes full calls from 16k only; in that session's run the turns were
+# level there, 1.041-1.048 against 1.043-1.056, results/s76/call2) and d64's persistent variant. Forward
+# alone, one H200, five alternating rounds, cuDNN's forward time ÷ ours without / with (results/s57/call1,
+# call2): d128 full 2k-16k 0.949 / 0.982, 1.022 / 1.033, 1.042 / 1.057, 1.046 / 1.071, but 32k / 64k 1.064 /
+# 1.053, 1.060 / 1.052 (causal 8k-16k 1.055 / 1.049, 1.082 / 1.065: causal d128 goes without); d64 persistent,
+# causal 1k / 2k / 4k / 8k / 16k 0.933 / 0.983, 0.962 / 1.017, 0.975 / 1.024, 0.913 / 0.976, 0.951 / 1.006,
+# full 1k / 4k / 16k 0.980 / 1.008, 0.959 / 0.989, 0.994 / 1.008. Session 38's turns on mbarriers, on 64-key
+# tiles, had lost (0.89-1.01x).
 # The block-sparse path keeps the configs without (unmeasured there).
 # FLASHTRAIN_FWD_PINGPONG=0 turns them off (A/B runs).
 PINGPONG = os.environ.get("FLASHTRAIN_FWD_PINGPONG", "1") != "0"
