@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, LOG2E, check_rank, next_power_of_2
+from ._common import INTERPRET, LOG2E, check_rank, is_int, next_power_of_2
 
 # the kernel works in base 2: exp2 of an FMA's result, where exp would add a multiply
 _LOG2E = tl.constexpr(LOG2E)
@@ -120,7 +120,7 @@ def cross_entropy_rows_(
     return losses
 
 
-def _check(hidden, weight, targets, chunk):
+def _check(hidden, weight, targets, chunk, ignore_index):
     check_rank("hidden", hidden, 2, "(tokens, width)")
     check_rank("weight", weight, 2, "(vocab, width)")
     check_rank("targets", targets, 1, "(tokens,) of int64 or int32")
@@ -139,8 +139,17 @@ def _check(hidden, weight, targets, chunk):
             f"hidden, weight and targets must be on one device; got {hidden.device}, {weight.device}, "
             f"{targets.device}"
         )
-    if chunk < 1:
-        raise ValueError(f"chunk={chunk} must be >= 1 (tokens per chunk of the vocabulary projection)")
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if not t.is_floating_point():  # (an integer matmul would run, and its loss mean nothing)
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if not is_int(chunk) or chunk < 1:
+        raise ValueError(
+            f"chunk={chunk!r} must be an int >= 1 (tokens per chunk of the vocabulary projection)"
+        )
+    if not is_int(ignore_index):  # (a float one would match no target, and ignore nothing)
+        raise ValueError(
+            f"ignore_index must be an int (the target value that counts 0), got {ignore_index!r}"
+        )
 
 
 def _loss_and_grads(hidden, weight, targets, chunk, ignore_index, grad_h, grad_w):
@@ -216,9 +225,10 @@ def linear_cross_entropy(
     targets (tokens,).
 
     Matches `kernels.reference.linear_cross_entropy_reference`; under autocast the projection runs in
-    the autocast dtype (as `F.linear` would) and the softmax in fp32.
+    the autocast dtype (as `F.linear` would), otherwise in hidden's dtype (weight cast to it), and the
+    softmax in fp32.
     """
-    _check(hidden, weight, targets, chunk)
+    _check(hidden, weight, targets, chunk, ignore_index)
     counted = targets != ignore_index
     if hidden.is_cuda:  # an out-of-range target would read outside its row: fail on the device instead
         in_range = (targets >= 0) & (targets < weight.shape[0])

@@ -143,6 +143,9 @@ def test_all_targets_ignored_gives_zero_loss_and_gradients(device):
         ((4, 8), (10, 6), (4,), 4, "hidden \\(tokens, width\\)"),
         ((4, 8), (10, 8), (5,), 4, "targets must be"),
         ((4, 8), (10, 8), (4,), 0, "chunk=0"),
+        ((4, 8), (10, 8), (4,), 2.5, "chunk=2.5 must be an int"),
+        ((4, 8), (10, 8), (4,), True, "chunk=True must be an int"),
+        ((4, 8), (10, 8), (4,), None, "chunk=None must be an int"),
     ],
 )
 def test_bad_shapes_raise(hidden_shape, weight_shape, target_shape, chunk, match):
@@ -160,6 +163,23 @@ def test_bad_targets_raise():
         linear_cross_entropy(hidden, weight, [0, 1, 2, 3])
     with pytest.raises(ValueError, match=r"targets must lie in \[0, 10\)"):
         linear_cross_entropy(hidden, weight, torch.tensor([0, 1, 10, -100]))
+
+
+@pytest.mark.parametrize("ignore_index", [1.5, None, "pad", True])
+def test_ignore_index_must_be_an_int(ignore_index):
+    """A float ignore_index matched no target and ignored nothing, silently; None raised torch's error."""
+    hidden, weight, targets = torch.randn(4, 8), torch.randn(10, 8), torch.tensor([0, 1, 2, 3])
+    with pytest.raises(ValueError, match="ignore_index must be an int"):
+        linear_cross_entropy(hidden, weight, targets, ignore_index=ignore_index)
+
+
+@pytest.mark.parametrize("which", ["hidden", "weight"])
+def test_integer_hidden_or_weight_raises(which):
+    """An int64 hidden ran the projection as an integer matmul and returned a number."""
+    tensors = {"hidden": torch.randn(4, 8), "weight": torch.randn(10, 8)}
+    tensors[which] = tensors[which].long()
+    with pytest.raises(ValueError, match=f"{which} must be a floating-point tensor, got torch.int64"):
+        linear_cross_entropy(tensors["hidden"], tensors["weight"], torch.tensor([0, 1, 2, 3]))
 
 
 @pytest.mark.gpu
