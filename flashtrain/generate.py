@@ -13,6 +13,7 @@ layout (`BlockSparseKVCache`).
 from __future__ import annotations
 
 import argparse
+import numbers
 
 import torch
 
@@ -221,6 +222,11 @@ class DecodeStep:
         return logits
 
 
+def _is_int(value) -> bool:
+    """An int (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
     """Next tokens (B, 1) from last-position logits (B, V): greedy at temperature 0."""
     logits = logits.float()
@@ -256,17 +262,28 @@ def generate(
     captured CUDA graph (`DecodeStep`); None = on a CUDA device when at least GRAPH_MIN_STEPS steps follow
     the prompt (a block-sparse model's too: `BlockSparseKVCache`). The tokens are the same either way."""
     cfg = model.cfg
-    if idx.dim() != 2 or idx.shape[1] < 1 or idx.is_floating_point():
+    if idx.dim() != 2 or idx.shape[1] < 1 or idx.dtype not in (torch.int64, torch.int32):
         raise ValueError(
-            f"idx must be token ids (batch, T >= 1), got {idx.dtype} {tuple(idx.shape)}: an empty prompt "
-            "encodes to no token, so give at least one character (the command line's default is a newline)"
+            f"idx must be int64 or int32 token ids (batch, T >= 1), got {idx.dtype} {tuple(idx.shape)}: an empty "
+            "prompt encodes to no token, so give at least one character (the command line's default is a newline)"
         )
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-    if not (temperature >= 0 and temperature != float("inf")):
-        raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1, or None to sample from every token")
+    if (
+        (idx < 0) | (idx >= cfg.vocab_size)
+    ).any():  # (a sync, once a call: the loop syncs every token anyway)
+        raise ValueError(f"idx holds token ids outside the model's vocabulary [0, {cfg.vocab_size})")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
+    real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+    if not (real and 0 <= temperature < float("inf")):
+        raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r} must be an int >= 1, or None to sample from every token")
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise ValueError(
+            f"cuda_graph must be True, False or None (on a CUDA device when it pays), got {cuda_graph!r}"
+        )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if cuda_graph and not idx.is_cuda:
         raise ValueError(f"cuda_graph=True needs the prompt and model on a CUDA device, not {idx.device}")
     total = idx.shape[1] + max_new_tokens

@@ -263,11 +263,25 @@ def test_sampling_is_seeded_and_bounded():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(temperature=-1.0), "temperature=-1.0 must be finite and >= 0"),
-        (dict(temperature=float("nan")), "temperature=nan must be finite"),
-        (dict(top_k=0), "top_k=0 must be >= 1, or None"),  # was a shape error inside topk
-        (dict(max_new_tokens=-2), "max_new_tokens=-2 must be >= 0"),  # was a negative-size tensor
-        (dict(idx=torch.zeros(1, 0)), r"idx must be token ids \(batch, T >= 1\)"),  # an empty prompt
+        (dict(temperature=-1.0), "temperature=-1.0 must be a finite number >= 0"),
+        (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
+        (dict(temperature=None), "temperature=None must be a finite number"),  # (torch's TypeError before)
+        (dict(temperature="1"), "temperature='1' must be a finite number"),
+        (dict(top_k=0), "top_k=0 must be an int >= 1, or None"),  # was a shape error inside topk
+        (dict(top_k=2.5), "top_k=2.5 must be an int >= 1"),
+        (dict(top_k=True), "top_k=True must be an int >= 1"),
+        (dict(max_new_tokens=-2), "max_new_tokens=-2 must be an int >= 0"),  # was a negative-size tensor
+        (dict(max_new_tokens=True), "max_new_tokens=True must be an int"),  # (generated one token)
+        (dict(max_new_tokens=2.5), "max_new_tokens=2.5 must be an int"),
+        (dict(cuda_graph="no"), "cuda_graph must be True, False or None"),  # (read as True)
+        (dict(generator=1), "generator must be a torch.Generator or None, got int"),
+        (
+            dict(idx=torch.zeros(1, 0, dtype=torch.long)),
+            r"idx must be int64 or int32 token ids \(batch, T >= 1\)",
+        ),
+        (dict(idx=torch.ones(1, 3, dtype=torch.bool)), "idx must be int64 or int32 token ids"),
+        (dict(idx=torch.tensor([[1, 30]])), r"outside the model's vocabulary \[0, 30\)"),  # (IndexError)
+        (dict(idx=torch.tensor([[-1, 2]])), r"outside the model's vocabulary \[0, 30\)"),
     ],
 )
 def test_bad_sampling_settings_fail_clearly(kwargs, match):
