@@ -24,6 +24,7 @@ import datasets
 import numpy as np
 
 from data.lra import listops, pathfinder
+from data.lra._checks import check_int
 from data.lra.listops import LISTOPS_VOCAB, decode_listops, encode_listops
 
 __all__ = [
@@ -47,12 +48,10 @@ def default_cache_dir() -> Path:
 
 def _check_sizes(sizes: dict[str, int], num_proc, chunk_size: int):
     for name, n in sizes.items():
-        if not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
-    if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
-        raise ValueError(f"num_proc must be None (all cores) or an int >= 1, got {num_proc!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        check_int(name, n)
+    if num_proc is not None:  # (None: all cores)
+        check_int("num_proc", num_proc, minimum=1)
+    check_int("chunk_size", chunk_size, minimum=1)
 
 
 def _key(name: str, settings: dict) -> str:
@@ -161,7 +160,7 @@ def build_listops_dataset(
     """ListOps splits with no expression repeated within or across splits; built once, then loaded."""
     sizes = {"n_train": n_train, "n_val": n_val, "n_test": n_test}
     _check_sizes(sizes, num_proc, chunk_size)
-    listops._check("seed", seed)
+    check_int("seed", seed)
     root = Path(cache_dir or default_cache_dir()) / _key("listops", {"seed": seed, **sizes})
     features = datasets.Features(
         {"tokens": datasets.Sequence(datasets.Value("uint8")), "label": datasets.Value("int64")}

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from data.lra._checks import check_int
+
 __all__ = [
     "LISTOPS_VOCAB",
     "OPERATORS",
@@ -117,15 +119,10 @@ def dedupe(items: list[tuple[str, int]], seed: int, split: int, start: int, seen
     return out
 
 
-def _check(name: str, v) -> None:
-    if not isinstance(v, (int, np.integer)) or v < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {v!r}")
-
-
 def generate_raw(n: int, seed: int = 0, *, split: int = 0, start: int = 0) -> list[tuple[str, int]]:
     """Expressions `start .. start+n-1` before duplicate removal (the part that runs in worker processes)."""
     for name, v in (("n", n), ("seed", seed), ("split", split), ("start", start)):
-        _check(name, v)
+        check_int(name, v)
     return [sample(seed, split, start + i) for i in range(n)]
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data.lra._checks import check_int
+
 __all__ = [
     "LRA_PARAMS",
     "PathfinderParams",
@@ -487,8 +489,7 @@ def _label(seed: int, split: int, index: int) -> int:
 
 def _check_index_args(seed: int, split: int, start: int):
     for name, v in (("seed", seed), ("split", split), ("start", start)):
-        if not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+        check_int(name, v)
 
 
 def sample(p: PathfinderParams, seed: int, split: int, index: int) -> PathfinderSample:
@@ -512,8 +513,7 @@ def generate(
     Returns images: (n, resolution, resolution) uint8 and labels: (n,) int64, half of them 1 (exactly, when
     `start` and `n` are even). `params` replaces the LRA settings for `resolution`.
     """
-    if not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    check_int("n", n)
     _check_index_args(seed, split, start)
     if params is None:
         params = params_for(resolution)

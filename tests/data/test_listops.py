@@ -96,11 +96,18 @@ def test_encode_decode_and_vocab():
     [
         (lambda: listops.generate(-1), "n must be"),
         (lambda: listops.generate(2, seed=-1), "seed must be"),
+        (lambda: listops.generate(True), "n must be an int >= 0, got True"),  # (generated one expression)
+        (lambda: listops.generate(2, seed=2.0), "seed must be an int >= 0, got 2.0"),
         (lambda: listops.evaluate("[MAX 1 2"), "closing"),
         (lambda: listops.evaluate("[MAX 1 2 ] 3"), "trailing"),
         (lambda: lra_dataset.build_listops_dataset(n_train=-2), "n_train"),
         (lambda: lra_dataset.build_pathfinder_dataset(48, 2, 2, 2), "resolution 48"),
         (lambda: lra_dataset.build_pathfinder_dataset(32, 2, 2, 2, num_proc=0), "num_proc"),
+        (
+            lambda: lra_dataset.build_listops_dataset(2, 2, 2, chunk_size=True),
+            "chunk_size must be an int >= 1",
+        ),
+        (lambda: lra_dataset.build_listops_dataset(2, 2, 2, seed=True), "seed must be an int >= 0, got True"),
     ],
 )
 def test_bad_arguments_raise(call, match):

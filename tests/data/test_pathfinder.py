@@ -95,6 +95,8 @@ def test_distractors_are_drawn():
         (lambda: pf.generate(2, 48), "resolution 48"),
         (lambda: pf.generate(-1, 32), "n must be"),
         (lambda: pf.generate(2, 32, seed=-3), "seed must be"),
+        (lambda: pf.generate(True, 32), "n must be an int >= 0, got True"),  # (numpy's TypeError)
+        (lambda: pf.generate(2, 32, seed=True), "seed must be an int >= 0, got True"),  # (read as seed 1)
         (lambda: pf.generate(2, 32, params=pf.params_for(64)), "does not match"),
         (lambda: pf.render(pf.params_for(32), np.random.default_rng(0), label=2), "label must be"),
     ],
