@@ -25,6 +25,8 @@
 #   7: call 6: causal 2k / 4k 1.043 / 1.044x, full 1.045 / 1.038x (the aim still missed at full 4k); GQA model 1k 1.031x.
 #      The GQA model at 4k (level with cuDNN in session 75, 0.994x; its causal forward now the persistent variant)
 #      (call 7: 0.979x; `auto` keeps GQA under 8k keys with cuDNN)
+#   8: the session's input checks on CUDA: generate's (its CUDA-graph and prefill tests) and linear_cross_entropy's
+#      GPU tests, and the model's fused loss in the trainer's GPU tests
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -86,5 +88,10 @@ sys.exit(pytest.main(['-q', '-rf', '-m', 'gpu', 'tests/kernels/test_block_sparse
 7)
   timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 4096 \
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_4k.json" 2>&1 | quiet | grep "^|" | tail -n 3
+  ;;
+8)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_generate.py tests/kernels/test_cross_entropy.py \
+    tests/flashtrain/test_gpt.py > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
   ;;
 esac
