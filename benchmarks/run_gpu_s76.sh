@@ -27,6 +27,8 @@
 #      (call 7: 0.979x; `auto` keeps GQA under 8k keys with cuDNN)
 #   8: the session's input checks on CUDA: generate's (its CUDA-graph and prefill tests) and linear_cross_entropy's
 #      GPU tests, and the model's fused loss in the trainer's GPU tests (call 8: 31 passed)
+#   9: d64's persistent forward (one K/V ring of three stages) on K and V rings of their own, 3 + 3 and 4 + 3 tiles,
+#      with and without turns, against cuDNN's forward at full 1k / 4k / 16k (the session's last ~240 s of device time)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -93,5 +95,8 @@ sys.exit(pytest.main(['-q', '-rf', '-m', 'gpu', 'tests/kernels/test_block_sparse
   timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_generate.py tests/kernels/test_cross_entropy.py \
     tests/flashtrain/test_gpt.py > "$R/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  ;;
+9)
+  fwd_ab 150 d64_full_rings --headdim 64 --seqlens 1024 4096 16384 --only persistent persistent_rings3 persistent_rings4_3
   ;;
 esac
