@@ -37,7 +37,9 @@ CANDIDATES = {  # name: config, per head dim
         "rows": _flash_fwd_hopper.CONFIGS[64],
         # (the persistent variant's K and V in rings of their own: 3 + 3 tiles, 131 KB; 4 + 3, 148 KB)
         "persistent_rings3": dataclasses.replace(_flash_fwd_hopper.PERSISTENT_CONFIGS[64], v_stages=3),
-        "persistent_rings4_3": dataclasses.replace(_flash_fwd_hopper.PERSISTENT_CONFIGS[64], stages=4, v_stages=3),
+        "persistent_rings4_3": dataclasses.replace(
+            _flash_fwd_hopper.PERSISTENT_CONFIGS[64], stages=4, v_stages=3
+        ),
     },
 }
 # --pingpong: beside each, the same config with its consumers taking turns (`_flash_fwd_hopper.wait_turn`)
