@@ -35,7 +35,9 @@ CANDIDATES = {  # name: config, per head dim
     64: {
         "persistent": _flash_fwd_hopper.PERSISTENT_CONFIGS[64],
         "rows": _flash_fwd_hopper.CONFIGS[64],
-        # (the persistent variant's K and V in rings of their own: 3 + 3 tiles, 131 KB; 4 + 3, 148 KB)
+        # (the persistent variant's K and V in rings of their own: 3 + 3 tiles, 131 KB; 4 + 3, 148 KB. Forward
+        # alone at full 1k-16k, one H200: 0.935-0.991x cuDNN's against one ring's 0.991-1.000 with turns,
+        # results/s76/call9, so d64 keeps one ring)
         "persistent_rings3": dataclasses.replace(_flash_fwd_hopper.PERSISTENT_CONFIGS[64], v_stages=3),
         "persistent_rings4_3": dataclasses.replace(
             _flash_fwd_hopper.PERSISTENT_CONFIGS[64], stages=4, v_stages=3

@@ -29,6 +29,7 @@
 #      GPU tests, and the model's fused loss in the trainer's GPU tests (call 8: 31 passed)
 #   9: d64's persistent forward (one K/V ring of three stages) on K and V rings of their own, 3 + 3 and 4 + 3 tiles,
 #      with and without turns, against cuDNN's forward at full 1k / 4k / 16k (the session's last ~240 s of device time)
+#      (call 9: split rings 0.935-0.991x cuDNN against one ring's 0.991-1.000 with turns: d64 keeps one ring)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
