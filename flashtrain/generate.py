@@ -20,6 +20,7 @@ import torch
 from flashtrain.models.attention import triton_runs_on
 from flashtrain.models.block_sparse import model_layout, refuse_window
 from flashtrain.models.gpt import GPT
+from kernels._common import is_int
 
 # A prompt of at least this many tokens (batch x length) into an empty cache takes the training kernel
 # (`flash_attention`, tiles for many queries) rather than `flash_decode`. Measured on an H200 in GPT-2
@@ -222,11 +223,6 @@ class DecodeStep:
         return logits
 
 
-def _is_int(value) -> bool:
-    """An int (numpy's too), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
     """Next tokens (B, 1) from last-position logits (B, V): greedy at temperature 0."""
     logits = logits.float()
@@ -267,16 +263,15 @@ def generate(
             f"idx must be int64 or int32 token ids (batch, T >= 1), got {idx.dtype} {tuple(idx.shape)}: an empty "
             "prompt encodes to no token, so give at least one character (the command line's default is a newline)"
         )
-    if (
-        (idx < 0) | (idx >= cfg.vocab_size)
-    ).any():  # (a sync, once a call: the loop syncs every token anyway)
+    # (a host-device sync, once a call: the token loop syncs at every token anyway)
+    if ((idx < 0) | (idx >= cfg.vocab_size)).any():
         raise ValueError(f"idx holds token ids outside the model's vocabulary [0, {cfg.vocab_size})")
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 0")
     real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
     if not (real and 0 <= temperature < float("inf")):
         raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k={top_k!r} must be an int >= 1, or None to sample from every token")
     if cuda_graph is not None and not isinstance(cuda_graph, bool):
         raise ValueError(

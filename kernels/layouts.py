@@ -236,7 +236,7 @@ def _n_blocks(seqlen: int, block_size: int) -> int:
 def _finish(keep: torch.Tensor, block_size: int, global_blocks: int, local_blocks: int, causal: bool):
     """Add global rows/columns and the local band to a (H, B, B) keep-mask, apply causality."""
     for name, v in (("global_blocks", global_blocks), ("local_blocks", local_blocks)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if not is_int(v) or v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
     check_flag("causal", causal)
     n = keep.shape[-1]
@@ -311,7 +311,7 @@ def random_layout(
     n = _n_blocks(seqlen, block_size)
     if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density!r}")
-    if isinstance(nheads, bool) or not isinstance(nheads, int) or nheads < 1:
+    if not is_int(nheads) or nheads < 1:
         raise ValueError(f"nheads must be an int >= 1, got {nheads!r}")
     if not is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}")
