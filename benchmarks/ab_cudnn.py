@@ -36,7 +36,7 @@ IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "s
 # under torch.use_deterministic_algorithms(True): SDPA's backends that still run there
 STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "sdpa_mem_eff"}
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
-GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ordered backward on repeated K/V)
+GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ordered backward run as MHA)
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
@@ -83,7 +83,13 @@ def _calls(
         )
     if GQA_EXPANDED in calls:
         calls[GQA_EXPANDED] = tuple(
-            with_settings(fn, _flash_bwd, ORDERED_GQA_EXPANDED=True, ORDERED_GQA_EXPANDED_MAX_KEYS=1 << 30)
+            with_settings(
+                fn,
+                _flash_bwd,
+                ORDERED_GQA_EXPANDED=True,
+                ORDERED_GQA_EXPANDED_MIN_KEYS=0,
+                ORDERED_GQA_EXPANDED_MAX_KEYS=1 << 30,
+            )  # fmt: skip
             for fn in calls[GQA_EXPANDED]
         )
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
@@ -152,7 +158,7 @@ def main() -> None:
                         help=f"also {TWO_KERNELS}: ours deterministic with the ordered one-kernel backward off")  # fmt: skip
     parser.add_argument("--gqa-expanded", action="store_true",
                         help=f"also {GQA_EXPANDED}: ours with GQA calls the ordered one-kernel backward refuses "
-                        "run on K/V repeated per query head (`_flash_bwd.ORDERED_GQA_EXPANDED`), at any length")  # fmt: skip
+                        "run as MHA (`_flash_bwd.ORDERED_GQA_EXPANDED`), at any length")  # fmt: skip
     parser.add_argument("--zero-filled", action="store_true",
                         help=f"also {ZERO_FILLED}: ours with the ordered backward's first adders adding into a "
                         "zero-filled buffer instead of storing (its FIRST_STORES off)")  # fmt: skip

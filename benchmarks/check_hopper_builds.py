@@ -134,11 +134,12 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             jit = hopper._attn_fwd_hopper
             args = [rows, keys, keys, rows, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2, 0.18, 264]
         elif kernel.startswith("fused"):  # (its dq view's blocks are half a head wide)
-            # (a causal convoy block of 8, not 1, which Triton would build as a constant: the general build)
+            # (a causal convoy block of 8 and kv_repeat 2, not 1, which Triton would build as constants: the
+            # general build)
             jit = fused_hopper._attn_bwd_fused_hopper
             halves = pipeline.descriptor(torch.zeros(2, 1000, 8, headdim // 2), cfg.block_m)
             args = [rows, keys, keys, rows, keys, keys, halves, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000,
-                    2, 0.18, 0.125, 264, torch.zeros(16, dtype=torch.int32), 2, 8]  # fmt: skip
+                    2, 2, 0.18, 0.125, 264, torch.zeros(16, dtype=torch.int32), 2, 8]  # fmt: skip
         elif kernel == "dkdv":
             jit = dkdv_hopper._attn_bwd_dkdv_hopper
             args = [rows, keys, keys, rows, keys, keys, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000, 2,

@@ -507,44 +507,26 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 
 # A deterministic GQA call that the ordered one-kernel backward refuses at its group (causal with more
 # than ORDERED_CAUSAL_MAX_GROUP query heads a key head, full attention's key groups past
-# ORDERED_ROTATION_MAX_GROUP) but would take as MHA runs it as MHA: on K and V repeated per query head, each
-# kv head's dK / dV the sum of its query heads' after (as FlashAttention-2 does for GQA), instead of the two
-# deterministic kernels. One H200, d128, 32 query heads on 8, 16k tokens a call (one sequence past that),
-# three alternating rounds, fwd+bwd against the two kernels (results/s74/call2, call6): 1.02 / 1.05 / 1.09 /
-# 1.07x at causal 8k / 16k / 32k / 64k, 1.03-1.06x at full 4k-16k, level (0.997) at causal 4k; against SDPA
-# cuDNN 0.99-1.05x, where the two kernels gave 0.96-1.01. (Full attention past 16.9k keys takes the ordered
-# kernel's convoy under GQA itself.) It holds K, V, dK and dV at the query's head count meanwhile (4 x q's
-# size: 2 GiB at 64k x 32 heads of 128), so from ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS, the lengths
-# measured (the repeat and the sums take a larger share of shorter calls).
+# ORDERED_ROTATION_MAX_GROUP) but would take as MHA runs it as MHA: each query head's program reads K and V
+# of its kv head (`_attn_bwd_fused_hopper`'s kv_repeat; until session 77 K and V were repeated per query head
+# in memory first) and stores its own dK / dV, each kv head's the sum of its query heads' after (as
+# FlashAttention-2 does for GQA), instead of the two deterministic kernels. One H200, d128, 32 query heads on
+# 8, 16k tokens a call (one sequence past that), three alternating rounds, fwd+bwd against the two kernels,
+# with the repeat in memory (results/s74/call2, call6): 1.02 / 1.05 / 1.09 / 1.07x at causal 8k / 16k / 32k /
+# 64k, 1.03-1.06x at full 4k-16k, level (0.997) at causal 4k; against SDPA cuDNN 0.99-1.05x, where the two
+# kernels gave 0.96-1.01. (Full attention past 16.9k keys takes the ordered kernel's convoy under GQA
+# itself.) It holds dK and dV at the query's head count meanwhile (2 x q's size: 1 GiB at 64k x 32 heads of
+# 128), so from ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS, the lengths measured (the sums take a larger
+# share of shorter calls).
 ORDERED_GQA_EXPANDED = True
 ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
 ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
 
 
 def repeats_kv_at(seqlen_k: int) -> bool:
-    """Whether a GQA call of seqlen_k keys is in the range of the backward's route on repeated K/V (on,
+    """Whether a GQA call of seqlen_k keys is in the range of the backward's route run as MHA (on,
     and ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS); where it runs, the ordered kernel's rule decides too."""
     return ORDERED_GQA_EXPANDED and ORDERED_GQA_EXPANDED_MIN_KEYS <= seqlen_k <= ORDERED_GQA_EXPANDED_MAX_KEYS
-
-
-def _ordered_gqa_expanded(
-    do, q, k, v, out, lse, dq, dk, dv, sm_scale, win_left, win_right, key_padding_mask, dropout_p, seed, dlse2,
-    delta,
-):  # fmt: skip
-    """`flash_attn_backward` of a GQA call through the ordered one-kernel backward on K and V repeated
-    per query head (MHA), each kv head's dK / dV the sum of its query heads' (each in the inputs' dtype,
-    summed in fp32 in a fixed order, rounded once more), stored into dk and dv."""
-    group = q.shape[-2] // k.shape[-2]
-    k_x, v_x = (t.repeat_interleave(group, dim=-2) for t in (k, v))
-    dq, dk_x, dv_x = flash_attn_backward(
-        do, q, k_x, v_x, out, lse, sm_scale=sm_scale, win_left=win_left, win_right=win_right,
-        key_padding_mask=key_padding_mask, dropout_p=dropout_p, seed=seed, delta=delta, dlse2=dlse2,
-        grads_out=(dq, torch.empty_like(k_x), torch.empty_like(v_x)),
-    )  # fmt: skip
-    shape = (*k.shape[:-2], k.shape[-2], group, k.shape[-1])
-    torch.sum(dk_x.view(shape), dim=-2, out=dk)
-    torch.sum(dv_x.view(shape), dim=-2, out=dv)
-    return dq, dk, dv
 
 
 def flash_attn_backward(
@@ -625,6 +607,9 @@ def flash_attn_backward(
         and dkdv_ok
         and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], group, sms)
     )
+    # GQA the ordered kernel refuses at its group but takes as MHA: run as MHA, per-query-head dK / dV
+    # (dk_heads, dv_heads) summed into dk, dv after (see ORDERED_GQA_EXPANDED)
+    kv_repeat, dk_heads, dv_heads = 1, dk, dv
     if (
         group > 1
         and repeats_kv_at(k.shape[1])
@@ -633,8 +618,9 @@ def flash_attn_backward(
         and dkdv_ok
         and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], 1, sms)
     ):
-        return _ordered_gqa_expanded(do, q, k, v, out, lse, dq, dk, dv, sm_scale, win_left, win_right,
-                                     key_padding_mask, dropout_p, seed, dlse2, delta)  # fmt: skip
+        kv_repeat, group, ordered = group, 1, True
+        per_query_head = (*k.shape[:-2], q.shape[-2], k.shape[-1])
+        dk_heads, dv_heads = k.new_empty(per_query_head), v.new_empty(per_query_head)
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
     convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(q.shape[1], k.shape[1], causal, group, sms)
@@ -667,9 +653,13 @@ def flash_attn_backward(
     hopper_dkdv = dkdv_ok and not atomic_dq
     if fused:
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
-            q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, ordered=ordered,
-            key_groups=key_groups, convoy=convoy, first_stores=first_stores,
+            q, k, v, do, lse, delta, dq_acc, dk_heads, dv_heads, sm_scale=sm_scale, causal=causal,
+            ordered=ordered, key_groups=key_groups, convoy=convoy, first_stores=first_stores, kv_repeat=kv_repeat,
         )  # fmt: skip
+        if kv_repeat > 1:  # (each in the inputs' dtype, summed in fp32 in a fixed order, rounded once more)
+            per_kv_head = (*k.shape[:-1], kv_repeat, k.shape[-1])
+            torch.sum(dk_heads.view(per_kv_head), dim=-2, out=dk)
+            torch.sum(dv_heads.view(per_kv_head), dim=-2, out=dv)
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
         # last sum written into dq: in fp32, rounded once, as a copy of the total)
         per_group = dq_acc.view(key_groups, *q.shape)

@@ -61,7 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
-from ._common import LOG2E, cdiv, sched_slots_for, sm_count
+from ._common import LOG2E, cdiv, is_int, sched_slots_for, sm_count
 from ._hopper_pipeline import descriptor, listed_row_program
 from ._launch import CompiledLaunch
 
@@ -69,7 +69,7 @@ from ._launch import CompiledLaunch
 @gluon.jit
 def _attn_bwd_fused_hopper(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, SEM, key_groups, convoy_block,
+    seqlen_q, seqlen_k, group, kv_repeat, qk_scale, sm_scale, sched_slots, SEM, key_groups, convoy_block,
     TILES, COUNTS, RANKS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
@@ -99,7 +99,10 @@ def _attn_bwd_fused_hopper(
     many key tiles before this program's list the entry's item (`_sparse_releases`). Dense calls pass
     any pointer for TILES, COUNTS and RANKS (never read).
     FIRST_STORES (ORDERED): each item's first adder (rank 0) stores its dQ half instead of adding it, so
-    the dq buffer needs zeros only where no program adds (`dq_buffer`)."""
+    the dq buffer needs zeros only where no program adds (`dq_buffer`).
+    kv_repeat: K and V's heads each serve kv_repeat of the grid's key heads (GQA run as MHA): the program
+    of key head h reads K / V head h // kv_repeat and stores its own dK / dV at head h (dk_desc, dv_desc
+    have the grid's heads), which the host sums; 1 otherwise."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -177,7 +180,7 @@ def _attn_bwd_fused_hopper(
             (dkdv._producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                               kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                               off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
-                              0, 1, ORDERED, rot, DOWN)),
+                              0, 1, ORDERED, rot, DOWN, kv_repeat)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
                               KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
@@ -616,7 +619,7 @@ def dq_buffer(
 
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
-    key_groups=1, convoy=False, convoy_block=None, walk_down=None, lists=None, first_stores=False,
+    key_groups=1, convoy=False, convoy_block=None, walk_down=None, lists=None, first_stores=False, kv_repeat=1,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
@@ -633,7 +636,10 @@ def flash_attn_bwd_fused_hopper(
     `col_ranks`: ranks read only when ordered), whose lse (passed as lse2) is in natural log; one key group,
     no convoy.
     first_stores (ordered): each item's first adder stores its dQ half instead of adding it, so dq_acc
-    needs zeros only where no program adds (`dq_buffer`)."""
+    needs zeros only where no program adds (`dq_buffer`).
+    kv_repeat: a GQA call run as MHA without repeating K and V in memory: dk and dv have kv_repeat times
+    k's heads, and each of their heads h gets the dK / dV of attending with K / V head h // kv_repeat (its
+    query heads' share alone; the caller sums them per K / V head). 1: dk and dv shaped like k and v."""
     if lists is not None and (key_groups != 1 or convoy or walk_down):
         raise ValueError(
             "a block-sparse call (lists) adds each dq tile in its key tiles' order: it takes key_groups=1, "
@@ -643,6 +649,15 @@ def flash_attn_bwd_fused_hopper(
         raise ValueError(
             "convoy=True (ordered_convoy) needs ordered=True, and key_groups=1 with full attention; "
             f"got ordered={ordered}, key_groups={key_groups}, causal={causal}"
+        )
+    if not (is_int(kv_repeat) and kv_repeat >= 1) or (lists is not None and kv_repeat != 1):
+        raise ValueError(
+            f"kv_repeat must be an int >= 1 (1 for a block-sparse call: lists), got {kv_repeat!r}"
+        )
+    if dk.shape[2] != kv_repeat * k.shape[2] or q.shape[2] % dk.shape[2]:
+        raise ValueError(
+            f"dk, dv need k's heads times kv_repeat ({k.shape[2]} x {kv_repeat}), a divisor of q's "
+            f"{q.shape[2]}; got {dk.shape[2]}"
         )
     if first_stores and not ordered:
         raise ValueError("first_stores=True stores each item's first add in its turn: it needs ordered=True")
@@ -659,7 +674,7 @@ def flash_attn_bwd_fused_hopper(
             f"GPU's {sms} SMs"
         )
     batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    seqlen_k, nheads_kv = k.shape[1], dk.shape[2]  # (the grid's key heads: kv_repeat x k's)
     cfg = config or CONFIGS[headdim]
     grid = (cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
     # each head's two column halves as heads of their own, so a TMA block is one consumer's half
@@ -682,8 +697,8 @@ def flash_attn_bwd_fused_hopper(
     else:  # (grid order: a key head's key tiles in turn, the order of each item's adds)
         tiles, counts, ranks = lists
         sched_slots, list_args = 0, (tiles, counts, ranks, *tiles.shape)
-    args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, sm_scale * LOG2E,
-            sm_scale, sched_slots, sems, key_groups, convoy_block, *list_args)  # fmt: skip
+    args = (lse2, delta, lse2.stride(0), lse2.stride(1), seqlen_q, seqlen_k, nheads // nheads_kv, kv_repeat,
+            sm_scale * LOG2E, sm_scale, sched_slots, sems, key_groups, convoy_block, *list_args)  # fmt: skip
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),

@@ -58,18 +58,19 @@ def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
     qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
     qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, HOT_FIRST: gl.constexpr = 0,
-    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False,
+    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False, kv_repeat=1,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
     section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`). ORDERED (the
     ordered one-kernel backward): all (head, tile) items in one run, with full attention from item rot on
-    and round to the items before it, with DOWN each head's tiles from the last (`_steps`)."""
+    and round to the items before it, with DOWN each head's tiles from the last (`_steps`). kv_repeat: K
+    and V from head off_hk // kv_repeat (GQA run as MHA, `_attn_bwd_fused_hopper`)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     for c in gl.static_range(NUM_CONSUMERS):
-        coord = [off_b, off_hk, n0 + c * BLOCK_N, 0]
+        coord = [off_b, off_hk // kv_repeat, n0 + c * BLOCK_N, 0]
         if PART == 1:  # dV = P^T dO needs no V
             mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))

@@ -133,24 +133,30 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     assert calls == [deterministic]
 
 
-@pytest.mark.parametrize("expanded", [False, True])
-def test_gqa_calls_the_ordered_backward_refuses_take_it_on_repeated_kv_only_when_set(
-    monkeypatch, expanded, device
-):
-    """The routing of a deterministic GQA call that `supports_ordered` refuses at its group and takes as
-    MHA (kernels stubbed, so it runs anywhere): the two kernels by default; with `ORDERED_GQA_EXPANDED` the
-    ordered one-kernel backward on K and V with a head per query head."""
+def _route_gqa_as_mha(monkeypatch):
+    """Stubs the Hopper kernels' support checks so that a small deterministic GQA call here is one the
+    ordered one-kernel backward refuses at its group and takes as MHA (from 32 keys)."""
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, group, sms: group == 1)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 32)
+
+
+@pytest.mark.parametrize("expanded", [False, True])
+def test_gqa_calls_the_ordered_backward_refuses_take_it_as_mha_only_when_set(monkeypatch, expanded, device):
+    """The routing of a deterministic GQA call that `supports_ordered` refuses at its group and takes as
+    MHA (kernels stubbed, so it runs anywhere): the two kernels without `ORDERED_GQA_EXPANDED`; with it the
+    ordered one-kernel backward on K and V as they are (4 query heads on 1, kv_repeat 4), its dK / dV a
+    head per query head."""
+    _route_gqa_as_mha(monkeypatch)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
-    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 40)
     calls = []
-    monkeypatch.setattr(
-        fused_hopper, "flash_attn_bwd_fused_hopper",
-        lambda q, k, *a, ordered=False, **kw: calls.append(("ordered", ordered, k.shape[-2])),
-    )  # fmt: skip
+
+    def fused(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered=False, kv_repeat=1, **kw):
+        calls.append(("ordered", ordered, k.shape[-2], kv_repeat, dk.shape[-2], dv.shape[-2]))
+
+    monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", fused)
     monkeypatch.setattr(
         dkdv_hopper,
         "flash_attn_dkdv_hopper",
@@ -162,30 +168,70 @@ def test_gqa_calls_the_ordered_backward_refuses_take_it_on_repeated_kv_only_when
     out, lse2 = _forward(q, k, v, causal=False)
     kw = dict(sm_scale=0.25, win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0)
     flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, **kw)
-    assert calls == ([("ordered", True, 4)] if expanded else [("two kernels", 1)])
+    assert calls == ([("ordered", True, 1, 4, 4, 4)] if expanded else [("two kernels", 1)])
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_gqa_on_repeated_kv_sums_each_query_heads_dk_dv_into_its_kv_head(causal, device):
-    """`_ordered_gqa_expanded`'s bookkeeping, on whatever backward the repeated call takes here: K and V
-    repeated so that query head h reads kv head h // group, and each kv head's dK / dV the sum of its
-    query heads', stored into the given buffers (here views of one packed buffer): the gradients of the
-    GQA call itself (the portable kernels), to fp32 rounding."""
-    torch.manual_seed(5 + causal)
+@pytest.mark.parametrize("seqlen_k", [37, 53])
+def test_gqa_as_mha_sums_each_query_heads_dk_dv_into_its_kv_head(monkeypatch, causal, seqlen_k, device):
+    """The host's side of the GQA route run as MHA, the one-kernel backward emulated in float64 by its
+    contract (each of dk / dv's heads h the dK / dV of attending with K / V head h // kv_repeat; dQ into
+    the first key group's fp32 buffer): dk and dv are each kv head's sum over its query heads, dq the
+    buffer's, all stored into the given buffers (views of one packed buffer, as packed QKV's), and equal to
+    the GQA call's gradients (6 query heads on 2), with seqlen_q != seqlen_k too."""
+    _route_gqa_as_mha(monkeypatch)
+    seen = []
+
+    def emulated(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale, causal, key_groups, kv_repeat, **kw):
+        seen.append((k.shape[-2], kv_repeat, dk.shape[-2]))
+        k_h, v_h = (t.double().repeat_interleave(kv_repeat, dim=-2).requires_grad_() for t in (k, v))
+        q_h = q.double().requires_grad_()
+        out = attention_reference(q_h, k_h, v_h, causal=causal, softmax_scale=sm_scale)
+        grads = torch.autograd.grad(out, (q_h, k_h, v_h), do.double())
+        per_group = dq_acc.view(key_groups, *q.shape)
+        per_group.zero_()
+        for buffer, grad in zip((per_group[0], dk, dv), grads, strict=True):
+            buffer.copy_(grad)
+
+    monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", emulated)
+    torch.manual_seed(5 + causal + seqlen_k)
     q, do = (torch.randn(2, 37, 6, 16, device=device) for _ in range(2))
-    k, v = (torch.randn(2, 37, 2, 16, device=device) for _ in range(2))
+    k, v = (torch.randn(2, seqlen_k, 2, 16, device=device) for _ in range(2))
     out, lse2 = _forward(q, k, v, causal=causal)
     kw = dict(sm_scale=0.25, win_left=None, win_right=0 if causal else None, key_padding_mask=None,
               dropout_p=0.0, seed=0)  # fmt: skip
-    want = flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, **kw)
     packed = torch.empty(2, 37, 6 + 2 + 2, 16, device=device)  # (views of one buffer, as packed QKV's)
     grads = (packed[:, :, :6], packed[:, :, 6:8], packed[:, :, 8:])
-    got = flash_bwd._ordered_gqa_expanded(
-        do, q, k, v, out, lse2, *grads, kw["sm_scale"], kw["win_left"], kw["win_right"], None, 0.0, 0, None, None
-    )  # fmt: skip
+    if seqlen_k != 37:  # (packed QKV has one length; these are plain buffers of k's length)
+        grads = (grads[0], torch.empty_like(k), torch.empty_like(v))
+    got = flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, grads_out=grads, **kw)
+    assert seen == [(2, 3, 6)]
     assert all(a is b for a, b in zip(got, grads, strict=True))
+    inputs = [t.double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(
+        attention_reference(*inputs, causal=causal, softmax_scale=0.25), inputs, do.double()
+    )
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "kv_repeat, dk_heads, sparse, match",
+    [(0, 2, False, "kv_repeat"), (True, 2, False, "kv_repeat"), (2.0, 4, False, "kv_repeat"),
+     (2, 4, True, "block-sparse"), (2, 2, False, "times kv_repeat"), (3, 6, False, "divisor")],
+)  # fmt: skip
+def test_kv_repeat_needs_an_int_and_dk_dv_at_k_heads_times_it(kv_repeat, dk_heads, sparse, match):
+    """The one-kernel backward run as MHA over GQA K/V (kv_repeat): a count that is no int >= 1, one asked
+    of a block-sparse call (its lists are per K/V head), or dk / dv without k's heads times kv_repeat (a
+    divisor of q's): a ValueError before any launch."""
+    q = torch.zeros(1, 64, 4, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
+    dk = torch.zeros(1, 64, dk_heads, 128, dtype=torch.bfloat16)
+    lists = (q, q, q) if sparse else None
+    with pytest.raises(ValueError, match=match):
+        fused_hopper.flash_attn_bwd_fused_hopper(
+            q, k, k, q, None, None, None, dk, dk, sm_scale=1.0, causal=False, lists=lists, kv_repeat=kv_repeat
+        )
 
 
 @pytest.mark.parametrize("causal, ordered, key_groups", [(True, False, 2), (False, False, 1), (False, True, 2)])  # fmt: skip
@@ -493,14 +539,16 @@ def _assert_bitwise_repeats_near_two_kernels(runs, two_kernels):
     "b, sq, sk, h, hk, causal",
     [(1, 4096, 4096, 8, 2, True), (1, 4100, 4100, 8, 2, True), (2, 8192, 8192, 8, 2, True),
      (1, 4096, 4096, 8, 2, False), (1, 6000, 4100, 8, 2, False), (1, 16384, 16384, 8, 1, False),
-     (1, 32768, 32768, 4, 1, True)],
+     (1, 32768, 32768, 4, 1, True), (2, 2048, 2048, 8, 2, True), (2, 1200, 1100, 8, 1, False),
+     (3, 512, 512, 12, 3, False)],
 )  # fmt: skip
-def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b, sq, sk, h, hk, causal):
-    """With `ORDERED_GQA_EXPANDED` (the default) a deterministic d128 GQA call that `supports_ordered`
-    refuses (4 or 8 query heads a key head, causal or full) runs the ordered one-kernel backward alone, on
-    K and V repeated per query head, each kv head's dK / dV summed over its group: the gradients pass the
-    tolerance rule (at the smaller sizes), repeat bit for bit, and stay within 1% of their largest value
-    of the two deterministic kernels' (causal 32k: the ordered kernel's convoy, walking its tiles down)."""
+def test_gpu_gqa_expanded_takes_the_ordered_kernel_as_mha(monkeypatch, b, sq, sk, h, hk, causal):
+    """With `ORDERED_GQA_EXPANDED` (the default; here at any length) a deterministic d128 GQA call that
+    `supports_ordered` refuses (4 or 8 query heads a key head, causal or full) runs the ordered one-kernel
+    backward alone as MHA, each query head's program reading its kv head's K and V (kv_repeat), each kv
+    head's dK / dV summed over its group: the gradients pass the tolerance rule (at the smaller sizes),
+    repeat bit for bit, and stay within 1% of their largest value of the two deterministic kernels'
+    (causal 32k: the ordered kernel's convoy, walking its tiles down)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
@@ -514,6 +562,7 @@ def test_gpu_gqa_expanded_takes_the_ordered_kernel_on_repeated_kv(monkeypatch, b
     two_kernels = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
     assert calls[-1] == "flash_attn_dkdv_hopper"
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", True)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 0)
     calls.clear()
     if b * h * sq <= 8 * 4160:  # (the float64 reference at these sizes)
         check_against_reference(

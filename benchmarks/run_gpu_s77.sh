@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 77's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s77.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s77/callN/. ab_base/ (carried,
+# not committed) holds main's kernels/ before the session's change (git archive 8da76ff kernels).
+#   1: GQA calls the ordered backward takes as MHA (from 4k keys) repeated K and V per query head in memory
+#      first (repeat_interleave: at 32 on 8 heads, 4k tokens x 4, 320 MiB of traffic before the kernel); now
+#      each program reads its kv head's K / V (kv_repeat). The route's and the ordered kernel's GPU tests, then
+#      fwd+bwd before / after (ab_trees.py, alternating processes) at GQA 32 on 8, causal and full 4k, causal 16k
+#   2: the route against SDPA cuDNN at 1k-4k (32 on 8, alternating rounds): does it now pay under 4k keys,
+#      where session 75's --gqa-expanded run never took it (its 4096-key floor stayed in force)?
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  timeout -s KILL 230 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py \
+    -k "gqa_expanded or fused_backward_matches_reference" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  timeout -s KILL 300 python benchmarks/ab_trees.py --trees ab_base . --rounds 4 --reps 20 \
+    --shapes 4,4096,32,8,128,1 4,4096,32,8,128,0 1,16384,32,8,128,1 --out "$R/ab_trees_gqa_as_mha.json" 2>&1 | quiet
+  ;;
+2)
+  for causal in yes no; do
+    timeout -s KILL 150 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv 8 \
+      --causal $causal --seqlens $([ $causal = yes ] && echo 2048 4096 || echo 1024 2048 4096) --rounds 4 \
+      --out "$R/ab_cudnn_gqa_as_mha_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+esac
