@@ -9,6 +9,11 @@
 #   2: call 1: 178 GPU tests passed; fwd+bwd after / before 0.916 / 0.964 / 0.982 at causal 4k / full 4k / causal
 #      16k. The route against SDPA cuDNN at 1k-8k (32 on 8, alternating rounds): does it now pay under 4k keys,
 #      where session 75's --gqa-expanded run never took it (its 4096-key floor stayed in force)?
+#   3: call 2 (cuDNN ÷ ours, fwd+bwd): causal 2k / 4k / 8k 1.057 (two kernels; the route 1.044) / 1.069 / 1.080, full
+#      1k / 2k / 4k / 8k 1.064 (the route 1.019) / 0.993 (the route 1.027) / 1.059 / 1.037 (session 76: causal 4k
+#      0.966, full 4k 1.001). The GQA model (8 heads of 128 on 2) at 4k end to end, in two processes (0.979x
+#      cuDNN's tokens/s in session 76: `auto` keeps GQA under 8k keys with cuDNN), and the route at full 2k / 3k
+#      again, six rounds, on 8 and on 4 kv heads (a full-attention floor of 2k keys?)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -24,6 +29,16 @@ case "${1:?part}" in
     timeout -s KILL 200 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv 8 \
       --causal $causal --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 1024 2048 4096 8192) --rounds 4 \
       --out "$R/ab_cudnn_gqa_as_mha_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+3)
+  for run in 1 2; do
+    timeout 170 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 4096 \
+      --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_4k_$run.json" 2>&1 | quiet | grep "^|" | tail -n 3
+  done
+  for kv in 8 4; do
+    timeout -s KILL 120 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv $kv \
+      --causal no --seqlens 2048 3072 --rounds 6 --out "$R/ab_cudnn_gqa_as_mha_32_${kv}_full_short.json" 2>&1 | quiet | ratios
   done
   ;;
 esac
