@@ -88,6 +88,7 @@ def _calls(
                 _flash_bwd,
                 ORDERED_GQA_EXPANDED=True,
                 ORDERED_GQA_EXPANDED_MIN_KEYS=0,
+                ORDERED_GQA_EXPANDED_MIN_KEYS_FULL=0,
                 ORDERED_GQA_EXPANDED_MAX_KEYS=1 << 30,
             )  # fmt: skip
             for fn in calls[GQA_EXPANDED]

@@ -14,6 +14,10 @@
 #      0.966, full 4k 1.001). The GQA model (8 heads of 128 on 2) at 4k end to end, in two processes (0.979x
 #      cuDNN's tokens/s in session 76: `auto` keeps GQA under 8k keys with cuDNN), and the route at full 2k / 3k
 #      again, six rounds, on 8 and on 4 kv heads (a full-attention floor of 2k keys?)
+#   4: call 3: the GQA model at 4k 1.026x and 1.017x cuDNN's tokens/s (58.2% MFU); the route at full 2k / 3k 1.017 /
+#      1.067x (8 kv heads), 1.019 / 1.060x (4) the two kernels. So the route from 2k keys with full attention (still
+#      4k causal), and `auto` takes GQA from 4k keys. The GPU tests of `auto` and of the route, then GQA 32 on 8
+#      against cuDNN at 16k and 32k (the route's longer calls, on the in-place K / V)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -39,6 +43,15 @@ case "${1:?part}" in
   for kv in 8 4; do
     timeout -s KILL 120 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv $kv \
       --causal no --seqlens 2048 3072 --rounds 6 --out "$R/ab_cudnn_gqa_as_mha_32_${kv}_full_short.json" 2>&1 | quiet | ratios
+  done
+  ;;
+4)
+  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_gpt.py \
+    tests/kernels/test_flash_bwd_fused_hopper.py -k "auto or gqa_expanded" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  for causal in yes no; do
+    timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens 16384 32768 --rounds 3 --out "$R/ab_cudnn_gqa_32_8_long_causal_$causal.json" 2>&1 | quiet | ratios
   done
   ;;
 esac

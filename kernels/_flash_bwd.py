@@ -515,18 +515,25 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 # with the repeat in memory (results/s74/call2, call6): 1.02 / 1.05 / 1.09 / 1.07x at causal 8k / 16k / 32k /
 # 64k, 1.03-1.06x at full 4k-16k, level (0.997) at causal 4k; against SDPA cuDNN 0.99-1.05x, where the two
 # kernels gave 0.96-1.01. (Full attention past 16.9k keys takes the ordered kernel's convoy under GQA
-# itself.) It holds dK and dV at the query's head count meanwhile (2 x q's size: 1 GiB at 64k x 32 heads of
-# 128), so from ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS, the lengths measured (the sums take a larger
-# share of shorter calls).
+# itself.) Reading K / V in place (session 77), fwd+bwd after ÷ before, four alternating processes
+# (results/s77/call1): 0.916 / 0.964 / 0.982 at causal 4k / full 4k / causal 16k; against cuDNN, four rounds
+# (call2): causal 4k / 8k 1.069 / 1.080x, full 4k / 8k 1.059 / 1.037x. Under 4k keys (call2, call3): full
+# attention at 2k / 3k 1.017-1.034 / 1.060-1.067x faster than the two kernels (on 8 and on 4 kv heads), but
+# at full 1k 0.96x and causal 2k 0.99x: the sums and the per-head dK / dV a larger share of a shorter call.
+# It holds dK and dV at the query's head count meanwhile (2 x q's size: 1 GiB at 64k x 32 heads of 128), so
+# from ORDERED_GQA_EXPANDED_MIN_KEYS (causal; _FULL: full attention) to _MAX_KEYS, the lengths measured.
 ORDERED_GQA_EXPANDED = True
 ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
+ORDERED_GQA_EXPANDED_MIN_KEYS_FULL = 2048
 ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
 
 
-def repeats_kv_at(seqlen_k: int) -> bool:
+def repeats_kv_at(seqlen_k: int, causal: bool) -> bool:
     """Whether a GQA call of seqlen_k keys is in the range of the backward's route run as MHA (on,
-    and ORDERED_GQA_EXPANDED_MIN_KEYS to _MAX_KEYS); where it runs, the ordered kernel's rule decides too."""
-    return ORDERED_GQA_EXPANDED and ORDERED_GQA_EXPANDED_MIN_KEYS <= seqlen_k <= ORDERED_GQA_EXPANDED_MAX_KEYS
+    and ORDERED_GQA_EXPANDED_MIN_KEYS, or _MIN_KEYS_FULL without causal, to _MAX_KEYS); where it runs, the
+    ordered kernel's rule decides too."""
+    floor = ORDERED_GQA_EXPANDED_MIN_KEYS if causal else ORDERED_GQA_EXPANDED_MIN_KEYS_FULL
+    return ORDERED_GQA_EXPANDED and floor <= seqlen_k <= ORDERED_GQA_EXPANDED_MAX_KEYS
 
 
 def flash_attn_backward(
@@ -612,7 +619,7 @@ def flash_attn_backward(
     kv_repeat, dk_heads, dv_heads = 1, dk, dv
     if (
         group > 1
-        and repeats_kv_at(k.shape[1])
+        and repeats_kv_at(k.shape[1], causal)
         and not atomic_dq
         and not ordered
         and dkdv_ok

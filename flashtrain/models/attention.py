@@ -303,14 +303,14 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 
 
 # GQA calls `auto` gives ours over cuDNN start at this many keys (up to kernels._flash_bwd's
-# ORDERED_GQA_EXPANDED_MAX_KEYS): at 4k ours and cuDNN traded places between runs (fwd+bwd at 32 query heads
-# on 8, cuDNN ÷ ours 0.986 / 0.996 / 0.983 causal, 0.997 / 1.017 / 0.996 full, results/s74/call2, call4,
-# s75/call2; end to end 0.994x, s75/call3; on session 76's forward 0.966 causal, 1.001 full, end to end
-# 0.979x, s76/call3, call7), from 8k ours led (1.007-1.031 at 8k-16k in both runs, 1.03-1.05 at 32k-64k,
-# s74/call6). Under 4k the kernels mostly lead (0.99-1.25x at 512-2k, s75/call1-2, s76/call3), but end to
-# end at 1k ours ran 0.94-1.03x cuDNN's tokens/s over eight processes (five ahead), its steps paced by the
-# host (s75/call2-6, s76/call4, call6)
-AUTO_GQA_MIN_KEYS = 8192
+# ORDERED_GQA_EXPANDED_MAX_KEYS): from 8k ours led (1.007-1.031 at 8k-16k in both runs, 1.03-1.05 at 32k-64k,
+# results/s74/call6); at 4k the two traded places (fwd+bwd at 32 query heads on 8, cuDNN ÷ ours 0.966-0.996
+# causal, 0.997-1.017 full, s74-s76; end to end 0.994x and 0.979x, s75/call3, s76/call7) until the backward's
+# route read K / V in place (session 77): causal / full 4k 1.069 / 1.059 (s77/call2), end to end 1.026x and
+# 1.017x in two processes (s77/call3). Under 4k the kernels mostly lead (0.99-1.25x at 512-2k, s75/call1-2,
+# s76/call3), but end to end at 1k ours ran 0.94-1.03x cuDNN's tokens/s over eight processes (five ahead),
+# its steps paced by the host (s75/call2-6, s76/call4, call6)
+AUTO_GQA_MIN_KEYS = 4096
 
 
 # A trace-time constant, as `sdpa_runs_cudnn`.
@@ -329,17 +329,18 @@ def ours_beats_cudnn(
     head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k), without
     dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel backward run), and
     without GQA or with its keys in the range where ours led under GQA (gqa_keys_timed: from
-    AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the ordered one-kernel backward on
-    K/V repeated per query head).
+    AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the ordered one-kernel backward run
+    as MHA).
     GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process (results/s53/call3-5,
     s75/call4, s76/call4): ours ÷ cuDNN tokens/s 1.023 and 1.021 at 1k, 1.016 and 1.029 at 2k, 1.025 and 1.027
     at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and
     full 4k-64k in five alternating rounds (results/s52/call4-6, s53/call3), 1.006-1.042x at 1k-2k (s75/call4),
     1.031-1.054x on session 76's forward (s76/call3). The same model on 2 kv heads (results/s74/call3,
-    s75/call3, call7): 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at 64k; the kernels alone at 32 query
-    heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three alternating rounds (s74/call2,
-    call4), 1.03-1.05x at 32k-64k (call6). GQA calls under 8k keys stay with cuDNN (AUTO_GQA_MIN_KEYS: level or
-    behind at 4k, end to end at 1k paced by the host), and past 64k (untimed, the route's limit); dropout runs
+    s75/call3, call7, s77/call3): 1.017x and 1.026x at 4k, 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at
+    64k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three
+    alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6), 1.037-1.080x at 4k-8k on the route
+    reading K / V in place (s77/call2). GQA calls under 4k keys stay with cuDNN (AUTO_GQA_MIN_KEYS: end to end
+    at 1k paced by the host), and past 64k (untimed, the route's limit); dropout runs
     the portable backward; a full-attention call on fewer queries than keys may run the two kernels too, and was
     not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
     gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
@@ -350,9 +351,9 @@ def ours_beats_cudnn(
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _gqa_keys_timed(seqlen_k: int) -> bool:
+def _gqa_keys_timed(seqlen_k: int, causal: bool) -> bool:
     """Whether a GQA call's key count is in the range `ours_beats_cudnn` timed (a plain bool under dynamo)."""
-    return True if seqlen_k >= AUTO_GQA_MIN_KEYS and _flash_bwd.repeats_kv_at(seqlen_k) else False
+    return True if seqlen_k >= AUTO_GQA_MIN_KEYS and _flash_bwd.repeats_kv_at(seqlen_k, causal) else False
 
 
 def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:
@@ -375,7 +376,14 @@ def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bo
         cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
         ) and not ours_beats_cudnn(
-            q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout, _gqa_keys_timed(seqlen_k)
+            q.device,
+            head_dim,
+            nheads,
+            nheads_kv,
+            one_query,
+            same_length,
+            dropout,
+            _gqa_keys_timed(seqlen_k, bool(causal)),
         )
     deterministic = torch.are_deterministic_algorithms_enabled()
     wrong = sdpa_cudnn_wrong(q, k, v)

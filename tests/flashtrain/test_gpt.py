@@ -292,21 +292,26 @@ def test_ours_beats_cudnn_at_head_dim_128_on_hopper(
 
 
 @pytest.mark.parametrize(
-    "seqlen_k, expanded, timed",
-    [(4096, True, False), (8191, True, False), (8192, True, True), (16384, True, True), (16385, True, False),
-     (8192, False, False)],
+    "seqlen_k, causal, expanded, timed",
+    [(2048, False, True, False), (4095, True, True, False), (4096, True, True, True), (4096, False, True, True),
+     (16384, True, True, True), (16385, True, True, False), (8192, True, False, False)],
 )  # fmt: skip
-def test_gqa_keys_are_timed_from_8k_in_the_expanded_routes_range(seqlen_k, expanded, timed, monkeypatch):
-    """A GQA call counts as one where ours beats cuDNN from AUTO_GQA_MIN_KEYS keys (at 4k the two traded
-    places) up to the limit of the backward's route on repeated K/V
-    (`kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`), and not at all with that route off."""
+def test_gqa_keys_are_timed_from_4k_in_the_expanded_routes_range(
+    seqlen_k, causal, expanded, timed, monkeypatch
+):
+    """A GQA call counts as one where ours beats cuDNN from AUTO_GQA_MIN_KEYS keys (under that, end to end
+    at 1k the host paced ours), within the range of the backward's route run as MHA (from its floor, 4k
+    causal or 2k full, to `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`), and not at all with that
+    route off."""
     import flashtrain.models.attention as attention
     from kernels import _flash_bwd
 
+    monkeypatch.setattr(attention, "AUTO_GQA_MIN_KEYS", 4096)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 4096)
+    monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 2048)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MAX_KEYS", 16384)
-    assert attention._gqa_keys_timed(seqlen_k) is timed
+    assert attention._gqa_keys_timed(seqlen_k, causal) is timed
 
 
 @pytest.mark.parametrize("beats", [True, False])
@@ -335,12 +340,12 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
 )
 @pytest.mark.parametrize(
     "seqlen, nheads_kv, head_dim, ours",
-    [(4096, 8, 128, True), (8192, 2, 128, True), (32768, 2, 128, True), (81920, 2, 128, False), (4096, 2, 128, False),
-     (4096, 8, 64, False)],
+    [(4096, 8, 128, True), (8192, 2, 128, True), (32768, 2, 128, True), (81920, 2, 128, False), (4096, 2, 128, True),
+     (2048, 2, 128, False), (4096, 8, 64, False)],
 )  # fmt: skip
 def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(seqlen, nheads_kv, head_dim, ours, monkeypatch):
     """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
-    tokens and with GQA at 8k-64k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
+    tokens and with GQA at 4k-64k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
     recorded, still run)."""
     import flashtrain.models.attention as attention
 

@@ -141,6 +141,7 @@ def _route_gqa_as_mha(monkeypatch):
     monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, group, sms: group == 1)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 32)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 32)
 
 
 @pytest.mark.parametrize("expanded", [False, True])
@@ -563,6 +564,7 @@ def test_gpu_gqa_expanded_takes_the_ordered_kernel_as_mha(monkeypatch, b, sq, sk
     assert calls[-1] == "flash_attn_dkdv_hopper"
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", True)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 0)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 0)
     calls.clear()
     if b * h * sq <= 8 * 4160:  # (the float64 reference at these sizes)
         check_against_reference(
