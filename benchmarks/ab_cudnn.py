@@ -40,6 +40,8 @@ GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ord
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
+# (--gqa-kernel-group N: ours, the GQA route's programs at N query heads each, `_flash_bwd.ORDERED_GQA_KERNEL_GROUP`)
+KERNEL_GROUP_PREFIX = "ours_gqa_kernel_group_"
 
 
 def _calls(
@@ -93,6 +95,11 @@ def _calls(
             )  # fmt: skip
             for fn in calls[GQA_EXPANDED]
         )
+    for name in (n for n in calls if n.startswith(KERNEL_GROUP_PREFIX)):
+        group = int(name.removeprefix(KERNEL_GROUP_PREFIX))
+        calls[name] = tuple(
+            with_settings(fn, _flash_bwd, ORDERED_GQA_KERNEL_GROUP=group) for fn in calls[name]
+        )
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
         calls[name] = tuple(
@@ -136,6 +143,9 @@ def case(
     ):
         if variant in impls:  # (above 1: the default faster)
             row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
+    for variant in (name for name in impls if name.startswith(KERNEL_GROUP_PREFIX)):
+        key = f"{variant.removeprefix('ours_')}_over_ours_fwdbwd"
+        row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
     return row
 
 
@@ -168,6 +178,9 @@ def main() -> None:
     parser.add_argument("--also-causal-key-groups", type=int, default=None, metavar="N",
                         help=f"also {KEY_GROUPS_PREFIX}N: ours with causal ordered calls in up to N key groups "
                         "(its ORDERED_CAUSAL_KEY_GROUPS; past them the convoy), alternating with the default")  # fmt: skip
+    parser.add_argument("--gqa-kernel-group", type=int, default=None, metavar="N",
+                        help=f"also {KERNEL_GROUP_PREFIX}N: ours with the GQA route's programs taking N query "
+                        "heads each (`_flash_bwd.ORDERED_GQA_KERNEL_GROUP`), alternating with the default")  # fmt: skip
     parser.add_argument("--nheads", type=int, default=None,
                         help="heads (default: the issue's, 2048 / head dim); the batch stays the issue's")  # fmt: skip
     parser.add_argument("--nheads-kv", type=int, default=None,
@@ -193,6 +206,10 @@ def main() -> None:
         impls = {"ours": "triton", ZERO_FILLED: "triton", **impls}
     if args.gqa_expanded:
         impls = {"ours": "triton", GQA_EXPANDED: "triton", **impls}
+    if args.gqa_kernel_group is not None:
+        if args.gqa_kernel_group < 1:
+            parser.error(f"--gqa-kernel-group must be at least 1, got {args.gqa_kernel_group}")
+        impls = {"ours": "triton", f"{KERNEL_GROUP_PREFIX}{args.gqa_kernel_group}": "triton", **impls}
     if args.also_causal_key_groups is not None:
         if args.also_causal_key_groups < 0:
             parser.error(f"--also-causal-key-groups must be at least 0, got {args.also_causal_key_groups}")

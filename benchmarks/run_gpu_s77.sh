@@ -18,6 +18,10 @@
 #      1.067x (8 kv heads), 1.019 / 1.060x (4) the two kernels. So the route from 2k keys with full attention (still
 #      4k causal), and `auto` takes GQA from 4k keys. The GPU tests of `auto` and of the route, then GQA 32 on 8
 #      against cuDNN at 16k and 32k (the route's longer calls, on the in-place K / V)
+#   5: call 4: 17 GPU tests passed; GQA 32 on 8 against cuDNN at causal 16k / 32k 1.042 / 1.050, full 1.043 / 1.054.
+#      The route's programs at 2 query heads each (ORDERED_GQA_KERNEL_GROUP 2: K / V read once for two heads, half
+#      the per-head dK / dV to write and sum) against 1: its GPU tests, then fwd+bwd at 32 on 8, causal 4k / 8k,
+#      full 2k / 4k / 8k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -52,6 +56,16 @@ case "${1:?part}" in
   for causal in yes no; do
     timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
       --seqlens 16384 32768 --rounds 3 --out "$R/ab_cudnn_gqa_32_8_long_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+5)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py \
+    -k "gqa_expanded" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  for causal in yes no; do
+    timeout -s KILL 170 python benchmarks/ab_cudnn.py --gqa-kernel-group 2 --headdims 128 --nheads 32 --nheads-kv 8 \
+      --causal $causal --seqlens $([ $causal = yes ] && echo 4096 8192 || echo 2048 4096 8192) --rounds 4 \
+      --out "$R/ab_cudnn_gqa_kernel_group_causal_$causal.json" 2>&1 | quiet | ratios
   done
   ;;
 esac

@@ -526,6 +526,11 @@ ORDERED_GQA_EXPANDED = True
 ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
 ORDERED_GQA_EXPANDED_MIN_KEYS_FULL = 2048
 ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
+# query heads a program of that route takes (1: MHA; 2: the ordered kernel's GQA at 2 query heads a key head,
+# its K / V read once for both, half the per-head dK / dV to sum); FLASHTRAIN_GQA_KERNEL_GROUP for A/B runs
+ORDERED_GQA_KERNEL_GROUP = _flash_bwd_fused_hopper._positive_int_setting(
+    "FLASHTRAIN_GQA_KERNEL_GROUP", "query heads", 1
+)
 
 
 def repeats_kv_at(seqlen_k: int, causal: bool) -> bool:
@@ -614,20 +619,25 @@ def flash_attn_backward(
         and dkdv_ok
         and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], group, sms)
     )
-    # GQA the ordered kernel refuses at its group but takes as MHA: run as MHA, per-query-head dK / dV
-    # (dk_heads, dv_heads) summed into dk, dv after (see ORDERED_GQA_EXPANDED)
+    # GQA the ordered kernel refuses at its group but takes at ORDERED_GQA_KERNEL_GROUP query heads a program
+    # (1: as MHA): each program reads its kv head's K / V, its dK / dV (dk_heads, dv_heads: kv_repeat x k's
+    # heads) summed into dk, dv after (see ORDERED_GQA_EXPANDED)
     kv_repeat, dk_heads, dv_heads = 1, dk, dv
+    kernel_group = ORDERED_GQA_KERNEL_GROUP
     if (
-        group > 1
+        group > kernel_group
+        and group % kernel_group == 0
         and repeats_kv_at(k.shape[1], causal)
         and not atomic_dq
         and not ordered
         and dkdv_ok
-        and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], 1, sms)
+        and _flash_bwd_fused_hopper.supports_ordered(
+            q.shape[-1], causal, q.shape[1], k.shape[1], kernel_group, sms
+        )
     ):
-        kv_repeat, group, ordered = group, 1, True
-        per_query_head = (*k.shape[:-2], q.shape[-2], k.shape[-1])
-        dk_heads, dv_heads = k.new_empty(per_query_head), v.new_empty(per_query_head)
+        kv_repeat, group, ordered = group // kernel_group, kernel_group, True
+        per_program_head = (*k.shape[:-2], k.shape[-2] * kv_repeat, k.shape[-1])
+        dk_heads, dv_heads = k.new_empty(per_program_head), v.new_empty(per_program_head)
     fused = fused or ordered
     # (.., H, D) fp32 accumulator of the one-kernel backward (ordered: one per key group) and the atomic variant
     convoy = ordered and _flash_bwd_fused_hopper.ordered_convoy(q.shape[1], k.shape[1], causal, group, sms)

@@ -135,11 +135,11 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
 
 def _route_gqa_as_mha(monkeypatch):
     """Stubs the Hopper kernels' support checks so that a small deterministic GQA call here is one the
-    ordered one-kernel backward refuses at its group and takes as MHA (from 32 keys)."""
+    ordered one-kernel backward refuses at its group (over 2) and takes at 1 or 2 (from 32 keys)."""
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
-    monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, group, sms: group == 1)
+    monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, group, sms: group <= 2)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 32)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 32)
 
@@ -174,39 +174,47 @@ def test_gqa_calls_the_ordered_backward_refuses_take_it_as_mha_only_when_set(mon
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_k", [37, 53])
-def test_gqa_as_mha_sums_each_query_heads_dk_dv_into_its_kv_head(monkeypatch, causal, seqlen_k, device):
-    """The host's side of the GQA route run as MHA, the one-kernel backward emulated in float64 by its
-    contract (each of dk / dv's heads h the dK / dV of attending with K / V head h // kv_repeat; dQ into
-    the first key group's fp32 buffer): dk and dv are each kv head's sum over its query heads, dq the
-    buffer's, all stored into the given buffers (views of one packed buffer, as packed QKV's), and equal to
-    the GQA call's gradients (6 query heads on 2), with seqlen_q != seqlen_k too."""
+@pytest.mark.parametrize("kernel_group", [1, 2])
+def test_gqa_as_mha_sums_each_programs_dk_dv_into_its_kv_head(
+    monkeypatch, causal, seqlen_k, kernel_group, device
+):
+    """The host's side of the GQA route (8 query heads on 2; its programs at kernel_group query heads each,
+    `ORDERED_GQA_KERNEL_GROUP`), the one-kernel backward emulated in float64 by its contract (each of dk /
+    dv's heads j the dK / dV of query heads j * group .. attending K / V head j // kv_repeat; dQ into the
+    first key group's fp32 buffer): dk and dv are each kv head's sum over its programs, dq the buffer's, all
+    stored into the given buffers (views of one packed buffer, as packed QKV's), and equal to the GQA call's
+    gradients, with seqlen_q != seqlen_k too."""
     _route_gqa_as_mha(monkeypatch)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_KERNEL_GROUP", kernel_group)
     seen = []
 
     def emulated(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale, causal, key_groups, kv_repeat, **kw):
         seen.append((k.shape[-2], kv_repeat, dk.shape[-2]))
-        k_h, v_h = (t.double().repeat_interleave(kv_repeat, dim=-2).requires_grad_() for t in (k, v))
+        per_query_head = q.shape[-2] // k.shape[-2]
+        k_h, v_h = (t.double().repeat_interleave(per_query_head, dim=-2).requires_grad_() for t in (k, v))
         q_h = q.double().requires_grad_()
         out = attention_reference(q_h, k_h, v_h, causal=causal, softmax_scale=sm_scale)
-        grads = torch.autograd.grad(out, (q_h, k_h, v_h), do.double())
+        dq, dk_h, dv_h = torch.autograd.grad(out, (q_h, k_h, v_h), do.double())
+        per_program = (*dk.shape[:-1], -1, dk.shape[-1])  # (.., program heads, query heads each, d)
         per_group = dq_acc.view(key_groups, *q.shape)
         per_group.zero_()
-        for buffer, grad in zip((per_group[0], dk, dv), grads, strict=True):
-            buffer.copy_(grad)
+        per_group[0].copy_(dq)
+        dk.copy_(dk_h.view(per_program).sum(-2))
+        dv.copy_(dv_h.view(per_program).sum(-2))
 
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", emulated)
     torch.manual_seed(5 + causal + seqlen_k)
-    q, do = (torch.randn(2, 37, 6, 16, device=device) for _ in range(2))
+    q, do = (torch.randn(2, 37, 8, 16, device=device) for _ in range(2))
     k, v = (torch.randn(2, seqlen_k, 2, 16, device=device) for _ in range(2))
     out, lse2 = _forward(q, k, v, causal=causal)
     kw = dict(sm_scale=0.25, win_left=None, win_right=0 if causal else None, key_padding_mask=None,
               dropout_p=0.0, seed=0)  # fmt: skip
-    packed = torch.empty(2, 37, 6 + 2 + 2, 16, device=device)  # (views of one buffer, as packed QKV's)
-    grads = (packed[:, :, :6], packed[:, :, 6:8], packed[:, :, 8:])
+    packed = torch.empty(2, 37, 8 + 2 + 2, 16, device=device)  # (views of one buffer, as packed QKV's)
+    grads = (packed[:, :, :8], packed[:, :, 8:10], packed[:, :, 10:])
     if seqlen_k != 37:  # (packed QKV has one length; these are plain buffers of k's length)
         grads = (grads[0], torch.empty_like(k), torch.empty_like(v))
     got = flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, grads_out=grads, **kw)
-    assert seen == [(2, 3, 6)]
+    assert seen == [(2, 4 // kernel_group, 2 * 4 // kernel_group)]
     assert all(a is b for a, b in zip(got, grads, strict=True))
     inputs = [t.double().requires_grad_() for t in (q, k, v)]
     want = torch.autograd.grad(
@@ -537,19 +545,25 @@ def _assert_bitwise_repeats_near_two_kernels(runs, two_kernels):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(
-    "b, sq, sk, h, hk, causal",
-    [(1, 4096, 4096, 8, 2, True), (1, 4100, 4100, 8, 2, True), (2, 8192, 8192, 8, 2, True),
-     (1, 4096, 4096, 8, 2, False), (1, 6000, 4100, 8, 2, False), (1, 16384, 16384, 8, 1, False),
-     (1, 32768, 32768, 4, 1, True), (2, 2048, 2048, 8, 2, True), (2, 1200, 1100, 8, 1, False),
-     (3, 512, 512, 12, 3, False)],
+    "b, sq, sk, h, hk, causal, kernel_group",
+    [*((*shape, 1) for shape in [
+        (1, 4096, 4096, 8, 2, True), (1, 4100, 4100, 8, 2, True), (2, 8192, 8192, 8, 2, True),
+        (1, 4096, 4096, 8, 2, False), (1, 6000, 4100, 8, 2, False), (1, 16384, 16384, 8, 1, False),
+        (1, 32768, 32768, 4, 1, True), (2, 2048, 2048, 8, 2, True), (2, 1200, 1100, 8, 1, False),
+        (3, 512, 512, 12, 3, False)]),
+     (1, 4096, 4096, 8, 2, True, 2), (2, 2048, 2048, 8, 2, True, 2), (1, 6000, 4100, 8, 2, False, 2),
+     (1, 16384, 16384, 8, 1, False, 2)],
 )  # fmt: skip
-def test_gpu_gqa_expanded_takes_the_ordered_kernel_as_mha(monkeypatch, b, sq, sk, h, hk, causal):
+def test_gpu_gqa_expanded_takes_the_ordered_kernel_as_mha(
+    monkeypatch, b, sq, sk, h, hk, causal, kernel_group
+):
     """With `ORDERED_GQA_EXPANDED` (the default; here at any length) a deterministic d128 GQA call that
     `supports_ordered` refuses (4 or 8 query heads a key head, causal or full) runs the ordered one-kernel
     backward alone as MHA, each query head's program reading its kv head's K and V (kv_repeat), each kv
     head's dK / dV summed over its group: the gradients pass the tolerance rule (at the smaller sizes),
     repeat bit for bit, and stay within 1% of their largest value of the two deterministic kernels'
-    (causal 32k: the ordered kernel's convoy, walking its tiles down)."""
+    (causal 32k: the ordered kernel's convoy, walking its tiles down). kernel_group 2: its programs at 2
+    query heads each (`ORDERED_GQA_KERNEL_GROUP`)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
@@ -565,6 +579,8 @@ def test_gpu_gqa_expanded_takes_the_ordered_kernel_as_mha(monkeypatch, b, sq, sk
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", True)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 0)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 0)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_KERNEL_GROUP", kernel_group)
+    assert fused_hopper.supports_ordered(128, causal, sq, sk, kernel_group, sms)
     calls.clear()
     if b * h * sq <= 8 * 4160:  # (the float64 reference at these sizes)
         check_against_reference(
