@@ -22,6 +22,9 @@
 #      The route's programs at 2 query heads each (ORDERED_GQA_KERNEL_GROUP 2: K / V read once for two heads, half
 #      the per-head dK / dV to write and sum) against 1: its GPU tests, then fwd+bwd at 32 on 8, causal 4k / 8k,
 #      full 2k / 4k / 8k
+#   6: call 5: 14 GPU tests passed; 2 query heads a program ÷ 1, fwd+bwd: causal 4k / 8k 0.984 / 1.009, full 2k / 4k /
+#      8k 0.973 / 0.976 / 1.000 (cuDNN ÷ ours with 2: 1.073 / 1.086, 1.049 / 1.091 / 1.042). Again, five rounds, at
+#      causal 4k / 6k and full 2k / 3k / 4k / 6k (below 8k keys only?), then the GQA model at 4k with 2 (end to end)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -67,5 +70,15 @@ case "${1:?part}" in
       --causal $causal --seqlens $([ $causal = yes ] && echo 4096 8192 || echo 2048 4096 8192) --rounds 4 \
       --out "$R/ab_cudnn_gqa_kernel_group_causal_$causal.json" 2>&1 | quiet | ratios
   done
+  ;;
+6)
+  for causal in yes no; do
+    timeout -s KILL 170 python benchmarks/ab_cudnn.py --gqa-kernel-group 2 --headdims 128 --nheads 32 --nheads-kv 8 \
+      --causal $causal --seqlens $([ $causal = yes ] && echo 4096 6144 || echo 2048 3072 4096 6144) --rounds 5 \
+      --out "$R/ab_cudnn_gqa_kernel_group_short_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  FLASHTRAIN_GQA_KERNEL_GROUP=2 timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa \
+    --seqlens 4096 --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_4k_kernel_group_2.json" 2>&1 | quiet \
+    | grep "^|" | tail -n 3
   ;;
 esac
