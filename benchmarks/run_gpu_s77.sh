@@ -25,6 +25,10 @@
 #   6: call 5: 14 GPU tests passed; 2 query heads a program ÷ 1, fwd+bwd: causal 4k / 8k 0.984 / 1.009, full 2k / 4k /
 #      8k 0.973 / 0.976 / 1.000 (cuDNN ÷ ours with 2: 1.073 / 1.086, 1.049 / 1.091 / 1.042). Again, five rounds, at
 #      causal 4k / 6k and full 2k / 3k / 4k / 6k (below 8k keys only?), then the GQA model at 4k with 2 (end to end)
+#   7: call 6: 2 ÷ 1 query heads a program, five rounds: causal 4k / 6k 0.999 / 1.000, full 2k / 3k / 4k / 6k 0.980 /
+#      0.973 / 0.972 / 0.985; the GQA model at 4k with 2 1.006x cuDNN (one process). So the route takes 2 with full
+#      attention under 8k keys (`route_kernel_group`), 1 causal. Its GPU tests and `auto`'s on that rule, then GQA
+#      32 on 8 against cuDNN on it at full 2k / 4k and causal 4k (the session's last device time)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -80,5 +84,15 @@ case "${1:?part}" in
   FLASHTRAIN_GQA_KERNEL_GROUP=2 timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa \
     --seqlens 4096 --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_4k_kernel_group_2.json" 2>&1 | quiet \
     | grep "^|" | tail -n 3
+  ;;
+7)
+  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_gpt.py \
+    tests/kernels/test_flash_bwd_fused_hopper.py -k "auto or gqa_expanded" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  for causal in yes no; do
+    timeout -s KILL 120 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 4096 || echo 2048 4096) --rounds 4 \
+      --out "$R/ab_cudnn_gqa_32_8_final_causal_$causal.json" 2>&1 | quiet | ratios
+  done
   ;;
 esac

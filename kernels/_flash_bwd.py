@@ -526,11 +526,42 @@ ORDERED_GQA_EXPANDED = True
 ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
 ORDERED_GQA_EXPANDED_MIN_KEYS_FULL = 2048
 ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
-# query heads a program of that route takes (1: MHA; 2: the ordered kernel's GQA at 2 query heads a key head,
-# its K / V read once for both, half the per-head dK / dV to sum); FLASHTRAIN_GQA_KERNEL_GROUP for A/B runs
+# Query heads a program of that route takes (`route_kernel_group`): 2 with full attention under
+# ORDERED_GQA_PAIRS_BELOW keys (the ordered kernel's GQA at 2 query heads a key head: K / V read once for
+# both, half the per-head dK / dV written and summed), else 1 (MHA). One H200, 32 query heads on 8, fwd+bwd,
+# 2 ÷ 1, two runs of four and five alternating rounds (results/s77/call5, call6): full 2k / 3k / 4k / 6k / 8k
+# 0.973-0.980 / 0.973 / 0.972-0.976 / 0.985 / 1.000, causal 4k / 6k / 8k 0.984-0.999 / 1.000 / 1.009.
+ORDERED_GQA_PAIRS_BELOW = 8192
+# FLASHTRAIN_GQA_KERNEL_GROUP (A/B runs) fixes it at every length (None: the rule)
 ORDERED_GQA_KERNEL_GROUP = _flash_bwd_fused_hopper._positive_int_setting(
-    "FLASHTRAIN_GQA_KERNEL_GROUP", "query heads", 1
+    "FLASHTRAIN_GQA_KERNEL_GROUP", "query heads", None
 )
+
+
+def route_kernel_group(causal: bool, seqlen_k: int) -> int:
+    """Query heads a program of the GQA route run as MHA takes (see ORDERED_GQA_PAIRS_BELOW)."""
+    if ORDERED_GQA_KERNEL_GROUP is not None:
+        return ORDERED_GQA_KERNEL_GROUP
+    return 2 if not causal and seqlen_k < ORDERED_GQA_PAIRS_BELOW else 1
+
+
+def _route_programs_heads(q, k, causal: bool, group: int, sms: int) -> int | None:
+    """Query heads a program of the GQA route takes in this deterministic call of group query heads a key
+    head that the ordered kernel refused: `route_kernel_group`'s, else 1, the first that divides group and
+    that the ordered kernel takes; None where the route does not run (out of `repeats_kv_at`'s range, or
+    neither)."""
+    if group == 1 or not repeats_kv_at(k.shape[1], causal):
+        return None
+    for heads in dict.fromkeys((route_kernel_group(causal, k.shape[1]), 1)):
+        if (
+            heads < group
+            and group % heads == 0
+            and _flash_bwd_fused_hopper.supports_ordered(
+                q.shape[-1], causal, q.shape[1], k.shape[1], heads, sms
+            )
+        ):
+            return heads
+    return None
 
 
 def repeats_kv_at(seqlen_k: int, causal: bool) -> bool:
@@ -619,22 +650,14 @@ def flash_attn_backward(
         and dkdv_ok
         and _flash_bwd_fused_hopper.supports_ordered(q.shape[-1], causal, q.shape[1], k.shape[1], group, sms)
     )
-    # GQA the ordered kernel refuses at its group but takes at ORDERED_GQA_KERNEL_GROUP query heads a program
-    # (1: as MHA): each program reads its kv head's K / V, its dK / dV (dk_heads, dv_heads: kv_repeat x k's
-    # heads) summed into dk, dv after (see ORDERED_GQA_EXPANDED)
+    # GQA the ordered kernel refuses at its group but takes at fewer query heads a program (`route_kernel_group`,
+    # else 1: as MHA): each program reads its kv head's K / V, its dK / dV (dk_heads, dv_heads: kv_repeat x
+    # k's heads) summed into dk, dv after (see ORDERED_GQA_EXPANDED)
     kv_repeat, dk_heads, dv_heads = 1, dk, dv
-    kernel_group = ORDERED_GQA_KERNEL_GROUP
-    if (
-        group > kernel_group
-        and group % kernel_group == 0
-        and repeats_kv_at(k.shape[1], causal)
-        and not atomic_dq
-        and not ordered
-        and dkdv_ok
-        and _flash_bwd_fused_hopper.supports_ordered(
-            q.shape[-1], causal, q.shape[1], k.shape[1], kernel_group, sms
-        )
-    ):
+    kernel_group = (
+        None if atomic_dq or ordered or not dkdv_ok else _route_programs_heads(q, k, causal, group, sms)
+    )
+    if kernel_group is not None:
         kv_repeat, group, ordered = group // kernel_group, kernel_group, True
         per_program_head = (*k.shape[:-2], k.shape[-2] * kv_repeat, k.shape[-1])
         dk_heads, dv_heads = k.new_empty(per_program_head), v.new_empty(per_program_head)

@@ -145,11 +145,15 @@ def _route_gqa_as_mha(monkeypatch):
 
 
 @pytest.mark.parametrize("expanded", [False, True])
-def test_gqa_calls_the_ordered_backward_refuses_take_it_as_mha_only_when_set(monkeypatch, expanded, device):
-    """The routing of a deterministic GQA call that `supports_ordered` refuses at its group and takes as
-    MHA (kernels stubbed, so it runs anywhere): the two kernels without `ORDERED_GQA_EXPANDED`; with it the
-    ordered one-kernel backward on K and V as they are (4 query heads on 1, kv_repeat 4), its dK / dV a
-    head per query head."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_calls_the_ordered_backward_refuses_take_it_as_mha_only_when_set(
+    monkeypatch, expanded, causal, device
+):
+    """The routing of a deterministic GQA call that `supports_ordered` refuses at its group and takes at
+    fewer (kernels stubbed, so it runs anywhere): the two kernels without `ORDERED_GQA_EXPANDED`; with it
+    the ordered one-kernel backward on K and V as they are (4 query heads on 1), its programs at 2 query
+    heads each with full attention of this length (kv_repeat 2, dK / dV a head per program), at 1 causal
+    (kv_repeat 4), as `route_kernel_group` says."""
     _route_gqa_as_mha(monkeypatch)
     monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
     calls = []
@@ -166,10 +170,42 @@ def test_gqa_calls_the_ordered_backward_refuses_take_it_as_mha_only_when_set(mon
     torch.manual_seed(3)
     q, do = (torch.randn(1, 40, 4, 16, device=device) for _ in range(2))
     k, v = (torch.randn(1, 40, 1, 16, device=device) for _ in range(2))
-    out, lse2 = _forward(q, k, v, causal=False)
-    kw = dict(sm_scale=0.25, win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0)
+    out, lse2 = _forward(q, k, v, causal=causal)
+    kw = dict(sm_scale=0.25, win_left=None, win_right=0 if causal else None, key_padding_mask=None,
+              dropout_p=0.0, seed=0)  # fmt: skip
     flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, **kw)
-    assert calls == ([("ordered", True, 1, 4, 4, 4)] if expanded else [("two kernels", 1)])
+    repeat = 4 if causal else 2
+    assert calls == ([("ordered", True, 1, repeat, repeat, repeat)] if expanded else [("two kernels", 1)])
+
+
+@pytest.mark.parametrize(
+    "causal, seqlen_k, setting, want",
+    [(False, 2048, None, 2), (False, 8191, None, 2), (False, 8192, None, 1), (True, 4096, None, 1),
+     (True, 4096, 2, 2), (False, 4096, 1, 1)],
+)  # fmt: skip
+def test_route_takes_two_query_heads_a_program_with_full_attention_under_8k_keys(
+    monkeypatch, causal, seqlen_k, setting, want
+):
+    """`route_kernel_group`: 2 query heads a program with full attention under ORDERED_GQA_PAIRS_BELOW keys,
+    1 otherwise, or what ORDERED_GQA_KERNEL_GROUP (FLASHTRAIN_GQA_KERNEL_GROUP) fixes."""
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_PAIRS_BELOW", 8192)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_KERNEL_GROUP", setting)
+    assert flash_bwd.route_kernel_group(causal, seqlen_k) == want
+
+
+@pytest.mark.parametrize(
+    "group, ordered_takes, want",
+    [(4, (1, 2), 2), (3, (1, 2), 1), (4, (1,), 1), (2, (1, 2), 1), (4, (), None)],
+)
+def test_route_falls_back_to_one_query_head_a_program(monkeypatch, group, ordered_takes, want):
+    """A full-attention GQA call under 8k keys whose group 2 does not divide, or at 2 query heads a program
+    the ordered kernel refuses, runs its programs at 1 (a group of 2 is the ordered kernel's own); where
+    the kernel refuses 1 too, the route does not run."""
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_KERNEL_GROUP", None)
+    monkeypatch.setattr(flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 32)
+    monkeypatch.setattr(fused_hopper, "supports_ordered", lambda d, c, sq, sk, g, sms: g in ordered_takes)
+    q, k = torch.zeros(1, 64, 4 * group, 128), torch.zeros(1, 64, 4, 128)
+    assert flash_bwd._route_programs_heads(q, k, False, group, 132) == want
 
 
 @pytest.mark.parametrize("causal", [False, True])
