@@ -29,6 +29,10 @@
 #      0.973 / 0.972 / 0.985; the GQA model at 4k with 2 1.006x cuDNN (one process). So the route takes 2 with full
 #      attention under 8k keys (`route_kernel_group`), 1 causal. Its GPU tests and `auto`'s on that rule, then GQA
 #      32 on 8 against cuDNN on it at full 2k / 4k and causal 4k (the session's last device time)
+#   8: call 7: 21 GPU tests passed; on the final rule causal 4k 1.043, full 2k / 4k 1.028 / 1.035 (a machine just
+#      started). How near copy bandwidth do the route's dK / dV sums run (torch.sum over a middle dim of 2 or 4,
+#      against a clone of the same bytes)? Then the GQA model at 8k end to end on the in-place route (1.015x in
+#      session 74, K/V repeated)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -94,5 +98,26 @@ case "${1:?part}" in
       --seqlens $([ $causal = yes ] && echo 4096 || echo 2048 4096) --rounds 4 \
       --out "$R/ab_cudnn_gqa_32_8_final_causal_$causal.json" 2>&1 | quiet | ratios
   done
+  ;;
+8)
+  python - "$R/gqa_sums.json" <<'PY'
+import sys
+import torch
+from benchmarks.common import mean_ms, write_results
+rows = []
+for batch, seqlen, kv, rep in [(4, 4096, 8, 4), (4, 4096, 8, 2), (2, 8192, 8, 4), (1, 16384, 8, 4)]:
+    heads = torch.randn(batch, seqlen, kv * rep, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(batch, seqlen, kv, 128, device="cuda", dtype=torch.bfloat16)
+    view = heads.view(batch, seqlen, kv, rep, 128)
+    sum_ms = mean_ms(lambda: torch.sum(view, dim=-2, out=out), 50, warmup=3)
+    clone_ms = mean_ms(lambda: heads.clone(), 50, warmup=3)
+    moved = (heads.numel() + out.numel()) * 2
+    rows.append(dict(batch=batch, seqlen=seqlen, kv_heads=kv, repeat=rep, sum_ms=sum_ms, clone_ms=clone_ms,
+                     sum_gbps=moved / sum_ms / 1e6, clone_gbps=2 * heads.numel() * 2 / clone_ms / 1e6))
+    print(rows[-1])
+write_results(sys.argv[1], rows)
+PY
+  timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 8192 \
+    --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_8k.json" 2>&1 | quiet | grep "^|" | tail -n 3
   ;;
 esac
