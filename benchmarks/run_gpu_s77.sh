@@ -33,9 +33,6 @@
 #      started). How near copy bandwidth do the route's dK / dV sums run (torch.sum over a middle dim of 2 or 4,
 #      against a clone of the same bytes)? Then the GQA model at 8k end to end on the in-place route (1.015x in
 #      session 74, K/V repeated)
-#   9: call 8: torch.sum ran the dK / dV sums at 2.43 / 1.45 TB/s (repeat 4 / 2) against a clone's 4.1; the GQA model
-#      at 8k 1.035x cuDNN. The sums now one Triton kernel (`kernels._head_sums`): its GPU tests and the route's at 2k-4k,
-#      then it against torch.sum at the same shapes (the session's last ~200 s of device time)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -122,30 +119,5 @@ write_results(sys.argv[1], rows)
 PY
   timeout 200 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 8192 \
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_8k.json" 2>&1 | quiet | grep "^|" | tail -n 3
-  ;;
-9)
-  timeout -s KILL 100 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_head_sums.py \
-    tests/kernels/test_flash_bwd_fused_hopper.py -k "bf16_at_a_routes_size or (gqa_expanded and 4096)" \
-    > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
-  timeout -s KILL 40 python - "$R/gqa_sums_triton.json" <<'PY'
-import sys
-import torch
-from benchmarks.common import mean_ms, write_results
-from kernels._head_sums import sum_head_groups
-rows = []
-for batch, seqlen, kv, rep in [(4, 4096, 8, 4), (4, 4096, 8, 2), (1, 16384, 8, 4)]:
-    heads = torch.randn(batch, seqlen, kv * rep, 128, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(batch, seqlen, kv, 128, device="cuda", dtype=torch.bfloat16)
-    view = heads.view(batch, seqlen, kv, rep, 128)
-    torch_ms = mean_ms(lambda: torch.sum(view, dim=-2, out=out), 50, warmup=3)
-    ours_ms = mean_ms(lambda: sum_head_groups(heads, out), 50, warmup=3)
-    same = bool(torch.equal(out, torch.sum(view, dim=-2)))
-    moved = (heads.numel() + out.numel()) * 2
-    rows.append(dict(batch=batch, seqlen=seqlen, kv_heads=kv, repeat=rep, torch_sum_ms=torch_ms, ours_ms=ours_ms,
-                     ours_gbps=moved / ours_ms / 1e6, torch_gbps=moved / torch_ms / 1e6, bitwise_torch_sum=same))
-    print(rows[-1])
-write_results(sys.argv[1], rows)
-PY
   ;;
 esac

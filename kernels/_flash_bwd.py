@@ -33,7 +33,6 @@ from ._common import (
     widen,
 )
 from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket, without_narrow_key_tiles
-from ._head_sums import sum_head_groups
 from ._launch import CompiledLaunch
 
 
@@ -698,8 +697,9 @@ def flash_attn_backward(
             ordered=ordered, key_groups=key_groups, convoy=convoy, first_stores=first_stores, kv_repeat=kv_repeat,
         )  # fmt: skip
         if kv_repeat > 1:  # (each in the inputs' dtype, summed in fp32 in a fixed order, rounded once more)
-            sum_head_groups(dk_heads, dk)
-            sum_head_groups(dv_heads, dv)
+            per_kv_head = (*k.shape[:-1], kv_repeat, k.shape[-1])
+            torch.sum(dk_heads.view(per_kv_head), dim=-2, out=dk)
+            torch.sum(dv_heads.view(per_kv_head), dim=-2, out=dv)
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
         # last sum written into dq: in fp32, rounded once, as a copy of the total)
         per_group = dq_acc.view(key_groups, *q.shape)
