@@ -23,13 +23,29 @@ sys.path.append(ROOT)
 from benchmarks.common import mean_ms, rotated, write_results  # noqa: E402
 
 
+def parse_shape(shape: str) -> tuple[int, int, int, int, int, int]:
+    """batch,seqlen,heads,kv_heads,headdim,causal as six ints; a ValueError saying what to pass otherwise."""
+    parts = shape.split(",")
+    if len(parts) != 6 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(
+            f"a shape is batch,seqlen,heads,kv_heads,headdim,causal (six integers), got {shape!r}"
+        )
+    batch, seqlen, heads, kv_heads, headdim, causal = (int(p) for p in parts)
+    if min(batch, seqlen, heads, kv_heads, headdim) < 1 or heads % kv_heads or causal not in (0, 1):
+        raise ValueError(
+            f"shape {shape!r}: batch, seqlen, heads, kv_heads and headdim must be >= 1, kv_heads must divide heads, "
+            "and causal 0 or 1"
+        )
+    return batch, seqlen, heads, kv_heads, headdim, causal
+
+
 def time_shape(shape: str, reps: int) -> float:
     """ms of one fwd+bwd of the shape in this process's tree, over reps calls after two warm-up calls."""
     import torch
 
     from kernels import flash_attention
 
-    batch, seqlen, heads, kv_heads, headdim, causal = (int(x) for x in shape.split(","))
+    batch, seqlen, heads, kv_heads, headdim, causal = parse_shape(shape)
     q = torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (
         torch.randn(batch, seqlen, kv_heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -59,6 +75,18 @@ def main(argv=None):
         return
     if not args.trees:
         parser.error("--trees BASE CHANGE: the two source trees to compare")
+    for shape in args.shapes:  # (before any process starts: each round's processes would fail alike)
+        try:
+            parse_shape(shape)
+        except ValueError as e:
+            parser.error(str(e))
+    missing = [tree for tree in args.trees if not os.path.isdir(os.path.join(tree, "kernels"))]
+    if missing:
+        parser.error(
+            f"--trees: no kernels/ package under {', '.join(missing)} (a source tree's root, e.g. a git archive)"
+        )
+    if args.rounds < 1 or args.reps < 1:
+        parser.error(f"--rounds and --reps must be >= 1, got {args.rounds} and {args.reps}")
     trees = [os.path.abspath(tree) for tree in args.trees]
     rows = []
     for shape in args.shapes:
