@@ -60,6 +60,27 @@ d128_against_anchors() {  # d128_against_anchors SECONDS SEQLEN...
 ratios() {
   python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
 }
+# The GPU tests (-m gpu) pytest selects from PYTEST_ARGS on WORKERS xdist workers, killed after SECONDS (in
+# case programs wait on each other for ever): $R/gpu_tests.log, its exit status and last lines printed.
+gpu_tests() {  # gpu_tests SECONDS WORKERS PYTEST_ARG...
+  local secs=$1 workers=$2
+  shift 2
+  timeout -s KILL "$secs" python -m pytest -q -n "$workers" -rf -m gpu "$@" > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+}
+# ab_cudnn.py at d128 under GQA, 32 query heads on 8 kv heads, causal at CAUSAL_SEQLENS then full at FULL_SEQLENS,
+# with the OPTIONs (--rounds, variants), each run killed after SECONDS: $R/NAME_causal_{yes,no}.json, the ratios
+# printed.
+gqa_cudnn() {  # gqa_cudnn SECONDS NAME "CAUSAL_SEQLENS" "FULL_SEQLENS" OPTION...
+  local secs=$1 name=$2 causal_lens=$3 full_lens=$4
+  shift 4
+  for causal in yes no; do
+    # (word splitting of the lengths intended)
+    timeout -s KILL "$secs" python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo "$causal_lens" || echo "$full_lens") "$@" --out "$R/${name}_causal_$causal.json" \
+      2>&1 | quiet | ratios
+  done
+}
 # ab_cudnn.py --two-kernels at d128, causal 2k-8k then full 4k-16k, five rounds, each run killed after SECONDS:
 # $R/ab_cudnn_d128_causal_{yes,no}.json, the ratios printed.
 cudnn_d128() {  # cudnn_d128 SECONDS

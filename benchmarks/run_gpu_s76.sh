@@ -34,17 +34,13 @@ source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
 1)
-  timeout -s KILL 220 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_fwd_hopper.py \
-    -k "split_kv_rings or walks_many" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  gpu_tests 220 4 tests/kernels/test_flash_fwd_hopper.py -k "split_kv_rings or walks_many"
   fwd_ab 160 d128_full --headdim 128 --seqlens 512 1024 2048 4096
   fwd_ab 180 d128_causal --headdim 128 --causal --seqlens 512 1024 2048 4096 8192
   ;;
 2)
-  timeout -s KILL 230 python -m pytest -q -n 6 -rf -m gpu tests/kernels/test_flash_fwd_hopper.py tests/kernels/test_launch.py \
-    tests/kernels/test_block_sparse_hopper.py -k "not backward and not bwd and not grad and not hopper_path_matches" \
-    > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  gpu_tests 230 6 tests/kernels/test_flash_fwd_hopper.py tests/kernels/test_launch.py \
+    tests/kernels/test_block_sparse_hopper.py -k "not backward and not bwd and not grad and not hopper_path_matches"
   fwd_ab 150 d128_full_long --headdim 128 --seqlens 8192 16384 32768 --only persistent_128key_rings2 rows_128key_rings2
   fwd_ab 110 d128_causal_long --headdim 128 --causal --seqlens 8192 16384 --only persistent_128key_rings2 rows_128key_rings2
   ;;
@@ -54,10 +50,7 @@ case "${1:?part}" in
       --seqlens $([ $causal = yes ] && echo 512 1024 2048 4096 || echo 1024 2048 4096 8192) \
       --out "$R/ab_cudnn_d128_causal_$causal.json" 2>&1 | quiet | ratios
   done
-  for causal in yes no; do
-    timeout -s KILL 110 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
-      --seqlens 1024 2048 4096 --rounds 4 --out "$R/ab_cudnn_gqa_32_8_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  gqa_cudnn 110 ab_cudnn_gqa_32_8 "1024 2048 4096" "1024 2048 4096" --rounds 4
   ;;
 4)
   timeout 300 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 1024,2048,4096 \
@@ -93,9 +86,7 @@ sys.exit(pytest.main(['-q', '-rf', '-m', 'gpu', 'tests/kernels/test_block_sparse
     --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_4k.json" 2>&1 | quiet | grep "^|" | tail -n 3
   ;;
 8)
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_generate.py tests/kernels/test_cross_entropy.py \
-    tests/flashtrain/test_gpt.py > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  gpu_tests 200 4 tests/flashtrain/test_generate.py tests/kernels/test_cross_entropy.py tests/flashtrain/test_gpt.py
   ;;
 9)
   fwd_ab 150 d64_full_rings --headdim 64 --seqlens 1024 4096 16384 --only persistent persistent_rings3 persistent_rings4_3

@@ -37,18 +37,12 @@ source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
 1)
-  timeout -s KILL 230 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py \
-    -k "gqa_expanded or fused_backward_matches_reference" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  gpu_tests 230 4 tests/kernels/test_flash_bwd_fused_hopper.py -k "gqa_expanded or fused_backward_matches_reference"
   timeout -s KILL 300 python benchmarks/ab_trees.py --trees ab_base . --rounds 4 --reps 20 \
     --shapes 4,4096,32,8,128,1 4,4096,32,8,128,0 1,16384,32,8,128,1 --out "$R/ab_trees_gqa_as_mha.json" 2>&1 | quiet
   ;;
 2)
-  for causal in yes no; do
-    timeout -s KILL 200 python benchmarks/ab_cudnn.py --gqa-expanded --headdims 128 --nheads 32 --nheads-kv 8 \
-      --causal $causal --seqlens $([ $causal = yes ] && echo 2048 4096 8192 || echo 1024 2048 4096 8192) --rounds 4 \
-      --out "$R/ab_cudnn_gqa_as_mha_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  gqa_cudnn 200 ab_cudnn_gqa_as_mha "2048 4096 8192" "1024 2048 4096 8192" --gqa-expanded --rounds 4
   ;;
 3)
   for run in 1 2; do
@@ -61,43 +55,22 @@ case "${1:?part}" in
   done
   ;;
 4)
-  timeout -s KILL 240 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_gpt.py \
-    tests/kernels/test_flash_bwd_fused_hopper.py -k "auto or gqa_expanded" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
-  for causal in yes no; do
-    timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
-      --seqlens 16384 32768 --rounds 3 --out "$R/ab_cudnn_gqa_32_8_long_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  gpu_tests 240 4 tests/flashtrain/test_gpt.py tests/kernels/test_flash_bwd_fused_hopper.py -k "auto or gqa_expanded"
+  gqa_cudnn 150 ab_cudnn_gqa_32_8_long "16384 32768" "16384 32768" --rounds 3
   ;;
 5)
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/kernels/test_flash_bwd_fused_hopper.py \
-    -k "gqa_expanded" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
-  for causal in yes no; do
-    timeout -s KILL 170 python benchmarks/ab_cudnn.py --gqa-kernel-group 2 --headdims 128 --nheads 32 --nheads-kv 8 \
-      --causal $causal --seqlens $([ $causal = yes ] && echo 4096 8192 || echo 2048 4096 8192) --rounds 4 \
-      --out "$R/ab_cudnn_gqa_kernel_group_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  gpu_tests 200 4 tests/kernels/test_flash_bwd_fused_hopper.py -k "gqa_expanded"
+  gqa_cudnn 170 ab_cudnn_gqa_kernel_group "4096 8192" "2048 4096 8192" --gqa-kernel-group 2 --rounds 4
   ;;
 6)
-  for causal in yes no; do
-    timeout -s KILL 170 python benchmarks/ab_cudnn.py --gqa-kernel-group 2 --headdims 128 --nheads 32 --nheads-kv 8 \
-      --causal $causal --seqlens $([ $causal = yes ] && echo 4096 6144 || echo 2048 3072 4096 6144) --rounds 5 \
-      --out "$R/ab_cudnn_gqa_kernel_group_short_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  gqa_cudnn 170 ab_cudnn_gqa_kernel_group_short "4096 6144" "2048 3072 4096 6144" --gqa-kernel-group 2 --rounds 5
   FLASHTRAIN_GQA_KERNEL_GROUP=2 timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa \
     --seqlens 4096 --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_4k_kernel_group_2.json" 2>&1 | quiet \
     | grep "^|" | tail -n 3
   ;;
 7)
-  timeout -s KILL 200 python -m pytest -q -n 4 -rf -m gpu tests/flashtrain/test_gpt.py \
-    tests/kernels/test_flash_bwd_fused_hopper.py -k "auto or gqa_expanded" > "$R/gpu_tests.log" 2>&1
-  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
-  for causal in yes no; do
-    timeout -s KILL 120 python benchmarks/ab_cudnn.py --headdims 128 --nheads 32 --nheads-kv 8 --causal $causal \
-      --seqlens $([ $causal = yes ] && echo 4096 || echo 2048 4096) --rounds 4 \
-      --out "$R/ab_cudnn_gqa_32_8_final_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  gpu_tests 200 4 tests/flashtrain/test_gpt.py tests/kernels/test_flash_bwd_fused_hopper.py -k "auto or gqa_expanded"
+  gqa_cudnn 120 ab_cudnn_gqa_32_8_final "4096" "2048 4096" --rounds 4
   ;;
 8)
   python - "$R/gqa_sums.json" <<'PY'

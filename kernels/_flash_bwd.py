@@ -548,9 +548,9 @@ def route_kernel_group(causal: bool, seqlen_k: int) -> int:
 def _route_programs_heads(q, k, causal: bool, group: int, sms: int) -> int | None:
     """Query heads a program of the GQA route takes in this deterministic call of group query heads a key
     head that the ordered kernel refused: `route_kernel_group`'s, else 1, the first that divides group and
-    that the ordered kernel takes; None where the route does not run (out of `repeats_kv_at`'s range, or
+    that the ordered kernel takes; None where the route does not run (out of `gqa_route_at`'s range, or
     neither)."""
-    if group == 1 or not repeats_kv_at(k.shape[1], causal):
+    if group == 1 or not gqa_route_at(k.shape[1], causal):
         return None
     for heads in dict.fromkeys((route_kernel_group(causal, k.shape[1]), 1)):
         if (
@@ -564,7 +564,7 @@ def _route_programs_heads(q, k, causal: bool, group: int, sms: int) -> int | Non
     return None
 
 
-def repeats_kv_at(seqlen_k: int, causal: bool) -> bool:
+def gqa_route_at(seqlen_k: int, causal: bool) -> bool:
     """Whether a GQA call of seqlen_k keys is in the range of the backward's route run as MHA (on,
     and ORDERED_GQA_EXPANDED_MIN_KEYS, or _MIN_KEYS_FULL without causal, to _MAX_KEYS); where it runs, the
     ordered kernel's rule decides too."""

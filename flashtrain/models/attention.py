@@ -329,7 +329,7 @@ def ours_beats_cudnn(
     head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k), without
     dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel backward run), and
     without GQA or with its keys in the range where ours led under GQA (gqa_keys_timed: from
-    AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.repeats_kv_at`'s range: the ordered one-kernel backward run
+    AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.gqa_route_at`'s range: the ordered one-kernel backward run
     as MHA).
     GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process (results/s53/call3-5,
     s75/call4, s76/call4): ours ÷ cuDNN tokens/s 1.023 and 1.021 at 1k, 1.016 and 1.029 at 2k, 1.025 and 1.027
@@ -353,7 +353,7 @@ def ours_beats_cudnn(
 
 def _gqa_keys_timed(seqlen_k: int, causal: bool) -> bool:
     """Whether a GQA call's key count is in the range `ours_beats_cudnn` timed (a plain bool under dynamo)."""
-    return True if seqlen_k >= AUTO_GQA_MIN_KEYS and _flash_bwd.repeats_kv_at(seqlen_k, causal) else False
+    return True if seqlen_k >= AUTO_GQA_MIN_KEYS and _flash_bwd.gqa_route_at(seqlen_k, causal) else False
 
 
 def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:
