@@ -33,6 +33,7 @@ from ._common import (
     widen,
 )
 from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket, without_narrow_key_tiles
+from ._head_sums import sum_head_groups
 from ._launch import CompiledLaunch
 
 
@@ -520,6 +521,8 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 # (call2): causal 4k / 8k 1.069 / 1.080x, full 4k / 8k 1.059 / 1.037x. Under 4k keys (call2, call3): full
 # attention at 2k / 3k 1.017-1.034 / 1.060-1.067x faster than the two kernels (on 8 and on 4 kv heads), but
 # at full 1k 0.96x and causal 2k 0.99x: the sums and the per-head dK / dV a larger share of a shorter call.
+# The sums in one pass at copy bandwidth (`_head_sums`; torch.sum ran at 0.35-0.6 of it): 0.984 / 0.982x the
+# time at causal / full 4k (results/s78/call1).
 # It holds dK and dV at the query's head count meanwhile (2 x q's size: 1 GiB at 64k x 32 heads of 128), so
 # from ORDERED_GQA_EXPANDED_MIN_KEYS (causal; _FULL: full attention) to _MAX_KEYS, the lengths measured.
 ORDERED_GQA_EXPANDED = True
@@ -697,9 +700,8 @@ def flash_attn_backward(
             ordered=ordered, key_groups=key_groups, convoy=convoy, first_stores=first_stores, kv_repeat=kv_repeat,
         )  # fmt: skip
         if kv_repeat > 1:  # (each in the inputs' dtype, summed in fp32 in a fixed order, rounded once more)
-            per_kv_head = (*k.shape[:-1], kv_repeat, k.shape[-1])
-            torch.sum(dk_heads.view(per_kv_head), dim=-2, out=dk)
-            torch.sum(dv_heads.view(per_kv_head), dim=-2, out=dv)
+            sum_head_groups(dk_heads, dk)
+            sum_head_groups(dv_heads, dv)
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
         # last sum written into dq: in fp32, rounded once, as a copy of the total)
         per_group = dq_acc.view(key_groups, *q.shape)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 78's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s78.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s78/callN/. ab_base/ (carried,
+# not committed) holds main's kernels/ before the session's change (git archive e320e3c kernels).
+#   1: the GQA backward route's per-kv-head dK / dV sums: torch.sum over the middle dim ran at 2.43 / 1.45 TB/s
+#      (repeat 4 / 2) against a clone's 4.1 (session 77, call 8). Now one Triton kernel (`kernels._head_sums`, from
+#      results/s77/head_sums.patch): its GPU tests and the route's at 4k, it against torch.sum and a clone at
+#      16-128 rows a program, then the route's fwd+bwd with it ÷ without (ab_trees.py, alternating processes) at
+#      GQA 32 on 8, causal 4k / full 4k / causal 8k
+#   2: call 1: 5 GPU tests passed; the sums at 4.05-4.09 / 3.80 TB/s (repeat 4 / 2, 32 rows a program; 128 rows fell
+#      to 0.35), bitwise torch.sum's; fwd+bwd with ÷ without 0.984 / 0.982 at causal / full 4k (the 8k shape was
+#      killed at the run's limit). Causal 8k again, then the route's floors against cuDNN with the faster sums
+#      (ab_cudnn.py --gqa-expanded: the route at causal 2k 0.99x and full 1k 0.96x the two kernels in session 77)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  gpu_tests 120 4 tests/kernels/test_head_sums.py tests/kernels/test_flash_bwd_fused_hopper.py \
+    -k "bf16_at_a_routes_size or (gqa_expanded and 4096)"
+  timeout -s KILL 60 python benchmarks/bench_head_sums.py --block-rows 16 32 64 128 --out "$R/head_sums.json" \
+    2>&1 | quiet
+  timeout -s KILL 300 python benchmarks/ab_trees.py --trees ab_base . --rounds 6 --reps 20 \
+    --shapes 4,4096,32,8,128,1 4,4096,32,8,128,0 2,8192,32,8,128,1 --out "$R/ab_trees_head_sums.json" 2>&1 | quiet
+  ;;
+2)
+  timeout -s KILL 120 python benchmarks/ab_trees.py --trees ab_base . --rounds 5 --reps 20 \
+    --shapes 2,8192,32,8,128,1 --out "$R/ab_trees_head_sums_8k.json" 2>&1 | quiet
+  gqa_cudnn 170 ab_cudnn_gqa_route_floors "2048 3072" "1024 1536" --gqa-expanded --rounds 5
+  ;;
+esac
