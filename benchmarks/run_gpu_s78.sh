@@ -11,6 +11,11 @@
 #      to 0.35), bitwise torch.sum's; fwd+bwd with ÷ without 0.984 / 0.982 at causal / full 4k (the 8k shape was
 #      killed at the run's limit). Causal 8k again, then the route's floors against cuDNN with the faster sums
 #      (ab_cudnn.py --gqa-expanded: the route at causal 2k 0.99x and full 1k 0.96x the two kernels in session 77)
+#   3: call 2: causal 8k with ÷ without the sums kernel 0.992; the route ÷ the two kernels (fwd+bwd, five rounds)
+#      0.981 / 0.960 at causal 2k / 3k, 0.960 / 0.930 at full 1k / 1.5k (4-5 rounds of 5 ahead each): floors
+#      now 2048 causal, 1024 full. The route's GPU tests at those lengths and `auto`'s; the route at full 512 /
+#      768 (lower still?) and causal 2k / full 1k again; the GQA model (8 heads of 128 on 2) at 2k end to end in
+#      two processes (1.028x cuDNN in session 76 on the two kernels; `auto` takes GQA from 4k)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -26,5 +31,14 @@ case "${1:?part}" in
   timeout -s KILL 120 python benchmarks/ab_trees.py --trees ab_base . --rounds 5 --reps 20 \
     --shapes 2,8192,32,8,128,1 --out "$R/ab_trees_head_sums_8k.json" 2>&1 | quiet
   gqa_cudnn 170 ab_cudnn_gqa_route_floors "2048 3072" "1024 1536" --gqa-expanded --rounds 5
+  ;;
+3)
+  gpu_tests 150 4 tests/flashtrain/test_gpt.py tests/kernels/test_flash_bwd_fused_hopper.py \
+    -k "auto or (gqa_expanded and (2048 or 1200 or 512))"
+  gqa_cudnn 150 ab_cudnn_gqa_route_floors_again "2048" "512 768 1024" --gqa-expanded --rounds 5
+  for run in 1 2; do
+    timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
+      --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_2k_$run.json" 2>&1 | quiet | grep "^|" | tail -n 3
+  done
   ;;
 esac

@@ -522,12 +522,14 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 # attention at 2k / 3k 1.017-1.034 / 1.060-1.067x faster than the two kernels (on 8 and on 4 kv heads), but
 # at full 1k 0.96x and causal 2k 0.99x: the sums and the per-head dK / dV a larger share of a shorter call.
 # The sums in one pass at copy bandwidth (`_head_sums`; torch.sum ran at 0.35-0.6 of it): 0.984 / 0.982x the
-# time at causal / full 4k (results/s78/call1).
+# time at causal / full 4k (results/s78/call1), and the route then ran 0.981 / 0.960x the two kernels' time at
+# causal 2k / 3k, 0.960 / 0.930x at full 1k / 1.5k (five alternating rounds, s78/call2): floors 2048 causal
+# (where the ordered kernel's causal range starts, ORDERED_CAUSAL_FROM), 1024 full.
 # It holds dK and dV at the query's head count meanwhile (2 x q's size: 1 GiB at 64k x 32 heads of 128), so
 # from ORDERED_GQA_EXPANDED_MIN_KEYS (causal; _FULL: full attention) to _MAX_KEYS, the lengths measured.
 ORDERED_GQA_EXPANDED = True
-ORDERED_GQA_EXPANDED_MIN_KEYS = 4096
-ORDERED_GQA_EXPANDED_MIN_KEYS_FULL = 2048
+ORDERED_GQA_EXPANDED_MIN_KEYS = 2048
+ORDERED_GQA_EXPANDED_MIN_KEYS_FULL = 1024
 ORDERED_GQA_EXPANDED_MAX_KEYS = 65536
 # Query heads a program of that route takes (`route_kernel_group`): 2 with full attention under
 # ORDERED_GQA_PAIRS_BELOW keys (the ordered kernel's GQA at 2 query heads a key head: K / V read once for
