@@ -16,6 +16,10 @@
 #      now 2048 causal, 1024 full. The route's GPU tests at those lengths and `auto`'s; the route at full 512 /
 #      768 (lower still?) and causal 2k / full 1k again; the GQA model (8 heads of 128 on 2) at 2k end to end in
 #      two processes (1.028x cuDNN in session 76 on the two kernels; `auto` takes GQA from 4k)
+#   4: call 3: 11 GPU tests passed; the route ÷ the two kernels at full 512 / 768 1.026 / 1.010 (the floor stays 1024;
+#      causal 2k and full 1k now take the route by default, so their columns compare it with itself); the GQA model
+#      at 2k 1.017x and 1.012x cuDNN's tokens/s: `auto` takes GQA from 2k keys (was 4k). `auto`'s GPU tests on that
+#      rule, then GQA 32 on 8 against cuDNN on the session's final rule, causal 2k / 4k / 16k and full 1k / 4k / 16k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -40,5 +44,9 @@ case "${1:?part}" in
     timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
       --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_2k_$run.json" 2>&1 | quiet | grep "^|" | tail -n 3
   done
+  ;;
+4)
+  gpu_tests 100 4 tests/flashtrain/test_gpt.py -k "auto"
+  gqa_cudnn 170 ab_cudnn_gqa_32_8_final "2048 4096 16384" "1024 4096 16384" --rounds 3
   ;;
 esac

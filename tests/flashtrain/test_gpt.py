@@ -300,7 +300,7 @@ def test_gqa_keys_are_timed_from_4k_in_the_expanded_routes_range(
     seqlen_k, causal, expanded, timed, monkeypatch
 ):
     """A GQA call counts as one where ours beats cuDNN from AUTO_GQA_MIN_KEYS keys (under that, end to end
-    at 1k the host paced ours), within the range of the backward's route run as MHA (from its floor, 4k
+    at 1k the host paced ours), within the range of the backward's route run as MHA (from its floor, here 4k
     causal or 2k full, to `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`), and not at all with that
     route off."""
     import flashtrain.models.attention as attention
@@ -341,11 +341,11 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
 @pytest.mark.parametrize(
     "seqlen, nheads_kv, head_dim, ours",
     [(4096, 8, 128, True), (8192, 2, 128, True), (32768, 2, 128, True), (81920, 2, 128, False), (4096, 2, 128, True),
-     (2048, 2, 128, False), (4096, 8, 64, False)],
+     (2048, 2, 128, True), (1024, 2, 128, False), (4096, 8, 64, False)],
 )  # fmt: skip
 def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(seqlen, nheads_kv, head_dim, ours, monkeypatch):
     """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
-    tokens and with GQA at 4k-64k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
+    tokens and with GQA at 2k-64k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
     recorded, still run)."""
     import flashtrain.models.attention as attention
 
