@@ -20,6 +20,12 @@
 #      causal 2k and full 1k now take the route by default, so their columns compare it with itself); the GQA model
 #      at 2k 1.017x and 1.012x cuDNN's tokens/s: `auto` takes GQA from 2k keys (was 4k). `auto`'s GPU tests on that
 #      rule, then GQA 32 on 8 against cuDNN on the session's final rule, causal 2k / 4k / 16k and full 1k / 4k / 16k
+#   5: call 4: `auto`'s GPU test at GQA 2k failed: it still ran cuDNN, as every d128 call under 4k (a call ours
+#      beats cuDNN on went to `auto_picks_triton` with sdpa_runs_cudnn=False, and its AUTO_TRITON_MIN_SEQLEN, set
+#      against SDPA flash, kept it with SDPA, i.e. cuDNN). cuDNN ÷ ours fwd+bwd on the final rule: causal 2k / 4k /
+#      16k 1.103 / 1.006 / 1.054, full 1k / 4k / 16k 1.105 / 1.069 / 1.041. Now `auto` takes ours where it beats the
+#      cuDNN kernel SDPA would run (MHA from 1k keys, GQA from 2k): `auto`'s GPU tests, then the models end to end
+#      with `auto` against cuDNN: GPT-2 medium's width in 8 heads of 128 at 1k (twice), on 2 kv heads at 2k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -48,5 +54,14 @@ case "${1:?part}" in
 4)
   gpu_tests 100 4 tests/flashtrain/test_gpt.py -k "auto"
   gqa_cudnn 170 ab_cudnn_gqa_32_8_final "2048 4096 16384" "1024 4096 16384" --rounds 3
+  ;;
+5)
+  gpu_tests 100 4 tests/flashtrain/test_gpt.py -k "auto"
+  for run in 1 2; do
+    timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 1024 \
+      --impls sdpa_cudnn,auto --out "$R/train_medium_d128_1k_auto_$run.json" 2>&1 | quiet | grep "^|" | tail -n 2
+  done
+  timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,auto --out "$R/train_medium_d128_gqa_2k_auto.json" 2>&1 | quiet | grep "^|" | tail -n 2
   ;;
 esac

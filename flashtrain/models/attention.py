@@ -242,7 +242,7 @@ def auto_picks_triton(
     # call7, s49/call1, call3; 0.94-0.99 on the two kernels, s39/call4; 1.01-1.04 at causal 16k-64k and
     # full 16k-32k in five alternating rounds, s51/call3, call6; since its consumers only stage their dQ,
     # 1.02-1.06 at causal and full 4k-64k, s52/call4-6, s53/call3), and end to end too, so there the caller
-    # passes sdpa_runs_cudnn=False (`ours_beats_cudnn`). When these were first set cuDNN was 1.12-1.40x
+    # takes ours before asking here (`ours_beats_cudnn`). When these were first set cuDNN was 1.12-1.40x
     # ours (results/sdpa_choice_h*).
     if sdpa_runs_cudnn:
         return False
@@ -313,6 +313,11 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 # on the route from 2k keys with its sums kernel (session 78) 1.017x and 1.012x (s78/call3), the kernels
 # 1.054-1.098x causal 2k (s78/call2-3); so from 2k
 AUTO_GQA_MIN_KEYS = 2048
+# MHA calls `auto` gives ours over cuDNN start at this many keys: GPT-2 medium's width in 8 heads of 128 trained
+# at 1.023x / 1.021x cuDNN's tokens/s at 1k and 1.016x / 1.029x at 2k (s75/call4, s76/call4); 512 was not
+# timed end to end (our forward alone 0.956x cuDNN's there, causal, s76/call1). Until session 78 these calls
+# went to cuDNN under 4k anyway: `auto_picks_triton`'s AUTO_TRITON_MIN_SEQLEN, set against SDPA flash, decided.
+AUTO_MHA_MIN_KEYS = 1024
 
 
 # A trace-time constant, as `sdpa_runs_cudnn`.
@@ -325,14 +330,14 @@ def ours_beats_cudnn(
     one_query: bool,
     same_length: bool,
     dropout: bool,
-    gqa_keys_timed: bool = False,
+    keys_timed: bool = False,
 ) -> bool:
     """Whether ours trains at least as fast as cuDNN's attention for an unmasked call SDPA would give cuDNN:
     head dim 128, as many queries as keys (more than one; same_length: seqlen_q == seqlen_k), without
-    dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel backward run), and
-    without GQA or with its keys in the range where ours led under GQA (gqa_keys_timed: from
-    AUTO_GQA_MIN_KEYS, within `kernels._flash_bwd.gqa_route_at`'s range: the ordered one-kernel backward run
-    as MHA).
+    dropout, on an H100/H200 (sm_90, where our Gluon kernels and the ordered one-kernel backward run), with
+    its keys in the range where ours led (keys_timed, `_keys_timed`: without GQA from AUTO_MHA_MIN_KEYS, under
+    GQA from AUTO_GQA_MIN_KEYS within `kernels._flash_bwd.gqa_route_at`'s range: the ordered one-kernel
+    backward run as MHA).
     GPT-2 medium's width in 8 heads of 128, one H200, each row in a fresh process (results/s53/call3-5,
     s75/call4, s76/call4): ours ÷ cuDNN tokens/s 1.023 and 1.021 at 1k, 1.016 and 1.029 at 2k, 1.025 and 1.027
     at 4k, 1.028 and 1.024 at 8k, 1.000 and 1.002 at 16k; the kernels alone, fwd+bwd, 1.02-1.06x at causal and
@@ -341,28 +346,29 @@ def ours_beats_cudnn(
     s75/call3, call7, s77/call3): 1.017x and 1.026x at 4k, 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at
     64k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three
     alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6), 1.037-1.080x at 4k-8k on the route
-    reading K / V in place (s77/call2), 1.012-1.028x at 2k (s76/call4, s78/call3). GQA calls under 2k keys stay
-    with cuDNN (AUTO_GQA_MIN_KEYS: end to end at 1k paced by the host), and past 64k (untimed, the route's
-    limit); dropout runs
-    the portable backward; a full-attention call on fewer queries than keys may run the two kernels too, and was
+    reading K / V in place (s77/call2), 1.012-1.028x at 2k (s76/call4, s78/call3). MHA calls under 1k keys stay
+    with cuDNN (untimed end to end), GQA calls under 2k keys (AUTO_GQA_MIN_KEYS: end to end at 1k paced by the
+    host) and past 64k (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer queries than keys may run the two kernels too, and was
     not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
     gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
-    gqa_ok = nheads == nheads_kv or gqa_keys_timed
-    timed = head_dim == 128 and same_length and not one_query and gqa_ok and not dropout
+    timed = head_dim == 128 and same_length and not one_query and keys_timed and not dropout
     if device.type != "cuda" or not timed:
         return False
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _gqa_keys_timed(seqlen_k: int, causal: bool) -> bool:
-    """Whether a GQA call's key count is in the range `ours_beats_cudnn` timed (a plain bool under dynamo)."""
+def _keys_timed(seqlen_k: int, causal: bool, gqa: bool) -> bool:
+    """Whether a call's key count is in the range `ours_beats_cudnn` timed, without GQA or under it (a plain
+    bool under dynamo)."""
+    if not gqa:
+        return True if seqlen_k >= AUTO_MHA_MIN_KEYS else False
     return True if seqlen_k >= AUTO_GQA_MIN_KEYS and _flash_bwd.gqa_route_at(seqlen_k, causal) else False
 
 
 def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bool:
     nheads_kv, seqlen_k = k.shape[2], k.shape[1]
     masked = window is not None or key_padding_mask is not None
-    cudnn = False
+    sdpa_cudnn = False
     # a call SDPA gets with a dense mask (causal with seqlen_q != seqlen_k too) never reaches cuDNN's fast path
     if not sdpa_needs_mask(q.shape[1], seqlen_k, causal, window, key_padding_mask):
         # plain ints and bools, as assume_constant_result needs: operator.index makes dynamo guard on a
@@ -376,21 +382,20 @@ def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bo
         one_key = True if seqlen_k == 1 else False
         same_length = True if q.shape[1] == seqlen_k else False
         dropout = True if dropout_p > 0.0 else False  # a float argument may be symbolic
-        cudnn = sdpa_runs_cudnn(
+        sdpa_cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
-        ) and not ours_beats_cudnn(
-            q.device,
-            head_dim,
-            nheads,
-            nheads_kv,
-            one_query,
-            same_length,
-            dropout,
-            _gqa_keys_timed(seqlen_k, bool(causal)),
         )
+        keys_timed = _keys_timed(seqlen_k, bool(causal), nheads != nheads_kv)
+        args = (q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout, keys_timed)
+        # ours where it trains faster than the cuDNN kernel SDPA would run, at any length it was timed at
+        # (auto_picks_triton's AUTO_TRITON_MIN_SEQLEN was set against SDPA flash)
+        if sdpa_cudnn and ours_beats_cudnn(*args):
+            return True
     deterministic = torch.are_deterministic_algorithms_enabled()
     wrong = sdpa_cudnn_wrong(q, k, v)
-    return auto_picks_triton(q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, cudnn, deterministic, wrong)
+    return auto_picks_triton(
+        q.is_cuda, seqlen_k, q.shape[-1], dropout_p, masked, sdpa_cudnn, deterministic, wrong
+    )
 
 
 def auto_attention(q, k, v, *, causal, softmax_scale=None, dropout_p=0.0, window=None, key_padding_mask=None):

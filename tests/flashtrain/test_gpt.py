@@ -262,75 +262,85 @@ def test_auto_asks_pytorch_whether_sdpa_runs_cudnn(
 
 
 @pytest.mark.parametrize(
-    "device, capability, head_dim, nheads_kv, one_query, same_length, dropout, gqa_timed, beats",
+    "device, capability, head_dim, nheads_kv, one_query, same_length, dropout, keys_timed, beats",
     [
-        ("cuda", (9, 0), 128, 4, False, True, False, False, True),
-        ("cuda", (9, 0), 64, 4, False, True, False, False, False),  # head dim 64: level with cuDNN or slower
-        ("cuda", (9, 0), 256, 4, False, True, False, False, False),
+        ("cuda", (9, 0), 128, 4, False, True, False, True, True),
+        ("cuda", (9, 0), 128, 4, False, True, False, False, False),  # MHA under 1k keys: not timed
+        ("cuda", (9, 0), 64, 4, False, True, False, True, False),  # head dim 64: level with cuDNN or slower
+        ("cuda", (9, 0), 256, 4, False, True, False, True, False),
         ("cuda", (9, 0), 128, 2, False, True, False, False, False),  # GQA elsewhere: the two kernels
-        ("cuda", (9, 0), 128, 2, False, True, False, True, True),  # GQA at 4k-16k keys: the ordered kernel
-        ("cuda", (9, 0), 128, 4, True, False, False, False, False),  # one query: not timed
-        ("cuda", (9, 0), 128, 4, False, False, False, False, False),  # fewer queries than keys: not timed
-        ("cuda", (9, 0), 128, 4, False, True, True, False, False),  # dropout: the portable backward
+        ("cuda", (9, 0), 128, 2, False, True, False, True, True),  # GQA at 2k-64k keys: the ordered kernel
+        ("cuda", (9, 0), 128, 4, True, False, False, True, False),  # one query: not timed
+        ("cuda", (9, 0), 128, 4, False, False, False, True, False),  # fewer queries than keys: not timed
+        ("cuda", (9, 0), 128, 4, False, True, True, True, False),  # dropout: the portable backward
         ("cuda", (9, 0), 128, 2, False, True, True, True, False),
-        ("cuda", (10, 0), 128, 4, False, True, False, False, False),  # no Gluon kernels off sm_90
-        ("cpu", None, 128, 4, False, True, False, False, False),
+        ("cuda", (10, 0), 128, 4, False, True, False, True, False),  # no Gluon kernels off sm_90
+        ("cpu", None, 128, 4, False, True, False, True, False),
     ],
 )
 def test_ours_beats_cudnn_at_head_dim_128_on_hopper(
-    device, capability, head_dim, nheads_kv, one_query, same_length, dropout, gqa_timed, beats, monkeypatch
+    device, capability, head_dim, nheads_kv, one_query, same_length, dropout, keys_timed, beats, monkeypatch
 ):
     """Where `auto` takes ours although SDPA would run cuDNN: head dim 128 on sm_90 (H100/H200), as many
-    queries as keys (more than one), no dropout, no GQA or GQA with its keys in the timed range (the GPU's
-    capability faked, so this runs on CPU)."""
+    queries as keys (more than one), no dropout, its keys in the timed range (the GPU's capability faked, so
+    this runs on CPU)."""
     import flashtrain.models.attention as attention
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
     dev = torch.device(device)
-    args = (dev, head_dim, 4, nheads_kv, one_query, same_length, dropout, gqa_timed)
+    args = (dev, head_dim, 4, nheads_kv, one_query, same_length, dropout, keys_timed)
     assert attention.ours_beats_cudnn(*args) is beats
 
 
 @pytest.mark.parametrize(
-    "seqlen_k, causal, expanded, timed",
-    [(2048, False, True, False), (4095, True, True, False), (4096, True, True, True), (4096, False, True, True),
-     (16384, True, True, True), (16385, True, True, False), (8192, True, False, False)],
+    "seqlen_k, causal, gqa, expanded, timed",
+    [(2048, False, True, True, False), (4095, True, True, True, False), (4096, True, True, True, True),
+     (4096, False, True, True, True), (16384, True, True, True, True), (16385, True, True, True, False),
+     (8192, True, True, False, False), (1023, True, False, True, False), (1024, True, False, True, True),
+     (1 << 20, False, False, False, True)],
 )  # fmt: skip
-def test_gqa_keys_are_timed_from_4k_in_the_expanded_routes_range(
-    seqlen_k, causal, expanded, timed, monkeypatch
+def test_keys_are_timed_from_1k_without_gqa_and_in_the_expanded_routes_range_under_it(
+    seqlen_k, causal, gqa, expanded, timed, monkeypatch
 ):
-    """A GQA call counts as one where ours beats cuDNN from AUTO_GQA_MIN_KEYS keys (under that, end to end
-    at 1k the host paced ours), within the range of the backward's route run as MHA (from its floor, here 4k
-    causal or 2k full, to `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`), and not at all with that
-    route off."""
+    """A call counts as one where ours beats cuDNN from AUTO_MHA_MIN_KEYS keys without GQA (here 1k); a GQA
+    call from AUTO_GQA_MIN_KEYS (here 4k; under that, end to end at 1k the host paced ours), within the range
+    of the backward's route run as MHA (from its floor, here 4k causal or 2k full, to
+    `kernels._flash_bwd.ORDERED_GQA_EXPANDED_MAX_KEYS`), and not at all with that route off."""
     import flashtrain.models.attention as attention
     from kernels import _flash_bwd
 
+    monkeypatch.setattr(attention, "AUTO_MHA_MIN_KEYS", 1024)
     monkeypatch.setattr(attention, "AUTO_GQA_MIN_KEYS", 4096)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED", expanded)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS", 4096)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MIN_KEYS_FULL", 2048)
     monkeypatch.setattr(_flash_bwd, "ORDERED_GQA_EXPANDED_MAX_KEYS", 16384)
-    assert attention._gqa_keys_timed(seqlen_k, causal) is timed
+    assert attention._keys_timed(seqlen_k, causal, gqa) is timed
 
 
 @pytest.mark.parametrize("beats", [True, False])
 def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
-    """`auto` hands `auto_picks_triton` sdpa_runs_cudnn=False where `ours_beats_cudnn` says so, with the
-    call's device, head dim, head counts, one query or not, as many queries as keys or not, dropout, and
-    whether a GQA call's keys are in the range timed (`_gqa_keys_timed`)."""
+    """Where SDPA would run cuDNN, `auto` runs ours when `ours_beats_cudnn` says so, without asking
+    `auto_picks_triton` (whose shortest length was set against SDPA flash), and otherwise hands it
+    sdpa_runs_cudnn=True; `ours_beats_cudnn` is asked with the call's device, head dim, head counts, one query
+    or not, as many queries as keys or not, dropout, and whether its keys are in the range timed
+    (`_keys_timed`; AUTO_MHA_MIN_KEYS here 20)."""
     import flashtrain.models.attention as attention
 
-    asked, decided = [], []
+    asked, decided, ran = [], [], []
+    monkeypatch.setattr(attention, "AUTO_MHA_MIN_KEYS", 20)
     monkeypatch.setattr(attention, "sdpa_runs_cudnn", lambda *args: True)
     monkeypatch.setattr(attention, "ours_beats_cudnn", lambda *args: asked.append(args[1:]) or beats)
     monkeypatch.setattr(attention, "auto_picks_triton", lambda *args: decided.append(args[5]) or False)
+    monkeypatch.setattr(attention, "triton_attention", lambda *args, **kw: ran.append("ours"))
+    monkeypatch.setattr(attention, "sdpa_attention", lambda *args, **kw: ran.append("sdpa"))
     q = torch.randn(1, 16, 4, 8)
     attention.auto_attention(q, q, q, causal=True)
     k = torch.randn(1, 24, 4, 8)
     attention.auto_attention(q, k, k, causal=False)
-    assert asked == [(8, 4, 4, False, True, False, False), (8, 4, 4, False, False, False, False)]
-    assert decided == [not beats] * 2
+    assert asked == [(8, 4, 4, False, True, False, False), (8, 4, 4, False, False, False, True)]
+    assert decided == ([] if beats else [True, True])
+    assert ran == ["ours" if beats else "sdpa"] * 2
 
 
 @pytest.mark.gpu
@@ -340,12 +350,12 @@ def test_auto_takes_ours_over_cudnn_where_ours_beats_it(beats, monkeypatch):
 )
 @pytest.mark.parametrize(
     "seqlen, nheads_kv, head_dim, ours",
-    [(4096, 8, 128, True), (8192, 2, 128, True), (32768, 2, 128, True), (81920, 2, 128, False), (4096, 2, 128, True),
-     (2048, 2, 128, True), (1024, 2, 128, False), (4096, 8, 64, False)],
+    [(4096, 8, 128, True), (1024, 8, 128, True), (512, 8, 128, False), (8192, 2, 128, True), (32768, 2, 128, True),
+     (81920, 2, 128, False), (4096, 2, 128, True), (2048, 2, 128, True), (1024, 2, 128, False), (4096, 8, 64, False)],
 )  # fmt: skip
 def test_gpu_auto_takes_ours_over_cudnn_at_head_dim_128(seqlen, nheads_kv, head_dim, ours, monkeypatch):
-    """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 4k
-    tokens and with GQA at 2k-64k keys, and SDPA with GQA elsewhere or at head dim 64 (the backends
+    """On an H100/H200 where SDPA would run cuDNN, `auto` runs ours at head dim 128 without GQA from 1k
+    tokens and with GQA at 2k-64k keys, and SDPA under those, past them or at head dim 64 (the backends
     recorded, still run)."""
     import flashtrain.models.attention as attention
 
