@@ -26,6 +26,9 @@
 #      16k 1.103 / 1.006 / 1.054, full 1k / 4k / 16k 1.105 / 1.069 / 1.041. Now `auto` takes ours where it beats the
 #      cuDNN kernel SDPA would run (MHA from 1k keys, GQA from 2k): `auto`'s GPU tests, then the models end to end
 #      with `auto` against cuDNN: GPT-2 medium's width in 8 heads of 128 at 1k (twice), on 2 kv heads at 2k
+#   6: call 5: 10 GPU tests passed; `auto` ran our kernels and trained GPT-2 medium's width in 8 heads of 128 at 1k
+#      at 1.024x / 1.021x cuDNN's tokens/s, but the GQA model at 2k at 0.941x (its device step 78.6-88.9 ms, noisy,
+#      against 79.5 for `triton` in call 3, same kernels). `triton` and `auto` in one process, twice, in both orders
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -63,5 +66,11 @@ case "${1:?part}" in
   done
   timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
     --impls sdpa_cudnn,auto --out "$R/train_medium_d128_gqa_2k_auto.json" 2>&1 | quiet | grep "^|" | tail -n 2
+  ;;
+6)
+  timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,triton,auto --out "$R/train_medium_d128_gqa_2k_three_1.json" 2>&1 | quiet | grep "^|" | tail -n 3
+  timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls auto,triton --out "$R/train_medium_d128_gqa_2k_three_2.json" 2>&1 | quiet | grep "^|" | tail -n 2
   ;;
 esac
