@@ -310,8 +310,9 @@ def sdpa_runs_cudnn(device, dtype, nheads, nheads_kv, head_dim, one_query, one_k
 # 1.017x in two processes (s77/call3). Under 4k the kernels mostly lead (0.99-1.25x at 512-2k, s75/call1-2,
 # s76/call3), but end to end at 1k ours ran 0.94-1.03x cuDNN's tokens/s over eight processes (five ahead),
 # its steps paced by the host (s75/call2-6, s76/call4, call6). At 2k: 1.028x (s76/call4, the two kernels), and
-# on the route from 2k keys with its sums kernel (session 78) 1.017x and 1.012x (s78/call3), the kernels
-# 1.054-1.098x causal 2k (s78/call2-3); so from 2k
+# on the route from 2k keys with its sums kernel (session 78) 1.017x, 1.012x and 0.998x run after cuDNN in
+# their processes (s78/call3, call6; rows whose first timed steps ran slow read 0.94x, the same kernels), the
+# kernels 1.074-1.103x at causal 2k (s78/call2-4): level or a little ahead, so from 2k
 AUTO_GQA_MIN_KEYS = 2048
 # MHA calls `auto` gives ours over cuDNN start at this many keys: GPT-2 medium's width in 8 heads of 128 trained
 # at 1.023x / 1.021x cuDNN's tokens/s at 1k and 1.016x / 1.029x at 2k (s75/call4, s76/call4); 512 was not
@@ -346,10 +347,11 @@ def ours_beats_cudnn(
     s75/call3, call7, s77/call3): 1.017x and 1.026x at 4k, 1.015x at 8k, 1.000x at 16k, 1.007x at 32k, 1.020x at
     64k; the kernels alone at 32 query heads on 8, 1.007-1.031x at causal and full 8k-16k in two runs of three
     alternating rounds (s74/call2, call4), 1.03-1.05x at 32k-64k (call6), 1.037-1.080x at 4k-8k on the route
-    reading K / V in place (s77/call2), 1.012-1.028x at 2k (s76/call4, s78/call3). MHA calls under 1k keys stay
-    with cuDNN (untimed end to end), GQA calls under 2k keys (AUTO_GQA_MIN_KEYS: end to end at 1k paced by the
-    host) and past 64k (untimed, the route's limit); dropout runs the portable backward; a full-attention call on fewer queries than keys may run the two kernels too, and was
-    not timed: those stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
+    reading K / V in place (s77/call2), 0.998-1.028x at 2k (s76/call4, s78/call3, call6). MHA calls under 1k
+    keys stay with cuDNN (untimed end to end), GQA calls under 2k keys (AUTO_GQA_MIN_KEYS: end to end at 1k
+    paced by the host) and past 64k (untimed, the route's limit); dropout runs the portable backward; a
+    full-attention call on fewer queries than keys may run the two kernels too, and was not timed: those
+    stay with cuDNN, as every other head dim (`auto_picks_triton`). Ours also repeats its
     gradients bit for bit, cuDNN's backward does not (results/s44/call1)."""
     timed = head_dim == 128 and same_length and not one_query and keys_timed and not dropout
     if device.type != "cuda" or not timed:
