@@ -54,6 +54,7 @@ from kernels import (  # noqa: E402
     _flash_dq_hopper,
     _flash_fwd,
     _flash_fwd_hopper,
+    _head_sums,
     _hopper_pipeline,
     decode,
     flash_decode,
@@ -78,10 +79,10 @@ def use(way: str) -> None:
     _hopper_pipeline.tma_ready, _block_sparse_hopper.usable_backward = WAYS[way]
 
 
-# session 64's: the modules that call cdiv on the host, and the plain kernels' launches (the delta
-# preprocess, the decode split and merge kernels)
+# session 64's: the modules that call cdiv on the host (and session 78's GQA dK / dV sums), and the plain
+# kernels' launches (the delta preprocess, the decode split and merge kernels)
 CDIV_MODULES = (_block_sparse_hopper, _flash_bwd, _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper,
-                _flash_fwd, _flash_fwd_hopper, decode)  # fmt: skip
+                _flash_fwd, _flash_fwd_hopper, _head_sums, decode)  # fmt: skip
 LAUNCHES = (
     (_flash_bwd, "_launch_preprocess", _flash_bwd._bwd_preprocess),
     (decode, "_launch_split", decode._decode_split),
