@@ -81,6 +81,20 @@ gqa_cudnn() {  # gqa_cudnn SECONDS NAME "CAUSAL_SEQLENS" "FULL_SEQLENS" OPTION..
       2>&1 | quiet | ratios
   done
 }
+# bench_train.py with the OPTIONs, killed after SECONDS: $R/NAME.json, the last ROWS lines of its table printed.
+train_table() {  # train_table SECONDS ROWS NAME OPTION...
+  local secs=$1 rows=$2 name=$3
+  shift 3
+  timeout "$secs" python benchmarks/bench_train.py "$@" --out "$R/$name.json" 2>&1 | quiet | grep "^|" | tail -n "$rows"
+}
+# ab_trees.py: fwd+bwd of ab_base/ (a carried tree, main before the change) against this checkout at the SHAPEs,
+# ROUNDS alternating rounds of 20 calls, killed after SECONDS: $R/NAME.json (written after each shape).
+trees_ab() {  # trees_ab SECONDS ROUNDS NAME SHAPE...
+  local secs=$1 rounds=$2 name=$3
+  shift 3
+  timeout -s KILL "$secs" python benchmarks/ab_trees.py --trees ab_base . --rounds "$rounds" --reps 20 \
+    --shapes "$@" --out "$R/$name.json" 2>&1 | quiet
+}
 # ab_cudnn.py --two-kernels at d128, causal 2k-8k then full 4k-16k, five rounds, each run killed after SECONDS:
 # $R/ab_cudnn_d128_causal_{yes,no}.json, the ratios printed.
 cudnn_d128() {  # cudnn_d128 SECONDS

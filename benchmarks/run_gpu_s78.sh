@@ -37,12 +37,10 @@ case "${1:?part}" in
     -k "bf16_at_a_routes_size or (gqa_expanded and 4096)"
   timeout -s KILL 60 python benchmarks/bench_head_sums.py --block-rows 16 32 64 128 --out "$R/head_sums.json" \
     2>&1 | quiet
-  timeout -s KILL 300 python benchmarks/ab_trees.py --trees ab_base . --rounds 6 --reps 20 \
-    --shapes 4,4096,32,8,128,1 4,4096,32,8,128,0 2,8192,32,8,128,1 --out "$R/ab_trees_head_sums.json" 2>&1 | quiet
+  trees_ab 300 6 ab_trees_head_sums 4,4096,32,8,128,1 4,4096,32,8,128,0 2,8192,32,8,128,1
   ;;
 2)
-  timeout -s KILL 120 python benchmarks/ab_trees.py --trees ab_base . --rounds 5 --reps 20 \
-    --shapes 2,8192,32,8,128,1 --out "$R/ab_trees_head_sums_8k.json" 2>&1 | quiet
+  trees_ab 120 5 ab_trees_head_sums_8k 2,8192,32,8,128,1
   gqa_cudnn 170 ab_cudnn_gqa_route_floors "2048 3072" "1024 1536" --gqa-expanded --rounds 5
   ;;
 3)
@@ -50,8 +48,8 @@ case "${1:?part}" in
     -k "auto or (gqa_expanded and (2048 or 1200 or 512))"
   gqa_cudnn 150 ab_cudnn_gqa_route_floors_again "2048" "512 768 1024" --gqa-expanded --rounds 5
   for run in 1 2; do
-    timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
-      --impls sdpa_cudnn,triton --out "$R/train_medium_d128_gqa_2k_$run.json" 2>&1 | quiet | grep "^|" | tail -n 3
+    train_table 150 3 train_medium_d128_gqa_2k_$run --models gpt2_medium_d128_gqa --seqlens 2048 \
+      --impls sdpa_cudnn,triton
   done
   ;;
 4)
@@ -61,16 +59,14 @@ case "${1:?part}" in
 5)
   gpu_tests 100 4 tests/flashtrain/test_gpt.py -k "auto"
   for run in 1 2; do
-    timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128 --seqlens 1024 \
-      --impls sdpa_cudnn,auto --out "$R/train_medium_d128_1k_auto_$run.json" 2>&1 | quiet | grep "^|" | tail -n 2
+    train_table 120 2 train_medium_d128_1k_auto_$run --models gpt2_medium_d128 --seqlens 1024 --impls sdpa_cudnn,auto
   done
-  timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
-    --impls sdpa_cudnn,auto --out "$R/train_medium_d128_gqa_2k_auto.json" 2>&1 | quiet | grep "^|" | tail -n 2
+  train_table 120 2 train_medium_d128_gqa_2k_auto --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,auto
   ;;
 6)
-  timeout 150 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
-    --impls sdpa_cudnn,triton,auto --out "$R/train_medium_d128_gqa_2k_three_1.json" 2>&1 | quiet | grep "^|" | tail -n 3
-  timeout 120 python benchmarks/bench_train.py --models gpt2_medium_d128_gqa --seqlens 2048 \
-    --impls auto,triton --out "$R/train_medium_d128_gqa_2k_three_2.json" 2>&1 | quiet | grep "^|" | tail -n 2
+  train_table 150 3 train_medium_d128_gqa_2k_three_1 --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,triton,auto
+  train_table 120 2 train_medium_d128_gqa_2k_three_2 --models gpt2_medium_d128_gqa --seqlens 2048 --impls auto,triton
   ;;
 esac

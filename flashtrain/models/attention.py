@@ -387,11 +387,12 @@ def _auto_takes_ours(q, k, v, causal, dropout_p, window, key_padding_mask) -> bo
         sdpa_cudnn = sdpa_runs_cudnn(
             q.device, q.dtype, nheads, nheads_kv, head_dim, one_query, one_key, bool(causal), dropout
         )
-        keys_timed = _keys_timed(seqlen_k, bool(causal), nheads != nheads_kv)
-        args = (q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout, keys_timed)
         # ours where it trains faster than the cuDNN kernel SDPA would run, at any length it was timed at
         # (auto_picks_triton's AUTO_TRITON_MIN_SEQLEN was set against SDPA flash)
-        if sdpa_cudnn and ours_beats_cudnn(*args):
+        if sdpa_cudnn and ours_beats_cudnn(
+            q.device, head_dim, nheads, nheads_kv, one_query, same_length, dropout,
+            _keys_timed(seqlen_k, bool(causal), nheads != nheads_kv),
+        ):  # fmt: skip
             return True
     deterministic = torch.are_deterministic_algorithms_enabled()
     wrong = sdpa_cudnn_wrong(q, k, v)
