@@ -10,8 +10,15 @@ show that backend's kernels (under torch.compile a silent fallback to another ba
 
 Besides the mean, each row keeps every timed step's host and device ms and CPU time (`step_spans`): a
 short-context row is often bound by the host, whose speed varies between processes on a shared machine,
-and these tell such a run from one whose device work is slow. `--gpu-clocks` adds the SM clock and power
-the GPU ran at (nvidia-smi).
+and these tell such a run from one whose device work is slow. `--gpu-clocks` adds the SM clock, power,
+temperature and slowdown reasons the GPU ran at (nvidia-smi), run-wide and step by step.
+
+An H200 training GPT-2 medium runs at its power cap (~700 W): once the draw reaches it, the driver pulls
+the SM clock from 1980 MHz to 1400-1800 and keeps adjusting it, so a step takes 2-20% longer for a
+while. The timed steps therefore start only after `--warmup-s` seconds of un-timed steps right before
+them (the kernel-name pass between the warm-up and the timed steps idles the GPU), and there are 30 of
+them: with 10 steps and no such settling, the rows of one run varied by up to 6% with the same kernels
+(benchmarks/RESULTS.md, session 79).
 
     python benchmarks/bench_train.py --models gpt2_small,gpt2_medium --seqlens 1024,4096,8192,16384
     python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
@@ -33,6 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (  # noqa: E402
+    clocks_per_step,
     device_gaps,
     device_profile,
     gpu_clock_log,
@@ -122,6 +130,18 @@ def kernel_names(step) -> list[str]:
     return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
+def run_for(step, seconds: float) -> int:
+    """Run step until `seconds` of wall time have passed and the device has finished them; returns how
+    many ran (none for seconds <= 0)."""
+    torch.cuda.synchronize()
+    start, ran = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        step()
+        ran += 1
+    torch.cuda.synchronize()
+    return ran
+
+
 def chosen_attention_tiles() -> dict[str, list[str]]:
     """The tile configs our attention kernels' autotuners chose in this process, per kernel: which
     tiles a row's numbers ran (an autotuner can choose differently from one process to the next)."""
@@ -199,6 +219,7 @@ def bench_one(
     profile_ops=0,
     kernel_callers=None,
     gpu_clocks=False,
+    warmup_s=0.0,
 ):
     backend, sdpa_backend, marker = IMPLS[impl]
     step, model, cfg, batch = training_step(
@@ -214,6 +235,7 @@ def bench_one(
         for _ in range(warmup):
             step()
         names = kernel_names(step) if marker is not None else []
+        row["settle_steps"] = run_for(step, warmup_s)  # (the GPU's power and clock settled, see the top)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         # each step's host time and device time (events between steps), so a run that is slow overall
@@ -233,9 +255,14 @@ def bench_one(
                 samples.append(host_sample())
             loss.item()  # host-device sync: all steps finished
             elapsed = time.perf_counter() - start
+            finished_s = time.time()  # (epoch seconds, as the clock samples' timestamps)
         row.update(step_spans(samples, marks))
         if gpu_clocks:
             row["gpu_clocks"] = clock_summary
+            if "trace" in clock_summary:  # which steps ran at lower clocks
+                clock_summary["per_step"] = clocks_per_step(
+                    clock_summary["trace"], finished_s, row["step_ms_device"]
+                )
         peak_mem = torch.cuda.max_memory_allocated() / 2**30
         if profile_steps:  # where the step's time goes: device busy vs wall, the heaviest kernels
             p = device_profile(
@@ -336,8 +363,13 @@ def main():
     parser.add_argument("--seqlens", default="1024,4096,8192,16384")
     parser.add_argument("--impls", default="eager,sdpa_flash,sdpa_cudnn,triton")
     parser.add_argument("--tokens-per-step", type=int, default=16384)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="steps before the kernel-name pass (compile, autotune)"
+    )
+    parser.add_argument("--warmup-s", type=float, default=2.0,
+                        help="then seconds of un-timed steps right before the timed ones: the GPU's power cap "
+                        "and clock settle (see the top)")  # fmt: skip
     parser.add_argument(
         "--compile", choices=("blocks", "model", "none"), default="blocks",
         help="torch.compile each block (as trainer.compile=true), the whole model, or nothing",
@@ -438,6 +470,7 @@ def run_row(args, model_name, seqlen, impl, peak) -> dict:
             args.profile_ops,
             args.kernel_callers,
             args.gpu_clocks,
+            args.warmup_s,
         )
     except Exception as e:  # one failing row must not lose the others
         if not is_oom(e):

@@ -377,23 +377,42 @@ def profile_table(
             f.write("\n".join(lines) + "\n")
 
 
+# What `gpu_clock_log` asks nvidia-smi for: a timestamp (to place each sample against the timed steps), the SM
+# clock, the power draw, the temperature and the driver's reasons for holding the clock down (a bit mask:
+# power cap, thermal slowdown, ...). Drivers that refuse a field get the first three's older pair.
+CLOCK_FIELDS = ("timestamp", "clocks.sm", "power.draw", "temperature.gpu", "clocks_throttle_reasons.active")
+CLOCK_FIELDS_FALLBACK = ("clocks.sm", "power.draw")
+# nvidia-smi's names for the bits of clocks_throttle_reasons.active (NVML's nvmlClocksEventReason*)
+SLOWDOWN_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+    0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
+}  # fmt: skip
+
+
 @contextlib.contextmanager
 def gpu_clock_log(interval_ms: int = 100):
-    """Sample the current CUDA device's SM clock (MHz) and power draw (W) with nvidia-smi every interval_ms
-    while the block runs. Yields a dict that is filled on exit with `clock_summary`'s figures, or with
-    "error" saying why there are none (no nvidia-smi, or it failed): a training step that runs at the power
-    cap shows as SM clocks under the GPU's boost clock. (nvidia-smi is a separate process: it costs the
-    host a little CPU every interval.)"""
+    """Sample the current CUDA device's SM clock (MHz), power draw (W), temperature and slowdown reasons with
+    nvidia-smi every interval_ms while the block runs. Yields a dict that is filled on exit with
+    `clock_summary`'s figures, or with "error" saying why there are none (no nvidia-smi, or it failed): a
+    training step that runs at the power cap shows as SM clocks under the GPU's boost clock, and as
+    "sw_power_cap" among the reasons. (nvidia-smi is a separate process: it costs the host a little CPU
+    every interval, and it samples less often than asked, ~3 times a second on the lent H200s.)"""
     summary: dict = {}
     # (the device by UUID: CUDA_VISIBLE_DEVICES renumbers devices for torch, not for nvidia-smi; torch
     # versions differ in whether the UUID's string has nvidia-smi's "GPU-" prefix)
     uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
     uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-    cmd = ["nvidia-smi", "-i", uuid, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-           f"--loop-ms={interval_ms}"]  # fmt: skip
-    try:
-        sampler = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    except OSError as e:
+
+    def query(fields):
+        return ["nvidia-smi", "-i", uuid, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+
+    try:  # one sample first: does this driver know every field?
+        probe = subprocess.run(query(CLOCK_FIELDS), capture_output=True, text=True, timeout=20)
+        fields = CLOCK_FIELDS if "error" not in clock_summary(probe.stdout) else CLOCK_FIELDS_FALLBACK
+        sampler = subprocess.Popen(
+            [*query(fields), f"--loop-ms={interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
         summary["error"] = f"nvidia-smi did not start: {e}"
         yield summary
         return
@@ -405,26 +424,73 @@ def gpu_clock_log(interval_ms: int = 100):
         summary.update(clock_summary(output))
 
 
+def _clock_sample(line: str) -> tuple | None:
+    """(epoch seconds or None, SM MHz, W, degrees C or None, slowdown bit mask or None) from one line of
+    CLOCK_FIELDS (or CLOCK_FIELDS_FALLBACK's pair); None for a line that is not a sample."""
+    parts = [p.strip() for p in line.split(",")]
+    try:
+        if len(parts) == 2:
+            return None, float(parts[0]), float(parts[1]), None, None
+        if len(parts) == 5:
+            # (nvidia-smi prints the machine's local time, which .timestamp() reads the same way)
+            stamp = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            return stamp, float(parts[1]), float(parts[2]), float(parts[3]), int(parts[4], 16)
+    except ValueError:
+        pass
+    return None
+
+
 def clock_summary(output: str) -> dict:
-    """The figures of nvidia-smi's "clocks.sm, power.draw" CSV lines (no header, no units): sample count,
-    SM clock MHz median / min / max, power W median / max. Lines that are not two numbers are skipped;
-    with no sample, "error" holds the output's first line."""
-    samples = []
-    for line in output.splitlines():
-        try:
-            clock, power = (float(x) for x in line.split(","))
-        except ValueError:
-            continue
-        samples.append((clock, power))
+    """The figures of nvidia-smi's CLOCK_FIELDS lines (no header, no units): sample count, SM clock MHz
+    median / min / max, power W median / max, and where the driver gave them the temperature's median /
+    max, how many samples named each slowdown reason (SLOWDOWN_REASONS) and every sample as [epoch s, MHz,
+    W, C, mask] ("trace", for `clocks_per_step`). Lines that are not samples are skipped; with no sample,
+    "error" holds the output's first line."""
+    samples = [s for s in map(_clock_sample, output.splitlines()) if s is not None]
     if not samples:
         first = output.strip().splitlines()[0] if output.strip() else "no output"
         return {"error": f"no clock samples from nvidia-smi: {first[:200]}"}
-    clocks, powers = zip(*samples, strict=True)
-    return {
+    stamps, clocks, powers, temps, masks = zip(*samples, strict=True)
+    summary = {
         "samples": len(samples),
         "sm_clock_mhz": [statistics.median(clocks), min(clocks), max(clocks)],
         "power_w": [statistics.median(powers), max(powers)],
     }
+    if None not in stamps:
+        reasons = {
+            name: sum(bool(m & bit) for m in masks) for bit, name in SLOWDOWN_REASONS.items() if any(m & bit for m in masks)
+        }  # fmt: skip
+        summary.update(
+            temperature_c=[statistics.median(temps), max(temps)],
+            slowdown_reasons=reasons,
+            trace=[[round(t, 3), c, w, d, m] for t, c, w, d, m in samples],
+        )
+    return summary
+
+
+def clocks_per_step(trace: list, end_s: float, step_ms: list[float]) -> list:
+    """Each step's SM clock and power from a `clock_summary` trace: [median MHz, median W, slowdown bit
+    masks or-ed] of the samples inside the step's device window, or None where none fell in it. The
+    windows are laid back to back, ending at end_s (epoch seconds, taken when the last step had
+    finished on the device), each as long as the step's device time; the first steps' windows are only
+    as good as that (host stalls between steps shift them)."""
+    windows, end = [], end_s
+    for ms in reversed(step_ms):
+        windows.append((end - ms / 1000, end))
+        end -= ms / 1000
+    per_step = []
+    for start, stop in reversed(windows):
+        inside = [s for s in trace if start <= s[0] < stop]
+        if not inside:
+            per_step.append(None)
+            continue
+        mask = 0
+        for s in inside:
+            mask |= s[4]
+        per_step.append(
+            [statistics.median(s[1] for s in inside), statistics.median(s[2] for s in inside), hex(mask)]
+        )
+    return per_step
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -174,16 +174,20 @@ sys.argv = ['benchmarks/bench_train.py', *sys.argv[1:]]
 runpy.run_path('benchmarks/bench_train.py', run_name='__main__')
 " "$@"
 }
-# Per bench_train.py results file: its row's tokens/s and error, each timed step's host and device ms (median,
-# max) with, where recorded, the CPU medians and the three slowest steps (host ms, main-thread CPU ms, other
-# threads' CPU ms, busy cores), and the GPU's clocks where sampled (--gpu-clocks)
+# Per row of each bench_train.py results file: its tokens/s and error, each timed step's host and device ms
+# (median, max; with --gpu-clocks every step's device ms) with, where recorded, the CPU medians and the three
+# slowest steps (host ms, main-thread CPU ms, other threads' CPU ms, busy cores), and the GPU's clocks where
+# sampled (--gpu-clocks: the run's, and each step's [MHz, W, slowdown reasons])
 train_rows() { python -c "
 import json, statistics as st, sys
 for f in sys.argv[1:]:
-    r = json.load(open(f))['rows'][0]
+  for r in json.load(open(f))['rows']:
     h, d = r.get('step_ms_host', []), r.get('step_ms_device', [])
-    print(f.split('/')[-1], round(r.get('tokens_per_s', 0)), 'host med/max', st.median(h) if h else '-', max(h, default='-'),
-          'device med/max', st.median(d) if d else '-', max(d, default='-'), r.get('gpu_clocks', ''), r.get('error', ''))
+    print(f.split('/')[-1], r.get('impl'), round(r.get('tokens_per_s', 0)), 'host med/max', st.median(h) if h else '-',
+          max(h, default='-'), 'device med/max', st.median(d) if d else '-', max(d, default='-'), r.get('error', ''))
+    clocks = {k: v for k, v in r.get('gpu_clocks', {}).items() if k != 'trace'}
+    if clocks:
+        print('   clocks', clocks, '\n   device ms', d)
     if 'step_cpu_ms_main' in r:
         cols = [h, r['step_cpu_ms_main'], r['step_cpu_ms_other_threads'], r['step_busy_cores']]
         print('   median', [st.median(c) if None not in c else None for c in cols],

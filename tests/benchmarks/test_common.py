@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from benchmarks import common
@@ -86,6 +88,22 @@ def test_gpu_clock_log_says_when_nvidia_smi_is_missing(monkeypatch, one_fake_cud
     assert summary["error"].startswith("nvidia-smi did not start")
 
 
+def fake_nvidia_smi(tmp_path, monkeypatch, samples: str, refuse: str = "") -> None:
+    """An nvidia-smi on PATH that records its arguments (one line a run), refuses a --query-gpu holding
+    `refuse` as the real one refuses a field it does not know, prints `samples` and, when asked to loop,
+    runs until terminated."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tmp_path}/calls\n'
+        f'case "$*" in *"{refuse or "never"}"*) echo "Field is not a valid field to query."; exit 2;; esac\n'
+        f"printf '{samples}'\n"
+        'case "$*" in *--loop-ms*) exec sleep 30;; esac\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+
 def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(
     monkeypatch, tmp_path, one_fake_cuda_device
 ):
@@ -93,16 +111,58 @@ def test_gpu_clock_log_samples_the_device_by_uuid_until_the_block_ends(
 
     from benchmarks import common
 
-    fake = tmp_path / "nvidia-smi"  # prints two samples, then runs until terminated
-    fake.write_text(
-        f'#!/bin/sh\necho "$2" > {tmp_path}/device\necho "1980, 690.5"\necho "1800, 700"\nexec sleep 30\n'
-    )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    lines = "2026/12/01 14:00:00.250, 1980, 690.5, 41, 0x0000000000000000\\n"
+    lines += "2026/12/01 14:00:00.550, 1800, 700, 43, 0x0000000000000004\\n"
+    fake_nvidia_smi(tmp_path, monkeypatch, lines)
     with common.gpu_clock_log() as summary:
         time.sleep(0.5)  # (the fake's output arrives while the block runs)
-    assert (tmp_path / "device").read_text().strip() == "GPU-58f8-aa"
+    probe, loop = (tmp_path / "calls").read_text().splitlines()
+    assert probe.startswith(
+        "-i GPU-58f8-aa --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_"
+    )
+    assert loop == f"{probe} --loop-ms=100"
+    start = datetime.datetime(2026, 12, 1, 14, 0, 0, 250000).timestamp()
+    assert summary == {
+        "samples": 2,
+        "sm_clock_mhz": [1890.0, 1800.0, 1980.0],
+        "power_w": [695.25, 700.0],
+        "temperature_c": [42.0, 43.0],
+        "slowdown_reasons": {"sw_power_cap": 1},
+        "trace": [[round(start, 3), 1980.0, 690.5, 41.0, 0], [round(start + 0.3, 3), 1800.0, 700.0, 43.0, 4]],
+    }
+
+
+def test_gpu_clock_log_falls_back_to_clock_and_power_where_the_driver_refuses_a_field(
+    monkeypatch, tmp_path, one_fake_cuda_device
+):
+    import time
+
+    from benchmarks import common
+
+    fake_nvidia_smi(tmp_path, monkeypatch, "1980, 690.5\\n1800, 700\\n", refuse="clocks_throttle_reasons")
+    with common.gpu_clock_log() as summary:
+        time.sleep(0.5)
+    loop = (tmp_path / "calls").read_text().splitlines()[1]
+    assert loop.endswith("--query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits --loop-ms=100")
     assert summary == {"samples": 2, "sm_clock_mhz": [1890.0, 1800.0, 1980.0], "power_w": [695.25, 700.0]}
+
+
+def test_clocks_per_step_places_samples_in_each_steps_device_window():
+    from benchmarks.common import clocks_per_step
+
+    # three steps of 100 / 200 / 100 ms ending at t = 10.4 s: windows [10.0, 10.1), [10.1, 10.3), [10.3, 10.4)
+    trace = [
+        [9.95, 1980.0, 600.0, 40.0, 0],  # before the first step
+        [10.05, 1700.0, 690.0, 41.0, 4],
+        [10.15, 1800.0, 680.0, 41.0, 0],
+        [10.25, 1900.0, 650.0, 42.0, 0x20],
+        [10.45, 1980.0, 300.0, 42.0, 0],  # after the last
+    ]
+    assert clocks_per_step(trace, 10.4, [100.0, 200.0, 100.0]) == [
+        [1700.0, 690.0, "0x4"],
+        [1850.0, 665.0, "0x20"],
+        None,
+    ]
 
 
 def test_with_settings_sets_for_the_call_and_puts_back():
