@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 80's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s80.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s80/callN/.
+#   1: session 79's part 2 again (its results were lost with that session): the GQA model (GPT-2 medium's width
+#      in 8 heads of 128 on 2) at 2k replayed from CUDA graphs, cuDNN and ours twice each, and GPT-2 medium's
+#      width in 8 heads of 128 at 1k the same way, the GPU's clocks sampled step by step
+#   2: bench_train.py's new defaults (30 timed steps after 2 s of un-timed ones) on the GQA model at 2k eagerly,
+#      cuDNN and ours twice each: do the rows of one run now agree within ~1%?
+#   3: d128 MHA (16 heads) fwd+bwd against SDPA cuDNN at the three points that missed 1.05x in session 63's run
+#      (causal 64k, full 4k and 16k) and causal 4k / 16k beside them, on today's tree (sessions 64-78 changed the
+#      forward's tiles and the backward's buffers), five rounds
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  train_table 330 5 train_gqa_2k_graphs --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --compile-mode reduce-overhead --gpu-clocks --warmup 6
+  train_rows "$R/train_gqa_2k_graphs.json"
+  train_table 180 3 train_d128_1k_graphs --models gpt2_medium_d128 --seqlens 1024 \
+    --impls sdpa_cudnn,triton --compile-mode reduce-overhead --gpu-clocks --warmup 6
+  train_rows "$R/train_d128_1k_graphs.json"
+  ;;
+2)
+  train_table 400 5 train_gqa_2k_defaults --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
+  train_rows "$R/train_gqa_2k_defaults.json"
+  ;;
+3)
+  for causal in yes no; do
+    timeout -s KILL 240 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal \
+      --seqlens $([ $causal = yes ] && echo 4096 16384 65536 || echo 4096 16384) --rounds 5 \
+      --out "$R/ab_cudnn_d128_mha_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  ;;
+esac
