@@ -235,27 +235,28 @@ def bench_one(
         for _ in range(warmup):
             step()
         names = kernel_names(step) if marker is not None else []
-        row["settle_steps"] = run_for(step, warmup_s)  # (the GPU's power and clock settled, see the top)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        # each step's host time and device time (events between steps), so a run that is slow overall
-        # can be told apart from one step that stalled
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap; the GPU's
-        # clock and power sampled beside the timed steps when asked
+        # the GPU's clock and power sampled beside the timed steps when asked (the sampler starts before
+        # the settle steps: its start idles the GPU ~1 s)
         clocks = gpu_clock_log() if gpu_clocks else contextlib.nullcontext({})
-        with scheduled_gc(gc_every) as collect_after, clocks as clock_summary:
-            samples = [host_sample()]
-            start = samples[0][0]
-            marks[0].record()
-            for i in range(steps):
-                loss = step()
-                collect_after(i + 1)
-                marks[i + 1].record()
-                samples.append(host_sample())
-            loss.item()  # host-device sync: all steps finished
-            elapsed = time.perf_counter() - start
-            finished_s = time.time()  # (epoch seconds, as the clock samples' timestamps)
+        with clocks as clock_summary:
+            row["settle_steps"] = run_for(step, warmup_s)  # (the GPU's power and clock settled, see the top)
+            torch.cuda.reset_peak_memory_stats()
+            # each step's host time and device time (events between steps), so a run that is slow overall
+            # can be told apart from one step that stalled
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+            clock_summary["window_start_s"] = time.time()  # (the clock figures describe the timed steps)
+            with scheduled_gc(gc_every) as collect_after:  # (trainer.gc_every's schedule, from a clean heap)
+                samples = [host_sample()]
+                start = samples[0][0]
+                marks[0].record()
+                for i in range(steps):
+                    loss = step()
+                    collect_after(i + 1)
+                    marks[i + 1].record()
+                    samples.append(host_sample())
+                loss.item()  # host-device sync: all steps finished
+                elapsed = time.perf_counter() - start
+                finished_s = time.time()  # (epoch seconds, as the clock samples' timestamps)
         row.update(step_spans(samples, marks))
         if gpu_clocks:
             row["gpu_clocks"] = clock_summary

@@ -396,7 +396,11 @@ def gpu_clock_log(interval_ms: int = 100):
     `clock_summary`'s figures, or with "error" saying why there are none (no nvidia-smi, or it failed): a
     training step that runs at the power cap shows as SM clocks under the GPU's boost clock, and as
     "sw_power_cap" among the reasons. (nvidia-smi is a separate process: it costs the host a little CPU
-    every interval, and it samples less often than asked, ~3 times a second on the lent H200s.)"""
+    every interval, and it samples less often than asked, ~3 times a second on the lent H200s.)
+
+    Starting it takes nvidia-smi ~1 s, in which the host launches nothing and the GPU idles and cools: start
+    it before the steps that warm the GPU, then set summary["window_start_s"] (epoch seconds) where the
+    steps to describe begin; samples taken before it are left out of the figures."""
     summary: dict = {}
     # (the device by UUID: CUDA_VISIBLE_DEVICES renumbers devices for torch, not for nvidia-smi; torch
     # versions differ in whether the UUID's string has nvidia-smi's "GPU-" prefix)
@@ -415,13 +419,14 @@ def gpu_clock_log(interval_ms: int = 100):
     except (OSError, subprocess.TimeoutExpired) as e:
         summary["error"] = f"nvidia-smi did not start: {e}"
         yield summary
+        summary.pop("window_start_s", None)
         return
     try:
         yield summary
     finally:
         sampler.terminate()
         output, _ = sampler.communicate()
-        summary.update(clock_summary(output))
+        summary.update(clock_summary(output, since_s=summary.pop("window_start_s", None)))
 
 
 def _clock_sample(line: str) -> tuple | None:
@@ -440,13 +445,15 @@ def _clock_sample(line: str) -> tuple | None:
     return None
 
 
-def clock_summary(output: str) -> dict:
+def clock_summary(output: str, since_s: float | None = None) -> dict:
     """The figures of nvidia-smi's CLOCK_FIELDS lines (no header, no units): sample count, SM clock MHz
     median / min / max, power W median / max, and where the driver gave them the temperature's median /
     max, how many samples named each slowdown reason (SLOWDOWN_REASONS) and every sample as [epoch s, MHz,
-    W, C, mask] ("trace", for `clocks_per_step`). Lines that are not samples are skipped; with no sample,
-    "error" holds the output's first line."""
+    W, C, mask] ("trace", for `clocks_per_step`). Lines that are not samples are skipped, and with since_s
+    (epoch seconds) samples stamped before it; with no sample, "error" holds the output's first line."""
     samples = [s for s in map(_clock_sample, output.splitlines()) if s is not None]
+    if since_s is not None:  # (samples without a stamp, CLOCK_FIELDS_FALLBACK's, cannot be placed: kept)
+        samples = [s for s in samples if s[0] is None or s[0] >= since_s]
     if not samples:
         first = output.strip().splitlines()[0] if output.strip() else "no output"
         return {"error": f"no clock samples from nvidia-smi: {first[:200]}"}

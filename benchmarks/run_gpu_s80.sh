@@ -9,6 +9,10 @@
 #   3: d128 MHA (16 heads) fwd+bwd against SDPA cuDNN at the three points that missed 1.05x in session 63's run
 #      (causal 64k, full 4k and 16k) and causal 4k / 16k beside them, on today's tree (sessions 64-78 changed the
 #      forward's tiles and the backward's buffers), five rounds
+#   4: calls 1-2: in every row the power rose from ~490 to ~690 W over the first ~12 timed steps and the SM clock
+#      dipped to 1400-1530 MHz as it reached the cap, 2 s of settle steps before them or not: nvidia-smi's start
+#      (~1 s, --gpu-clocks) came between the settle steps and the timed ones and idled the GPU. Part 2 again with
+#      the sampler started before the settle steps
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -31,5 +35,10 @@ case "${1:?part}" in
       --seqlens $([ $causal = yes ] && echo 4096 16384 65536 || echo 4096 16384) --rounds 5 \
       --out "$R/ab_cudnn_d128_mha_causal_$causal.json" 2>&1 | quiet | ratios
   done
+  ;;
+4)
+  train_table 400 5 train_gqa_2k_settled --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
+  train_rows "$R/train_gqa_2k_settled.json"
   ;;
 esac
