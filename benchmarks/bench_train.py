@@ -16,9 +16,9 @@ temperature and slowdown reasons the GPU ran at (nvidia-smi), run-wide and step 
 An H200 training GPT-2 medium runs at its power cap (~700 W): once the draw reaches it, the driver pulls
 the SM clock from 1980 MHz to 1400-1800 and keeps adjusting it, so a step takes 2-20% longer for a
 while. The timed steps therefore start only after `--warmup-s` seconds of un-timed steps right before
-them (the kernel-name pass between the warm-up and the timed steps idles the GPU), and there are 30 of
-them: with 10 steps and no such settling, the rows of one run varied by up to 6% with the same kernels
-(benchmarks/RESULTS.md, session 79).
+them, after everything that idles the GPU for a while (the kernel-name pass, the gc schedule's first full
+collection, nvidia-smi's start), and there are 30 of them: with 10 steps and no such settling, the rows of
+one run varied by up to 6% with the same kernels (benchmarks/RESULTS.md, sessions 79-80).
 
     python benchmarks/bench_train.py --models gpt2_small,gpt2_medium --seqlens 1024,4096,8192,16384
     python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
@@ -130,14 +130,17 @@ def kernel_names(step) -> list[str]:
     return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
-def run_for(step, seconds: float) -> int:
-    """Run step until `seconds` of wall time have passed and the device has finished them; returns how
-    many ran (none for seconds <= 0)."""
+def run_for(step, seconds: float, after_step=None) -> int:
+    """Run step until `seconds` of wall time have passed and the device has finished them, calling
+    after_step(n) after the n-th (as the timed steps call the gc schedule's); returns how many ran (none
+    for seconds <= 0)."""
     torch.cuda.synchronize()
     start, ran = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         step()
         ran += 1
+        if after_step is not None:
+            after_step(ran)
     torch.cuda.synchronize()
     return ran
 
@@ -235,28 +238,29 @@ def bench_one(
         for _ in range(warmup):
             step()
         names = kernel_names(step) if marker is not None else []
-        # the GPU's clock and power sampled beside the timed steps when asked (the sampler starts before
-        # the settle steps: its start idles the GPU ~1 s)
+        # garbage collection on the trainer's schedule (trainer.gc_every), from a clean heap, and the GPU's
+        # clock and power sampled beside the timed steps when asked: both start before the settle steps (a
+        # full collection after compiling, and nvidia-smi's start, each idle the GPU for up to a second)
         clocks = gpu_clock_log() if gpu_clocks else contextlib.nullcontext({})
-        with clocks as clock_summary:
-            row["settle_steps"] = run_for(step, warmup_s)  # (the GPU's power and clock settled, see the top)
+        with scheduled_gc(gc_every) as collect_after, clocks as clock_summary:
+            # (the GPU's power and clock settled, see the top)
+            row["settle_steps"] = run_for(step, warmup_s, after_step=collect_after)
             torch.cuda.reset_peak_memory_stats()
             # each step's host time and device time (events between steps), so a run that is slow overall
             # can be told apart from one step that stalled
             marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
             clock_summary["window_start_s"] = time.time()  # (the clock figures describe the timed steps)
-            with scheduled_gc(gc_every) as collect_after:  # (trainer.gc_every's schedule, from a clean heap)
-                samples = [host_sample()]
-                start = samples[0][0]
-                marks[0].record()
-                for i in range(steps):
-                    loss = step()
-                    collect_after(i + 1)
-                    marks[i + 1].record()
-                    samples.append(host_sample())
-                loss.item()  # host-device sync: all steps finished
-                elapsed = time.perf_counter() - start
-                finished_s = time.time()  # (epoch seconds, as the clock samples' timestamps)
+            samples = [host_sample()]
+            start = samples[0][0]
+            marks[0].record()
+            for i in range(steps):
+                loss = step()
+                collect_after(i + 1)
+                marks[i + 1].record()
+                samples.append(host_sample())
+            loss.item()  # host-device sync: all steps finished
+            elapsed = time.perf_counter() - start
+            finished_s = time.time()  # (epoch seconds, as the clock samples' timestamps)
         row.update(step_spans(samples, marks))
         if gpu_clocks:
             row["gpu_clocks"] = clock_summary

@@ -400,7 +400,7 @@ def gpu_clock_log(interval_ms: int = 100):
 
     Starting it takes nvidia-smi ~1 s, in which the host launches nothing and the GPU idles and cools: start
     it before the steps that warm the GPU, then set summary["window_start_s"] (epoch seconds) where the
-    steps to describe begin; samples taken before it are left out of the figures."""
+    steps to describe begin: the figures leave out samples taken before it, the trace keeps them."""
     summary: dict = {}
     # (the device by UUID: CUDA_VISIBLE_DEVICES renumbers devices for torch, not for nvidia-smi; torch
     # versions differ in whether the UUID's string has nvidia-smi's "GPU-" prefix)
@@ -419,14 +419,13 @@ def gpu_clock_log(interval_ms: int = 100):
     except (OSError, subprocess.TimeoutExpired) as e:
         summary["error"] = f"nvidia-smi did not start: {e}"
         yield summary
-        summary.pop("window_start_s", None)
         return
     try:
         yield summary
     finally:
         sampler.terminate()
         output, _ = sampler.communicate()
-        summary.update(clock_summary(output, since_s=summary.pop("window_start_s", None)))
+        summary.update(clock_summary(output, since_s=summary.get("window_start_s")))
 
 
 def _clock_sample(line: str) -> tuple | None:
@@ -449,11 +448,12 @@ def clock_summary(output: str, since_s: float | None = None) -> dict:
     """The figures of nvidia-smi's CLOCK_FIELDS lines (no header, no units): sample count, SM clock MHz
     median / min / max, power W median / max, and where the driver gave them the temperature's median /
     max, how many samples named each slowdown reason (SLOWDOWN_REASONS) and every sample as [epoch s, MHz,
-    W, C, mask] ("trace", for `clocks_per_step`). Lines that are not samples are skipped, and with since_s
-    (epoch seconds) samples stamped before it; with no sample, "error" holds the output's first line."""
-    samples = [s for s in map(_clock_sample, output.splitlines()) if s is not None]
-    if since_s is not None:  # (samples without a stamp, CLOCK_FIELDS_FALLBACK's, cannot be placed: kept)
-        samples = [s for s in samples if s[0] is None or s[0] >= since_s]
+    W, C, mask] ("trace", for `clocks_per_step`). Lines that are not samples are skipped; with since_s
+    (epoch seconds) the figures leave out samples stamped before it, the trace keeps them. With no sample
+    (in the window), "error" holds the output's first line."""
+    every_sample = [s for s in map(_clock_sample, output.splitlines()) if s is not None]
+    # (samples without a stamp, CLOCK_FIELDS_FALLBACK's, cannot be placed: kept)
+    samples = [s for s in every_sample if since_s is None or s[0] is None or s[0] >= since_s]
     if not samples:
         first = output.strip().splitlines()[0] if output.strip() else "no output"
         return {"error": f"no clock samples from nvidia-smi: {first[:200]}"}
@@ -470,7 +470,7 @@ def clock_summary(output: str, since_s: float | None = None) -> dict:
         summary.update(
             temperature_c=[statistics.median(temps), max(temps)],
             slowdown_reasons=reasons,
-            trace=[[round(t, 3), c, w, d, m] for t, c, w, d, m in samples],
+            trace=[[round(t, 3), c, w, d, m] for t, c, w, d, m in every_sample],
         )
     return summary
 

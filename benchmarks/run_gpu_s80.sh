@@ -13,6 +13,9 @@
 #      dipped to 1400-1530 MHz as it reached the cap, 2 s of settle steps before them or not: nvidia-smi's start
 #      (~1 s, --gpu-clocks) came between the settle steps and the timed ones and idled the GPU. Part 2 again with
 #      the sampler started before the settle steps
+#   5: call 4: the same ramp and dip, the sampler started first: the gc schedule's first full collection (after
+#      compiling, millions of objects) also came between the settle and the timed steps. Part 4 again with both
+#      started before the settle steps (the trace now keeps the settle steps' samples too)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -40,5 +43,10 @@ case "${1:?part}" in
   train_table 400 5 train_gqa_2k_settled --models gpt2_medium_d128_gqa --seqlens 2048 \
     --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
   train_rows "$R/train_gqa_2k_settled.json"
+  ;;
+5)
+  train_table 400 5 train_gqa_2k_gc_first --models gpt2_medium_d128_gqa --seqlens 2048 \
+    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
+  train_rows "$R/train_gqa_2k_gc_first.json"
   ;;
 esac

@@ -97,3 +97,14 @@ def test_run_for_steps_until_the_time_has_passed_and_the_device_has_finished(mon
         time.perf_counter() - start >= 0.1 and ran == len(steps) and 1 <= ran <= 11
     )  # (each step sleeps at least 10 ms)
     assert syncs[-1] == ran  # the last wait comes after every step
+
+
+def test_run_for_calls_after_step_with_each_steps_number(monkeypatch):
+    import torch
+
+    from benchmarks.bench_train import run_for
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    after = []
+    ran = run_for(lambda: None, 0.02, after_step=after.append)
+    assert ran >= 1 and after == list(range(1, ran + 1))
