@@ -16,6 +16,9 @@
 #   5: call 4: the same ramp and dip, the sampler started first: the gc schedule's first full collection (after
 #      compiling, millions of objects) also came between the settle and the timed steps. Part 4 again with both
 #      started before the settle steps (the trace now keeps the settle steps' samples too)
+#   6: call 5: power 683-698 W and SM clock 1650-1920 MHz through every row's timed steps, no dip; cuDNN's two
+#      rows 200.6k / 200.6k tokens/s, ours 206.1k / 205.1k. The issue's end-to-end points on that harness:
+#      GPT-2 medium at 1k and 8k and GPT-2 small at 1k, cuDNN and ours
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -48,5 +51,10 @@ case "${1:?part}" in
   train_table 400 5 train_gqa_2k_gc_first --models gpt2_medium_d128_gqa --seqlens 2048 \
     --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
   train_rows "$R/train_gqa_2k_gc_first.json"
+  ;;
+6)
+  train_table 420 7 train_issue_points --models gpt2_medium,gpt2_small --seqlens 1024,8192 \
+    --impls sdpa_cudnn,triton --gpu-clocks
+  train_rows "$R/train_issue_points.json" | grep -v "^   "
   ;;
 esac
