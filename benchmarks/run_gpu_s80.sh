@@ -53,8 +53,8 @@ case "${1:?part}" in
   train_rows "$R/train_gqa_2k_gc_first.json"
   ;;
 6)
-  train_table 420 7 train_issue_points --models gpt2_medium,gpt2_small --seqlens 1024,8192 \
-    --impls sdpa_cudnn,triton --gpu-clocks
-  train_rows "$R/train_issue_points.json" | grep -v "^   "
+  train_table 260 4 train_issue_medium --models gpt2_medium --seqlens 1024,8192 --impls sdpa_cudnn,triton --gpu-clocks
+  train_table 130 2 train_issue_small --models gpt2_small --seqlens 1024 --impls sdpa_cudnn,triton --gpu-clocks
+  train_rows "$R"/train_issue_*.json | grep -v "^   "
   ;;
 esac
