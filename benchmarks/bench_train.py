@@ -13,12 +13,13 @@ short-context row is often bound by the host, whose speed varies between process
 and these tell such a run from one whose device work is slow. `--gpu-clocks` adds the SM clock, power,
 temperature and slowdown reasons the GPU ran at (nvidia-smi), run-wide and step by step.
 
-An H200 training GPT-2 medium runs at its power cap (~700 W): once the draw reaches it, the driver pulls
-the SM clock from 1980 MHz to 1400-1800 and keeps adjusting it, so a step takes 2-20% longer for a
-while. The timed steps therefore start only after `--warmup-s` seconds of un-timed steps right before
-them, after everything that idles the GPU for a while (the kernel-name pass, the gc schedule's first full
-collection, nvidia-smi's start), and there are 30 of them: with 10 steps and no such settling, the rows of
-one run varied by up to 6% with the same kernels (benchmarks/RESULTS.md, sessions 79-80).
+An H200 training GPT-2 medium runs at its power cap (~690-700 W). After the GPU has idled for a second
+the draw climbs back to the cap over ~1 s, and as it reaches it the driver pulls the SM clock from
+~1900 MHz to 1400-1500 for a step or two (steps 10-20% longer). The timed steps therefore start only
+after `--warmup-s` seconds of un-timed steps right before them, which come after everything that idles
+the GPU (the kernel-name pass, the gc schedule's first full collection, nvidia-smi's start), and there
+are 30 of them. Without that the rows of one run, same kernels, differed by up to 1.6% where the host
+kept pace; with it by 0.03-0.5% (benchmarks/RESULTS.md, sessions 79-80).
 
     python benchmarks/bench_train.py --models gpt2_small,gpt2_medium --seqlens 1024,4096,8192,16384
     python benchmarks/bench_train.py --models gpt2_medium --seqlens 8192 --impls triton \
