@@ -19,6 +19,9 @@
 #   6: call 5: power 683-698 W and SM clock 1650-1920 MHz through every row's timed steps, no dip; cuDNN's two
 #      rows 200.6k / 200.6k tokens/s, ours 206.1k / 205.1k. The issue's end-to-end points on that harness:
 #      GPT-2 medium at 1k and 8k and GPT-2 small at 1k, cuDNN and ours
+#   7: call 3 read d128 MHA 1.032-1.043x cuDNN where session 63's run had read 1.025-1.068: did the tree or the machine
+#      move? Session 63's kernels (ab_base/, carried, not committed: git archive 5860d85 kernels) against today's,
+#      fwd+bwd at the issue's causal and full 4k (batch 4, 16 heads), alternating processes, three rounds
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -56,5 +59,8 @@ case "${1:?part}" in
   train_table 260 4 train_issue_medium --models gpt2_medium --seqlens 1024,8192 --impls sdpa_cudnn,triton --gpu-clocks
   train_table 130 2 train_issue_small --models gpt2_small --seqlens 1024 --impls sdpa_cudnn,triton --gpu-clocks
   train_rows "$R"/train_issue_*.json | grep -v "^   "
+  ;;
+7)
+  trees_ab 200 3 ab_trees_s63_today 4,4096,16,16,128,1 4,4096,16,16,128,0
   ;;
 esac
