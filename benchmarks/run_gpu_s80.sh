@@ -23,6 +23,13 @@
 #      move? Session 63's kernels (ab_base/, carried, not committed: git archive 5860d85 kernels) against today's,
 #      fwd+bwd at the issue's causal and full 4k (batch 4, 16 heads), alternating processes, three rounds
 source "$(dirname "$0")/gpu_call.sh"
+# The GQA model at 2k eagerly, cuDNN and ours twice each, clocks sampled: $R/NAME.json, every row printed (parts 2,
+# 4 and 5 ran it on the harness as each left it)
+gqa_2k_eager_rows() {  # gqa_2k_eager_rows NAME
+  train_table 400 5 "$1" --models gpt2_medium_d128_gqa --seqlens 2048 --impls sdpa_cudnn,triton,sdpa_cudnn,triton \
+    --gpu-clocks
+  train_rows "$R/$1.json"
+}
 machine_info
 case "${1:?part}" in
 1)
@@ -34,9 +41,7 @@ case "${1:?part}" in
   train_rows "$R/train_d128_1k_graphs.json"
   ;;
 2)
-  train_table 400 5 train_gqa_2k_defaults --models gpt2_medium_d128_gqa --seqlens 2048 \
-    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
-  train_rows "$R/train_gqa_2k_defaults.json"
+  gqa_2k_eager_rows train_gqa_2k_defaults
   ;;
 3)
   for causal in yes no; do
@@ -46,14 +51,10 @@ case "${1:?part}" in
   done
   ;;
 4)
-  train_table 400 5 train_gqa_2k_settled --models gpt2_medium_d128_gqa --seqlens 2048 \
-    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
-  train_rows "$R/train_gqa_2k_settled.json"
+  gqa_2k_eager_rows train_gqa_2k_settled
   ;;
 5)
-  train_table 400 5 train_gqa_2k_gc_first --models gpt2_medium_d128_gqa --seqlens 2048 \
-    --impls sdpa_cudnn,triton,sdpa_cudnn,triton --gpu-clocks
-  train_rows "$R/train_gqa_2k_gc_first.json"
+  gqa_2k_eager_rows train_gqa_2k_gc_first
   ;;
 6)
   train_table 260 4 train_issue_medium --models gpt2_medium --seqlens 1024,8192 --impls sdpa_cudnn,triton --gpu-clocks
