@@ -14,21 +14,39 @@ default (check_determinism.py, results/s44/call1). Under `torch.use_deterministi
 refuses cuDNN and runs deterministic variants of the other two; `--torch-deterministic` times ours
 (deterministic) against those, with the switch on. `--two-kernels` adds ours deterministic with the ordered
 one-kernel backward off (the two deterministic kernels, FLASHTRAIN_ORDERED_BWD=0's route), alternating.
+
+The H200s we time on sit at their software power cap (~690-700 W) under these calls, and the power controller
+moves the SM clock over about a second; `time_ms` warms a call up for 25 ms and times it for 100, inside that
+scale. `--settle-ms S` runs each call back to back for S ms right before its timing (at the draw of that call),
+`--rep-ms` times it for longer, and `--gpu-clocks` samples the clock and power (nvidia-smi) and gives each
+impl's median over its timed windows: whether one impl ran at lower clocks than another.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
-from benchmarks.common import print_summary, rotated, time_ms, with_settings, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    clocks_in_window,
+    gpu_clock_log,
+    print_summary,
+    rotated,
+    run_for,
+    time_ms,
+    with_settings,
+    write_results,
+)
 from kernels import _flash_bwd, _flash_bwd_fused_hopper  # noqa: E402
 
 # name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
@@ -42,6 +60,16 @@ ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 # (--gqa-kernel-group N: ours, the GQA route's programs at N query heads each, `_flash_bwd.ORDERED_GQA_KERNEL_GROUP`)
 KERNEL_GROUP_PREFIX = "ours_gqa_kernel_group_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """How each call is timed: settle_ms of back-to-back calls first, then `time_ms` over rep_ms; with
+    gpu_clocks the SM clock and power sampled beside the timings."""
+
+    settle_ms: float = 0.0
+    rep_ms: float = 100.0
+    gpu_clocks: bool = False
 
 
 def _calls(
@@ -116,13 +144,20 @@ def case(
     impls: dict = IMPLS,
     nheads: int | None = None,
     nheads_kv: int | None = None,
+    timing: Timing = Timing(),
 ) -> dict:
     calls = _calls(seqlen, headdim, causal, impls, nheads, nheads_kv)
     times = {(impl, what): [] for impl in impls for what in ("fwd", "fwdbwd")}
-    for r in range(rounds):
-        for impl in rotated(list(impls), r):
-            for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
-                times[(impl, what)].append(time_ms(fn))
+    windows = {key: [] for key in times}  # (epoch seconds each timing began and ended, for --gpu-clocks)
+    clocks = gpu_clock_log() if timing.gpu_clocks else contextlib.nullcontext({})
+    with clocks as clock_summary:
+        for r in range(rounds):
+            for impl in rotated(list(impls), r):
+                for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
+                    run_for(fn, timing.settle_ms / 1000)
+                    start = time.time()
+                    times[(impl, what)].append(time_ms(fn, rep_ms=timing.rep_ms))
+                    windows[(impl, what)].append((start, time.time()))
     batch, nheads = issue_shape(seqlen, headdim, nheads)
     flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds, batch=batch, nheads=nheads,
@@ -146,7 +181,28 @@ def case(
     for variant in (name for name in impls if name.startswith(KERNEL_GROUP_PREFIX)):
         key = f"{variant.removeprefix('ours_')}_over_ours_fwdbwd"
         row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
+    row.update(settle_ms=timing.settle_ms, rep_ms=timing.rep_ms)
+    if timing.gpu_clocks:
+        row["gpu_clocks"] = _clocks_per_impl(clock_summary, windows)
     return row
+
+
+def _clocks_per_impl(summary: dict, windows: dict) -> dict:
+    """Per impl and pass ("ours_fwdbwd"): [median MHz, median W] over the samples of its timed windows, and
+    each round's window's `clocks_in_window` (None where nvidia-smi took no sample in it); or the sampler's
+    error."""
+    if "trace" not in summary:
+        return {"error": summary.get("error", "no clock trace")}
+    figures = {}
+    for (impl, what), spans in windows.items():
+        inside = [s for s in summary["trace"] if any(start <= s[0] < stop for start, stop in spans)]
+        figures[f"{impl}_{what}"] = {
+            "median_mhz_w": [statistics.median(s[1] for s in inside), statistics.median(s[2] for s in inside)]
+            if inside
+            else None,
+            "per_round": [clocks_in_window(summary["trace"], start, stop) for start, stop in spans],
+        }
+    return figures
 
 
 def _ratio(theirs: list, mine: list) -> tuple[float, tuple[float, float]]:
@@ -185,8 +241,24 @@ def main() -> None:
                         help="heads (default: the issue's, 2048 / head dim); the batch stays the issue's")  # fmt: skip
     parser.add_argument("--nheads-kv", type=int, default=None,
                         help="K/V heads (GQA: SDPA with enable_gqa; default: as many as the query's)")  # fmt: skip
+    parser.add_argument("--deterministic-only", action="store_true",
+                        help="leave out ours_nondeterministic (deterministic=False) from the default impls")  # fmt: skip
+    parser.add_argument("--settle-ms", type=float, default=0.0,
+                        help="run each call back to back for this long right before timing it (the GPU's power "
+                        "and clock settled at that call's draw; the controller moves over ~1 s)")  # fmt: skip
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="how long time_ms times each call")
+    parser.add_argument("--gpu-clocks", action="store_true",
+                        help="sample the SM clock and power (nvidia-smi) and report each impl's median over its "
+                        "timed windows")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.settle_ms < 0 or args.rep_ms <= 0:
+        parser.error(
+            f"--settle-ms must be at least 0 and --rep-ms above 0, got {args.settle_ms} and {args.rep_ms}"
+        )
+    if args.deterministic_only and args.torch_deterministic:
+        parser.error("--deterministic-only leaves out ours_nondeterministic, which --torch-deterministic's impls "
+                     "do not have: give one of them")  # fmt: skip
     if args.nheads is not None and args.nheads < 1:
         parser.error(f"--nheads must be at least 1, got {args.nheads}")
     if args.nheads_kv is not None:
@@ -200,6 +272,8 @@ def main() -> None:
         _flash_bwd_fused_hopper.ORDERED_CAUSAL_KEY_GROUPS = args.ordered_causal_key_groups
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     impls = STRICT_IMPLS if args.torch_deterministic else IMPLS
+    if args.deterministic_only:
+        impls = {name: impl for name, impl in impls.items() if name != "ours_nondeterministic"}
     if args.two_kernels:
         impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
     if args.zero_filled:
@@ -219,7 +293,8 @@ def main() -> None:
     for headdim in args.headdims:
         for causal in causals:
             for seqlen in args.seqlens:
-                row = case(seqlen, headdim, causal, args.rounds, impls, args.nheads, args.nheads_kv)
+                timing = Timing(args.settle_ms, args.rep_ms, args.gpu_clocks)
+                row = case(seqlen, headdim, causal, args.rounds, impls, args.nheads, args.nheads_kv, timing)
                 print_summary(row)
                 rows.append(row)
                 write_results(args.out, rows, {"torch_deterministic": args.torch_deterministic})

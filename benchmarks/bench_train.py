@@ -49,6 +49,7 @@ from benchmarks.common import (  # noqa: E402
     host_profile,
     is_oom,
     markdown_table,
+    run_for,
     write_results,
 )
 from flashtrain.gc_schedule import scheduled_gc  # noqa: E402
@@ -129,21 +130,6 @@ def kernel_names(step) -> list[str]:
         step()
         torch.cuda.synchronize()
     return sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
-
-
-def run_for(step, seconds: float, after_step=None) -> int:
-    """Run step until `seconds` of wall time have passed and the device has finished them, calling
-    after_step(n) after the n-th (as the timed steps call the gc schedule's); returns how many ran (none
-    for seconds <= 0)."""
-    torch.cuda.synchronize()
-    start, ran = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
-        step()
-        ran += 1
-        if after_step is not None:
-            after_step(ran)
-    torch.cuda.synchronize()
-    return ran
 
 
 def chosen_attention_tiles() -> dict[str, list[str]]:

@@ -74,6 +74,21 @@ def mean_ms(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
     return start.elapsed_time(end) / reps
 
 
+def run_for(step, seconds: float, after_step=None) -> int:
+    """Run step until `seconds` of wall time have passed and the device has finished them, calling
+    after_step(n) after the n-th (as the timed steps call the gc schedule's); returns how many ran (none
+    for seconds <= 0)."""
+    torch.cuda.synchronize()
+    start, ran = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        step()
+        ran += 1
+        if after_step is not None:
+            after_step(ran)
+    torch.cuda.synchronize()
+    return ran
+
+
 def wall_ms(fn: Callable[[], object]) -> float:
     """Milliseconds of one call of fn by the host's clock, the GPU's queue drained before and after (a
     whole call with its host work: a generation, not a kernel)."""
@@ -485,19 +500,19 @@ def clocks_per_step(trace: list, end_s: float, step_ms: list[float]) -> list:
     for ms in reversed(step_ms):
         windows.append((end - ms / 1000, end))
         end -= ms / 1000
-    per_step = []
-    for start, stop in reversed(windows):
-        inside = [s for s in trace if start <= s[0] < stop]
-        if not inside:
-            per_step.append(None)
-            continue
-        mask = 0
-        for s in inside:
-            mask |= s[4]
-        per_step.append(
-            [statistics.median(s[1] for s in inside), statistics.median(s[2] for s in inside), hex(mask)]
-        )
-    return per_step
+    return [clocks_in_window(trace, start, stop) for start, stop in reversed(windows)]
+
+
+def clocks_in_window(trace: list, start_s: float, stop_s: float) -> list | None:
+    """[median MHz, median W, slowdown bit masks or-ed (hex)] of a `clock_summary` trace's samples stamped in
+    [start_s, stop_s) (epoch seconds), or None where none fell in it."""
+    inside = [s for s in trace if start_s <= s[0] < stop_s]
+    if not inside:
+        return None
+    mask = 0
+    for s in inside:
+        mask |= s[4]
+    return [statistics.median(s[1] for s in inside), statistics.median(s[2] for s in inside), hex(mask)]
 
 
 def is_oom(exc: BaseException) -> bool:

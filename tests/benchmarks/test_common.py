@@ -197,3 +197,33 @@ def test_with_settings_sets_for_the_call_and_puts_back():
     with pytest.raises(RuntimeError, match="inside"):
         common.with_settings(fails, module, A=3)()
     assert module.A == 1
+
+
+def test_run_for_steps_until_the_time_has_passed_and_the_device_has_finished(monkeypatch):
+    import time
+
+    import torch
+
+    from benchmarks.common import run_for
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(len(steps)))
+    steps = []
+    assert run_for(lambda: steps.append(time.sleep(0.01)), 0.0) == 0 and syncs == [0, 0]
+    start = time.perf_counter()
+    ran = run_for(lambda: steps.append(time.sleep(0.01)), 0.1)
+    assert (
+        time.perf_counter() - start >= 0.1 and ran == len(steps) and 1 <= ran <= 11
+    )  # (each step sleeps at least 10 ms)
+    assert syncs[-1] == ran  # the last wait comes after every step
+
+
+def test_run_for_calls_after_step_with_each_steps_number(monkeypatch):
+    import torch
+
+    from benchmarks.common import run_for
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    after = []
+    ran = run_for(lambda: None, 0.02, after_step=after.append)
+    assert ran >= 1 and after == list(range(1, ran + 1))
