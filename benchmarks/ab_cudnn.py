@@ -149,6 +149,11 @@ def case(
     calls = _calls(seqlen, headdim, causal, impls, nheads, nheads_kv)
     times = {(impl, what): [] for impl in impls for what in ("fwd", "fwdbwd")}
     windows = {key: [] for key in times}  # (epoch seconds each timing began and ended, for --gpu-clocks)
+    # every call built and tuned before anything is timed (the first round's windows had held the compile,
+    # the GPU idle and cooling meanwhile: results/s81/call1)
+    for fn in (fn for pair in calls.values() for fn in pair):
+        fn()
+    torch.cuda.synchronize()
     clocks = gpu_clock_log() if timing.gpu_clocks else contextlib.nullcontext({})
     with clocks as clock_summary:
         for r in range(rounds):

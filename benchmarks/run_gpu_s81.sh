@@ -6,10 +6,13 @@
 #      before 500 ms of timing (the power controller's ~1 s scale), the SM clock and power sampled beside the
 #      timings: do the per-round spreads (0.92-1.09 at 4k in session 80) narrow, where does the ratio land, and
 #      does one impl run at lower clocks than the other?
-#   2: the issue's end-to-end table on the settled harness (session 80): GPT-2 medium at 1k and 4k with eager
-#      attention, SDPA flash, SDPA cuDNN and ours, each row a fresh process, clocks sampled
-#   3: the same at 8k and 16k, SDPA flash, SDPA cuDNN and ours (eager attention's N x N scores ran out of memory
-#      there in sessions 55-56)
+#   2: call 1: settled, the per-round spreads narrowed to 1.02-1.07 (from 0.90-1.10) and the two impls ran at the
+#      same clocks and power; full 16k did not finish inside its limit, and each first round's window had held
+#      the compile (the GPU idle and cooling). ab_cudnn.py now builds every call before timing. Settled only,
+#      three rounds, causal 4k-64k and full 4k-16k
+#   3: the issue's end-to-end points on the settled harness (session 80's had cuDNN and ours): GPT-2 medium at 1k
+#      with eager attention, SDPA flash, SDPA cuDNN and ours, and at 8k with the last three (eager attention's
+#      N x N scores ran out of memory there in sessions 55-56), each row a fresh process, clocks sampled
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -31,13 +34,17 @@ for f in sys.argv[1:]:
     "$R"/ab_cudnn_d128_*.json
   ;;
 2)
-  train_table 560 9 train_medium_1k_4k --models gpt2_medium --seqlens 1024,4096 \
-    --impls eager,sdpa_flash,sdpa_cudnn,triton --gpu-clocks
-  train_rows "$R/train_medium_1k_4k.json" | grep -v "^   "
+  for causal in yes no; do
+    timeout -s KILL 270 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 --deterministic-only \
+      --seqlens $([ $causal = yes ] && echo 4096 8192 16384 65536 || echo 4096 8192 16384) --gpu-clocks \
+      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_settled_causal_$causal.json" 2>&1 | quiet | ratios
+  done
   ;;
 3)
-  train_table 560 7 train_medium_8k_16k --models gpt2_medium --seqlens 8192,16384 \
-    --impls sdpa_flash,sdpa_cudnn,triton --gpu-clocks
-  train_rows "$R/train_medium_8k_16k.json" | grep -v "^   "
+  train_table 300 5 train_medium_1k --models gpt2_medium --seqlens 1024 --impls eager,sdpa_flash,sdpa_cudnn,triton \
+    --gpu-clocks
+  train_table 240 4 train_medium_8k --models gpt2_medium --seqlens 8192 --impls sdpa_flash,sdpa_cudnn,triton \
+    --gpu-clocks
+  train_rows "$R"/train_medium_*.json | grep -v "^   "
   ;;
 esac
