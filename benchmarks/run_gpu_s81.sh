@@ -13,6 +13,10 @@
 #   3: the issue's end-to-end points on the settled harness (session 80's had cuDNN and ours): GPT-2 medium at 1k
 #      with eager attention, SDPA flash, SDPA cuDNN and ours, and at 8k with the last three (eager attention's
 #      N x N scores ran out of memory there in sessions 55-56), each row a fresh process, clocks sampled
+#   4: call 2 did not reach causal 64k inside its limit: it alone, settled as call 2; and GPT-2 medium at 4k with
+#      the four attentions as part 3
+#   5: call 4's 64k wrote nothing inside 130 s either: where does the time go? Its run timed step by step, two
+#      rounds (the output: results/s81/call5/diag_64k.log; run inline in call 5, the same code)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -46,5 +50,32 @@ for f in sys.argv[1:]:
   train_table 240 4 train_medium_8k --models gpt2_medium --seqlens 8192 --impls sdpa_flash,sdpa_cudnn,triton \
     --gpu-clocks
   train_rows "$R"/train_medium_*.json | grep -v "^   "
+  ;;
+4)
+  timeout -s KILL 130 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --rounds 3 --deterministic-only \
+    --seqlens 65536 --gpu-clocks --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_settled_causal_64k.json" \
+    2>&1 | quiet | ratios
+  train_table 250 5 train_medium_4k --models gpt2_medium --seqlens 4096 --impls eager,sdpa_flash,sdpa_cudnn,triton \
+    --gpu-clocks
+  train_rows "$R"/train_medium_4k.json | grep -v "^   "
+  ;;
+5)
+  timeout -s KILL 170 python - <<'PY' 2>&1 | grep -v -i warn | tail -40
+import sys, time, runpy
+sys.path.insert(0, '.')
+import benchmarks.common as c
+t0 = time.time()
+ot, orr = c.time_ms, c.run_for
+def tm(fn, **kw):
+    r = ot(fn, **kw); print('time_ms done', round(time.time() - t0, 1), round(r, 2)); return r
+def rf(fn, s, after_step=None):
+    n = orr(fn, s, after_step); print('run_for', round(time.time() - t0, 1), n); return n
+c.time_ms, c.run_for = tm, rf
+sys.argv = ['ab_cudnn.py', '--headdims', '128', '--causal', 'yes', '--rounds', '2', '--deterministic-only',
+            '--seqlens', '65536', '--gpu-clocks', '--settle-ms', '1500', '--rep-ms', '500', '--out', '/tmp/x.json']
+print('start', flush=True)
+runpy.run_path('benchmarks/ab_cudnn.py', run_name='__main__')
+print('end', round(time.time() - t0, 1))
+PY
   ;;
 esac

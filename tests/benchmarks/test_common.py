@@ -227,3 +227,28 @@ def test_run_for_calls_after_step_with_each_steps_number(monkeypatch):
     after = []
     ran = run_for(lambda: None, 0.02, after_step=after.append)
     assert ran >= 1 and after == list(range(1, ran + 1))
+
+
+def test_run_for_with_max_ahead_waits_until_at_most_that_many_calls_are_unfinished(monkeypatch):
+    import torch
+
+    from benchmarks.common import run_for
+
+    steps, waited = [], []  # waited: (the step whose event was waited on, how many steps had run)
+
+    class Event:  # stands in for torch.cuda.Event: records which step it followed
+        def record(self):
+            self.step = len(steps)
+
+        def synchronize(self):
+            waited.append((self.step, len(steps)))
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    ran = run_for(lambda: steps.append(None), 0.02, max_ahead=2)
+    assert ran == len(steps) >= 3
+    # after step n (from the third), step n - 2's event: never more than two calls unfinished
+    assert waited == [(n - 2, n) for n in range(3, ran + 1)]
+    waited.clear()
+    run_for(lambda: steps.append(None), 0.01)
+    assert waited == []  # (without max_ahead, no event)
