@@ -16,7 +16,8 @@
 #   4: call 2 did not reach causal 64k inside its limit: it alone, settled as call 2; and GPT-2 medium at 4k with
 #      the four attentions as part 3
 #   5: call 4's 64k wrote nothing inside 130 s either: where does the time go? Its run timed step by step, two
-#      rounds (the output: results/s81/call5/diag_64k.log; run inline in call 5, the same code)
+#      rounds (the output: results/s81/call5/diag_64k.log; run inline in call 5 on commit 227954e's kernels and ab_cudnn, whose
+#      run_for had no max_ahead; rf passes the keywords on, as later trees need)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -68,8 +69,8 @@ t0 = time.time()
 ot, orr = c.time_ms, c.run_for
 def tm(fn, **kw):
     r = ot(fn, **kw); print('time_ms done', round(time.time() - t0, 1), round(r, 2)); return r
-def rf(fn, s, after_step=None):
-    n = orr(fn, s, after_step); print('run_for', round(time.time() - t0, 1), n); return n
+def rf(fn, s, **kw):
+    n = orr(fn, s, **kw); print('run_for', round(time.time() - t0, 1), n); return n
 c.time_ms, c.run_for = tm, rf
 sys.argv = ['ab_cudnn.py', '--headdims', '128', '--causal', 'yes', '--rounds', '2', '--deterministic-only',
             '--seqlens', '65536', '--gpu-clocks', '--settle-ms', '1500', '--rep-ms', '500', '--out', '/tmp/x.json']
