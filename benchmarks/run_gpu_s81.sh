@@ -16,8 +16,8 @@
 #   4: call 2 did not reach causal 64k inside its limit: it alone, settled as call 2; and GPT-2 medium at 4k with
 #      the four attentions as part 3
 #   5: call 4's 64k wrote nothing inside 130 s either: where does the time go? Its run timed step by step, two
-#      rounds (the output: results/s81/call5/diag_64k.log; run inline in call 5 on commit 227954e's kernels and ab_cudnn, whose
-#      run_for had no max_ahead; rf passes the keywords on, as later trees need)
+#      rounds (the output: results/s81/call5/diag_64k.log; run inline in call 5 on commit 227954e's kernels and
+#      ab_cudnn, whose run_for had no max_ahead; rf passes the keywords on, as later trees need)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
