@@ -19,7 +19,11 @@ The H200s we time on sit at their software power cap (~690-700 W) under these ca
 moves the SM clock over about a second; `time_ms` warms a call up for 25 ms and times it for 100, inside that
 scale. `--settle-ms S` runs each call back to back for S ms right before its timing (at the draw of that call),
 `--rep-ms` times it for longer, and `--gpu-clocks` samples the clock and power (nvidia-smi) and gives each
-impl's median over its timed windows: whether one impl ran at lower clocks than another.
+impl's median over its timed windows: whether one impl ran at lower clocks than another. Settled, the per-round
+spreads closed from up to 0.18 to 0.02 at most (results/s81/call1-2), so that is how to read a ratio:
+
+    python benchmarks/ab_cudnn.py --seqlens 4096 16384 --rounds 3 --deterministic-only --settle-ms 1500 \
+        --rep-ms 500 --gpu-clocks --out ab_cudnn_settled.json
 """
 
 from __future__ import annotations
