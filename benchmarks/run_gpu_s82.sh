@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 82's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s82.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s82/callN/.
+#   1: the issue's end-to-end table for GPT-2 small on the settled harness (sessions 55-56's rows carried the
+#      power-cap dip): 1k and 4k with eager attention, SDPA flash, SDPA cuDNN and ours, each row a fresh
+#      process, clocks sampled, one measured matmul peak for all eight rows
+#   2: the rest of the table: GPT-2 small at 8k and 16k, GPT-2 medium at 16k, with SDPA flash, SDPA cuDNN and ours
+#      (eager attention's N x N scores ran out of memory from 8k in sessions 55-56)
+#   3: d128 MHA fwd+bwd against SDPA cuDNN, settled (1.5 s back to back, 500 ms timed, three rounds): causal 64k,
+#      which did not finish in session 81 (its settle queued ~30 s of work; run_for's max_ahead bounds it now),
+#      and full 32k / 64k, not yet timed at the power cap
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  train_table 560 8 train_small_1k_4k --models gpt2_small --seqlens 1024,4096 \
+    --impls eager,sdpa_flash,sdpa_cudnn,triton --gpu-clocks
+  train_rows "$R"/train_small_1k_4k.json | grep -v "^   "
+  ;;
+2)
+  train_table 330 6 train_small_8k_16k --models gpt2_small --seqlens 8192,16384 \
+    --impls sdpa_flash,sdpa_cudnn,triton --gpu-clocks
+  train_table 220 3 train_medium_16k --models gpt2_medium --seqlens 16384 --impls sdpa_flash,sdpa_cudnn,triton \
+    --gpu-clocks
+  train_rows "$R"/train_*.json | grep -v "^   "
+  ;;
+3)
+  for causal in yes no; do
+    timeout -s KILL 200 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 --deterministic-only \
+      --seqlens $([ $causal = yes ] && echo 65536 || echo 32768 65536) --gpu-clocks \
+      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_settled_long_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  python -c "import json, sys
+for f in sys.argv[1:]:
+    for r in json.load(open(f))['rows']:
+        print(f.split('/')[-1], r['seqlen'], {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" \
+    "$R"/ab_cudnn_d128_*.json
+  ;;
+esac
