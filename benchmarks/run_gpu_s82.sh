@@ -9,6 +9,10 @@
 #   3: d128 MHA fwd+bwd against SDPA cuDNN, settled (1.5 s back to back, 500 ms timed, three rounds): causal 64k,
 #      which did not finish in session 81 (its settle queued ~30 s of work; run_for's max_ahead bounds it now),
 #      and full 32k / 64k, not yet timed at the power cap
+#   4: call 3: settled, causal 64k 1.029 (ours' fwd+bwd at 1590 MHz against cuDNN's 1665, the same ~690 W; full
+#      64k both at 1665), full 32k / 64k 1.062 / 1.049. The backward's routes were chosen on unsettled timings
+#      (do_bench, below the cap): at the cap, does the causal convoy (32k, 64k) or the rotation in two key groups
+#      (causal and full 16k) still beat the two deterministic kernels (`--two-kernels`), and at what clocks?
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -35,5 +39,17 @@ for f in sys.argv[1:]:
     for r in json.load(open(f))['rows']:
         print(f.split('/')[-1], r['seqlen'], {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" \
     "$R"/ab_cudnn_d128_*.json
+  ;;
+4)
+  for causal in yes no; do
+    timeout -s KILL 240 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 --deterministic-only \
+      --two-kernels --seqlens $([ $causal = yes ] && echo 16384 32768 65536 || echo 16384) --gpu-clocks \
+      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_routes_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  python -c "import json, sys
+for f in sys.argv[1:]:
+    for r in json.load(open(f))['rows']:
+        print(f.split('/')[-1], r['seqlen'], {k: round(v, 3) for k, v in r.items() if 'over' in k and 'range' not in k})
+        print('  ', {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$R"/ab_cudnn_d128_*.json
   ;;
 esac
