@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
 from benchmarks.common import (  # noqa: E402
-    clocks_in_window,
+    clocks_per_call,
     gpu_clock_log,
     print_summary,
     rotated,
@@ -192,26 +192,8 @@ def case(
         row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
     row.update(settle_ms=timing.settle_ms, rep_ms=timing.rep_ms)
     if timing.gpu_clocks:
-        row["gpu_clocks"] = _clocks_per_impl(clock_summary, windows)
+        row["gpu_clocks"] = clocks_per_call(clock_summary, {f"{i}_{w}": s for (i, w), s in windows.items()})
     return row
-
-
-def _clocks_per_impl(summary: dict, windows: dict) -> dict:
-    """Per impl and pass ("ours_fwdbwd"): [median MHz, median W] over the samples of its timed windows, and
-    each round's window's `clocks_in_window` (None where nvidia-smi took no sample in it); or the sampler's
-    error."""
-    if "trace" not in summary:
-        return {"error": summary.get("error", "no clock trace")}
-    figures = {}
-    for (impl, what), spans in windows.items():
-        inside = [s for s in summary["trace"] if any(start <= s[0] < stop for start, stop in spans)]
-        figures[f"{impl}_{what}"] = {
-            "median_mhz_w": [statistics.median(s[1] for s in inside), statistics.median(s[2] for s in inside)]
-            if inside
-            else None,
-            "per_round": [clocks_in_window(summary["trace"], start, stop) for start, stop in spans],
-        }
-    return figures
 
 
 def _ratio(theirs: list, mine: list) -> tuple[float, tuple[float, float]]:

@@ -5,11 +5,16 @@ milliseconds per round, and per config the median over rounds and cuDNN's ÷ it.
 
     python benchmarks/ab_fwd_configs.py --headdim 128 --causal --seqlens 2048 4096 8192 --rounds 6 --out ab.json
     python benchmarks/ab_fwd_configs.py --pingpong ...   # each config also with FlashAttention-3's ping-pong
+
+At the H200's power cap (~690 W) configs that draw more per cycle run at lower clocks: `--settle-ms 1500
+--rep-ms 500 --gpu-clocks` times each config settled at its own draw (as `ab_cudnn.py`), with its median SM
+clock and power over its timed windows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -20,7 +25,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_attention import fwd_flops, issue_shape, make_impl  # noqa: E402
-from benchmarks.common import alternating_ms, print_summary, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    alternating_ms,
+    clocks_per_call,
+    gpu_clock_log,
+    print_summary,
+    write_results,
+)
 from kernels import _flash_fwd_hopper  # noqa: E402
 from kernels._flash_fwd_hopper import HopperFwdConfig as Cfg  # noqa: E402
 
@@ -62,7 +73,16 @@ def candidates(headdim: int, pingpong: bool, only=None) -> dict:
     return chosen
 
 
-def case(headdim: int, seqlen: int, causal: bool, rounds: int, configs: dict) -> dict:
+def case(
+    headdim: int,
+    seqlen: int,
+    causal: bool,
+    rounds: int,
+    configs: dict,
+    settle_ms=0.0,
+    rep_ms=100.0,
+    gpu_clocks=False,
+) -> dict:
     batch, nheads = issue_shape(seqlen, headdim)
     torch.manual_seed(seqlen)
     q, k, v = (
@@ -88,12 +108,17 @@ def case(headdim: int, seqlen: int, causal: bool, rounds: int, configs: dict) ->
     names = list(calls)
     for name in names[:-1]:  # (each config's output against cuDNN's, so a timing is of a right answer)
         row[f"{name}_max_err"] = (calls[name]()[0].float() - want).abs().max().item()
-    times = alternating_ms(calls, rounds)
+    windows = {}
+    with gpu_clock_log() if gpu_clocks else contextlib.nullcontext({}) as clock_summary:
+        times = alternating_ms(calls, rounds, settle_ms, rep_ms, windows)
     flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     for name, ms in times.items():
         row[f"{name}_ms"] = ms
         row[f"{name}_tflops"] = flops / statistics.median(ms) / 1e9
         row[f"cudnn_over_{name}"] = statistics.median(times["cudnn"]) / statistics.median(ms)
+    row.update(settle_ms=settle_ms, rep_ms=rep_ms)
+    if gpu_clocks:
+        row["gpu_clocks"] = clocks_per_call(clock_summary, windows)
     return row
 
 
@@ -107,12 +132,25 @@ def main() -> None:
         "--pingpong", action="store_true", help="also each config with its consumers taking turns"
     )
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="time these CANDIDATES alone")
+    parser.add_argument("--settle-ms", type=float, default=0.0,
+                        help="run each config back to back for this long right before timing it")  # fmt: skip
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="how long each timing lasts")
+    parser.add_argument("--gpu-clocks", action="store_true",
+                        help="each config's median SM clock and power over its timed windows (nvidia-smi)")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rows = []
     for seqlen in args.seqlens:
+        configs = candidates(args.headdim, args.pingpong, args.only)
         row = case(
-            args.headdim, seqlen, args.causal, args.rounds, candidates(args.headdim, args.pingpong, args.only)
+            args.headdim,
+            seqlen,
+            args.causal,
+            args.rounds,
+            configs,
+            args.settle_ms,
+            args.rep_ms,
+            args.gpu_clocks,
         )
         print_summary(row)
         rows.append(row)

@@ -127,13 +127,27 @@ def rotated(names: list | tuple, round_index: int) -> list:
     return list(names[shift:]) + list(names[:shift])
 
 
-def alternating_ms(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Each call's `time_ms` once a round for `rounds` rounds, each round in the `rotated` order: name ->
-    its milliseconds, round by round."""
+def alternating_ms(
+    calls: dict[str, Callable[[], object]],
+    rounds: int,
+    settle_ms: float = 0.0,
+    rep_ms: float = 100.0,
+    windows: dict[str, list] | None = None,
+) -> dict[str, list[float]]:
+    """Each call's `time_ms` (timed for rep_ms) once a round for `rounds` rounds, each round in the `rotated`
+    order: name -> its milliseconds, round by round. settle_ms > 0 runs each call back to back for that long
+    right before its timing, so that the GPU's power and clock have settled at that call's draw (the H200's
+    power controller moves over ~1 s; ab_cudnn.py's --settle-ms). windows, if given, gets name -> the
+    (start, stop) epoch seconds of each timing, for `clocks_per_call`."""
     times = {name: [] for name in calls}
     for r in range(rounds):
         for name in rotated(list(calls), r):
-            times[name].append(time_ms(calls[name]))
+            if settle_ms > 0:
+                run_for(calls[name], settle_ms / 1000, max_ahead=2)
+            start = time.time()
+            times[name].append(time_ms(calls[name], rep_ms=rep_ms))
+            if windows is not None:
+                windows.setdefault(name, []).append((start, time.time()))
     return times
 
 
@@ -509,6 +523,24 @@ def clocks_per_step(trace: list, end_s: float, step_ms: list[float]) -> list:
         windows.append((end - ms / 1000, end))
         end -= ms / 1000
     return [clocks_in_window(trace, start, stop) for start, stop in reversed(windows)]
+
+
+def clocks_per_call(summary: dict, windows: dict[str, list]) -> dict:
+    """Per call name: [median MHz, median W] over the samples of a `gpu_clock_log` summary's trace stamped
+    inside its timed windows ((start, stop) epoch seconds, one a round), and each round's `clocks_in_window`
+    (None where nvidia-smi took no sample in it); or the sampler's error."""
+    if "trace" not in summary:
+        return {"error": summary.get("error", "no clock trace")}
+    figures = {}
+    for name, spans in windows.items():
+        inside = [s for s in summary["trace"] if any(start <= s[0] < stop for start, stop in spans)]
+        figures[name] = {
+            "median_mhz_w": [statistics.median(s[1] for s in inside), statistics.median(s[2] for s in inside)]
+            if inside
+            else None,
+            "per_round": [clocks_in_window(summary["trace"], start, stop) for start, stop in spans],
+        }
+    return figures
 
 
 def clocks_in_window(trace: list, start_s: float, stop_s: float) -> list | None:

@@ -13,6 +13,11 @@
 #      64k both at 1665), full 32k / 64k 1.062 / 1.049. The backward's routes were chosen on unsettled timings
 #      (do_bench, below the cap): at the cap, does the causal convoy (32k, 64k) or the rotation in two key groups
 #      (causal and full 16k) still beat the two deterministic kernels (`--two-kernels`), and at what clocks?
+#   5: call 4: they do (the two kernels 1.06-1.09x slower, causal 16k-64k and full 16k), but our forward runs at
+#      1545-1575 MHz against cuDNN forward's 1620-1672 at the same power, causal and full. The forward's
+#      configs, each settled at its own draw (`ab_fwd_configs.py --settle-ms`), with their clocks: does one that
+#      draws less per cycle run faster at the cap? Causal 16k / 64k, every candidate with and without turns;
+#      full 16k / 64k, the two 128-key ones
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -51,5 +56,17 @@ for f in sys.argv[1:]:
     for r in json.load(open(f))['rows']:
         print(f.split('/')[-1], r['seqlen'], {k: round(v, 3) for k, v in r.items() if 'over' in k and 'range' not in k})
         print('  ', {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$R"/ab_cudnn_d128_*.json
+  ;;
+5)
+  timeout -s KILL 250 python benchmarks/ab_fwd_configs.py --headdim 128 --causal --seqlens 16384 65536 --rounds 3 \
+    --pingpong --settle-ms 1500 --rep-ms 500 --gpu-clocks --out "$R/ab_fwd_causal.json" 2>&1 | quiet | fwd_ratios
+  timeout -s KILL 150 python benchmarks/ab_fwd_configs.py --headdim 128 --seqlens 16384 65536 --rounds 3 --pingpong \
+    --only rows_128key_rings2 persistent_128key_rings2 --settle-ms 1500 --rep-ms 500 --gpu-clocks \
+    --out "$R/ab_fwd_full.json" 2>&1 | quiet | fwd_ratios
+  python -c "import json, sys
+for f in sys.argv[1:]:
+    for r in json.load(open(f))['rows']:
+        print(f.split('/')[-1], r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('cudnn_over')})
+        print('  ', {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$R"/ab_fwd_*.json
   ;;
 esac

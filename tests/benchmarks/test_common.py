@@ -46,11 +46,28 @@ def test_alternating_rounds_put_every_name_at_every_position_once_per_cycle(name
 
 def test_alternating_ms_times_each_call_once_a_round_in_the_rotated_order(monkeypatch):
     order = []
-    monkeypatch.setattr(common, "time_ms", lambda fn: float(fn()))
+    monkeypatch.setattr(common, "time_ms", lambda fn, rep_ms: float(fn()))
+    monkeypatch.setattr(common, "run_for", lambda *a, **kw: pytest.fail("settled without settle_ms"))
     calls = {name: (lambda n=name, i=i: order.append(n) or i) for i, name in enumerate("abc")}
     times = alternating_ms(calls, 4)
     assert order == [*"abc", *"bca", *"cab", *"abc"]
     assert times == {"a": [0.0] * 4, "b": [1.0] * 4, "c": [2.0] * 4}
+
+
+def test_alternating_ms_settles_each_call_right_before_its_timing(monkeypatch):
+    events = []
+    monkeypatch.setattr(common, "time_ms", lambda fn, rep_ms: events.append(("time", fn(), rep_ms)) or 1.0)
+    monkeypatch.setattr(
+        common, "run_for", lambda fn, seconds, max_ahead: events.append(("settle", fn(), seconds, max_ahead))
+    )
+    times = alternating_ms({"a": lambda: "a", "b": lambda: "b"}, 2, settle_ms=1500, rep_ms=500)
+    assert events == [
+        ("settle", "a", 1.5, 2), ("time", "a", 500),
+        ("settle", "b", 1.5, 2), ("time", "b", 500),
+        ("settle", "b", 1.5, 2), ("time", "b", 500),
+        ("settle", "a", 1.5, 2), ("time", "a", 500),
+    ]  # fmt: skip
+    assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
 
 
 def test_clock_summary_reads_nvidia_smi_lines_and_says_when_there_are_none():
@@ -252,3 +269,24 @@ def test_run_for_with_max_ahead_waits_until_at_most_that_many_calls_are_unfinish
     waited.clear()
     run_for(lambda: steps.append(None), 0.01)
     assert waited == []  # (without max_ahead, no event)
+
+
+def test_clocks_per_call_takes_the_samples_inside_each_calls_timed_windows():
+    # [epoch s, MHz, W, C, slowdown mask] as clock_summary's trace; ours timed in [1, 2) and [5, 6), cuDNN in [3, 4)
+    trace = [[0.5, 1980, 400, 50, 0], [1.2, 1900, 690, 60, 4], [1.8, 1700, 700, 61, 4], [3.5, 1800, 650, 60, 0],
+             [4.5, 1500, 700, 62, 4], [5.1, 1600, 698, 62, 4]]  # fmt: skip
+    windows = {
+        "ours_fwdbwd": [(1.0, 2.0), (5.0, 6.0)],
+        "cudnn_fwdbwd": [(3.0, 4.0)],
+        "cudnn_fwd": [(7, 8)],
+    }
+    figures = common.clocks_per_call({"trace": trace}, windows)
+    assert figures["ours_fwdbwd"] == {
+        "median_mhz_w": [1700, 698],
+        "per_round": [[1800.0, 695.0, "0x4"], [1600, 698, "0x4"]],
+    }
+    assert figures["cudnn_fwdbwd"] == {"median_mhz_w": [1800, 650], "per_round": [[1800, 650, "0x0"]]}
+    assert figures["cudnn_fwd"] == {"median_mhz_w": None, "per_round": [None]}
+    assert common.clocks_per_call({"error": "nvidia-smi did not start"}, windows) == {
+        "error": "nvidia-smi did not start"
+    }
