@@ -18,6 +18,9 @@
 #      configs, each settled at its own draw (`ab_fwd_configs.py --settle-ms`), with their clocks: does one that
 #      draws less per cycle run faster at the cap? Causal 16k / 64k, every candidate with and without turns;
 #      full 16k / 64k, the two 128-key ones
+#   6: call 1's GPT-2 small 1k row of ours ran 0.763x cuDNN's tokens/s, bound by the host (its power 590-645 W
+#      under the cap, clocks at the top, the device step as long as the host's); where does the host's time go?
+#      cProfile over 10 steps of both rows (`--host-profile`)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -68,5 +71,9 @@ for f in sys.argv[1:]:
     for r in json.load(open(f))['rows']:
         print(f.split('/')[-1], r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('cudnn_over')})
         print('  ', {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$R"/ab_fwd_*.json
+  ;;
+6)
+  timeout 200 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton,sdpa_cudnn \
+    --host-profile 10 --out "$R/train_small_1k_host.json" 2>&1 | quiet | tail -120
   ;;
 esac
