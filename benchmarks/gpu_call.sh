@@ -193,6 +193,12 @@ for f in sys.argv[1:]:
         print('   median', [st.median(c) if None not in c else None for c in cols],
               'slowest', [tuple(c[i] for c in cols) for i in sorted(range(len(h)), key=lambda i: -h[i])[:3]])
 " "$@"; }
+# Each row of ab_cudnn.py / ab_fwd_configs.py JSON files run with --gpu-clocks: its length and every timed call's
+# [median SM clock MHz, median power W] over its timed windows
+clock_medians() { python -c "import json, sys
+for f in sys.argv[1:]:
+    for r in json.load(open(f))['rows']:
+        print(f.split('/')[-1], r['seqlen'], {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$@"; }
 # ab_fwd_configs.py's printed rows (standard input) as one line: each length and its configs' cudnn_over_* ratios
 fwd_ratios() { grep -o "'cudnn_over[^,]*,\|seqlen': [0-9]*" | paste -sd' '; }
 # ab_fwd_configs.py, five rounds, each config also with its consumers taking turns (--pingpong), killed after

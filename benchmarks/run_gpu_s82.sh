@@ -21,6 +21,8 @@
 #   6: call 1's GPT-2 small 1k row of ours ran 0.763x cuDNN's tokens/s, bound by the host (its power 590-645 W
 #      under the cap, clocks at the top, the device step as long as the host's); where does the host's time go?
 #      cProfile over 10 steps of both rows (`--host-profile`)
+# (Parts 3-5 ran inline copies of what is now gpu_call.sh's clock_medians; parts 4-5's also printed each row's
+# ratios, which `ratios` / `fwd_ratios` print above them.)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -42,11 +44,7 @@ case "${1:?part}" in
       --seqlens $([ $causal = yes ] && echo 65536 || echo 32768 65536) --gpu-clocks \
       --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_settled_long_causal_$causal.json" 2>&1 | quiet | ratios
   done
-  python -c "import json, sys
-for f in sys.argv[1:]:
-    for r in json.load(open(f))['rows']:
-        print(f.split('/')[-1], r['seqlen'], {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" \
-    "$R"/ab_cudnn_d128_*.json
+  clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 4)
   for causal in yes no; do
@@ -54,11 +52,7 @@ for f in sys.argv[1:]:
       --two-kernels --seqlens $([ $causal = yes ] && echo 16384 32768 65536 || echo 16384) --gpu-clocks \
       --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_routes_causal_$causal.json" 2>&1 | quiet | ratios
   done
-  python -c "import json, sys
-for f in sys.argv[1:]:
-    for r in json.load(open(f))['rows']:
-        print(f.split('/')[-1], r['seqlen'], {k: round(v, 3) for k, v in r.items() if 'over' in k and 'range' not in k})
-        print('  ', {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$R"/ab_cudnn_d128_*.json
+  clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 5)
   timeout -s KILL 250 python benchmarks/ab_fwd_configs.py --headdim 128 --causal --seqlens 16384 65536 --rounds 3 \
@@ -66,11 +60,7 @@ for f in sys.argv[1:]:
   timeout -s KILL 150 python benchmarks/ab_fwd_configs.py --headdim 128 --seqlens 16384 65536 --rounds 3 --pingpong \
     --only rows_128key_rings2 persistent_128key_rings2 --settle-ms 1500 --rep-ms 500 --gpu-clocks \
     --out "$R/ab_fwd_full.json" 2>&1 | quiet | fwd_ratios
-  python -c "import json, sys
-for f in sys.argv[1:]:
-    for r in json.load(open(f))['rows']:
-        print(f.split('/')[-1], r['seqlen'], {k: round(v, 3) for k, v in r.items() if k.startswith('cudnn_over')})
-        print('  ', {k: v.get('median_mhz_w', v) for k, v in r['gpu_clocks'].items()})" "$R"/ab_fwd_*.json
+  clock_medians "$R"/ab_fwd_*.json
   ;;
 6)
   timeout 200 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton,sdpa_cudnn \
