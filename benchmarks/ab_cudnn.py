@@ -34,7 +34,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -46,8 +45,7 @@ from benchmarks.common import (  # noqa: E402
     gpu_clock_log,
     print_summary,
     rotated,
-    run_for,
-    time_ms,
+    settled_time_ms,
     with_settings,
     write_results,
 )
@@ -163,10 +161,8 @@ def case(
         for r in range(rounds):
             for impl in rotated(list(impls), r):
                 for what, fn in zip(("fwd", "fwdbwd"), calls[impl], strict=True):
-                    run_for(fn, timing.settle_ms / 1000, max_ahead=2)  # (the device kept busy, not flooded)
-                    start = time.time()
-                    times[(impl, what)].append(time_ms(fn, rep_ms=timing.rep_ms))
-                    windows[(impl, what)].append((start, time.time()))
+                    ms = settled_time_ms(fn, timing.settle_ms, timing.rep_ms, windows[(impl, what)])
+                    times[(impl, what)].append(ms)
     batch, nheads = issue_shape(seqlen, headdim, nheads)
     flops = fwd_flops(batch, nheads, seqlen, headdim, causal)
     row = dict(seqlen=seqlen, headdim=headdim, causal=causal, rounds=rounds, batch=batch, nheads=nheads,

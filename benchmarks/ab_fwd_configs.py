@@ -140,8 +140,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rows = []
+    configs = candidates(args.headdim, args.pingpong, args.only)
     for seqlen in args.seqlens:
-        configs = candidates(args.headdim, args.pingpong, args.only)
         row = case(
             args.headdim,
             seqlen,

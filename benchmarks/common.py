@@ -142,13 +142,24 @@ def alternating_ms(
     times = {name: [] for name in calls}
     for r in range(rounds):
         for name in rotated(list(calls), r):
-            if settle_ms > 0:
-                run_for(calls[name], settle_ms / 1000, max_ahead=2)
-            start = time.time()
-            times[name].append(time_ms(calls[name], rep_ms=rep_ms))
-            if windows is not None:
-                windows.setdefault(name, []).append((start, time.time()))
+            spans = None if windows is None else windows.setdefault(name, [])
+            times[name].append(settled_time_ms(calls[name], settle_ms, rep_ms, spans))
     return times
+
+
+def settled_time_ms(
+    fn: Callable[[], object], settle_ms: float = 0.0, rep_ms: float = 100.0, windows: list | None = None
+) -> float:
+    """`time_ms` of fn timed for rep_ms, right after settle_ms of fn back to back where settle_ms > 0 (at
+    most 2 calls unfinished: the device kept busy, not flooded); windows, if given, gets the timing's
+    (start, stop) epoch seconds appended."""
+    if settle_ms > 0:
+        run_for(fn, settle_ms / 1000, max_ahead=2)
+    start = time.time()
+    ms = time_ms(fn, rep_ms=rep_ms)
+    if windows is not None:
+        windows.append((start, time.time()))
+    return ms
 
 
 def with_settings(fn: Callable[[], object], module, **settings) -> Callable[[], object]:
