@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 83's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s83.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s83/callN/.
+#   1: the ordered one-kernel backward's dq written in its tail (`kernels._dq_tail`, new): a smoke call first
+#      (one causal and one full d128 call, the tail against the pass after the kernel, bitwise, killed after
+#      90 s in case a wait never ends), then the GPU tests of the one-kernel backward (every ordered schedule
+#      with dq_out against the pass's sum, bit for bit), the tail's own file and CUDA-graph capture; then d128
+#      fwd+bwd against SDPA cuDNN, settled, the tail against the pass in the same rounds (`--dq-pass`) at the
+#      points under the 1.05 aim: causal 16k and full 4k, 8k, 16k (sessions 81-82: 1.036, 1.049, 1.045, 1.035)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  timeout -s KILL 90 python - <<'EOF' 2>&1 | quiet
+import torch
+from kernels import _dq_tail, flash_attention
+for causal, seqlen, batch in ((True, 16384, 1), (False, 4096, 4)):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn_like(q)
+    grads = []
+    for tail in (True, False, True):
+        _dq_tail.ENABLED = tail
+        grads.append(torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do))
+    print("smoke", causal, seqlen, [torch.equal(a, b) for g in grads[1:] for a, b in zip(grads[0], g)])
+EOF
+  T=tests/kernels
+  timeout -s KILL 300 python -m pytest -q -n 8 -rf -m "gpu or not gpu" $T/test_dq_tail.py \
+    $T/test_flash_bwd_fused_hopper.py $T/test_cuda_graphs.py > "$R/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 3 "$R/gpu_tests.log"
+  for causal in yes no; do
+    timeout -s KILL 200 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 --deterministic-only \
+      --dq-pass --seqlens $([ $causal = yes ] && echo 16384 || echo 4096 8192 16384) --gpu-clocks \
+      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_dq_tail_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  clock_medians "$R"/ab_cudnn_d128_*.json
+  ;;
+esac
