@@ -7,6 +7,8 @@
 #      with dq_out against the pass's sum, bit for bit), the tail's own file and CUDA-graph capture; then d128
 #      fwd+bwd against SDPA cuDNN, settled, the tail against the pass in the same rounds (`--dq-pass`) at the
 #      points under the 1.05 aim: causal 16k and full 4k, 8k, 16k (sessions 81-82: 1.036, 1.049, 1.045, 1.035)
+#   2: call 1: bitwise, 451 tests passed, but the tail ÷ the pass 0.997-1.003 (no gain). Where does the tail kernel
+#      run? Kernel timestamps from torch.profiler (`diag_dq_tail.py`, new): full 4k and causal 16k, both ways
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -35,5 +37,8 @@ EOF
       --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_dq_tail_causal_$causal.json" 2>&1 | quiet | ratios
   done
   clock_medians "$R"/ab_cudnn_d128_*.json
+  ;;
+2)
+  timeout -s KILL 150 python benchmarks/diag_dq_tail.py --out "$R/diag_dq_tail.json" 2>&1 | quiet
   ;;
 esac
