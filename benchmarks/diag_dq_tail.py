@@ -77,7 +77,7 @@ def main() -> None:
         )
         do = torch.randn_like(q)
 
-        def fwdbwd():
+        def fwdbwd(q=q, k=k, v=v, do=do, causal=causal):
             torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
 
         for tail in (True, False):
