@@ -13,8 +13,7 @@ cuDNN's backward adds dQ in a run-dependent order, as SDPA's flash and memory-ef
 default (check_determinism.py, results/s44/call1). Under `torch.use_deterministic_algorithms(True)` torch
 refuses cuDNN and runs deterministic variants of the other two; `--torch-deterministic` times ours
 (deterministic) against those, with the switch on. `--two-kernels` adds ours deterministic with the ordered
-one-kernel backward off (the two deterministic kernels, FLASHTRAIN_ORDERED_BWD=0's route), alternating;
-`--dq-pass` adds ours with the ordered backward's dq summed after the kernel, not in its tail (`kernels._dq_tail`).
+one-kernel backward off (the two deterministic kernels, FLASHTRAIN_ORDERED_BWD=0's route), alternating.
 
 The H200s we time on sit at their software power cap (~690-700 W) under these calls, and the power controller
 moves the SM clock over about a second; `time_ms` warms a call up for 25 ms and times it for 100, inside that
@@ -50,7 +49,7 @@ from benchmarks.common import (  # noqa: E402
     with_settings,
     write_results,
 )
-from kernels import _dq_tail, _flash_bwd, _flash_bwd_fused_hopper  # noqa: E402
+from kernels import _flash_bwd, _flash_bwd_fused_hopper  # noqa: E402
 
 # name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
 IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "sdpa_cudnn"}
@@ -59,9 +58,6 @@ STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "s
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
 GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ordered backward run as MHA)
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
-DQ_PASS = (
-    "ours_dq_pass"  # (--dq-pass: ours, the ordered backward's dq summed in a pass after it, not its tail)
-)
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 # (--gqa-kernel-group N: ours, the GQA route's programs at N query heads each, `_flash_bwd.ORDERED_GQA_KERNEL_GROUP`)
@@ -117,8 +113,6 @@ def _calls(
         calls[ZERO_FILLED] = tuple(
             with_settings(fn, _flash_bwd_fused_hopper, FIRST_STORES=False) for fn in calls[ZERO_FILLED]
         )
-    if DQ_PASS in calls:
-        calls[DQ_PASS] = tuple(with_settings(fn, _dq_tail, ENABLED=False) for fn in calls[DQ_PASS])
     if GQA_EXPANDED in calls:
         calls[GQA_EXPANDED] = tuple(
             with_settings(
@@ -186,7 +180,6 @@ def case(
         (GQA_EXPANDED, "gqa_expanded_over_ours_fwdbwd"),
         (TWO_KERNELS, "two_kernels_over_ours_fwdbwd"),
         (ZERO_FILLED, "zero_filled_over_ours_fwdbwd"),
-        (DQ_PASS, "dq_pass_over_ours_fwdbwd"),
     ):
         if variant in impls:  # (above 1: the default faster)
             row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
@@ -223,9 +216,6 @@ def main() -> None:
     parser.add_argument("--zero-filled", action="store_true",
                         help=f"also {ZERO_FILLED}: ours with the ordered backward's first adders adding into a "
                         "zero-filled buffer instead of storing (its FIRST_STORES off)")  # fmt: skip
-    parser.add_argument("--dq-pass", action="store_true",
-                        help=f"also {DQ_PASS}: ours with the ordered backward's dq summed in a pass after the kernel "
-                        "instead of in its tail (`kernels._dq_tail.ENABLED` off)")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one-kernel backward")  # fmt: skip
     parser.add_argument("--also-causal-key-groups", type=int, default=None, metavar="N",
@@ -277,8 +267,6 @@ def main() -> None:
         impls = {"ours": "triton", ZERO_FILLED: "triton", **impls}
     if args.gqa_expanded:
         impls = {"ours": "triton", GQA_EXPANDED: "triton", **impls}
-    if args.dq_pass:
-        impls = {"ours": "triton", DQ_PASS: "triton", **impls}
     if args.gqa_kernel_group is not None:
         if args.gqa_kernel_group < 1:
             parser.error(f"--gqa-kernel-group must be at least 1, got {args.gqa_kernel_group}")

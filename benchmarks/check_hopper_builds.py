@@ -114,7 +114,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
-    from kernels import _dq_tail as dq_tail
     from kernels import _flash_bwd_fused_hopper as fused_hopper
     from kernels import _flash_dkdv_hopper as dkdv_hopper
     from kernels import _flash_dkdv_persistent_hopper as persistent_dkdv
@@ -177,8 +176,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["CONVOY"] = kernel.startswith("fused_convoy")
             meta["DOWN"] = kernel == "fused_convoy_down"
             meta["FIRST_STORES"] = meta["ORDERED"] and fused_hopper.FIRST_STORES  # (the default route's)
-            # (a dense ordered call lets `_dq_tail` start in its tail)
-            meta["LAUNCH_DEPENDENTS"] = meta["ORDERED"] and not sparse and dq_tail.ENABLED
         if cfg.v_stages:  # (the forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         if kernel == "fwd" and cfg.pingpong:  # (the forward's consumers taking turns, `wait_turn`)

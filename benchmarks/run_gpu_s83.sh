@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Session 83's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s83.sh PART, results in
-# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s83/callN/.
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s83/callN/. Parts 1-2 ran on the
+# tree of commit 7d529c5 (the dq tail, `--dq-pass`, `diag_dq_tail.py`), reverted after call 2: the change is
+# benchmarks/results/s83/dq_tail.patch.
 #   1: the ordered one-kernel backward's dq written in its tail (`kernels._dq_tail`, new): a smoke call first
 #      (one causal and one full d128 call, the tail against the pass after the kernel, bitwise, killed after
 #      90 s in case a wait never ends), then the GPU tests of the one-kernel backward (every ordered schedule
@@ -9,6 +11,11 @@
 #      points under the 1.05 aim: causal 16k and full 4k, 8k, 16k (sessions 81-82: 1.036, 1.049, 1.045, 1.035)
 #   2: call 1: bitwise, 451 tests passed, but the tail ÷ the pass 0.997-1.003 (no gain). Where does the tail kernel
 #      run? Kernel timestamps from torch.profiler (`diag_dq_tail.py`, new): full 4k and causal 16k, both ways
+#   3: call 2: the tail kernel starts 140 / 230 us before the backward ends and ends 33 / 50 us after it (the pass:
+#      48 / 95 us), the backward's own length unchanged; at the power cap level (reverted). Two rows left over:
+#      GPT-2 small 8k with eager attention on the settled harness (the README's table still has session 56's,
+#      timed inside the cap's clock dip), and d128 with deterministic=False (dQ added with atomics, as cuDNN's
+#      backward does) against cuDNN, settled, at causal 16k and full 4k / 8k / 16k (last timed in session 44)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -40,5 +47,14 @@ EOF
   ;;
 2)
   timeout -s KILL 150 python benchmarks/diag_dq_tail.py --out "$R/diag_dq_tail.json" 2>&1 | quiet
+  ;;
+3)
+  train_table 150 1 train_small_8k_eager --models gpt2_small --seqlens 8192 --impls eager --gpu-clocks
+  for causal in yes no; do
+    timeout -s KILL 220 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 \
+      --seqlens $([ $causal = yes ] && echo 16384 || echo 4096 8192 16384) --gpu-clocks \
+      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_$causal.json" 2>&1 | quiet | ratios
+  done
+  clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 esac

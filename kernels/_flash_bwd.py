@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _dq_tail, _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper
+from . import _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -697,18 +697,13 @@ def flash_attn_backward(
     hopper_dq = delta_here and not accumulate and _flash_dq_hopper.supports(q, k, v, do, out, dq, **hopper_kw)
     hopper_dkdv = dkdv_ok and not atomic_dq
     if fused:
-        # (ordered: dq written from the key groups' buffers in the kernel's tail, `_dq_tail`)
-        tail = ordered and _dq_tail.ENABLED
         _flash_bwd_fused_hopper.flash_attn_bwd_fused_hopper(
             q, k, v, do, lse, delta, dq_acc, dk_heads, dv_heads, sm_scale=sm_scale, causal=causal,
             ordered=ordered, key_groups=key_groups, convoy=convoy, first_stores=first_stores, kv_repeat=kv_repeat,
-            dq_out=dq if tail else None,
         )  # fmt: skip
         if kv_repeat > 1:  # (each in the inputs' dtype, summed in fp32 in a fixed order, rounded once more)
             sum_head_groups(dk_heads, dk)
             sum_head_groups(dv_heads, dv)
-        if tail:
-            return dq, dk, dv
         # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
         # last sum written into dq: in fp32, rounded once, as a copy of the total)
         per_group = dq_acc.view(key_groups, *q.shape)

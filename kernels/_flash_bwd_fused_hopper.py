@@ -59,7 +59,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from . import _dq_tail as dq_tail
 from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, cdiv, is_int, sched_slots_for, sm_count
@@ -75,7 +74,6 @@ def _attn_bwd_fused_hopper(
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
     DOWN: gl.constexpr = False, SPARSE: gl.constexpr = False, FIRST_STORES: gl.constexpr = False,
-    LAUNCH_DEPENDENTS: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
     2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`_fused_dq_hopper.fused_dq_store`), blocks (1, 1,
@@ -104,13 +102,7 @@ def _attn_bwd_fused_hopper(
     the dq buffer needs zeros only where no program adds (`dq_buffer`).
     kv_repeat: K and V's heads each serve kv_repeat of the grid's key heads (GQA run as MHA): the program
     of key head h reads K / V head h // kv_repeat and stores its own dK / dV at head h (dk_desc, dv_desc
-    have the grid's heads), which the host sums; 1 otherwise.
-    LAUNCH_DEPENDENTS: let the kernel launched after this one as a programmatic dependent launch start once
-    every program of this one has (`kernels._dq_tail`, which converts dq in this kernel's tail)."""
-    if LAUNCH_DEPENDENTS:
-        gl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
+    have the grid's heads), which the host sums; 1 otherwise."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     KEYS: gl.constexpr = BLOCK_N * NUM_CONSUMERS
@@ -628,7 +620,6 @@ def dq_buffer(
 def flash_attn_bwd_fused_hopper(
     q, k, v, do, lse2, delta, dq_acc, dk, dv, *, sm_scale: float, causal: bool, config=None, ordered=False,
     key_groups=1, convoy=False, convoy_block=None, walk_down=None, lists=None, first_stores=False, kv_repeat=1,
-    dq_out=None,
 ):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v) and dQ times the softmax scale added into dq_acc (fp32,
     contiguous, zeros: q's shape, with ordered (key_groups x batch, ...): key group g adds into
@@ -648,10 +639,7 @@ def flash_attn_bwd_fused_hopper(
     needs zeros only where no program adds (`dq_buffer`).
     kv_repeat: a GQA call run as MHA without repeating K and V in memory: dk and dv have kv_repeat times
     k's heads, and each of their heads h gets the dK / dV of attending with K / V head h // kv_repeat (its
-    query heads' share alone; the caller sums them per K / V head). 1: dk and dv shaped like k and v.
-    dq_out (ordered, dense): dq, q's shape and dtype, written with dq_acc's key groups summed in order
-    (`kernels._dq_tail`, launched to run in this kernel's tail: its programs convert each item once its adds
-    are counted); None leaves the sum to the caller."""
+    query heads' share alone; the caller sums them per K / V head). 1: dk and dv shaped like k and v."""
     if lists is not None and (key_groups != 1 or convoy or walk_down):
         raise ValueError(
             "a block-sparse call (lists) adds each dq tile in its key tiles' order: it takes key_groups=1, "
@@ -673,11 +661,6 @@ def flash_attn_bwd_fused_hopper(
         )
     if first_stores and not ordered:
         raise ValueError("first_stores=True stores each item's first add in its turn: it needs ordered=True")
-    if dq_out is not None and (not ordered or lists is not None):
-        raise ValueError(
-            "dq_out converts each dq item once its semaphores count its adds: it needs ordered=True and a "
-            "dense call (lists=None)"
-        )
     if convoy_block is None:  # (only the causal convoy reads it)
         convoy_block = causal_convoy_block() if causal and convoy else 1
     if walk_down is None:
@@ -723,14 +706,8 @@ def flash_attn_bwd_fused_hopper(
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
              PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down),
-             SPARSE=lists is not None, FIRST_STORES=first_stores, LAUNCH_DEPENDENTS=dq_out is not None,
-             num_warps=4),
+             SPARSE=lists is not None, FIRST_STORES=first_stores, num_warps=4),
     )  # fmt: skip
-    if dq_out is not None:
-        dq_tail.dq_from_key_groups(
-            dq_acc, dq_out, key_groups, sems=sems, causal=causal, seqlen_k=seqlen_k,
-            keys=cfg.consumers * cfg.block_n, block_m=cfg.block_m, pdl=True,
-        )  # fmt: skip
     return dk, dv
 
 

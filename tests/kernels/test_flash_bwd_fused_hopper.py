@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import _dq_tail as dq_tail
 from kernels import _flash_bwd as flash_bwd
 from kernels import _flash_bwd_fused_hopper as fused_hopper
 from kernels import _flash_dkdv_hopper as dkdv_hopper
@@ -238,8 +237,6 @@ def test_gqa_as_mha_sums_each_programs_dk_dv_into_its_kv_head(
         per_group[0].copy_(dq)
         dk.copy_(dk_h.view(per_program).sum(-2))
         dv.copy_(dv_h.view(per_program).sum(-2))
-        if kw.get("dq_out") is not None:  # (the contract's dq written in the kernel's tail, `_dq_tail`)
-            dq_tail.dq_from_key_groups(dq_acc, kw["dq_out"], key_groups)
 
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", emulated)
     torch.manual_seed(5 + causal + seqlen_k)
@@ -390,18 +387,15 @@ def test_bad_causal_convoy_launches_are_refused(causal, convoy, options, match):
      (3, True, False), (1, True, True), (2, True, True), (3, True, True)],
 )  # fmt: skip
 @pytest.mark.parametrize("first_stores", [True, False], ids=["first_stores", "zero_filled"])
-@pytest.mark.parametrize("tail", [True, False], ids=["dq_tail", "dq_pass"])
 def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
-    monkeypatch, key_groups, causal, convoy, first_stores, tail, device
+    monkeypatch, key_groups, causal, convoy, first_stores, device
 ):
     """The ordered backward's dq (its kernel stubbed, so it runs anywhere) is its key groups' fp32 buffers,
     summed in group order and rounded once to q's dtype: key groups from `ordered_key_groups`, or in the
     causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`). The buffers come zero-filled, or
     with FIRST_STORES (each item's first adder stores) as `dq_buffer` leaves them: here, 40 keys, a
-    single program, so every key group past the first has none and is all zeros. The sum is the kernel's
-    to launch into dq (`dq_out`, `kernels._dq_tail`, run here on the finished buffers) by default, and the
-    backward's own pass after it with `_dq_tail.ENABLED` off: the same bits either way."""
-    from kernels import _dq_tail, _flash_bwd
+    single program, so every key group past the first has none and is all zeros."""
+    from kernels import _flash_bwd
 
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
@@ -414,9 +408,9 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
     buffers = []
 
     def kernel(q, k, v, do, lse2, delta, dq_acc, dk, dv, *, ordered, key_groups, convoy: bool, first_stores,
-               dq_out, **kw):  # fmt: skip
+               **kw):  # fmt: skip
         assert ordered and convoy is convoy_wanted and dq_acc.shape == (key_groups * q.shape[0], *q.shape[1:])
-        assert first_stores is first_stores_wanted and (dq_out is not None) is tail
+        assert first_stores is first_stores_wanted
         per_group = dq_acc.view(key_groups, *q.shape)
         # (the one program is key group 0's and adds into every item; later groups have none)
         filled = (per_group[0].isnan().all() if first_stores else not per_group[0].any()) and not per_group[
@@ -424,11 +418,8 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
         ].any()
         dq_acc.copy_(torch.randn_like(dq_acc) * 1e3)
         buffers.append((filled, dq_acc.clone()))
-        if dq_out is not None:
-            _dq_tail.dq_from_key_groups(dq_acc, dq_out, key_groups)
 
     convoy_wanted, first_stores_wanted = convoy, first_stores
-    monkeypatch.setattr(_dq_tail, "ENABLED", tail)
     monkeypatch.setattr(fused_hopper, "flash_attn_bwd_fused_hopper", kernel)
     torch.manual_seed(key_groups)
     q, k, v, do = (torch.randn(2, 40, 2, 16, dtype=torch.float16, device=device) for _ in range(4))
@@ -572,20 +563,6 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
     for again in runs[1:]:  # (equal values: a first store of -0.0 where the zero-filled add gives +0.0)
         for first, other in zip(runs[0], again, strict=True):
             assert torch.equal(first, other)
-    # dq written in the kernel's tail (`dq_out`, `kernels._dq_tail`): the key groups' buffers summed in their
-    # order and rounded once, bit for bit, and the buffers themselves those of the runs above
-    acc = fused_hopper.dq_buffer(q, k.shape[1], causal, key_groups, True)
-    dq_out = torch.full_like(q, float("nan"))
-    fused_hopper.flash_attn_bwd_fused_hopper(
-        q, k, v, do, lse2, delta, acc, torch.empty_like(k), torch.empty_like(v), sm_scale=headdim**-0.5,
-        causal=causal, ordered=True, key_groups=key_groups, convoy=convoy, convoy_block=convoy_block,
-        walk_down=walk_down and causal, first_stores=True, dq_out=dq_out,
-    )  # fmt: skip
-    per_group = acc.view(key_groups, *q.shape)
-    total = per_group[0]
-    for g in range(1, key_groups):
-        total = total + per_group[g]
-    assert torch.equal(per_group.sum(0), runs[0][0]) and torch.equal(dq_out, total.to(dtype))
 
 
 def _assert_bitwise_repeats_near_two_kernels(runs, two_kernels):
