@@ -22,6 +22,10 @@
 #   5: call 4: at the cap the ordered (deterministic) kernel beats deterministic=False's unordered one at causal 4k and
 #      8k (1.045-1.057x, 1.011-1.021x per round), the unordered one leads at causal 16k-64k (1.004-1.027x) and full
 #      4k-16k (1.002-1.017x), level at full 32k-64k. Where between 8k and 16k does it turn? Causal 10k, 12k, 14k
+#   6: call 5: the ordered kernel 0.989-0.999x the unordered one's time at 10k, 1.020-1.027x at 12k-14k. So
+#      deterministic=False takes the ordered kernel for causal calls under 12k that it takes
+#      (`_flash_bwd_fused_hopper.ordered_is_faster`, new): the one-kernel backward's GPU tests on that route, then
+#      fwd+bwd against cuDNN at causal 4k and 8k with it, settled
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -76,5 +80,11 @@ EOF
     --gpu-clocks --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_yes.json" 2>&1 | quiet \
     | ratios
   clock_medians "$R"/ab_cudnn_d128_*.json
+  ;;
+6)
+  gpu_tests 200 8 tests/kernels/test_flash_bwd_fused_hopper.py -k "nondeterministic or deterministic or ordered"
+  timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --rounds 3 --seqlens 4096 8192 \
+    --gpu-clocks --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_yes.json" 2>&1 | quiet \
+    | ratios
   ;;
 esac

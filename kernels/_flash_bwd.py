@@ -642,14 +642,18 @@ def flash_attn_backward(
     dkdv_ok = (
         only is None and not accumulate and _flash_dkdv_hopper.supports(q, k, v, do, dk, dv, **hopper_kw)
     )
+    causal, group, sms = win_right == 0, q.shape[-2] // k.shape[-2], sm_count(q.device)
     fused = False
-    if atomic_dq and dkdv_ok:
-        fused = _flash_bwd_fused_hopper.ENABLED and _flash_bwd_fused_hopper.supports(
-            q.shape[-1], win_right == 0, q.shape[1]
+    if atomic_dq and dkdv_ok:  # (unless the ordered kernel takes the call and is the faster one there)
+        fused = (
+            _flash_bwd_fused_hopper.ENABLED
+            and _flash_bwd_fused_hopper.supports(q.shape[-1], causal, q.shape[1])
+            and not _flash_bwd_fused_hopper.ordered_is_faster(
+                q.shape[-1], causal, q.shape[1], k.shape[1], group, sms
+            )
         )
         atomic_dq = fused
     # deterministic: the one-kernel backward with each dq tile's adds in one fixed order, where it takes the call
-    causal, group, sms = win_right == 0, q.shape[-2] // k.shape[-2], sm_count(q.device)
     ordered = (
         not atomic_dq
         and dkdv_ok

@@ -354,6 +354,27 @@ def supports(headdim: int, causal: bool, seqlen_q: int) -> bool:
 
 CAUSAL_FROM = 4096
 
+
+def ordered_is_faster(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
+    """Whether a call asking for atomic dq (deterministic=False) that `supports` takes runs the ordered kernel
+    instead, because that measured faster: causal under ORDERED_OVER_UNORDERED_BELOW queries, where
+    `supports_ordered` takes it. Timed at the H200's power cap (settled, three rounds, fwd+bwd, 16 heads, 16k
+    tokens a call; results/s83/call3-5), the ordered kernel ÷ the unordered one's time: causal 4k / 8k / 10k
+    0.946-0.957 / 0.979-0.989 / 0.989-0.999 per round; from 12k the unordered one leads (12k / 14k / 16k / 32k
+    / 64k 1.020-1.026 / 1.026-1.027 / 1.013-1.028 / 1.004-1.011 / 1.021-1.027), and with full attention (4k-16k
+    1.002-1.024, 32k-64k level). The unordered kernel draws more power per unit of work (its dQ adds in every
+    step, from every program at once; at causal 4k 1530 MHz against the ordered kernel's 1635 at the same
+    ~692 W), which is what a call at the cap pays for; the rule of `supports` was set in session 42 against
+    the two deterministic kernels, below the cap, before the ordered kernel existed."""
+    return (
+        causal
+        and seqlen_q < ORDERED_OVER_UNORDERED_BELOW
+        and supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, sms)
+    )
+
+
+ORDERED_OVER_UNORDERED_BELOW = 12288
+
 # FLASHTRAIN_ORDERED_BWD=0 keeps deterministic calls on the two Gluon kernels (dq, then dK/dV)
 ORDERED_ENABLED = os.environ.get("FLASHTRAIN_ORDERED_BWD", "1") != "0"
 

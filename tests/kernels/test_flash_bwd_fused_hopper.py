@@ -107,6 +107,47 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
         assert fused_hopper.ordered_key_groups(seqlen_k, 132) == (2 if seqlen_k > 66 * 128 else 1)
 
 
+@pytest.mark.parametrize(
+    "causal, seqlen, group, faster",
+    [(True, 4096, 1, True), (True, 8192, 2, True), (True, 10240, 1, True), (True, 12288, 1, False),
+     (True, 16384, 1, False), (True, 65536, 1, False), (False, 4096, 1, False), (True, 4096, 4, False),
+     (True, 2048, 1, True)],
+)  # fmt: skip
+def test_ordered_is_faster_for_causal_calls_under_12k_it_takes(causal, seqlen, group, faster):
+    """The rule by which a deterministic=False call runs the ordered kernel instead of the unordered one (on a
+    132-SM GPU, head dim 128): causal under 12k queries where `supports_ordered` takes the call (not at 4 query
+    heads a key head, which the unordered kernel keeps), never with full attention."""
+    assert fused_hopper.ordered_is_faster(128, causal, seqlen, seqlen, group, 132) is faster
+
+
+@pytest.mark.parametrize(
+    "below, ordered_takes, want", [(12288, True, True), (32, True, False), (12288, False, False)]
+)
+def test_nondeterministic_causal_calls_take_the_ordered_kernel_where_it_is_faster(
+    monkeypatch, below, ordered_takes, want, device
+):
+    """deterministic=False, causal, 40 queries (the kernels stubbed, so it runs anywhere): the ordered kernel
+    under ORDERED_OVER_UNORDERED_BELOW queries where it takes the call, else the unordered one."""
+    from kernels import _flash_bwd
+
+    monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
+    monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
+    monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
+    monkeypatch.setattr(fused_hopper, "supports_ordered", lambda *a: ordered_takes)
+    monkeypatch.setattr(fused_hopper, "ORDERED_OVER_UNORDERED_BELOW", below)
+    calls = []
+    monkeypatch.setattr(
+        fused_hopper, "flash_attn_bwd_fused_hopper", lambda *a, ordered=False, **kw: calls.append(ordered)
+    )
+    monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: pytest.fail("two kernels"))
+    torch.manual_seed(4)
+    q, k, v, do = (torch.randn(1, 40, 2, 16, device=device) for _ in range(4))
+    out, lse2 = _forward(q, k, v, causal=True)
+    kw = dict(sm_scale=0.25, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
+    _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=True, **kw)
+    assert calls == [want]
+
+
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     monkeypatch, deterministic, device
@@ -689,9 +730,10 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
 )  # fmt: skip
 def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq, sk, h, hk, causal):
     """deterministic=False sends a d128 backward to the one-kernel backward alone where
-    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries), other causal ones to the
-    deterministic Gluon kernels; the gradients pass the tolerance rule, and two runs differ at most in dq,
-    by the order of its fp32 additions."""
+    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries; causal under 12k that the ordered
+    kernel takes, to the ordered one, `ordered_is_faster`), other causal ones to the deterministic Gluon
+    kernels; the gradients pass the tolerance rule, and two runs differ at most in dq, by the order of its
+    fp32 additions."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
