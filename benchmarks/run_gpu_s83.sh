@@ -82,7 +82,7 @@ EOF
   clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 6)
-  gpu_tests 200 8 tests/kernels/test_flash_bwd_fused_hopper.py -k "nondeterministic or deterministic or ordered"
+  gpu_tests 150 8 tests/kernels/test_flash_bwd_fused_hopper.py -k "nondeterministic or deterministic_backward or deterministic_mode"
   timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --rounds 3 --seqlens 4096 8192 \
     --gpu-clocks --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_yes.json" 2>&1 | quiet \
     | ratios
