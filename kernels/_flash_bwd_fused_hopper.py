@@ -34,7 +34,8 @@ each tile's adds come in the order the programs started, so a program waits only
 it (causal past 20k each program walks its tiles from the last down, `causal_convoy_walks_down`).
 
 Scope: what the Hopper dK/dV kernel takes, at head dim 128, full attention and causal from 4k queries
-(`supports`; ordered: `supports_ordered`), dense; and block-sparse calls' long lists
+(`supports`; ordered: `supports_ordered`; a call asking for atomic dq that the ordered kernel takes runs that one
+where it measured faster, `ordered_is_faster`), dense; and block-sparse calls' long lists
 (`kernels._block_sparse_hopper.ONE_KERNEL_BACKWARD`, SPARSE). delta = rowsum(dO * O) comes from the portable
 preprocess (`_flash_bwd.backward_delta`) before the launch, and dq from the fp32 buffer after it. The
 unordered causal consumers run the full tiles' section first (`_flash_dkdv_hopper.sections`, HOT_FIRST),

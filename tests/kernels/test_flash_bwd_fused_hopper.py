@@ -120,47 +120,18 @@ def test_ordered_is_faster_for_causal_calls_under_12k_it_takes(causal, seqlen, g
     assert fused_hopper.ordered_is_faster(128, causal, seqlen, seqlen, group, 132) is faster
 
 
-@pytest.mark.parametrize(
-    "below, ordered_takes, want", [(12288, True, True), (32, True, False), (12288, False, False)]
-)
-def test_nondeterministic_causal_calls_take_the_ordered_kernel_where_it_is_faster(
-    monkeypatch, below, ordered_takes, want, device
-):
-    """deterministic=False, causal, 40 queries (the kernels stubbed, so it runs anywhere): the ordered kernel
-    under ORDERED_OVER_UNORDERED_BELOW queries where it takes the call, else the unordered one."""
+def _one_kernel_calls(
+    monkeypatch, device, *, causal: bool, atomic_dq: bool, ordered_takes: bool = True
+) -> list:
+    """The `ordered` flag of each one-kernel backward launch of one small backward call, with the Hopper dK/dV
+    kernel's checks and the kernels stubbed (so it runs anywhere; the two kernels must not run):
+    `supports` takes the call, `supports_ordered` as ordered_takes says."""
     from kernels import _flash_bwd
 
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
     monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
     monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
     monkeypatch.setattr(fused_hopper, "supports_ordered", lambda *a: ordered_takes)
-    monkeypatch.setattr(fused_hopper, "ORDERED_OVER_UNORDERED_BELOW", below)
-    calls = []
-    monkeypatch.setattr(
-        fused_hopper, "flash_attn_bwd_fused_hopper", lambda *a, ordered=False, **kw: calls.append(ordered)
-    )
-    monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: pytest.fail("two kernels"))
-    torch.manual_seed(4)
-    q, k, v, do = (torch.randn(1, 40, 2, 16, device=device) for _ in range(4))
-    out, lse2 = _forward(q, k, v, causal=True)
-    kw = dict(sm_scale=0.25, win_left=None, win_right=0, key_padding_mask=None, dropout_p=0.0, seed=0)
-    _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=True, **kw)
-    assert calls == [want]
-
-
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
-    monkeypatch, deterministic, device
-):
-    """The backward's routing where the Hopper dK/dV kernel takes a call (its checks and kernels stubbed, so
-    it runs anywhere): deterministic, the one-kernel backward with ordered adds where `supports_ordered`
-    says; deterministic=False, the unordered one where `supports` says."""
-    from kernels import _flash_bwd
-
-    monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
-    monkeypatch.setattr(dq_hopper, "supports", lambda *a, **kw: False)
-    monkeypatch.setattr(fused_hopper, "supports", lambda *a: True)
-    monkeypatch.setattr(fused_hopper, "supports_ordered", lambda *a: True)
     calls = []
     monkeypatch.setattr(
         fused_hopper, "flash_attn_bwd_fused_hopper", lambda *a, ordered=False, **kw: calls.append(ordered)
@@ -168,10 +139,43 @@ def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
     monkeypatch.setattr(dkdv_hopper, "flash_attn_dkdv_hopper", lambda *a, **kw: pytest.fail("two kernels"))
     torch.manual_seed(3)
     q, k, v, do = (torch.randn(1, 40, 2, 16, device=device) for _ in range(4))
-    out, lse2 = _forward(q, k, v, causal=False)
-    kw = dict(sm_scale=0.25, win_left=None, win_right=None, key_padding_mask=None, dropout_p=0.0, seed=0)
-    _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=not deterministic, **kw)
-    assert calls == [deterministic]
+    out, lse2 = _forward(q, k, v, causal=causal)
+    kw = dict(
+        sm_scale=0.25,
+        win_left=None,
+        win_right=0 if causal else None,
+        key_padding_mask=None,
+        dropout_p=0.0,
+        seed=0,
+    )
+    _flash_bwd.flash_attn_backward(do, q, k, v, out, lse2, atomic_dq=atomic_dq, **kw)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "below, ordered_takes, want", [(12288, True, True), (32, True, False), (12288, False, False)]
+)
+def test_nondeterministic_causal_calls_take_the_ordered_kernel_where_it_is_faster(
+    monkeypatch, below, ordered_takes, want, device
+):
+    """deterministic=False, causal, 40 queries: the ordered kernel under ORDERED_OVER_UNORDERED_BELOW queries
+    where it takes the call, else the unordered one."""
+    monkeypatch.setattr(fused_hopper, "ORDERED_OVER_UNORDERED_BELOW", below)
+    assert _one_kernel_calls(
+        monkeypatch, device, causal=True, atomic_dq=True, ordered_takes=ordered_takes
+    ) == [want]
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_deterministic_calls_take_the_ordered_one_kernel_backward_where_it_says(
+    monkeypatch, deterministic, device
+):
+    """The backward's routing where the Hopper dK/dV kernel takes a full-attention call: deterministic, the
+    one-kernel backward with ordered adds where `supports_ordered` says; deterministic=False, the unordered
+    one where `supports` says."""
+    assert _one_kernel_calls(monkeypatch, device, causal=False, atomic_dq=not deterministic) == [
+        deterministic
+    ]
 
 
 def _route_gqa_as_mha(monkeypatch):
