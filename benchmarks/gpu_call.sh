@@ -60,6 +60,16 @@ d128_against_anchors() {  # d128_against_anchors SECONDS SEQLEN...
 ratios() {
   python -c "import ast, sys; [print({k: v for k, v in ast.literal_eval(l).items() if 'over' in k and 'range' not in k}) for l in sys.stdin if l.startswith('{')]"
 }
+# ab_cudnn.py at d128 with both impls settled at the power cap (each call run back to back for 1.5 s before 500 ms
+# of timing, three rounds, clocks sampled), causal (yes|no) at SEQLENS with the OPTIONs, killed after SECONDS:
+# $R/NAME_causal_CAUSAL.json, its ratios printed.
+settled_cudnn() {  # settled_cudnn SECONDS NAME CAUSAL "SEQLENS" OPTION...
+  local secs=$1 name=$2 causal=$3 lens=$4
+  shift 4
+  # (word splitting of the lengths intended)
+  timeout -s KILL "$secs" python benchmarks/ab_cudnn.py --headdims 128 --causal "$causal" --rounds 3 --seqlens $lens \
+    --gpu-clocks --settle-ms 1500 --rep-ms 500 "$@" --out "$R/${name}_causal_$causal.json" 2>&1 | quiet | ratios
+}
 # The GPU tests (-m gpu) pytest selects from PYTEST_ARGS on WORKERS xdist workers, killed after SECONDS (in
 # case programs wait on each other for ever): $R/gpu_tests.log, its exit status and last lines printed.
 gpu_tests() {  # gpu_tests SECONDS WORKERS PYTEST_ARG...

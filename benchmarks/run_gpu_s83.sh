@@ -2,7 +2,8 @@
 # Session 83's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s83.sh PART, results in
 # $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s83/callN/. Parts 1-2 ran on the
 # tree of commit 7d529c5 (the dq tail, `--dq-pass`, `diag_dq_tail.py`), reverted after call 2: the change is
-# benchmarks/results/s83/dq_tail.patch.
+# benchmarks/results/s83/dq_tail.patch. Parts 3-6 ran the same commands written out; they call gpu_call.sh's
+# settled_cudnn now.
 #   1: the ordered one-kernel backward's dq written in its tail (`kernels._dq_tail`, new): a smoke call first
 #      (one causal and one full d128 call, the tail against the pass after the kernel, bitwise, killed after
 #      90 s in case a wait never ends), then the GPU tests of the one-kernel backward (every ordered schedule
@@ -60,31 +61,21 @@ EOF
   ;;
 3)
   train_table 150 1 train_small_8k_eager --models gpt2_small --seqlens 8192 --impls eager --gpu-clocks
-  for causal in yes no; do
-    timeout -s KILL 220 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 \
-      --seqlens $([ $causal = yes ] && echo 16384 || echo 4096 8192 16384) --gpu-clocks \
-      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  settled_cudnn 220 ab_cudnn_d128_nondeterministic yes 16384
+  settled_cudnn 220 ab_cudnn_d128_nondeterministic no "4096 8192 16384"
   clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 4)
-  for causal in yes no; do
-    timeout -s KILL 330 python benchmarks/ab_cudnn.py --headdims 128 --causal $causal --rounds 3 \
-      --seqlens $([ $causal = yes ] && echo 4096 8192 32768 65536 || echo 32768 65536) --gpu-clocks \
-      --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_$causal.json" 2>&1 | quiet | ratios
-  done
+  settled_cudnn 330 ab_cudnn_d128_nondeterministic yes "4096 8192 32768 65536"
+  settled_cudnn 330 ab_cudnn_d128_nondeterministic no "32768 65536"
   clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 5)
-  timeout -s KILL 300 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --rounds 3 --seqlens 10240 12288 14336 \
-    --gpu-clocks --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_yes.json" 2>&1 | quiet \
-    | ratios
+  settled_cudnn 300 ab_cudnn_d128_nondeterministic yes "10240 12288 14336"
   clock_medians "$R"/ab_cudnn_d128_*.json
   ;;
 6)
   gpu_tests 150 8 tests/kernels/test_flash_bwd_fused_hopper.py -k "nondeterministic or deterministic_backward or deterministic_mode"
-  timeout -s KILL 150 python benchmarks/ab_cudnn.py --headdims 128 --causal yes --rounds 3 --seqlens 4096 8192 \
-    --gpu-clocks --settle-ms 1500 --rep-ms 500 --out "$R/ab_cudnn_d128_nondeterministic_causal_yes.json" 2>&1 | quiet \
-    | ratios
+  settled_cudnn 150 ab_cudnn_d128_nondeterministic yes "4096 8192"
   ;;
 esac
