@@ -58,6 +58,9 @@ STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "s
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
 GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ordered backward run as MHA)
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
+# (--rows-in-order: ours and ours_nondeterministic with the one-kernel backward's dQ halves staged in row order,
+# `_flash_bwd_fused_hopper.PAIRED_DQ_ROWS` off), each against its own with the rows paired
+ROWS_IN_ORDER = {"ours_rows_in_order": "ours", "ours_nondeterministic_rows_in_order": "ours_nondeterministic"}
 # (--also-causal-key-groups N: ours, causal in up to N key groups)
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 # (--gqa-kernel-group N: ours, the GQA route's programs at N query heads each, `_flash_bwd.ORDERED_GQA_KERNEL_GROUP`)
@@ -125,6 +128,10 @@ def _calls(
             )  # fmt: skip
             for fn in calls[GQA_EXPANDED]
         )
+    for name in (n for n in calls if n in ROWS_IN_ORDER):
+        calls[name] = tuple(
+            with_settings(fn, _flash_bwd_fused_hopper, PAIRED_DQ_ROWS=False) for fn in calls[name]
+        )
     for name in (n for n in calls if n.startswith(KERNEL_GROUP_PREFIX)):
         group = int(name.removeprefix(KERNEL_GROUP_PREFIX))
         calls[name] = tuple(
@@ -183,6 +190,10 @@ def case(
     ):
         if variant in impls:  # (above 1: the default faster)
             row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
+    for variant in (name for name in impls if name in ROWS_IN_ORDER):  # (above 1: the rows paired faster)
+        base = ROWS_IN_ORDER[variant]
+        key = f"{variant.removeprefix('ours_')}_over_{base}_fwdbwd"
+        row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[(base, "fwdbwd")])
     for variant in (name for name in impls if name.startswith(KERNEL_GROUP_PREFIX)):
         key = f"{variant.removeprefix('ours_')}_over_ours_fwdbwd"
         row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
@@ -224,6 +235,12 @@ def main() -> None:
     parser.add_argument("--gqa-kernel-group", type=int, default=None, metavar="N",
                         help=f"also {KERNEL_GROUP_PREFIX}N: ours with the GQA route's programs taking N query "
                         "heads each (`_flash_bwd.ORDERED_GQA_KERNEL_GROUP`), alternating with the default")  # fmt: skip
+    parser.add_argument(
+        "--rows-in-order",
+        action="store_true",
+        help="add ours (and unless --deterministic-only ours_nondeterministic) with the one-kernel "
+        "backward's dQ halves staged in row order (PAIRED_DQ_ROWS off), alternating",
+    )
     parser.add_argument("--nheads", type=int, default=None,
                         help="heads (default: the issue's, 2048 / head dim); the batch stays the issue's")  # fmt: skip
     parser.add_argument("--nheads-kv", type=int, default=None,
@@ -267,6 +284,8 @@ def main() -> None:
         impls = {"ours": "triton", ZERO_FILLED: "triton", **impls}
     if args.gqa_expanded:
         impls = {"ours": "triton", GQA_EXPANDED: "triton", **impls}
+    if args.rows_in_order:  # (each variant after its base, as bench_attention's impl of it)
+        impls = {**impls, **{v: impls[base] for v, base in ROWS_IN_ORDER.items() if base in impls}}
     if args.gqa_kernel_group is not None:
         if args.gqa_kernel_group < 1:
             parser.error(f"--gqa-kernel-group must be at least 1, got {args.gqa_kernel_group}")

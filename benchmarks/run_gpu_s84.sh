@@ -7,6 +7,13 @@
 #      Nsight Compute on one fwd+bwd of each (ncu_attention.py): per kernel the instruction statistics, the
 #      compute and memory workload tables, the L2 reads / writes / reductions / atomics and the per-SASS-instruction
 #      executed counts (SourceCounters), as CSV: details, raw and sass pages
+#   2: call 1: our one-kernel backward runs fewer instructions than cuDNN's (1.02 / 2.00 G against 1.41 / 2.97 G
+#      at causal / full) but its dQ halves' 64-bit shared stores take 4 wavefronts each instead of 2 (68M / 134M
+#      excess wavefronts; cuDNN's stores none). Change: the halves staged rows paired (`dq_view`,
+#      `_fused_dq_hopper.stage_dq_half`). The one-kernel backward's GPU tests (every schedule, both views),
+#      then Nsight Compute's shared-store counts of the backward kernel, rows paired and in row order, at causal
+#      16k; then fwd+bwd settled at causal 16k, the paired rows against rows in order (`--rows-in-order`) in the
+#      same rounds, both deterministic and not, and cuDNN
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -31,5 +38,19 @@ case "${1:?part}" in
     done
   done
   ls -la "$R"
+  ;;
+2)
+  gpu_tests 240 8 tests/kernels/test_flash_bwd_fused_hopper.py tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_launch.py
+  metrics=gpu__time_duration.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+  metrics=$metrics,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__sass_inst_executed_op_shared_st.sum
+  for paired in 1 0; do
+    FLASHTRAIN_PAIRED_DQ_ROWS=$paired timeout 100 ncu --profile-from-start off -k regex:attn_bwd_fused \
+      --metrics "$metrics" --csv python benchmarks/ncu_attention.py --impl triton --seqlen 16384 --headdim 128 \
+      --causal causal > "$R/ncu_paired_$paired.csv" 2> "$R/ncu_paired_$paired.err"
+    echo "paired=$paired exit $?"
+    ncu_rows "$R/ncu_paired_$paired.csv"
+  done
+  settled_cudnn 200 rows_paired yes 16384 --rows-in-order
   ;;
 esac

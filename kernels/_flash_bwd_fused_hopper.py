@@ -64,7 +64,7 @@ from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, cdiv, is_int, sched_slots_for, sm_count
 from ._hopper_pipeline import descriptor, listed_row_program
-from ._launch import CompiledLaunch
+from ._launch import CompiledLaunch, TmaView
 
 
 @gluon.jit
@@ -242,7 +242,7 @@ def _dense_releases(
 ):  # fmt: skip
     """`_releaser` of a dense program."""
     SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    BLOCK_M: gl.constexpr = dq_smem.shape[-2] * dq_smem.shape[-3] * dq_smem.shape[-4]  # (`dq_view`'s blocks)
     count = hi - lo
     items = group * count
     rank = 0  # programs that add into this item before this one
@@ -256,8 +256,8 @@ def _dense_releases(
             rank = program
         else:
             rank = fused_dq.ordered_rank_step(rank, j, later_programs, spacing, extra)
-        coord = [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0]
-        _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG, FIRST_STORES)
+        _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, WG,
+                     FIRST_STORES)  # fmt: skip
 
 
 @gluon.jit
@@ -271,23 +271,24 @@ def _sparse_releases(
     in global memory. A program waits only on programs of its key head with lower key tiles, started
     before it (grid order), so none waits on one that cannot run."""
     SEM, sem_off, ranks, n_query_tiles, _, _, dq_b, _, staged, free = order
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    BLOCK_M: gl.constexpr = dq_smem.shape[-2] * dq_smem.shape[-3] * dq_smem.shape[-4]  # (`dq_view`'s blocks)
     for j in range(count):
         entry = gl.load(tiles + j)
         t = entry & 0xFFFF
         g = entry >> 16
         rank = gl.load(ranks + j)
         sem = SEM + sem_off + (g * n_query_tiles + t) * 2 + WG
-        coord = [dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, 0]
-        _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG, FIRST_STORES)
+        _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, WG,
+                     FIRST_STORES)  # fmt: skip
 
 
 @gluon.jit
 def _add_in_turn(
-    sem, rank, j, staged, free, dq_smem, dq_desc, coord, WG: gl.constexpr, FIRST_STORES: gl.constexpr
-):
+    sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, half_head, row, WG: gl.constexpr, FIRST_STORES: gl.constexpr
+):  # fmt: skip
     """A releasing warp's step j: once its consumer has staged the step's dQ half (staged) and the item's
-    count sem has reached rank, adds the half into dq at coord (FIRST_STORES: the item's first adder, rank 0,
+    count sem has reached rank, adds the half into dq at its tile (`fused_dq.dq_coord` of batch dq_b, view
+    head half_head, first row `row`; FIRST_STORES: the item's first adder, rank 0,
     stores it), frees the buffer once the add has read it, and counts the add with a GPU-scope release once
     it is complete in global memory.
     Why the first add may store: the buffer's zero fill then goes (a dq-sized fp32 write, ~35 us at 16k
@@ -300,12 +301,11 @@ def _add_in_turn(
     while seen != rank:
         seen = _load_acquire(sem)
     if FIRST_STORES:  # (both issued, the one not meant aimed past the buffer, where TMA writes nothing)
-        rows, first = coord[2], rank == 0
-        tma.async_copy_shared_to_global(
-            dq_desc, [coord[0], coord[1], gl.where(first, rows, _PAST_ROWS), 0], dq_smem.index(WG)
-        )
-        coord = [coord[0], coord[1], gl.where(first, _PAST_ROWS, rows), 0]
-    fused_dq.tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
+        first = rank == 0
+        stored = fused_dq.dq_coord(dq_b, half_head, gl.where(first, row, _PAST_ROWS), dq_smem)
+        tma.async_copy_shared_to_global(dq_desc, stored, dq_smem.index(WG))
+        row = gl.where(first, _PAST_ROWS, row)
+    fused_dq.tma_reduce_add(dq_desc, fused_dq.dq_coord(dq_b, half_head, row, dq_smem), dq_smem.index(WG))
     tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
     mbarrier.arrive(free.index(WG), count=1)
     _bulk_wait_all()  # (complete in global memory)
@@ -605,6 +605,10 @@ ORDERED_CAUSAL_KEY_GROUPS = 2
 # ordered kernel 1.03-1.13x at n4k, 1.00-1.06x at n16k (call2); gradients bitwise the same.
 # FLASHTRAIN_FIRST_STORES=0 adds into zero-filled buffers instead (A/B runs, a safety valve).
 FIRST_STORES = os.environ.get("FLASHTRAIN_FIRST_STORES", "1") != "0"
+
+# The dQ halves staged in shared memory rows paired (`dq_view`, `_fused_dq_hopper.stage_dq_half`), where the
+# queries are a multiple of 8; FLASHTRAIN_PAIRED_DQ_ROWS=0 stages them in row order (A/B runs).
+PAIRED_DQ_ROWS = os.environ.get("FLASHTRAIN_PAIRED_DQ_ROWS", "1") != "0"
 # (tests) what `dq_buffer` fills the elements it leaves to the first stores with: None leaves
 # torch.empty's bytes; NaN shows any element read before it is written
 UNWRITTEN_FILL: float | None = None
@@ -699,8 +703,7 @@ def flash_attn_bwd_fused_hopper(
     seqlen_k, nheads_kv = k.shape[1], dk.shape[2]  # (the grid's key heads: kv_repeat x k's)
     cfg = config or CONFIGS[headdim]
     grid = (cdiv(seqlen_k, cfg.consumers * cfg.block_n), nheads_kv, batch)
-    # each head's two column halves as heads of their own, so a TMA block is one consumer's half
-    dq_halves = dq_acc.view(-1, seqlen_q, 2 * nheads, headdim // 2)
+    dq_tiles = dq_view(dq_acc, cfg.block_m)
     # ordered: per (key group and batch, query head, query tile, half) the adds done so far (else a
     # pointer never read)
     sems = lse2
@@ -724,13 +727,30 @@ def flash_attn_bwd_fused_hopper(
     _launch_fused(
         grid,
         ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
-         (dv, cfg.block_n), (dq_halves, cfg.block_m)),
+         (dv, cfg.block_n), (dq_tiles, cfg.block_m)),
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
              PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down),
              SPARSE=lists is not None, FIRST_STORES=first_stores, num_warps=4),
     )  # fmt: skip
     return dk, dv
+
+
+def dq_view(dq_acc: torch.Tensor, block_m: int) -> torch.Tensor | TmaView:
+    """What the kernel's dq descriptor views of the fp32 dq buffer dq_acc (B', Sq, H, D), a TMA block being
+    one consumer's half of a query tile's dQ (block_m x D / 2): with PAIRED_DQ_ROWS and Sq a multiple of 8,
+    (B', Sq / 8, 4, 2, H * D) with strides (Sq, 8, 1, 4, 1 / H / D) rows, blocks (1, block_m / 8, 4, 2,
+    D / 2), so the shared tile holds row 8g + 4a + b at tile row 8g + 2b + a (`_fused_dq_hopper.stage_dq_half`,
+    which stores without bank conflicts in that order); otherwise each head's two column halves as heads of
+    their own, (B', 2H, Sq, D / 2) as `descriptor` views it, the tile in row order."""
+    batch, seqlen_q, nheads, headdim = dq_acc.shape
+    if not PAIRED_DQ_ROWS or seqlen_q % 8:
+        return dq_acc.view(batch, seqlen_q, 2 * nheads, headdim // 2)
+    row = nheads * headdim
+    return TmaView(
+        dq_acc, [batch, seqlen_q // 8, 4, 2, row], [seqlen_q * row, 8 * row, row, 4 * row, 1],
+        block=(1, block_m // 8, 4, 2, headdim // 2),
+    )  # fmt: skip
 
 
 _launch_fused = CompiledLaunch(_attn_bwd_fused_hopper, descriptor)

@@ -24,7 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import sched_slots_for, tile_ids, tile_program_ids
-from ._launch import tma_view
+from ._launch import TmaView, tma_view
 
 # ---------------------------------------------------------------------------------------------------
 # shared memory rings fed by TMA, and the rows' stores
@@ -367,20 +367,23 @@ def all_tma_ready(tensors) -> bool:
     return True
 
 
-def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+def descriptor(t: torch.Tensor | TmaView, rows: int) -> TensorDescriptor:
     """A (batch, heads, seqlen, headdim) TMA view of t (batch, seqlen, heads, headdim), read in blocks
     of `rows` tokens of one head: the descriptor's bounds give each head its own zero-filled tail (and
-    clip a store's rows past the sequence)."""
+    clip a store's rows past the sequence). A TmaView given whole (with its block) is taken as it is."""
+    if isinstance(t, TmaView):
+        return TensorDescriptor(
+            t.base, t.shape, t.strides, list(t.block), _smem_layout(t.block, t.base.dtype)
+        )
     view = tma_view(t)  # (the same view the compiled launches pass: kernels/_launch.py)
-    headdim = t.shape[-1]
-    layout = _smem_layout(rows, headdim, t.dtype)
-    return TensorDescriptor(t, view.shape, view.strides, [1, 1, rows, headdim], layout)
+    block = (1, 1, rows, t.shape[-1])
+    return TensorDescriptor(t, view.shape, view.strides, list(block), _smem_layout(block, t.dtype))
 
 
 @functools.cache
-def _smem_layout(rows: int, headdim: int, dtype: torch.dtype):
+def _smem_layout(block: tuple, dtype: torch.dtype):
     # cached: building the layout took 7 of the 10 us a descriptor cost on the host
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, headdim], _GL_DTYPES[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
 
 
 _GL_DTYPES = {

@@ -60,18 +60,29 @@ ENCODE_ONCE = os.environ.get("FLASHTRAIN_ENCODE_ONCE", "1") != "0"
 
 
 class TmaView(NamedTuple):
-    """A (batch, heads, seqlen, headdim) view of a (batch, seqlen, heads, headdim) tensor, as Triton's
-    launcher reads a host tensor descriptor (`base`, `shape`, `strides`, `padding`)."""
+    """A view of a tensor as Triton's launcher reads a host tensor descriptor (`base`, `shape`, `strides`,
+    `padding`): `tma_view`'s (batch, heads, seqlen, headdim) view of a (batch, seqlen, heads, headdim)
+    tensor, or one given whole with the `block` its descriptor copies (a launch's descriptors may be such
+    views instead of tensors: the one-kernel backward's dq, `_flash_bwd_fused_hopper.dq_view`)."""
 
     base: torch.Tensor
     shape: list
     strides: list
     padding: str = "zero"
+    block: tuple | None = None  # (a view given whole: its descriptor's block shape)
 
 
 def tma_view(t: torch.Tensor) -> TmaView:
     batch, seqlen, heads, headdim = t.shape
     return TmaView(t, [batch, heads, seqlen, headdim], [t.stride(0), t.stride(2), t.stride(1), 1])
+
+
+def _descriptor_key(t, rows: int) -> tuple:
+    """What a descriptor's kernel is specialized on: its dtype and block (a tensor's: rows x head dim; a
+    TmaView given whole: its own block)."""
+    if isinstance(t, TmaView):
+        return t.base.dtype, tuple(t.block)
+    return t.dtype, rows, t.shape[-1]
 
 
 def _current_device() -> int:
@@ -157,7 +168,7 @@ class CompiledLaunch:
 
     def __call__(self, grid, descriptors, args, kwargs: dict, views: dict | None = None):
         """kernel[grid](*descriptors, *args, **kwargs). grid: 1 to 3 program counts; descriptors: (tensor,
-        block rows) pairs; kwargs: the constexprs, then launch options (num_warps); views: TmaViews by id
+        block rows) pairs (or (TmaView with its block, rows)); kwargs: the constexprs, then launch options (num_warps); views: TmaViews by id
         of their tensor, shared between the launches of one call (on the `run` path)."""
         grid = (*grid, 1, 1)[:3]  # (the compiled launcher takes all three)
         if self.interpreted:  # (only plain Triton kernels: Gluon kernels do not run there)
@@ -172,7 +183,7 @@ class CompiledLaunch:
             device,
             *kwargs.items(),
             # (a descriptor's block is (rows, head dim): two head dims with the same rows are two kernels)
-            *((t.dtype, rows, t.shape[-1]) for t, rows in descriptors),
+            *(_descriptor_key(t, rows) for t, rows in descriptors),
             *map(_specialization, args),
         )
         entry = self._compiled.get(key)
@@ -199,14 +210,18 @@ class CompiledLaunch:
         """The launcher arguments of every descriptor, encoded once per tensor address, shape and strides."""
         encoded, cache = [], entry.encoded
         for index, (t, _) in enumerate(descriptors):
-            key = (index, t.data_ptr(), t.shape, t.stride())
+            given = isinstance(t, TmaView)
+            if given:
+                key = (index, t.base.data_ptr(), tuple(t.shape), tuple(t.strides))
+            else:
+                key = (index, t.data_ptr(), t.shape, t.stride())
             arguments = cache.get(key)
             if arguments is None:
                 if len(cache) >= MAX_ENCODED:  # (many short-lived buffers: start afresh)
                     cache.clear()
                 # Triton's own encoding: [CUtensorMap, *shape, *strides] of the view
                 arguments = cache[key] = make_tensordesc_arg(
-                    tma_view(t), entry.c_launcher.descriptor_metas[index]
+                    t if given else tma_view(t), entry.c_launcher.descriptor_metas[index]
                 )
                 self.encodings += 1
             encoded += arguments
@@ -217,6 +232,9 @@ class CompiledLaunch:
         views = {} if views is None else views
         tma = []
         for t, _ in descriptors:
+            if isinstance(t, TmaView):
+                tma.append(t)
+                continue
             view = views.get(id(t))
             if view is None:
                 view = views[id(t)] = tma_view(t)

@@ -296,6 +296,40 @@ def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(fake_encodin
     )
 
 
+def test_a_view_given_whole_is_keyed_by_its_block_and_encoded_once_per_address_shape_and_strides(
+    fake_encoding,
+):
+    """A descriptor given as a TmaView with its block (the one-kernel backward's dq view of rows paired,
+    `_flash_bwd_fused_hopper.dq_view`) reaches the descriptor factory and the encoding as it is; another block
+    is another specialization, another view of the same address another encoding."""
+    kernel = FakeKernelWithLauncher()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+
+    def paired(t, block=(1, 8, 4, 2, 16), groups=8):
+        return TmaView(t, [2, groups, 4, 2, 64], [4096, 512, 64, 256, 1], block=block)
+
+    for _ in range(3):
+        launch((3, 2, 1), ((paired(a), 64), (b, 32)), (x, 32, 0.5), dict(FLAG=True, STAGES=2, num_warps=4))
+    assert len(kernel.jit_launches) == 1 and launch.fast_launches == 2 and launch.encodings == 2
+    assert kernel.jit_launches[0][1][0] == ("gluon-descriptor", paired(a), 64)
+    runner = kernel.compiled[0].run
+    assert runner.c_launches[-1][13] == (
+        "tensor-map",
+        a.data_ptr(),
+        (2, 8, 4, 2, 64),
+        (4096, 512, 64, 256, 1),
+        64,
+    )
+    launch(
+        (3, 2, 1), ((paired(a, groups=4), 64), (b, 32)), (x, 32, 0.5), dict(FLAG=True, STAGES=2, num_warps=4)
+    )
+    assert launch.fast_launches == 3 and launch.encodings == 3  # (same block: the same kernel, encoded anew)
+    launch((3, 2, 1), ((paired(a, block=(1, 4, 4, 2, 16)), 64), (b, 32)), (x, 32, 0.5),
+           dict(FLAG=True, STAGES=2, num_warps=4))  # fmt: skip
+    assert len(kernel.jit_launches) == 2  # (another block: Triton's launch, another compiled kernel)
+
+
 def test_the_encoded_descriptors_kept_are_bounded(fake_encoding, monkeypatch):
     monkeypatch.setattr(_launch, "MAX_ENCODED", 3)
     kernel = FakeKernelWithLauncher()
