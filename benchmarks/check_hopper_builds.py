@@ -137,8 +137,10 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             # (a causal convoy block of 8 and kv_repeat 2, not 1, which Triton would build as constants: the
             # general build)
             jit = fused_hopper._attn_bwd_fused_hopper
-            # (1000 queries, a multiple of 8: the dq view of rows paired unless FLASHTRAIN_PAIRED_DQ_ROWS=0)
-            dq_view = fused_hopper.dq_view(torch.zeros(2, 1000, 4, headdim), cfg.block_m)
+            # (1000 queries, a multiple of 8: the ordered builds' dq view of rows paired unless
+            # FLASHTRAIN_PAIRED_DQ_ROWS=0)
+            ordered = kernel != "fused"
+            dq_view = fused_hopper.dq_view(torch.zeros(2, 1000, 4, headdim), cfg.block_m, ordered)
             result["dq_rows_paired"] = isinstance(dq_view, pipeline.TmaView)
             halves = pipeline.descriptor(dq_view, cfg.block_m)
             args = [rows, keys, keys, rows, keys, keys, halves, lse, lse, lse.stride(0), lse.stride(1), 1000, 1000,

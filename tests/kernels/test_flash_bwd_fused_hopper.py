@@ -44,18 +44,14 @@ BF16, F16 = torch.bfloat16, torch.float16
 # consumers only stage their dQ halves for the releasing warps to add in order (session 52), no ordered
 # build spills in its loops. Keys (kernel, head dim, causal, block-sparse): the block-sparse builds
 # (session 62) walk a list in one loop, and spill 1 (unordered causal, not taken by default) or none.
-# FUSED_SPILLS_ROWS_IN_ORDER is the builds with the dQ halves staged in row order (queries no multiple of 8,
-# `dq_view`); with their rows paired (session 84) the unordered dense builds spill 66 / 58 (full / causal)
-# instead of 21 / 71, the unordered block-sparse causal build none.
-FUSED_SPILLS_ROWS_IN_ORDER = {
+# The ordered builds stage their dQ halves rows paired (`dq_view`, session 84) or in row order (queries no
+# multiple of 8): neither spills in its loops.
+FUSED_SPILLS = {
     ("fused", 128, False, False): 21, ("fused", 128, True, False): 71, ("fused_ordered", 128, False, False): 0,
     ("fused_ordered", 128, True, False): 0, ("fused_convoy", 128, False, False): 0,
     ("fused_convoy", 128, True, False): 0, ("fused_convoy_down", 128, True, False): 0,
     ("fused", 128, False, True): 0, ("fused", 128, True, True): 1, ("fused_ordered", 128, False, True): 0,
     ("fused_ordered", 128, True, True): 0,
-}  # fmt: skip
-FUSED_SPILLS = FUSED_SPILLS_ROWS_IN_ORDER | {
-    ("fused", 128, False, False): 66, ("fused", 128, True, False): 58, ("fused", 128, True, True): 0,
 }  # fmt: skip
 
 
@@ -534,24 +530,25 @@ def _staged_and_copied_out(view, tile: torch.Tensor, dq_b: int, half_head: int, 
     box.copy_(shared.reshape(block_m // 8, 4, 2, half)[: box.shape[0]])
 
 
+@pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("paired", [True, False])
 @pytest.mark.parametrize(
     "batch, seqlen, nheads", [(2, 256, 2), (3, 1000, 1), (1, 4160, 2), (2, 300, 2), (1, 1001, 1)]
 )
-def test_dq_view_puts_every_staged_row_back_in_its_place(monkeypatch, paired, batch, seqlen, nheads):
+def test_dq_view_puts_every_staged_row_back_in_its_place(monkeypatch, ordered, paired, batch, seqlen, nheads):
     """The dq buffer's view (`dq_view`) and the shared tile's row order (`stage_dq_half`): every query tile's
     dQ halves, staged and copied out as the kernel does (`_staged_and_copied_out`), land on their own rows and
     columns of the fp32 buffer, tail tiles clipped at their sequence, nothing written past it. Rows paired
-    where the queries are a multiple of 8 and PAIRED_DQ_ROWS is on, else each head's halves as heads (the
-    view `descriptor` takes)."""
+    for the ordered kernel where the queries are a multiple of 8 and PAIRED_DQ_ROWS is on, else each head's
+    halves as heads (the view `descriptor` takes)."""
     monkeypatch.setattr(fused_hopper, "PAIRED_DQ_ROWS", paired)
     block_m, headdim = fused_hopper.CONFIGS[128].block_m, 128
     half = headdim // 2
     torch.manual_seed(seqlen + batch)
     want = torch.randn(batch, seqlen, nheads, headdim)
     dq = torch.full_like(want, float("nan"))
-    view = fused_hopper.dq_view(dq, block_m)
-    assert isinstance(view, fused_hopper.TmaView) is (paired and seqlen % 8 == 0)
+    view = fused_hopper.dq_view(dq, block_m, ordered)
+    assert isinstance(view, fused_hopper.TmaView) is (ordered and paired and seqlen % 8 == 0)
     if not isinstance(view, fused_hopper.TmaView):
         assert view.shape == (batch, seqlen, 2 * nheads, half) and view.data_ptr() == dq.data_ptr()
     padded = torch.zeros(batch, -(-seqlen // block_m) * block_m, nheads, headdim)  # (rows past: never landed)
@@ -578,26 +575,25 @@ def test_first_stores_need_the_ordered_backward():
 def test_fused_backward_builds_for_sm90(monkeypatch, tmp_path, paired):
     """The one-kernel backward compiles for sm_90 with Triton's own compiler on CPU (bf16 and fp16, causal
     and full, dense and block-sparse; its dQ halves staged rows paired or in row order, `dq_view`), within an
-    H100's shared memory and no more spills inside its loops than FUSED_SPILLS (_ROWS_IN_ORDER); the
+    H100's shared memory and no more spills inside its loops than FUSED_SPILLS; the
     ordered builds' semaphore counts (one per consumer half) are release adds, a GPU-wide memory barrier
     before each (a relaxed count let later adds overtake the ones it counted, results/s46/call1)."""
     from tests.kernels.test_flash_fwd_hopper import run_build_tool
 
     monkeypatch.setenv("FLASHTRAIN_PAIRED_DQ_ROWS", "1" if paired else "0")  # (read by the tool's process)
-    spills = FUSED_SPILLS if paired else FUSED_SPILLS_ROWS_IN_ORDER
     rc, results = run_build_tool(tmp_path, "--fused")
     assert rc == 0, results
     assert sorted(
         (r["kernel"], r["headdim"], r["causal"], r["sparse"], r["dtype"]) for r in results
     ) == sorted(
         (kernel, d, c, sparse, t)
-        for kernel, d, c, sparse in spills
+        for kernel, d, c, sparse in FUSED_SPILLS
         if d in fused_hopper.CONFIGS
         for t in ("bfloat16", "float16")
     )
     for r in results:
-        assert r["dq_rows_paired"] is paired, r
-        assert r["spills_in_loops"] <= spills[r["kernel"], r["headdim"], r["causal"], r["sparse"]], r
+        assert r["dq_rows_paired"] is (paired and r["kernel"] != "fused"), r  # (ordered builds alone)
+        assert r["spills_in_loops"] <= FUSED_SPILLS[r["kernel"], r["headdim"], r["causal"], r["sparse"]], r
         if r["kernel"] in ("fused_ordered", "fused_convoy", "fused_convoy_down"):
             assert r["semaphore_adds"] >= 2 and r["semaphore_adds_without_release"] == 0, r
 
