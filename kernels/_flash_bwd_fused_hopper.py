@@ -76,9 +76,11 @@ def _attn_bwd_fused_hopper(
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
     DOWN: gl.constexpr = False, SPARSE: gl.constexpr = False, FIRST_STORES: gl.constexpr = False,
 ):  # fmt: skip
-    """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc is a 4-D (batch,
-    2 x heads, seqlen, headdim / 2) view of the fp32 dq buffer (`_fused_dq_hopper.fused_dq_store`), blocks (1, 1,
-    BLOCK_M, headdim / 2); LSE is base 2. ORDERED (causal: seqlen_q == seqlen_k): each (query head,
+    """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc views the fp32 dq buffer
+    as `dq_view` gives it, a block being one consumer's dQ half of a query tile: (batch, 2 x heads, seqlen,
+    headdim / 2) in blocks (1, 1, BLOCK_M, headdim / 2), or ORDERED with its rows paired (batch, seqlen / 8, 4, 2,
+    heads x headdim) in blocks (1, BLOCK_M / 8, 4, 2, headdim / 2) (`_fused_dq_hopper.dq_coord`, `stage_dq_half`);
+    LSE is base 2. ORDERED (causal: seqlen_q == seqlen_k): each (query head,
     tile) item's dQ halves are added in one fixed order, through SEM, int32 zeros (key_groups x batch,
     heads, query tiles, 2): one semaphore per item and half, counting the adds done (`_steps`). The
     programs of a key head split into key_groups runs of consecutive programs, each adding into its own
@@ -313,7 +315,8 @@ def _add_in_turn(
     gl.atomic_add(sem, 1, sem="release", scope="gpu")
 
 
-# A row coordinate past any dq buffer (TMA's coordinates are int32): a box there is wholly out of bounds
+# A row coordinate past any dq buffer (TMA's coordinates are int32): a box there is wholly out of bounds (with
+# the rows paired, `dq_view`, its row group 1 << 27 is too)
 _PAST_ROWS = gl.constexpr(1 << 30)
 
 

@@ -94,10 +94,10 @@ def stage_dq_half(dst, dq):
     r + 8, and a 64-bit store runs in two phases of 16 threads, rows r0 .. r0 + 3 each. Stored in row order
     into the 128-byte swizzled tile, rows r and r ^ 1 swap the same two 16-byte chunks, so every store
     took 4 shared-memory wavefronts instead of 2: Nsight Compute on d128 n16k (one H200, results/s84/call1)
-    counted 68M / 134M excess wavefronts at causal / full, cuDNN's backward none. With dq_smem's rank 6
-    (`_flash_bwd_fused_hopper.dq_view`: the buffer's rows 8g + 4a + b at tile row 8g + 2b + a) the phase's
-    four rows fall on four XOR patterns 0, 2, 4, 6 (then 1, 3, 5, 7): two wavefronts, and the TMA writes
-    each row back where it belongs."""
+    counted 68M / 134M excess wavefronts at causal / full, cuDNN's backward none. With dst's rank 5
+    (`_flash_bwd_fused_hopper.dq_view`, the ordered kernel's: the buffer's row 8g + 4a + b at tile row
+    8g + 2b + a) the phase's four rows fall on four XOR patterns 0, 2, 4, 6 (then 1, 3, 5, 7): two wavefronts,
+    and the TMA writes each row back where it belongs. Otherwise (rank 4) the rows go in order."""
     BLOCK_M: gl.constexpr = dq.shape[0]
     HALF: gl.constexpr = dq.shape[1]
     PAIRED: gl.constexpr = len(dst.shape) == 5
