@@ -613,9 +613,10 @@ FIRST_STORES = os.environ.get("FLASHTRAIN_FIRST_STORES", "1") != "0"
 # where the queries are a multiple of 8: its 64-bit stores free of bank conflicts. One H200, d128 causal 16k
 # (results/s84/call2): Nsight Compute's shared-store bank conflicts in the backward kernel 69.2M -> 1.7M, store
 # wavefronts 228M -> 145M, the kernel 5.87 -> 5.69 ms at its locked clocks; fwd+bwd settled at the power cap, three
-# rounds alternating, rows in order ÷ paired 1.016 (cuDNN ÷ ours 1.029 -> 1.045). The unordered kernel
-# (deterministic=False from 12k) keeps the row order: paired it ran 0.906x as fast there (its build spills 58
-# instructions in its loops instead of 71 causal, but 66 instead of 21 with full attention).
+# rounds alternating, rows in order ÷ paired 1.016 (cuDNN ÷ ours 1.029 -> 1.045; 1.011-1.017 at causal 8k / 16k
+# and full 16k, 1.004 at causal 64k: results/s84/call3, call5). The unordered kernel (deterministic=False from
+# causal 12k) keeps the row order: paired it ran 0.906x as fast at causal 16k (its build spills 58 instructions
+# in its loops instead of 71 causal, but 66 instead of 21 with full attention).
 # FLASHTRAIN_PAIRED_DQ_ROWS=0 stages them in row order (A/B runs).
 PAIRED_DQ_ROWS = os.environ.get("FLASHTRAIN_PAIRED_DQ_ROWS", "1") != "0"
 # (tests) what `dq_buffer` fills the elements it leaves to the first stores with: None leaves

@@ -168,8 +168,9 @@ class CompiledLaunch:
 
     def __call__(self, grid, descriptors, args, kwargs: dict, views: dict | None = None):
         """kernel[grid](*descriptors, *args, **kwargs). grid: 1 to 3 program counts; descriptors: (tensor,
-        block rows) pairs (or (TmaView with its block, rows)); kwargs: the constexprs, then launch options (num_warps); views: TmaViews by id
-        of their tensor, shared between the launches of one call (on the `run` path)."""
+        block rows) pairs, a tensor's place possibly taken by a TmaView with its block; kwargs: the constexprs,
+        then launch options (num_warps); views: TmaViews by id of their tensor, shared between the launches of
+        one call (on the `run` path)."""
         grid = (*grid, 1, 1)[:3]  # (the compiled launcher takes all three)
         if self.interpreted:  # (only plain Triton kernels: Gluon kernels do not run there)
             if descriptors:
