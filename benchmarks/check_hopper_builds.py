@@ -124,6 +124,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
     result = dict(kernel=kernel, headdim=headdim, config=str(cfg), causal=causal,
                   dtype=str(dtype).removeprefix("torch."), sparse=sparse, part=part)  # fmt: skip
     start = time.time()
+    ordered = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")  # (the one-kernel backward's)
     if kernel == "dkdv":  # (the dV pass may stream larger query tiles)
         cfg = cfg.for_pass(part)
     try:
@@ -139,7 +140,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             jit = fused_hopper._attn_bwd_fused_hopper
             # (1000 queries, a multiple of 8: the ordered builds' dq view of rows paired unless
             # FLASHTRAIN_PAIRED_DQ_ROWS=0)
-            ordered = kernel != "fused"
             dq_view = fused_hopper.dq_view(torch.zeros(2, 1000, 4, headdim), cfg.block_m, ordered)
             result["dq_rows_paired"] = isinstance(dq_view, pipeline.TmaView)
             halves = pipeline.descriptor(dq_view, cfg.block_m)
@@ -177,7 +177,7 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         if kernel == "dkdv":
             meta["PART"] = part
         if kernel.startswith("fused"):
-            meta["ORDERED"] = kernel in ("fused_ordered", "fused_convoy", "fused_convoy_down")
+            meta["ORDERED"] = ordered
             meta["CONVOY"] = kernel.startswith("fused_convoy")
             meta["DOWN"] = kernel == "fused_convoy_down"
             meta["FIRST_STORES"] = meta["ORDERED"] and fused_hopper.FIRST_STORES  # (the default route's)

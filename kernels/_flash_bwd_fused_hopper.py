@@ -302,12 +302,13 @@ def _add_in_turn(
     mbarrier.wait(staged.index(WG), j & 1)
     while seen != rank:
         seen = _load_acquire(sem)
+    tile = dq_smem.index(WG)
     if FIRST_STORES:  # (both issued, the one not meant aimed past the buffer, where TMA writes nothing)
         first = rank == 0
-        stored = fused_dq.dq_coord(dq_b, half_head, gl.where(first, row, _PAST_ROWS), dq_smem)
-        tma.async_copy_shared_to_global(dq_desc, stored, dq_smem.index(WG))
+        stored = fused_dq.dq_coord(dq_b, half_head, gl.where(first, row, _PAST_ROWS), tile)
+        tma.async_copy_shared_to_global(dq_desc, stored, tile)
         row = gl.where(first, _PAST_ROWS, row)
-    fused_dq.tma_reduce_add(dq_desc, fused_dq.dq_coord(dq_b, half_head, row, dq_smem), dq_smem.index(WG))
+    fused_dq.tma_reduce_add(dq_desc, fused_dq.dq_coord(dq_b, half_head, row, tile), tile)
     tma.store_wait(0)  # (its source read: the consumer may stage the next step's)
     mbarrier.arrive(free.index(WG), count=1)
     _bulk_wait_all()  # (complete in global memory)

@@ -73,14 +73,15 @@ def fused_dq_product(ds_t, it, dq_io, WG: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def dq_coord(dq_b, half_head, row, dq_smem):
+def dq_coord(dq_b, half_head, row, tile):
     """The TMA coordinates of a dQ half's tile in the fp32 dq buffer: batch dq_b (its key group's, ordered),
-    view head half_head (head h's half WG: 2h + WG), first row `row`. dq_smem's rank says which view of the
-    buffer (B, Sq, H, D) its descriptor has (`_flash_bwd_fused_hopper.dq_view`): (B, 2H, Sq, D / 2), or,
-    rows paired (`stage_dq_half`), (B, Sq / 8, 4, 2, H * D) with the half's columns at half_head x D / 2."""
-    PAIRED: gl.constexpr = len(dq_smem.shape) == 6
+    view head half_head (head h's half WG: 2h + WG), first row `row`. The rank of `tile` (a consumer's share
+    of dq_smem, as `stage_dq_half` stores it) says which view of the buffer (B, Sq, H, D) its descriptor has
+    (`_flash_bwd_fused_hopper.dq_view`): (B, 2H, Sq, D / 2), or, rows paired, (B, Sq / 8, 4, 2, H * D) with the
+    half's columns at half_head x D / 2."""
+    PAIRED: gl.constexpr = len(tile.shape) == 5
     if PAIRED:
-        coord = [dq_b, row // 8, 0, 0, half_head * dq_smem.shape[5]]
+        coord = [dq_b, row // 8, 0, 0, half_head * tile.shape[4]]
     else:
         coord = [dq_b, half_head, row, 0]
     return coord
@@ -116,7 +117,7 @@ def fused_dq_store(dq, t, g, dq_io, WG: gl.constexpr):
     gl.thread_barrier()  # (the thread that issued the last add has seen it read)
     stage_dq_half(dq_smem.index(WG), dq * sm_scale)
     fence_async_shared()
-    coord = dq_coord(off_b, 2 * (head0 + g) + WG, t * dq.shape[0], dq_smem)
+    coord = dq_coord(off_b, 2 * (head0 + g) + WG, t * dq.shape[0], dq_smem.index(WG))
     tma_reduce_add(dq_desc, coord, dq_smem.index(WG))
 
 
