@@ -54,7 +54,7 @@ from kernels import (  # noqa: E402
     _flash_dq_hopper,
     _flash_fwd,
     _flash_fwd_hopper,
-    _head_sums,
+    _grad_sums,
     _hopper_pipeline,
     decode,
     flash_decode,
@@ -82,7 +82,7 @@ def use(way: str) -> None:
 # session 64's: the modules that call cdiv on the host (and session 78's GQA dK / dV sums), and the plain
 # kernels' launches (the delta preprocess, the decode split and merge kernels)
 CDIV_MODULES = (_block_sparse_hopper, _flash_bwd, _flash_bwd_fused_hopper, _flash_dkdv_hopper, _flash_dq_hopper,
-                _flash_fwd, _flash_fwd_hopper, _head_sums, decode)  # fmt: skip
+                _flash_fwd, _flash_fwd_hopper, _grad_sums, decode)  # fmt: skip
 LAUNCHES = (
     (_flash_bwd, "_launch_preprocess", _flash_bwd._bwd_preprocess),
     (decode, "_launch_split", decode._decode_split),

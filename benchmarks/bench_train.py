@@ -87,7 +87,7 @@ IMPLS = {
 # names carry no "attn": without them their time dropped out of the tallies, as the portable dq did from
 # ab_train_route.py's first GPU run, results/s60/call1)
 ATTENTION_HINTS = ("flash", "cudnn", "sdpa", "fmha", "attn", "attention", "mem_eff", "_bwd_dq", "_bwd_dkdv",
-                   "_bwd_preprocess", "_bs_fwd", "_bs_bwd", "_decode_", "_sum_head_groups")  # fmt: skip
+                   "_bwd_preprocess", "_bs_fwd", "_bs_bwd", "_decode_", "_sum_grad_groups")  # fmt: skip
 
 
 def matmul_peak_tflops(n: int = 8192, reps: int = 20) -> float:

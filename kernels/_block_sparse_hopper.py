@@ -379,5 +379,5 @@ def _one_kernel_backward(do, q, k, v, out, lse, layout, causal, sm_scale, dq, dk
         q, k, v, do, lse, delta, dq_acc, dk, dv, sm_scale=sm_scale, causal=causal, config=cfg, ordered=ordered,
         lists=lists, first_stores=first_stores,
     )  # fmt: skip
-    dq.copy_(dq_acc)  # (the kernel added dQ times the softmax scale)
+    fused_bwd.sum_dq_buffers(dq_acc, dq, k.shape[1], causal)  # (the kernel added dQ times the softmax scale)
     return dq, dk, dv

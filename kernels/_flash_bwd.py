@@ -33,7 +33,7 @@ from ._common import (
     widen,
 )
 from ._flash_fwd import _TUNE_KEY, dropout_row_ids, prune_configs, tune_bucket, without_narrow_key_tiles
-from ._head_sums import sum_head_groups
+from ._grad_sums import sum_head_groups
 from ._launch import CompiledLaunch
 
 
@@ -521,7 +521,7 @@ def _check_grad_buffers(kind, bufs, like, dtype=None, optional=()):
 # (call2): causal 4k / 8k 1.069 / 1.080x, full 4k / 8k 1.059 / 1.037x. Under 4k keys (call2, call3): full
 # attention at 2k / 3k 1.017-1.034 / 1.060-1.067x faster than the two kernels (on 8 and on 4 kv heads), but
 # at full 1k 0.96x and causal 2k 0.99x: the sums and the per-head dK / dV a larger share of a shorter call.
-# The sums in one pass at copy bandwidth (`_head_sums`; torch.sum ran at 0.35-0.6 of it): 0.984 / 0.982x the
+# The sums in one pass at copy bandwidth (`_grad_sums`; torch.sum ran at 0.35-0.6 of it): 0.984 / 0.982x the
 # time at causal / full 4k (results/s78/call1), and the route then ran 0.981 / 0.960x the two kernels' time at
 # causal 2k / 3k, 0.960 / 0.930x at full 1k / 1.5k (five alternating rounds, s78/call2): floors 2048 causal
 # (where the ordered kernel's causal range starts, ORDERED_CAUSAL_FROM), 1024 full.
@@ -708,16 +708,8 @@ def flash_attn_backward(
         if kv_repeat > 1:  # (each in the inputs' dtype, summed in fp32 in a fixed order, rounded once more)
             sum_head_groups(dk_heads, dk)
             sum_head_groups(dv_heads, dv)
-        # (the kernel added dQ times the softmax scale; key groups' buffers summed in their order, the
-        # last sum written into dq: in fp32, rounded once, as a copy of the total)
-        per_group = dq_acc.view(key_groups, *q.shape)
-        total = per_group[0]
-        for g in range(1, key_groups - 1):
-            total = total + per_group[g]
-        if key_groups == 1:
-            dq.copy_(total)
-        else:
-            torch.add(total, per_group[-1], out=dq)
+        # (the kernel added dQ times the softmax scale)
+        _flash_bwd_fused_hopper.sum_dq_buffers(dq_acc, dq, k.shape[1], causal, key_groups)
         return dq, dk, dv
     if hopper_dq:
         _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale,

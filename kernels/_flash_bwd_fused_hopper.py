@@ -63,6 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import _flash_dkdv_hopper as dkdv
 from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, cdiv, is_int, sched_slots_for, sm_count
+from ._grad_sums import sum_key_groups
 from ._hopper_pipeline import descriptor, listed_row_program
 from ._launch import CompiledLaunch, TmaView
 
@@ -625,33 +626,59 @@ PAIRED_DQ_ROWS = os.environ.get("FLASHTRAIN_PAIRED_DQ_ROWS", "1") != "0"
 UNWRITTEN_FILL: float | None = None
 
 
+# The key groups' dq buffers summed into dq in one Triton pass (`_grad_sums.sum_key_groups`) that reads only
+# the rows their programs wrote, so a first-stores buffer needs no zeros at all. FLASHTRAIN_TORCH_DQ_SUM=1:
+# torch's adds of whole buffers instead, zeros stored where no program adds (A/B runs, a safety valve).
+TORCH_DQ_SUM = os.environ.get("FLASHTRAIN_TORCH_DQ_SUM", "0") == "1"
+
+
+def dq_rows_written(seqlen_k: int, causal: bool, key_groups: int) -> tuple[int, int]:
+    """(groups_written, first_row_step) of the ordered backward's key groups' dq buffers: the groups from
+    groups_written on hold no program; with causal attention (seqlen_q == seqlen_k) group g's programs start
+    on their diagonals and add only into the queries from g * first_row_step on (0: full attention, every
+    query). Group g holds programs g * per_group .. of 128 keys each, as `ordered_key_groups` counts them."""
+    cfg = CONFIGS[128]
+    keys = cfg.consumers * cfg.block_n
+    programs = cdiv(seqlen_k, keys)
+    per_group = cdiv(programs, key_groups)
+    return cdiv(programs, per_group), per_group * keys if causal else 0
+
+
 def dq_buffer(
     q, seqlen_k: int, causal: bool, key_groups: int = 1, first_stores: bool = False
 ) -> torch.Tensor:
     """The one-kernel backward's fp32 dq buffers (ordered: one per key group), (key_groups x batch, *q's
     other dims): zeros, or with first_stores (ordered, `_add_in_turn`: each item's first adder stores)
-    zeros only where no program of a key group adds: a key group without programs, and causal (seqlen_q ==
-    seqlen_k), the queries before the group's first key (its programs start on their diagonals). For a
-    block-sparse call (one key group) the caller passes first_stores only when every item is listed
-    (`_block_sparse_hopper._col_lists`)."""
+    left unwritten (`sum_dq_buffers` reads only what the programs wrote; with TORCH_DQ_SUM zeros where no
+    program of a key group adds, `dq_rows_written`). For a block-sparse call (one key group) the caller
+    passes first_stores only when every item is listed (`_block_sparse_hopper._col_lists`)."""
     shape = (key_groups * q.shape[0], *q.shape[1:])
     if not first_stores:
         return torch.zeros(shape, device=q.device, dtype=torch.float32)
     buffer = torch.empty(shape, device=q.device, dtype=torch.float32)
     if UNWRITTEN_FILL is not None:
         buffer.fill_(UNWRITTEN_FILL)
-    cfg = CONFIGS[128]  # (a program's keys, as `ordered_key_groups` counts them)
-    keys = cfg.consumers * cfg.block_n
-    programs = cdiv(seqlen_k, keys)
-    per_group = cdiv(programs, key_groups)
-    per_key_group = buffer.view(key_groups, *q.shape)
-    for g in range(1, key_groups):  # (group 0 holds program 0, which adds into every item)
-        first_program = g * per_group
-        if first_program >= programs:
-            per_key_group[g].zero_()
-        elif causal:
-            per_key_group[g, :, : first_program * keys].zero_()
+    if TORCH_DQ_SUM:
+        groups_written, first_row_step = dq_rows_written(seqlen_k, causal, key_groups)
+        per_key_group = buffer.view(key_groups, *q.shape)
+        per_key_group[groups_written:].zero_()
+        for g in range(1, groups_written):  # (group 0 holds program 0, which adds into every item)
+            per_key_group[g, :, : g * first_row_step].zero_()
     return buffer
+
+
+def sum_dq_buffers(dq_acc, dq, seqlen_k: int, causal: bool, key_groups: int = 1) -> torch.Tensor:
+    """dq = the key groups' buffers (`dq_buffer`, after the kernel added dQ times the softmax scale) summed
+    in group order in fp32 and rounded once to dq's dtype (one group: a copy); returns dq."""
+    if not TORCH_DQ_SUM:
+        return sum_key_groups(dq_acc, dq, *dq_rows_written(seqlen_k, causal, key_groups))
+    per_group = dq_acc.view(key_groups, *dq.shape)
+    total = per_group[0]
+    for g in range(1, key_groups - 1):
+        total = total + per_group[g]
+    if key_groups == 1:
+        return dq.copy_(total)
+    return torch.add(total, per_group[-1], out=dq)
 
 
 def flash_attn_bwd_fused_hopper(

@@ -440,8 +440,9 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
     """The ordered backward's dq (its kernel stubbed, so it runs anywhere) is its key groups' fp32 buffers,
     summed in group order and rounded once to q's dtype: key groups from `ordered_key_groups`, or in the
     causal convoy order CAUSAL_CONVOY_KEY_GROUPS (`ordered_dq_groups`). The buffers come zero-filled, or
-    with FIRST_STORES (each item's first adder stores) as `dq_buffer` leaves them: here, 40 keys, a
-    single program, so every key group past the first has none and is all zeros."""
+    with FIRST_STORES (each item's first adder stores) unwritten as `dq_buffer` leaves them (NaN here);
+    the sum reads only what the programs wrote: here, 40 keys, a single program, so every key group past the
+    first has none, and dq is group 0's buffer (what the stub wrote elsewhere is never read)."""
     from kernels import _flash_bwd
 
     monkeypatch.setattr(dkdv_hopper, "supports", lambda *a, **kw: True)
@@ -458,11 +459,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
                **kw):  # fmt: skip
         assert ordered and convoy is convoy_wanted and dq_acc.shape == (key_groups * q.shape[0], *q.shape[1:])
         assert first_stores is first_stores_wanted
-        per_group = dq_acc.view(key_groups, *q.shape)
-        # (the one program is key group 0's and adds into every item; later groups have none)
-        filled = (per_group[0].isnan().all() if first_stores else not per_group[0].any()) and not per_group[
-            1:
-        ].any()
+        filled = dq_acc.isnan().all() if first_stores else not dq_acc.any()
         dq_acc.copy_(torch.randn_like(dq_acc) * 1e3)
         buffers.append((filled, dq_acc.clone()))
 
@@ -477,11 +474,7 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
     dq, _, _ = _flash_bwd.flash_attn_backward(do, q, k, v, out.half(), lse2, seed=0, **kw)
     ((filled, acc),) = buffers
     assert filled
-    per_group = acc.view(key_groups, *q.shape)
-    total = per_group[0]
-    for g in range(1, key_groups):
-        total = total + per_group[g]
-    assert dq.dtype == q.dtype and torch.equal(dq, total.to(q.dtype))
+    assert dq.dtype == q.dtype and torch.equal(dq, acc[: q.shape[0]].to(q.dtype))
 
 
 @pytest.mark.parametrize(
@@ -489,27 +482,38 @@ def test_ordered_backward_sums_its_key_groups_into_dq_in_their_order(
     [(4096, 1, False), (4096, 1, True), (16384, 2, False), (16384, 2, True), (16640, 2, True), (1000, 3, True),
      (1000, 3, False), (640, 3, True), (640, 3, False), (300, 2, True)],
 )  # fmt: skip
-def test_first_stores_buffer_zeroes_exactly_the_rows_no_program_adds_into(
-    monkeypatch, seqlen, key_groups, causal
-):
-    """`dq_buffer` with first stores: each item's first adder stores, so the buffer holds zeros
-    only where no program of a key group adds (its other elements are left unwritten: NaN here). Program p
-    adds into every query row with full attention, causal into the rows from its first key on (its
-    diagonal, seqlen_q == seqlen_k); key group g holds programs g * per_group .. (some partial or empty).
-    Without first stores the buffer is all zeros."""
+@pytest.mark.parametrize("torch_sum", [False, True], ids=["one_pass", "torch_sum"])
+def test_dq_sum_reads_exactly_the_rows_the_programs_write(monkeypatch, seqlen, key_groups, causal, torch_sum):
+    """`dq_buffer` with first stores leaves the buffers unwritten (NaN here), and `sum_dq_buffers` reads
+    only the rows some program of a key group adds into: program p adds into every query row with full
+    attention, causal into the rows from its first key on (its diagonal, seqlen_q == seqlen_k); key group
+    g holds programs g * per_group .. (some partial or empty). With random values in exactly those rows dq
+    is their sum in group order, no NaN; TORCH_DQ_SUM (torch's adds of whole buffers) stores zeros in
+    exactly the other rows first. Without first stores the buffers are all zeros."""
     monkeypatch.setattr(fused_hopper, "UNWRITTEN_FILL", float("nan"))
-    q = torch.empty(2, seqlen, 3, 128)
+    monkeypatch.setattr(fused_hopper, "TORCH_DQ_SUM", torch_sum)
+    heads, headdim = 3, 16
+    q = torch.empty(1, seqlen, heads, headdim, dtype=torch.float16)
     keys = fused_hopper.CONFIGS[128].consumers * fused_hopper.CONFIGS[128].block_n
     programs = -(-seqlen // keys)
     per_group = -(-programs // key_groups)
     buffer = fused_hopper.dq_buffer(q, seqlen, causal, key_groups, True)
-    assert buffer.shape == (key_groups * 2, seqlen, 3, 128) and buffer.dtype == torch.float32
-    for g, rows in enumerate(buffer.view(key_groups, 2, seqlen, 3, 128).unbind(0)):
-        first = [p for p in range(programs) if p // per_group == g]
-        added = torch.zeros(seqlen, dtype=torch.bool)
-        for p in first:
-            added[p * keys if causal else 0 :] = True
-        assert rows[:, added].isnan().all() and (rows[:, ~added] == 0).all(), (g, first)
+    assert buffer.shape == (key_groups, seqlen, heads, headdim) and buffer.dtype == torch.float32
+    added = torch.zeros(key_groups, seqlen, dtype=torch.bool)
+    for p in range(programs):
+        added[p // per_group, p * keys if causal else 0 :] = True
+    if torch_sum:
+        assert (buffer[~added] == 0).all() and buffer[added].isnan().all()
+    else:
+        assert buffer.isnan().all()
+    torch.manual_seed(seqlen + key_groups)
+    values = torch.randn_like(buffer)
+    buffer[added] = values[added]
+    dq = fused_hopper.sum_dq_buffers(buffer, torch.empty_like(q), seqlen, causal, key_groups)
+    total = torch.where(added[0, None, :, None, None], values[:1], 0.0)
+    for g in range(1, key_groups):
+        total = total + torch.where(added[g, None, :, None, None], values[g : g + 1], 0.0)
+    assert torch.equal(dq, total.half()) and not dq.isnan().any()
     zeros = fused_hopper.dq_buffer(q, seqlen, causal, key_groups, False)
     assert zeros.shape == buffer.shape and not zeros.any()
 
@@ -654,10 +658,10 @@ def test_gpu_ordered_fused_backward_matches_reference_and_repeats_bit_for_bit(
             key_groups=key_groups, convoy=convoy, convoy_block=convoy_block, walk_down=walk_down and causal,
             first_stores=first_stores,
         )  # fmt: skip
-        dq = acc.view(key_groups, *q.shape).sum(0)
+        dq = fused_hopper.sum_dq_buffers(acc, torch.empty_like(q), k.shape[1], causal, key_groups)
         runs.append((dq, dk, dv))
     ref64, ref_lp = _ref_grads(q, k, v, do, causal)
-    for name, got, i in (("dq", runs[0][0].to(dtype), 0), ("dk", runs[0][1], 1), ("dv", runs[0][2], 2)):
+    for name, got, i in (("dq", runs[0][0], 0), ("dk", runs[0][1], 1), ("dv", runs[0][2], 2)):
         assert_close_rule(name, got, ref64[i], ref_lp[i], dtype)
     for again in runs[1:]:  # (equal values: a first store of -0.0 where the zero-filled add gives +0.0)
         for first, other in zip(runs[0], again, strict=True):

@@ -1,4 +1,4 @@
-"""benchmarks/bench_head_sums.py's command line (the timing itself needs a GPU): what it refuses before
+"""benchmarks/bench_grad_sums.py's command line (the timing itself needs a GPU): what it refuses before
 timing, with one parser error each."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from benchmarks import bench_head_sums
+from benchmarks import bench_grad_sums
 
 
 @pytest.mark.parametrize(
@@ -22,12 +22,12 @@ from benchmarks import bench_head_sums
 )
 def test_refuses_bad_arguments(argv, match, capsys):
     with pytest.raises(SystemExit):
-        bench_head_sums.main(argv)
+        bench_grad_sums.main(argv)
     assert re.search(match, capsys.readouterr().err)
 
 
 def test_refuses_a_machine_without_cuda(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
-        bench_head_sums.main(["--out", str(tmp_path / "x.json")])
+        bench_grad_sums.main(["--out", str(tmp_path / "x.json")])
     assert "run it on a GPU machine" in capsys.readouterr().err
