@@ -58,6 +58,9 @@ STRICT_IMPLS = {"ours": "triton", "sdpa_flash": "sdpa_flash", "sdpa_mem_eff": "s
 TWO_KERNELS = "ours_two_kernels"  # (--two-kernels: ours, the ordered one-kernel backward off)
 GQA_EXPANDED = "ours_gqa_expanded"  # (--gqa-expanded: ours, GQA through the ordered backward run as MHA)
 ZERO_FILLED = "ours_zero_filled"  # (--zero-filled: ours, the ordered backward's first adders adding too)
+# (--torch-dq-sum: ours, the one-kernel backward's dq buffers summed by torch's adds, zeros stored where no
+# program writes, `_flash_bwd_fused_hopper.TORCH_DQ_SUM`)
+TORCH_DQ_SUM = "ours_torch_dq_sum"
 # (--rows-in-order: ours and ours_nondeterministic with the one-kernel backward's dQ halves staged in row order,
 # `_flash_bwd_fused_hopper.PAIRED_DQ_ROWS` off), each against its own with the rows paired
 ROWS_IN_ORDER = {"ours_rows_in_order": "ours", "ours_nondeterministic_rows_in_order": "ours_nondeterministic"}
@@ -115,6 +118,10 @@ def _calls(
     if ZERO_FILLED in calls:
         calls[ZERO_FILLED] = tuple(
             with_settings(fn, _flash_bwd_fused_hopper, FIRST_STORES=False) for fn in calls[ZERO_FILLED]
+        )
+    if TORCH_DQ_SUM in calls:
+        calls[TORCH_DQ_SUM] = tuple(
+            with_settings(fn, _flash_bwd_fused_hopper, TORCH_DQ_SUM=True) for fn in calls[TORCH_DQ_SUM]
         )
     if GQA_EXPANDED in calls:
         calls[GQA_EXPANDED] = tuple(
@@ -187,6 +194,7 @@ def case(
         (GQA_EXPANDED, "gqa_expanded_over_ours_fwdbwd"),
         (TWO_KERNELS, "two_kernels_over_ours_fwdbwd"),
         (ZERO_FILLED, "zero_filled_over_ours_fwdbwd"),
+        (TORCH_DQ_SUM, "torch_dq_sum_over_ours_fwdbwd"),
     ):
         if variant in impls:  # (above 1: the default faster)
             row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
@@ -227,6 +235,9 @@ def main() -> None:
     parser.add_argument("--zero-filled", action="store_true",
                         help=f"also {ZERO_FILLED}: ours with the ordered backward's first adders adding into a "
                         "zero-filled buffer instead of storing (its FIRST_STORES off)")  # fmt: skip
+    parser.add_argument("--torch-dq-sum", action="store_true",
+                        help=f"also {TORCH_DQ_SUM}: ours with the one-kernel backward's dq buffers summed by "
+                        "torch's adds (its TORCH_DQ_SUM on: zeros stored where no program writes)")  # fmt: skip
     parser.add_argument("--ordered-causal-key-groups", type=int, default=None,
                         help="let causal calls of up to this many key groups take the ordered one-kernel backward")  # fmt: skip
     parser.add_argument("--also-causal-key-groups", type=int, default=None, metavar="N",
@@ -282,6 +293,8 @@ def main() -> None:
         impls = {"ours": "triton", TWO_KERNELS: "triton", **impls}
     if args.zero_filled:
         impls = {"ours": "triton", ZERO_FILLED: "triton", **impls}
+    if args.torch_dq_sum:
+        impls = {"ours": "triton", TORCH_DQ_SUM: "triton", **impls}
     if args.gqa_expanded:
         impls = {"ours": "triton", GQA_EXPANDED: "triton", **impls}
     if args.rows_in_order:  # (each variant after its base, as bench_attention's impl of it)

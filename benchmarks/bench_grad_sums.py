@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_attention import issue_shape  # noqa: E402
 from benchmarks.common import mean_ms, write_results  # noqa: E402
 from kernels import _flash_bwd_fused_hopper as fused  # noqa: E402
 from kernels import _grad_sums  # noqa: E402
@@ -29,7 +30,7 @@ from kernels._common import sm_count  # noqa: E402
 # (batch, seqlen, kv heads, repeat): 32 query heads of 128 on 8 at 16k tokens, one program a query head (4)
 # or two (2, full attention under 8k keys), and one sequence of 16k
 SHAPES = [(4, 4096, 8, 4), (4, 4096, 8, 2), (2, 8192, 8, 4), (1, 16384, 8, 4)]
-# (seqlen, causal) of the dq sums, at 16k tokens x 16 heads of 128 (ab_cudnn.py's settled cases)
+# (seqlen, causal) of the dq sums, in the issue's shapes (16k tokens x 16 heads of 128: ab_cudnn.py's settled cases)
 DQ_CASES = [(4096, True), (8192, True), (16384, True), (32768, True), (65536, True), (4096, False),
             (16384, False), (65536, False)]  # fmt: skip
 
@@ -72,9 +73,10 @@ def time_dq_sum(seqlen: int, causal: bool, block_rows: list[int], reps: int) -> 
     convoy = fused.ordered_convoy(seqlen, seqlen, causal, 1, sms)
     key_groups = fused.ordered_dq_groups(seqlen, causal, convoy, sms)
     written, step = fused.dq_rows_written(seqlen, causal, key_groups)
-    q = torch.empty(16384 // seqlen, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
+    batch, heads = issue_shape(seqlen, 128)
+    q = torch.empty(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
     dq = torch.empty_like(q)
-    row = dict(seqlen=seqlen, causal=causal, batch=q.shape[0], heads=16, headdim=128, key_groups=key_groups,
+    row = dict(seqlen=seqlen, causal=causal, batch=batch, heads=heads, headdim=128, key_groups=key_groups,
                groups_written=written, first_row_step=step)  # fmt: skip
     values = torch.randn((key_groups * q.shape[0], *q.shape[1:]), device="cuda") * 1e3
     per_group = values.view(key_groups, *q.shape)

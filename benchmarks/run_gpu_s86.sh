@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 86's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s86.sh PART, results in
+# $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s86/callN/.
+#   1: the ordered backward's key groups' dq buffers summed in one Triton pass that reads only the rows their
+#      programs wrote (`_grad_sums.sum_key_groups`; first-stores buffers no longer zeroed anywhere), against
+#      torch's adds of whole buffers zeroed where no program writes (TORCH_DQ_SUM, until now): the sums alone at
+#      BLOCK_ROWS 16 / 32 / 64 (bench_grad_sums.py, also the GQA head sums); the GPU tests of the sums, the
+#      one-kernel backward and block-sparse Hopper files; then fwd+bwd settled at the power cap, ours against
+#      ours with torch's sum (--torch-dq-sum) and cuDNN, at causal 16k (2 key groups, under the 1.05 aim) and
+#      full 16k (2 key groups)
+source "$(dirname "$0")/gpu_call.sh"
+machine_info
+case "${1:?part}" in
+1)
+  timeout 120 python benchmarks/bench_grad_sums.py --block-rows 16 32 64 --out "$R/grad_sums.json" \
+    2>&1 | quiet | tail -n 12
+  gpu_tests 260 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
+  settled_cudnn 100 dq_sum yes 16384 --torch-dq-sum --deterministic-only
+  settled_cudnn 100 dq_sum no 16384 --torch-dq-sum --deterministic-only
+  ;;
+esac
