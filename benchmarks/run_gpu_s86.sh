@@ -8,6 +8,10 @@
 #      one-kernel backward and block-sparse Hopper files; then fwd+bwd settled at the power cap, ours against
 #      ours with torch's sum (--torch-dq-sum) and cuDNN, at causal 16k (2 key groups, under the 1.05 aim) and
 #      full 16k (2 key groups)
+#   2: the default (one key group past 16k: its sum a one-pass copy) against cuDNN and deterministic=False (the
+#      unordered kernel from causal 12k and at full attention: is the ordered kernel now level or ahead at the
+#      lengths `ordered_is_faster` leaves out?), settled: causal 64k, full 4k, 8k, 32k, 64k; then the default
+#      against cuDNN at causal 4k, 8k, 32k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -19,5 +23,10 @@ case "${1:?part}" in
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   settled_cudnn 100 dq_sum yes 16384 --torch-dq-sum --deterministic-only
   settled_cudnn 100 dq_sum no 16384 --torch-dq-sum --deterministic-only
+  ;;
+2)
+  settled_cudnn 90 default_and_nondeterministic yes 65536
+  settled_cudnn 300 default_and_nondeterministic no "4096 8192 32768 65536"
+  settled_cudnn 170 default yes "4096 8192 32768" --deterministic-only
   ;;
 esac
