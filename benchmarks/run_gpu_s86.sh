@@ -8,10 +8,12 @@
 #      one-kernel backward and block-sparse Hopper files; then fwd+bwd settled at the power cap, ours against
 #      ours with torch's sum (--torch-dq-sum) and cuDNN, at causal 16k (2 key groups, under the 1.05 aim) and
 #      full 16k (2 key groups)
-#   2: the default (one key group past 16k: its sum a one-pass copy) against cuDNN and deterministic=False (the
-#      unordered kernel from causal 12k and at full attention: is the ordered kernel now level or ahead at the
-#      lengths `ordered_is_faster` leaves out?), settled: causal 64k, full 4k, 8k, 32k, 64k; then the default
-#      against cuDNN at causal 4k, 8k, 32k
+#   2: call 1: the sums at copy bandwidth (dq at causal 16k 111 -> 65 µs, full 16k 90 -> 80 µs, one group level with
+#      torch's copy), bitwise torch's; settled, torch's sum ÷ ours 1.009 at causal 16k (cuDNN ÷ ours 1.057), 1.001 at
+#      full 16k (1.061). Its GPU tests were killed at their time limit at ~90%, none failed: again, longer; then the
+#      default against cuDNN and deterministic=False (the unordered kernel from causal 12k and at full attention:
+#      is the ordered kernel level or ahead where `ordered_is_faster` leaves it out?), settled: causal 64k, full 4k
+#      and 8k (a short call: the session's last device minutes)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -25,8 +27,10 @@ case "${1:?part}" in
   settled_cudnn 100 dq_sum no 16384 --torch-dq-sum --deterministic-only
   ;;
 2)
+  gpu_tests 340 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py \
+    tests/kernels/test_block_sparse_hopper.py
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   settled_cudnn 90 default_and_nondeterministic yes 65536
-  settled_cudnn 300 default_and_nondeterministic no "4096 8192 32768 65536"
-  settled_cudnn 170 default yes "4096 8192 32768" --deterministic-only
+  settled_cudnn 140 default_and_nondeterministic no "4096 8192"
   ;;
 esac
