@@ -112,13 +112,14 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
 @pytest.mark.parametrize(
     "causal, seqlen, group, faster",
     [(True, 4096, 1, True), (True, 8192, 2, True), (True, 10240, 1, True), (True, 12288, 1, False),
-     (True, 16384, 1, False), (True, 65536, 1, False), (False, 4096, 1, False), (True, 4096, 4, False),
-     (True, 2048, 1, True)],
+     (True, 16384, 1, False), (True, 65536, 1, False), (False, 4096, 1, True), (True, 4096, 4, False),
+     (True, 2048, 1, True), (False, 2048, 1, False), (False, 4095, 1, False), (False, 8192, 2, True),
+     (False, 16384, 1, True), (False, 65536, 1, True), (False, 8192, 4, False)],
 )  # fmt: skip
-def test_ordered_is_faster_for_causal_calls_under_12k_it_takes(causal, seqlen, group, faster):
+def test_ordered_is_faster_for_causal_under_12k_and_full_from_4k(causal, seqlen, group, faster):
     """The rule by which a deterministic=False call runs the ordered kernel instead of the unordered one (on a
-    132-SM GPU, head dim 128): causal under 12k queries where `supports_ordered` takes the call (not at 4 query
-    heads a key head, which the unordered kernel keeps), never with full attention."""
+    132-SM GPU, head dim 128), where `supports_ordered` takes the call (not at 4 query heads a key head, which
+    the unordered kernel keeps): causal under 12k queries, full attention from 4k."""
     assert fused_hopper.ordered_is_faster(128, causal, seqlen, seqlen, group, 132) is faster
 
 
@@ -788,14 +789,15 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
 @pytest.mark.parametrize(
     "b, sq, sk, h, hk, causal",
     [(2, 1024, 1024, 4, 4, False), (1, 2048, 1500, 8, 1, False), (1, 300, 300, 2, 2, False), (1, 1000, 129, 2, 2, False),
-     (1, 4096, 4096, 4, 2, True), (1, 4100, 3000, 2, 1, True), (1, 2048, 1500, 8, 1, True)],
+     (1, 4096, 4096, 4, 2, True), (1, 4100, 3000, 2, 1, True), (1, 2048, 1500, 8, 1, True),
+     (1, 4096, 4096, 2, 2, False), (1, 4096, 4096, 8, 2, False)],
 )  # fmt: skip
 def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq, sk, h, hk, causal):
     """deterministic=False sends a d128 backward to the one-kernel backward alone where
-    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries; causal under 12k that the ordered
-    kernel takes, to the ordered one, `ordered_is_faster`), other causal ones to the deterministic Gluon
-    kernels; the gradients pass the tolerance rule, and two runs differ at most in dq, by the order of its
-    fp32 additions."""
+    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries; causal under 12k and full from 4k
+    that the ordered kernel takes, to the ordered one, `ordered_is_faster`), other causal ones to the
+    deterministic Gluon kernels; the gradients pass the tolerance rule, and two runs differ at most in dq, by
+    the order of its fp32 additions (not at all on the ordered kernel)."""
     calls = record_calls(
         monkeypatch, (fused_hopper, "flash_attn_bwd_fused_hopper"), (dq_hopper, "flash_attn_dq_hopper"),
         (dkdv_hopper, "flash_attn_dkdv_hopper"),
@@ -819,6 +821,9 @@ def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq
     assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(
         runs[0][2], runs[1][2]
     )  # (summed in registers)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if fused_hopper.ordered_is_faster(128, causal, sq, sk, h // hk, sms):
+        assert torch.equal(runs[0][0], runs[1][0])
 
 
 @pytest.mark.parametrize("fused_takes", [False, True], ids=["elsewhere", "fused"])
