@@ -4,9 +4,10 @@
   (.., kv heads, repeat, d) view (what the route ran until session 78) and a clone of the input (the copy
   bandwidth they both aim at), at the route's sizes;
 - the ordered backward's dq, its key groups' fp32 buffers summed into bf16 (`_flash_bwd_fused_hopper.
-  sum_dq_buffers`, with the buffers' allocation, `dq_buffer`), against torch's adds of whole buffers zeroed
-  where no program writes (TORCH_DQ_SUM, what ran until session 86) and a clone of the buffers, at d128 16k
-  tokens x 16 heads with the key groups the backward takes.
+  sum_dq_buffers`, the pass `_grad_sums.sum_key_groups`, with the buffers' allocation, `dq_buffer`), against
+  torch's adds of whole buffers zeroed where no program writes (TORCH_DQ_SUM, what ran until session 86; one
+  group: its copy, which the backward still takes) and a clone of the buffers, at d128 16k tokens x 16 heads
+  with the key groups the backward takes.
 
     python benchmarks/bench_grad_sums.py --block-rows 16 32 64 --out benchmarks/results/grad_sums_h200.json
 """
@@ -87,22 +88,27 @@ def time_dq_sum(seqlen: int, causal: bool, block_rows: list[int], reps: int) -> 
     values_read = sum(per_group[g, :, g * step :].numel() for g in range(written))
     moved = values_read * 4 + dq.numel() * dq.element_size()
 
-    def buffer_and_sum():
+    def buffer_and_sum(one_pass: bool):
         acc = fused.dq_buffer(q, seqlen, causal, key_groups, True)
-        fused.sum_dq_buffers(acc, dq, seqlen, causal, key_groups)
+        if one_pass:  # (the pass itself, also where one group takes torch's copy)
+            _grad_sums.sum_key_groups(acc, dq, written, step)
+        else:
+            fused.sum_dq_buffers(acc, dq, seqlen, causal, key_groups)
 
     fused.TORCH_DQ_SUM = True
     try:
-        row["torch_ms"] = mean_ms(buffer_and_sum, reps, warmup=3)
+        row["torch_ms"] = mean_ms(lambda: buffer_and_sum(False), reps, warmup=3)
         expected = fused.sum_dq_buffers(zeroed, torch.empty_like(dq), seqlen, causal, key_groups)
     finally:
         fused.TORCH_DQ_SUM = False
     row["clone_ms"] = mean_ms(lambda: values.clone(), reps, warmup=3)
     row["ours_bytes"] = moved
     for rows in block_rows:
-        row[f"ours_{rows}_ms"] = _with_block_rows(rows, lambda: mean_ms(buffer_and_sum, reps, warmup=3))
+        row[f"ours_{rows}_ms"] = _with_block_rows(
+            rows, lambda: mean_ms(lambda: buffer_and_sum(True), reps, warmup=3)
+        )
         row[f"ours_{rows}_gbps"] = moved / row[f"ours_{rows}_ms"] / 1e6
-        _with_block_rows(rows, lambda: fused.sum_dq_buffers(values, dq, seqlen, causal, key_groups))
+        _with_block_rows(rows, lambda: _grad_sums.sum_key_groups(values, dq, written, step))
         row[f"ours_{rows}_equals_torch"] = bool(torch.equal(dq, expected))
     return row
 

@@ -18,8 +18,9 @@
 #      kernel faster there), full 4k / 8k 0.974 / 0.981 (the ordered one faster). The same at full 32k and 64k;
 #      the default against cuDNN at causal 16k again and 32k
 #   4: call 3: deterministic=False ÷ the default 0.972 / 0.980 at full 32k / 64k; cuDNN ÷ ours 1.050 at causal 16k,
-#      1.053 at 32k. Change: `ordered_is_faster` takes full attention from 4k too. The routing GPU tests of the
-#      one-kernel backward (deterministic and not)
+#      1.053 at 32k. Changes: `ordered_is_faster` takes full attention from 4k too; one key group written stays
+#      torch's copy (the pass ran 0.97-0.99x its speed, call 1). The GPU tests of the sums and the one-kernel
+#      backward's routes (deterministic and not)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -44,7 +45,7 @@ case "${1:?part}" in
   settled_cudnn 110 default yes "16384 32768" --deterministic-only
   ;;
 4)
-  gpu_tests 280 8 tests/kernels/test_flash_bwd_fused_hopper.py -k "deterministic"
+  gpu_tests 280 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py -k "deterministic or sums"
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   ;;
 esac
