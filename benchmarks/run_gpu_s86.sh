@@ -45,7 +45,7 @@ case "${1:?part}" in
   settled_cudnn 110 default yes "16384 32768" --deterministic-only
   ;;
 4)
-  gpu_tests 280 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py -k "deterministic or sums"
+  gpu_tests 230 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py -k "deterministic or sums"
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   ;;
 esac
