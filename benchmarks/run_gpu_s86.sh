@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 86's GPU calls (one H200 each; `device`): bash benchmarks/run_gpu_s86.sh PART, results in
+# Session 86's GPU calls (one H200 each; `device`; call 4's tests: 45 passed): bash benchmarks/run_gpu_s86.sh PART, results in
 # $OUT/results.tgz (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s86/callN/.
 #   1: the ordered backward's key groups' dq buffers summed in one Triton pass that reads only the rows their
 #      programs wrote (`_grad_sums.sum_key_groups`; first-stores buffers no longer zeroed anywhere), against
