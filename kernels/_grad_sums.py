@@ -76,13 +76,13 @@ def _launch(src: torch.Tensor, out: torch.Tensor, row_stride: int, term_stride: 
     return out
 
 
-def _check_out(name: str, what: str, src: torch.Tensor, out: torch.Tensor, ok: bool) -> None:
+def _check_out(name: str, what: str, src: torch.Tensor, out: torch.Tensor, ok: bool, also: str = "") -> None:
     if not (
         ok and src.is_contiguous() and out.dim() == 4 and out.stride(-1) == 1 and src.device == out.device
     ):
         raise ValueError(
-            f"{name} sums a contiguous {what} tensor into (batch, seqlen, h, d) on its device with a unit "
-            f"last stride; got {tuple(src.shape)} {src.dtype} {src.device} (contiguous: {src.is_contiguous()}) "
+            f"{name} sums a contiguous {what} tensor into (batch, seqlen, h, d) on its device with a unit last "
+            f"stride{also}; got {tuple(src.shape)} {src.dtype} {src.device} (contiguous: {src.is_contiguous()}) "
             f"into {tuple(out.shape)} {out.dtype} {out.device} strides {out.stride()}"
         )
 
@@ -100,7 +100,7 @@ def sum_head_groups(heads: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         and heads.shape[2] % out.shape[2] == 0
         and heads.dtype == out.dtype
     )
-    _check_out("sum_head_groups", "(batch, seqlen, h * r, d) of out's dtype", heads, out, ok)
+    _check_out("sum_head_groups", "(batch, seqlen, h * r, d)", heads, out, ok, ", of the same dtype")
     repeat, headdim = heads.shape[2] // out.shape[2], out.shape[3]
     return _launch(heads, out, repeat * headdim, headdim, repeat)
 
@@ -122,7 +122,7 @@ def sum_key_groups(buffers: torch.Tensor, out: torch.Tensor, groups_written: int
         and first_row_step >= 0
     )
     _check_out(
-        "sum_key_groups", f"fp32 (groups x batch, seqlen, h, d) with 1 to groups (groups_written: {groups_written})",
-        buffers, out, ok,
+        "sum_key_groups", "fp32 (groups x batch, seqlen, h, d)", buffers, out, ok,
+        f", groups_written from 1 to groups and first_row_step at least 0 (got {groups_written}, {first_row_step})",
     )  # fmt: skip
     return _launch(buffers, out, out.shape[3], out.numel(), groups_written, first_row_step)
