@@ -643,7 +643,7 @@ def dq_rows_written(seqlen_k: int, causal: bool, key_groups: int) -> tuple[int, 
     query). Group g holds programs g * per_group .. of 128 keys each, as `ordered_key_groups` counts them."""
     cfg = CONFIGS[128]
     keys = cfg.consumers * cfg.block_n
-    programs = cdiv(seqlen_k, keys)
+    programs = max(cdiv(seqlen_k, keys), 1)  # (no keys: group 0's buffer as it is, zeros or stored)
     per_group = cdiv(programs, key_groups)
     return cdiv(programs, per_group), per_group * keys if causal else 0
 
