@@ -82,9 +82,7 @@ def time_dq_sum(seqlen: int, causal: bool, block_rows: list[int], reps: int) -> 
     values = torch.randn((key_groups * q.shape[0], *q.shape[1:]), device="cuda") * 1e3
     per_group = values.view(key_groups, *q.shape)
     zeroed = values.clone()  # (torch's way: zeros where no program writes)
-    zeroed.view(key_groups, *q.shape)[written:] = 0
-    for g in range(1, written):
-        zeroed.view(key_groups, *q.shape)[g, :, : g * step] = 0
+    fused.zero_unwritten(zeroed.view(key_groups, *q.shape), written, step)
     values_read = sum(per_group[g, :, g * step :].numel() for g in range(written))
     moved = values_read * 4 + dq.numel() * dq.element_size()
 

@@ -663,12 +663,15 @@ def dq_buffer(
     if UNWRITTEN_FILL is not None:
         buffer.fill_(UNWRITTEN_FILL)
     if TORCH_DQ_SUM:
-        groups_written, first_row_step = dq_rows_written(seqlen_k, causal, key_groups)
-        per_key_group = buffer.view(key_groups, *q.shape)
-        per_key_group[groups_written:].zero_()
-        for g in range(1, groups_written):  # (group 0 holds program 0, which adds into every item)
-            per_key_group[g, :, : g * first_row_step].zero_()
+        zero_unwritten(buffer.view(key_groups, *q.shape), *dq_rows_written(seqlen_k, causal, key_groups))
     return buffer
+
+
+def zero_unwritten(per_key_group: torch.Tensor, groups_written: int, first_row_step: int) -> None:
+    """Zeros in the rows of (key_groups, batch, seqlen, ..) buffers that no program writes (`dq_rows_written`)."""
+    per_key_group[groups_written:].zero_()
+    for g in range(1, groups_written):  # (group 0 holds program 0, which adds into every item)
+        per_key_group[g, :, : g * first_row_step].zero_()
 
 
 def sum_dq_buffers(dq_acc, dq, seqlen_k: int, causal: bool, key_groups: int = 1) -> torch.Tensor:
