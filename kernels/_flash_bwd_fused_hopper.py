@@ -682,12 +682,10 @@ def sum_dq_buffers(dq_acc, dq, seqlen_k: int, causal: bool, key_groups: int = 1)
         return dq.copy_(dq_acc[: dq.shape[0]])
     if not TORCH_DQ_SUM:
         return sum_key_groups(dq_acc, dq, groups_written, first_row_step)
-    per_group = dq_acc.view(key_groups, *dq.shape)
+    per_group = dq_acc.view(key_groups, *dq.shape)  # (torch's way: whole buffers, the last add into dq)
     total = per_group[0]
     for g in range(1, key_groups - 1):
         total = total + per_group[g]
-    if key_groups == 1:
-        return dq.copy_(total)
     return torch.add(total, per_group[-1], out=dq)
 
 
