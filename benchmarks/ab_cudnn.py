@@ -68,6 +68,17 @@ ROWS_IN_ORDER = {"ours_rows_in_order": "ours", "ours_nondeterministic_rows_in_or
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 # (--gqa-kernel-group N: ours, the GQA route's programs at N query heads each, `_flash_bwd.ORDERED_GQA_KERNEL_GROUP`)
 KERNEL_GROUP_PREFIX = "ours_gqa_kernel_group_"
+# (--spin-sleep NS ..: ours, the ordered backward's releasing warps sleeping NS ns between reads of the count they
+# wait on, `_flash_bwd_fused_hopper.SPIN_SLEEP_NS`)
+SPIN_SLEEP_PREFIX = "ours_spin_sleep_"
+# (--also-convoy-key-groups N: ours, the causal convoy in N key groups, `_flash_bwd_fused_hopper.CAUSAL_CONVOY_KEY_GROUPS`)
+CONVOY_GROUPS_PREFIX = "ours_convoy_key_groups_"
+# variants whose fwd+bwd the rows give ÷ ours's, per name prefix -> the module setting it changes
+SETTING_VARIANTS = {
+    KERNEL_GROUP_PREFIX: "ORDERED_GQA_KERNEL_GROUP",
+    SPIN_SLEEP_PREFIX: "SPIN_SLEEP_NS",
+    CONVOY_GROUPS_PREFIX: "CAUSAL_CONVOY_KEY_GROUPS",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +150,11 @@ def _calls(
         calls[name] = tuple(
             with_settings(fn, _flash_bwd_fused_hopper, PAIRED_DQ_ROWS=False) for fn in calls[name]
         )
-    for name in (n for n in calls if n.startswith(KERNEL_GROUP_PREFIX)):
-        group = int(name.removeprefix(KERNEL_GROUP_PREFIX))
-        calls[name] = tuple(
-            with_settings(fn, _flash_bwd, ORDERED_GQA_KERNEL_GROUP=group) for fn in calls[name]
-        )
+    for prefix, setting in SETTING_VARIANTS.items():
+        module = _flash_bwd if prefix == KERNEL_GROUP_PREFIX else _flash_bwd_fused_hopper
+        for name in (n for n in calls if n.startswith(prefix)):
+            value = int(name.removeprefix(prefix))
+            calls[name] = tuple(with_settings(fn, module, **{setting: value}) for fn in calls[name])
     for name in (n for n in calls if n.startswith(KEY_GROUPS_PREFIX)):
         groups = int(name.removeprefix(KEY_GROUPS_PREFIX))
         calls[name] = tuple(
@@ -202,7 +213,7 @@ def case(
         base = ROWS_IN_ORDER[variant]
         key = f"{variant.removeprefix('ours_')}_over_{base}_fwdbwd"
         row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[(base, "fwdbwd")])
-    for variant in (name for name in impls if name.startswith(KERNEL_GROUP_PREFIX)):
+    for variant in (name for name in impls if name.startswith(tuple(SETTING_VARIANTS))):
         key = f"{variant.removeprefix('ours_')}_over_ours_fwdbwd"
         row[key], row[f"{key}_range"] = _ratio(times[(variant, "fwdbwd")], times[("ours", "fwdbwd")])
     row.update(settle_ms=timing.settle_ms, rep_ms=timing.rep_ms)
@@ -246,6 +257,12 @@ def main() -> None:
     parser.add_argument("--gqa-kernel-group", type=int, default=None, metavar="N",
                         help=f"also {KERNEL_GROUP_PREFIX}N: ours with the GQA route's programs taking N query "
                         "heads each (`_flash_bwd.ORDERED_GQA_KERNEL_GROUP`), alternating with the default")  # fmt: skip
+    parser.add_argument("--spin-sleep", type=int, nargs="+", default=[], metavar="NS",
+                        help=f"also {SPIN_SLEEP_PREFIX}NS per NS: ours with the ordered backward's releasing warps "
+                        "sleeping NS ns between reads of the count they wait on (`SPIN_SLEEP_NS`), alternating")  # fmt: skip
+    parser.add_argument("--also-convoy-key-groups", type=int, default=None, metavar="N",
+                        help=f"also {CONVOY_GROUPS_PREFIX}N: ours with the causal convoy in N key groups "
+                        "(`CAUSAL_CONVOY_KEY_GROUPS`), alternating with the default")  # fmt: skip
     parser.add_argument(
         "--rows-in-order",
         action="store_true",
@@ -307,6 +324,14 @@ def main() -> None:
         if args.also_causal_key_groups < 0:
             parser.error(f"--also-causal-key-groups must be at least 0, got {args.also_causal_key_groups}")
         impls = {"ours": "triton", f"{KEY_GROUPS_PREFIX}{args.also_causal_key_groups}": "triton", **impls}
+    if any(ns < 1 for ns in args.spin_sleep):
+        parser.error(f"--spin-sleep takes nanoseconds of at least 1 (0 is ours), got {args.spin_sleep}")
+    for ns in args.spin_sleep:
+        impls = {"ours": "triton", f"{SPIN_SLEEP_PREFIX}{ns}": "triton", **impls}
+    if args.also_convoy_key_groups is not None:
+        if args.also_convoy_key_groups < 1:
+            parser.error(f"--also-convoy-key-groups must be at least 1, got {args.also_convoy_key_groups}")
+        impls = {"ours": "triton", f"{CONVOY_GROUPS_PREFIX}{args.also_convoy_key_groups}": "triton", **impls}
     torch.use_deterministic_algorithms(args.torch_deterministic)
     rows = []
     for headdim in args.headdims:
