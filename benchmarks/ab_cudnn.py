@@ -260,8 +260,8 @@ def main() -> None:
     parser.add_argument("--spin-sleep", type=int, nargs="+", default=[], metavar="NS",
                         help=f"also {SPIN_SLEEP_PREFIX}NS per NS: ours with the ordered backward's releasing warps "
                         "sleeping NS ns between reads of the count they wait on (`SPIN_SLEEP_NS`), alternating")  # fmt: skip
-    parser.add_argument("--also-convoy-key-groups", type=int, default=None, metavar="N",
-                        help=f"also {CONVOY_GROUPS_PREFIX}N: ours with the causal convoy in N key groups "
+    parser.add_argument("--also-convoy-key-groups", type=int, nargs="+", default=[], metavar="N",
+                        help=f"also {CONVOY_GROUPS_PREFIX}N per N: ours with the causal convoy in N key groups "
                         "(`CAUSAL_CONVOY_KEY_GROUPS`), alternating with the default")  # fmt: skip
     parser.add_argument(
         "--rows-in-order",
@@ -328,10 +328,12 @@ def main() -> None:
         parser.error(f"--spin-sleep takes nanoseconds of at least 1 (0 is ours), got {args.spin_sleep}")
     for ns in args.spin_sleep:
         impls = {"ours": "triton", f"{SPIN_SLEEP_PREFIX}{ns}": "triton", **impls}
-    if args.also_convoy_key_groups is not None:
-        if args.also_convoy_key_groups < 1:
-            parser.error(f"--also-convoy-key-groups must be at least 1, got {args.also_convoy_key_groups}")
-        impls = {"ours": "triton", f"{CONVOY_GROUPS_PREFIX}{args.also_convoy_key_groups}": "triton", **impls}
+    if any(groups < 1 for groups in args.also_convoy_key_groups):
+        parser.error(
+            f"--also-convoy-key-groups takes counts of at least 1, got {args.also_convoy_key_groups}"
+        )
+    for groups in args.also_convoy_key_groups:
+        impls = {"ours": "triton", f"{CONVOY_GROUPS_PREFIX}{groups}": "triton", **impls}
     torch.use_deterministic_algorithms(args.torch_deterministic)
     rows = []
     for headdim in args.headdims:

@@ -6,6 +6,9 @@
 #      reads (`SPIN_SLEEP_NS`, 100 and 1000 ns), and the causal convoy in two key groups (its dq sum now one pass at
 #      copy bandwidth), against the default and cuDNN, settled at the power cap, clocks sampled; then the
 #      200 ns sleep at causal 16k and 32k
+#   2: call 1: the sleeps within the spread (÷ the default 1.002 / 1.005 at 64k, 0.996 / 0.997 at 16k / 32k at 200 ns;
+#      the same clocks); the causal convoy in two key groups 0.992 at 64k (cuDNN ÷ it 1.056, ÷ the default 1.047),
+#      faster in every round. The convoy's lengths (24k-64k) in two and three key groups against one and cuDNN
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 # each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named
@@ -24,5 +27,9 @@ case "${1:?part}" in
   clocks "$R/spin_64k_causal_yes.json"
   settled_cudnn 200 spin_16k_32k yes "16384 32768" --deterministic-only --spin-sleep 200
   clocks "$R/spin_16k_32k_causal_yes.json"
+  ;;
+2)
+  settled_cudnn 330 convoy_groups yes "24576 32768 49152 65536" --deterministic-only --also-convoy-key-groups 2 3
+  clocks "$R/convoy_groups_causal_yes.json"
   ;;
 esac

@@ -23,7 +23,10 @@ from benchmarks import ab_cudnn
             ["--spin-sleep", "100", "0"],
             r"--spin-sleep takes nanoseconds of at least 1 \(0 is ours\), got \[100, 0\]",
         ),
-        (["--also-convoy-key-groups", "0"], r"--also-convoy-key-groups must be at least 1, got 0"),
+        (
+            ["--also-convoy-key-groups", "2", "0"],
+            r"--also-convoy-key-groups takes counts of at least 1, got \[2, 0\]",
+        ),
         (["--settle-ms", "-1"], r"--settle-ms must be at least 0 and --rep-ms above 0, got -1.0 and 100.0"),
         (["--rep-ms", "0"], r"--settle-ms must be at least 0 and --rep-ms above 0, got 0.0 and 0.0"),
         (["--deterministic-only", "--torch-deterministic"], r"give one of them"),
