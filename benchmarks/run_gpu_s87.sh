@@ -9,6 +9,11 @@
 #   2: call 1: the sleeps within the spread (÷ the default 1.002 / 1.005 at 64k, 0.996 / 0.997 at 16k / 32k at 200 ns;
 #      the same clocks); the causal convoy in two key groups 0.992 at 64k (cuDNN ÷ it 1.056, ÷ the default 1.047),
 #      faster in every round. The convoy's lengths (24k-64k) in two and three key groups against one and cuDNN
+#   3: call 2: three key groups ÷ one 0.976 / 0.980 / 0.981 / 0.975 at 24k / 32k / 48k / 64k (two 0.981-0.992), every
+#      round; cuDNN ÷ ours in three 1.069-1.078. Change: the causal convoy in three key groups by default. Its GPU
+#      tests (the sums; the deterministic route at causal 17k-48k takes the convoy), then settled against one and
+#      four key groups at 16 heads (32k, 64k) and 8 heads (24k, 64k: session 54 had three groups lose there at
+#      24k-40k, then on torch's sum)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 # each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named
@@ -31,5 +36,14 @@ case "${1:?part}" in
 2)
   settled_cudnn 330 convoy_groups yes "24576 32768 49152 65536" --deterministic-only --also-convoy-key-groups 2 3
   clocks "$R/convoy_groups_causal_yes.json"
+  ;;
+3)
+  gpu_tests 230 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py \
+    -k "sums or deterministic_backward_takes_the_ordered"
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
+  settled_cudnn 130 convoy_groups_16_heads yes "32768 65536" --deterministic-only --also-convoy-key-groups 1 4
+  clocks "$R/convoy_groups_16_heads_causal_yes.json"
+  settled_cudnn 130 convoy_groups_8_heads yes "24576 65536" --nheads 8 --deterministic-only --also-convoy-key-groups 1 4
+  clocks "$R/convoy_groups_8_heads_causal_yes.json"
   ;;
 esac

@@ -508,8 +508,14 @@ def ordered_dq_groups(seqlen_k: int, causal: bool, convoy: bool, sms: int) -> in
     H200, seven rounds alternating (results/s54/call9): 8 heads 1.091 / 1.094 / 1.078 at 24k, 1.113 /
     1.113 / 1.106 at 32k, 1.141 / 1.129 / 1.121 at 40k, 1.106 / 1.111 / 1.119 at 48k, 1.094 / 1.102 /
     1.105 at 64k; 16 heads in 1 / 2, 1.102 / 1.100 at 24k, 1.125 / 1.126 at 48k, 1.097 / 1.102 at 64k.
-    Level within the 1-2% two identical variants spread by, so one group (CAUSAL_CONVOY_KEY_GROUPS 1,
-    FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS for A/B runs)."""
+    Level within the 1-2% two identical variants spread by, so one group until session 87. Each group past
+    the first costs its buffer's read in the final sum, since session 86 one Triton pass at copy bandwidth over
+    the rows its programs wrote (`sum_dq_buffers`; torch's adds of whole buffers before). Then, fwd+bwd against
+    SDPA cuDNN settled at the power cap, three rounds alternating, 16 heads (results/s87/call2), two / three
+    ÷ one, every round faster: 0.981 / 0.976 at 24k, 0.987 / 0.980 at 32k, 0.984 / 0.981 at 48k, 0.992
+    / 0.975 at 64k (cuDNN ÷ ours in three groups 1.078 / 1.077 / 1.076 / 1.069; in one 1.052 / 1.055 / 1.055 /
+    1.043). So three (CAUSAL_CONVOY_KEY_GROUPS, FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS for A/B runs); at 64k
+    tokens of 16 heads of 128 each group's buffer is 0.5 GiB."""
     if convoy:
         return CAUSAL_CONVOY_KEY_GROUPS if causal else 1
     return ordered_key_groups(seqlen_k, sms)
@@ -577,7 +583,7 @@ def _positive_int_setting(name: str, unit: str, default, environ=os.environ):
 # checked at each call)
 CONVOY_BLOCK_SETTING = _positive_int_setting("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "programs a block", None)
 # (`ordered_dq_groups`; A/B runs and GPU tests set it)
-CAUSAL_CONVOY_KEY_GROUPS = _positive_int_setting("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS", "key groups", 1)
+CAUSAL_CONVOY_KEY_GROUPS = _positive_int_setting("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS", "key groups", 3)
 # FLASHTRAIN_ORDERED_CAUSAL_CONVOY=0 keeps causal calls past ORDERED_CAUSAL_KEY_GROUPS key groups (16896
 # keys on 132 SMs) on the two deterministic kernels
 ORDERED_CAUSAL_CONVOY = os.environ.get("FLASHTRAIN_ORDERED_CAUSAL_CONVOY", "1") != "0"
