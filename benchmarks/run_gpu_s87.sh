@@ -14,6 +14,10 @@
 #      tests (the sums; the deterministic route at causal 17k-48k takes the convoy), then settled against one and
 #      four key groups at 16 heads (32k, 64k) and 8 heads (24k, 64k: session 54 had three groups lose there at
 #      24k-40k, then on torch's sum)
+#   4: call 3: GPU tests 30 passed; three key groups (the default) against one / four: 16 heads 32k 1.015 / 1.002 (64k
+#      killed at its time limit), 8 heads 24k 1.033 / 0.996, 64k 1.023 / 0.993 (one ÷ three, four ÷ three). Now
+#      deterministic=False (the unordered kernel from causal 12k, `ordered_is_faster`) against the default at the
+#      convoy's lengths, settled with cuDNN: causal 24k, 32k, 64k
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 # each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named
@@ -45,5 +49,9 @@ case "${1:?part}" in
   clocks "$R/convoy_groups_16_heads_causal_yes.json"
   settled_cudnn 130 convoy_groups_8_heads yes "24576 65536" --nheads 8 --deterministic-only --also-convoy-key-groups 1 4
   clocks "$R/convoy_groups_8_heads_causal_yes.json"
+  ;;
+4)
+  settled_cudnn 260 default_and_nondeterministic yes "24576 32768 65536"
+  clocks "$R/default_and_nondeterministic_causal_yes.json"
   ;;
 esac
