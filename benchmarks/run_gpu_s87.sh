@@ -18,6 +18,9 @@
 #      killed at its time limit), 8 heads 24k 1.033 / 0.996, 64k 1.023 / 0.993 (one ÷ three, four ÷ three). Now
 #      deterministic=False (the unordered kernel from causal 12k, `ordered_is_faster`) against the default at the
 #      convoy's lengths, settled with cuDNN: causal 24k, 32k, 64k
+#   5: call 4: the ordered kernel ÷ the unordered one 0.992 / 0.989 / 0.989 at causal 24k / 32k / 64k (every round
+#      0.982-0.997; cuDNN ÷ the default 1.066 / 1.067 / 1.071), so `ordered_is_faster` takes causal calls from 24k.
+#      The same between: causal 12k, 16k (two key groups) and 20k (the convoy)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 # each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named
@@ -52,6 +55,10 @@ case "${1:?part}" in
   ;;
 4)
   settled_cudnn 260 default_and_nondeterministic yes "24576 32768 65536"
+  clocks "$R/default_and_nondeterministic_causal_yes.json"
+  ;;
+5)
+  settled_cudnn 230 default_and_nondeterministic yes "12288 16384 20480"
   clocks "$R/default_and_nondeterministic_causal_yes.json"
   ;;
 esac

@@ -112,14 +112,16 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
 @pytest.mark.parametrize(
     "causal, seqlen, group, faster",
     [(True, 4096, 1, True), (True, 8192, 2, True), (True, 10240, 1, True), (True, 12288, 1, False),
-     (True, 16384, 1, False), (True, 65536, 1, False), (False, 4096, 1, True), (True, 4096, 4, False),
+     (True, 16384, 1, False), (True, 24575, 1, False), (True, 24576, 1, True), (True, 65536, 1, True),
+     (True, 32768, 2, False), (False, 4096, 1, True), (True, 4096, 4, False),
      (True, 2048, 1, True), (False, 2048, 1, False), (False, 4095, 1, False), (False, 8192, 2, True),
      (False, 16384, 1, True), (False, 65536, 1, True), (False, 8192, 4, False)],
 )  # fmt: skip
-def test_ordered_is_faster_for_causal_under_12k_and_full_from_4k(causal, seqlen, group, faster):
+def test_ordered_is_faster_for_causal_under_12k_or_from_24k_and_full_from_4k(causal, seqlen, group, faster):
     """The rule by which a deterministic=False call runs the ordered kernel instead of the unordered one (on a
-    132-SM GPU, head dim 128), where `supports_ordered` takes the call (not at 4 query heads a key head, which
-    the unordered kernel keeps): causal under 12k queries, full attention from 4k."""
+    132-SM GPU, head dim 128), where `supports_ordered` takes the call (not at 4 query heads a key head, nor
+    causal past 16.9k keys with GQA, which the unordered kernel keeps): causal under 12k queries or from 24k
+    (the convoy), full attention from 4k."""
     assert fused_hopper.ordered_is_faster(128, causal, seqlen, seqlen, group, 132) is faster
 
 
