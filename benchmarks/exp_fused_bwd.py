@@ -155,9 +155,8 @@ def main() -> None:
     args = parser.parse_args()
     # (the fused path: the unordered kernel at every length, as in session 42; since session 83 a causal call
     # under 12k that asks for atomic dq runs the ordered kernel, since session 86 a full one from 4k too, since
-    # session 87 a causal one from 24k too, `ordered_is_faster`)
-    _flash_bwd_fused_hopper.ORDERED_OVER_UNORDERED_BELOW = 0
-    _flash_bwd_fused_hopper.ORDERED_OVER_UNORDERED_CAUSAL_FROM = 1 << 30
+    # session 87 every causal one the ordered kernel takes, `ordered_is_faster`)
+    _flash_bwd_fused_hopper.ORDERED_OVER_UNORDERED_CAUSAL = False
     _flash_bwd_fused_hopper.ORDERED_OVER_UNORDERED_FULL_FROM = 1 << 30
     rows = [reference_check(d, c) for d in args.headdims for c in (False, True)]
     for row in rows:

@@ -20,7 +20,8 @@
 #      convoy's lengths, settled with cuDNN: causal 24k, 32k, 64k
 #   5: call 4: the ordered kernel ÷ the unordered one 0.992 / 0.989 / 0.989 at causal 24k / 32k / 64k (every round
 #      0.982-0.997; cuDNN ÷ the default 1.066 / 1.067 / 1.071), so `ordered_is_faster` takes causal calls from 24k.
-#      The same between: causal 12k, 16k (two key groups) and 20k (the convoy)
+#      The same between: causal 12k, 16k (two key groups) and 20k (the convoy). Outcome (call 5): 0.997 / 0.995 /
+#      0.983, every round under 1, so `ordered_is_faster` takes every causal call the ordered kernel takes
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 # each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named

@@ -379,9 +379,8 @@ CAUSAL_FROM = 4096
 
 def ordered_is_faster(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, group: int, sms: int) -> bool:
     """Whether a call asking for atomic dq (deterministic=False) that `supports` takes runs the ordered kernel
-    instead, because that measured faster, where `supports_ordered` takes it: causal under
-    ORDERED_OVER_UNORDERED_BELOW queries or from ORDERED_OVER_UNORDERED_CAUSAL_FROM, full attention from
-    ORDERED_OVER_UNORDERED_FULL_FROM. Timed at the
+    instead, because that measured faster, where `supports_ordered` takes it: causal at every length (with
+    ORDERED_OVER_UNORDERED_CAUSAL), full attention from ORDERED_OVER_UNORDERED_FULL_FROM. Timed at the
     H200's power cap (settled, three rounds, fwd+bwd, 16 heads, 16k tokens a call), the ordered kernel ÷ the
     unordered one's time: causal 4k / 8k / 10k 0.946-0.957 / 0.979-0.989 / 0.989-0.999 per round; from 12k the
     unordered one led (12k / 14k / 16k / 32k / 64k 1.020-1.026 / 1.026-1.027 / 1.013-1.028 / 1.004-1.011 /
@@ -393,16 +392,17 @@ def ordered_is_faster(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, 
     0.980 (cuDNN ÷ each, the same rounds; results/s84/call6, s86/call2-3); causal 16k / 32k level (0.997 /
     1.000, s84, before the sum), 64k 1.026 (s86/call2). Since the causal convoy's three key groups (session 87,
     `ordered_dq_groups`): causal 24k / 32k / 64k 0.992 / 0.989 / 0.989, every round 0.982-0.997 (cuDNN ÷ each
-    1.066 / 1.067 / 1.071 against 1.058 / 1.056 / 1.059; results/s87/call4); 12k-20k not timed since."""
+    1.066 / 1.067 / 1.071 against 1.058 / 1.056 / 1.059; results/s87/call4), and 12k / 16k (two key groups) /
+    20k (the convoy) 0.997 / 0.995 / 0.983, every round 0.982-0.9996 (results/s87/call5). So causal calls take
+    it at every length it takes (4k-64k measured; with 2 query heads a key head, not timed against each other)."""
     if not supports_ordered(headdim, causal, seqlen_q, seqlen_k, group, sms):
         return False
     if causal:
-        return seqlen_q < ORDERED_OVER_UNORDERED_BELOW or seqlen_q >= ORDERED_OVER_UNORDERED_CAUSAL_FROM
+        return ORDERED_OVER_UNORDERED_CAUSAL
     return seqlen_q >= ORDERED_OVER_UNORDERED_FULL_FROM
 
 
-ORDERED_OVER_UNORDERED_BELOW = 12288
-ORDERED_OVER_UNORDERED_CAUSAL_FROM = 24576  # (the causal convoy from 16.9k keys: timed from 24k)
+ORDERED_OVER_UNORDERED_CAUSAL = True  # (A/B runs: False keeps causal deterministic=False calls on the unordered kernel)
 ORDERED_OVER_UNORDERED_FULL_FROM = 4096  # (shorter full calls: not measured against each other)
 
 # FLASHTRAIN_ORDERED_BWD=0 keeps deterministic calls on the two Gluon kernels (dq, then dK/dV)

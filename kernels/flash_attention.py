@@ -285,8 +285,8 @@ def flash_attention(
         (FA2-style), which skips recomputing QK^T and dO V^T but sums in a run-dependent order. On an
         H100/H200 at head dim 128 that is one Gluon kernel adding each step's dQ through TMA reduce-adds
         (`kernels._flash_bwd_fused_hopper`: full attention, causal from 4k queries, where it measured
-        faster than the deterministic kernels; causal calls under 12k queries or from 24k and full ones
-        from 4k that the ordered kernel takes run that one instead, faster there at the GPU's power cap,
+        faster than the deterministic kernels; causal calls and full ones from 4k queries that the
+        ordered kernel takes run that one instead, faster there at the GPU's power cap,
         `ordered_is_faster`, and so reproducible); the other calls the Hopper dK/dV kernel takes (other
         head dims, shorter causal calls) keep the deterministic kernels, faster there than the atomic
         variant, so they stay reproducible. With `torch.use_deterministic_algorithms(True)` on when the

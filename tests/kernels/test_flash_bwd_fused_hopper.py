@@ -111,17 +111,17 @@ def test_ordered_backward_takes_d128_calls_whose_programs_fit_half_the_sms(
 
 @pytest.mark.parametrize(
     "causal, seqlen, group, faster",
-    [(True, 4096, 1, True), (True, 8192, 2, True), (True, 10240, 1, True), (True, 12288, 1, False),
-     (True, 16384, 1, False), (True, 24575, 1, False), (True, 24576, 1, True), (True, 65536, 1, True),
-     (True, 32768, 2, False), (False, 4096, 1, True), (True, 4096, 4, False),
+    [(True, 4096, 1, True), (True, 8192, 2, True), (True, 10240, 1, True), (True, 12288, 1, True),
+     (True, 16384, 1, True), (True, 20480, 1, True), (True, 65536, 1, True), (True, 16384, 2, True),
+     (True, 32768, 2, False), (True, 1024, 1, False), (False, 4096, 1, True), (True, 4096, 4, False),
      (True, 2048, 1, True), (False, 2048, 1, False), (False, 4095, 1, False), (False, 8192, 2, True),
      (False, 16384, 1, True), (False, 65536, 1, True), (False, 8192, 4, False)],
 )  # fmt: skip
-def test_ordered_is_faster_for_causal_under_12k_or_from_24k_and_full_from_4k(causal, seqlen, group, faster):
+def test_ordered_is_faster_for_causal_calls_and_full_from_4k(causal, seqlen, group, faster):
     """The rule by which a deterministic=False call runs the ordered kernel instead of the unordered one (on a
     132-SM GPU, head dim 128), where `supports_ordered` takes the call (not at 4 query heads a key head, nor
-    causal past 16.9k keys with GQA, which the unordered kernel keeps): causal under 12k queries or from 24k
-    (the convoy), full attention from 4k."""
+    causal past 16.9k keys with GQA or under 2k queries, which the unordered kernel or the deterministic ones
+    keep): causal at every length, full attention from 4k."""
     assert fused_hopper.ordered_is_faster(128, causal, seqlen, seqlen, group, 132) is faster
 
 
@@ -158,14 +158,14 @@ def _one_kernel_calls(
 
 
 @pytest.mark.parametrize(
-    "below, ordered_takes, want", [(12288, True, True), (32, True, False), (12288, False, False)]
+    "ordered_faster, ordered_takes, want", [(True, True, True), (False, True, False), (True, False, False)]
 )
 def test_nondeterministic_causal_calls_take_the_ordered_kernel_where_it_is_faster(
-    monkeypatch, below, ordered_takes, want, device
+    monkeypatch, ordered_faster, ordered_takes, want, device
 ):
-    """deterministic=False, causal, 40 queries: the ordered kernel under ORDERED_OVER_UNORDERED_BELOW queries
+    """deterministic=False, causal, 40 queries: the ordered kernel with ORDERED_OVER_UNORDERED_CAUSAL
     where it takes the call, else the unordered one."""
-    monkeypatch.setattr(fused_hopper, "ORDERED_OVER_UNORDERED_BELOW", below)
+    monkeypatch.setattr(fused_hopper, "ORDERED_OVER_UNORDERED_CAUSAL", ordered_faster)
     assert _one_kernel_calls(
         monkeypatch, device, causal=True, atomic_dq=True, ordered_takes=ordered_takes
     ) == [want]
@@ -797,7 +797,7 @@ def test_gpu_deterministic_backward_takes_the_ordered_kernel(monkeypatch, b, sq,
 )  # fmt: skip
 def test_gpu_nondeterministic_backward_takes_the_fused_kernel(monkeypatch, b, sq, sk, h, hk, causal):
     """deterministic=False sends a d128 backward to the one-kernel backward alone where
-    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries; causal under 12k and full from 4k
+    `_flash_bwd_fused_hopper.supports` says (full, causal from 4k queries; causal and full from 4k
     that the ordered kernel takes, to the ordered one, `ordered_is_faster`), other causal ones to the
     deterministic Gluon kernels; the gradients pass the tolerance rule, and two runs differ at most in dq, by
     the order of its fp32 additions (not at all on the ordered kernel)."""
