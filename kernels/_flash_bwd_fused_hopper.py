@@ -402,7 +402,9 @@ def ordered_is_faster(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, 
     return seqlen_q >= ORDERED_OVER_UNORDERED_FULL_FROM
 
 
-ORDERED_OVER_UNORDERED_CAUSAL = True  # (A/B runs: False keeps causal deterministic=False calls on the unordered kernel)
+ORDERED_OVER_UNORDERED_CAUSAL = (
+    True  # (A/B runs: False keeps causal deterministic=False calls on the unordered kernel)
+)
 ORDERED_OVER_UNORDERED_FULL_FROM = 4096  # (shorter full calls: not measured against each other)
 
 # FLASHTRAIN_ORDERED_BWD=0 keeps deterministic calls on the two Gluon kernels (dq, then dK/dV)
