@@ -22,8 +22,6 @@
 #      0.982-0.997; cuDNN ÷ the default 1.066 / 1.067 / 1.071), so `ordered_is_faster` takes causal calls from 24k.
 #      The same between: causal 12k, 16k (two key groups) and 20k (the convoy). Outcome (call 5): 0.997 / 0.995 /
 #      0.983, every round under 1, so `ordered_is_faster` takes every causal call the ordered kernel takes
-#   6: the two points of the aim not re-run since session 84 (1.075 / 1.081), on the final tree: causal 4k and 8k
-#      (the session's last device minutes)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 # each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named
@@ -59,10 +57,6 @@ case "${1:?part}" in
 4)
   settled_cudnn 260 default_and_nondeterministic yes "24576 32768 65536"
   clocks "$R/default_and_nondeterministic_causal_yes.json"
-  ;;
-6)
-  settled_cudnn 110 default yes "4096 8192" --deterministic-only
-  clocks "$R/default_causal_yes.json"
   ;;
 5)
   settled_cudnn 230 default_and_nondeterministic yes "12288 16384 20480"
