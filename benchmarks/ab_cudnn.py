@@ -68,15 +68,11 @@ ROWS_IN_ORDER = {"ours_rows_in_order": "ours", "ours_nondeterministic_rows_in_or
 KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 # (--gqa-kernel-group N: ours, the GQA route's programs at N query heads each, `_flash_bwd.ORDERED_GQA_KERNEL_GROUP`)
 KERNEL_GROUP_PREFIX = "ours_gqa_kernel_group_"
-# (--spin-sleep NS ..: ours, the ordered backward's releasing warps sleeping NS ns between reads of the count they
-# wait on, `_flash_bwd_fused_hopper.SPIN_SLEEP_NS`)
-SPIN_SLEEP_PREFIX = "ours_spin_sleep_"
 # (--also-convoy-key-groups N: ours, the causal convoy in N key groups, `_flash_bwd_fused_hopper.CAUSAL_CONVOY_KEY_GROUPS`)
 CONVOY_GROUPS_PREFIX = "ours_convoy_key_groups_"
 # variants whose fwd+bwd the rows give ÷ ours's, per name prefix -> the module setting it changes
 SETTING_VARIANTS = {
     KERNEL_GROUP_PREFIX: "ORDERED_GQA_KERNEL_GROUP",
-    SPIN_SLEEP_PREFIX: "SPIN_SLEEP_NS",
     CONVOY_GROUPS_PREFIX: "CAUSAL_CONVOY_KEY_GROUPS",
 }
 
@@ -257,9 +253,6 @@ def main() -> None:
     parser.add_argument("--gqa-kernel-group", type=int, default=None, metavar="N",
                         help=f"also {KERNEL_GROUP_PREFIX}N: ours with the GQA route's programs taking N query "
                         "heads each (`_flash_bwd.ORDERED_GQA_KERNEL_GROUP`), alternating with the default")  # fmt: skip
-    parser.add_argument("--spin-sleep", type=int, nargs="+", default=[], metavar="NS",
-                        help=f"also {SPIN_SLEEP_PREFIX}NS per NS: ours with the ordered backward's releasing warps "
-                        "sleeping NS ns between reads of the count they wait on (`SPIN_SLEEP_NS`), alternating")  # fmt: skip
     parser.add_argument("--also-convoy-key-groups", type=int, nargs="+", default=[], metavar="N",
                         help=f"also {CONVOY_GROUPS_PREFIX}N per N: ours with the causal convoy in N key groups "
                         "(`CAUSAL_CONVOY_KEY_GROUPS`), alternating with the default")  # fmt: skip
@@ -324,10 +317,6 @@ def main() -> None:
         if args.also_causal_key_groups < 0:
             parser.error(f"--also-causal-key-groups must be at least 0, got {args.also_causal_key_groups}")
         impls = {"ours": "triton", f"{KEY_GROUPS_PREFIX}{args.also_causal_key_groups}": "triton", **impls}
-    if any(ns < 1 for ns in args.spin_sleep):
-        parser.error(f"--spin-sleep takes nanoseconds of at least 1 (0 is ours), got {args.spin_sleep}")
-    for ns in args.spin_sleep:
-        impls = {"ours": "triton", f"{SPIN_SLEEP_PREFIX}{ns}": "triton", **impls}
     if any(groups < 1 for groups in args.also_convoy_key_groups):
         parser.error(
             f"--also-convoy-key-groups takes counts of at least 1, got {args.also_convoy_key_groups}"

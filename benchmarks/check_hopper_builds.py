@@ -181,7 +181,6 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
             meta["CONVOY"] = kernel.startswith("fused_convoy")
             meta["DOWN"] = kernel == "fused_convoy_down"
             meta["FIRST_STORES"] = meta["ORDERED"] and fused_hopper.FIRST_STORES  # (the default route's)
-            meta["SPIN_SLEEP"] = fused_hopper.SPIN_SLEEP_NS if ordered else 0
         if cfg.v_stages:  # (the forward's K and V rings of their own)
             meta["V_STAGES"] = cfg.v_stages
         if kernel == "fwd" and cfg.pingpong:  # (the forward's consumers taking turns, `wait_turn`)

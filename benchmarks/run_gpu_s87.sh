@@ -3,7 +3,8 @@
 # (benchmarks/gpu_call.sh), unpacked into benchmarks/results/s87/callN/.
 #   1: causal 64k (cuDNN ÷ ours 1.034, our SM clock 1590 MHz against cuDNN's 1665 at the same ~690 W): does the
 #      ordered backward's releasing warps' spin on their counts draw power? Their waits with a nanosleep between
-#      reads (`SPIN_SLEEP_NS`, 100 and 1000 ns), and the causal convoy in two key groups (its dq sum now one pass at
+#      reads (`SPIN_SLEEP_NS`, 100 and 1000 ns; removed after the calls: `git apply
+#      benchmarks/results/s87/call1/spin_sleep.patch` for part 1), and the causal convoy in two key groups (its dq sum now one pass at
 #      copy bandwidth), against the default and cuDNN, settled at the power cap, clocks sampled; then the
 #      200 ns sleep at causal 16k and 32k
 #   2: call 1: the sleeps within the spread (÷ the default 1.002 / 1.005 at 64k, 0.996 / 0.997 at 16k / 32k at 200 ns;

@@ -76,7 +76,6 @@ def _attn_bwd_fused_hopper(
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, ORDERED: gl.constexpr = False, CONVOY: gl.constexpr = False,
     DOWN: gl.constexpr = False, SPARSE: gl.constexpr = False, FIRST_STORES: gl.constexpr = False,
-    SPIN_SLEEP: gl.constexpr = 0,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` (dense, PART 0) with dQ: dq_desc views the fp32 dq buffer
     as `dq_view` gives it, a block being one consumer's dQ half of a query tile: (batch, 2 x heads, seqlen,
@@ -105,8 +104,6 @@ def _attn_bwd_fused_hopper(
     any pointer for TILES, COUNTS and RANKS (never read).
     FIRST_STORES (ORDERED): each item's first adder (rank 0) stores its dQ half instead of adding it, so
     the dq buffer needs zeros only where no program adds (`dq_buffer`).
-    SPIN_SLEEP (ORDERED): nanoseconds a releasing warp sleeps between its reads of a count it waits on
-    (`_add_in_turn`; 0: it reads again at once).
     kv_repeat: K and V's heads each serve kv_repeat of the grid's key heads (GQA run as MHA): the program
     of key head h reads K / V head h // kv_repeat and stores its own dK / dV at head h (dk_desc, dv_desc
     have the grid's heads), which the host sums; 1 otherwise."""
@@ -189,9 +186,9 @@ def _attn_bwd_fused_hopper(
                               off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
                               0, 1, ORDERED, rot, DOWN, kv_repeat)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 0, CAUSAL, CONVOY, DOWN,
-                              KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES, SPIN_SLEEP)),
+                              KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES)),
             (_releaser, (order, lo, hi, group, dq_smem, dq_desc, off_hk * group, 1, CAUSAL, CONVOY, DOWN,
-                              KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES, SPIN_SLEEP)),
+                              KEYS // BLOCK_M, SPARSE, tiles, FIRST_STORES)),
         ][: 3 + 2 * ORDERED],
         [4, 1, 1, 1][: 2 + 2 * ORDERED],
         [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS][: 2 + 2 * ORDERED],
@@ -215,7 +212,7 @@ def _handover_barriers(NUM_CONSUMERS: gl.constexpr):
 def _releaser(
     order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
     CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr, SPARSE: gl.constexpr = False,
-    tiles=None, FIRST_STORES: gl.constexpr = False, SPIN_SLEEP: gl.constexpr = 0,
+    tiles=None, FIRST_STORES: gl.constexpr = False,
 ):  # fmt: skip
     """One warp of the ordered one-kernel backward per consumer warpgroup WG: item by item in the
     consumer's order (`_steps`; full attention from item rot round, causal from its first: rot 0), once
@@ -232,13 +229,12 @@ def _releaser(
     Why a release add: a relaxed count let a later add overtake one it counted (session 46,
     results/s46/call1, call3).
     SPARSE: a block-sparse program's, entry by entry of its list of hi (`_sparse_releases`).
-    FIRST_STORES: an item's first add (rank 0) is a TMA store; SPIN_SLEEP: its waits' sleep (`_add_in_turn`)."""
+    FIRST_STORES: an item's first add (rank 0) is a TMA store (`_add_in_turn`)."""
     if SPARSE:
-        _sparse_releases(order, hi, tiles, dq_smem, dq_desc, head0, WG, FIRST_STORES, SPIN_SLEEP)
+        _sparse_releases(order, hi, tiles, dq_smem, dq_desc, head0, WG, FIRST_STORES)
     else:
         _dense_releases(
-            order, lo, hi, group, dq_smem, dq_desc, head0, WG, CAUSAL, CONVOY, DOWN, TILES_PER_PROGRAM, FIRST_STORES,
-            SPIN_SLEEP,
+            order, lo, hi, group, dq_smem, dq_desc, head0, WG, CAUSAL, CONVOY, DOWN, TILES_PER_PROGRAM, FIRST_STORES
         )  # fmt: skip
 
 
@@ -246,7 +242,6 @@ def _releaser(
 def _dense_releases(
     order, lo, hi, group, dq_smem, dq_desc, head0, WG: gl.constexpr, CAUSAL: gl.constexpr,
     CONVOY: gl.constexpr, DOWN: gl.constexpr, TILES_PER_PROGRAM: gl.constexpr, FIRST_STORES: gl.constexpr,
-    SPIN_SLEEP: gl.constexpr,
 ):  # fmt: skip
     """`_releaser` of a dense program."""
     SEM, sem_off, later_programs, spacing, extra, rot, dq_b, program, staged, free = order
@@ -265,14 +260,13 @@ def _dense_releases(
         else:
             rank = fused_dq.ordered_rank_step(rank, j, later_programs, spacing, extra)
         _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, WG,
-                     FIRST_STORES, SPIN_SLEEP)  # fmt: skip
+                     FIRST_STORES)  # fmt: skip
 
 
 @gluon.jit
 def _sparse_releases(
-    order, count, tiles, dq_smem, dq_desc, head0, WG: gl.constexpr, FIRST_STORES: gl.constexpr,
-    SPIN_SLEEP: gl.constexpr,
-):  # fmt: skip
+    order, count, tiles, dq_smem, dq_desc, head0, WG: gl.constexpr, FIRST_STORES: gl.constexpr
+):
     """`_releaser` of a block-sparse program: entry by entry of its list (the consumers' order), once the
     consumer has staged the entry's dQ half, waits until the item's semaphore counts the key tiles before
     this one that list the item (order's ranks, `_block_sparse_hopper.col_ranks`), adds the half, frees
@@ -288,13 +282,12 @@ def _sparse_releases(
         rank = gl.load(ranks + j)
         sem = SEM + sem_off + (g * n_query_tiles + t) * 2 + WG
         _add_in_turn(sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, 2 * (head0 + g) + WG, t * BLOCK_M, WG,
-                     FIRST_STORES, SPIN_SLEEP)  # fmt: skip
+                     FIRST_STORES)  # fmt: skip
 
 
 @gluon.jit
 def _add_in_turn(
-    sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, half_head, row, WG: gl.constexpr, FIRST_STORES: gl.constexpr,
-    SPIN_SLEEP: gl.constexpr = 0,
+    sem, rank, j, staged, free, dq_smem, dq_desc, dq_b, half_head, row, WG: gl.constexpr, FIRST_STORES: gl.constexpr
 ):  # fmt: skip
     """A releasing warp's step j: once its consumer has staged the step's dQ half (staged) and the item's
     count sem has reached rank, adds the half into dq at its tile (`fused_dq.dq_coord` of batch dq_b, view
@@ -309,8 +302,6 @@ def _add_in_turn(
     seen = _load_acquire(sem)  # (read before the consumer's half is staged: its latency hidden)
     mbarrier.wait(staged.index(WG), j & 1)
     while seen != rank:
-        if SPIN_SLEEP > 0:
-            _nanosleep(SPIN_SLEEP)
         seen = _load_acquire(sem)
     tile = dq_smem.index(WG)
     if FIRST_STORES:  # (both issued, the one not meant aimed past the buffer, where TMA writes nothing)
@@ -337,13 +328,6 @@ def _load_acquire(ptr):
     return gl.inline_asm_elementwise(
         "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32, is_pure=False, pack=1
     )
-
-
-@gluon.jit
-def _nanosleep(NS: gl.constexpr):
-    """nanosleep.u32: this warp sleeps for up to about NS nanoseconds (the PTX ISA's bound is twice that)."""
-    ns = gl.to_tensor(NS)
-    gl.inline_asm_elementwise("nanosleep.u32 $1;", "=r,r", [ns], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -402,9 +386,8 @@ def ordered_is_faster(headdim: int, causal: bool, seqlen_q: int, seqlen_k: int, 
     return seqlen_q >= ORDERED_OVER_UNORDERED_FULL_FROM
 
 
-ORDERED_OVER_UNORDERED_CAUSAL = (
-    True  # (A/B runs: False keeps causal deterministic=False calls on the unordered kernel)
-)
+# (A/B runs: False keeps causal deterministic=False calls on the unordered kernel)
+ORDERED_OVER_UNORDERED_CAUSAL = True
 ORDERED_OVER_UNORDERED_FULL_FROM = 4096  # (shorter full calls: not measured against each other)
 
 # FLASHTRAIN_ORDERED_BWD=0 keeps deterministic calls on the two Gluon kernels (dq, then dK/dV)
@@ -653,9 +636,6 @@ FIRST_STORES = os.environ.get("FLASHTRAIN_FIRST_STORES", "1") != "0"
 # in its loops instead of 71 causal, but 66 instead of 21 with full attention).
 # FLASHTRAIN_PAIRED_DQ_ROWS=0 stages them in row order (A/B runs).
 PAIRED_DQ_ROWS = os.environ.get("FLASHTRAIN_PAIRED_DQ_ROWS", "1") != "0"
-# How long (ns) a releasing warp sleeps between its reads of a count it waits on (`_add_in_turn`): 0 reads again
-# at once. FLASHTRAIN_SPIN_SLEEP_NS for A/B runs (unset: 0).
-SPIN_SLEEP_NS = _positive_int_setting("FLASHTRAIN_SPIN_SLEEP_NS", "nanoseconds", 0)
 # (tests) what `dq_buffer` fills the elements it leaves to the first stores with: None leaves
 # torch.empty's bytes; NaN shows any element read before it is written
 UNWRITTEN_FILL: float | None = None
@@ -808,8 +788,7 @@ def flash_attn_bwd_fused_hopper(
         args,
         dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
              PRODUCER_REGS=cfg.producer_regs, ORDERED=ordered, CONVOY=convoy, DOWN=bool(walk_down),
-             SPARSE=lists is not None, FIRST_STORES=first_stores, SPIN_SLEEP=SPIN_SLEEP_NS if ordered else 0,
-             num_warps=4),
+             SPARSE=lists is not None, FIRST_STORES=first_stores, num_warps=4),
     )  # fmt: skip
     return dk, dv
 

@@ -20,10 +20,6 @@ from benchmarks import ab_cudnn
         (["--headdims", "64", "128", "--nheads-kv", "32"], r"\(16 at head dim 128\), got 32"),
         (["--gqa-kernel-group", "0"], r"--gqa-kernel-group must be at least 1, got 0"),
         (
-            ["--spin-sleep", "100", "0"],
-            r"--spin-sleep takes nanoseconds of at least 1 \(0 is ours\), got \[100, 0\]",
-        ),
-        (
             ["--also-convoy-key-groups", "2", "0"],
             r"--also-convoy-key-groups takes counts of at least 1, got \[2, 0\]",
         ),

@@ -402,8 +402,7 @@ def test_the_causal_convoy_walks_down_only_where_set(monkeypatch, setting, causa
 
 
 _SETTINGS = [("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "programs a block", None),
-             ("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS", "key groups", 3),
-             ("FLASHTRAIN_SPIN_SLEEP_NS", "nanoseconds", 0)]  # fmt: skip
+             ("FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS", "key groups", 3)]  # fmt: skip
 
 
 @pytest.mark.parametrize("name, unit, default", _SETTINGS)
@@ -411,8 +410,8 @@ _SETTINGS = [("FLASHTRAIN_CAUSAL_CONVOY_BLOCK", "programs a block", None),
     "text, value", [(None, None), ("", None), ("16", 16), (" 8 ", 8), ("2", 2), (" 4 ", 4)]
 )
 def test_the_convoy_settings_read_a_positive_integer(name, unit, default, text, value):
-    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK (unset: None, blocks of 1), FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS
-    (unset: 3) and FLASHTRAIN_SPIN_SLEEP_NS (unset: 0, no sleep)."""
+    """FLASHTRAIN_CAUSAL_CONVOY_BLOCK (unset: None, blocks of 1) and FLASHTRAIN_CAUSAL_CONVOY_KEY_GROUPS
+    (unset: 3)."""
     environ = {} if text is None else {name: text}
     want = default if value is None else value
     assert fused_hopper._positive_int_setting(name, unit, default, environ) == want
