@@ -457,8 +457,8 @@ def ordered_convoy(seqlen_q: int, seqlen_k: int, causal: bool, group: int, sms: 
     (results/s48/call7). At 16k it ran 0.98x the rotation in two key groups, which keeps 16k (call6).
 
     Causal calls past ORDERED_CAUSAL_KEY_GROUPS key groups (16896 keys on 132 SMs), without GQA
-    (ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: one key group, a
-    key head's programs started last keys first (past 20k each walking its tiles from the last down,
+    (ORDERED_CAUSAL_CONVOY_MAX_GROUP) and up to ORDERED_CAUSAL_CONVOY_MAX_SEQLEN queries: in each key group
+    (`ordered_dq_groups`: three since session 87, one before), a key head's programs started last keys first (past 20k each walking its tiles from the last down,
     `causal_convoy_walks_down`), each tile's adds in the causal order (descending programs), so each waits
     only on started programs. The backward alone against the two deterministic kernels, one H200, five
     rounds alternating, group 1 (before session 54 it took 8449-16896 keys too): 1.05-1.08x at 16k,
