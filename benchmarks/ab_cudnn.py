@@ -70,10 +70,10 @@ KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 KERNEL_GROUP_PREFIX = "ours_gqa_kernel_group_"
 # (--also-convoy-key-groups N: ours, the causal convoy in N key groups, `_flash_bwd_fused_hopper.CAUSAL_CONVOY_KEY_GROUPS`)
 CONVOY_GROUPS_PREFIX = "ours_convoy_key_groups_"
-# variants whose fwd+bwd the rows give ÷ ours's, per name prefix -> the module setting it changes
+# variants whose fwd+bwd the rows give ÷ ours's, per name prefix -> (module, the setting its N sets)
 SETTING_VARIANTS = {
-    KERNEL_GROUP_PREFIX: "ORDERED_GQA_KERNEL_GROUP",
-    CONVOY_GROUPS_PREFIX: "CAUSAL_CONVOY_KEY_GROUPS",
+    KERNEL_GROUP_PREFIX: (_flash_bwd, "ORDERED_GQA_KERNEL_GROUP"),
+    CONVOY_GROUPS_PREFIX: (_flash_bwd_fused_hopper, "CAUSAL_CONVOY_KEY_GROUPS"),
 }
 
 
@@ -146,8 +146,7 @@ def _calls(
         calls[name] = tuple(
             with_settings(fn, _flash_bwd_fused_hopper, PAIRED_DQ_ROWS=False) for fn in calls[name]
         )
-    for prefix, setting in SETTING_VARIANTS.items():
-        module = _flash_bwd if prefix == KERNEL_GROUP_PREFIX else _flash_bwd_fused_hopper
+    for prefix, (module, setting) in SETTING_VARIANTS.items():
         for name in (n for n in calls if n.startswith(prefix)):
             value = int(name.removeprefix(prefix))
             calls[name] = tuple(with_settings(fn, module, **{setting: value}) for fn in calls[name])

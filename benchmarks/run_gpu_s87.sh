@@ -25,42 +25,32 @@
 #      0.983, every round under 1, so `ordered_is_faster` takes every causal call the ordered kernel takes
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
-# each impl's median SM clock (MHz) and power (W) over its timed fwd+bwd windows, from the JSONs named
-clocks() {
-  python - "$@" <<'PY'
-import json, sys
-for path in sys.argv[1:]:
-    for row in json.load(open(path))["rows"]:
-        c = row.get("gpu_clocks", {})
-        print(row["seqlen"], {k: v["median_mhz_w"] for k, v in c.items() if k.endswith("fwdbwd") and isinstance(v, dict)})
-PY
-}
 case "${1:?part}" in
 1)
   settled_cudnn 240 spin_64k yes 65536 --deterministic-only --spin-sleep 100 1000 --also-convoy-key-groups 2
-  clocks "$R/spin_64k_causal_yes.json"
+  clock_medians "$R/spin_64k_causal_yes.json"
   settled_cudnn 200 spin_16k_32k yes "16384 32768" --deterministic-only --spin-sleep 200
-  clocks "$R/spin_16k_32k_causal_yes.json"
+  clock_medians "$R/spin_16k_32k_causal_yes.json"
   ;;
 2)
   settled_cudnn 330 convoy_groups yes "24576 32768 49152 65536" --deterministic-only --also-convoy-key-groups 2 3
-  clocks "$R/convoy_groups_causal_yes.json"
+  clock_medians "$R/convoy_groups_causal_yes.json"
   ;;
 3)
   gpu_tests 230 8 tests/kernels/test_grad_sums.py tests/kernels/test_flash_bwd_fused_hopper.py \
     -k "sums or deterministic_backward_takes_the_ordered"
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   settled_cudnn 130 convoy_groups_16_heads yes "32768 65536" --deterministic-only --also-convoy-key-groups 1 4
-  clocks "$R/convoy_groups_16_heads_causal_yes.json"
+  clock_medians "$R/convoy_groups_16_heads_causal_yes.json"
   settled_cudnn 130 convoy_groups_8_heads yes "24576 65536" --nheads 8 --deterministic-only --also-convoy-key-groups 1 4
-  clocks "$R/convoy_groups_8_heads_causal_yes.json"
+  clock_medians "$R/convoy_groups_8_heads_causal_yes.json"
   ;;
 4)
   settled_cudnn 260 default_and_nondeterministic yes "24576 32768 65536"
-  clocks "$R/default_and_nondeterministic_causal_yes.json"
+  clock_medians "$R/default_and_nondeterministic_causal_yes.json"
   ;;
 5)
   settled_cudnn 230 default_and_nondeterministic yes "12288 16384 20480"
-  clocks "$R/default_and_nondeterministic_causal_yes.json"
+  clock_medians "$R/default_and_nondeterministic_causal_yes.json"
   ;;
 esac
