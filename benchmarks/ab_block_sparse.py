@@ -124,8 +124,15 @@ def _d128_first_stores(on: bool) -> None:
     bs.fused_bwd.FIRST_STORES = on
 
 
+def _dependent_dkdv(on: bool) -> None:
+    """The two-kernel backward's dK/dV kernel launched dependent on the dq kernel (on) or the ordinary way
+    (off: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`)."""
+    dkdv_hopper.DEPENDENT_AFTER_DQ = on
+
+
 # name: set(on), for routes read at every call
 VARIANTS = {
+    "dependent_dkdv": _dependent_dkdv,
     "d128_one_kernel_backward": _d128_one_kernel(True),
     "d128_one_kernel_backward_unordered": _d128_one_kernel(False),
     "d128_first_stores": _d128_first_stores,
@@ -145,12 +152,13 @@ VARIANTS = {
 def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
-            dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD), bs.fused_bwd.FIRST_STORES)  # fmt: skip
+            dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD), bs.fused_bwd.FIRST_STORES,
+            dkdv_hopper.DEPENDENT_AFTER_DQ)  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
     (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
-     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES) = state  # fmt: skip
+     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES, dkdv_hopper.DEPENDENT_AFTER_DQ) = state  # fmt: skip
 
 
 def _outputs(fn, args) -> list:

@@ -35,6 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 SMEM_LIMIT = 232448  # bytes a block may use on an H100/H200
+# SASS of a programmatic dependent launch's two PTX instructions (griddepcontrol.launch_dependents, .wait)
+GRID_DEPENDENCY_OPS = {"launch_dependents": r"\bPREEXIT\b", "wait_for_prior_grid": r"\bACQBULK\b"}
 
 
 @functools.lru_cache(maxsize=4)  # (a build's SASS is read for its spills and, ordered, its semaphore adds)
@@ -79,6 +81,18 @@ def turn_barriers(cubin: bytes) -> int | None:
     return len(re.findall(r"\bBAR\.(?:SYNC(?:\.DEFER_BLOCKING)?|ARV) 0x[89],", sass))
 
 
+def grid_dependency_controls(cubin: bytes) -> dict | None:
+    """The kernel's SASS instructions of a programmatic dependent launch by kind (`launch_dependents`,
+    `wait_for_prior_grid` in `kernels._hopper_pipeline`): none in a build without PDL."""
+    sass = _cuobjdump(cubin, "-sass")
+    if sass is None:
+        return None
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+    return {
+        name: sum(bool(re.search(pattern, op)) for op in ops) for name, pattern in GRID_DEPENDENCY_OPS.items()
+    }
+
+
 def spills_in_loops(cubin: bytes) -> int | None:
     """Local loads and stores (LDL/STL: spilled registers) inside a loop of the kernel's SASS, a loop
     being the code between a conditional backward branch and its target. (Unconditional backward
@@ -105,12 +119,23 @@ def spills_in_loops(cubin: bytes) -> int | None:
     return sum(any(lo <= a <= hi for lo, hi in counted) for a in spills)
 
 
-def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
+def build(
+    kernel: str,
+    headdim: int,
+    cfg,
+    causal: bool,
+    dtype,
+    sparse: bool = False,
+    part: int = 0,
+    pdl: bool | None = None,
+) -> dict:
     """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused", "fused_ordered", the one-kernel
     backward with its dQ adds in a fixed order, "fused_convoy", in the convoy order, or "fused_convoy_down",
     the causal convoy walking its tiles from the last) for sm_90, dense
     or block-sparse (walking tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass
-    (`_flash_dkdv_hopper.passes`); never raises."""
+    (`_flash_dkdv_hopper.passes`); pdl: the dq and dK/dV kernels' PDL (the dK/dV kernel launched dependent on
+    the dq kernel; None: as the two-kernel backward launches them, `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ` on
+    the first pass); never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
@@ -176,6 +201,10 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
         )  # fmt: skip
         if kernel == "dkdv":
             meta["PART"] = part
+        if kernel in ("dq", "dkdv"):
+            first_pass = kernel == "dq" or part == dkdv_hopper.passes(headdim)[0]
+            meta["PDL"] = dkdv_hopper.DEPENDENT_AFTER_DQ and first_pass if pdl is None else pdl
+            result["pdl"] = meta["PDL"]
         if kernel.startswith("fused"):
             meta["ORDERED"] = ordered
             meta["CONVOY"] = kernel.startswith("fused_convoy")
@@ -199,6 +228,8 @@ def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = Fa
                       warps=compiled.metadata.num_warps)  # fmt: skip
         if kernel == "fwd":
             result["turn_barriers"] = turn_barriers(cubin)
+        if kernel in ("dq", "dkdv"):
+            result["grid_dependency_controls"] = grid_dependency_controls(cubin)
         if meta.get("ORDERED"):
             counts = semaphore_adds(cubin) or (None, None)
             result["semaphore_adds"], result["semaphore_adds_without_release"] = counts

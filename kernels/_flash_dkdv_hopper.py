@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from . import _flash_fwd_hopper as fwd_hopper
 from . import _fused_dq_hopper as fused_dq
 from ._common import LOG2E, cdiv, sm_count, tile_program_ids
-from ._hopper_pipeline import descriptor, list_args, listed_row_program
+from ._hopper_pipeline import descriptor, list_args, listed_row_program, wait_for_prior_grid
 from ._launch import CompiledLaunch
 
 
@@ -58,14 +58,16 @@ def _producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, qdo_ready,
     qdo_empty, LSE, DELTA, lse_row0, stride_lh, off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k,
     qk_scale, CAUSAL: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr, HOT_FIRST: gl.constexpr = 0,
-    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False, kv_repeat=1,
+    ORDERED: gl.constexpr = False, rot=0, DOWN: gl.constexpr = False, kv_repeat=1, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """One warp: each consumer's K and V rows once (K alone for the dV pass), then the Q and dO tiles
     lo .. hi - 1 of every query head of the group into the stage ring, with their rows' lse and delta,
     section by section (block-sparse: the hi tiles listed; HOT_FIRST: see `sections`). ORDERED (the
     ordered one-kernel backward): all (head, tile) items in one run, with full attention from item rot on
     and round to the items before it, with DOWN each head's tiles from the last (`_steps`). kv_repeat: K
-    and V from head off_hk // kv_repeat (GQA run as MHA, `_attn_bwd_fused_hopper`)."""
+    and V from head off_hk // kv_repeat (GQA run as MHA, `_attn_bwd_fused_hopper`). PDL: launched
+    dependent on the dq kernel, which writes delta: the K and V loads go out first, then this warp waits
+    for that kernel's end (the only reads of what it wrote are this warp's)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -78,6 +80,8 @@ def _producer(
             mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, coord, kv_ready.index(c), k_smem.index(c))
             tma.async_copy_global_to_shared(v_desc, coord, kv_ready.index(c), v_smem.index(c))
+    if PDL:
+        wait_for_prior_grid()
     stats = (LSE, DELTA, lse_row0, stride_lh, seqlen_q, qk_scale)
     it = 0  # (a variable: a literal 0 would be passed as a constant, and the loop changes it)
     if SPARSE:
@@ -513,7 +517,7 @@ def _attn_bwd_dkdv_hopper(
     stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """Descriptors are 4-D (batch, heads, seqlen, headdim) views: q's and dO's blocks (1, 1, BLOCK_M,
     HEAD_DIM), k's, v's, dk's and dv's (1, 1, BLOCK_N, HEAD_DIM). A program owns NUM_CONSUMERS * BLOCK_N
@@ -522,7 +526,8 @@ def _attn_bwd_dkdv_hopper(
     (base 2) and DELTA are (B, H, Sq) fp32. SPARSE: a block-sparse call, whose query tiles come from
     TILES (key heads of the layout, n_list_rows, list_len) and COUNTS (same, 2: tiles listed, partial
     ones among them), as `kernels._block_sparse_hopper.col_lists` builds them, and whose LSE is in
-    natural log; dense calls pass any pointer there (never read)."""
+    natural log; dense calls pass any pointer there (never read). PDL: launched as a programmatic
+    dependent launch of the dq kernel, whose delta the producer waits for (`_producer`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     # block-sparse: grid order, key heads (group 1); lo, hi: the partial tiles first, the tiles listed
@@ -553,7 +558,7 @@ def _attn_bwd_dkdv_hopper(
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_ready, qdo_ready, qdo_empty, LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh,
                          off_b, off_hk, n0, group, lo, hi, tiles, seqlen_q, seqlen_k, qk_scale, CAUSAL, SPARSE,
-                         PART)),
+                         PART, 0, False, 0, False, 1, PDL)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -601,6 +606,13 @@ CONFIGS = {
 # FLASHTRAIN_HOPPER_DKDV=0 sends every backward to the portable dK/dV kernel (A/B measurements)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 
+# Where the Gluon dq kernel runs just before this one (the two-kernel backward, dense or block-sparse), this
+# kernel launches as its programmatic dependent launch (`flash_attn_dkdv_hopper`'s `dependent`): launch,
+# barrier set-up and the first K and V loads under the dq kernel's last work items. Short calls are where
+# that shows: block-sparse n4k at 6% density takes ~110 us in three kernels, each latency-bound.
+# FLASHTRAIN_DEPENDENT_DKDV=0: the ordinary launch (A/B measurements, a safety valve).
+DEPENDENT_AFTER_DQ = os.environ.get("FLASHTRAIN_DEPENDENT_DKDV", "1") != "0"
+
 
 # Shortest query length per (head dim, causal) from which the Gluon backward measured faster than the
 # portable kernels: d128 and d256 this kernel with the Gluon dq kernel (whose rule reads this too), timed
@@ -640,11 +652,16 @@ def supports(q, k, v, do, dk, dv, *, win_left, win_right, key_padding_mask, drop
 
 
 def flash_attn_dkdv_hopper(
-    q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float, causal: bool, config=None, lists=None
-):
+    q, k, v, do, dk, dv, lse2, delta, *, sm_scale: float, causal: bool, config=None, lists=None,
+    dependent: bool = False,
+):  # fmt: skip
     """dK, dV into dk, dv (shaped like k, v; TMA-ready) given delta from the dq kernel. The caller
     checked `_flash_dq_hopper.supports` for the call, and dk, dv. lists: a block-sparse call's (tiles,
-    counts) (`kernels._block_sparse_hopper.col_lists`), whose lse (passed as lse2) is in natural log."""
+    counts) (`kernels._block_sparse_hopper.col_lists`), whose lse (passed as lse2) is in natural log.
+    dependent: launched as a programmatic dependent launch of the dq kernel just launched with
+    `dependent_dkdv` (`DEPENDENT_AFTER_DQ`): its programs start as the dq kernel's end, their K and V
+    loads under that kernel's last work, and wait for its delta (of two passes, the first: the second
+    follows it the ordinary way)."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     config = config or CONFIGS[headdim]
@@ -657,15 +674,17 @@ def flash_attn_dkdv_hopper(
         launch = persistent_dkdv.launch
         args = (*args, *grid)
         grid = (min(grid[0] * grid[1] * grid[2], sm_count(q.device)),)
-    for part in passes(headdim):
+    for i, part in enumerate(passes(headdim)):
         cfg = config.for_pass(part)
+        pdl = dependent and i == 0
         launch(
             grid,
             ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m), (dk, cfg.block_n),
              (dv, cfg.block_n)),
             args,
             dict(CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, num_warps=4),
+                 PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PART=part, PDL=pdl, num_warps=4,
+                 launch_pdl=pdl),
             views,
         )  # fmt: skip
     return dk, dv

@@ -46,11 +46,12 @@ def _item(j, programs, pid, work, NUM_CONSUMERS: gl.constexpr, BLOCK_N: gl.const
 @gluon.jit
 def _persistent_producer(
     q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, kv_empty,
-    qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, group, qk_scale, work,
+    qdo_ready, qdo_empty, LSE, DELTA, stride_lb, stride_lh, group, qk_scale, work, PDL: gl.constexpr,
 ):  # fmt: skip
     """One warp: per work item (`_flash_dkdv_hopper._producer`'s program), each consumer's K and V rows into
     the item's buffers, once the consumers have stored the item two before through them, then the Q and dO
-    tiles listed into the stage ring, which goes on from the last item's."""
+    tiles listed into the stage ring, which goes on from the last item's. PDL: the first item's K and V
+    loads go out before the wait for the dq kernel's delta (`_flash_dkdv_hopper._producer`)."""
     NUM_CONSUMERS: gl.constexpr = k_smem.shape[0] // 2
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     seqlen_q = work[0]
@@ -61,6 +62,9 @@ def _persistent_producer(
         pipeline.load_item_rows(
             k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, j, off_b, off_hk, n0, True
         )
+        if PDL:
+            if j == 0:
+                pipeline.wait_for_prior_grid()
         stats = (LSE, DELTA, off_b.to(gl.int64) * stride_lb, stride_lh, seqlen_q, qk_scale)
         it = dkdv._stream_qdo(q_desc, do_desc, q_smem, do_smem, lse_smem, delta_smem, qdo_ready, qdo_empty, stats,
                               off_b, off_hk, group, it, 0, hi, tiles, True, 0)  # fmt: skip
@@ -112,7 +116,7 @@ def _attn_bwd_dkdv_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_key_tiles, nheads_kv, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PART: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """`_flash_dkdv_hopper._attn_bwd_dkdv_hopper` for block-sparse calls (SPARSE, PART 0) on a 1-D grid of at most one
     program per SM, each walking its share of the (n_key_tiles, nheads_kv, n_batch) grid's work items
@@ -120,7 +124,7 @@ def _attn_bwd_dkdv_hopper_persistent(
     under this one's steps and stores; the Q/dO stage ring runs on from item to item. Short lists are
     where this pays: a program of the grid kernel loads K and V, waits for them, and stores dK and dV
     with the tensor cores idle, once per handful of steps. (sched_slots: the grid kernel's argument,
-    unused here.)"""
+    unused here.) PDL: launched dependent on the dq kernel, as the grid kernel's."""
     gl.static_assert(SPARSE and PART == 0, "block-sparse lists, both gradients in one pass")
     # K and V: this item's and the next one's (`_hopper_pipeline.item_buffers`, V where the dq kernel has dO)
     k_smem, v_smem, kv_ready, kv_empty = pipeline.item_buffers(k_desc, v_desc, NUM_CONSUMERS, True)
@@ -153,7 +157,7 @@ def _attn_bwd_dkdv_hopper_persistent(
                                     CAUSAL)),
             (_persistent_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem,
                                     delta_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, LSE, DELTA, stride_lb,
-                                    stride_lh, group, qk_scale, work)),
+                                    stride_lh, group, qk_scale, work, PDL)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

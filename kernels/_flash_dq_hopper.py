@@ -235,12 +235,16 @@ def _attn_bwd_dq_hopper(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
     """Descriptors as in `_attn_fwd_hopper` (4-D (batch, heads, seqlen, headdim) views; q's, do's and
     dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
     output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq)).
-    SPARSE: a block-sparse call (tile lists and natural-log lse, as in `_attn_fwd_hopper`)."""
+    SPARSE: a block-sparse call (tile lists and natural-log lse, as in `_attn_fwd_hopper`).
+    PDL: the dK/dV kernel comes next as a programmatic dependent launch; each program lets it launch
+    at its start (its programs then start as these end, and wait for delta: `_flash_dkdv_hopper`)."""
+    if PDL:
+        pipeline.launch_dependents()
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     m0, off_h, off_hk, off_b, n_kv, n_masked, tiles = program_rows(
@@ -314,11 +318,13 @@ def _attn_bwd_dq_hopper_persistent(
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch,
     CAUSAL: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SPARSE: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`_hopper_pipeline.my_items`), with two sets
-    of Q and dO buffers so that the next item's load overlaps this one."""
+    of Q and dO buffers so that the next item's load overlaps this one. PDL as `_attn_bwd_dq_hopper`'s."""
+    if PDL:
+        pipeline.launch_dependents()
     q_smem, do_smem, qdo_ready, qdo_empty = pipeline.item_buffers(q_desc, do_desc, NUM_CONSUMERS, True)
     k_smem, v_smem, k_ready, v_ready, kv_empty = pipeline.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
 
@@ -403,12 +409,15 @@ def supports(q, k, v, do, out, dq, *, win_left, win_right, key_padding_mask, dro
 
 
 def flash_attn_dq_hopper(
-    q, k, v, do, out, lse, delta, dq, *, sm_scale: float, causal: bool, config=None, lists=None
-):
+    q, k, v, do, out, lse, delta, dq, *, sm_scale: float, causal: bool, config=None, lists=None,
+    dependent_dkdv: bool = False,
+):  # fmt: skip
     """dq (stored into `dq`, q's shape and dtype, any TMA-readable strides) and delta = rowsum(dO * O)
     (stored into `delta`, laid out like lse) of one dense backward call; the caller checked `supports`.
     config: None takes CONFIGS[headdim]. lists: a block-sparse call's (tiles, counts)
-    (`kernels._block_sparse_hopper.row_lists`), whose lse is in natural log."""
+    (`kernels._block_sparse_hopper.row_lists`), whose lse is in natural log. dependent_dkdv: the dK/dV
+    kernel follows as a programmatic dependent launch (`_flash_dkdv_hopper.flash_attn_dkdv_hopper`'s
+    `dependent`), which this kernel's programs let start as they begin."""
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     cfg = config or CONFIGS[headdim]
@@ -420,7 +429,7 @@ def flash_attn_dq_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PDL=dependent_dkdv, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

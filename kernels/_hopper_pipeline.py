@@ -9,6 +9,7 @@
 - which query rows (or, for the dK/dV kernel, key rows) a program takes: from its grid position, in the
   causal calls' heaviest-first order (`row_program`), from a block-sparse call's lists
   (`listed_row_program`), or as a persistent program's share of the same grid (`my_items`, `work_rows`);
+- a programmatic dependent launch's two sides (`launch_dependents`, `wait_for_prior_grid`);
 - on the host, the TMA descriptors (`descriptor`) and the kernels' schedule or list arguments
   (`list_args`).
 """
@@ -25,6 +26,30 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import sched_slots_for, tile_ids, tile_program_ids
 from ._launch import TmaView, tma_view
+
+# ---------------------------------------------------------------------------------------------------
+# programmatic dependent launch (PDL; sm_90): the dq kernel, then the dK/dV kernel reading its delta
+# ---------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def launch_dependents():
+    """griddepcontrol.launch_dependents: a kernel launched after this one as a programmatic dependent
+    launch may start once every program of this one has issued it or ended (the first issue in a program
+    counts; the dependent's programs then take SMs as this kernel's free them). Without a dependent
+    launch, nothing."""
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def wait_for_prior_grid():
+    """griddepcontrol.wait: the calling thread waits until the kernel this one was launched dependent on
+    has ended and its writes are visible; launched the ordinary way, it returns at once. Per thread: only
+    the threads that read what that kernel wrote need it."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
 
 # ---------------------------------------------------------------------------------------------------
 # shared memory rings fed by TMA, and the rows' stores

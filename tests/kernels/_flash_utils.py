@@ -142,3 +142,64 @@ def assert_compiled_launches_match_jit(monkeypatch, launch_groups, run, names=No
     assert all(entry.c_launcher is not None for entry in entries)  # (not the `run` fallback)
     for name, want, have in zip(names or range(len(expected)), expected, got, strict=True):
         assert torch.equal(want, have), name
+
+
+def _fwd_bwd(fn, leaves, do) -> list:
+    """(out, lse, *gradients), detached: no autograd graph of the call outlives it (a graph of a call on
+    the default stream still alive breaks a later capture)."""
+    out, lse = fn(*leaves)
+    return [out.detach(), lse.detach(), *torch.autograd.grad(out, leaves, do)]
+
+
+def _graph_replayed(fn, leaves, do) -> list:
+    """fn's (out, lse, *gradients) captured in a CUDA graph (after a warm-up on a side stream) and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _fwd_bwd(fn, leaves, do)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = _fwd_bwd(fn, leaves, do)
+    graph.replay()
+    torch.cuda.synchronize()
+    return [t.clone() for t in results]
+
+
+def assert_dependent_dkdv_launches_match(monkeypatch, fn, inputs, do, dq_programs: int | None = 3) -> None:
+    """fn(*inputs) -> (out, lse) with the loss <out, do> through the two-kernel Hopper backward, its dK/dV
+    kernel launched the ordinary way, then as a programmatic dependent launch of the dq kernel
+    (`_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`), eagerly and replayed from a CUDA graph: out, lse and every
+    gradient bit-identical, none NaN. Every fresh tensor starts NaN (torch.empty_like), so a dK/dV
+    program reading delta before the dq kernel has written it gives NaN; dq_programs: the persistent dq
+    kernel's programs (few: it runs long, and the dK/dV programs start beside it on the free SMs)."""
+    from kernels import _flash_dkdv_hopper, _flash_dq_hopper
+
+    if dq_programs is not None:
+        monkeypatch.setattr(_flash_dq_hopper, "sm_count", lambda device: dq_programs)
+    empty_like = torch.empty_like
+
+    def nan_filled_like(*args, **kwargs):
+        t = empty_like(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty_like", nan_filled_like)
+    dependent = []
+    real = _flash_dkdv_hopper.flash_attn_dkdv_hopper
+    monkeypatch.setattr(
+        _flash_dkdv_hopper,
+        "flash_attn_dkdv_hopper",
+        lambda *a, **kw: dependent.append(kw.get("dependent", False)) or real(*a, **kw),
+    )
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    monkeypatch.setattr(_flash_dkdv_hopper, "DEPENDENT_AFTER_DQ", False)
+    expected = _fwd_bwd(fn, leaves, do)
+    monkeypatch.setattr(_flash_dkdv_hopper, "DEPENDENT_AFTER_DQ", True)
+    runs = {"eager": _fwd_bwd(fn, leaves, do), "graph": _graph_replayed(fn, leaves, do)}
+    assert dependent[0] is False and dependent[1:] and all(dependent[1:]), dependent
+    names = ("out", "lse", *(f"grad {i}" for i in range(len(inputs))))
+    for name, want in zip(names, expected, strict=True):
+        assert not want.isnan().any(), name
+    for how, got in runs.items():
+        for name, want, have in zip(names, expected, got, strict=True):
+            assert torch.equal(want, have), (how, name)

@@ -18,6 +18,7 @@ from kernels import _block_sparse_hopper as bs_hopper
 from kernels import block_sparse_attention
 from kernels.layouts import FULL, PARTIAL, SKIP, BlockLayout, butterfly_layout, local_layout, random_layout
 from kernels.reference import block_sparse_reference
+from tests.kernels._flash_utils import assert_dependent_dkdv_launches_match
 from tests.kernels.test_block_sparse import _err, _inputs, _run, check_against_reference
 from tests.kernels.test_flash_bwd_hopper import assert_compiled_launches_match_jit_ones, fwd_bwd_results
 from tests.kernels.test_flash_fwd_hopper import needs_hopper, record_calls
@@ -426,6 +427,31 @@ def test_gpu_persistent_and_row_tile_kernels_give_the_same_results(
         for name, row_tile, persistent in zip(("out", "lse", "dq", "dk", "dv"), *results, strict=True):
             assert torch.equal(row_tile, persistent), name
     assert hopper_calls == ["block_sparse_forward_hopper", "block_sparse_backward_hopper"] * 2
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "grid"])
+@pytest.mark.parametrize("headdim", sorted(bs_hopper.CONFIGS))
+def test_gpu_dependent_dkdv_launch_gives_the_ordinary_launchs_results(
+    monkeypatch, headdim, persistent, hopper_calls
+):
+    """The two-kernel backward's dK/dV kernel launched dependent on the dq kernel
+    (`_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`): bitwise the ordinary launch's results, eagerly and from a
+    CUDA graph, with both kernels' persistent variants or both grid kernels; the persistent dq kernel on
+    3 programs, so that the dK/dV programs start beside it (and would read delta before it is written
+    without their wait)."""
+    monkeypatch.setitem(bs_hopper.ONE_KERNEL_BACKWARD, 128, None)  # (the two kernels at any list length)
+    monkeypatch.setattr(bs_hopper, "PERSISTENT_DQ_ENABLED", True)
+    for table in (bs_hopper.PERSISTENT_DQ, bs_hopper.PERSISTENT_DKDV):
+        monkeypatch.setitem(table, headdim, (table[headdim][0], math.inf if persistent else -1))
+    torch.manual_seed(headdim + persistent)
+    q, k, v = _inputs(2, 2048 + 77, 2048 + 77, 4, 2, headdim, BF16, "cuda")
+    do = torch.randn_like(q)
+    layout = _gpu_layout("butterfly_global_local", 2048 + 77, True, 4).cuda()
+    fn = lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True, return_lse=True)  # noqa: E731
+    assert_dependent_dkdv_launches_match(monkeypatch, fn, (q, k, v), do)
+    assert hopper_calls[:2] == ["block_sparse_forward_hopper", "block_sparse_backward_hopper"]
 
 
 @pytest.mark.gpu

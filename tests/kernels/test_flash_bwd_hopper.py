@@ -23,6 +23,7 @@ from kernels.reference import attention_qkvpacked_reference, attention_reference
 from tests.kernels._flash_utils import (
     assert_close_rule,
     assert_compiled_launches_match_jit,
+    assert_dependent_dkdv_launches_match,
     check_against_reference,
     check_public_api,
     randn,
@@ -216,6 +217,24 @@ def test_gpu_compiled_launches_give_the_jit_launches_results(monkeypatch, bwd_ca
     fn = lambda q, k, v: flash_attention(q, k, v, causal=causal, return_lse=True)  # noqa: E731
     assert_compiled_launches_match_jit_ones(monkeypatch, fn, (q, k, v), do)
     assert bwd_calls[-2:] == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, d, causal",
+    [(2, 1000, 1000, 4, 4, 128, True), (1, 1500, 1500, 8, 2, 128, False), (2, 640, 777, 4, 2, 256, True)],
+)  # fmt: skip
+def test_gpu_dependent_dkdv_launch_gives_the_ordinary_launchs_results(
+    monkeypatch, bwd_calls, b, sq, sk, h, hk, d, causal
+):
+    """The dense two-kernel backward's dK/dV kernel launched dependent on the dq kernel: bitwise the
+    ordinary launch's results, eagerly and from a CUDA graph (d256: its first pass of two dependent)."""
+    q, k, v = _gpu_inputs(b, sq, sk, h, hk, d, seed=sq + d)
+    do = torch.randn_like(q)
+    fn = lambda q, k, v: flash_attention(q, k, v, causal=causal, return_lse=True)  # noqa: E731
+    assert_dependent_dkdv_launches_match(monkeypatch, fn, (q, k, v), do, dq_programs=None)
+    assert bwd_calls[:2] == ["flash_attn_dq_hopper", "flash_attn_dkdv_hopper"]
 
 
 @pytest.mark.gpu

@@ -78,6 +78,16 @@ def test_every_config_builds_for_sm90_without_spills(tmp_path):
     for r in results:
         if r["kernel"] == "fwd":
             assert (r["turn_barriers"] > 0) is ("pingpong=True" in r["config"]), r
+    # the two-kernel backward's dependent launch: the dq builds let the dK/dV kernel launch (PREEXIT), the
+    # dK/dV builds of a first pass wait for it (ACQBULK, once: the producer's), a second pass (d256's dK) not
+    for r in results:
+        if r["kernel"] in ("dq", "dkdv"):
+            first_pass = r["kernel"] == "dq" or r["part"] == dkdv_hopper.passes(r["headdim"])[0]
+            assert r["pdl"] is (dkdv_hopper.DEPENDENT_AFTER_DQ and first_pass), r
+            expected = dict(launch_dependents=0, wait_for_prior_grid=0)
+            if r["pdl"]:
+                expected["launch_dependents" if r["kernel"] == "dq" else "wait_for_prior_grid"] = 1
+            assert r["grid_dependency_controls"] == expected, r
     assert {(r["causal"], r["dtype"]) for r in results} == {
         (c, d) for c in (True, False) for d in ("bfloat16", "float16")
     }
