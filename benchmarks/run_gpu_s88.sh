@@ -15,8 +15,10 @@
 #   3: call 2: GPU tests, 492 passed before the time limit (none failed); block-sparse n16k from graphs, dependent ÷
 #      ordinary 0.993 / 1.025 / 1.037 / 1.047 / 1.004 at d128 0.8 / 2.3 / 4.7 / 6.25 / 10%, d64 0.994 / 0.997 / 1.017 /
 #      1.004 / 1.024, where the eager rows read level or faster (d128 6.25%: 1.06 against 1.08 ms). Again, to tell
-#      the run's spread from a loss: n16k at 2-11% and n4k at 3-10%, both head dims; then causal 4k / 8k against
-#      cuDNN on the final tree (session 87's Next; session 84's figures until now)
+#      the run's spread from a loss: n16k at 2-11% and n4k at 3-10%, both head dims, beside the dq kernel's programs
+#      letting the dK/dV kernel launch late (`DEPENDENTS_AT_START` off: a persistent program at its last item, a grid
+#      program as it exits); then causal 4k / 8k against cuDNN on the final tree (session 87's Next; session 84's
+#      figures until now)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -35,11 +37,11 @@ case "${1:?part}" in
     --headdims 128 64 --max-density 0.11 --no-flex --out "$R/ab_dependent_dkdv_n16k.json" 2>&1 | quiet | grep "^|"
   ;;
 3)
-  timeout -s KILL 170 python benchmarks/ab_block_sparse.py --variants dependent_dkdv --seqlens 16384 \
-    --headdims 128 64 --min-density 0.02 --max-density 0.11 --no-flex --out "$R/ab_dependent_dkdv_n16k.json" 2>&1 \
+  timeout -s KILL 220 python benchmarks/ab_block_sparse.py --variants dependent_dkdv dependent_dkdv_late \
+    --seqlens 16384 --headdims 128 64 --min-density 0.02 --max-density 0.11 --no-flex --out "$R/ab_dependent_dkdv_n16k.json" 2>&1 \
     | quiet | grep "^|"
-  timeout -s KILL 100 python benchmarks/ab_block_sparse.py --variants dependent_dkdv --seqlens 4096 \
-    --headdims 128 64 --max-density 0.1 --no-flex --out "$R/ab_dependent_dkdv_n4k.json" 2>&1 | quiet | grep "^|"
+  timeout -s KILL 120 python benchmarks/ab_block_sparse.py --variants dependent_dkdv dependent_dkdv_late \
+    --seqlens 4096 --headdims 128 64 --max-density 0.1 --no-flex --out "$R/ab_dependent_dkdv_n4k.json" 2>&1 | quiet | grep "^|"
   settled_cudnn 130 final_tree yes "4096 8192" --deterministic-only
   clock_medians "$R/final_tree_causal_yes.json"
   ;;
