@@ -26,7 +26,6 @@ from benchmarks.bench_block_sparse import butterfly_points, flex_block_mask, fle
 from benchmarks.common import markdown_table, write_results  # noqa: E402
 from kernels import _block_sparse_hopper as bs  # noqa: E402
 from kernels import _flash_dkdv_hopper as dkdv_hopper  # noqa: E402
-from kernels import _flash_dq_hopper as dq_hopper  # noqa: E402
 from kernels.block_sparse import block_sparse_attention  # noqa: E402
 
 
@@ -125,21 +124,15 @@ def _d128_first_stores(on: bool) -> None:
     bs.fused_bwd.FIRST_STORES = on
 
 
-def _dependent_dkdv(at_start: bool):
-    def set_route(on: bool) -> None:
-        """The two-kernel backward's dK/dV kernel launched dependent on the dq kernel (on) or the ordinary way
-        (off: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`), the dq kernel's programs letting it launch at their
-        start (at_start) or late (`_flash_dq_hopper.DEPENDENTS_AT_START`)."""
-        dkdv_hopper.DEPENDENT_AFTER_DQ = on
-        dq_hopper.DEPENDENTS_AT_START = at_start
-
-    return set_route
+def _dependent_dkdv(on: bool) -> None:
+    """The two-kernel backward's dK/dV kernel launched dependent on the dq kernel (on) or the ordinary way
+    (off: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`)."""
+    dkdv_hopper.DEPENDENT_AFTER_DQ = on
 
 
 # name: set(on), for routes read at every call
 VARIANTS = {
-    "dependent_dkdv": _dependent_dkdv(at_start=True),
-    "dependent_dkdv_late": _dependent_dkdv(at_start=False),
+    "dependent_dkdv": _dependent_dkdv,
     "d128_one_kernel_backward": _d128_one_kernel(True),
     "d128_one_kernel_backward_unordered": _d128_one_kernel(False),
     "d128_first_stores": _d128_first_stores,
@@ -160,13 +153,12 @@ def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
             dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD), bs.fused_bwd.FIRST_STORES,
-            dkdv_hopper.DEPENDENT_AFTER_DQ, dq_hopper.DEPENDENTS_AT_START)  # fmt: skip
+            dkdv_hopper.DEPENDENT_AFTER_DQ)  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
     (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
-     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES, dkdv_hopper.DEPENDENT_AFTER_DQ,
-     dq_hopper.DEPENDENTS_AT_START) = state  # fmt: skip
+     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES, dkdv_hopper.DEPENDENT_AFTER_DQ) = state  # fmt: skip
 
 
 def _outputs(fn, args) -> list:

@@ -203,10 +203,8 @@ def build(
             meta["PART"] = part
         if kernel in ("dq", "dkdv"):
             first_pass = kernel == "dq" or part == dkdv_hopper.passes(headdim)[0]
-            result["pdl"] = pdl = dkdv_hopper.DEPENDENT_AFTER_DQ and first_pass if pdl is None else pdl
-            # (the dq kernel's PDL says where it lets the dK/dV kernel launch)
-            trigger = dq_hopper.TRIGGER_START if dq_hopper.DEPENDENTS_AT_START else dq_hopper.TRIGGER_LATE
-            meta["PDL"] = (trigger if kernel == "dq" else True) if pdl else 0
+            meta["PDL"] = dkdv_hopper.DEPENDENT_AFTER_DQ and first_pass if pdl is None else pdl
+            result["pdl"] = meta["PDL"]
         if kernel.startswith("fused"):
             meta["ORDERED"] = ordered
             meta["CONVOY"] = kernel.startswith("fused_convoy")

@@ -19,6 +19,11 @@
 #      letting the dK/dV kernel launch late (`DEPENDENTS_AT_START` off: a persistent program at its last item, a grid
 #      program as it exits); then causal 4k / 8k against cuDNN on the final tree (session 87's Next; session 84's
 #      figures until now)
+#   4: call 3: n4k dependent ÷ ordinary 0.972-0.988 again (0.974-1.000 with the dq programs letting it launch late);
+#      n16k 0.968-1.124 either way, the ordinary timings themselves 1-9% apart; cuDNN ÷ ours causal 4k / 8k 1.084 /
+#      1.083. Change: the dependent launch only where the dq kernel has at most 4 work items an SM
+#      (`dependent_after_dq`: n4k's 512 on 132 SMs, not n16k's 2048); the late trigger removed
+#      (results/s88/call3/late_trigger.patch). The GPU tests of the dq / dK/dV and block-sparse Hopper files whole
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -44,5 +49,10 @@ case "${1:?part}" in
     --seqlens 4096 --headdims 128 64 --max-density 0.1 --no-flex --out "$R/ab_dependent_dkdv_n4k.json" 2>&1 | quiet | grep "^|"
   settled_cudnn 130 final_tree yes "4096 8192" --deterministic-only
   clock_medians "$R/final_tree_causal_yes.json"
+  ;;
+4)
+  gpu_tests 450 8 tests/kernels/test_flash_bwd_hopper.py tests/kernels/test_block_sparse_hopper.py \
+    tests/kernels/test_flash_bwd_fused_hopper.py::test_gpu_nondeterministic_backward_takes_the_fused_kernel
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   ;;
 esac

@@ -338,9 +338,9 @@ def block_sparse_backward_hopper(do, q, k, v, out, lse, layout: BlockLayout, cau
         dq_cfg = _persistent_where_short(dq_cfg, PERSISTENT_DQ[headdim], mean_tiles)
     # (the dq kernel's tiles per program measure the list lengths of both)
     dkdv_cfg = _persistent_where_short(dkdv_cfg, PERSISTENT_DKDV[headdim], mean_tiles)
-    # (the dq kernel writes delta for the dK/dV kernel, which may start under its end: DEPENDENT_AFTER_DQ)
+    # (the dq kernel writes delta for the dK/dV kernel, which may start under its end: `dependent_after_dq`)
     lists = _col_lists(layout, seqlen_q, seqlen_k, causal, dkdv_cfg.block_m, q.shape[2] // k.shape[2])
-    dependent = bool(dkdv_hopper.DEPENDENT_AFTER_DQ)
+    dependent = dkdv_hopper.dependent_after_dq(q)
     dq_hopper.flash_attn_dq_hopper(
         q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale, causal=causal, config=dq_cfg, lists=(tiles, counts),
         dependent_dkdv=dependent,

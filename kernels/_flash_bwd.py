@@ -712,8 +712,8 @@ def flash_attn_backward(
         _flash_bwd_fused_hopper.sum_dq_buffers(dq_acc, dq, k.shape[1], causal, key_groups)
         return dq, dk, dv
     if hopper_dq:
-        # (the dK/dV kernel, next, may start under the dq kernel's end: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`)
-        dependent = hopper_dkdv and bool(_flash_dkdv_hopper.DEPENDENT_AFTER_DQ)
+        # (the dK/dV kernel, next, may start under the dq kernel's end: `_flash_dkdv_hopper.dependent_after_dq`)
+        dependent = hopper_dkdv and _flash_dkdv_hopper.dependent_after_dq(q)
         _flash_dq_hopper.flash_attn_dq_hopper(q, k, v, do, out, lse, delta, dq, sm_scale=sm_scale, causal=causal,
                                               dependent_dkdv=dependent)  # fmt: skip
         if hopper_dkdv:  # (before the portable kernels' argument set-up: this route is host-bound when short)

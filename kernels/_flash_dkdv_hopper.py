@@ -606,12 +606,29 @@ CONFIGS = {
 # FLASHTRAIN_HOPPER_DKDV=0 sends every backward to the portable dK/dV kernel (A/B measurements)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DKDV", "1") != "0"
 
-# Where the Gluon dq kernel runs just before this one (the two-kernel backward, dense or block-sparse), this
-# kernel launches as its programmatic dependent launch (`flash_attn_dkdv_hopper`'s `dependent`): launch,
-# barrier set-up and the first K and V loads under the dq kernel's last work items. Short calls are where
-# that shows: block-sparse n4k at 6% density takes ~110 us in three kernels, each latency-bound.
-# FLASHTRAIN_DEPENDENT_DKDV=0: the ordinary launch (A/B measurements, a safety valve).
+# Where the Gluon dq kernel runs just before this one (the two-kernel backward, dense or block-sparse) on at
+# most DEPENDENT_MAX_ITEMS_PER_SM of its 128-row work items per SM, this kernel launches as its programmatic
+# dependent launch (`flash_attn_dkdv_hopper`'s `dependent`, `dependent_after_dq`): launch, barrier set-up and
+# the first K and V loads under the dq kernel's last work. On one H200, block-sparse fwd+bwd from CUDA graphs
+# (butterfly, 16 heads, batch 1: 512 dq items, 3.9 an SM), dependent ÷ ordinary at n4k 0.972-0.991 (d128, 3-24%)
+# and 0.981-0.997 (d64, 3-49%), two runs alike (results/s88/call1/, call3/); at n16k (2048 items) 0.97-1.05,
+# within that run's spread (its ordinary timings 1-9% apart between alternations) and more often slower
+# (results/s88/call2/, call3/), so longer calls keep the ordinary launch. (The dq kernel's programs letting it
+# launch late instead, each at its last item: level, results/s88/call3/late_trigger.patch.)
+# FLASHTRAIN_DEPENDENT_DKDV=0: the ordinary launch everywhere (A/B measurements, a safety valve).
 DEPENDENT_AFTER_DQ = os.environ.get("FLASHTRAIN_DEPENDENT_DKDV", "1") != "0"
+DEPENDENT_MAX_ITEMS_PER_SM = 4
+DQ_ITEM_ROWS = 128  # (a dq work item's query rows: two consumer warpgroups of 64, every config)
+
+
+def dependent_after_dq(q) -> bool:
+    """Whether this call's dK/dV kernel launches dependent on the Gluon dq kernel just before it (the caller's
+    two-kernel route): `DEPENDENT_AFTER_DQ`, and the dq kernel's work items (128-row query tiles of every head
+    and sequence of q, (batch, seqlen_q, nheads, headdim)) at most DEPENDENT_MAX_ITEMS_PER_SM per SM."""
+    if not DEPENDENT_AFTER_DQ:
+        return False
+    batch, seqlen_q, nheads = q.shape[:3]
+    return cdiv(seqlen_q, DQ_ITEM_ROWS) * nheads * batch <= DEPENDENT_MAX_ITEMS_PER_SM * sm_count(q.device)
 
 
 # Shortest query length per (head dim, causal) from which the Gluon backward measured faster than the

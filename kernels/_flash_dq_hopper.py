@@ -241,10 +241,9 @@ def _attn_bwd_dq_hopper(
     dq's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's (1, 1, BLOCK_N, HEAD_DIM)); O is the forward's
     output (B, Sq, H, D) by pointer, LSE its base-2 lse, DELTA written here (both (B, H, Sq)).
     SPARSE: a block-sparse call (tile lists and natural-log lse, as in `_attn_fwd_hopper`).
-    PDL: the dK/dV kernel comes next as a programmatic dependent launch (its programs start as these end,
-    and wait for delta: `_flash_dkdv_hopper`), which each program lets launch at its start (TRIGGER_START)
-    or at its end (TRIGGER_LATE: none issued, the trigger implicit when the program exits); 0: none."""
-    if PDL == _TRIGGER_START:
+    PDL: the dK/dV kernel comes next as a programmatic dependent launch; each program lets it launch
+    at its start (its programs then start as these end, and wait for delta: `_flash_dkdv_hopper`)."""
+    if PDL:
         pipeline.launch_dependents()
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -286,12 +285,10 @@ def _persistent_consumer(
     stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
     n_row_tiles, nheads, n_batch, WG: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
-    PDL: gl.constexpr = 0,
 ):  # fmt: skip
     """One warpgroup: rows WG * BLOCK_M .. + BLOCK_M of each work item of this program (`_consumer`'s
     work, item after item); dq through the item's Q buffer, whose store the next item waits for before
-    handing the buffers back. PDL TRIGGER_LATE: the dependent dK/dV kernel may launch from this program's
-    last item on (`_attn_bwd_dq_hopper_persistent`)."""
+    handing the buffers back."""
     NUM_CONSUMERS: gl.constexpr = q_smem.shape[0] // 2
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -304,9 +301,6 @@ def _persistent_consumer(
         )  # fmt: skip
         buf = (j % 2) * NUM_CONSUMERS + WG
         prev = ((j + 1) % 2) * NUM_CONSUMERS + WG
-        if PDL == _TRIGGER_LATE:
-            if j == n_mine - 1:
-                pipeline.launch_dependents()
         _dq_rows(
             q_smem.index(buf), do_smem.index(buf), qdo_ready.index(buf), (j // 2) & 1, k_smem, v_smem, k_ready,
             v_ready, kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
@@ -328,9 +322,8 @@ def _attn_bwd_dq_hopper_persistent(
 ):  # fmt: skip
     """`_attn_bwd_dq_hopper` on a 1-D grid of at most one program per SM, each walking its share of the
     work items of the (n_row_tiles, nheads, n_batch) grid (`_hopper_pipeline.my_items`), with two sets
-    of Q and dO buffers so that the next item's load overlaps this one. PDL as `_attn_bwd_dq_hopper`'s,
-    but for TRIGGER_LATE: each program lets the dK/dV kernel launch as it starts its last item."""
-    if PDL == _TRIGGER_START:
+    of Q and dO buffers so that the next item's load overlaps this one. PDL as `_attn_bwd_dq_hopper`'s."""
+    if PDL:
         pipeline.launch_dependents()
     q_smem, do_smem, qdo_ready, qdo_empty = pipeline.item_buffers(q_desc, do_desc, NUM_CONSUMERS, True)
     k_smem, v_smem, k_ready, v_ready, kv_empty = pipeline.kv_ring(k_desc, v_desc, STAGES, NUM_CONSUMERS)
@@ -343,12 +336,12 @@ def _attn_bwd_dq_hopper_persistent(
                                     kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 0,
-                                    CAUSAL, SPARSE, PDL)),
+                                    CAUSAL, SPARSE)),
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_empty, k_ready, v_ready,
                                     kv_empty, dq_desc, O, LSE, DELTA, stride_ob, stride_om, stride_oh, stride_lb,
                                     stride_lh, seqlen_q, seqlen_k, group, qk_scale, sm_scale, sched_slots, TILES,
                                     COUNTS, lay_heads, n_list_rows, list_len, n_row_tiles, nheads, n_batch, 1,
-                                    CAUSAL, SPARSE, PDL)),
+                                    CAUSAL, SPARSE)),
             (pipeline.persistent_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                                               qdo_ready, qdo_empty, k_ready, v_ready, kv_empty, seqlen_q, seqlen_k,
                                               group, sched_slots, TILES, COUNTS, lay_heads, n_list_rows, list_len,
@@ -384,13 +377,6 @@ CONFIGS = {
 # The persistent variant (`_attn_bwd_dq_hopper_persistent`): two sets of Q and dO buffers (128 KB at
 # d128) leave room for two K/V stages.
 PERSISTENT_CONFIGS = {128: dataclasses.replace(CONFIGS[128], stages=2, persistent=True)}
-
-# Where the dq kernel's programs let a dependent dK/dV launch start (`_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`):
-# at each program's start (TRIGGER_START), or late (TRIGGER_LATE: a persistent program as it starts its last
-# item, a grid program as it exits). DEPENDENTS_AT_START picks.
-TRIGGER_START, TRIGGER_LATE = 1, 2
-_TRIGGER_START, _TRIGGER_LATE = gl.constexpr(TRIGGER_START), gl.constexpr(TRIGGER_LATE)  # (the kernels')
-DEPENDENTS_AT_START = True
 
 # FLASHTRAIN_HOPPER_DQ=0 sends every backward to the portable dq kernel (A/B measurements, a safety valve)
 ENABLED = os.environ.get("FLASHTRAIN_HOPPER_DQ", "1") != "0"
@@ -443,8 +429,7 @@ def flash_attn_dq_hopper(
             *list_args(lists, lse, q.device, causal))  # fmt: skip
     constexprs = dict(
         CAUSAL=causal, NUM_CONSUMERS=cfg.consumers, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None,
-        PDL=(TRIGGER_START if DEPENDENTS_AT_START else TRIGGER_LATE) if dependent_dkdv else 0, num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, SPARSE=lists is not None, PDL=dependent_dkdv, num_warps=4,
     )  # fmt: skip
     if cfg.persistent:
         items = grid[0] * grid[1] * grid[2]

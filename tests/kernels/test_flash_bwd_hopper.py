@@ -88,6 +88,21 @@ def test_head_dim_64_takes_the_dkdv_kernel_alone(seqlen_q, causal, takes):
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "shape, on, dependent",
+    [((1, 4096, 16, 128), True, True),  # 512 dq items on 132 SMs: 3.9 each
+     ((4, 1000, 4, 64), True, True),
+     ((1, 4096 + 128, 16, 128), True, True),  # 528 items: 4 an SM
+     ((1, 4096 + 129, 16, 128), True, False),  # 544: past 4 an SM
+     ((1, 16384, 16, 128), True, False),
+     ((1, 4096, 16, 128), False, False)],
+)  # fmt: skip
+def test_dkdv_launches_dependent_on_the_dq_kernel_up_to_four_items_an_sm(monkeypatch, shape, on, dependent):
+    monkeypatch.setattr(dkdv_hopper, "sm_count", lambda device: 132)
+    monkeypatch.setattr(dkdv_hopper, "DEPENDENT_AFTER_DQ", on)
+    assert dkdv_hopper.dependent_after_dq(torch.empty(shape, device="meta")) is dependent
+
+
 @pytest.fixture
 def bwd_calls(monkeypatch) -> list:
     """Records each call of the Hopper dq and dK/dV kernels by name, with the ordered one-kernel backward
