@@ -125,9 +125,10 @@ def _d128_first_stores(on: bool) -> None:
 
 
 def _dependent_dkdv(on: bool) -> None:
-    """The two-kernel backward's dK/dV kernel launched dependent on the dq kernel (on) or the ordinary way
-    (off: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`)."""
+    """The two-kernel backward's dK/dV kernel launched dependent on the dq kernel at any number of dq work
+    items (on) or the ordinary way (off: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`, `DEPENDENT_MAX_ITEMS_PER_SM`)."""
     dkdv_hopper.DEPENDENT_AFTER_DQ = on
+    dkdv_hopper.DEPENDENT_MAX_ITEMS_PER_SM = math.inf
 
 
 # name: set(on), for routes read at every call
@@ -153,12 +154,13 @@ def routes() -> tuple:
     """A copy of every route setting a variant changes (`restore_routes` puts one back)."""
     return (bs.PERSISTENT_DQ_ENABLED, dict(bs.PERSISTENT_DQ), dict(bs.PERSISTENT_FORWARD), dict(bs.PERSISTENT_DKDV),
             dict(bs.CONFIGS), dict(bs.ONE_KERNEL_BACKWARD), bs.fused_bwd.FIRST_STORES,
-            dkdv_hopper.DEPENDENT_AFTER_DQ)  # fmt: skip
+            dkdv_hopper.DEPENDENT_AFTER_DQ, dkdv_hopper.DEPENDENT_MAX_ITEMS_PER_SM)  # fmt: skip
 
 
 def restore_routes(state: tuple) -> None:
     (bs.PERSISTENT_DQ_ENABLED, bs.PERSISTENT_DQ, bs.PERSISTENT_FORWARD, bs.PERSISTENT_DKDV, bs.CONFIGS,
-     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES, dkdv_hopper.DEPENDENT_AFTER_DQ) = state  # fmt: skip
+     bs.ONE_KERNEL_BACKWARD, bs.fused_bwd.FIRST_STORES, dkdv_hopper.DEPENDENT_AFTER_DQ,
+     dkdv_hopper.DEPENDENT_MAX_ITEMS_PER_SM) = state  # fmt: skip
 
 
 def _outputs(fn, args) -> list:

@@ -23,7 +23,9 @@
 #      n16k 0.968-1.124 either way, the ordinary timings themselves 1-9% apart; cuDNN ÷ ours causal 4k / 8k 1.084 /
 #      1.083. Change: the dependent launch only where the dq kernel has at most 4 work items an SM
 #      (`dependent_after_dq`: n4k's 512 on 132 SMs, not n16k's 2048); the late trigger removed
-#      (results/s88/call3/late_trigger.patch). The GPU tests of the dq / dK/dV and block-sparse Hopper files whole
+#      (results/s88/call3/late_trigger.patch). The GPU tests of the dq / dK/dV and block-sparse Hopper files whole.
+#      Outcome (call 4): 500 passed
+# (Part 3 ran with the late trigger, now removed: `git apply benchmarks/results/s88/call3/late_trigger.patch` first.)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
