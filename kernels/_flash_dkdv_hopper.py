@@ -676,7 +676,7 @@ def flash_attn_dkdv_hopper(
     checked `_flash_dq_hopper.supports` for the call, and dk, dv. lists: a block-sparse call's (tiles,
     counts) (`kernels._block_sparse_hopper.col_lists`), whose lse (passed as lse2) is in natural log.
     dependent: launched as a programmatic dependent launch of the dq kernel just launched with
-    `dependent_dkdv` (`DEPENDENT_AFTER_DQ`): its programs start as the dq kernel's end, their K and V
+    `dependent_dkdv` (`dependent_after_dq` says where): its programs start as the dq kernel's end, their K and V
     loads under that kernel's last work, and wait for its delta (of two passes, the first: the second
     follows it the ordinary way)."""
     batch, seqlen_q, nheads, headdim = q.shape
