@@ -49,7 +49,7 @@ from benchmarks.common import (  # noqa: E402
     with_settings,
     write_results,
 )
-from kernels import _flash_bwd, _flash_bwd_fused_hopper, _flash_dkdv_hopper  # noqa: E402
+from kernels import _flash_bwd, _flash_bwd_fused_hopper  # noqa: E402
 
 # name -> bench_attention's impl; ours first, then the anchors each of ours is compared with
 IMPLS = {"ours": "triton", "ours_nondeterministic": "triton_atomic", "cudnn": "sdpa_cudnn"}
@@ -70,14 +70,10 @@ KEY_GROUPS_PREFIX = "ours_causal_key_groups_"
 KERNEL_GROUP_PREFIX = "ours_gqa_kernel_group_"
 # (--also-convoy-key-groups N: ours, the causal convoy in N key groups, `_flash_bwd_fused_hopper.CAUSAL_CONVOY_KEY_GROUPS`)
 CONVOY_GROUPS_PREFIX = "ours_convoy_key_groups_"
-# (--ordinary-dkdv-launch: ours, the two-kernel backward's dK/dV kernel launched the ordinary way, not dependent
-# on the dq kernel: `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ` 0)
-DEPENDENT_DKDV_PREFIX = "ours_dependent_dkdv_"
 # variants whose fwd+bwd the rows give ÷ ours's, per name prefix -> (module, the setting its N sets)
 SETTING_VARIANTS = {
     KERNEL_GROUP_PREFIX: (_flash_bwd, "ORDERED_GQA_KERNEL_GROUP"),
     CONVOY_GROUPS_PREFIX: (_flash_bwd_fused_hopper, "CAUSAL_CONVOY_KEY_GROUPS"),
-    DEPENDENT_DKDV_PREFIX: (_flash_dkdv_hopper, "DEPENDENT_AFTER_DQ"),
 }
 
 
@@ -259,9 +255,6 @@ def main() -> None:
     parser.add_argument("--also-convoy-key-groups", type=int, nargs="+", default=[], metavar="N",
                         help=f"also {CONVOY_GROUPS_PREFIX}N per N: ours with the causal convoy in N key groups "
                         "(`CAUSAL_CONVOY_KEY_GROUPS`), alternating with the default")  # fmt: skip
-    parser.add_argument("--ordinary-dkdv-launch", action="store_true",
-                        help=f"also {DEPENDENT_DKDV_PREFIX}0: ours with the two-kernel backward's dK/dV kernel "
-                        "launched the ordinary way (`DEPENDENT_AFTER_DQ` off), alternating with the default")  # fmt: skip
     parser.add_argument(
         "--rows-in-order",
         action="store_true",
@@ -329,8 +322,6 @@ def main() -> None:
         )
     for groups in args.also_convoy_key_groups:
         impls = {"ours": "triton", f"{CONVOY_GROUPS_PREFIX}{groups}": "triton", **impls}
-    if args.ordinary_dkdv_launch:
-        impls = {"ours": "triton", f"{DEPENDENT_DKDV_PREFIX}0": "triton", **impls}
     torch.use_deterministic_algorithms(args.torch_deterministic)
     rows = []
     for headdim in args.headdims:
