@@ -119,23 +119,13 @@ def spills_in_loops(cubin: bytes) -> int | None:
     return sum(any(lo <= a <= hi for lo, hi in counted) for a in spills)
 
 
-def build(
-    kernel: str,
-    headdim: int,
-    cfg,
-    causal: bool,
-    dtype,
-    sparse: bool = False,
-    part: int = 0,
-    pdl: bool | None = None,
-) -> dict:
+def build(kernel: str, headdim: int, cfg, causal: bool, dtype, sparse: bool = False, part: int = 0) -> dict:
     """Compile one config of `kernel` ("fwd", "dq", "dkdv", "fused", "fused_ordered", the one-kernel
     backward with its dQ adds in a fixed order, "fused_convoy", in the convoy order, or "fused_convoy_down",
     the causal convoy walking its tiles from the last) for sm_90, dense
     or block-sparse (walking tile lists, `kernels._block_sparse_hopper`); part: the dK/dV kernel's pass
-    (`_flash_dkdv_hopper.passes`); pdl: the dq and dK/dV kernels' PDL (the dK/dV kernel launched dependent on
-    the dq kernel; None: as the two-kernel backward launches them, `_flash_dkdv_hopper.DEPENDENT_AFTER_DQ` on
-    the first pass); never raises."""
+    (`_flash_dkdv_hopper.passes`); the dq and dK/dV kernels with PDL as the two-kernel backward launches them
+    (`_flash_dkdv_hopper.DEPENDENT_AFTER_DQ`, the dK/dV kernel's first pass); never raises."""
     import torch
 
     from benchmarks.check_kernel_builds import compile_kernel
@@ -203,8 +193,7 @@ def build(
             meta["PART"] = part
         if kernel in ("dq", "dkdv"):
             first_pass = kernel == "dq" or part == dkdv_hopper.passes(headdim)[0]
-            meta["PDL"] = dkdv_hopper.DEPENDENT_AFTER_DQ and first_pass if pdl is None else pdl
-            result["pdl"] = meta["PDL"]
+            result["pdl"] = meta["PDL"] = dkdv_hopper.DEPENDENT_AFTER_DQ and first_pass
         if kernel.startswith("fused"):
             meta["ORDERED"] = ordered
             meta["CONVOY"] = kernel.startswith("fused_convoy")

@@ -12,6 +12,8 @@ import contextlib
 import pytest
 import torch
 
+from benchmarks.common import capture_graph
+
 FLOOR = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
@@ -152,18 +154,11 @@ def _fwd_bwd(fn, leaves, do) -> list:
 
 
 def _graph_replayed(fn, leaves, do) -> list:
-    """fn's (out, lse, *gradients) captured in a CUDA graph (after a warm-up on a side stream) and replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _fwd_bwd(fn, leaves, do)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = _fwd_bwd(fn, leaves, do)
+    """fn's (out, lse, *gradients) captured in a CUDA graph (`benchmarks.common.capture_graph`) and replayed."""
+    graph, results = capture_graph(lambda: _fwd_bwd(fn, leaves, do))
     graph.replay()
     torch.cuda.synchronize()
-    return [t.clone() for t in results]
+    return results
 
 
 def assert_dependent_dkdv_launches_match(monkeypatch, fn, inputs, do, dq_programs: int | None = 3) -> None:
