@@ -387,13 +387,15 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
     return profile_top(prof, steps, top)
 
 
-def profile_top(prof, steps: int, top: int = 25) -> list[dict]:
-    """The `top` functions of a cProfile.Profile by own time, per step of `steps`, with cumulative time."""
+def profile_top(prof, steps: int, top: int = 25, key: str = "own") -> list[dict]:
+    """The `top` functions of a cProfile.Profile by own time (key "own") or cumulative time ("cum"), per step
+    of `steps`, with both times."""
     import pstats
 
     # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
     stats = pstats.Stats(prof).stats
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    column = {"own": 2, "cum": 3}[key]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][column])[:top]
     return [
         {
             "function": f"{os.path.basename(file)}:{line}({name})",
