@@ -11,6 +11,10 @@ in both ways).
 3.6's `triton.cdiv`, a constexpr function, and the plain Triton kernels (the backward's delta preprocess,
 the decode split and merge kernels, the portable kernels' tuned keys) launch through
 `_launch.CompiledLaunch` instead of `kernel[grid](...)`; "untrimmed" puts them back.
+`--trims s89`: the autotuned portable kernels' tuned launches (`_common._cached_config_run`) key their config
+on the specialization of every argument, which the compiled launch then takes as its own key, and give a grid
+function the arguments by name only as it reads them; "untrimmed" puts back a pass over the arguments for
+their dtypes (the compiled launch specializing them again) and a dict of every argument by name.
 `--trims s67`: a call no gradient can flow from (`inference`: a causal forward under no_grad) runs the
 forward's launcher directly, not through the autograd Function and the op (`_common.inference_call`);
 "untrimmed" sends it through them, as before session 67. `--trims s68`: the same for `block_sparse_attention`
@@ -36,9 +40,11 @@ import importlib
 import os
 import statistics
 import sys
+import types
 
 import torch
 import triton
+from triton.runtime.autotuner import Autotuner
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -131,8 +137,46 @@ def routes_inference(module):
     return use_way
 
 
+TUNED = (_flash_fwd._attn_fwd_tuned, _flash_bwd._bwd_dq_tuned, _flash_bwd._bwd_dkdv_tuned)
+
+
+def run_before_s89(tuned):
+    """`_common._cached_config_run(tuned)` as it was before session 89: its config key read the tensors'
+    dtypes in a pass of its own (the compiled launch then specialized every argument again), and a grid
+    function got a dict of every argument by name."""
+    base_run, chosen = types.MethodType(Autotuner.run, tuned), {}
+    positions = [(name, tuned.arg_names.index(name)) for name in tuned.keys if name in tuned.arg_names]
+
+    def run(*args, **kwargs):
+        key = tuple(
+            kwargs[n] if n in kwargs else args[i] for n, i in positions if n in kwargs or i < len(args)
+        )
+        key += tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+        config = chosen.get(key) if len(tuned.configs) > 1 else None
+        if config is None or config.pre_hook is not None:
+            ret = base_run(*args, **kwargs)
+            chosen[key] = tuned.best_config
+            return ret
+        tuned.best_config = config
+        grid, meta = kwargs["grid"], {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+        meta.update(config.all_kwargs())
+        if callable(grid):
+            grid = grid(dict(zip(tuned.arg_names, args, strict=False)) | meta)
+        tuned.compiled_launch(grid, (), args, meta)
+
+    return run
+
+
+WAYS_S89 = {"trimmed": tuple(t.run for t in TUNED), "untrimmed": tuple(map(run_before_s89, TUNED))}
+
+
+def use_s89(way: str) -> None:
+    for tuned, run in zip(TUNED, WAYS_S89[way], strict=True):
+        tuned.run = run
+
+
 TRIM_SETS = {"s50": use, "s64": use_s64, "s67": routes_inference(FLASH_ATTENTION),
-             "s68": routes_inference(BLOCK_SPARSE)}  # fmt: skip
+             "s68": routes_inference(BLOCK_SPARSE), "s89": use_s89}  # fmt: skip
 
 
 def decode_step(seqlen: int, headdim: int):

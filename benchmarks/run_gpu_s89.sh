@@ -6,6 +6,14 @@
 #      layer's attention calls, ours against SDPA cuDNN (profile_layer_host.py, new: GPT-2 small 1k is host-bound
 #      with ours, README ‡), at batch 2 (the GPU never the pace) and at the model's batch 16; then session 87's
 #      open convoy point: the causal convoy in 1 / 3 (default) / 4 key groups with 8 heads at 32k and 48k
+#   2: call 1: 7 passed. Host ms a call, ours / cuDNN's: forward op 0.050 / 0.024, backward through autograd
+#      0.197-0.200 / 0.060-0.068 (our backward op alone 0.147), public fwd+bwd 0.350-0.357 / 0.118-0.125, at batch 2
+#      and 16 alike. Convoy, 8 heads: three key groups ÷ one 0.977 / 0.979 (32k / 48k), four level (1.004 / 0.997).
+#      Change: the tuned portable launches key their config on every argument's specialization, which the compiled
+#      launch takes as its own key (no second pass), and hand the grid the arguments by name only as it reads them
+#      (`_common._cached_config_run`, `_GridMeta`). Their GPU tests (test_launch / test_tuning); the host A/B in one
+#      process (ab_host_trims.py --trims s89: d64 / d128 at 1k, the dense route with the portable dq kernel and the
+#      windowed one on three portable kernels); the layer's host time again; GPT-2 small 1k, ours and cuDNN
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -19,5 +27,16 @@ case "${1:?part}" in
   done
   settled_cudnn 190 convoy_groups_8_heads yes "32768 49152" --nheads 8 --deterministic-only --also-convoy-key-groups 1 4
   clock_medians "$R/convoy_groups_8_heads_causal_yes.json"
+  ;;
+2)
+  gpu_tests 200 8 tests/kernels/test_launch.py tests/kernels/test_tuning.py
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
+  timeout -s KILL 200 python benchmarks/ab_host_trims.py --trims s89 --paths dense dense_window --seqlen 1024 \
+    --headdims 64 128 --out "$R/ab_host_trims_s89.json" 2>&1 | quiet | grep "^s89"
+  timeout -s KILL 90 python benchmarks/profile_layer_host.py --batch 2 --out "$R/layer_host_b2.json" 2>&1 | quiet \
+    > "$R/layer_host_b2.log"
+  head -n 7 "$R/layer_host_b2.log"
+  timeout 220 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton,sdpa_cudnn \
+    --out "$R/train_small_1k.json" 2>&1 | quiet | tail -n 12
   ;;
 esac

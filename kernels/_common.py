@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from . import reference
-from ._launch import CompiledLaunch
+from ._launch import CompiledLaunch, specialize_argument
 
 # The Triton interpreter is chosen when kernels are defined, so this is read once at import.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -107,23 +107,51 @@ def autotune(fn, **kwargs):
     return tuned
 
 
+class _GridMeta(dict):
+    """A grid function's argument as jit.py builds it, every argument by name with the constexprs and the
+    config's values beside them, except that a plain argument is looked up only when the grid reads it: a
+    dict of all ~40 per launch took ~4 us of host time (the kernels' grids read BLOCK_M or BLOCK_N)."""
+
+    def __init__(self, meta: dict, args: tuple, index: dict):
+        super().__init__(meta)
+        self.args, self.index = args, index
+
+    def __missing__(self, name):
+        i = self.index.get(name, len(self.args))
+        if i >= len(self.args):
+            raise KeyError(name)
+        return self.args[i]
+
+    def __contains__(self, name) -> bool:
+        return dict.__contains__(self, name) or self.index.get(name, len(self.args)) < len(self.args)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
 def _cached_config_run(tuned):
     """`tuned.run` with a fast path once a key is tuned: Triton 3.6's `Autotuner.run` rebuilds three
     dicts of all ~40 kernel arguments and formats every tensor's dtype on each launch, 60-90 us of host
     time per launch on an H200 machine, three launches per attention forward and backward. The key here
-    is the same information (the tuning-key arguments and the tensors' dtypes), read straight from the
-    arguments; an untuned key goes through Triton's own run, which tunes and records the config. The
-    recorded config then launches through `_launch.CompiledLaunch` (`tuned.compiled_launch`): the compiled
-    kernel's own launcher after its first launch, not the JIT binder's per-call argument specialization."""
+    holds that information (the tuning-key arguments, and Triton's specialization of every argument,
+    which names each tensor's dtype), read straight from the arguments; an untuned key goes through
+    Triton's own run, which tunes and records the config (a key it has tuned under another alignment or
+    divisibility it only looks up). The recorded config then launches through `_launch.CompiledLaunch`
+    (`tuned.compiled_launch`), given the same specialization for its own key: the compiled kernel's own
+    launcher after its first launch, not the JIT binder's per-call argument specialization.
+
+    A grid callable gets what jit.py gives it (`_GridMeta`)."""
     base_run = tuned.run
     positions = [(name, tuned.arg_names.index(name)) for name in tuned.keys if name in tuned.arg_names]
+    index = {name: i for i, name in enumerate(tuned.arg_names)}
     chosen = {}
 
     def run(*args, **kwargs):
-        key = tuple(
+        # (one pass over the ~40 arguments serves both keys: a separate dtype pass took as long, session 89)
+        specialization = tuple(map(specialize_argument, args))
+        key = specialization + tuple(
             kwargs[n] if n in kwargs else args[i] for n, i in positions if n in kwargs or i < len(args)
         )
-        key += tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
         config = chosen.get(key) if len(tuned.configs) > 1 else None
         if config is None or config.pre_hook is not None:  # tune, or run a config's hook: Triton's path
             ret = base_run(*args, **kwargs)
@@ -133,9 +161,9 @@ def _cached_config_run(tuned):
         # (kwargs: the constexprs, and `kernel[grid]`'s grid and warmup)
         grid, meta = kwargs["grid"], {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
         meta.update(config.all_kwargs())
-        if callable(grid):  # (as jit.py calls it: every argument by name)
-            grid = grid(dict(zip(tuned.arg_names, args, strict=False)) | meta)
-        tuned.compiled_launch(grid, (), args, meta)
+        if callable(grid):
+            grid = grid(_GridMeta(meta, args, index))
+        tuned.compiled_launch(grid, (), args, meta, specialization=specialization)
 
     return run
 

@@ -99,9 +99,10 @@ def _launch_hooks_set() -> bool:
     return any(hook is not None and (not isinstance(hook, knobs.HookChain) or hook.calls) for hook in hooks)
 
 
-def _specialization(arg) -> tuple:
-    # Triton's own per-argument specialization: jit.py's binder calls the same function per argument,
-    # with the CUDA backend, which in Triton 3.6 keeps BaseBackend's specialization hooks
+def specialize_argument(arg) -> tuple:
+    """Triton's own specialization of one plain argument (dtype and 16-byte alignment of a pointer; width,
+    divisibility by 16 and == 1 of an int): jit.py's binder calls the same function per argument, with the
+    CUDA backend, which in Triton 3.6 keeps BaseBackend's specialization hooks."""
     return native_specialize_impl(BaseBackend, arg, False, True, True)
 
 
@@ -166,11 +167,20 @@ class CompiledLaunch:
         self.fast_launches = 0  # (tests count them)
         self.encodings = 0  # descriptors encoded on the fast path (tests count them)
 
-    def __call__(self, grid, descriptors, args, kwargs: dict, views: dict | None = None):
+    def __call__(
+        self,
+        grid,
+        descriptors,
+        args,
+        kwargs: dict,
+        views: dict | None = None,
+        specialization: tuple | None = None,
+    ):
         """kernel[grid](*descriptors, *args, **kwargs). grid: 1 to 3 program counts; descriptors: (tensor,
         block rows) pairs, a tensor's place possibly taken by a TmaView with its block; kwargs: the constexprs,
         then launch options (num_warps); views: TmaViews by id of their tensor, shared between the launches of
-        one call (on the `run` path)."""
+        one call (on the `run` path); specialization: `specialize_argument` of each of args, where the caller
+        has it already (None: computed here)."""
         grid = (*grid, 1, 1)[:3]  # (the compiled launcher takes all three)
         if self.interpreted:  # (only plain Triton kernels: Gluon kernels do not run there)
             if descriptors:
@@ -185,7 +195,7 @@ class CompiledLaunch:
             *kwargs.items(),
             # (a descriptor's block is (rows, head dim): two head dims with the same rows are two kernels)
             *(_descriptor_key(t, rows) for t, rows in descriptors),
-            *map(_specialization, args),
+            *(map(specialize_argument, args) if specialization is None else specialization),
         )
         entry = self._compiled.get(key)
         if entry is None or not ENABLED or _launch_hooks_set():

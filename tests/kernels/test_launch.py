@@ -10,7 +10,7 @@ from triton import knobs
 from triton.backends.nvidia import driver
 
 from kernels import _launch
-from kernels._launch import CompiledLaunch, TmaView, tma_view
+from kernels._launch import CompiledLaunch, TmaView, specialize_argument, tma_view
 from tests.kernels._flash_utils import assert_compiled_launches_match_jit
 
 
@@ -141,6 +141,22 @@ def test_a_launch_triton_would_specialize_differently_takes_the_jit_path(change)
     assert len(kernel.jit_launches) == 2 and launch.fast_launches == 0
     _call(launch, a, b, x, n, flag)  # and that specialization is kept in turn
     assert len(kernel.jit_launches) == 2 and launch.fast_launches == 1
+
+
+def test_a_given_specialization_keys_the_launch_as_its_own_would():
+    """The tuned portable kernels pass the specialization their config key holds already
+    (`_common._cached_config_run`): the launch takes the entry its own specialization would."""
+    kernel = FakeKernel()
+    launch = CompiledLaunch(kernel, _descriptor)
+    a, b, x = _tensors()
+    _call(launch, a, b, x, 32)
+    constexprs = dict(FLAG=True, STAGES=2, num_warps=4)
+    for n, jit_launches in ((32, 1), (33, 2)):
+        args = (x, n, 0.5)
+        given = tuple(map(specialize_argument, args))
+        launch((3, 2, 1), ((a, 64), (b, 32)), args, constexprs, specialization=given)
+        assert len(kernel.jit_launches) == jit_launches  # (33: not divisible by 16, another kernel)
+    assert launch.fast_launches == 1
 
 
 def test_views_are_shared_between_launches_of_one_call():

@@ -243,7 +243,15 @@ def test_a_tuned_key_launches_its_config_without_retuning(monkeypatch, device):
     assert through_triton == [5, 6, 5]  # five launches, three of them tuning
     assert tuned.best_config.kwargs["BLOCK"] == 32
     # a tuned key's launch through `tuned.compiled_launch` evaluates a grid function as jit.py does: every
-    # argument by name, the config's meta-parameters beside them (0 programs if either were missing)
-    x = torch.zeros(1, dtype=torch.int32, device=device)
-    tuned[lambda meta: (int(meta["n"] == 5 and meta["BLOCK"] == 32),)](x, 5)
-    assert int(x[0]) == 32 and through_triton == [5, 6, 5]
+    # argument by name, the config's meta-parameters beside them (0 programs if either were missing), read
+    # by key, by get() and by `in`; a name that is neither raises KeyError, as in jit.py's dict
+    for grid in (
+        lambda meta: (int(meta["n"] == 5 and meta["BLOCK"] == 32),),
+        lambda meta: (int(meta.get("n") == 5 and "x_ptr" in meta and meta.get("BLOCK") == 32),),
+        lambda meta: (int("nothing" not in meta and meta.get("nothing", 1) == 1),),
+    ):
+        x = torch.zeros(1, dtype=torch.int32, device=device)
+        tuned[grid](x, 5)
+        assert int(x[0]) == 32 and through_triton == [5, 6, 5]
+    with pytest.raises(KeyError, match="nothing"):
+        tuned[lambda meta: (meta["nothing"],)](x, 5)
