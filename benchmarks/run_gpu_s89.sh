@@ -14,6 +14,10 @@
 #      (`_common._cached_config_run`, `_GridMeta`). Their GPU tests (test_launch / test_tuning); the host A/B in one
 #      process (ab_host_trims.py --trims s89: d64 / d128 at 1k, the dense route with the portable dq kernel and the
 #      windowed one on three portable kernels); the layer's host time again; GPT-2 small 1k, ours and cuDNN
+#   3: call 2 (a slower host: the layer's calls took 1.6-1.8x call 1's, both ways): 10 passed; s89 untrimmed ÷
+#      trimmed at d64 1.053 (dense) / 1.090 (window), per-batch medians 1.056 / 1.031, batches 0.82-1.39; d128 (no
+#      portable launch on the dense route) 1.024 / 1.005. GPT-2 small 1k ours 382.9k tokens/s, cuDNN 398.1k. The
+#      d64 A/B again, twice the batches, to tell its ~3-5% from the host's drift
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -38,5 +42,9 @@ case "${1:?part}" in
   head -n 7 "$R/layer_host_b2.log"
   timeout 220 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls triton,sdpa_cudnn \
     --out "$R/train_small_1k.json" 2>&1 | quiet | tail -n 12
+  ;;
+3)
+  timeout -s KILL 200 python benchmarks/ab_host_trims.py --trims s89 --paths dense dense_window --seqlen 1024 \
+    --headdims 64 --batches 40 --out "$R/ab_host_trims_s89.json" 2>&1 | quiet | grep "^s89"
   ;;
 esac
