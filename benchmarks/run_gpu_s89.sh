@@ -18,6 +18,8 @@
 #      trimmed at d64 1.053 (dense) / 1.090 (window), per-batch medians 1.056 / 1.031, batches 0.82-1.39; d128 (no
 #      portable launch on the dense route) 1.024 / 1.005. GPT-2 small 1k ours 382.9k tokens/s, cuDNN 398.1k. The
 #      d64 A/B again, twice the batches, to tell its ~3-5% from the host's drift
+#   4: call 3: d64 1.093 / 1.077 (per batch 1.054 / 1.037, batches 0.66-1.58). The GPU tests of the files whose calls
+#      take the portable kernels (windows, key padding, varlen, dropout, packed QKV at d64)
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -46,5 +48,10 @@ case "${1:?part}" in
 3)
   timeout -s KILL 200 python benchmarks/ab_host_trims.py --trims s89 --paths dense dense_window --seqlen 1024 \
     --headdims 64 --batches 40 --out "$R/ab_host_trims_s89.json" 2>&1 | quiet | grep "^s89"
+  ;;
+4)
+  gpu_tests 420 8 tests/kernels/test_flash_attention.py tests/kernels/test_qkvpacked.py tests/kernels/test_varlen.py \
+    tests/kernels/test_dropout.py
+  grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
   ;;
 esac
