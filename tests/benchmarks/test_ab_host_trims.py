@@ -84,6 +84,30 @@ def test_session_64s_ways_answer_alike_and_the_trimmed_code_comes_back(way, devi
     assert all(isinstance(launch, CompiledLaunch) for launch in trimmed_launches)
 
 
+@pytest.mark.parametrize("way", list(ab_host_trims.WAYS_S89))
+def test_session_89s_ways_answer_alike_and_the_trimmed_runs_come_back(way, device):
+    """Both ways of `--trims s89` on a windowed fwd+bwd (the portable forward, dq and dK/dV kernels): the same
+    out and gradients, and afterwards each tuned kernel's run is the trimmed one again."""
+    from kernels import flash_attention
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 48, 2, 16, device=device, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, 48, 2, 16, device=device)
+
+    def fwd_bwd():
+        out = flash_attention(q, k, v, causal=True, window=(16, 0))
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), do))
+
+    want = fwd_bwd()
+    try:
+        ab_host_trims.use_s89(way)
+        got = fwd_bwd()
+    finally:
+        ab_host_trims.use_s89("trimmed")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert tuple(t.run for t in ab_host_trims.TUNED) == ab_host_trims.WAYS_S89["trimmed"]
+
+
 def test_the_modules_switched_are_every_kernels_module_calling_cdiv():
     """A module that imports `cdiv` but is missing from CDIV_MODULES would keep its plain cdiv in both ways."""
     import importlib

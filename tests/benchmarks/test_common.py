@@ -290,3 +290,35 @@ def test_clocks_per_call_takes_the_samples_inside_each_calls_timed_windows():
     assert common.clocks_per_call({"error": "nvidia-smi did not start"}, windows) == {
         "error": "nvidia-smi did not start"
     }
+
+
+def _callee():
+    total = 0
+    for i in range(3000):  # (Python work of its own: a builtin's time would be the builtin's entry)
+        total += i
+    return total
+
+
+def _caller():
+    return _callee() + _callee()
+
+
+@pytest.mark.parametrize("key", ["own", "cum"])
+def test_profile_top_ranks_by_own_or_cumulative_time_per_step(key):
+    """profile_top: per step of the profiled calls, each function's calls and times; by cumulative time a
+    caller ranks above the function it calls (its time includes the callee's), by own time below it."""
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(4):
+        _caller()
+    prof.disable()
+    top = common.profile_top(prof, steps=4, top=50, key=key)
+    names = [entry["function"] for entry in top]
+    caller, callee = (
+        next(i for i, n in enumerate(names) if n.endswith(f"({name})")) for name in ("_caller", "_callee")
+    )
+    assert (caller < callee) == (key == "cum")
+    assert top[callee]["calls"] == 2 and top[caller]["calls"] == 1
+    assert top[caller]["cum_ms"] >= top[callee]["cum_ms"] > top[caller]["own_ms"]
