@@ -20,6 +20,8 @@
 #      d64 A/B again, twice the batches, to tell its ~3-5% from the host's drift
 #   4: call 3: d64 1.093 / 1.077 (per batch 1.054 / 1.037, batches 0.66-1.58). The GPU tests of the files whose calls
 #      take the portable kernels (windows, key padding, varlen, dropout, packed QKV at d64)
+#   5: call 4: 16 passed. GPT-2 small 1k on another machine's host, ours and cuDNN in both orders (a fresh process a
+#      row), beside that host's per-layer host times
 source "$(dirname "$0")/gpu_call.sh"
 machine_info
 case "${1:?part}" in
@@ -53,5 +55,14 @@ case "${1:?part}" in
   gpu_tests 420 8 tests/kernels/test_flash_attention.py tests/kernels/test_qkvpacked.py tests/kernels/test_varlen.py \
     tests/kernels/test_dropout.py
   grep -e "^FAILED" -e "^ERROR" "$R/gpu_tests.log" | head -n 20
+  ;;
+5)
+  timeout -s KILL 80 python benchmarks/profile_layer_host.py --batch 2 --out "$R/layer_host_b2.json" 2>&1 | quiet \
+    > "$R/layer_host_b2.log"
+  head -n 7 "$R/layer_host_b2.log"
+  for order in triton,sdpa_cudnn sdpa_cudnn,triton; do
+    timeout 230 python benchmarks/bench_train.py --models gpt2_small --seqlens 1024 --impls $order \
+      --out "$R/train_small_1k_${order%%,*}_first.json" 2>&1 | quiet | grep "^| gpt2"
+  done
   ;;
 esac
