@@ -53,3 +53,25 @@ def test_state_dict_needs_head_count():
         from_hf_gpt2(hf.state_dict())
     model = from_hf_gpt2(hf.state_dict(), n_head=4, attention="reference")
     assert model.cfg.n_layer == 3 and model.cfg.vocab_size == 211
+
+
+@pytest.mark.parametrize("name", ["CUDAProperties", "use_kernel_forward_from_hub"])
+def test_hugging_faces_kernels_names_say_which_package_this_is(name):
+    """transformers 5.25+ imports Hugging Face's `kernels` package by the import name of ours: its names give an
+    ImportError that says what to change, not "cannot import name"; other missing names stay AttributeErrors."""
+    import kernels
+
+    with pytest.raises(ImportError, match=r"flashtrain's attention kernels.*transformers<5\.25"):
+        exec(f"from kernels import {name}", {})
+    assert not hasattr(kernels, "no_such_name") and hasattr(kernels, "flash_attention")
+
+
+def test_the_installed_transformers_does_not_import_hugging_faces_kernels():
+    """The dev pin (transformers<5.25): the installed transformers builds GPT-2 beside our `kernels`."""
+    from transformers.utils import import_utils
+
+    available = getattr(import_utils, "is_kernels_available", lambda: False)
+    assert not available(), (
+        f"transformers {transformers.__version__} imports Hugging Face's `kernels` package, which our `kernels` "
+        "shadows: install transformers<5.25 and uninstall Hugging Face's kernels"
+    )
