@@ -105,7 +105,8 @@ def test_session_89s_ways_answer_alike_and_the_trimmed_runs_come_back(way, devic
     finally:
         ab_host_trims.use_s89("trimmed")
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert tuple(t.run for t in ab_host_trims.TUNED) == ab_host_trims.WAYS_S89["trimmed"]
+    # (exactly as before: under the interpreter no `run` of their own, so a patch of Autotuner.run reaches them)
+    assert tuple(t.__dict__.get("run") for t in ab_host_trims.TUNED) == ab_host_trims.WAYS_S89["trimmed"]
 
 
 def test_the_modules_switched_are_every_kernels_module_calling_cdiv():
