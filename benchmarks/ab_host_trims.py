@@ -177,9 +177,8 @@ WAYS_S89 = {
 
 def use_s89(way: str) -> None:
     for tuned, run in zip(TUNED, WAYS_S89[way], strict=True):
-        if (
-            run is None
-        ):  # (back to the class's method: an instance attribute would hide a patch of Autotuner.run)
+        # (None: back to the class's method; an instance attribute would hide a patch of Autotuner.run)
+        if run is None:
             tuned.__dict__.pop("run", None)
         else:
             tuned.run = run

@@ -367,9 +367,9 @@ def idle_gaps(kernels: list[tuple[str, float, float]], min_us: float = 3.0) -> t
     return idle, pairs
 
 
-def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> list[dict]:
+def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25, key: str = "own") -> list[dict]:
     """cProfile of fn over `steps` calls (after one unprofiled call): the `top` Python functions by
-    own time, per call of fn, with their cumulative time. For a step whose device idles (busy < wall
+    own time (or by cumulative time, key "cum": `profile_top`), per call of fn, with both times. For a step whose device idles (busy < wall
     in `device_profile`): which host code keeps the launches from keeping up. cProfile slows Python
     down, so read the ranking, not the absolute milliseconds."""
     import cProfile
@@ -384,7 +384,7 @@ def host_profile(fn: Callable[[], object], steps: int = 3, top: int = 25) -> lis
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.disable()
-    return profile_top(prof, steps, top)
+    return profile_top(prof, steps, top, key)
 
 
 def profile_top(prof, steps: int, top: int = 25, key: str = "own") -> list[dict]:

@@ -16,7 +16,7 @@ cProfile put our attention's operators among the causes (session 82). A compiled
 Calls go back to back without a sync, ours and cuDNN's alternating in rounds (host speed drifts within a
 process and between processes, results/s56/call1-2). Keep the batch small, so that the GPU never sets the pace
 (GPT-2 small's attention at batch 2 x 1k is ~0.04 ms of GPU work a fwd+bwd). Then cProfile of our two
-operators, by own and by cumulative time.
+operators (`common.host_profile`), by own and by cumulative time.
 
     python benchmarks/profile_layer_host.py --batch 2 --seqlen 1024 --nheads 12 --headdim 64 \
         --out benchmarks/results/layer_host_h200.json
@@ -25,7 +25,6 @@ operators, by own and by cumulative time.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_host_overhead import per_call_ms  # noqa: E402
-from benchmarks.common import profile_top, write_results  # noqa: E402
+from benchmarks.common import host_profile, write_results  # noqa: E402
 from kernels import flash_attention_qkvpacked  # noqa: E402
 from kernels.reference import split_qkv  # noqa: E402
 
@@ -51,7 +50,8 @@ def layer_calls(batch: int, seqlen: int, nheads: int, headdim: int) -> dict[str,
         torch.ops.flashtrain.flash_attn_fwd.default,
         torch.ops.flashtrain.flash_attn_bwd_qkvpacked.default,
     )
-    out, lse2, seed = fwd(q, k, v, None, None, None, 0, 0, scale, None, 0, 0.0)
+    fwd_call = lambda: fwd(q, k, v, None, None, None, 0, 0, scale, None, 0, 0.0)  # noqa: E731
+    out, lse2, seed = fwd_call()
     dout = torch.randn_like(out)
     leaf = qkv.clone().requires_grad_()
     ours_out = flash_attention_qkvpacked(leaf, causal=True)
@@ -72,7 +72,7 @@ def layer_calls(batch: int, seqlen: int, nheads: int, headdim: int) -> dict[str,
 
     return {
         "ours": {
-            "fwd_op": lambda: fwd(q, k, v, None, None, None, 0, 0, scale, None, 0, 0.0),
+            "fwd_op": fwd_call,
             "bwd_autograd": lambda: torch.autograd.grad(ours_out, leaf, dout, retain_graph=True),
             "bwd_op": lambda: bwd(dout, qkv, nheads, out, lse2, None, scale, None, 0, 0.0, seed, False, None),
             "fwdbwd_api": lambda: torch.autograd.grad(
@@ -85,19 +85,6 @@ def layer_calls(batch: int, seqlen: int, nheads: int, headdim: int) -> dict[str,
             "fwdbwd_api": sdpa_cudnn_fwdbwd,
         },
     }
-
-
-def profiled(fn, calls: int, top: int) -> dict[str, list]:
-    """cProfile of `calls` calls of fn: the top functions by own time and by cumulative time, per call."""
-    fn()
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    prof.disable()
-    return {"by_own": profile_top(prof, calls, top), "by_cum": profile_top(prof, calls, top, key="cum")}
 
 
 def main() -> None:
@@ -132,7 +119,12 @@ def main() -> None:
             print(
                 f"{impl:10s} {part:13s} {statistics.median(ms):.4f} ms  (rounds {min(ms):.4f}-{max(ms):.4f})"
             )
-        profiles = {part: profiled(calls["ours"][part], 100, args.top) for part in ("fwd_op", "bwd_op")}
+        profiles = {
+            part: {
+                f"by_{key}": host_profile(calls["ours"][part], 100, args.top, key) for key in ("own", "cum")
+            }
+            for part in ("fwd_op", "bwd_op")
+        }
     for part, prof in profiles.items():
         print(f"profile of our {part}, by cumulative time (ms a call, cProfile-inflated):")
         for entry in prof["by_cum"]:

@@ -117,14 +117,16 @@ class _GridMeta(dict):
         super().__init__(meta)
         self.args, self.index = args, index
 
+    def _passed(self, name) -> bool:  # (a parameter the launch gave positionally)
+        return self.index.get(name, len(self.args)) < len(self.args)
+
     def __missing__(self, name):
-        i = self.index.get(name, len(self.args))
-        if i >= len(self.args):
+        if not self._passed(name):
             raise KeyError(name)
-        return self.args[i]
+        return self.args[self.index[name]]
 
     def __contains__(self, name) -> bool:
-        return dict.__contains__(self, name) or self.index.get(name, len(self.args)) < len(self.args)
+        return dict.__contains__(self, name) or self._passed(name)
 
     def get(self, name, default=None):
         return self[name] if name in self else default
